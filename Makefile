@@ -1,0 +1,40 @@
+# make demo : create .venv, install ctxlock, render the seed request on the embedded default model
+# make test : create .venv with the test extras, fetch the pinned real artifacts, run the whole suite
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+
+.PHONY: demo test lint install install-test fetch clean
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	# torch==2.13.0 is pinned so pip takes the CPU build, not a multi-GB CUDA one.
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/ctxlock render examples/seed-sky-injection.json
+
+fetch: $(VENV)/.installed-test
+	$(PY) scripts/fetch_artifacts.py
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+
+test: $(VENV)/.installed-test fetch
+	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

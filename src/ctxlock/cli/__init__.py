@@ -1,0 +1,43 @@
+"""The `ctxlock` command. One module per command group; errors become one clear message and a non-zero exit."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import CtxlockError
+from . import inspect as inspect_cmds
+from . import render as render_cmds
+
+app = typer.Typer(
+    name="ctxlock",
+    help="What exactly did the model receive, and why? Render chat requests into exact, injection-proof model "
+    "input, and show every control token, id and digest.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+render_cmds.register(app)
+inspect_cmds.register(app)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except CtxlockError as exc:
+        # Commands that print JSON have already printed the error object; this line is for humans.
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

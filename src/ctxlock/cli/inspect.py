@@ -1,0 +1,52 @@
+"""`ctxlock inspect` and `ctxlock models`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..artifacts import DEFAULT_MODEL, builtin_models
+from ..model import load
+from .output import console, guarded, print_json
+from .render import JsonOpt, ModelOpt
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def inspect(model: ModelOpt = None, as_json: JsonOpt = False) -> None:
+        """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features."""
+        m = guarded(as_json, lambda: load(model))
+        info = m.artifacts.describe()
+        if as_json:
+            print_json(info)
+            return
+        console.print(f"[bold]{info['id']}[/]  {info['source']}")
+        if info["description"]:
+            console.print(info["description"])
+        tok = info["tokenizer"]
+        console.print(f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}")
+        console.print(f"           normalizer {tok.get('normalizer')} · pre-tokenizer {tok.get('pre_tokenizer')}")
+        console.print(f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; pad id {info['pad_id']}")
+        table = Table("variable", "content", "id", title="special-token variables")
+        for k, v in info["special_tokens"].items():
+            table.add_row(k, repr(v["content"]), str(v["id"]))
+        console.print(table)
+        for t in info["templates"]:
+            feats = ", ".join(k for k, v in t["features"].items() if v) or "none"
+            console.print(f"template   {t['name']}: {t['id']} · sha256 {t['sha256']} · features: {feats}")
+        if not info["templates"]:
+            console.print("template   none (pass --template FILE to render)")
+
+    @app.command()
+    def models(as_json: JsonOpt = False) -> None:
+        """List the built-in models (the default is used when --model is omitted)."""
+        rows = builtin_models()
+        if as_json:
+            print_json([{"name": n, "description": d, "default": n == DEFAULT_MODEL} for n, d in rows])
+            return
+        table = Table("name", "description")
+        for n, d in rows:
+            table.add_row(n + (" (default)" if n == DEFAULT_MODEL else ""), d)
+        console.print(table)

@@ -1,0 +1,237 @@
+"""`ctxlock render` and `ctxlock tokenize`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.rule import Rule
+from rich.text import Text
+
+from ..artifacts import load_template_file
+from ..model import Model, Run, load
+from ..request import RESERVED_TEMPLATE_KWARGS
+from ..template import SpecialTokenPolicy
+from .output import console, guarded, print_json
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Built-in model name (see `ctxlock models`) or HF model directory. "
+                 "Default: the embedded mistral-nemo."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+
+
+def _read_input(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(source).read_bytes()
+    except FileNotFoundError:
+        raise typer.BadParameter(f"no such file: {source}", param_hint="REQUEST") from None
+
+
+def _parse_vars(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise typer.BadParameter(f"expected NAME=JSON, got {item!r}", param_hint="--var")
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise typer.BadParameter(f"{key!r} is set by ctxlock itself and cannot be overridden", param_hint="--var")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            raise typer.BadParameter(
+                f"the value of {key} is not JSON: {raw!r} (quote strings: {key}='\"text\"')", param_hint="--var"
+            ) from None
+    return out
+
+
+def _parse_now(now: str | None) -> datetime | None:
+    if now is None:
+        return None
+    try:
+        return datetime.fromisoformat(now)
+    except ValueError:
+        raise typer.BadParameter(f"not an ISO 8601 time: {now!r}", param_hint="--now") from None
+
+
+def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
+    r, t, mi = run.rendered, run.tokenized, run.model_input
+    tok = model.tokenizer
+    return {
+        "model": model.id,
+        "text": r.text,
+        "input_ids": mi.input_ids[0].tolist(),
+        "attention_mask": mi.attention_mask[0].tolist(),
+        "position_ids": mi.position_ids[0].tolist(),
+        "num_tokens": int(mi.valid_lengths[0]),
+        "template": r.template.to_dict(),
+        "tokenizer": {"id": tok.id, "format": tok.format, "sha256": tok.sha256},
+        "request": {"dialect": str(run.request.dialect), "sha256": run.request.source_sha256,
+                    "utf8_policy": str(run.request.utf8_policy), "replaced_bytes": list(run.request.replaced_bytes)},
+        "special_tokens": str(r.policy),
+        "control_tokens": [[m.start, m.end, m.id] for m in t.control],
+        "neutralized": [
+            {"start": m.start, "end": m.end, "text": r.text[m.start : m.end], "path": _path_at(r, m.start)}
+            for m in t.neutralized
+        ],
+        "now": r.now,
+        "clock_used": r.clock_used,
+        "provenance_exact": r.provenance_exact,
+        "request_spans": [[s.start, s.end, s.path] for s in r.request_spans],
+    }
+
+
+def _path_at(rendered: Any, offset: int) -> str:
+    return next((s.path for s in rendered.request_spans if s.start <= offset < s.end), "")
+
+
+def _show(model: Model, run: Run) -> None:
+    r, t = run.rendered, run.tokenized
+    ids = run.model_input.input_ids[0].tolist()
+    console.print(
+        Rule(f"[bold]{escape(model.id)}[/] · template [cyan]{escape(r.template.id)}[/] · special tokens: {r.policy}")
+    )
+    view = Text()
+    pos = 0
+    marks = [(m.start, m.end, "bold white on magenta") for m in t.control]
+    marks += [(m.start, m.end, "bold red underline") for m in t.neutralized]
+    for start, end, style in sorted(marks):
+        view.append(r.text[pos:start])
+        view.append(r.text[start:end], style=style)
+        pos = end
+    view.append(r.text[pos:])
+    console.print(view)
+    console.print(Rule(f"{len(ids)} tokens"))
+    console.print(Text(json.dumps(ids)))
+    if t.neutralized:
+        console.print(Rule("[bold red]injection neutralized[/]"))
+        for m in t.neutralized:
+            where = _path_at(r, m.start) or f"offset {m.start}"
+            console.print(
+                f"[red]{escape(repr(r.text[m.start : m.end]))}[/] from {escape(where)} was encoded as plain text, "
+                f"not as control id {m.id}"
+            )
+    console.print(Rule("digests"))
+    console.print(f"template   {r.template.sha256}  ({escape(r.template.origin or r.template.id)})")
+    console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
+    console.print(f"request    {run.request.source_sha256}  ({run.request.dialect}, utf8={run.request.utf8_policy})")
+    console.print(f"clock      {r.now}  ({'read by the template' if r.clock_used else 'not read by the template'})")
+    console.print(
+        f"legend: [bold white on magenta] control token from the template [/]  "
+        f"[bold red underline]control-token string from the request, encoded as text[/]"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def render(
+        request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
+        model: ModelOpt = None,
+        template: Annotated[
+            Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
+        ] = None,
+        var: Annotated[
+            list[str], typer.Option("--var", help="Extra template variable NAME=JSON (repeatable), e.g. "
+                                    "--var enable_thinking=false.")
+        ] = [],  # noqa: B006 (typer reads the default)
+        no_generation_prompt: Annotated[
+            bool, typer.Option("--no-generation-prompt", help="Do not open an assistant turn at the end.")
+        ] = False,
+        continue_final_message: Annotated[
+            bool, typer.Option("--continue-final-message", help="Leave the final message open, to be continued.")
+        ] = False,
+        special_tokens: Annotated[
+            SpecialTokenPolicy,
+            typer.Option("--special-tokens", help="Control-token strings inside request text: `text` encodes them "
+                         "as plain text (safe default), `keep` lets them act as control tokens (what transformers, "
+                         "vLLM and llama.cpp do), `raise` rejects the request naming the JSON path."),
+        ] = SpecialTokenPolicy.TEXT,
+        now: Annotated[
+            str | None, typer.Option("--now", help="The clock strftime_now reads, ISO 8601 (recorded either way).")
+        ] = None,
+        dialect: Annotated[
+            str | None, typer.Option("--dialect", help="openai or anthropic (default: detected).")
+        ] = None,
+        utf8: Annotated[
+            str, typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, "
+                              "reported).")
+        ] = "strict",
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Render a chat request exactly as the model receives it: text, control tokens, ids, digests."""
+
+        def go() -> tuple[Model, Run]:
+            data = _read_input(request)
+            m = load(model)
+            options: dict[str, Any] = {
+                "chat_template_kwargs": _parse_vars(var) or None,
+                "continue_final_message": continue_final_message,
+                "add_generation_prompt": False if (no_generation_prompt or continue_final_message) else True,
+                "special_tokens": special_tokens,
+                "now": _parse_now(now),
+                "dialect": dialect,
+                "utf8": utf8,
+            }
+            if template is not None:
+                options["template"] = load_template_file(template)
+            return m, m.run(data, **options)
+
+        m, result = guarded(as_json, go)
+        if as_json:
+            print_json(run_to_dict(m, result))
+        else:
+            _show(m, result)
+
+    @app.command()
+    def tokenize(
+        model: ModelOpt = None,
+        text: Annotated[str | None, typer.Option("--text", help="The text to encode.")] = None,
+        file: Annotated[Path | None, typer.Option("--file", help="Encode this file's UTF-8 text.")] = None,
+        jsonl: Annotated[
+            bool, typer.Option("--jsonl", help="Read stdin lines, each a JSON string; print one JSON id array per line.")
+        ] = False,
+        parse_special: Annotated[
+            bool, typer.Option("--parse-special", help="Let special-token strings in the text become control ids.")
+        ] = False,
+        add_special_tokens: Annotated[
+            bool, typer.Option("--add-special-tokens", help="Apply the tokenizer's post-processor (BOS/EOS).")
+        ] = False,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default."""
+        if sum(x is not None and x is not False for x in (text, file, jsonl)) != 1:
+            raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
+
+        def go() -> Model:
+            return load(model)
+
+        m = guarded(as_json, go)
+        tok = m.tokenizer
+        if jsonl:
+            for n, line in enumerate(sys.stdin.buffer.read().decode("utf-8").splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    s = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise typer.BadParameter(f"stdin line {n} is not JSON: {exc}", param_hint="--jsonl") from None
+                if not isinstance(s, str):
+                    raise typer.BadParameter(f"stdin line {n} is not a JSON string", param_hint="--jsonl")
+                ids = tok.encode(s, parse_special=parse_special, add_special_tokens=add_special_tokens)
+                sys.stdout.write(json.dumps(ids) + "\n")
+            return
+        source = text if text is not None else file.read_text("utf-8")  # type: ignore[union-attr]
+        ids = tok.encode(source, parse_special=parse_special, add_special_tokens=add_special_tokens)
+        if as_json:
+            print_json({"ids": ids, "count": len(ids), "tokenizer": {"id": tok.id, "sha256": tok.sha256}})
+        else:
+            console.print(Text(json.dumps(ids)))
+            console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")

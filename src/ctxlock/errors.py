@@ -1,0 +1,122 @@
+"""Every exception ctxlock raises, under one root.
+
+    CtxlockError
+    ├── RequestError                 bytes -> Request
+    │   ├── RequestEncodingError     invalid UTF-8 (names the byte offset)
+    │   ├── RequestJSONError         malformed JSON, duplicate keys (names the JSON path)
+    │   └── RequestValidationError   schema: unknown role, orphan tool result, bad arguments, ...
+    ├── TemplateError                Request -> Rendered
+    │   ├── TemplateNotFoundError    no template, or an unknown template name
+    │   ├── TemplateSyntaxError      the template does not compile (names the line)
+    │   ├── TemplateRaisedError      the template called raise_exception(...)
+    │   ├── TemplateRuntimeError     the template failed while rendering
+    │   ├── TemplateLimitError       the render went over its time or output budget
+    │   └── TemplateSecurityError    the sandbox refused an operation
+    ├── ArtifactError                loading a model's files
+    │   ├── ArtifactNotFoundError    a file or model that is not there
+    │   ├── PathTraversalError       a config points outside its model directory
+    │   └── ArtifactFormatError      a file that is there but malformed
+    ├── TokenizerError               text -> ids
+    │   └── ControlTokenError        special-token policy `raise` met a control token in a request string
+    └── TensorError                  ids -> ModelInput (batching, padding)
+
+Every error carries `path`: where the input went wrong (a JSON path, a byte offset, a template line, a file),
+and `hint`: what to do about it. `to_dict()` is the wire form the CLI prints with `--json`.
+"""
+
+from __future__ import annotations
+
+
+class CtxlockError(Exception):
+    """Root of every ctxlock error."""
+
+    kind = "error"
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
+        self.message = message
+        self.path = path
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.path:
+            text = f"{self.path}: {text}"
+        if self.hint:
+            text = f"{text} ({self.hint})"
+        return text
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"type": type(self).__name__, "message": self.message, "path": self.path, "hint": self.hint}
+
+
+class RequestError(CtxlockError):
+    """The request bytes could not become a valid canonical Request."""
+
+
+class RequestEncodingError(RequestError):
+    """The request is not valid UTF-8 under the `strict` policy."""
+
+
+class RequestJSONError(RequestError):
+    """The request is not valid JSON, or has a duplicate key."""
+
+
+class RequestValidationError(RequestError):
+    """The request is JSON, but not a valid chat request in its dialect."""
+
+
+class TemplateError(CtxlockError):
+    """The chat template could not be loaded or rendered."""
+
+
+class TemplateNotFoundError(TemplateError):
+    pass
+
+
+class TemplateSyntaxError(TemplateError):
+    pass
+
+
+class TemplateRaisedError(TemplateError):
+    """The template itself rejected the conversation with raise_exception(); `message` is its own text."""
+
+
+class TemplateRuntimeError(TemplateError):
+    pass
+
+
+class TemplateLimitError(TemplateError):
+    pass
+
+
+class TemplateSecurityError(TemplateError):
+    pass
+
+
+class ArtifactError(CtxlockError):
+    """A model artifact (tokenizer file, config, template file) is missing or malformed."""
+
+
+class ArtifactNotFoundError(ArtifactError):
+    pass
+
+
+class PathTraversalError(ArtifactError):
+    pass
+
+
+class ArtifactFormatError(ArtifactError):
+    pass
+
+
+class TokenizerError(CtxlockError):
+    pass
+
+
+class ControlTokenError(TokenizerError):
+    """A request string holds a control-token string and the special-token policy is `raise`."""
+
+
+class TensorError(CtxlockError):
+    pass

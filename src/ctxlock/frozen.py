@@ -1,0 +1,71 @@
+"""Frozen JSON values: request data that cannot change after validation.
+
+`freeze` turns parsed JSON into hashable, immutable values that keep key order (tool schemas are rendered in
+the order the client sent them, so order is data). `thaw` gives back fresh plain dicts and lists, which is what
+chat templates expect to see.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+class FrozenDict(Mapping[str, Any]):
+    """An immutable, order-preserving, hashable mapping."""
+
+    __slots__ = ("_items", "_index", "_hash")
+
+    def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()) -> None:
+        pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
+        self._items = pairs
+        self._index = {k: v for k, v in pairs}
+        self._hash: int | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._index[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(self._items)
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenDict):
+            return self._items == other._items
+        if isinstance(other, Mapping):
+            return dict(self._items) == dict(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict(self._items)!r})"
+
+
+def freeze(value: Any) -> Any:
+    """Deep-freeze parsed JSON: dict -> FrozenDict, list -> tuple. Scalars pass through."""
+    if isinstance(value, Mapping):
+        return FrozenDict(tuple((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Inverse of `freeze`: fresh plain dicts and lists that the caller may mutate."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """The one canonical JSON text of a value: sorted keys, no spaces, UTF-8 characters kept, no NaN."""
+    return json.dumps(thaw(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -1,0 +1,147 @@
+"""A loaded model's input pipeline: request -> template -> tokenizer -> tensors, in that order only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .artifacts import ModelArtifacts, load_artifacts
+from .errors import TemplateNotFoundError
+from .request import Dialect, Request, Utf8Policy, parse_request
+from .template import DEFAULT_LIMITS, ChatTemplate, Rendered, RenderLimits, SpecialTokenPolicy, TemplateSet, render
+from .tensors import ModelInput, PaddingSide, assemble, assemble_batch
+from .tokenizer import Tokenized, Tokenizer, tokenize
+
+RequestLike = Request | Mapping[str, Any] | str | bytes
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything one request went through: the values each stage produced."""
+
+    request: Request
+    rendered: Rendered
+    tokenized: Tokenized
+    model_input: ModelInput
+
+
+class Model:
+    """A model's input artifacts, and the pipeline that turns requests into exactly what the model receives."""
+
+    def __init__(self, artifacts: ModelArtifacts) -> None:
+        self.artifacts = artifacts
+
+    def __repr__(self) -> str:
+        return f"Model({self.id!r}, tokenizer={self.tokenizer.id!r})"
+
+    @property
+    def id(self) -> str:
+        return self.artifacts.id
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.artifacts.tokenizer
+
+    @property
+    def templates(self) -> TemplateSet | None:
+        return self.artifacts.templates
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        return dict(self.artifacts.special_tokens)
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.artifacts.pad_id
+
+    def parse(
+        self, request: RequestLike, *, dialect: Dialect | str | None = None, utf8: Utf8Policy | str = "strict"
+    ) -> Request:
+        if isinstance(request, Request):
+            return request
+        return parse_request(request, dialect=dialect, utf8=utf8)
+
+    def render(
+        self,
+        request: RequestLike,
+        *,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        template: str | ChatTemplate | None = None,
+        special_tokens: SpecialTokenPolicy | str = SpecialTokenPolicy.TEXT,
+        now: datetime | None = None,
+        dialect: Dialect | str | None = None,
+        utf8: Utf8Policy | str = "strict",
+        limits: RenderLimits = DEFAULT_LIMITS,
+    ) -> Rendered:
+        """Render with the model's chat template. Options carry transformers' names.
+
+        Unlike transformers, `add_generation_prompt` defaults to True (what a model receives at inference),
+        and to False when `continue_final_message` is set.
+        """
+        req = self.parse(request, dialect=dialect, utf8=utf8)
+        if isinstance(template, ChatTemplate):
+            templates: TemplateSet | ChatTemplate = template
+            name = None
+        else:
+            if self.templates is None:
+                raise TemplateNotFoundError(
+                    f"model {self.id!r} has no chat template",
+                    path=self.artifacts.source,
+                    hint="pass one with --template FILE (or template=ChatTemplate(...))",
+                )
+            templates, name = self.templates, template
+        if add_generation_prompt is None:
+            add_generation_prompt = not continue_final_message
+        return render(
+            req,
+            templates,
+            template_name=name,
+            special_tokens=self.artifacts.special_tokens,
+            control_tokens=self.tokenizer.control_tokens,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            documents=documents,
+            chat_template_kwargs=chat_template_kwargs,
+            policy=special_tokens,
+            now=now,
+            limits=limits,
+        )
+
+    def tokenize(self, rendered: Rendered) -> Tokenized:
+        return tokenize(rendered, self.tokenizer)
+
+    def run(self, request: RequestLike, **options: Any) -> Run:
+        dialect = options.pop("dialect", None)
+        utf8 = options.pop("utf8", "strict")
+        req = self.parse(request, dialect=dialect, utf8=utf8)
+        rendered = self.render(req, **options)
+        tokenized = self.tokenize(rendered)
+        return Run(req, rendered, tokenized, assemble(tokenized.ids))
+
+    def encode(self, request: RequestLike, **options: Any) -> ModelInput:
+        """Request -> ModelInput (batch of one): the ids, mask and positions the model receives."""
+        return self.run(request, **options).model_input
+
+    def encode_batch(
+        self,
+        requests: Sequence[RequestLike],
+        *,
+        padding_side: PaddingSide | str = PaddingSide.LEFT,
+        pad_to_multiple_of: int | None = None,
+        **options: Any,
+    ) -> ModelInput:
+        """Several requests padded into one batch; the pad id comes from the tokenizer config's pad_token."""
+        rows = [self.run(r, **options).tokenized.ids for r in requests]
+        return assemble_batch(rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of)
+
+
+def load(model: str | None = None) -> Model:
+    """Load a model by built-in name (`ctxlock models`) or directory; None is the embedded default."""
+    return Model(load_artifacts(model))

@@ -1,0 +1,1127 @@
+"""Request stage: bytes -> canonical frozen `Request`.
+
+A pure stage (no I/O). The input is decoded under a UTF-8 policy, parsed with the stdlib JSON parser (duplicate
+keys, NaN and Infinity rejected), validated in one of two dialects (OpenAI Chat Completions or Anthropic
+Messages) and normalized to one canonical form, so the same conversation gives `==` Requests whatever dialect
+it came in. Every error is a `RequestError` subclass whose `path` names the location: `byte N` for encoding,
+`line L column C (byte B)` for JSON syntax, or a JSON path such as `messages[3].tool_calls[0].function.arguments`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
+from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "RESERVED_TEMPLATE_KWARGS",
+    "Dialect",
+    "Message",
+    "Request",
+    "ToolCall",
+    "Utf8Policy",
+    "parse_request",
+]
+
+
+class Utf8Policy(StrEnum):
+    """What to do with bytes that are not valid UTF-8."""
+
+    STRICT = "strict"  # reject, naming the offset of the first bad byte
+    REPLACE = "replace"  # substitute U+FFFD and record every replaced byte offset
+
+
+class Dialect(StrEnum):
+    """The wire format a request was written in."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+# Names the template stage injects into the Jinja context (transformers' apply_chat_template, its Jinja globals,
+# and Jinja's own builtins). A request may not shadow them through chat_template_kwargs: a request that could set
+# `bos_token` or `raise_exception` could rewrite the template's control tokens or its behaviour.
+RESERVED_TEMPLATE_KWARGS: frozenset[str] = frozenset(
+    {
+        # the conversation itself
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        # special tokens (transformers passes tokenizer.special_tokens_map)
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+        # transformers' template globals
+        "raise_exception",
+        "strftime_now",
+        # Jinja builtin globals and names Jinja binds itself
+        "namespace",
+        "dict",
+        "range",
+        "lipsum",
+        "cycler",
+        "joiner",
+        "loop",
+        "self",
+        "super",
+        "caller",
+        "varargs",
+        "kwargs",
+        "true",
+        "false",
+        "none",
+        "True",
+        "False",
+        "None",
+        # apply_chat_template arguments that are not template variables but would change what is produced
+        "chat_template",
+        "tokenize",
+        "tokenizer",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+# Deeper nesting than this is rejected before any recursive walk (building, freezing, rendering) can hit Python's
+# recursion limit; real requests, including JSON schemas, stay far below it.
+MAX_JSON_DEPTH = 128
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_EMPTY = FrozenDict()  # immutable, so one shared instance is a safe dataclass default
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Canonical values
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call made by an assistant; `arguments` is always a parsed JSON object."""
+
+    name: str
+    arguments: FrozenDict
+    id: str | None = None
+    type: str = "function"
+    source: str = field(default="", compare=False)  # JSON path of the originating object
+
+    def to_template(self) -> dict[str, Any]:
+        """The OpenAI form templates expect, with arguments as a plain dict (as vLLM passes them)."""
+        out: dict[str, Any] = {}
+        if self.id is not None:
+            out["id"] = self.id
+        out["type"] = self.type
+        out["function"] = {"name": self.name, "arguments": thaw(self.arguments)}
+        return out
+
+
+@dataclass(frozen=True)
+class Message:
+    """One canonical chat message."""
+
+    role: str  # "system" | "developer" | "user" | "assistant" | "tool"
+    content: str | tuple[FrozenDict, ...] | None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    source: str = field(default="", compare=False)  # JSON path of the originating object
+    # Canonical suffix (".content[0].text", ".tool_call_id", ...) -> JSON path in the source request, for the
+    # strings whose origin is not `source + suffix` (Anthropic blocks are reshaped into canonical fields).
+    origins: FrozenDict = field(default=_EMPTY, compare=False, repr=False)
+
+    def to_template(self) -> dict[str, Any]:
+        """A fresh plain dict for a chat template.
+
+        Matches transformers' chat-message normalization: None-valued keys are dropped (templates test
+        `is defined`), so a key is present exactly when it has a value.
+        """
+        out: dict[str, Any] = {"role": self.role}
+        if self.content is not None:
+            out["content"] = self.content if isinstance(self.content, str) else [thaw(p) for p in self.content]
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls is not None:
+            out["tool_calls"] = [tc.to_template() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        return out
+
+    def _path(self, suffix: str) -> str:
+        return self.origins.get(suffix) or f"{self.source}{suffix}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated, canonical, immutable chat request.
+
+    Equality and hashing cover only what reaches the template (messages, tools, documents, chat_template_kwargs);
+    the dialect, the other top-level keys and the provenance of the bytes are kept but not compared.
+    """
+
+    dialect: Dialect = field(compare=False)
+    messages: tuple[Message, ...]
+    tools: tuple[FrozenDict, ...] | None = None
+    documents: tuple[FrozenDict, ...] | None = None
+    chat_template_kwargs: FrozenDict = _EMPTY
+    extra: FrozenDict = field(default=_EMPTY, compare=False)
+    source_sha256: str = field(default="", compare=False)
+    utf8_policy: Utf8Policy = field(default=Utf8Policy.STRICT, compare=False)
+    replaced_bytes: tuple[int, ...] = field(default=(), compare=False)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Fresh plain message dicts, as a chat template sees them."""
+        return [m.to_template() for m in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """Fresh plain tool dicts in OpenAI function-tool form, or None."""
+        return None if self.tools is None else [thaw(t) for t in self.tools]
+
+    def template_documents(self) -> list[dict[str, Any]] | None:
+        """Fresh plain document dicts, or None."""
+        return None if self.documents is None else [thaw(d) for d in self.documents]
+
+    def strings(self) -> Iterator[tuple[str, str]]:
+        """Yield (JSON path, string) for every request-supplied string that can reach the template, in request order.
+
+        Roles are not yielded: they are validated structural values. Keys inside free-form JSON (tool arguments,
+        tool schemas, documents, kwargs values) are yielded with the path of their value, since templates that
+        `tojson` those objects render the keys as text too.
+        """
+        for m in self.messages:
+            yield from _message_strings(m)
+        for k, tool in enumerate(self.tools or ()):
+            fn = tool["function"]
+            for key, value in fn.items():
+                yield from _walk_strings(value, self._tool_path(k, key))
+        for k, doc in enumerate(self.documents or ()):
+            yield from _walk_strings(doc, f"documents[{k}]")
+        for key, value in self.chat_template_kwargs.items():
+            yield from _walk_strings(value, _join("chat_template_kwargs", key))
+
+    def to_json(self) -> str:
+        """Canonical JSON of exactly the compared fields, so `a == b` iff `a.to_json() == b.to_json()`.
+
+        `extra`, the dialect and the byte provenance are not part of it (a record stores them next to it).
+        """
+        return canonical_json(
+            {
+                "messages": self.template_messages(),
+                "tools": self.template_tools(),
+                "documents": self.template_documents(),
+                "chat_template_kwargs": thaw(self.chat_template_kwargs),
+            }
+        )
+
+    def _tool_path(self, k: int, key: str) -> str:
+        if self.dialect is Dialect.ANTHROPIC:
+            # Anthropic tools are {name, description, input_schema}; name the key the client actually sent.
+            return _join(f"tools[{k}]", "input_schema" if key == "parameters" else key)
+        return _join(f"tools[{k}].function", key)
+
+
+def _message_strings(m: Message) -> Iterator[tuple[str, str]]:
+    if isinstance(m.content, str):
+        yield m._path(".content"), m.content
+    elif m.content is not None:
+        for j, part in enumerate(m.content):
+            for key in ("text", "url", "detail"):
+                if key in part:
+                    yield m._path(f".content[{j}].{key}"), part[key]
+    if m.name is not None:
+        yield m._path(".name"), m.name
+    for k, tc in enumerate(m.tool_calls or ()):
+        if tc.id is not None:
+            yield m._path(f".tool_calls[{k}].id"), tc.id
+        yield m._path(f".tool_calls[{k}].function.name"), tc.name
+        yield from _walk_strings(tc.arguments, m._path(f".tool_calls[{k}].function.arguments"))
+    if m.tool_call_id is not None:
+        yield m._path(".tool_call_id"), m.tool_call_id
+    if m.reasoning_content is not None:
+        yield m._path(".reasoning_content"), m.reasoning_content
+
+
+def _walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            sub = _join(path, key)
+            yield sub, key
+            yield from _walk_strings(item, sub)
+    elif isinstance(value, tuple | list):
+        for i, item in enumerate(value):
+            yield from _walk_strings(item, f"{path}[{i}]")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON paths
+
+
+def _join(path: str, key: str | int) -> str:
+    """Append a key or index to a JSON path: `a.b`, `a[3]`, `a["not an identifier"]`; the root is `$`."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key.isidentifier():
+        return key if path == "$" else f"{path}.{key}"
+    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+# A path under construction while building parsed JSON: a base string, or (parent, key). Rendered only on error,
+# so building costs O(1) per node instead of one string per node.
+_LinkedPath = str | tuple[Any, str | int]
+
+
+def _render(path: _LinkedPath) -> str:
+    keys: list[str | int] = []
+    while isinstance(path, tuple):
+        path, key = path
+        keys.append(key)
+    out = path
+    for key in reversed(keys):
+        out = _join(out, key)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bytes -> text
+
+
+# Offsets replaced by the `ctxlock.replace` codec error handler during the current decode. A ContextVar keeps
+# concurrent parses (threads, asyncio tasks) apart; the handler is the only global, and it is named for ctxlock.
+_REPLACED_RUNS: ContextVar[list[tuple[int, int]] | None] = ContextVar("ctxlock_replaced_runs", default=None)
+
+
+def _replace_and_record(exc: UnicodeError) -> tuple[str, int]:
+    runs = _REPLACED_RUNS.get()
+    if not isinstance(exc, UnicodeDecodeError) or runs is None:
+        raise exc
+    # Called with the same (start, end) ranges as the builtin "replace" handler, so the text is identical to
+    # bytes.decode("utf-8", "replace") and the recorded offsets are exactly the bytes behind each U+FFFD.
+    runs.append((exc.start, exc.end))
+    return "\ufffd", exc.end
+
+
+codecs.register_error("ctxlock.replace", _replace_and_record)
+
+
+def _decode(data: bytes, policy: Utf8Policy) -> tuple[str, list[tuple[int, int]]]:
+    """Decode UTF-8 under the policy; return the text and the replaced byte ranges."""
+    if policy is Utf8Policy.STRICT:
+        try:
+            return data.decode("utf-8"), []
+        except UnicodeDecodeError as exc:
+            bad = data[exc.start : exc.end]
+            raise RequestEncodingError(
+                f"invalid UTF-8: byte{'s' if len(bad) > 1 else ''} {bad.hex(' ')} ({exc.reason})",
+                path=f"byte {exc.start}",
+                hint="send the request encoded as UTF-8, or parse with utf8='replace' to substitute U+FFFD",
+            ) from None
+    runs: list[tuple[int, int]] = []
+    token = _REPLACED_RUNS.set(runs)
+    try:
+        text = data.decode("utf-8", "ctxlock.replace")
+    finally:
+        _REPLACED_RUNS.reset(token)
+    return text, runs
+
+
+def _byte_offset(data: bytes, runs: list[tuple[int, int]], text: str, pos: int) -> int:
+    """The byte offset in `data` of character `pos` of `text` (its decoding, with replaced runs)."""
+    char = byte = 0
+    for start, end in runs:
+        # Between replaced runs the bytes decoded strictly, one U+FFFD stands for each run.
+        seg_chars = len(data[byte:start].decode("utf-8"))
+        if pos < char + seg_chars:
+            break
+        char += seg_chars
+        if pos == char:
+            return start
+        char, byte = char + 1, end
+    return byte + len(text[char:pos].encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text -> JSON
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """What object_pairs_hook returns: an object's pairs, before the top-down pass checks duplicates.
+
+    The hook runs bottom-up and cannot know where it is; `_build` walks down afterwards and knows the path.
+    """
+
+    __slots__ = ()
+
+
+class _BadNumber:
+    """A parsed NaN, Infinity, or a number that overflows to infinity, reported by `_build` with its path."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _parse_float(literal: str) -> float | _BadNumber:
+    value = float(literal)
+    return value if math.isfinite(value) else _BadNumber(literal)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Builder:
+    """Top-down pass over parsed JSON: duplicate keys, non-finite numbers, lone surrogates, depth, with paths."""
+
+    def __init__(self, policy: Utf8Policy) -> None:
+        self.policy = policy
+
+    def build(self, value: Any, path: _LinkedPath, depth: int = 0) -> Any:
+        if isinstance(value, _Pairs):
+            self._check_depth(path, depth)
+            out: dict[str, Any] = {}
+            for key, item in value:
+                key = self._string(key, path)
+                if key in out:
+                    raise RequestJSONError(
+                        f"duplicate key {json.dumps(key, ensure_ascii=False)}",
+                        path=_render(path),
+                        hint="each key may appear once per object; JSON parsers disagree on which duplicate wins",
+                    )
+                out[key] = self.build(item, (path, key), depth + 1)
+            return out
+        if isinstance(value, list):
+            self._check_depth(path, depth)
+            return [self.build(item, (path, i), depth + 1) for i, item in enumerate(value)]
+        if isinstance(value, str):
+            return self._string(value, path)
+        if isinstance(value, _BadNumber):
+            raise RequestJSONError(
+                f"{value.literal} is not a finite JSON number",
+                path=_render(path),
+                hint="JSON has no NaN or Infinity; send a finite number, a string or null",
+            )
+        return value
+
+    def _string(self, value: str, path: _LinkedPath) -> str:
+        # JSON escapes can spell a lone surrogate (\ud800) that is not a Unicode scalar value and cannot be encoded
+        # as UTF-8 later; it is an encoding error like a bad byte, and REPLACE substitutes U+FFFD for it likewise.
+        match = _SURROGATE.search(value)
+        if match is None:
+            return value
+        if self.policy is Utf8Policy.REPLACE:
+            return _SURROGATE.sub("\ufffd", value)
+        raise RequestEncodingError(
+            f"string holds a lone surrogate \\u{ord(match.group()):04x} at character {match.start()}",
+            path=_render(path),
+            hint="escape characters outside the BMP as a surrogate pair, or parse with utf8='replace'",
+        )
+
+    @staticmethod
+    def _check_depth(path: _LinkedPath, depth: int) -> None:
+        if depth >= MAX_JSON_DEPTH:
+            raise RequestJSONError(
+                f"JSON nested deeper than {MAX_JSON_DEPTH} levels",
+                path=_render(path),
+                hint="flatten the structure",
+            )
+
+
+def _loads(text: str, path: str, policy: Utf8Policy) -> Any:
+    """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is."""
+    try:
+        raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=_parse_float)
+    except RecursionError:
+        raise RequestJSONError(
+            f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=path, hint="flatten the structure"
+        ) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # e.g. an integer longer than sys.get_int_max_str_digits()
+        raise RequestJSONError(f"invalid JSON value: {exc}", path=path, hint="send numbers that fit") from None
+    return _Builder(policy).build(raw, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation helpers
+
+
+def _fail(path: str, message: str, hint: str) -> RequestValidationError:
+    return RequestValidationError(message, path=path, hint=hint)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _obj(value: Any, path: str, what: str = "an object") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, f"expected {what}, got {_type_name(value)}", f"send {what} here")
+    return value
+
+
+def _list(value: Any, path: str, what: str = "an array") -> list[Any]:
+    if not isinstance(value, list):
+        raise _fail(path, f"expected {what}, got {_type_name(value)}", f"send {what} here")
+    return value
+
+
+def _str(value: Any, path: str, *, nonempty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise _fail(path, f"expected a string, got {_type_name(value)}", "send a JSON string here")
+    if nonempty and not value:
+        raise _fail(path, "must not be empty", "send a non-empty string")
+    return value
+
+
+def _opt_str(obj: dict[str, Any], key: str, path: str) -> str | None:
+    value = obj.get(key)
+    return None if value is None else _str(value, _join(path, key))
+
+
+def _required(obj: dict[str, Any], key: str, path: str, what: str) -> Any:
+    if obj.get(key) is None:
+        raise _fail(_join(path, key), f"{key} is required", f"send {what}")
+    return obj[key]
+
+
+def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: str, what: str) -> None:
+    """Reject unknown keys (like pydantic extra="forbid"): a key ctxlock ignores would be silently lost."""
+    for key in obj:
+        if key not in allowed:
+            raise _fail(
+                _join(path, key),
+                f"unknown key {json.dumps(key, ensure_ascii=False)} in {what}",
+                f"allowed keys: {', '.join(allowed)}",
+            )
+
+
+def _part_type(block: dict[str, Any], path: str) -> str:
+    return _str(_required(block, "type", path, 'a "type"'), _join(path, "type"))
+
+
+def _text_part(text: str) -> FrozenDict:
+    return FrozenDict((("type", "text"), ("text", text)))
+
+
+def _image_part(url: str, detail: str | None = None) -> FrozenDict:
+    pairs: tuple[tuple[str, str], ...] = (("type", "image"), ("url", url))
+    return FrozenDict((*pairs, ("detail", detail)) if detail is not None else pairs)
+
+
+def _no_tool_call(tool_call_id: str, seen: set[str], path: str, noun: str) -> RequestValidationError:
+    return _fail(
+        path,
+        f"no earlier assistant tool call has id {json.dumps(tool_call_id, ensure_ascii=False)}",
+        f"a {noun} must answer a tool call made in an earlier assistant message"
+        + (f" (known ids: {', '.join(sorted(seen)[:10])})" if seen else ""),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenAI Chat Completions
+
+
+_OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Per role, the keys that may carry a value. Every key of the union may be null in any message (SDKs dump their
+# models with every field, e.g. an assistant reply echoed back with "function_call": null).
+_OPENAI_KEYS: dict[str, tuple[str, ...]] = {
+    "system": ("role", "content", "name"),
+    "developer": ("role", "content", "name"),
+    "user": ("role", "content", "name"),
+    "assistant": ("role", "content", "name", "tool_calls", "reasoning_content", "reasoning"),
+    "tool": ("role", "content", "name", "tool_call_id"),
+}
+_OPENAI_NULL_ONLY = ("refusal", "audio", "annotations", "function_call")
+_OPENAI_ALL_KEYS = (*dict.fromkeys(k for keys in _OPENAI_KEYS.values() for k in keys), *_OPENAI_NULL_ONLY)
+_IMAGE_DETAILS = ("auto", "low", "high")
+
+
+def _openai_messages(raw: Any, policy: Utf8Policy) -> tuple[Message, ...]:
+    messages = _list(raw, "messages", "a non-empty array of messages")
+    if not messages:
+        raise _fail("messages", "messages is empty", "send at least one message")
+    seen_ids: set[str] = set()
+    return tuple(_openai_message(m, f"messages[{i}]", seen_ids, policy) for i, m in enumerate(messages))
+
+
+def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy) -> Message:
+    m = _obj(raw, path, "a message object")
+    role = _str(_required(m, "role", path, "one of: " + ", ".join(_OPENAI_ROLES)), _join(path, "role"))
+    if role not in _OPENAI_ROLES:
+        raise _fail(
+            _join(path, "role"),
+            f"unknown role {json.dumps(role, ensure_ascii=False)}",
+            f"allowed roles: {', '.join(_OPENAI_ROLES)}",
+        )
+    allowed = _OPENAI_KEYS[role]
+    for key, value in m.items():
+        if key in allowed:
+            continue
+        kpath = _join(path, key)
+        if key not in _OPENAI_ALL_KEYS:
+            raise _fail(
+                kpath,
+                f"unknown key {json.dumps(key, ensure_ascii=False)} in a {role} message",
+                f"allowed keys: {', '.join(allowed)}",
+            )
+        if value is None:
+            continue  # harmless: null is what "absent" looks like when an SDK dumps every field
+        if key == "function_call":
+            raise _fail(kpath, "function_call is deprecated and not supported", 'send "tool_calls" instead')
+        if key in _OPENAI_NULL_ONLY:
+            raise _fail(kpath, f"ctxlock does not support {key}", f"drop {key} or set it to null")
+        raise _fail(kpath, f"{key} is not allowed in a {role} message", f"allowed keys: {', '.join(allowed)}")
+
+    tool_calls: tuple[ToolCall, ...] | None = None
+    if m.get("tool_calls") is not None:
+        calls = _list(m["tool_calls"], _join(path, "tool_calls"), "an array of tool calls")
+        tool_calls = tuple(_openai_tool_call(c, f"{path}.tool_calls[{j}]", policy) for j, c in enumerate(calls))
+
+    reasoning = _opt_str(m, "reasoning_content", path)
+    if m.get("reasoning") is not None:
+        if reasoning is not None:
+            raise _fail(
+                _join(path, "reasoning"),
+                "both reasoning and reasoning_content are set",
+                "send one of them; reasoning is an alias of reasoning_content",
+            )
+        reasoning = _str(m["reasoning"], _join(path, "reasoning"))
+
+    tool_call_id: str | None = None
+    if role == "tool":
+        tool_call_id = _str(
+            _required(m, "tool_call_id", path, "the id of the tool call this answers"), _join(path, "tool_call_id")
+        )
+        if tool_call_id not in seen_ids:
+            raise _no_tool_call(tool_call_id, seen_ids, _join(path, "tool_call_id"), "tool message")
+
+    content = _openai_content(m.get("content"), _join(path, "content"), role)
+    if content is None and not (role == "assistant" and tool_calls):
+        raise _fail(
+            _join(path, "content"),
+            f"content is required in a {role} message",
+            "only an assistant message with tool_calls may omit content",
+        )
+
+    # Ids become visible only after the whole message: a tool message answers an EARLIER assistant message.
+    seen_ids.update(tc.id for tc in tool_calls or () if tc.id is not None)
+    return Message(
+        role=role,
+        content=content,
+        name=_opt_str(m, "name", path),
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        reasoning_content=reasoning,
+        source=path,
+    )
+
+
+def _openai_content(raw: Any, path: str, role: str) -> str | tuple[FrozenDict, ...] | None:
+    if raw is None or isinstance(raw, str):
+        return raw
+    parts = _list(raw, path, "a string or an array of content parts")
+    return tuple(_openai_part(p, f"{path}[{j}]", role) for j, p in enumerate(parts))
+
+
+def _openai_part(raw: Any, path: str, role: str) -> FrozenDict:
+    part = _obj(raw, path, "a content part object")
+    kind = _part_type(part, path)
+    if kind == "text":
+        _only_keys(part, ("type", "text"), path, "a text part")
+        return _text_part(_str(_required(part, "text", path, "the text"), _join(path, "text")))
+    if kind == "image_url":
+        if role != "user":
+            raise _fail(_join(path, "type"), f"a {role} message cannot hold images", "send images in user messages")
+        _only_keys(part, ("type", "image_url"), path, "an image_url part")
+        image = _required(part, "image_url", path, 'an "image_url" object with a "url"')
+        ipath = _join(path, "image_url")
+        if isinstance(image, str):  # accepted by vLLM and several clients
+            return _image_part(image)
+        image = _obj(image, ipath, 'an object {"url": ...} or a URL string')
+        _only_keys(image, ("url", "detail"), ipath, "image_url")
+        url = _str(_required(image, "url", ipath, "the image URL"), _join(ipath, "url"))
+        detail = _opt_str(image, "detail", ipath)
+        if detail is not None and detail not in _IMAGE_DETAILS:
+            raise _fail(
+                _join(ipath, "detail"),
+                f"unknown detail {json.dumps(detail, ensure_ascii=False)}",
+                f"allowed: {', '.join(_IMAGE_DETAILS)}",
+            )
+        return _image_part(url, detail)
+    allowed = "text, image_url" if role == "user" else "text"
+    raise _fail(
+        _join(path, "type"), f"unknown content part type {json.dumps(kind, ensure_ascii=False)}", f"allowed: {allowed}"
+    )
+
+
+def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy) -> ToolCall:
+    call = _obj(raw, path, "a tool call object")
+    _only_keys(call, ("id", "type", "function"), path, "a tool call")
+    kind = call.get("type")
+    if kind is not None and kind != "function":
+        raise _fail(_join(path, "type"), f"unsupported tool call type {json.dumps(kind)}", 'use "function"')
+    fpath = _join(path, "function")
+    fn = _obj(_required(call, "function", path, 'a "function" object with name and arguments'), fpath)
+    _only_keys(fn, ("name", "arguments"), fpath, "a tool call function")
+    name = _str(_required(fn, "name", fpath, "the function name"), _join(fpath, "name"), nonempty=True)
+    apath = _join(fpath, "arguments")
+    args = _required(fn, "arguments", fpath, 'the arguments as a JSON object or a JSON string, e.g. "{}"')
+    if isinstance(args, str):
+        args = _parse_arguments(args, apath, policy)
+    if not isinstance(args, dict):
+        raise _fail(
+            apath,
+            f"arguments must decode to a JSON object, got {_type_name(args)}",
+            'wrap the arguments in an object, e.g. {"value": ...}',
+        )
+    return ToolCall(name=name, arguments=freeze(args), id=_opt_str(call, "id", path), source=path)
+
+
+def _parse_arguments(text: str, path: str, policy: Utf8Policy) -> Any:
+    """Parse an OpenAI JSON-string `arguments` (as vLLM does); invalid JSON is an error, never a silent {}.
+
+    The same strict parser as the request: duplicate keys, NaN and lone surrogates are errors, with their path.
+    """
+    try:
+        return _loads(text, path, policy)
+    except json.JSONDecodeError as exc:
+        raise _fail(
+            path,
+            f"arguments is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
+            'send the arguments as a JSON object encoded in a string, e.g. "{\\"city\\": \\"Paris\\"}" or "{}"',
+        ) from None
+
+
+def _openai_tools(raw: Any) -> tuple[FrozenDict, ...]:
+    tools = _list(raw, "tools", "an array of tools")
+    out = []
+    for k, tool in enumerate(tools):
+        path = f"tools[{k}]"
+        tool = _obj(tool, path, 'a tool object {"type": "function", "function": {...}}')
+        _only_keys(tool, ("type", "function"), path, "a tool")
+        kind = _required(tool, "type", path, '"type": "function"')
+        if kind != "function":
+            raise _fail(_join(path, "type"), f"unsupported tool type {json.dumps(kind)}", 'use "function"')
+        fpath = _join(path, "function")
+        fn = _obj(_required(tool, "function", path, 'a "function" object with a name'), fpath)
+        _only_keys(fn, ("name", "description", "parameters", "strict"), fpath, "a tool function")
+        _check_tool_function(fn, fpath)
+        out.append(freeze(tool))  # kept verbatim: key order of schemas is data, templates render it
+    return tuple(out)
+
+
+def _check_tool_function(fn: dict[str, Any], path: str, *, schema_key: str = "parameters") -> None:
+    _str(_required(fn, "name", path, "the tool name"), _join(path, "name"), nonempty=True)
+    _opt_str(fn, "description", path)
+    if fn.get(schema_key) is not None:
+        _obj(fn[schema_key], _join(path, schema_key), "a JSON schema object")
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise _fail(_join(path, "strict"), "strict must be a boolean", "send true or false")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Anthropic Messages
+
+
+_ANTHROPIC_ROLES = ("user", "assistant")
+# `cache_control` is a prompt-caching hint to Anthropic's servers and never reaches the model's input: accepted
+# on every block and dropped.
+_CC = "cache_control"
+
+
+def _anthropic_system(raw: Any) -> Message:
+    if isinstance(raw, str):
+        return Message(role="system", content=raw, source="system", origins=FrozenDict({".content": "system"}))
+    blocks = _list(raw, "system", "a string or an array of text blocks")
+    parts, origins = [], {}
+    for j, block in enumerate(blocks):
+        path = f"system[{j}]"
+        parts.append(_anthropic_text(block, path))
+        origins[f".content[{j}].text"] = f"{path}.text"
+    return Message(role="system", content=tuple(parts), source="system", origins=FrozenDict(origins))
+
+
+def _anthropic_text(raw: Any, path: str) -> FrozenDict:
+    block = _obj(raw, path, 'a text block {"type": "text", "text": ...}')
+    kind = _part_type(block, path)
+    if kind != "text":
+        raise _fail(_join(path, "type"), f"expected a text block, got {json.dumps(kind)}", 'use "type": "text"')
+    _only_keys(block, ("type", "text", _CC), path, "a text block")
+    return _text_part(_str(_required(block, "text", path, "the text"), _join(path, "text")))
+
+
+def _anthropic_messages(raw: Any) -> list[Message]:
+    messages = _list(raw, "messages", "a non-empty array of messages")
+    if not messages:
+        raise _fail("messages", "messages is empty", "send at least one message")
+    seen_ids: set[str] = set()
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        path = f"messages[{i}]"
+        m = _obj(m, path, "a message object")
+        _only_keys(m, ("role", "content"), path, "an Anthropic message")
+        role = _str(_required(m, "role", path, "user or assistant"), _join(path, "role"))
+        if role not in _ANTHROPIC_ROLES:
+            raise _fail(
+                _join(path, "role"),
+                f"unknown role {json.dumps(role, ensure_ascii=False)}",
+                'allowed roles: user, assistant (the system prompt goes in the top-level "system")',
+            )
+        content = _required(m, "content", path, "a string or an array of content blocks")
+        if isinstance(content, str):
+            out.append(Message(role=role, content=content, source=path))
+            continue
+        blocks = _list(content, _join(path, "content"), "a string or an array of content blocks")
+        if role == "assistant":
+            out.append(_anthropic_assistant(blocks, path, seen_ids))
+        else:
+            out.extend(_anthropic_user(blocks, path, seen_ids))
+    return out
+
+
+def _anthropic_assistant(blocks: list[Any], path: str, seen_ids: set[str]) -> Message:
+    parts: list[FrozenDict] = []
+    calls: list[ToolCall] = []
+    thinking: list[str] = []
+    origins: dict[str, str] = {}
+    for j, raw in enumerate(blocks):
+        bpath = f"{path}.content[{j}]"
+        block = _obj(raw, bpath, "a content block object")
+        kind = _part_type(block, bpath)
+        if kind == "text":
+            origins[f".content[{len(parts)}].text"] = f"{bpath}.text"
+            parts.append(_anthropic_text(block, bpath))
+        elif kind == "tool_use":
+            _only_keys(block, ("type", "id", "name", "input", _CC), bpath, "a tool_use block")
+            call_id = _str(_required(block, "id", bpath, "the tool_use id"), f"{bpath}.id", nonempty=True)
+            name = _str(_required(block, "name", bpath, "the tool name"), f"{bpath}.name", nonempty=True)
+            args = _obj(_required(block, "input", bpath, "the input object"), f"{bpath}.input", "a JSON object")
+            k = len(calls)
+            origins.update(
+                {
+                    f".tool_calls[{k}].id": f"{bpath}.id",
+                    f".tool_calls[{k}].function.name": f"{bpath}.name",
+                    f".tool_calls[{k}].function.arguments": f"{bpath}.input",
+                }
+            )
+            calls.append(ToolCall(name=name, arguments=freeze(args), id=call_id, source=bpath))
+        elif kind == "thinking":
+            _only_keys(block, ("type", "thinking", "signature"), bpath, "a thinking block")
+            # The signature authenticates the thinking to Anthropic's API; it is not model input.
+            thinking.append(_str(_required(block, "thinking", bpath, "the thinking text"), f"{bpath}.thinking"))
+            origins.setdefault(".reasoning_content", f"{bpath}.thinking")
+        elif kind == "redacted_thinking":
+            raise _fail(
+                f"{bpath}.type",
+                "redacted_thinking holds encrypted reasoning ctxlock cannot render",
+                "drop the block, or send the thinking text in a thinking block",
+            )
+        else:
+            raise _fail(
+                f"{bpath}.type",
+                f"unsupported assistant content block type {json.dumps(kind)}",
+                "allowed: text, tool_use, thinking",
+            )
+    if len(thinking) > 1:
+        # Several thinking blocks are concatenated as is (no separator is added): the path names the whole list.
+        origins[".reasoning_content"] = f"{path}.content"
+    seen_ids.update(c.id for c in calls if c.id is not None)
+    return Message(
+        role="assistant",
+        content=tuple(parts) if parts else None,
+        tool_calls=tuple(calls) if calls else None,
+        reasoning_content="".join(thinking) if thinking else None,
+        source=path,
+        origins=FrozenDict(origins),
+    )
+
+
+def _anthropic_user(blocks: list[Any], path: str, seen_ids: set[str]) -> list[Message]:
+    """A user turn: each tool_result becomes a canonical tool message, emitted before the turn's text/images."""
+    results: list[Message] = []
+    parts: list[FrozenDict] = []
+    origins: dict[str, str] = {}
+    for j, raw in enumerate(blocks):
+        bpath = f"{path}.content[{j}]"
+        block = _obj(raw, bpath, "a content block object")
+        kind = _part_type(block, bpath)
+        if kind == "text":
+            origins[f".content[{len(parts)}].text"] = f"{bpath}.text"
+            parts.append(_anthropic_text(block, bpath))
+        elif kind == "image":
+            origins[f".content[{len(parts)}].url"] = f"{bpath}.source"
+            parts.append(_anthropic_image(block, bpath))
+        elif kind == "tool_result":
+            results.append(_anthropic_tool_result(block, bpath, seen_ids))
+        else:
+            raise _fail(
+                f"{bpath}.type",
+                f"unsupported user content block type {json.dumps(kind)}",
+                "allowed: text, image, tool_result",
+            )
+    if results and not parts:
+        return results
+    return [*results, Message(role="user", content=tuple(parts), source=path, origins=FrozenDict(origins))]
+
+
+def _anthropic_image(block: dict[str, Any], path: str) -> FrozenDict:
+    _only_keys(block, ("type", "source", _CC), path, "an image block")
+    spath = _join(path, "source")
+    source = _obj(_required(block, "source", path, "an image source"), spath)
+    kind = _part_type(source, spath)
+    if kind == "base64":
+        _only_keys(source, ("type", "media_type", "data"), spath, "a base64 image source")
+        media = _str(_required(source, "media_type", spath, "the media type, e.g. image/png"), f"{spath}.media_type")
+        data = _str(_required(source, "data", spath, "the base64 data"), f"{spath}.data")
+        return _image_part(f"data:{media};base64,{data}")
+    if kind == "url":
+        _only_keys(source, ("type", "url"), spath, "a url image source")
+        return _image_part(_str(_required(source, "url", spath, "the image URL"), f"{spath}.url"))
+    raise _fail(f"{spath}.type", f"unsupported image source type {json.dumps(kind)}", "allowed: base64, url")
+
+
+def _anthropic_tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> Message:
+    # is_error has no place in the canonical (OpenAI) tool message, and chat templates never read it; it is
+    # validated and dropped, as vLLM's Anthropic endpoint does. Put the error in the content if the model needs it.
+    _only_keys(block, ("type", "tool_use_id", "content", "is_error", _CC), path, "a tool_result block")
+    id_path = f"{path}.tool_use_id"
+    call_id = _str(_required(block, "tool_use_id", path, "the id of the tool_use this answers"), id_path)
+    if call_id not in seen_ids:
+        raise _no_tool_call(call_id, seen_ids, id_path, "tool_result")
+    if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+        raise _fail(f"{path}.is_error", "is_error must be a boolean", "send true or false")
+    raw = block.get("content")
+    origins = {".tool_call_id": id_path}
+    content: str | tuple[FrozenDict, ...]
+    if raw is None:
+        content = ""  # Anthropic allows a result with no content; the canonical tool message needs one
+    elif isinstance(raw, str):
+        content = raw
+    else:
+        items = _list(raw, f"{path}.content", "a string or an array of text blocks")
+        content = tuple(_anthropic_text(b, f"{path}.content[{j}]") for j, b in enumerate(items))
+    return Message(role="tool", content=content, tool_call_id=call_id, source=path, origins=FrozenDict(origins))
+
+
+def _anthropic_tools(raw: Any) -> tuple[FrozenDict, ...]:
+    tools = _list(raw, "tools", "an array of tools")
+    out = []
+    for k, tool in enumerate(tools):
+        path = f"tools[{k}]"
+        tool = _obj(tool, path, 'a tool object {"name", "description", "input_schema"}')
+        _only_keys(tool, ("type", "name", "description", "input_schema", _CC), path, "a tool")
+        if tool.get("type") not in (None, "custom"):
+            raise _fail(
+                f"{path}.type",
+                f"unsupported tool type {json.dumps(tool['type'])} (server tools run on Anthropic's side)",
+                'send client tools: omit "type" or use "custom"',
+            )
+        _required(tool, "input_schema", path, "the input JSON schema")
+        _check_tool_function(tool, path, schema_key="input_schema")
+        fn: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        fn["parameters"] = tool["input_schema"]
+        out.append(freeze({"type": "function", "function": fn}))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Both dialects
+
+
+def _detect(obj: dict[str, Any]) -> Dialect:
+    """Anthropic if anything only Anthropic has is present; otherwise OpenAI."""
+    if "system" in obj:
+        return Dialect.ANTHROPIC
+    tools = obj.get("tools")
+    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
+        return Dialect.ANTHROPIC
+    messages = obj.get("messages")
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind in ("tool_use", "tool_result", "thinking") or (kind == "image" and "source" in block):
+                return Dialect.ANTHROPIC
+    return Dialect.OPENAI
+
+
+def _template_kwargs(raw: Any) -> FrozenDict:
+    if raw is None:
+        return FrozenDict()
+    kwargs = _obj(raw, "chat_template_kwargs")
+    for key in kwargs:
+        path = _join("chat_template_kwargs", key)
+        if not key.isidentifier():
+            raise _fail(
+                path,
+                f"{json.dumps(key, ensure_ascii=False)} is not a template variable name",
+                "use an identifier: letters, digits and underscores, not starting with a digit",
+            )
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise _fail(
+                path,
+                f"{key} is reserved: the template stage sets it",
+                "rename the variable; the conversation, tools and special tokens cannot be overridden",
+            )
+    return freeze(kwargs)
+
+
+def _documents(raw: Any) -> tuple[FrozenDict, ...]:
+    docs = _list(raw, "documents", "an array of document objects")
+    for k, doc in enumerate(docs):
+        _obj(doc, f"documents[{k}]", 'a document object, e.g. {"title": ..., "text": ...}')
+    return tuple(freeze(d) for d in docs)
+
+
+def _coerce(enum: type[Dialect] | type[Utf8Policy], value: Any, arg: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(repr(e.value) for e in enum)
+        raise RequestValidationError(f"unknown {arg} {value!r}", path=arg, hint=f"use one of {allowed}") from None
+
+
+def _to_plain(value: Any, path: _LinkedPath) -> Any:
+    """A Mapping given by a caller -> plain JSON values, rejecting what JSON cannot hold (with its path)."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RequestValidationError(
+                    f"key {key!r} is not a string", path=_render(path), hint="JSON object keys are strings"
+                )
+            out[key] = _to_plain(item, (path, key))
+        return out
+    if isinstance(value, list | tuple):
+        return [_to_plain(item, (path, i)) for i, item in enumerate(value)]
+    if value is None or isinstance(value, str | int | float):  # bool is an int
+        return value
+    raise RequestValidationError(
+        f"{type(value).__name__} is not a JSON value", path=_render(path), hint="send JSON types only"
+    )
+
+
+def parse_request(
+    data: bytes | str | Mapping[str, Any],
+    *,
+    dialect: Dialect | str | None = None,
+    utf8: Utf8Policy | str = Utf8Policy.STRICT,
+) -> Request:
+    """Decode, parse and validate a chat request into its canonical frozen form.
+
+    `dialect=None` detects the dialect (Anthropic if anything only Anthropic has is present, else OpenAI); an
+    explicit dialect wins. A str is encoded as UTF-8 first, and a Mapping serialized to compact JSON first, so
+    every input goes through the same checks and `source_sha256` is always the digest of the bytes parsed.
+    """
+    policy: Utf8Policy = _coerce(Utf8Policy, utf8, "utf8")
+    forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")
+
+    if isinstance(data, Mapping):
+        # NaN stays NaN here (allow_nan) so the parser reports it with its JSON path.
+        data = json.dumps(_to_plain(data, "$"), ensure_ascii=False, separators=(",", ":"))
+    if isinstance(data, str):
+        # surrogatepass: a lone surrogate in the str becomes invalid UTF-8 and is reported like a bad byte.
+        data = data.encode("utf-8", "surrogatepass")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise RequestValidationError(
+            f"cannot parse a {type(data).__name__}", path="$", hint="pass bytes, a str or a mapping"
+        )
+    data = bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+
+    text, runs = _decode(data, policy)
+    # A leading UTF-8 BOM is stripped, not rejected: RFC 8259 section 8.1 lets parsers ignore it, and it carries
+    # no content. It is still part of the hashed bytes (source_sha256), so a record keeps it, and byte offsets in
+    # errors and replaced_bytes count from the very first byte of the input, BOM included.
+    bom_chars = 1 if data.startswith(_UTF8_BOM) else 0
+
+    try:
+        obj = _loads(text[bom_chars:], "$", policy)
+    except json.JSONDecodeError as exc:
+        byte = _byte_offset(data, runs, text, exc.pos + bom_chars)
+        raise RequestJSONError(
+            f"invalid JSON: {exc.msg}",
+            path=f"line {exc.lineno} column {exc.colno} (byte {byte})",
+            hint="fix the JSON syntax at that position",
+        ) from None
+    if not isinstance(obj, dict):
+        raise _fail(
+            "$",
+            f"the request must be a JSON object, got {_type_name(obj)}",
+            'send an object such as {"messages": [...]}',
+        )
+    return _build_request(obj, forced or _detect(obj), sha, policy, runs)
+
+
+def _build_request(
+    obj: dict[str, Any], dialect: Dialect, sha: str, policy: Utf8Policy, runs: list[tuple[int, int]]
+) -> Request:
+    if "messages" not in obj:
+        raise _fail("messages", "messages is required", "send a non-empty array of messages")
+    handled = {"messages", "tools", "documents", "chat_template_kwargs"}
+    tools: tuple[FrozenDict, ...] | None = None
+    if dialect is Dialect.OPENAI:
+        if obj.get("functions") is not None:
+            # Silently keeping these in `extra` would drop tool definitions the client meant the model to see.
+            raise _fail("functions", "functions is deprecated and not supported", 'send "tools" instead')
+        messages = _openai_messages(obj["messages"], policy)
+        if obj.get("tools") is not None:
+            tools = _openai_tools(obj["tools"])
+    else:
+        handled.add("system")
+        system = [] if obj.get("system") is None else [_anthropic_system(obj["system"])]
+        messages = (*system, *_anthropic_messages(obj["messages"]))
+        if obj.get("tools") is not None:
+            tools = _anthropic_tools(obj["tools"])
+    documents = None if obj.get("documents") is None else _documents(obj["documents"])
+    return Request(
+        dialect=dialect,
+        messages=tuple(messages),
+        tools=tools,
+        documents=documents,
+        chat_template_kwargs=_template_kwargs(obj.get("chat_template_kwargs")),
+        extra=freeze({k: v for k, v in obj.items() if k not in handled}),
+        source_sha256=sha,
+        utf8_policy=policy,
+        replaced_bytes=tuple(b for start, end in runs for b in range(start, end)),
+    )

@@ -1,0 +1,504 @@
+"""The tensors stage: token ids -> the exact arrays a model receives.
+
+    ids (one sequence, or a batch)  ->  ModelInput(input_ids, attention_mask, position_ids, valid_lengths)
+
+Pure and I/O-free. Arrays are numpy int64 and read-only; `ModelInput.to_torch()` converts on request, and torch
+is imported there and only there (it is an optional extra: ``pip install 'ctxlock[torch]'``).
+
+Conventions (all of them Hugging Face's, so a ModelInput can be passed straight to a transformers model):
+
+* ``padding_side="right"``: the real tokens of a row come first, then ``pad_id`` (``tokenizer.padding_side =
+  "right"``, the default for training/encoders). ``padding_side="left"``: the pads come first and the last real
+  token sits at index ``n - 1``, which is what decoder-only generation needs (the next token is predicted from the
+  last column for every row).
+* ``attention_mask`` is 1 on real tokens and 0 on padding.
+* ``position_ids`` count real tokens only: the real tokens of every row get ``0 .. len - 1`` whichever side the
+  padding is on, and padding slots get ``1``. This is exactly transformers' generation convention
+  (``GenerationMixin.prepare_inputs_for_generation``)::
+
+      position_ids = attention_mask.long().cumsum(-1) - 1
+      position_ids.masked_fill_(attention_mask == 0, 1)
+
+  The value on padding slots is irrelevant to the model (those positions are masked out) but it is fixed here so
+  that the arrays, and therefore records and their digests, are deterministic.
+* ``pad_to_multiple_of`` rounds the padded length up to a multiple, like ``tokenizer.pad(pad_to_multiple_of=...)``.
+
+Decisions:
+
+* ``pad_id`` is only required when padding actually happens (rows of different lengths, or a length that
+  ``pad_to_multiple_of`` rounds up). Passing ``pad_id=None`` is the caller asserting "there is no padding".
+  When padding is needed and ``pad_id`` is None, `TensorError` names ``pad_id``.
+* A zero-length row is legal: it is all padding (mask all 0, positions all 1). A batch whose rows are all empty
+  has shape ``[B, 0]``. ``assemble([])`` likewise gives shape ``[1, 0]``; refusing an empty prompt is the job of
+  an earlier stage, not of the tensor layout.
+* Ids must be ints (Python ``int`` or numpy integer; ``bool`` and floats are refused, even ``1.0``) in
+  ``0 .. 2**63 - 1``. There is no vocabulary here, so no upper bound beyond int64.
+* A ``ModelInput`` validates its own invariants when it is built (also from `ModelInput.from_dict`), so a value
+  read back from a record is as trustworthy as one produced by `assemble_batch`.
+* ``pad_id`` may equal a real token id (pad = eos is common); the mask, not the id, says what is padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ctxlock.errors import TensorError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["ModelInput", "PaddingSide", "assemble", "assemble_batch"]
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+_TORCH_HINT = "pip install 'ctxlock[torch]'"
+_PAD_HINT = "set pad_token in the tokenizer config, or pass pad_id= explicitly"
+
+
+class PaddingSide(StrEnum):
+    """Where padding goes in a row (HF ``tokenizer.padding_side``)."""
+
+    LEFT = "left"
+    RIGHT = "right"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _padding_side(value: PaddingSide | str, path: str = "padding_side") -> PaddingSide:
+    if isinstance(value, PaddingSide):
+        return value
+    if isinstance(value, str):
+        try:
+            return PaddingSide(value)
+        except ValueError:
+            pass
+    raise TensorError(
+        f"invalid padding side {value!r}",
+        path=path,
+        hint="use 'left' (decoder-only generation) or 'right'",
+    )
+
+
+def _pad_id(value: object, path: str = "pad_id") -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= int(value) <= _INT64_MAX:  # type: ignore[call-overload]
+        raise TensorError(
+            f"pad_id must be a non-negative int or None, got {value!r}",
+            path=path,
+            hint="pass the tokenizer's pad token id",
+        )
+    return int(value)  # type: ignore[call-overload]
+
+
+def _multiple(value: object) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value) or int(value) < 1:  # type: ignore[call-overload]
+        raise TensorError(
+            f"pad_to_multiple_of must be a positive int or None, got {value!r}",
+            path="pad_to_multiple_of",
+            hint="use e.g. 8 or 64, or None for no rounding",
+        )
+    return int(value)  # type: ignore[call-overload]
+
+
+def _coerce_row(row: object, path: str) -> np.ndarray:
+    """One sequence of ids -> a fresh 1-D int64 array, or TensorError naming ``path`` / ``path[j]``."""
+    if isinstance(row, np.ndarray):
+        if row.ndim != 1:
+            raise TensorError(
+                f"a sequence of ids must be 1-D, got an array of shape {row.shape}",
+                path=path,
+                hint="pass one flat list of token ids per row",
+            )
+        if row.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if row.dtype.kind not in "iu":
+            raise TensorError(
+                f"token ids must be integers, got an array of dtype {row.dtype}",
+                path=path,
+                hint="token ids are ints; convert with .astype(np.int64) only if the values are exact",
+            )
+        bad = np.flatnonzero(row < 0) if row.dtype.kind == "i" else np.flatnonzero(row > _INT64_MAX)
+        if bad.size:
+            j = int(bad[0])
+            raise TensorError(
+                f"token id {int(row[j])} is out of range (0 .. 2**63-1)",
+                path=f"{path}[{j}]",
+                hint="token ids are non-negative; check the tokenizer output",
+            )
+        return row.astype(np.int64, copy=True)
+    if isinstance(row, (str, bytes, bytearray)) or not isinstance(row, Sequence):
+        raise TensorError(
+            f"expected a sequence of token ids, got {type(row).__name__}",
+            path=path,
+            hint="pass a list of int token ids (tokenize text first)",
+        )
+    for j, x in enumerate(row):
+        if type(x) is not int and not _is_int(x):
+            raise TensorError(
+                f"token id must be an int, got {type(x).__name__} {x!r}",
+                path=f"{path}[{j}]",
+                hint="token ids are ints; bools and floats are refused",
+            )
+        if not 0 <= x <= _INT64_MAX:
+            raise TensorError(
+                f"token id {int(x)} is out of range (0 .. 2**63-1)",
+                path=f"{path}[{j}]",
+                hint="token ids are non-negative; check the tokenizer output",
+            )
+    return np.array(row, dtype=np.int64).reshape(len(row))
+
+
+def _frozen_int64(value: object, name: str) -> np.ndarray:
+    """A read-only 2-D int64 array from an array or nested lists; copies unless already a read-only int64 owner."""
+    if isinstance(value, np.ndarray) and value.dtype == np.int64 and not value.flags.writeable and value.flags.owndata:
+        arr = value
+    else:
+        try:
+            raw = np.asarray(value)
+        except (ValueError, TypeError) as exc:  # ragged lists
+            raise TensorError(
+                f"{name} is not a rectangular array: {exc}", path=name, hint="every row needs n values"
+            ) from exc
+        if raw.ndim != 2:
+            raise TensorError(
+                f"{name} must be 2-D [batch, seq], got shape {raw.shape}",
+                path=name,
+                hint="use assemble() / assemble_batch() to build a ModelInput",
+            )
+        if raw.size and raw.dtype.kind not in "iu":
+            raise TensorError(
+                f"{name} must hold integers, got dtype {raw.dtype}",
+                path=name,
+                hint="use assemble() / assemble_batch() to build a ModelInput",
+            )
+        if raw.size and raw.dtype.kind == "u" and raw.max() > _INT64_MAX:
+            raise TensorError(f"{name} has values beyond int64", path=name, hint="ids must fit in int64")
+        arr = np.array(raw, dtype=np.int64, copy=True)
+        arr.flags.writeable = False
+    if arr.ndim != 2:
+        raise TensorError(
+            f"{name} must be 2-D [batch, seq], got shape {arr.shape}",
+            path=name,
+            hint="use assemble() / assemble_batch() to build a ModelInput",
+        )
+    return arr
+
+
+def _hf_position_ids(mask: np.ndarray) -> np.ndarray:
+    """transformers' convention: ``cumsum(mask) - 1`` on real tokens, ``1`` on padding."""
+    pos = np.cumsum(mask, axis=-1, dtype=np.int64) - 1
+    pos[mask == 0] = 1
+    return pos
+
+
+def _first_bad_row(ok_per_row: np.ndarray) -> int:
+    return int(np.flatnonzero(~ok_per_row)[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ModelInput
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ModelInput:
+    """The exact input of one forward pass: ``[B, n]`` int64 arrays, read-only.
+
+    Invariants (checked on construction):
+      * the three arrays have the same 2-D shape ``[B, n]`` with ``B >= 1``;
+      * ``attention_mask`` is 0/1, contiguous: ones then zeros (right) or zeros then ones (left);
+      * ``valid_lengths[b] == attention_mask[b].sum()``;
+      * ``position_ids`` follow transformers' convention (``cumsum(mask) - 1``, 1 on padding);
+      * every padding slot holds ``pad_id``; if ``pad_id`` is None there is no padding;
+      * real token ids are ``>= 0``.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    position_ids: np.ndarray
+    valid_lengths: tuple[int, ...]
+    padding_side: PaddingSide
+    pad_id: int | None
+
+    def __post_init__(self) -> None:
+        ids = _frozen_int64(self.input_ids, "input_ids")
+        mask = _frozen_int64(self.attention_mask, "attention_mask")
+        pos = _frozen_int64(self.position_ids, "position_ids")
+        side = _padding_side(self.padding_side)
+        pad_id = _pad_id(self.pad_id)
+        for name, arr in (("attention_mask", mask), ("position_ids", pos)):
+            if arr.shape != ids.shape:
+                raise TensorError(
+                    f"{name} has shape {arr.shape}, input_ids has {ids.shape}",
+                    path=name,
+                    hint="all three arrays must be [batch, seq]",
+                )
+        batch, n = ids.shape
+        if batch < 1:
+            raise TensorError("a ModelInput needs at least one row", path="input_ids", hint="pass a non-empty batch")
+
+        raw_lengths = self.valid_lengths
+        if isinstance(raw_lengths, (str, bytes)) or not isinstance(raw_lengths, (Sequence, np.ndarray)):
+            raise TensorError(
+                "valid_lengths must be a sequence of ints", path="valid_lengths", hint="one length per row"
+            )
+        if len(raw_lengths) != batch:
+            raise TensorError(
+                f"valid_lengths has {len(raw_lengths)} entries for {batch} rows",
+                path="valid_lengths",
+                hint="one length per row",
+            )
+        for b, v in enumerate(raw_lengths):
+            if not _is_int(v) or not 0 <= int(v) <= n:
+                raise TensorError(
+                    f"valid length {v!r} is not an int in 0..{n}",
+                    path=f"valid_lengths[{b}]",
+                    hint="a valid length counts the real tokens of its row",
+                )
+        lengths = tuple(int(v) for v in raw_lengths)
+
+        if mask.size and not np.isin(mask, (0, 1)).all():
+            b = _first_bad_row(np.isin(mask, (0, 1)).all(axis=1))
+            raise TensorError("attention_mask must be 0/1", path=f"attention_mask[{b}]", hint="1 = real, 0 = pad")
+        lens = np.asarray(lengths, dtype=np.int64)[:, None]
+        cols = np.arange(n, dtype=np.int64)[None, :]
+        expected_mask = (cols < lens) if side is PaddingSide.RIGHT else (cols >= n - lens)
+        rows_ok = (mask == expected_mask.astype(np.int64)).all(axis=1)
+        if not rows_ok.all():
+            b = _first_bad_row(rows_ok)
+            raise TensorError(
+                f"attention_mask row does not match {side.value} padding with valid length {lengths[b]}",
+                path=f"attention_mask[{b}]",
+                hint=f"{side.value} padding puts {'real tokens first' if side is PaddingSide.RIGHT else 'pads first'}",
+            )
+        pos_ok = (pos == _hf_position_ids(mask)).all(axis=1)
+        if not pos_ok.all():
+            b = _first_bad_row(pos_ok)
+            raise TensorError(
+                "position_ids must be 0..len-1 on real tokens and 1 on padding (transformers' convention)",
+                path=f"position_ids[{b}]",
+                hint="build ModelInput with assemble_batch()",
+            )
+        real = mask == 1
+        if (ids[real] < 0).any():
+            b = _first_bad_row(~((ids < 0) & real).any(axis=1))
+            raise TensorError("negative token id", path=f"input_ids[{b}]", hint="token ids are non-negative")
+        padding = ~real
+        if padding.any():
+            if pad_id is None:
+                b = _first_bad_row(~padding.any(axis=1))
+                raise TensorError(f"row {b} has padding but pad_id is None", path="pad_id", hint=_PAD_HINT)
+            pad_ok = ~((ids != pad_id) & padding).any(axis=1)
+            if not pad_ok.all():
+                b = _first_bad_row(pad_ok)
+                raise TensorError(
+                    f"a padding slot does not hold pad_id {pad_id}",
+                    path=f"input_ids[{b}]",
+                    hint="padding slots must hold pad_id",
+                )
+
+        object.__setattr__(self, "input_ids", ids)
+        object.__setattr__(self, "attention_mask", mask)
+        object.__setattr__(self, "position_ids", pos)
+        object.__setattr__(self, "valid_lengths", lengths)
+        object.__setattr__(self, "padding_side", side)
+        object.__setattr__(self, "pad_id", pad_id)
+
+    # -- shape -------------------------------------------------------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def row(self, b: int) -> list[int]:
+        """The real ids of row ``b`` (padding removed), as plain ints. Negative ``b`` counts from the end."""
+        if not _is_int(b) or not -self.batch_size <= int(b) < self.batch_size:
+            raise TensorError(
+                f"row index {b!r} is out of range for batch size {self.batch_size}",
+                path=f"row({b!r})",
+                hint=f"use 0..{self.batch_size - 1}",
+            )
+        b = int(b) % self.batch_size
+        n, length = self.seq_len, self.valid_lengths[b]
+        start = 0 if self.padding_side is PaddingSide.RIGHT else n - length
+        return self.input_ids[b, start : start + length].tolist()
+
+    # -- conversion ----------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (lists of ints, strings); `from_dict` is the inverse."""
+        return {
+            "input_ids": self.input_ids.tolist(),
+            "attention_mask": self.attention_mask.tolist(),
+            "position_ids": self.position_ids.tolist(),
+            "valid_lengths": list(self.valid_lengths),
+            "padding_side": self.padding_side.value,
+            "pad_id": self.pad_id,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelInput:
+        """Rebuild (and re-validate) a ModelInput from `to_dict` output, e.g. read back from a record."""
+        if not isinstance(data, Mapping):
+            raise TensorError(
+                f"expected a mapping, got {type(data).__name__}", path="model_input", hint="pass to_dict() output"
+            )
+        keys = ("input_ids", "attention_mask", "position_ids", "valid_lengths", "padding_side", "pad_id")
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise TensorError(f"missing key {missing[0]!r}", path=missing[0], hint="pass to_dict() output")
+        vl = data["valid_lengths"]
+        return cls(
+            input_ids=data["input_ids"],
+            attention_mask=data["attention_mask"],
+            position_ids=data["position_ids"],
+            valid_lengths=tuple(vl) if isinstance(vl, (list, tuple)) else vl,
+            padding_side=data["padding_side"],
+            pad_id=data["pad_id"],
+        )
+
+    def to_torch(self) -> dict[str, torch.Tensor]:
+        """``input_ids`` / ``attention_mask`` / ``position_ids`` as ``torch.long`` tensors (fresh copies).
+
+        The keys are the keyword names of a transformers model's ``forward``, so ``model(**mi.to_torch())`` works.
+        torch is imported here, never at module import.
+        """
+        try:
+            import torch
+        except ImportError as exc:
+            raise TensorError("torch is not installed", path="to_torch", hint=_TORCH_HINT) from exc
+        return {
+            "input_ids": torch.tensor(self.input_ids, dtype=torch.long),
+            "attention_mask": torch.tensor(self.attention_mask, dtype=torch.long),
+            "position_ids": torch.tensor(self.position_ids, dtype=torch.long),
+        }
+
+    # -- value semantics -----------------------------------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        # dataclass eq would compare arrays with ==, which is elementwise (and ambiguous in a bool context).
+        if not isinstance(other, ModelInput):
+            return NotImplemented
+        return (
+            self.valid_lengths == other.valid_lengths
+            and self.padding_side == other.padding_side
+            and self.pad_id == other.pad_id
+            and np.array_equal(self.input_ids, other.input_ids)
+            and np.array_equal(self.attention_mask, other.attention_mask)
+            and np.array_equal(self.position_ids, other.position_ids)
+        )
+
+    def __hash__(self) -> int:
+        # The arrays are read-only and int64, so their shape + bytes are a sound hash key.
+        return hash(
+            (
+                self.input_ids.shape,
+                self.input_ids.tobytes(),
+                self.attention_mask.tobytes(),
+                self.position_ids.tobytes(),
+                self.valid_lengths,
+                self.padding_side,
+                self.pad_id,
+            )
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelInput(batch_size={self.batch_size}, seq_len={self.seq_len}, valid_lengths={self.valid_lengths}, "
+            f"padding_side={self.padding_side.value!r}, pad_id={self.pad_id!r})"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# assembly
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def assemble(ids: Sequence[int]) -> ModelInput:
+    """One sequence -> a ``[1, n]`` ModelInput: no padding, mask all 1, ``position_ids = 0..n-1``.
+
+    Equal to ``assemble_batch([ids], pad_id=None)``.
+    """
+    row = _coerce_row(ids, "ids")
+    n = row.shape[0]
+    return _build([row], n, pad_id=None, side=PaddingSide.RIGHT)
+
+
+def assemble_batch(
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_id: int | None,
+    padding_side: PaddingSide | str = PaddingSide.RIGHT,
+    pad_to_multiple_of: int | None = None,
+) -> ModelInput:
+    """Pad a batch of id sequences to one ``[B, n]`` ModelInput (HF ``tokenizer.pad`` semantics).
+
+    ``n`` is the longest row, rounded up to ``pad_to_multiple_of`` if given. ``pad_id`` is required only if some
+    row is shorter than ``n``. See the module docstring for the padding and position-id conventions.
+    """
+    side = _padding_side(padding_side)
+    pad = _pad_id(pad_id)
+    multiple = _multiple(pad_to_multiple_of)
+    if isinstance(sequences, (str, bytes, bytearray)) or not isinstance(sequences, (Sequence, np.ndarray)):
+        raise TensorError(
+            f"expected a sequence of id sequences, got {type(sequences).__name__}",
+            path="sequences",
+            hint="pass a list of lists of token ids",
+        )
+    if len(sequences) == 0:
+        raise TensorError("empty batch", path="sequences", hint="pass at least one sequence")
+    rows = [_coerce_row(seq, f"sequences[{i}]") for i, seq in enumerate(sequences)]
+    lengths = [r.shape[0] for r in rows]
+    n = max(lengths)
+    if multiple is not None and n % multiple:
+        n += multiple - n % multiple
+    if pad is None and any(length != n for length in lengths):
+        if len(set(lengths)) > 1:
+            why = f"sequences have different lengths {tuple(lengths)}"
+        else:
+            why = f"pad_to_multiple_of={multiple} rounds length {lengths[0]} up to {n}"
+        raise TensorError(f"{why}, so padding is needed, but pad_id is None", path="pad_id", hint=_PAD_HINT)
+    return _build(rows, n, pad_id=pad, side=side)
+
+
+def _build(rows: list[np.ndarray], n: int, *, pad_id: int | None, side: PaddingSide) -> ModelInput:
+    batch = len(rows)
+    ids = np.full((batch, n), 0 if pad_id is None else pad_id, dtype=np.int64)
+    mask = np.zeros((batch, n), dtype=np.int64)
+    for b, row in enumerate(rows):
+        length = row.shape[0]
+        if length == 0:
+            continue
+        # HF: right padding = real tokens then pads; left padding = pads then real tokens.
+        sl = slice(0, length) if side is PaddingSide.RIGHT else slice(n - length, n)
+        ids[b, sl] = row
+        mask[b, sl] = 1
+    pos = _hf_position_ids(mask)
+    for arr in (ids, mask, pos):
+        arr.flags.writeable = False
+    return ModelInput(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        valid_lengths=tuple(r.shape[0] for r in rows),
+        padding_side=side,
+        pad_id=pad_id,
+    )

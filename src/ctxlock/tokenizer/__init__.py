@@ -1,0 +1,134 @@
+"""Tokenizer stage: Rendered -> ids, splitting only at *trusted* control tokens.
+
+Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage function:
+1. the backend finds the control-token matches exactly as the reference would (`find_control`);
+2. a match that overlaps a range the template stage marked untrusted came from a request string;
+3. with no such match the whole text is encoded the reference way, so benign requests give the reference ids;
+   with one, policy `raise` rejects it and policy `text` encodes the runs between trusted matches as plain text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import ControlTokenError
+from ..template import Rendered, Span, SpecialTokenPolicy
+
+
+@dataclass(frozen=True)
+class AddedToken:
+    """A token matched on the raw text before the vocabulary model runs (HF `added_tokens`, tiktoken specials)."""
+
+    content: str
+    id: int
+    special: bool = True
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+    normalized: bool = False
+
+    @property
+    def control(self) -> bool:
+        # Whitespace-only added tokens (Gemma's tab and space runs) are ordinary text pieces, not control tokens.
+        return not self.content.isspace()
+
+
+@dataclass(frozen=True)
+class ControlMatch:
+    start: int
+    end: int
+    id: int
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    id: str
+    format: str
+    sha256: str
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def added_tokens(self) -> tuple[AddedToken, ...]: ...
+    @property
+    def control_tokens(self) -> frozenset[str]: ...
+
+    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]: ...
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+    def token_to_id(self, token: str) -> int | None: ...
+    def id_to_token(self, id: int) -> str | None: ...
+    def find_control(self, text: str) -> list[ControlMatch]: ...
+    def encode_text(self, text: str, *, at_start: bool) -> list[int]: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """The ids, with the control tokens that were honoured and the ones that were encoded as text."""
+
+    ids: tuple[int, ...]
+    control: tuple[ControlMatch, ...]  # trusted control tokens, with their ranges in the rendered text
+    neutralized: tuple[ControlMatch, ...]  # control-token strings from the request, encoded as plain text
+
+
+def _overlaps(m: ControlMatch, spans: Sequence[Span]) -> Span | None:
+    for s in spans:
+        if s.start == s.end:
+            if m.start < s.start < m.end:
+                return s
+        elif s.start < m.end and m.start < s.end:
+            return s
+    return None
+
+
+def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
+    """Encode a rendered chat so that only the template's own control tokens become control ids."""
+    text = rendered.text
+    matches = tokenizer.find_control(text)
+    if rendered.policy is SpecialTokenPolicy.KEEP:
+        return Tokenized(tuple(tokenizer.encode(text, parse_special=True)), tuple(matches), ())
+    trusted: list[ControlMatch] = []
+    forged: list[ControlMatch] = []
+    for m in matches:
+        span = _overlaps(m, rendered.untrusted)
+        if span is None:
+            trusted.append(m)
+            continue
+        if rendered.policy is SpecialTokenPolicy.RAISE:
+            source = span.path or next((s.path for s in rendered.request_spans if s.start <= m.start < s.end), "")
+            raise ControlTokenError(
+                f"the control token {text[m.start:m.end]!r} at rendered offset {m.start} would come from request text",
+                path=source or f"rendered text offset {m.start}",
+                hint="remove it, or use special_tokens='text' to encode it as plain text",
+            )
+        forged.append(m)
+    if not forged:
+        # No request string reached a control token: this is the reference encoding, id for id.
+        return Tokenized(tuple(tokenizer.encode(text, parse_special=True)), tuple(trusted), ())
+    ids: list[int] = []
+    control = {t.id: t.content for t in tokenizer.added_tokens if t.control}
+    pos = 0
+    for m in [*trusted, None]:
+        end = len(text) if m is None else m.start
+        if end > pos:
+            piece = text[pos:end]
+            run = tokenizer.encode_text(piece, at_start=pos == 0)
+            # A control id in a plain-text run is a leak when its string is in the run (an <unk> for an unknown
+            # character is not: the text never spelled "<unk>").
+            leaked = {i for i in run if i in control and control[i] in piece}
+            if leaked:
+                raise ControlTokenError(
+                    f"the vocabulary turns plain text into control id {min(leaked)} at rendered offset {pos}",
+                    path=f"rendered text offset {pos}",
+                    hint="this tokenizer cannot encode that text safely; remove the token string from the request",
+                )
+            ids.extend(run)
+        if m is not None:
+            ids.append(m.id)
+            pos = m.end
+    return Tokenized(tuple(ids), tuple(trusted), tuple(forged))
+
+
+__all__ = ["AddedToken", "ControlMatch", "Tokenized", "Tokenizer", "tokenize"]

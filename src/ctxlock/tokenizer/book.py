@@ -1,0 +1,92 @@
+"""The book tokenizer of seed 000 §1.6: greedy longest match over a 14-entry vocabulary, no normalization.
+
+It exists to make "the template changes the tokens" checkable by hand:
+`<bos><system>简洁回答</system><user>天空为什么是蓝色？</user><assistant>` -> [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6].
+A character no entry covers becomes `<unk>` (one id per character).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from . import AddedToken, ControlMatch
+
+
+class BookTokenizer:
+    format = "book"
+
+    def __init__(self, vocab: Sequence[str], *, control: Sequence[str], unk: str, id: str = "book") -> None:
+        self.id = id
+        self._vocab = list(vocab)
+        self._ids = {t: i for i, t in enumerate(self._vocab)}
+        self._control = frozenset(control)
+        self._unk = self._ids[unk]
+        self.sha256 = hashlib.sha256(
+            json.dumps({"vocab": self._vocab, "control": sorted(control), "unk": unk}, ensure_ascii=False).encode()
+        ).hexdigest()
+        self._added = tuple(AddedToken(t, self._ids[t], special=True) for t in self._vocab if t in self._control)
+        self._text_pieces = sorted((t for t in self._vocab if t not in self._control), key=len, reverse=True)
+        self._all_pieces = sorted(self._vocab, key=len, reverse=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    @property
+    def added_tokens(self) -> tuple[AddedToken, ...]:
+        return self._added
+
+    @property
+    def control_tokens(self) -> frozenset[str]:
+        return self._control
+
+    def _scan(self, text: str, pieces: Sequence[str]) -> list[tuple[int, int, int]]:
+        out: list[tuple[int, int, int]] = []
+        pos = 0
+        while pos < len(text):
+            for piece in pieces:
+                if text.startswith(piece, pos):
+                    out.append((pos, pos + len(piece), self._ids[piece]))
+                    pos += len(piece)
+                    break
+            else:
+                out.append((pos, pos + 1, self._unk))
+                pos += 1
+        return out
+
+    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
+        ids = [i for _, _, i in self._scan(text, self._all_pieces if parse_special else self._text_pieces)]
+        return [self._ids["<bos>"], *ids] if add_special_tokens else ids
+
+    def encode_text(self, text: str, *, at_start: bool) -> list[int]:
+        return self.encode(text, parse_special=False)
+
+    def find_control(self, text: str) -> list[ControlMatch]:
+        return [
+            ControlMatch(s, e, i) for s, e, i in self._scan(text, self._all_pieces) if self._vocab[i] in self._control
+        ]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return "".join(
+            self._vocab[i] for i in ids if not (skip_special_tokens and self._vocab[i] in self._control)
+        )
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._ids.get(token)
+
+    def id_to_token(self, id: int) -> str | None:
+        return self._vocab[id] if 0 <= id < len(self._vocab) else None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "id": self.id,
+            "sha256": self.sha256,
+            "model": "greedy longest match",
+            "normalizer": None,
+            "pre_tokenizer": None,
+            "vocab_size": self.vocab_size,
+        }

@@ -1,0 +1,141 @@
+"""HF `tokenizers` backend: a `tokenizer.json`, used as the reference uses it.
+
+`encode(parse_special=True)` is exactly `Tokenizer.encode(text, add_special_tokens=False)`, which is what
+transformers' `apply_chat_template(tokenize=True)` does with a rendered chat. For text that must not become a
+control token, a second `tokenizers.Tokenizer` is built from the same JSON without the control added tokens, so
+the normalizer, pre-tokenizer and model are the reference's own. HF splits added tokens out *before* it
+normalizes, so the runs between them are independent, with one exception: Metaspace's `prepend_scheme: first`
+adds the dummy prefix only to a run at offset 0. A run elsewhere is encoded with a variant whose scheme is
+`never`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import tokenizers
+
+from ..errors import ArtifactFormatError
+from . import AddedToken, ControlMatch
+
+
+def _set_prepend_never(node: Any) -> bool:
+    changed = False
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+            node["prepend_scheme"] = "never"
+            changed = True
+        for v in node.values():
+            changed |= _set_prepend_never(v)
+    elif isinstance(node, list):
+        for v in node:
+            changed |= _set_prepend_never(v)
+    return changed
+
+
+class HFTokenizer:
+    format = "hf-tokenizers"
+
+    def __init__(self, json_text: str, *, id: str, source: str = "") -> None:
+        self.id = id
+        self.source = source
+        self.sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
+        try:
+            self._data = json.loads(json_text)
+            self._tok = tokenizers.Tokenizer.from_str(json_text)
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+            raise ArtifactFormatError(
+                f"not a valid tokenizer.json: {exc}", path=source or id, hint="re-export it with tokenizers/transformers"
+            ) from None
+        self._added = tuple(
+            AddedToken(
+                content=t["content"],
+                id=int(t["id"]),
+                special=bool(t.get("special", False)),
+                lstrip=bool(t.get("lstrip", False)),
+                rstrip=bool(t.get("rstrip", False)),
+                single_word=bool(t.get("single_word", False)),
+                normalized=bool(t.get("normalized", False)),
+            )
+            for t in self._data.get("added_tokens", [])
+        )
+        self._by_id = {t.id: t for t in self._added}
+        self._control_ids = frozenset(t.id for t in self._added if t.control)
+
+    # -- plain-text variants, built on first use
+    @cached_property
+    def _plain(self) -> tuple[tokenizers.Tokenizer, tokenizers.Tokenizer]:
+        data = copy.deepcopy(self._data)
+        data["added_tokens"] = [t for t in data.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
+        first = tokenizers.Tokenizer.from_str(json.dumps(data))
+        rest = first
+        if _set_prepend_never(data.get("pre_tokenizer")):
+            rest = tokenizers.Tokenizer.from_str(json.dumps(data))
+        return first, rest
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def added_tokens(self) -> tuple[AddedToken, ...]:
+        return self._added
+
+    @property
+    def control_tokens(self) -> frozenset[str]:
+        return frozenset(t.content for t in self._added if t.control)
+
+    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
+        if parse_special:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # Special-token strings are text here; the post-processor (BOS/EOS) is the reference's own.
+        return self._plain[0].encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_text(self, text: str, *, at_start: bool) -> list[int]:
+        first, rest = self._plain
+        return (first if at_start else rest).encode(text, add_special_tokens=False).ids
+
+    def find_control(self, text: str) -> list[ControlMatch]:
+        enc = self._tok.encode(text, add_special_tokens=False)
+        out: list[ControlMatch] = []
+        n = len(text)
+        for tid, (start, end) in zip(enc.ids, enc.offsets, strict=True):
+            if tid not in self._control_ids:
+                continue
+            tok = self._by_id[tid]
+            # lstrip/rstrip tokens swallow the whitespace next to them; the runs beside them must not see it.
+            if tok.lstrip:
+                while start > 0 and text[start - 1].isspace():
+                    start -= 1
+            if tok.rstrip:
+                while end < n and text[end].isspace():
+                    end += 1
+            out.append(ControlMatch(start, end, tid))
+        return out
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, id: int) -> str | None:
+        return self._tok.id_to_token(id)
+
+    def describe(self) -> dict[str, Any]:
+        model = self._data.get("model") or {}
+        return {
+            "format": self.format,
+            "id": self.id,
+            "sha256": self.sha256,
+            "model": model.get("type"),
+            "normalizer": (self._data.get("normalizer") or {}).get("type"),
+            "pre_tokenizer": (self._data.get("pre_tokenizer") or {}).get("type"),
+            "post_processor": (self._data.get("post_processor") or {}).get("type"),
+            "vocab_size": self.vocab_size,
+        }

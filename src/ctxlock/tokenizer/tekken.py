@@ -1,0 +1,140 @@
+"""Tekken backend: mistral-common's tiktoken-format tokenizer (`tekken_*.json`), through tiktoken.
+
+Ids follow mistral-common: the first `num_special_tokens` ids are control tokens, and a vocabulary rank r has id
+`r + num_special_tokens`. The special-token table comes from mistral-common itself (old Tekken files do not list
+their specials; mistral-common supplies them), so it cannot drift from the reference.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import tiktoken
+
+from ..errors import ArtifactFormatError
+from . import AddedToken, ControlMatch
+
+
+class TekkenTokenizer:
+    format = "tekken"
+
+    def __init__(self, path: Path, *, id: str) -> None:
+        self.id = id
+        self.source = str(path)
+        raw = path.read_bytes()
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        try:
+            data = json.loads(raw)
+            config = data["config"]
+            pattern = config["pattern"]
+            vocab = data["vocab"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ArtifactFormatError(f"not a Tekken tokenizer file: {exc}", path=str(path)) from None
+        specials = self._special_table(path)
+        self.num_special = len(specials)
+        n_vocab = int(config.get("default_vocab_size", len(vocab) + self.num_special)) - self.num_special
+        ranks = {base64.b64decode(t["token_bytes"]): i for i, t in enumerate(vocab[:n_vocab])}
+        self._enc = tiktoken.Encoding(
+            name=f"ctxlock-tekken-{self.sha256[:12]}",
+            pat_str=pattern,
+            mergeable_ranks=ranks,
+            special_tokens={},
+        )
+        self._specials = tuple(AddedToken(content=s, id=i, special=True) for i, s in enumerate(specials))
+        self._special_ids = {t.content: t.id for t in self._specials}
+        self._n_words = self.num_special + n_vocab
+        self.version = config.get("version")
+        self.pattern = pattern
+
+    @staticmethod
+    def _special_table(path: Path) -> list[str]:
+        from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+        tek = Tekkenizer.from_file(str(path))
+        table = sorted(tek._all_special_tokens, key=lambda t: t["rank"])
+        return [str(getattr(t["token_str"], "value", t["token_str"])) for t in table]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n_words
+
+    @property
+    def added_tokens(self) -> tuple[AddedToken, ...]:
+        return self._specials
+
+    @property
+    def control_tokens(self) -> frozenset[str]:
+        return frozenset(self._special_ids)
+
+    @cached_property
+    def _special_re(self) -> re.Pattern[str]:
+        return re.compile("|".join(re.escape(s) for s in sorted(self._special_ids, key=len, reverse=True)))
+
+    def encode_text(self, text: str, *, at_start: bool) -> list[int]:
+        return [i + self.num_special for i in self._enc.encode_ordinary(text)]
+
+    def find_control(self, text: str) -> list[ControlMatch]:
+        return [ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in self._special_re.finditer(text)]
+
+    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = [self._special_ids["<s>"]] if add_special_tokens else []
+        if not parse_special:
+            return ids + self.encode_text(text, at_start=True)
+        pos = 0
+        for m in self.find_control(text):
+            ids += self.encode_text(text[pos : m.start], at_start=pos == 0)
+            ids.append(m.id)
+            pos = m.end
+        return ids + self.encode_text(text[pos:], at_start=pos == 0)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        out: list[str] = []
+        buf: list[int] = []
+        for i in ids:
+            if i < self.num_special:
+                if buf:
+                    out.append(self._enc.decode(buf))
+                    buf = []
+                if not skip_special_tokens:
+                    out.append(self._specials[i].content)
+            else:
+                buf.append(i - self.num_special)
+        if buf:
+            out.append(self._enc.decode(buf))
+        return "".join(out)
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self._special_ids:
+            return self._special_ids[token]
+        try:
+            return self._enc.encode_single_token(token.encode("utf-8")) + self.num_special
+        except KeyError:
+            return None
+
+    def id_to_token(self, id: int) -> str | None:
+        if 0 <= id < self.num_special:
+            return self._specials[id].content
+        try:
+            return self._enc.decode_single_token_bytes(id - self.num_special).decode("utf-8", "backslashreplace")
+        except KeyError:
+            return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "id": self.id,
+            "sha256": self.sha256,
+            "model": "BPE (tiktoken ranks)",
+            "normalizer": None,
+            "pre_tokenizer": "regex split (Tekken pattern)",
+            "version": self.version,
+            "num_special_tokens": self.num_special,
+            "vocab_size": self.vocab_size,
+        }

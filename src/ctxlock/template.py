@@ -344,10 +344,11 @@ def _render_limited(compiled: jinja2.Template, context: dict[str, Any], limits: 
 
 
 def _template_line(compiled: jinja2.Template, tb: Any) -> int | None:
+    # jinja rewrites the traceback on the way out of generate(): template frames already carry template lines.
     line = None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == "<template>":
-            line = compiled.get_corresponding_lineno(tb.tb_lineno)
+            line = tb.tb_lineno
         tb = tb.tb_next
     return line
 

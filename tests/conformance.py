@@ -1,0 +1,53 @@
+"""Shared pieces of the conformance suites: the corpus, the template↔vocabulary pairing, a fixed clock."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+CONVERSATIONS_DIR = Path(__file__).parent / "data" / "conversations"
+FIXED_NOW = datetime(2024, 7, 26, 10, 30, 0)
+
+
+def conversations() -> list[tuple[str, dict[str, Any], dict[str, bool]]]:
+    """(name, request without _options, options) for every corpus file."""
+    out = []
+    for path in sorted(CONVERSATIONS_DIR.glob("*.json")):
+        data = json.loads(path.read_text("utf-8"))
+        options = data.pop("_options", {})
+        out.append(
+            (
+                path.stem,
+                data,
+                {
+                    "add_generation_prompt": bool(options.get("add_generation_prompt", False)),
+                    "continue_final_message": bool(options.get("continue_final_message", False)),
+                },
+            )
+        )
+    return out
+
+
+def vocab_for(template_name: str) -> str:
+    """The issue's pairing: Qwen↔qwen2/qwen35, Llama 3↔llama-bpe, Phi↔phi-3, DeepSeek↔deepseek, the rest↔qwen2.
+    A distilled model keeps its base model's vocabulary (R1-Distill-Llama is Llama 3, R1-Distill-Qwen is Qwen)."""
+    n = template_name.lower()
+    if "qwen3.5" in n:
+        return "qwen35"
+    if "distill-llama" in n or "llama-3" in n or "llama3" in n or "firefunction" in n or "functionary" in n:
+        return "llama-bpe"
+    if "qwen" in n or "qwq" in n:
+        return "qwen2"
+    if "phi-3" in n or "phi3" in n:
+        return "phi-3"
+    if "deepseek" in n and "distill" not in n:
+        return "deepseek-llm"
+    return "qwen2"
+
+
+class FixedClock(datetime):
+    @classmethod
+    def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+        return FIXED_NOW if tz is None else FIXED_NOW.replace(tzinfo=tz)

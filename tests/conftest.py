@@ -1,0 +1,55 @@
+"""Shared pytest setup for ctxlock's tests.
+
+Real artifacts (tests/artifacts.py) are fetched before collection, so test modules may parametrize over them
+at import time (``artifacts.template_paths()``, ``artifacts.vector_vocabs()``). If they cannot be fetched or
+verified, the run stops with exit status 1 and the reason: nothing is skipped.
+
+Test helpers are plain modules next to this file, imported by their top-level names:
+``import artifacts`` (pinned artifacts, cache) and ``import reference`` (the transformers oracle).
+This file must not import ctxlock.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:  # pytest's default "prepend" import mode does this already; other modes do not
+    sys.path.insert(0, _TESTS_DIR)
+
+import artifacts  # noqa: E402
+
+# ------------------------------------------------------------------------------------------- hooks
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    try:
+        artifacts.ensure_all()
+    except artifacts.ArtifactError as exc:
+        pytest.exit(
+            f"cannot fetch the pinned test artifacts into {artifacts.cache_dir()}:\n{exc}\n"
+            f"(run `python scripts/fetch_artifacts.py` to retry; set ${artifacts.CACHE_ENV} to use another cache)",
+            returncode=1,
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"ctxlock test artifacts: {artifacts.cache_dir()}"
+
+
+# ---------------------------------------------------------------------------------- artifact fixtures
+
+
+@pytest.fixture(scope="session")
+def llama_models_dir() -> Path:
+    """``<cache>/llama-cpp-python-0.3.36/models``: ggml-vocab-*.gguf, *.gguf.inp/.out, templates/."""
+    return artifacts.llama_models_dir()
+
+
+@pytest.fixture(scope="session")
+def template_paths() -> list[Path]:
+    """llama.cpp's real chat templates, ``templates/*.jinja``, sorted."""
+    return artifacts.template_paths()

@@ -1,0 +1,141 @@
+"""Template conformance against transformers' apply_chat_template, over llama.cpp's ~70 real templates.
+
+For every template and every conversation of the corpus, ctxlock's rendered text must be byte-identical to
+transformers' where transformers renders, and ctxlock must raise a typed TemplateError with transformers' own
+message where transformers raises. Then, for every template with its paired vocabulary, the ids must equal
+`apply_chat_template(tokenize=True)` for every conversation the template accepts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import artifacts
+import pytest
+import reference
+from conformance import FIXED_NOW, FixedClock, conversations, vocab_for
+
+import ctxlock
+from ctxlock.errors import CtxlockError, TemplateError
+from ctxlock.request import parse_request
+from ctxlock.template import ChatTemplate, render
+
+pytestmark = pytest.mark.reference
+
+TEMPLATES = artifacts.template_paths()
+CORPUS = conversations()
+RESULTS: dict[str, Counter] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fixed_reference_clock() -> Any:
+    import transformers.utils.chat_template_utils as ctu
+
+    saved = ctu.datetime
+    ctu.datetime = FixedClock
+    yield
+    ctu.datetime = saved
+
+
+def _reference(template: str, messages: list[dict], tools: Any, options: dict, special: dict) -> tuple[str, Any]:
+    try:
+        return "ok", reference.reference_render(template, messages, tools=tools, special_tokens=special, **options)
+    except Exception as exc:  # noqa: BLE001 - whatever the reference raises is the expected outcome
+        return "error", exc
+
+
+def _ours(request: Any, template: ChatTemplate, options: dict, model: ctxlock.Model) -> tuple[str, Any]:
+    try:
+        rendered = render(
+            request,
+            template,
+            special_tokens=model.special_tokens,
+            control_tokens=model.tokenizer.control_tokens,
+            now=FIXED_NOW,
+            **options,
+        )
+        return "ok", rendered
+    except CtxlockError as exc:
+        return "error", exc
+
+
+def _model(vocab: str) -> ctxlock.Model:
+    return ctxlock.load(str(artifacts.hf_tokenizer_dir(vocab)))
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
+def test_template_renders_like_transformers(path: Path) -> None:
+    source = path.read_text("utf-8")
+    template = ChatTemplate(source, id=path.name)
+    model = _model(vocab_for(path.name))
+    special = reference.reference_special_tokens(artifacts.hf_tokenizer_dir(vocab_for(path.name)))
+    assert model.special_tokens == special  # the template sees the same variables as in transformers
+    counts: Counter = Counter()
+    failures = []
+    for name, data, options in CORPUS:
+        request = parse_request(data)
+        messages, tools = request.template_messages(), request.template_tools()
+        ref_kind, ref = _reference(source, messages, tools, options, special)
+        our_kind, ours = _ours(request, template, options, model)
+        if ref_kind == "ok" and our_kind == "ok":
+            if ours.text == ref:
+                counts["identical"] += 1
+            else:
+                failures.append(f"{name}: text differs\n  ours {ours.text!r:.300}\n  ref  {ref!r:.300}")
+        elif ref_kind == "error" and our_kind == "error":
+            if isinstance(ours, TemplateError) and ours.message == str(ref):
+                counts["same error"] += 1
+            else:
+                failures.append(f"{name}: errors differ\n  ours {type(ours).__name__}: {ours}\n  ref  {ref!r}")
+        elif ref_kind == "ok":
+            failures.append(f"{name}: transformers renders, ctxlock raised {type(ours).__name__}: {ours}")
+        else:
+            failures.append(f"{name}: transformers raised {ref!r:.200}, ctxlock rendered")
+    RESULTS[path.name] = counts
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
+def test_template_ids_equal_transformers(path: Path) -> None:
+    """Ids for every conversation the template accepts, with its paired vocabulary, against tokenize=True."""
+    source = path.read_text("utf-8")
+    vocab = vocab_for(path.name)
+    tok_dir = artifacts.hf_tokenizer_dir(vocab)
+    model = _model(vocab)
+    template = ChatTemplate(source, id=path.name)
+    compared = 0
+    for name, data, options in CORPUS:
+        request = parse_request(data)
+        messages, tools = request.template_messages(), request.template_tools()
+        try:
+            expected = reference.reference_ids(tok_dir, source, messages, tools=tools, **options)
+        except Exception:  # noqa: BLE001 - the template rejects this conversation; covered by the render test
+            continue
+        ours = model.encode(request, template=template, now=FIXED_NOW, **options).input_ids[0].tolist()
+        assert ours == expected, f"{name} with {vocab}: first difference at {_first_diff(ours, expected)}"
+        compared += 1
+    assert compared > 0 or path.name in _REJECT_ALL, f"{path.name} rendered no conversation at all"
+
+
+_REJECT_ALL: set[str] = set()
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def test_zz_conformance_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    """Print the counts (the closing note quotes them); require ≥ 55 fully conformant templates."""
+    full = [n for n, c in RESULTS.items() if sum(c.values()) == len(CORPUS)]
+    total = Counter()
+    for c in RESULTS.values():
+        total.update(c)
+    with capsys.disabled():
+        print(
+            f"\nconformance: {len(full)}/{len(TEMPLATES)} templates conform on all {len(CORPUS)} conversations; "
+            f"{total['identical']} identical renders, {total['same error']} identical errors"
+        )
+    if len(RESULTS) == len(TEMPLATES):
+        assert len(full) >= 55

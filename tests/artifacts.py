@@ -541,6 +541,9 @@ def _transformers_version() -> str:
 
 
 _GGUF_SHA: dict[Path, str] = {}
+# Bump when what a converted directory holds changes, so old conversions are not reused.
+# e2: tokenizer.json is the effective backend pipeline transformers runs when it loads the saved directory.
+_LAYOUT = "e2"
 
 
 def hf_tokenizer_dir(vocab: str) -> Path:
@@ -556,7 +559,7 @@ def hf_tokenizer_dir(vocab: str) -> Path:
     gguf_sha = _GGUF_SHA[gguf]
     version = _transformers_version()
     root = cache_dir() / "hf-from-gguf" / f"transformers-{version}"
-    final = root / f"{vocab}-{gguf_sha[:12]}"
+    final = root / f"{vocab}-{gguf_sha[:12]}-{_LAYOUT}"
     failed = root / f"{vocab}-{gguf_sha[:12]}.failed.json"
 
     def done() -> Path | None:
@@ -591,6 +594,15 @@ def hf_tokenizer_dir(vocab: str) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{vocab}-", dir=root))
         try:
             tokenizer.save_pretrained(str(tmp))
+            # transformers 5 tokenizer classes rebuild parts of the pipeline in code (Qwen2Tokenizer adds an NFC
+            # normalizer that the converted tokenizer.json lacks). The reference is what transformers runs, so the
+            # file ctxlock reads is the backend transformers actually uses.
+            # It is read back from the saved directory, since loading a directory is where the class rebuilds it.
+            effective = AutoTokenizer.from_pretrained(str(tmp)).backend_tokenizer.to_str()
+            (tmp / "tokenizer.json").write_text(effective, encoding="utf-8")
+            again = AutoTokenizer.from_pretrained(str(tmp)).backend_tokenizer.to_str()
+            if json.loads(again) != json.loads(effective):
+                raise ArtifactError(f"transformers {version} does not load {gguf.name}'s tokenizer.json stably")
             files = sorted(p.name for p in tmp.iterdir())
             marker = {"gguf": gguf.name, "gguf_sha256": gguf_sha, "transformers": version, "files": files}
             (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")

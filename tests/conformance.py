@@ -51,3 +51,10 @@ class FixedClock(datetime):
     @classmethod
     def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
         return FIXED_NOW if tz is None else FIXED_NOW.replace(tzinfo=tz)
+
+
+# Variables a template needs beyond the standard ones, passed to both ctxlock and transformers.
+TEMPLATE_KWARGS: dict[str, dict[str, Any]] = {
+    # firefunction-v2 reads `functions` (its tool list) and `datetime` strings, and fails as undefined without them.
+    "fireworks-ai-llama-3-firefunction-v2.jinja": {"functions": "", "datetime": "2024-07-26 10:30"},
+}

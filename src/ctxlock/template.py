@@ -418,23 +418,40 @@ def _pick_markers(n: int, avoid: Iterable[str]) -> list[str]:
     return free[:n]
 
 
+@dataclass(frozen=True)
+class _TokenSet:
+    """The control-token strings, with what marking needs precomputed: a longest-first regex, and the proper
+    prefixes and suffixes by which two adjacent request strings could join into a token."""
+
+    regex: re.Pattern[str] | None
+    prefixes: frozenset[str]
+    suffixes: frozenset[str]
+    longest: int
+
+
 @lru_cache(maxsize=64)
-def _token_regex(tokens: tuple[str, ...]) -> re.Pattern[str] | None:
+def _token_set(tokens: tuple[str, ...]) -> _TokenSet:
     if not tokens:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+        return _TokenSet(None, frozenset(), frozenset(), 0)
+    return _TokenSet(
+        regex=re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))),
+        prefixes=frozenset(t[:k] for t in tokens for k in range(1, len(t))),
+        suffixes=frozenset(t[k:] for t in tokens for k in range(1, len(t))),
+        longest=max(map(len, tokens)),
+    )
 
 
-def _mark_string(s: str, tokens_re: re.Pattern[str] | None, tokens: tuple[str, ...], o: str, c: str, b: str) -> str:
+def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     """Wrap each control-token occurrence in O..C; put a break B at an end that could join into a token."""
-    if tokens_re is None:
+    if tokens.regex is None:
         return s
-    out = tokens_re.sub(lambda m: f"{o}{m.group(0)}{c}", s)
+    out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s)
     # A string ending in the first part of a token (or starting with the last part) could form one together
     # with its neighbour (two content parts rendered back to back): keep them apart with a break.
-    if any(t[:k] and out.endswith(t[:k]) for t in tokens for k in range(1, len(t))):
+    reach = min(tokens.longest, len(out))
+    if any(out[-k:] in tokens.prefixes for k in range(1, reach + 1)):
         out = out + b
-    if any(t[k:] and out.startswith(t[k:]) for t in tokens for k in range(1, len(t))):
+    if any(out[:k] in tokens.suffixes for k in range(1, reach + 1)):
         out = b + out
     return out
 
@@ -540,8 +557,8 @@ def render(
         **dict(chat_template_kwargs or {}),
         "add_generation_prompt": add_generation_prompt,
     }
-    tokens = tuple(sorted({t for t in control_tokens if t and not t.isspace()}))
-    tokens_re = _token_regex(tokens)
+    tokens = _token_set(tuple(sorted({t for t in control_tokens if t and not t.isspace()})))
+    tokens_re = tokens.regex
 
     if policy is SpecialTokenPolicy.RAISE and tokens_re is not None:
         for path, s in request.strings():
@@ -600,7 +617,7 @@ def render(
         raw = _run(template, context_for(None, False), limits)
         text, found = raw, []
     else:
-        raw = _run(template, context_for(lambda s: _mark_string(s, tokens_re, tokens, o, c, b), True), limits)
+        raw = _run(template, context_for(lambda s: _mark_string(s, tokens, o, c, b), True), limits)
         text, found = _strip_markers(raw, o + c + b)
     if continue_final_message:
         text, found = _cut_at_continue_tag(text, found, messages)
@@ -609,7 +626,7 @@ def render(
     # 2. Provenance: render again with every request string wrapped in P..Q. When the clean text is the same,
     # the wrapped ranges are exact; when the template reshaped request strings (strip, slicing), they are not.
     def wrap(s: str) -> str:
-        inner = s if policy is SpecialTokenPolicy.KEEP or tokens_re is None else _mark_string(s, tokens_re, tokens, o, c, b)
+        inner = s if policy is SpecialTokenPolicy.KEEP or tokens_re is None else _mark_string(s, tokens, o, c, b)
         return f"{p}{inner}{q}" if s else s
 
     spans: tuple[Span, ...] = ()

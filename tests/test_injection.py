@@ -16,12 +16,12 @@ import json
 import re
 from typing import Any
 
-import artifacts
 import pytest
+
+import artifacts
+import ctxlock
 import reference
 from conformance import FIXED_NOW, FixedClock
-
-import ctxlock
 from ctxlock.errors import ControlTokenError, TemplateError
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
@@ -139,7 +139,7 @@ def _occurrences(text: str, payload: str) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("vocab", sorted(PAIRS))
 @pytest.mark.parametrize("field", FIELDS, ids=[f[0] for f in FIELDS])
 def test_every_control_token_in_every_field(vocab: str, field: tuple) -> None:
-    name, path, place = field
+    _name, path, place = field
     model, tok_dir, template, source = _setup(vocab)
     payload = _payload(model)
     assert len(payload) > 0
@@ -151,7 +151,7 @@ def test_every_control_token_in_every_field(vocab: str, field: tuple) -> None:
     # keep: the reference behaviour, id for id
     try:
         expected = reference.reference_ids(tok_dir, source, messages, tools=tools, add_generation_prompt=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         # The template does not accept this shape (content-part lists in Qwen2.5): ctxlock refuses it the same way.
         with pytest.raises(TemplateError) as info:
             model.run(request, template=template, now=FIXED_NOW)

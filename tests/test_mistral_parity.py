@@ -70,19 +70,34 @@ CASES: dict[str, dict] = {
     "seed_zh_system": {"messages": [_s("你是一个简洁的科学助手。"), _u("请用一句话解释为什么天空通常呈蓝色。")]},
     "multi_turn": {"messages": [_u("Hi"), _a("Hello! How can I help?"), _u("Tell me a joke.")]},
     "multi_turn_system": {
-        "messages": [_s("Be brief."), _u("Hello"), _a("Hi!"), _u("Why is the sky blue?"), _a("Rayleigh scattering."),
-                     _u("And sunsets?")]
+        "messages": [
+            _s("Be brief."),
+            _u("Hello"),
+            _a("Hi!"),
+            _u("Why is the sky blue?"),
+            _a("Rayleigh scattering."),
+            _u("And sunsets?"),
+        ]
     },
-    "system_only_once_long": {"messages": [_s("You are a pirate.\nAlways answer in rhymes."), _u("Where is the treasure?")]},
+    "system_only_once_long": {
+        "messages": [_s("You are a pirate.\nAlways answer in rhymes."), _u("Where is the treasure?")]
+    },
     "emoji_and_cjk": {"messages": [_u("👩‍👩‍👧 家族 🎉 — ok?"), _a("はい、もちろん。"), _u("Ça va? é vs e\u0301")]},
     "whitespace": {"messages": [_u("  leading and trailing  "), _a("noted"), _u("tabs\tand\nnewlines\n\n")]},
     "code": {"messages": [_u("def f(x):\n    return x ** 2\n\nprint(f(3))"), _a("It prints 9."), _u("Why?")]},
     "tools_no_call": {"messages": [_u("What's the weather in Paris?")], "tools": [WEATHER]},
-    "two_tools_no_call": {"messages": [_s("Use tools when useful."), _u("Find docs on BPE.")], "tools": [WEATHER, SEARCH]},
+    "two_tools_no_call": {
+        "messages": [_s("Use tools when useful."), _u("Find docs on BPE.")],
+        "tools": [WEATHER, SEARCH],
+    },
     "tool_call_and_result": {
         "messages": [
             _u("What's the weather in Paris?"),
-            {"role": "assistant", "content": None, "tool_calls": [_call("abcdefghi", "get_weather", {"city": "Paris"})]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("abcdefghi", "get_weather", {"city": "Paris"})],
+            },
             _tool("abcdefghi", "get_weather", "Sunny, 21 degrees."),
         ],
         "tools": [WEATHER],
@@ -90,7 +105,11 @@ CASES: dict[str, dict] = {
     "tool_call_result_answer_followup": {
         "messages": [
             _u("What's the weather in Paris?"),
-            {"role": "assistant", "content": None, "tool_calls": [_call("abcdefghi", "get_weather", {"city": "Paris"})]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("abcdefghi", "get_weather", {"city": "Paris"})],
+            },
             _tool("abcdefghi", "get_weather", "Sunny, 21 degrees."),
             _a("It is sunny and 21 °C in Paris."),
             _u("And in Berlin, in fahrenheit?"),
@@ -129,7 +148,11 @@ CASES: dict[str, dict] = {
         "messages": [
             _s("You are a weather bot."),
             _u("Paris?"),
-            {"role": "assistant", "content": None, "tool_calls": [_call("w00000001", "get_weather", {"city": "Paris"})]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("w00000001", "get_weather", {"city": "Paris"})],
+            },
             _tool("w00000001", "get_weather", "Cloudy"),
             _a("Cloudy in Paris."),
             _u("Thanks!"),
@@ -147,16 +170,30 @@ CASES: dict[str, dict] = {
     "two_rounds_of_tools": {
         "messages": [
             _u("Paris then Rome."),
-            {"role": "assistant", "content": None, "tool_calls": [_call("r1aaaaaaa", "get_weather", {"city": "Paris"})]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("r1aaaaaaa", "get_weather", {"city": "Paris"})],
+            },
             _tool("r1aaaaaaa", "get_weather", "Sunny"),
             {"role": "assistant", "content": None, "tool_calls": [_call("r2bbbbbbb", "get_weather", {"city": "Rome"})]},
             _tool("r2bbbbbbb", "get_weather", "Windy"),
         ],
         "tools": [WEATHER],
     },
-    "long_history": {"messages": [m for i in range(6) for m in (_u(f"Question {i}?"), _a(f"Answer {i}."))] + [_u("Last?")]},
-    "punctuation_heavy": {"messages": [_u("!!! ??? ... --- *** ### $$$ %%% ^^^ &&& ((( )))"), _a("Symbols."), _u("[brackets] {braces}")]},
-    "numbers": {"messages": [_u("Compute 12345678901234567890 + 0.000001 - 3e10"), _a("≈ 1.2345678901234567e19"), _u("Exactly?")]},
+    "long_history": {
+        "messages": [m for i in range(6) for m in (_u(f"Question {i}?"), _a(f"Answer {i}."))] + [_u("Last?")]
+    },
+    "punctuation_heavy": {
+        "messages": [_u("!!! ??? ... --- *** ### $$$ %%% ^^^ &&& ((( )))"), _a("Symbols."), _u("[brackets] {braces}")]
+    },
+    "numbers": {
+        "messages": [
+            _u("Compute 12345678901234567890 + 0.000001 - 3e10"),
+            _a("≈ 1.2345678901234567e19"),
+            _u("Exactly?"),
+        ]
+    },
     "system_with_tools_multi_turn": {
         "messages": [_s("Answer in French."), _u("Bonjour"), _a("Bonjour !"), _u("Quel temps à Lyon ?")],
         "tools": [WEATHER, SEARCH],

@@ -18,7 +18,7 @@ from ctxlock.errors import (
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate, RenderLimits, TemplateSet, render
 
-REQ = parse_request({"messages": [{"role": "user", "content": "héllo <b>&</b> \"q\""}]})
+REQ = parse_request({"messages": [{"role": "user", "content": 'héllo <b>&</b> "q"'}]})
 
 
 def _render(source: str, req=REQ, **kw) -> str:
@@ -82,7 +82,12 @@ def test_none_valued_keys_are_absent_like_transformers() -> None:
 
 def test_reasoning_is_aliased_as_thinking() -> None:
     req = parse_request(
-        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]}
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a", "reasoning_content": "r"},
+            ]
+        }
     )
     out = _render("{% for m in messages %}{{ m.thinking }}|{{ m.reasoning_content }};{% endfor %}", req)
     assert out == "|;r|r;"
@@ -114,7 +119,9 @@ def test_dict_templates_select_like_transformers() -> None:
 
 
 def test_continue_final_message_cuts_after_the_content() -> None:
-    req = parse_request({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer is"}]})
+    req = parse_request(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer is"}]}
+    )
     src = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
     out = render(req, ChatTemplate(src, id="t"), continue_final_message=True, add_generation_prompt=False).text
     assert out == "<user>q</user><assistant>The answer is"
@@ -231,9 +238,7 @@ def test_format_payloads_raise_security_error_specifically() -> None:
 
 
 def test_provenance_names_each_request_string() -> None:
-    req = parse_request(
-        {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]}
-    )
+    req = parse_request({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]})
     src = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     r = render(req, ChatTemplate(src, id="t"))
     assert r.text == "<system>S<user>hello"

@@ -1,9 +1,9 @@
 """ctxlock: what exactly did the model receive, and why?
 
-    >>> import ctxlock
-    >>> model = ctxlock.load("book")
-    >>> model.encode({"messages": [{"role": "user", "content": "天空"}]}).input_ids.tolist()
-    [[1, 4, 8, 5, 6]]
+>>> import ctxlock
+>>> model = ctxlock.load("book")
+>>> model.encode({"messages": [{"role": "user", "content": "天空"}]}).input_ids.tolist()
+[[1, 4, 8, 5, 6]]
 """
 
 from .errors import CtxlockError

@@ -139,7 +139,9 @@ class Model:
     ) -> ModelInput:
         """Several requests padded into one batch; the pad id comes from the tokenizer config's pad_token."""
         rows = [self.run(r, **options).tokenized.ids for r in requests]
-        return assemble_batch(rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of)
+        return assemble_batch(
+            rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of
+        )
 
 
 def load(model: str | None = None) -> Model:

@@ -185,7 +185,7 @@ class _Limit(Exception):
 
 class _GenerationTag(jinja2.ext.Extension):
     # transformers' AssistantTracker: `{% generation %}...{% endgeneration %}` renders its body unchanged.
-    tags = {"generation"}
+    tags = frozenset({"generation"})
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -247,13 +247,7 @@ class _LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_output_chars:
                     raise _Limit(f"'*' would build a sequence of {len(seq) * n:,} items")
-        if (
-            operator == "**"
-            and isinstance(left, int)
-            and isinstance(right, int)
-            and abs(left) > 1
-            and right > 4096
-        ):
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 4096:
             raise _Limit(f"'**' with exponent {right:,} is over the limit")
         return super().call_binop(context, operator, left, right)
 
@@ -646,9 +640,7 @@ def render(
     return Rendered(
         text=text,
         template=template,
-        variables=freeze(
-            {k: v for k, v in {**variables, "continue_final_message": continue_final_message}.items()}
-        ),
+        variables=freeze({k: v for k, v in {**variables, "continue_final_message": continue_final_message}.items()}),
         now=clock.isoformat(),
         clock_used=bool(clock_calls),
         request_spans=spans,

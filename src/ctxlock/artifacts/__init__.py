@@ -124,10 +124,12 @@ def _templates_from_config(value: Any, *, where: str, model_id: str) -> Template
     if isinstance(value, list):
         names, templates = [], []
         for i, item in enumerate(value):
-            if not (isinstance(item, Mapping) and isinstance(item.get("name"), str) and isinstance(item.get("template"), str)):
-                raise ArtifactFormatError(
-                    "a chat_template list holds {name, template} objects", path=f"{where}[{i}]"
-                )
+            if not (
+                isinstance(item, Mapping)
+                and isinstance(item.get("name"), str)
+                and isinstance(item.get("template"), str)
+            ):
+                raise ArtifactFormatError("a chat_template list holds {name, template} objects", path=f"{where}[{i}]")
             t = ChatTemplate(item["template"], id=f"{model_id}/{item['name']}", origin=f"{where}[{i}]")
             compile_template(t)
             names.append(item["name"])
@@ -140,14 +142,27 @@ def _load_hf_dir(root: Path) -> ModelArtifacts:
     from ..tokenizer.hf import HFTokenizer
 
     model_id = root.name
-    config_path = root / "tokenizer_config.json"
+
+    def local(name: str) -> Path:
+        # Even the standard file names are checked: a symlink may point out of the directory.
+        return inside(root, name, field=name, config=root)
+
+    for name in (
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "special_tokens_map.json",
+    ):
+        local(name)  # refuse escaping symlinks before reading anything
+    config_path = local("tokenizer_config.json")
     config = _read_json(config_path) if config_path.is_file() else {}
     if not isinstance(config, dict):
         raise ArtifactFormatError("tokenizer_config.json must hold a JSON object", path=str(config_path))
     tok_path = (
         inside(root, config["tokenizer_file"], field="tokenizer_file", config=config_path)
         if config.get("tokenizer_file")
-        else root / "tokenizer.json"
+        else local("tokenizer.json")
     )
     if not tok_path.is_file():
         raise ArtifactNotFoundError(
@@ -159,11 +174,11 @@ def _load_hf_dir(root: Path) -> ModelArtifacts:
 
     # Template precedence follows transformers: chat_template.jinja, then chat_template.json, then the config.
     templates: TemplateSet | None = None
-    jinja = root / "chat_template.jinja"
+    jinja = local("chat_template.jinja")
     if jinja.is_file():
         templates = TemplateSet.single(load_template_file(jinja, id=f"{model_id}/chat_template.jinja"))
-    elif (root / "chat_template.json").is_file():
-        data = _read_json(root / "chat_template.json")
+    elif local("chat_template.json").is_file():
+        data = _read_json(local("chat_template.json"))
         templates = _templates_from_config(
             data.get("chat_template") if isinstance(data, dict) else None,
             where=str(root / "chat_template.json"),
@@ -179,11 +194,12 @@ def _load_hf_dir(root: Path) -> ModelArtifacts:
         items = list(templates.templates) if templates else []
         for f in sorted(extra_dir.glob("*.jinja")):
             names.append(f.stem)
-            items.append(load_template_file(f, id=f"{model_id}/{f.stem}"))
+            path = local(f"additional_chat_templates/{f.name}")
+            items.append(load_template_file(path, id=f"{model_id}/{f.stem}"))
         templates = TemplateSet(tuple(items), tuple(names))
 
     special: dict[str, str] = {}
-    stm_path = root / "special_tokens_map.json"
+    stm_path = local("special_tokens_map.json")
     stm = _read_json(stm_path) if stm_path.is_file() else {}
     for name in SPECIAL_TOKEN_NAMES:
         value = _token_content(config.get(name)) or _token_content(stm.get(name) if isinstance(stm, dict) else None)
@@ -237,7 +253,9 @@ def _load_manifest_dir(root: Path) -> ModelArtifacts:
         tokenizer = HFTokenizer(path.read_text("utf-8"), id=f"{model_id}/{path.name}", source=str(path))
     else:
         raise ArtifactFormatError(
-            f"unknown tokenizer format {fmt!r}", path=f"{manifest_path}:tokenizer.format", hint="use book, tekken or hf-tokenizers"
+            f"unknown tokenizer format {fmt!r}",
+            path=f"{manifest_path}:tokenizer.format",
+            hint="use book, tekken or hf-tokenizers",
         )
 
     template_spec = manifest.get("template")
@@ -245,8 +263,13 @@ def _load_manifest_dir(root: Path) -> ModelArtifacts:
     if isinstance(template_spec, str):
         path = inside(root, template_spec, field="template", config=manifest_path)
         templates = TemplateSet.single(load_template_file(path, id=f"{model_id}/{Path(template_spec).name}"))
-    elif isinstance(template_spec, dict) and template_spec.get("generator") == "mistral_common.convert_tokenizer_to_chat_template":
-        templates = TemplateSet.single(_mistral_generated_template(_resource_or_file(root, spec, manifest_path), model_id))
+    elif (
+        isinstance(template_spec, dict)
+        and template_spec.get("generator") == "mistral_common.convert_tokenizer_to_chat_template"
+    ):
+        templates = TemplateSet.single(
+            _mistral_generated_template(_resource_or_file(root, spec, manifest_path), model_id)
+        )
     elif template_spec is not None:
         raise ArtifactFormatError("template must be a file name or a known generator", path=f"{manifest_path}:template")
     special = {k: v for k, v in (manifest.get("special_tokens") or {}).items() if isinstance(v, str)}
@@ -283,9 +306,7 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemp
 
 
 def _fingerprint(root: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple(
-        (p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.iterdir()) if p.is_file()
-    )
+    return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.iterdir()) if p.is_file())
 
 
 @lru_cache(maxsize=32)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 from rich.table import Table
 
@@ -26,9 +24,14 @@ def register(app: typer.Typer) -> None:
         if info["description"]:
             console.print(info["description"])
         tok = info["tokenizer"]
-        console.print(f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}")
+        console.print(
+            f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}"
+        )
         console.print(f"           normalizer {tok.get('normalizer')} · pre-tokenizer {tok.get('pre_tokenizer')}")
-        console.print(f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; pad id {info['pad_id']}")
+        console.print(
+            f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
+            f"pad id {info['pad_id']}"
+        )
         table = Table("variable", "content", "id", title="special-token variables")
         for k, v in info["special_tokens"].items():
             table.add_row(k, repr(v["content"]), str(v["id"]))

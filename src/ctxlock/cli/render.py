@@ -21,8 +21,11 @@ from .output import console, guarded, print_json
 
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Built-in model name (see `ctxlock models`) or HF model directory. "
-                 "Default: the embedded mistral-nemo."),
+    typer.Option(
+        "--model",
+        "-m",
+        help="Built-in model name (see `ctxlock models`) or HF model directory. Default: the embedded mistral-nemo.",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
 
@@ -74,8 +77,12 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
         "num_tokens": int(mi.valid_lengths[0]),
         "template": r.template.to_dict(),
         "tokenizer": {"id": tok.id, "format": tok.format, "sha256": tok.sha256},
-        "request": {"dialect": str(run.request.dialect), "sha256": run.request.source_sha256,
-                    "utf8_policy": str(run.request.utf8_policy), "replaced_bytes": list(run.request.replaced_bytes)},
+        "request": {
+            "dialect": str(run.request.dialect),
+            "sha256": run.request.source_sha256,
+            "utf8_policy": str(run.request.utf8_policy),
+            "replaced_bytes": list(run.request.replaced_bytes),
+        },
         "special_tokens": str(r.policy),
         "control_tokens": [[m.start, m.end, m.id] for m in t.control],
         "neutralized": [
@@ -125,8 +132,8 @@ def _show(model: Model, run: Run) -> None:
     console.print(f"request    {run.request.source_sha256}  ({run.request.dialect}, utf8={run.request.utf8_policy})")
     console.print(f"clock      {r.now}  ({'read by the template' if r.clock_used else 'not read by the template'})")
     console.print(
-        f"legend: [bold white on magenta] control token from the template [/]  "
-        f"[bold red underline]control-token string from the request, encoded as text[/]"
+        "legend: [bold white on magenta] control token from the template [/]  "
+        "[bold red underline]control-token string from the request, encoded as text[/]"
     )
 
 
@@ -139,8 +146,10 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
         ] = None,
         var: Annotated[
-            list[str], typer.Option("--var", help="Extra template variable NAME=JSON (repeatable), e.g. "
-                                    "--var enable_thinking=false.")
+            list[str],
+            typer.Option(
+                "--var", help="Extra template variable NAME=JSON (repeatable), e.g. --var enable_thinking=false."
+            ),
         ] = [],  # noqa: B006 (typer reads the default)
         no_generation_prompt: Annotated[
             bool, typer.Option("--no-generation-prompt", help="Do not open an assistant turn at the end.")
@@ -150,9 +159,12 @@ def register(app: typer.Typer) -> None:
         ] = False,
         special_tokens: Annotated[
             SpecialTokenPolicy,
-            typer.Option("--special-tokens", help="Control-token strings inside request text: `text` encodes them "
-                         "as plain text (safe default), `keep` lets them act as control tokens (what transformers, "
-                         "vLLM and llama.cpp do), `raise` rejects the request naming the JSON path."),
+            typer.Option(
+                "--special-tokens",
+                help="Control-token strings inside request text: `text` encodes them "
+                "as plain text (safe default), `keep` lets them act as control tokens (what transformers, "
+                "vLLM and llama.cpp do), `raise` rejects the request naming the JSON path.",
+            ),
         ] = SpecialTokenPolicy.TEXT,
         now: Annotated[
             str | None, typer.Option("--now", help="The clock strftime_now reads, ISO 8601 (recorded either way).")
@@ -161,8 +173,8 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--dialect", help="openai or anthropic (default: detected).")
         ] = None,
         utf8: Annotated[
-            str, typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, "
-                              "reported).")
+            str,
+            typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, reported)."),
         ] = "strict",
         as_json: JsonOpt = False,
     ) -> None:
@@ -174,7 +186,7 @@ def register(app: typer.Typer) -> None:
             options: dict[str, Any] = {
                 "chat_template_kwargs": _parse_vars(var) or None,
                 "continue_final_message": continue_final_message,
-                "add_generation_prompt": False if (no_generation_prompt or continue_final_message) else True,
+                "add_generation_prompt": not (no_generation_prompt or continue_final_message),
                 "special_tokens": special_tokens,
                 "now": _parse_now(now),
                 "dialect": dialect,
@@ -196,7 +208,8 @@ def register(app: typer.Typer) -> None:
         text: Annotated[str | None, typer.Option("--text", help="The text to encode.")] = None,
         file: Annotated[Path | None, typer.Option("--file", help="Encode this file's UTF-8 text.")] = None,
         jsonl: Annotated[
-            bool, typer.Option("--jsonl", help="Read stdin lines, each a JSON string; print one JSON id array per line.")
+            bool,
+            typer.Option("--jsonl", help="Read stdin lines, each a JSON string; print one JSON id array per line."),
         ] = False,
         parse_special: Annotated[
             bool, typer.Option("--parse-special", help="Let special-token strings in the text become control ids.")

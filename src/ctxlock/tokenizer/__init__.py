@@ -99,7 +99,8 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
         if rendered.policy is SpecialTokenPolicy.RAISE:
             source = span.path or next((s.path for s in rendered.request_spans if s.start <= m.start < s.end), "")
             raise ControlTokenError(
-                f"the control token {text[m.start:m.end]!r} at rendered offset {m.start} would come from request text",
+                f"the control token {text[m.start : m.end]!r} at rendered offset {m.start} "
+                "would come from request text",
                 path=source or f"rendered text offset {m.start}",
                 hint="remove it, or use special_tokens='text' to encode it as plain text",
             )

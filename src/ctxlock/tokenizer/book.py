@@ -70,9 +70,7 @@ class BookTokenizer:
         ]
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-        return "".join(
-            self._vocab[i] for i in ids if not (skip_special_tokens and self._vocab[i] in self._control)
-        )
+        return "".join(self._vocab[i] for i in ids if not (skip_special_tokens and self._vocab[i] in self._control))
 
     def token_to_id(self, token: str) -> int | None:
         return self._ids.get(token)

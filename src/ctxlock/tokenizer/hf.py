@@ -50,7 +50,9 @@ class HFTokenizer:
             self._tok = tokenizers.Tokenizer.from_str(json_text)
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise ArtifactFormatError(
-                f"not a valid tokenizer.json: {exc}", path=source or id, hint="re-export it with tokenizers/transformers"
+                f"not a valid tokenizer.json: {exc}",
+                path=source or id,
+                hint="re-export it with tokenizers/transformers",
             ) from None
         self._added = tuple(
             AddedToken(

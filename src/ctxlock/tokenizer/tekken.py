@@ -81,7 +81,9 @@ class TekkenTokenizer:
         return [i + self.num_special for i in self._enc.encode_ordinary(text)]
 
     def find_control(self, text: str) -> list[ControlMatch]:
-        return [ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in self._special_re.finditer(text)]
+        return [
+            ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in self._special_re.finditer(text)
+        ]
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = [self._special_ids["<s>"]] if add_special_tokens else []

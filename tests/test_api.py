@@ -1,0 +1,96 @@
+"""The public Python API: small, and exactly these names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+import ctxlock
+
+PUBLIC = {
+    "ChatTemplate",
+    "CtxlockError",
+    "Model",
+    "ModelInput",
+    "Rendered",
+    "Request",
+    "Run",
+    "SpecialTokenPolicy",
+    "Tokenized",
+    "__version__",
+    "load",
+    "parse_request",
+}
+
+
+def test_public_names_are_exactly_these() -> None:
+    assert set(ctxlock.__all__) == PUBLIC
+    assert {n for n in dir(ctxlock) if not n.startswith("_")} - {"__version__"} <= PUBLIC | {
+        "errors",
+        "frozen",
+        "model",
+        "request",
+        "template",
+        "tensors",
+        "tokenizer",
+        "artifacts",
+    }
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import ctxlock, sys; print(sorted(m for m in ('torch', 'transformers', 'mistral_common') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_request_forms_are_equivalent() -> None:
+    model = ctxlock.load("book")
+    req = {"messages": [{"role": "user", "content": "天空"}]}
+    a = model.encode(req)
+    b = model.encode(json.dumps(req))
+    c = model.encode(json.dumps(req).encode("utf-8"))
+    d = model.encode(ctxlock.parse_request(req))
+    assert a == b == c == d
+    assert a.input_ids.tolist() == [[1, 4, 8, 5, 6]]
+
+
+def test_render_and_options_use_transformers_names() -> None:
+    model = ctxlock.load("book")
+    req = {"messages": [{"role": "user", "content": "天空"}, {"role": "assistant", "content": "蓝色"}]}
+    assert model.render(req).text.endswith("<assistant>蓝色<assistant>")
+    assert model.render(req, add_generation_prompt=False).text.endswith("<assistant>蓝色")
+    assert model.render(req, continue_final_message=True).text.endswith("<assistant>蓝色")
+
+
+def test_encode_batch_left_and_right() -> None:
+    model = ctxlock.load("book")
+    reqs = [
+        {"messages": [{"role": "user", "content": "天空"}]},
+        {"messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]},
+        {"messages": [{"role": "user", "content": "是"}]},
+    ]
+    left = model.encode_batch(reqs, padding_side="left")
+    right = model.encode_batch(reqs, padding_side="right")
+    assert left.valid_lengths == right.valid_lengths == (5, 12, 5)
+    assert left.input_ids.shape == (3, 12)
+    assert left.input_ids[0].tolist() == [0] * 7 + [1, 4, 8, 5, 6]
+    assert right.input_ids[0].tolist() == [1, 4, 8, 5, 6] + [0] * 7
+    assert np.array_equal(left.attention_mask.sum(axis=1), [5, 12, 5])
+    assert left.position_ids[0].tolist() == [1] * 7 + [0, 1, 2, 3, 4]
+    assert [left.row(i) for i in range(3)] == [right.row(i) for i in range(3)]
+
+
+def test_tokenizer_protocol() -> None:
+    from ctxlock.tokenizer import Tokenizer
+
+    for name in ("book", None):
+        tok = ctxlock.load(name).tokenizer
+        assert isinstance(tok, Tokenizer)
+        assert len(tok.sha256) == 64 and tok.vocab_size > 0
+        ids = tok.encode("天空", parse_special=False)
+        assert tok.decode(ids) == "天空"

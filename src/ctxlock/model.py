@@ -78,6 +78,7 @@ class Model:
         dialect: Dialect | str | None = None,
         utf8: Utf8Policy | str = "strict",
         limits: RenderLimits = DEFAULT_LIMITS,
+        provenance: bool = True,
     ) -> Rendered:
         """Render with the model's chat template. Options carry transformers' names.
 
@@ -112,6 +113,7 @@ class Model:
             policy=special_tokens,
             now=now,
             limits=limits,
+            provenance=provenance,
         )
 
     def tokenize(self, rendered: Rendered) -> Tokenized:

@@ -399,10 +399,19 @@ def _run(template: ChatTemplate, context: dict[str, Any], limits: RenderLimits) 
 _MARKER_POOL = [chr(c) for c in range(0x4DC0, 0x4E00)]  # Yijing hexagram symbols: printable, no case, no width
 
 
+_MARKER_RANGE = re.compile("[\u4dc0-\u4dff]")
+
+
+@lru_cache(maxsize=256)
+def _markers_in(text: str) -> frozenset[str]:
+    return frozenset(_MARKER_RANGE.findall(text))
+
+
 def _pick_markers(n: int, avoid: Iterable[str]) -> list[str]:
     used: set[str] = set()
     for text in avoid:
-        used.update(ch for ch in text if "\u4dc0" <= ch <= "\u4dff")
+        if _MARKER_RANGE.search(text):
+            used |= _markers_in(text)
     free = [m for m in _MARKER_POOL if m not in used]
     if len(free) < n:
         raise TemplateError(
@@ -418,19 +427,26 @@ class _TokenSet:
     prefixes and suffixes by which two adjacent request strings could join into a token."""
 
     regex: re.Pattern[str] | None
-    prefixes: frozenset[str]
-    suffixes: frozenset[str]
+    ends_in_prefix: re.Pattern[str] | None  # a proper prefix of some token, at the end of a string
+    starts_with_suffix: re.Pattern[str] | None  # a proper suffix of some token, at the start of a string
     longest: int
 
 
 @lru_cache(maxsize=64)
-def _token_set(tokens: tuple[str, ...]) -> _TokenSet:
+def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
+    tokens = sorted(t for t in all_tokens if t and not t.isspace())
     if not tokens:
-        return _TokenSet(None, frozenset(), frozenset(), 0)
+        return _TokenSet(None, None, None, 0)
+
+    def alternation(parts: set[str]) -> str:
+        return "|".join(re.escape(p) for p in sorted(parts, key=len, reverse=True))
+
+    prefixes = {t[:k] for t in tokens for k in range(1, len(t))}
+    suffixes = {t[k:] for t in tokens for k in range(1, len(t))}
     return _TokenSet(
-        regex=re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))),
-        prefixes=frozenset(t[:k] for t in tokens for k in range(1, len(t))),
-        suffixes=frozenset(t[k:] for t in tokens for k in range(1, len(t))),
+        regex=re.compile(alternation(set(tokens))),
+        ends_in_prefix=re.compile(f"(?:{alternation(prefixes)})\\Z") if prefixes else None,
+        starts_with_suffix=re.compile(f"(?:{alternation(suffixes)})") if suffixes else None,
         longest=max(map(len, tokens)),
     )
 
@@ -442,10 +458,9 @@ def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s)
     # A string ending in the first part of a token (or starting with the last part) could form one together
     # with its neighbour (two content parts rendered back to back): keep them apart with a break.
-    reach = min(tokens.longest, len(out))
-    if any(out[-k:] in tokens.prefixes for k in range(1, reach + 1)):
+    if tokens.ends_in_prefix is not None and tokens.ends_in_prefix.search(out[-tokens.longest :]):
         out = out + b
-    if any(out[:k] in tokens.suffixes for k in range(1, reach + 1)):
+    if tokens.starts_with_suffix is not None and tokens.starts_with_suffix.match(out[: tokens.longest]):
         out = b + out
     return out
 
@@ -476,15 +491,16 @@ def _strip_markers(text: str, markers: str) -> tuple[str, list[tuple[int, str]]]
         if esc in text:
             text = text.replace(esc, m)
     found: list[tuple[int, str]] = []
-    out: list[str] = []
-    pos = 0
-    for ch in text:
-        if ch in markers:
-            found.append((pos, ch))
-        else:
-            out.append(ch)
-            pos += 1
-    return "".join(out), found
+    pieces: list[str] = []
+    last = 0
+    for m in re.finditer(f"[{re.escape(markers)}]", text):
+        pieces.append(text[last : m.start()])
+        found.append((m.start() - len(found), m.group(0)))
+        last = m.end()
+    if not found:
+        return text, found
+    pieces.append(text[last:])
+    return "".join(pieces), found
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -506,6 +522,10 @@ def _template_messages(request: Request) -> list[dict[str, Any]]:
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
+class _NoProvenance(Exception):
+    pass
+
+
 def render(
     request: Request,
     templates: TemplateSet | ChatTemplate,
@@ -521,12 +541,15 @@ def render(
     policy: SpecialTokenPolicy | str = SpecialTokenPolicy.TEXT,
     now: datetime | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
+    provenance: bool = True,
 ) -> Rendered:
     """Render a request with a chat template, as transformers' `apply_chat_template(tokenize=False)` would.
 
     `special_tokens` are the template variables from the tokenizer config (`bos_token`, `eos_token`, ...).
     `control_tokens` are the vocabulary's added/special token strings: a request string may never become one.
     `tools`/`documents`/`chat_template_kwargs` given here (by the caller, trusted) are added to those of the request.
+    `provenance=False` skips the second render that locates request strings (request_spans stay empty). Safety
+    does not depend on it: control-token strings and token fragments in request strings are marked either way.
     """
     policy = SpecialTokenPolicy(policy)
     if continue_final_message and add_generation_prompt:
@@ -551,7 +574,7 @@ def render(
         **dict(chat_template_kwargs or {}),
         "add_generation_prompt": add_generation_prompt,
     }
-    tokens = _token_set(tuple(sorted({t for t in control_tokens if t and not t.isspace()})))
+    tokens = _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
     tokens_re = tokens.regex
 
     if policy is SpecialTokenPolicy.RAISE and tokens_re is not None:
@@ -626,13 +649,15 @@ def render(
     spans: tuple[Span, ...] = ()
     exact = False
     try:
+        if not provenance:
+            raise _NoProvenance
         raw2 = _run(template, context_for(wrap, False), limits)
         text2, found2 = _strip_markers(raw2, o + c + b + p + q)
         if continue_final_message:
             text2, found2 = _cut_at_continue_tag(text2, found2, messages)
         if text2 == text:
             spans, exact = _spans_from_wrappers(found2, p, q, text, request)
-    except TemplateError:
+    except (TemplateError, _NoProvenance):
         pass  # the template treats wrapped strings differently (e.g. equality tests); provenance stays inexact
     if exact:
         untrusted = untrusted + spans

@@ -1,7 +1,7 @@
 """Tokenizer stage: Rendered -> ids, splitting only at *trusted* control tokens.
 
 Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage function:
-1. the backend finds the control-token matches exactly as the reference would (`find_control`);
+1. the backend encodes the way the reference does and reports where control tokens matched (`encode_matched`);
 2. a match that overlaps a range the template stage marked untrusted came from a request string;
 3. with no such match the whole text is encoded the reference way, so benign requests give the reference ids;
    with one, policy `raise` rejects it and policy `text` encodes the runs between trusted matches as plain text.
@@ -59,7 +59,7 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
     def token_to_id(self, token: str) -> int | None: ...
     def id_to_token(self, id: int) -> str | None: ...
-    def find_control(self, text: str) -> list[ControlMatch]: ...
+    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]: ...
     def encode_text(self, text: str, *, at_start: bool) -> list[int]: ...
     def describe(self) -> dict[str, Any]: ...
 
@@ -86,9 +86,9 @@ def _overlaps(m: ControlMatch, spans: Sequence[Span]) -> Span | None:
 def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     """Encode a rendered chat so that only the template's own control tokens become control ids."""
     text = rendered.text
-    matches = tokenizer.find_control(text)
+    reference_ids, matches = tokenizer.encode_matched(text)
     if rendered.policy is SpecialTokenPolicy.KEEP:
-        return Tokenized(tuple(tokenizer.encode(text, parse_special=True)), tuple(matches), ())
+        return Tokenized(tuple(reference_ids), tuple(matches), ())
     trusted: list[ControlMatch] = []
     forged: list[ControlMatch] = []
     for m in matches:
@@ -107,7 +107,7 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
         forged.append(m)
     if not forged:
         # No request string reached a control token: this is the reference encoding, id for id.
-        return Tokenized(tuple(tokenizer.encode(text, parse_special=True)), tuple(trusted), ())
+        return Tokenized(tuple(reference_ids), tuple(trusted), ())
     ids: list[int] = []
     control = {t.id: t.content for t in tokenizer.added_tokens if t.control}
     pos = 0

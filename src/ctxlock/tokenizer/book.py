@@ -64,10 +64,10 @@ class BookTokenizer:
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         return self.encode(text, parse_special=False)
 
-    def find_control(self, text: str) -> list[ControlMatch]:
-        return [
-            ControlMatch(s, e, i) for s, e, i in self._scan(text, self._all_pieces) if self._vocab[i] in self._control
-        ]
+    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
+        scan = self._scan(text, self._all_pieces)
+        controls = [ControlMatch(s, e, i) for s, e, i in scan if self._vocab[i] in self._control]
+        return [i for _, _, i in scan], controls
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return "".join(self._vocab[i] for i in ids if not (skip_special_tokens and self._vocab[i] in self._control))

@@ -68,6 +68,7 @@ class HFTokenizer:
         )
         self._by_id = {t.id: t for t in self._added}
         self._control_ids = frozenset(t.id for t in self._added if t.control)
+        self._control_tokens = frozenset(t.content for t in self._added if t.control)
 
     # -- plain-text variants, built on first use
     @cached_property
@@ -90,7 +91,7 @@ class HFTokenizer:
 
     @property
     def control_tokens(self) -> frozenset[str]:
-        return frozenset(t.content for t in self._added if t.control)
+        return self._control_tokens
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         if parse_special:
@@ -102,7 +103,7 @@ class HFTokenizer:
         first, rest = self._plain
         return (first if at_start else rest).encode(text, add_special_tokens=False).ids
 
-    def find_control(self, text: str) -> list[ControlMatch]:
+    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
         enc = self._tok.encode(text, add_special_tokens=False)
         out: list[ControlMatch] = []
         n = len(text)
@@ -118,7 +119,7 @@ class HFTokenizer:
                 while end < n and text[end].isspace():
                     end += 1
             out.append(ControlMatch(start, end, tid))
-        return out
+        return enc.ids, out
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

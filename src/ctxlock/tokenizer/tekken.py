@@ -49,6 +49,7 @@ class TekkenTokenizer:
         )
         self._specials = tuple(AddedToken(content=s, id=i, special=True) for i, s in enumerate(specials))
         self._special_ids = {t.content: t.id for t in self._specials}
+        self._control_tokens = frozenset(self._special_ids)
         self._n_words = self.num_special + n_vocab
         self.version = config.get("version")
         self.pattern = pattern
@@ -71,7 +72,7 @@ class TekkenTokenizer:
 
     @property
     def control_tokens(self) -> frozenset[str]:
-        return frozenset(self._special_ids)
+        return self._control_tokens
 
     @cached_property
     def _special_re(self) -> re.Pattern[str]:
@@ -80,21 +81,24 @@ class TekkenTokenizer:
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         return [i + self.num_special for i in self._enc.encode_ordinary(text)]
 
-    def find_control(self, text: str) -> list[ControlMatch]:
-        return [
+    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
+        # As mistral-common builds a chat: control ids, with the text between them encoded on its own.
+        matches = [
             ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in self._special_re.finditer(text)
         ]
-
-    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = [self._special_ids["<s>"]] if add_special_tokens else []
-        if not parse_special:
-            return ids + self.encode_text(text, at_start=True)
+        ids: list[int] = []
         pos = 0
-        for m in self.find_control(text):
+        for m in matches:
             ids += self.encode_text(text[pos : m.start], at_start=pos == 0)
             ids.append(m.id)
             pos = m.end
-        return ids + self.encode_text(text[pos:], at_start=pos == 0)
+        return ids + self.encode_text(text[pos:], at_start=pos == 0), matches
+
+    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
+        bos: list[int] = [self._special_ids["<s>"]] if add_special_tokens else []
+        if not parse_special:
+            return bos + self.encode_text(text, at_start=True)
+        return bos + self.encode_matched(text)[0]
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         out: list[str] = []

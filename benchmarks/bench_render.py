@@ -1,0 +1,82 @@
+"""ctxlock vs transformers, side by side in one process on the same artifacts: request -> ids.
+
+    python benchmarks/bench_render.py [--vocab qwen2] [--template Qwen-Qwen2.5-7B-Instruct.jinja] [--rounds 30]
+
+Both sides get the same canonical messages and template, and the same tokenizer (transformers' conversion of
+llama.cpp's ggml-vocab GGUF, fetched by scripts/fetch_artifacts.py). transformers runs
+`apply_chat_template(tokenize=True)`; ctxlock runs `Model.encode` (parse, render with provenance and injection
+marking, tokenize, tensors). Prints per-conversation medians and the ratio ctxlock / transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import artifacts  # noqa: E402
+import reference  # noqa: E402
+from conformance import conversations  # noqa: E402
+
+import ctxlock  # noqa: E402
+from ctxlock.request import parse_request  # noqa: E402
+from ctxlock.template import ChatTemplate  # noqa: E402
+
+
+def _median_seconds(fn, rounds: int) -> float:
+    fn()  # warm caches (compiled template, tokenizer variants)
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", default="qwen2")
+    ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--no-provenance", action="store_true", help="skip ctxlock's second (provenance) render")
+    args = ap.parse_args()
+
+    tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
+    source = (artifacts.templates_dir() / args.template).read_text("utf-8")
+    model = ctxlock.load(str(tok_dir))
+    template = ChatTemplate(source, id=args.template)
+    hf = reference.reference_tokenizer(tok_dir)
+
+    ratios = []
+    print(f"{'conversation':40s} {'ctxlock ms':>11s} {'transformers ms':>16s} {'ratio':>7s}")
+    for name, data, options in conversations():
+        request = parse_request(data)
+        messages, tools = request.template_messages(), request.template_tools()
+        try:
+            expected = hf.apply_chat_template(
+                messages, tools=tools, chat_template=source, tokenize=True, return_dict=False, **options
+            )
+        except Exception:  # noqa: BLE001 - the template rejects this conversation
+            continue
+        assert model.encode(request, template=template, **options).input_ids[0].tolist() == list(expected)
+        ours = _median_seconds(
+            lambda r=data, o=options: model.encode(r, template=template, provenance=not args.no_provenance, **o),
+            args.rounds,
+        )
+        theirs = _median_seconds(
+            lambda m=messages, t=tools, o=options: hf.apply_chat_template(
+                m, tools=t, chat_template=source, tokenize=True, return_dict=False, **o
+            ),
+            args.rounds,
+        )
+        ratios.append(ours / theirs)
+        print(f"{name:40s} {ours * 1e3:11.2f} {theirs * 1e3:16.2f} {ours / theirs:7.2f}")
+    print(f"\nmedian ratio ctxlock/transformers over {len(ratios)} conversations: {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

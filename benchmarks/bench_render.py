@@ -18,13 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import artifacts  # noqa: E402
-import reference  # noqa: E402
-from conformance import conversations  # noqa: E402
-
-import ctxlock  # noqa: E402
-from ctxlock.request import parse_request  # noqa: E402
-from ctxlock.template import ChatTemplate  # noqa: E402
+import artifacts
+import ctxlock
+import reference
+from conformance import conversations
+from ctxlock.request import parse_request
+from ctxlock.template import ChatTemplate
 
 
 def _median_seconds(fn, rounds: int) -> float:
@@ -60,7 +59,7 @@ def main() -> None:
             expected = hf.apply_chat_template(
                 messages, tools=tools, chat_template=source, tokenize=True, return_dict=False, **options
             )
-        except Exception:  # noqa: BLE001 - the template rejects this conversation
+        except Exception:
             continue
         assert model.encode(request, template=template, **options).input_ids[0].tolist() == list(expected)
         ours = _median_seconds(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ctxlock
 
@@ -94,3 +96,31 @@ def test_tokenizer_protocol() -> None:
         assert len(tok.sha256) == 64 and tok.vocab_size > 0
         ids = tok.encode("天空", parse_special=False)
         assert tok.decode(ids) == "天空"
+
+
+BOOK_TEXT = st.lists(st.sampled_from(["天空", "为什么", "是", "蓝色", "？", "?", "x", " ", "<user>"]), max_size=12).map(
+    "".join
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(BOOK_TEXT, min_size=3, max_size=3), st.sampled_from(["left", "right"]))
+def test_batch_of_three_requests_is_consistent_with_single_encodes(texts: list[str], side: str) -> None:
+    model = ctxlock.load("book")
+    requests = [{"messages": [{"role": "user", "content": t}]} for t in texts]
+    singles = [model.encode(r).input_ids[0].tolist() for r in requests]
+    batch = model.encode_batch(requests, padding_side=side)
+    n = max(map(len, singles))
+    assert batch.input_ids.shape == (3, n)
+    assert batch.valid_lengths == tuple(map(len, singles))
+    for b, ids in enumerate(singles):
+        mask = batch.attention_mask[b].tolist()
+        assert sum(mask) == len(ids)
+        real = [p for p, m in zip(batch.position_ids[b].tolist(), mask, strict=True) if m]
+        assert real == list(range(len(ids)))
+        assert batch.row(b) == ids
+        pad = n - len(ids)
+        expected_mask = [0] * pad + [1] * len(ids) if side == "left" else [1] * len(ids) + [0] * pad
+        assert mask == expected_mask
+        padding = [i for i, m in zip(batch.input_ids[b].tolist(), mask, strict=True) if not m]
+        assert padding == [model.pad_id] * pad

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.reference
 TEMPLATES = artifacts.template_paths()
 CORPUS = conversations()
 RESULTS: dict[str, Counter] = {}
+IDS_COMPARED: dict[str, int] = {}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -122,6 +123,7 @@ def test_template_ids_equal_transformers(path: Path) -> None:
         )
         assert ours == expected, f"{name} with {vocab}: first difference at {_first_diff(ours, expected)}"
         compared += 1
+    IDS_COMPARED[path.name] = compared
     assert compared > 0, f"{path.name} rendered no conversation at all"
 
 
@@ -138,7 +140,9 @@ def test_zz_conformance_summary(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         print(
             f"\nconformance: {len(full)}/{len(TEMPLATES)} templates conform on all {len(CORPUS)} conversations; "
-            f"{total['identical']} identical renders, {total['same error']} identical errors"
+            f"{total['identical']} identical renders, {total['same error']} identical errors; "
+            f"ids identical on {sum(IDS_COMPARED.values())} (template, conversation) pairs over "
+            f"{len(IDS_COMPARED)} templates"
         )
     if len(RESULTS) == len(TEMPLATES):
         assert len(full) >= 55

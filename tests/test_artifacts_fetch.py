@@ -256,7 +256,8 @@ def test_hf_tokenizer_dir_qwen2() -> None:
     path = artifacts.hf_tokenizer_dir("qwen2")  # ~15 s the first time on a machine, then cached
     sha = artifacts.sha256_file(artifacts.gguf_path("qwen2"))
     version = json.loads((path / artifacts.MARKER).read_text(encoding="utf-8"))["transformers"]
-    assert path == artifacts.cache_dir() / "hf-from-gguf" / f"transformers-{version}" / f"qwen2-{sha[:12]}"
+    expected = f"qwen2-{sha[:12]}-{artifacts._LAYOUT}"
+    assert path == artifacts.cache_dir() / "hf-from-gguf" / f"transformers-{version}" / expected
     assert sorted(p.name for p in path.iterdir()) == [
         artifacts.MARKER,
         "chat_template.jinja",
@@ -267,6 +268,8 @@ def test_hf_tokenizer_dir_qwen2() -> None:
     assert embedded.startswith("{% for message in messages %}")
     assert (path / "chat_template.jinja").read_text(encoding="utf-8") == embedded  # written out verbatim
     assert artifacts.hf_tokenizer_dir("qwen2") == path
+    # tokenizer.json is the pipeline transformers runs: Qwen2Tokenizer adds NFC, which the GGUF conversion lacks
+    assert json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))["normalizer"] == {"type": "NFC"}
 
 
 @pytest.mark.reference

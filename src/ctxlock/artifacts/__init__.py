@@ -12,6 +12,7 @@ Every file a config names must resolve inside the model directory, symlinks incl
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -67,13 +68,19 @@ def builtin_models() -> list[tuple[str, str]]:
     return out
 
 
-def inside(root: Path, relative: str, *, field: str, config: Path) -> Path:
-    """Resolve a path a config names, refusing anything outside the model directory."""
+def inside(root: Path, relative: str, *, field: str, config: Path, boundary: Path | None = None) -> Path:
+    """Resolve a path a config names, refusing anything outside the model directory.
+
+    The name itself must stay inside `root`, and the file it resolves to (symlinks followed) inside `boundary`
+    (default: `root`). A HF hub snapshot links its files to `../../blobs/`, so there the boundary is the repo.
+    """
     if not isinstance(relative, str) or not relative:
         raise ArtifactFormatError(f"{field} must be a non-empty relative path", path=f"{config}:{field}")
     root = root.resolve()
+    limit = (boundary or root).resolve()
+    named = Path(os.path.normpath(root / relative))
     target = (root / relative).resolve()
-    if not target.is_relative_to(root):
+    if not named.is_relative_to(root) or not target.is_relative_to(limit):
         raise PathTraversalError(
             f"{field} points outside the model directory: {relative!r} resolves to {target}",
             path=f"{config}:{field}",
@@ -138,14 +145,14 @@ def _templates_from_config(value: Any, *, where: str, model_id: str) -> Template
     raise ArtifactFormatError("chat_template must be a string or a list of {name, template}", path=where)
 
 
-def _load_hf_dir(root: Path) -> ModelArtifacts:
+def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | None = None) -> ModelArtifacts:
     from ..tokenizer.hf import HFTokenizer
 
-    model_id = root.name
+    model_id = model_id or root.name
 
     def local(name: str) -> Path:
         # Even the standard file names are checked: a symlink may point out of the directory.
-        return inside(root, name, field=name, config=root)
+        return inside(root, name, field=name, config=root, boundary=boundary)
 
     for name in (
         "tokenizer_config.json",
@@ -251,11 +258,21 @@ def _load_manifest_dir(root: Path) -> ModelArtifacts:
 
         path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
         tokenizer = HFTokenizer(path.read_text("utf-8"), id=f"{model_id}/{path.name}", source=str(path))
+    elif fmt == "tiktoken":
+        from ..tokenizer.tiktoken_file import from_manifest as tiktoken_from_manifest
+
+        path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
+        tokenizer = tiktoken_from_manifest(spec, path, f"{model_id}/{path.name}", manifest=manifest_path)
+    elif fmt == "sentencepiece":
+        from ..tokenizer.sentencepiece import from_manifest as sentencepiece_from_manifest
+
+        path = _resource_or_file(root, spec, manifest_path)
+        tokenizer = sentencepiece_from_manifest(spec, path, f"{model_id}/{path.name}", manifest=manifest_path)
     else:
         raise ArtifactFormatError(
             f"unknown tokenizer format {fmt!r}",
             path=f"{manifest_path}:tokenizer.format",
-            hint="use book, tekken or hf-tokenizers",
+            hint="use book, tekken, tiktoken, sentencepiece or hf-tokenizers",
         )
 
     template_spec = manifest.get("template")
@@ -309,8 +326,63 @@ def _fingerprint(root: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.iterdir()) if p.is_file())
 
 
+def _load_gguf(path: Path) -> ModelArtifacts:
+    """A GGUF file: its vocabulary converted natively (cached by sha256) and its embedded chat template(s)."""
+    from ..tokenizer.hf import HFTokenizer
+    from . import conversion_cache
+    from .gguf import conversion, read_vocab
+
+    sha = conversion_cache.file_sha256(path)
+    data = conversion_cache.load("gguf", sha)
+    if data is None:
+        data = conversion(read_vocab(path))
+        conversion_cache.store("gguf", sha, data)
+    tokenizer = HFTokenizer(
+        data["tokenizer_json"],
+        id=path.name,
+        source=str(path),
+        sha256=sha,
+        format="gguf",
+        description={
+            "gguf_model": data["model"],
+            "gguf_pre": data["pre"],
+            "architecture": data["architecture"],
+            "add_bos": data["add_bos"],
+            "add_eos": data["add_eos"],
+        },
+    )
+    templates = None
+    if data["chat_templates"]:
+        # The embedded template is untrusted like any other: compiled and rendered in the same limited sandbox.
+        names, items = [], []
+        for name, source in data["chat_templates"].items():
+            key = "tokenizer.chat_template" if name == "default" else f"tokenizer.chat_template.{name}"
+            template = ChatTemplate(source, id=f"{path.name}/{name}", origin=f"{path}:{key}")
+            compile_template(template)
+            names.append(name)
+            items.append(template)
+        templates = TemplateSet(tuple(items), tuple(names))
+    return _finish(path.name, str(path), tokenizer, templates, data["special_tokens"], "GGUF file")
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=32)
+def _load_hub_cached(snapshot: Path, repo_id: str, fingerprint: tuple[tuple[str, int, int], ...]) -> ModelArtifacts:
+    # Snapshot files are symlinks into the repo's blobs/: the repo directory is the containment boundary.
+    return _load_hf_dir(snapshot, boundary=snapshot.parent.parent, model_id=repo_id)
+
+
 @lru_cache(maxsize=32)
 def _load_cached(root: Path, fingerprint: tuple[tuple[str, int, int], ...]) -> ModelArtifacts:
+    if root.is_file():
+        return _load_gguf(root)
     if (root / "ctxlock.json").is_file():
         return _load_manifest_dir(root)
     return _load_hf_dir(root)
@@ -324,16 +396,29 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
         root = builtin
     else:
         root = Path(name).expanduser()
+        from .hub import is_hub_id, resolve_hub_model
+
+        if not root.exists() and is_hub_id(name):
+            # org/name: the local HF hub cache, offline; never downloads.
+            snapshot = resolve_hub_model(name)
+            return _load_hub_cached(snapshot, name, _fingerprint(snapshot))
         if not root.exists():
             known = ", ".join(n for n, _ in builtin_models())
             raise ArtifactNotFoundError(
                 f"no built-in model or directory named {name!r}",
                 path=name,
-                hint=f"built-in models: {known}; or pass an HF model directory",
+                hint=f"built-in models: {known}; or pass an HF model directory, a .gguf file, or org/name from the "
+                "local HF hub cache",
             )
-        if not root.is_dir():
-            raise ArtifactNotFoundError(
-                "a model spec must be a directory or a built-in name", path=name, hint="pass the model's directory"
-            )
+        if root.is_file():
+            if not (root.suffix == ".gguf" or _is_gguf(root)):
+                raise ArtifactFormatError(
+                    "a model file must be a GGUF file",
+                    path=name,
+                    hint="pass a .gguf file, a model directory or a built-in name",
+                )
+            root = root.resolve()
+            st = root.stat()
+            return _load_cached(root, ((root.name, st.st_mtime_ns, st.st_size),))
     root = root.resolve()
     return _load_cached(root, _fingerprint(root))

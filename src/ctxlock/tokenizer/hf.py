@@ -41,10 +41,24 @@ def _set_prepend_never(node: Any) -> bool:
 class HFTokenizer:
     format = "hf-tokenizers"
 
-    def __init__(self, json_text: str, *, id: str, source: str = "") -> None:
+    def __init__(
+        self,
+        json_text: str,
+        *,
+        id: str,
+        source: str = "",
+        sha256: str | None = None,
+        format: str | None = None,
+        description: dict[str, Any] | None = None,
+    ) -> None:
+        """`sha256`/`format`/`description` describe the source artifact when the JSON was converted from another
+        format (a GGUF file): the digest is then the source file's, not the converted JSON's."""
         self.id = id
         self.source = source
-        self.sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
+        self.sha256 = sha256 or hashlib.sha256(json_text.encode("utf-8")).hexdigest()
+        if format is not None:
+            self.format = format
+        self._description = dict(description or {})
         try:
             self._data = json.loads(json_text)
             self._tok = tokenizers.Tokenizer.from_str(json_text)
@@ -141,4 +155,5 @@ class HFTokenizer:
             "pre_tokenizer": (self._data.get("pre_tokenizer") or {}).get("type"),
             "post_processor": (self._data.get("post_processor") or {}).get("type"),
             "vocab_size": self.vocab_size,
+            **self._description,
         }

@@ -1,0 +1,97 @@
+"""llama.cpp's own tokenizer test vectors, through ctxlock's native GGUF loader and the CLI a user runs:
+`ctxlock tokenize --model ggml-vocab-X.gguf --jsonl` must print exactly the ids of `ggml-vocab-X.gguf.out`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import artifacts
+import ctxlock
+
+COUNTS: dict[str, tuple[int, int]] = {}
+
+
+@pytest.mark.parametrize("vocab", artifacts.vector_vocabs())
+def test_every_vector_through_the_cli(vocab: str, tmp_path: Path) -> None:
+    cases = artifacts.vocab_vectors(vocab)
+    stdin = "".join(json.dumps(text, ensure_ascii=False) + "\n" for text, _ in cases)
+    env = {**os.environ, "CTXLOCK_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "tokenize", "--model", str(artifacts.gguf_path(vocab)), "--jsonl"],
+        input=stdin.encode("utf-8"),
+        capture_output=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = [json.loads(line) for line in proc.stdout.decode("utf-8").splitlines()]
+    # --jsonl skips blank input lines only; every case here is a JSON string, so one output line per case.
+    assert len(got) == len(cases)
+    failures = [(text, want, ids) for (text, want), ids in zip(cases, got, strict=True) if ids != want]
+    COUNTS[vocab] = (len(cases) - len(failures), len(cases))
+    assert not failures, f"{len(failures)}/{len(cases)} cases differ; first: {failures[:3]!r}"
+
+
+def test_zz_vector_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        total = sum(n for _, n in COUNTS.values())
+        ok = sum(p for p, _ in COUNTS.values())
+        rows = ", ".join(f"{v} {p}/{n}" for v, (p, n) in sorted(COUNTS.items()))
+        print(f"\nllama.cpp vectors through ctxlock: {ok}/{total} ({rows})")
+
+
+def test_conversion_cache_is_reused_and_never_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxlock.artifacts import gguf as gguf_module
+    from ctxlock.artifacts import load_artifacts
+
+    monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    src = artifacts.gguf_path("gpt-2").read_bytes()
+    path = tmp_path / "model.gguf"
+    path.write_bytes(src)
+    first = load_artifacts(path)
+    assert list((tmp_path / "cache" / "converted" / "gguf").glob("*.json"))
+
+    calls: list[str] = []
+    real = gguf_module.conversion
+    monkeypatch.setattr(gguf_module, "conversion", lambda v: calls.append(v.path) or real(v))
+    # Same bytes under another name: served from the conversion cache, no conversion.
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(src)
+    again = load_artifacts(copy)
+    assert calls == []
+    assert again.tokenizer.sha256 == first.tokenizer.sha256
+    assert again.tokenizer.encode("Hello world") == first.tokenizer.encode("Hello world")
+
+    # Change one token's text in place (same length; a token no merge builds): new digest, converted again.
+    i = src.index(b"<|endoftext|>")
+    changed = src[:i] + b"<|endoftexu|>" + src[i + 13 :]
+    copy.write_bytes(changed)
+    os.utime(copy, ns=(1, 1))  # even with the mtime set back, the digest decides
+    fresh = load_artifacts(copy)
+    assert calls == [str(copy.resolve())]
+    assert fresh.tokenizer.sha256 != first.tokenizer.sha256
+    assert fresh.tokenizer.id_to_token(50256) == "<|endoftexu|>"
+    assert first.tokenizer.id_to_token(50256) == "<|endoftext|>"
+
+
+def test_gguf_model_renders_with_its_embedded_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    model = ctxlock.load(str(artifacts.gguf_path("qwen2")))
+    assert model.templates is not None and model.templates.names == ("default",)
+    assert model.templates.templates[0].origin.endswith(":tokenizer.chat_template")
+    assert model.special_tokens == {
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+    }
+    run = model.run({"messages": [{"role": "user", "content": "hi <|im_end|>"}]})
+    assert run.rendered.text.startswith("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n")
+    assert [run.rendered.text[m.start : m.end] for m in run.tokenized.neutralized] == ["<|im_end|>"]
+    assert model.tokenizer.format == "gguf" and model.tokenizer.describe()["gguf_pre"] == "qwen2"

@@ -3,6 +3,7 @@ errors that name the file and field, quickly, without allocating what a corrupt 
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import artifacts
+from ctxlock.artifacts import _load_gguf
 from ctxlock.artifacts.gguf import read_metadata, read_vocab
 from ctxlock.errors import ArtifactFormatError, CtxlockError
 
@@ -168,7 +170,7 @@ def small_gguf() -> bytes:
 
 
 @settings(
-    max_examples=150,
+    max_examples=120,
     deadline=5000,  # the time bound per case: a corrupt file must fail fast, not hang
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -189,7 +191,15 @@ def test_fuzz_mutated_real_gguf_gives_only_typed_errors(small_gguf: bytes, tmp_p
             break
     path = tmp_path / "fuzz.gguf"
     path.write_bytes(bytes(buf))
+    previous = os.environ.get("CTXLOCK_CACHE_DIR")
     try:
-        read_vocab(path)
+        # The whole load: header, vocabulary checks, conversion, the tokenizers pipeline, one encode.
+        os.environ["CTXLOCK_CACHE_DIR"] = str(tmp_path / "cache")
+        _load_gguf(path).tokenizer.encode("Hello world")
     except CtxlockError as exc:
         assert exc.path and str(path) in exc.path
+    finally:
+        if previous is None:
+            os.environ.pop("CTXLOCK_CACHE_DIR", None)
+        else:
+            os.environ["CTXLOCK_CACHE_DIR"] = previous

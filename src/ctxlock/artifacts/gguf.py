@@ -5,8 +5,8 @@ bytes are read here, by a strict reader over a memory map, because a GGUF file i
 - every length is checked against the bytes that remain before anything is allocated, so a declared array of
   2**60 items fails at once with a typed error instead of allocating or looping;
 - every failure is an ArtifactFormatError naming the file, the key and the byte offset;
-- only the key/value header is read (tensor data is never touched), and numeric arrays are views, not copies,
-  which keeps a 262k-token vocabulary under a second (gguf's own GGUFReader builds a Python object per item).
+- only the key/value header is read (tensor data is never touched), and numeric arrays are read in one step
+  each, which keeps a 262k-token vocabulary under a second (gguf's own GGUFReader builds a Python object per item).
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class _Reader:
                 if count > (len(self.buf) - self.pos) // size:
                     raise self.fail(f"array declares {count:,} items of {size} bytes; the file is shorter")
                 dtype = np.dtype(_NUMPY[etype]).newbyteorder(self.endian)
-                arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
+                # Copied at once: a view would pin the memory map, which must close even when parsing fails.
+                arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
                 self.pos += size * count
                 return arr.astype(bool) if etype == GGUFValueType.BOOL else arr
             if etype == GGUFValueType.STRING:
@@ -184,9 +185,7 @@ def _parse(buf: memoryview, path: str, digest: str) -> GGUFMetadata:
         key = r.string()
         r.key = key
         vtype = r.u32()
-        # Arrays are copied out of the map: the map is closed when this function returns.
-        value = r.value(vtype)
-        values[key] = value.copy() if isinstance(value, np.ndarray) else value
+        values[key] = r.value(vtype)
     return GGUFMetadata(path=path, sha256=digest, version=version, values=values)
 
 

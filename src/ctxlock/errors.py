@@ -18,7 +18,10 @@
     │   └── ArtifactFormatError      a file that is there but malformed
     ├── TokenizerError               text -> ids
     │   └── ControlTokenError        special-token policy `raise` met a control token in a request string
-    └── TensorError                  ids -> ModelInput (batching, padding)
+    ├── TensorError                  ids -> ModelInput (batching, padding)
+    └── RecordError                  execution records, the store, replay
+        ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
+        └── RecordNotFoundError      no record with that id (or prefix) in the store
 
 Every error carries `path`: where the input went wrong (a JSON path, a byte offset, a template line, a file),
 and `hint`: what to do about it. `to_dict()` is the wire form the CLI prints with `--json`.
@@ -119,4 +122,16 @@ class ControlTokenError(TokenizerError):
 
 
 class TensorError(CtxlockError):
+    pass
+
+
+class RecordError(CtxlockError):
+    pass
+
+
+class RecordFormatError(RecordError):
+    pass
+
+
+class RecordNotFoundError(RecordError):
     pass

@@ -258,6 +258,9 @@ def _load_manifest_dir(root: Path) -> ModelArtifacts:
 
         path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
         tokenizer = HFTokenizer(path.read_text("utf-8"), id=f"{model_id}/{path.name}", source=str(path))
+    elif fmt == "gguf":
+        path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
+        tokenizer = _load_gguf(path).tokenizer
     elif fmt == "tiktoken":
         from ..tokenizer.tiktoken_file import from_manifest as tiktoken_from_manifest
 
@@ -272,7 +275,7 @@ def _load_manifest_dir(root: Path) -> ModelArtifacts:
         raise ArtifactFormatError(
             f"unknown tokenizer format {fmt!r}",
             path=f"{manifest_path}:tokenizer.format",
-            hint="use book, tekken, tiktoken, sentencepiece or hf-tokenizers",
+            hint="use book, tekken, tiktoken, sentencepiece, gguf or hf-tokenizers",
         )
 
     template_spec = manifest.get("template")

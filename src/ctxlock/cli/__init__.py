@@ -8,6 +8,7 @@ import typer
 
 from ..errors import CtxlockError
 from . import inspect as inspect_cmds
+from . import records as records_cmds
 from . import render as render_cmds
 
 app = typer.Typer(
@@ -20,11 +21,15 @@ app = typer.Typer(
 )
 render_cmds.register(app)
 inspect_cmds.register(app)
+records_cmds.register(app)
 
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, click returns (not raises) the code of a typer.Exit from a command.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except CtxlockError as exc:
         # Commands that print JSON have already printed the error object; this line is for humans.
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)

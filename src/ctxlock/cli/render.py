@@ -15,6 +15,7 @@ from rich.text import Text
 
 from ..artifacts import load_template_file
 from ..model import Model, Run, load
+from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
 from ..template import SpecialTokenPolicy
 from .output import console, guarded, print_json
@@ -63,6 +64,18 @@ def _parse_now(now: str | None) -> datetime | None:
         return datetime.fromisoformat(now)
     except ValueError:
         raise typer.BadParameter(f"not an ISO 8601 time: {now!r}", param_hint="--now") from None
+
+
+def _run_kwargs(options: RunOptions) -> dict[str, Any]:
+    return {
+        "add_generation_prompt": options.add_generation_prompt,
+        "continue_final_message": options.continue_final_message,
+        "chat_template_kwargs": options.chat_template_kwargs,
+        "special_tokens": options.special_tokens,
+        "now": datetime.fromisoformat(options.now) if options.now else None,
+        "dialect": options.dialect,
+        "utf8": options.utf8,
+    }
 
 
 def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
@@ -176,31 +189,52 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, reported)."),
         ] = "strict",
+        record: Annotated[
+            bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
+        ] = False,
+        store: Annotated[
+            Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
+        ] = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Render a chat request exactly as the model receives it: text, control tokens, ids, digests."""
 
-        def go() -> tuple[Model, Run]:
+        def go() -> tuple[Model, Run, str | None]:
             data = _read_input(request)
             m = load(model)
-            options: dict[str, Any] = {
-                "chat_template_kwargs": _parse_vars(var) or None,
-                "continue_final_message": continue_final_message,
-                "add_generation_prompt": not (no_generation_prompt or continue_final_message),
-                "special_tokens": special_tokens,
-                "now": _parse_now(now),
-                "dialect": dialect,
-                "utf8": utf8,
-            }
-            if template is not None:
-                options["template"] = load_template_file(template)
-            return m, m.run(data, **options)
+            chosen = load_template_file(template) if template is not None else None
+            parsed_now = _parse_now(now)
+            options = RunOptions(
+                add_generation_prompt=not (no_generation_prompt or continue_final_message),
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=_parse_vars(var) or None,
+                special_tokens=str(special_tokens),
+                now=parsed_now.isoformat() if parsed_now else None,
+                dialect=dialect,
+                utf8=utf8,
+            )
+            if record:
+                from ..replay import run_and_record, save
+                from ..store import Store
 
-        m, result = guarded(as_json, go)
+                result, rec, error = run_and_record(m, data, options, template=chosen)
+                used = chosen or (result.rendered.template if result else None)
+                if used is None and m.templates is not None:
+                    used = m.templates.select(None)
+                rid = save(Store(store), m, rec, used)
+                if error is not None:
+                    print(f"record {rid}", file=sys.stderr)
+                    raise error
+                return m, result, rid
+            return m, m.run(data, **{**_run_kwargs(options), "template": chosen}), None
+
+        m, result, rid = guarded(as_json, go)
         if as_json:
-            print_json(run_to_dict(m, result))
+            print_json({**run_to_dict(m, result), **({"record_id": rid} if rid else {})})
         else:
             _show(m, result)
+            if rid:
+                console.print(f"record     {rid}  (ctxlock replay {rid[:12]})")
 
     @app.command()
     def tokenize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ControlTokenError
@@ -62,6 +63,9 @@ class Tokenizer(Protocol):
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]: ...
     def encode_text(self, text: str, *, at_start: bool) -> list[int]: ...
     def describe(self) -> dict[str, Any]: ...
+    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
+        """A `ctxlock.json` tokenizer entry and the files it names, enough to rebuild this tokenizer elsewhere."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import AddedToken, ControlMatch
@@ -20,6 +21,7 @@ class BookTokenizer:
 
     def __init__(self, vocab: Sequence[str], *, control: Sequence[str], unk: str, id: str = "book") -> None:
         self.id = id
+        self._unk_token = unk
         self._vocab = list(vocab)
         self._ids = {t: i for i, t in enumerate(self._vocab)}
         self._control = frozenset(control)
@@ -77,6 +79,10 @@ class BookTokenizer:
 
     def id_to_token(self, id: int) -> str | None:
         return self._vocab[id] if 0 <= id < len(self._vocab) else None
+
+    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
+        spec = {"format": "book", "vocab": self._vocab, "control": sorted(self._control), "unk": self._unk_token}
+        return spec, {}
 
     def describe(self) -> dict[str, Any]:
         return {

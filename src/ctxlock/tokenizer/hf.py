@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import tokenizers
@@ -55,6 +56,7 @@ class HFTokenizer:
         format (a GGUF file): the digest is then the source file's, not the converted JSON's."""
         self.id = id
         self.source = source
+        self._json_text = json_text
         self.sha256 = sha256 or hashlib.sha256(json_text.encode("utf-8")).hexdigest()
         if format is not None:
             self.format = format
@@ -143,6 +145,13 @@ class HFTokenizer:
 
     def id_to_token(self, id: int) -> str | None:
         return self._tok.id_to_token(id)
+
+    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
+        if self.format == "gguf":
+            # Converted from a GGUF file: the file itself is the artifact (its digest is this tokenizer's).
+            name = Path(self.source).name
+            return {"format": "gguf", "file": name}, {name: Path(self.source)}
+        return {"format": "hf-tokenizers", "file": "tokenizer.json"}, {"tokenizer.json": self._json_text.encode()}
 
     def describe(self) -> dict[str, Any]:
         model = self._data.get("model") or {}

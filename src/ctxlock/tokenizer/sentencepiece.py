@@ -297,6 +297,12 @@ class SentencePieceTokenizer:
             return None
         return self._sp.id_to_piece(id)
 
+    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
+        name = Path(self.source).name
+        return {"format": "sentencepiece", "file": name, "control": sorted(self._control_tokens)}, {
+            name: Path(self.source)
+        }
+
     def describe(self) -> dict[str, Any]:
         types: dict[str, int] = {}
         for _, kind in self.info.pieces:

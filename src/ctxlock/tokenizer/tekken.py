@@ -132,6 +132,10 @@ class TekkenTokenizer:
         except KeyError:
             return None
 
+    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
+        name = Path(self.source).name
+        return {"format": "tekken", "file": name}, {name: Path(self.source)}
+
     def describe(self) -> dict[str, Any]:
         return {
             "format": self.format,

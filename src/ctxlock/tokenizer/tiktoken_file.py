@@ -299,6 +299,17 @@ class TiktokenTokenizer:
         except (KeyError, ValueError, OverflowError, TypeError):
             return None
 
+    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
+        name = Path(self.source).name
+        spec = {
+            "format": "tiktoken",
+            "file": name,
+            "pattern": self.pattern,
+            "special_tokens": {t.content: t.id for t in self._specials},
+            "normalizer": self.normalizer,
+        }
+        return spec, {name: Path(self.source)}
+
     def describe(self) -> dict[str, Any]:
         return {
             "format": self.format,

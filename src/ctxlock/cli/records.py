@@ -1,0 +1,173 @@
+"""`ctxlock records …`, `ctxlock replay` and `ctxlock diff`: the execution-record commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..record import Diff, ExecutionRecord, diff
+from ..replay import load_record, replay, rerun
+from ..store import Store
+from .output import console, guarded, print_json
+
+StoreOpt = Annotated[
+    Path | None,
+    typer.Option("--store", help="The record store directory (default: $CTXLOCK_DATA_DIR or ~/.local/share/ctxlock)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+
+
+def open_store(path: Path | None) -> Store:
+    return Store(path)
+
+
+def show_diff(result: Diff, *, label_a: str, label_b: str) -> None:
+    if result.identical:
+        console.print(f"[bold green]identical[/]: {escape(label_a)} and {escape(label_b)} agree on every layer")
+    else:
+        d = result.first_divergence
+        assert d is not None
+        console.print(f"[bold red]first divergence[/] at layer [bold]{d.layer}[/]")
+        console.print(f"  where   {escape(d.location)}")
+        console.print(f"  {escape(label_a):8s}{escape(json.dumps(d.a, ensure_ascii=False))[:200]}")
+        console.print(f"  {escape(label_b):8s}{escape(json.dumps(d.b, ensure_ascii=False))[:200]}")
+        console.print(f"  cause   {escape(d.cause)}")
+    for note in result.notes:
+        console.print(f"  note    {escape(note)}")
+
+
+def register(app: typer.Typer) -> None:
+    records_app = typer.Typer(help="List, show, export and import execution records.", no_args_is_help=True)
+    app.add_typer(records_app, name="records")
+
+    @records_app.command("list")
+    def list_(
+        store: StoreOpt = None,
+        limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 50,
+        model: Annotated[str | None, typer.Option("--model", help="Only records of this model.")] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """List stored records, newest first."""
+        rows = guarded(as_json, lambda: open_store(store).list_records(limit=limit, model=model))
+        if as_json:
+            print_json(rows)
+            return
+        table = Table("id", "created", "model", "tokens", "template", "tokenizer")
+        for r in rows:
+            table.add_row(
+                r["id"][:12],
+                str(r.get("created_at", "")),
+                str(r.get("model")),
+                str(r.get("input_tokens")),
+                str(r.get("template_sha256") or "")[:12],
+                str(r.get("tokenizer_sha256") or "")[:12],
+            )
+        console.print(table)
+
+    @records_app.command("show")
+    def show(
+        record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
+        store: StoreOpt = None,
+    ) -> None:
+        """Print a record as canonical JSON."""
+        rec = load_record(record, open_store(store))
+        sys.stdout.write(json.dumps(rec.data, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+
+    @records_app.command("export")
+    def export(
+        ids: Annotated[list[str] | None, typer.Argument(help="Record ids to export (default: all).")] = None,
+        store: StoreOpt = None,
+        out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file (default: stdout).")] = None,
+    ) -> None:
+        """Export records as JSON lines, one canonical record per line."""
+        s = open_store(store)
+        if out is None:
+            n = s.export_records(ids or None, sys.stdout.buffer)
+        else:
+            with out.open("wb") as fh:
+                n = s.export_records(ids or None, fh)
+        print(f"exported {n} record(s)", file=sys.stderr)
+
+    @records_app.command("import")
+    def import_(
+        source: Annotated[Path, typer.Argument(help="A JSON-lines file from `records export` (or - for stdin).")],
+        store: StoreOpt = None,
+    ) -> None:
+        """Import records (all or nothing); each is checked, a corrupt line is a typed error naming it."""
+
+        def validate(line: bytes) -> Any:
+            return ExecutionRecord.from_bytes(line).index()
+
+        s = open_store(store)
+        if str(source) == "-":
+            ids = s.import_records(sys.stdin.buffer, validate=validate)
+        else:
+            with source.open("rb") as fh:
+                ids = s.import_records(fh, validate=validate)
+        for i in ids:
+            print(i)
+        print(f"imported {len(ids)} record(s)", file=sys.stderr)
+
+    @app.command("replay")
+    def replay_cmd(
+        record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
+        store: StoreOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Re-run a record's whole pipeline from its own stored artifacts and check every layer.
+
+        Exits 0 when every layer is identical, 1 with a report of the first divergence otherwise."""
+
+        def go() -> Diff:
+            s = open_store(store)
+            result, _ = replay(load_record(record, s), s)
+            return result
+
+        result = guarded(as_json, go)
+        if as_json:
+            print_json(result.to_dict())
+        else:
+            show_diff(result, label_a="recorded", label_b="replayed")
+        raise typer.Exit(0 if result.identical else 1)
+
+    @app.command("diff")
+    def diff_cmd(
+        a: Annotated[str, typer.Argument(help="Record id/prefix or file.")],
+        b: Annotated[
+            str | None, typer.Argument(help="Second record; omit to re-run A under --model/--template.")
+        ] = None,
+        model: Annotated[
+            str | None, typer.Option("--model", "-m", help="Re-run A's request on this model and compare.")
+        ] = None,
+        template: Annotated[
+            Path | None, typer.Option("--template", "-t", help="Re-run A's request with this template and compare.")
+        ] = None,
+        store: StoreOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Name the first layer where two runs diverge (request, messages, dynamic, template, rendered, tokenizer,
+        input_ids, policy, tensors), where exactly, and the likely cause. Exits 0 if identical, 1 otherwise."""
+
+        def go() -> tuple[Diff, str]:
+            s = open_store(store)
+            ra = load_record(a, s)
+            if b is not None:
+                if model is not None or template is not None:
+                    raise typer.BadParameter("give a second record or --model/--template, not both")
+                return diff(ra, load_record(b, s)), b
+            if model is None and template is None:
+                raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
+            return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
+
+        result, _label = guarded(as_json, go)
+        if as_json:
+            print_json(result.to_dict())
+        else:
+            show_diff(result, label_a="a", label_b="b")
+        raise typer.Exit(0 if result.identical else 1)

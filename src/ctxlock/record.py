@@ -1,0 +1,552 @@
+"""Record stage: the minimum reproduction package of seed 000 §1.11, canonical serialization, and diff.
+
+An `ExecutionRecord` holds every versioned thing that shaped one model input, in the pipeline's order:
+
+    request -> messages -> dynamic -> template -> rendered -> tokenizer -> input_ids -> policy -> tensors
+
+plus the options the caller chose, the errors met, the environment, and what replay needs to rebuild the model
+(`replay`: a tokenizer manifest and the digests of the files it names, kept in the artifact store).
+
+Serialization is canonical: keys sorted, no whitespace, UTF-8, LF-terminated, no NaN; ids are integers. The
+record id is the sha256 of those bytes, so the same record always has the same id, whatever dict order built it.
+Key order inside the request is data (a template may render tool schemas in the order the client sent them): the
+request's exact bytes are kept (base64) for replay, while the comparable views are order-insensitive, so a
+different key order shows up where it matters, in the rendered bytes (seed 000 §1.4).
+
+`diff(a, b)` names the first layer where two records diverge, the location inside it, and the likely cause.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import platform
+import sys
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from .errors import CtxlockError, RecordFormatError
+from .frozen import thaw
+
+RECORD_FORMAT = "ctxlock.record/1"
+LAYERS = ("request", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "policy", "tensors")
+_SECTIONS = (
+    "format",
+    "request",
+    "messages",
+    "dynamic",
+    "template",
+    "rendered",
+    "tokenizer",
+    "input_ids",
+    "decisions",
+    "tensors",
+    "options",
+    "errors",
+    "environment",
+    "replay",
+)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The one byte form of a JSON value: sorted keys, compact, UTF-8, LF-terminated, NaN refused."""
+    try:
+        text = json.dumps(thaw(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise RecordFormatError(f"a record cannot hold {exc}", path="record") from None
+    return (text + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    """A record is its canonical bytes; `data` is the parsed view."""
+
+    body: bytes = field(repr=False)
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"ExecutionRecord({self.id[:12]}…, {len(self.body):,} bytes)"
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ExecutionRecord:
+        return cls(canonical_bytes(data))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, *, source: str = "record") -> ExecutionRecord:
+        """Parse and check a record from a file or the store; anything corrupt is a RecordFormatError."""
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise RecordFormatError(
+                f"not UTF-8 at byte {exc.start}", path=source, hint="the record file is corrupt"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise RecordFormatError(
+                f"not a complete JSON record: {exc.msg} at byte {exc.pos}",
+                path=source,
+                hint="the record file is truncated or corrupt; export it again",
+            ) from None
+        if not isinstance(data, dict):
+            raise RecordFormatError("a record is a JSON object", path=source)
+        if data.get("format") != RECORD_FORMAT:
+            raise RecordFormatError(
+                f"unknown record format {data.get('format')!r}",
+                path=f"{source}:format",
+                hint=f"this ctxlock reads {RECORD_FORMAT}",
+            )
+        missing = [s for s in _SECTIONS if s not in data]
+        if missing:
+            raise RecordFormatError(f"record lacks {', '.join(missing)}", path=source)
+        return cls(canonical_bytes(data))
+
+    def index(self) -> dict[str, Any]:
+        """The fields a store indexes records by."""
+        d = self.data
+        ids = d.get("input_ids")
+        return {
+            "format": d["format"],
+            "model": (d.get("replay") or {}).get("model"),
+            "template_sha256": (d.get("template") or {}).get("sha256"),
+            "tokenizer_sha256": (d.get("tokenizer") or {}).get("sha256"),
+            "input_tokens": len(ids) if isinstance(ids, list) else None,
+        }
+
+
+def environment() -> dict[str, str]:
+    def ver(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "absent"
+
+    return {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "ctxlock": ver("ctxlock"),
+        "tokenizers": ver("tokenizers"),
+        "jinja2": ver("jinja2"),
+        "tiktoken": ver("tiktoken"),
+        "mistral_common": ver("mistral-common"),
+        "unicodedata": unicodedata.unidata_version,
+    }
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the caller chose for one run; recorded so that replay runs the same way."""
+
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    special_tokens: str = "text"
+    now: str | None = None  # ISO 8601, or None: the wall clock at render time (recorded in `dynamic.now`)
+    dialect: str | None = None
+    utf8: str = "strict"
+    template_name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "chat_template_kwargs": dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
+            "special_tokens": self.special_tokens,
+            "now": self.now,
+            "dialect": self.dialect,
+            "utf8": self.utf8,
+            "template_name": self.template_name,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunOptions:
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
+
+
+def build_record(
+    *,
+    model: Any,
+    request_bytes: bytes,
+    options: RunOptions,
+    run: Any | None = None,
+    error: CtxlockError | None = None,
+    template: Any | None = None,
+) -> ExecutionRecord:
+    """Assemble the record of one run (or of a failed one: `run` None and `error` set)."""
+    tok = model.tokenizer
+    manifest, files = tok.replay_spec()
+    tok_desc = tok.describe()
+    data: dict[str, Any] = {
+        "format": RECORD_FORMAT,
+        "request": {
+            "bytes_b64": base64.b64encode(request_bytes).decode("ascii"),
+            "sha256": hashlib.sha256(request_bytes).hexdigest(),
+            "dialect": None,
+            "utf8_policy": options.utf8,
+            "replaced_bytes": [],
+            "canonical": None,
+            "extra": None,
+        },
+        "messages": None,
+        "dynamic": None,
+        "template": None,
+        "rendered": None,
+        "tokenizer": {
+            "format": tok.format,
+            "sha256": tok.sha256,
+            "model": tok_desc.get("model"),
+            "normalizer": tok_desc.get("normalizer"),
+            "pre_tokenizer": tok_desc.get("pre_tokenizer"),
+            "vocab_size": tok.vocab_size,
+            "special_tokens": dict(model.special_tokens),
+            "added_tokens": [[t.content, t.id, t.special] for t in sorted(tok.added_tokens, key=lambda t: t.id)],
+        },
+        "input_ids": None,
+        "decisions": {"budget": None, "truncation": None, "multimodal": None},
+        "tensors": None,
+        "options": options.to_dict(),
+        "errors": [error.to_dict()] if error is not None else [],
+        "environment": environment(),
+        "replay": {
+            "model": model.id,
+            "tokenizer": manifest,
+            "files": {name: _digest(content) for name, content in files.items()},
+            "template_sha256": None,
+        },
+    }
+    if template is not None:
+        data["template"] = {"id": template.id, "sha256": template.sha256, "origin": template.origin, "variables": None}
+        data["replay"]["template_sha256"] = template.sha256
+    if run is None:
+        return ExecutionRecord.from_data(data)
+
+    req, rendered, tokenized, mi = run.request, run.rendered, run.tokenized, run.model_input
+    data["request"].update(
+        dialect=str(req.dialect),
+        utf8_policy=str(req.utf8_policy),
+        replaced_bytes=list(req.replaced_bytes),
+        canonical=json.loads(req.to_json()),
+        extra=thaw(req.extra),
+    )
+    data["messages"] = req.template_messages()
+    variables = thaw(rendered.variables)
+    data["dynamic"] = {
+        "now": rendered.now,
+        "clock_used": rendered.clock_used,
+        "chat_template_kwargs": {
+            k: v
+            for k, v in variables.items()
+            if k not in model.special_tokens and k not in ("add_generation_prompt", "continue_final_message")
+        },
+        "tools": req.template_tools(),
+        "documents": req.template_documents(),
+        "random_ids": [],
+    }
+    t = rendered.template
+    data["template"] = {"id": t.id, "sha256": t.sha256, "origin": t.origin, "variables": variables}
+    data["replay"]["template_sha256"] = t.sha256
+    data["rendered"] = {
+        "text": rendered.text,
+        "sha256": hashlib.sha256(rendered.text.encode("utf-8")).hexdigest(),
+        "request_spans": [[s.start, s.end, s.path] for s in rendered.request_spans],
+        "provenance_exact": rendered.provenance_exact,
+        "control_tokens": [[m.start, m.end, m.id] for m in tokenized.control],
+        "neutralized": [[m.start, m.end, m.id] for m in tokenized.neutralized],
+        "policy": str(rendered.policy),
+    }
+    data["input_ids"] = list(tokenized.ids)
+    data["tokens"] = [tok.id_to_token(i) for i in tokenized.ids]
+    data["tensors"] = mi.to_dict()
+    return ExecutionRecord.from_data(data)
+
+
+def _digest(content: Any) -> str:
+    if isinstance(content, bytes):
+        return hashlib.sha256(content).hexdigest()
+    h = hashlib.sha256()
+    with open(content, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# diff
+
+
+@dataclass(frozen=True)
+class Divergence:
+    layer: str
+    location: str
+    a: Any
+    b: Any
+    cause: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "location": self.location, "a": self.a, "b": self.b, "cause": self.cause}
+
+
+@dataclass(frozen=True)
+class Diff:
+    identical: bool
+    first_divergence: Divergence | None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "identical": self.identical,
+            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "notes": list(self.notes),
+        }
+
+
+def _short(sha: Any) -> str:
+    return f"{sha[:4]}…" if isinstance(sha, str) else repr(sha)
+
+
+def _first_json_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first path where two JSON values differ, comparing objects by key (order-insensitive)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                return sub, a.get(key, "<absent>"), b.get(key, "<absent>")
+            found = _first_json_difference(a[key], b[key], sub)
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            found = _first_json_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        if len(a) != len(b):
+            return f"{path}[{min(len(a), len(b))}]", f"length {len(a)}", f"length {len(b)}"
+        return None
+    if type(a) is not type(b) or a != b:
+        return path or "$", a, b
+    return None
+
+
+def _text_location(a: str, b: str) -> tuple[str, str, str, str]:
+    """Byte offset of the first difference in UTF-8, with context, and the differing pieces."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    offset = len(a[:i].encode("utf-8"))
+    # The smallest edit after which the texts agree again (for 8 characters), plus one shared character,
+    # so that a changed line ending reads '\n' vs '\r\n' rather than '' vs '\r'.
+    cause_a, cause_b = a[i : i + 1], b[i : i + 1]
+    for total in range(1, 9):
+        hit = next(
+            (
+                (ka, total - ka)
+                for ka in range(total + 1)
+                if a[i + ka : i + ka + 8] == b[i + total - ka : i + total - ka + 8]
+            ),
+            None,
+        )
+        if hit:
+            ka, kb = hit
+            cause_a, cause_b = a[i : i + ka + 1], b[i : i + kb + 1]
+            break
+    context = a[max(0, i - 20) : i]
+    location = f"byte {offset:,} (character {i:,}), after {context!r}: {a[i : i + 12]!r} vs {b[i : i + 12]!r}"
+    return location, cause_a, cause_b, f"{offset:,}"
+
+
+def diff(a: ExecutionRecord | Mapping[str, Any], b: ExecutionRecord | Mapping[str, Any]) -> Diff:
+    """Compare two records layer by layer; report the first layer that differs."""
+    da = a.data if isinstance(a, ExecutionRecord) else dict(a)
+    db = b.data if isinstance(b, ExecutionRecord) else dict(b)
+    notes: list[str] = []
+    if da.get("environment") != db.get("environment"):
+        found = _first_json_difference(da.get("environment"), db.get("environment"))
+        if found:
+            notes.append(f"environment differs at {found[0]}: {found[1]!r} vs {found[2]!r}")
+    ra, rb = da["request"], db["request"]
+    if ra.get("sha256") != rb.get("sha256"):
+        notes.append(f"request bytes differ: sha256 {_short(ra.get('sha256'))} vs {_short(rb.get('sha256'))}")
+
+    for layer in LAYERS:
+        found = _compare_layer(layer, da, db)
+        if found is not None:
+            return Diff(False, found, tuple(notes))
+    return Diff(True, None, tuple(notes))
+
+
+def _errors_at(d: Mapping[str, Any], kinds: tuple[str, ...]) -> dict[str, Any] | None:
+    return next((e for e in d.get("errors") or [] if e.get("type") in kinds), None)
+
+
+_REQUEST_ERRORS = ("RequestEncodingError", "RequestJSONError", "RequestValidationError")
+
+
+def _compare_layer(layer: str, da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence | None:
+    if layer == "request":
+        ra, rb = da["request"], db["request"]
+        ea, eb = _errors_at(da, _REQUEST_ERRORS), _errors_at(db, _REQUEST_ERRORS)
+        if (ra["utf8_policy"], ra["replaced_bytes"]) != (rb["utf8_policy"], rb["replaced_bytes"]) or (ea is None) != (
+            eb is None
+        ):
+
+            def state(r: Mapping[str, Any], e: Mapping[str, Any] | None) -> str:
+                if e is not None:
+                    return f"{r['utf8_policy']}: rejected ({e['type']} at {e.get('path')})"
+                if r["replaced_bytes"]:
+                    return f"{r['utf8_policy']}: replaced bytes at {r['replaced_bytes']}"
+                return f"{r['utf8_policy']}: decoded cleanly"
+
+            replaced = ra["replaced_bytes"] or rb["replaced_bytes"] or ["?"]
+            where = ea.get("path") if ea else eb.get("path") if eb else f"byte {replaced[0]}"
+            return Divergence(
+                "request",
+                str(where),
+                state(ra, ea),
+                state(rb, eb),
+                f"the UTF-8 policy differs ({ra['utf8_policy']} vs {rb['utf8_policy']}): the same bytes became "
+                "different strings (or none)",
+            )
+        if ea != eb:
+            where = str((ea or eb or {}).get("path"))
+            return Divergence("request", where, ea, eb, "the request was rejected differently")
+        found = _first_json_difference(ra.get("canonical"), rb.get("canonical"))
+        if found:
+            return Divergence("request", found[0], found[1], found[2], f"the canonical request differs at {found[0]}")
+        return None
+    if layer == "messages":
+        found = _first_json_difference(da.get("messages"), db.get("messages"))
+        if found:
+            return Divergence(
+                "messages", f"messages{found[0]}", found[1], found[2], "the messages the template sees differ"
+            )
+        return None
+    if layer == "dynamic":
+        xa, xb = da.get("dynamic") or {}, db.get("dynamic") or {}
+        clock_matters = xa.get("clock_used") or xb.get("clock_used")
+        if clock_matters and xa.get("now") != xb.get("now"):
+            return Divergence(
+                "dynamic",
+                "dynamic.now",
+                xa.get("now"),
+                xb.get("now"),
+                f"the injected clock changed ({xa.get('now')} vs {xb.get('now')}) and the template reads it "
+                "(strftime_now)",
+            )
+        for key in ("chat_template_kwargs", "tools", "documents", "random_ids"):
+            found = _first_json_difference(xa.get(key), xb.get(key))
+            if found:
+                path = f"dynamic.{key}" + (f".{found[0]}" if found[0] != "$" else "")
+                return Divergence("dynamic", path, found[1], found[2], f"the injected {key} differ")
+        return None
+    if layer == "template":
+        ta, tb = da.get("template") or {}, db.get("template") or {}
+        if ta.get("sha256") != tb.get("sha256"):
+            same_id = ta.get("id") == tb.get("id")
+            return Divergence(
+                "template",
+                f"template {ta.get('id')!r}" + ("" if same_id else f" vs {tb.get('id')!r}"),
+                ta.get("sha256"),
+                tb.get("sha256"),
+                f"template sha256 differs: {_short(ta.get('sha256'))} vs {_short(tb.get('sha256'))}"
+                + ("; the same template id now points to another version" if same_id else ""),
+            )
+        # Special-token variables come with the tokenizer config and are compared at the tokenizer layer; if they
+        # changed the text, the rendered layer (before it) says so first.
+        special = set((da.get("tokenizer") or {}).get("special_tokens") or {}) | set(
+            (db.get("tokenizer") or {}).get("special_tokens") or {}
+        )
+        va = {k: v for k, v in (ta.get("variables") or {}).items() if k not in special}
+        vb = {k: v for k, v in (tb.get("variables") or {}).items() if k not in special}
+        found = _first_json_difference(va, vb)
+        if found:
+            return Divergence("template", f"variables.{found[0]}", found[1], found[2], "a template variable differs")
+        return None
+    if layer == "rendered":
+        xa, xb = (da.get("rendered") or {}).get("text"), (db.get("rendered") or {}).get("text")
+        if xa == xb:
+            return None
+        if xa is None or xb is None:
+            return Divergence("rendered", "text", xa, xb, "only one run rendered")
+        location, ca, cb, offset = _text_location(xa, xb)
+        return Divergence(
+            "rendered", location, ca, cb, f"rendered bytes first differ at offset {offset}: {ca!r} vs {cb!r}"
+        )
+    if layer == "tokenizer":
+        ka, kb = da.get("tokenizer") or {}, db.get("tokenizer") or {}
+        if (ka.get("sha256"), ka.get("format")) != (kb.get("sha256"), kb.get("format")):
+            return Divergence(
+                "tokenizer",
+                f"tokenizer ({ka.get('format')} vs {kb.get('format')})",
+                ka.get("sha256"),
+                kb.get("sha256"),
+                f"a different tokenizer vocabulary: sha256 {_short(ka.get('sha256'))} vs "
+                f"{_short(kb.get('sha256'))}; the same ids would mean different text",
+            )
+        found = _first_json_difference(ka.get("special_tokens"), kb.get("special_tokens"))
+        if found:
+            return Divergence("tokenizer", f"special_tokens.{found[0]}", found[1], found[2], "special tokens differ")
+        return None
+    if layer == "input_ids":
+        ia, ib = da.get("input_ids"), db.get("input_ids")
+        if ia == ib:
+            return None
+        if ia is None or ib is None:
+            return Divergence("input_ids", "input_ids", ia, ib, "only one run produced ids")
+        i = next((k for k, (x, y) in enumerate(zip(ia, ib, strict=False)) if x != y), min(len(ia), len(ib)))
+        pa, pb = (da.get("tokens") or [None] * len(ia)), (db.get("tokens") or [None] * len(ib))
+        piece_a = pa[i] if i < len(pa) else None
+        piece_b = pb[i] if i < len(pb) else None
+        return Divergence(
+            "input_ids",
+            f"token {i} of {len(ia)} vs {len(ib)}",
+            {"id": ia[i] if i < len(ia) else None, "piece": piece_a},
+            {"id": ib[i] if i < len(ib) else None, "piece": piece_b},
+            f"ids first differ at token {i}: {piece_a!r} vs {piece_b!r}",
+        )
+    if layer == "policy":
+        found = _first_json_difference(da.get("decisions"), db.get("decisions"))
+        if found:
+            where = f"decisions.{found[0]}"
+            return Divergence("policy", where, found[1], found[2], "a context-policy decision differs")
+        return None
+    if layer == "tensors":
+        found = _first_json_difference(da.get("tensors"), db.get("tensors"))
+        if found:
+            return Divergence(
+                "tensors",
+                found[0],
+                found[1],
+                found[2],
+                f"the same ids reach the model with different {found[0].split('[')[0]}: padding or positions "
+                "are misaligned",
+            )
+        return None
+    raise AssertionError(layer)
+
+
+def comparable(record: ExecutionRecord) -> dict[str, Any]:
+    """The record without what names a place rather than a content (ids, origins, paths): used by replay."""
+    d = record.data
+    d["environment"] = None
+    d["replay"]["model"] = None
+    if d.get("template"):
+        d["template"]["id"] = None
+        d["template"]["origin"] = None
+    return d
+
+
+def records_equal(a: ExecutionRecord, b: ExecutionRecord) -> bool:
+    return comparable(a) == comparable(b)
+
+
+def parse_ids(values: Sequence[Any]) -> list[int]:
+    return [int(v) for v in values]

@@ -19,6 +19,8 @@
     ├── TokenizerError               text -> ids
     │   └── ControlTokenError        special-token policy `raise` met a control token in a request string
     ├── TensorError                  ids -> ModelInput (batching, padding)
+    ├── BudgetError                  a context-budget policy that cannot be applied
+    │   └── BudgetExceeded           required segments over the budget; no room left for output
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         └── RecordNotFoundError      no record with that id (or prefix) in the store
@@ -135,3 +137,29 @@ class RecordFormatError(RecordError):
 
 class RecordNotFoundError(RecordError):
     pass
+
+
+class BudgetError(CtxlockError):
+    """A context-budget policy that cannot be applied as given."""
+
+
+class BudgetExceeded(BudgetError):
+    """The required segments alone do not fit, or no room is left for output. Nothing was silently dropped."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        hint: str | None = None,
+        sizes: dict[str, int] | None = None,
+        total: int | None = None,
+        budget: int | None = None,
+    ) -> None:
+        self.sizes = dict(sizes or {})
+        self.total = total
+        self.budget = budget
+        super().__init__(message, path=path, hint=hint)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "sizes": self.sizes, "total": self.total, "budget": self.budget}

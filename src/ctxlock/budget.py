@@ -1,0 +1,430 @@
+"""Budget stage: fit a request into a context window by the seed's algorithm (000 §1.7), and clamp the output.
+
+    keep all required segments atomically; render and tokenize them; reject if over budget
+    for each optional segment in priority order:
+        add it tentatively; render and tokenize the whole candidate; keep it only if it fits
+
+Required: system/developer messages, the tool schemas, the current turn (the last user message and everything
+after it), the generation prefix. Optional: earlier history, one unit per user message or per assistant message
+together with the tool results that answer its calls (a call and its results are kept or dropped together), and
+retrieved documents. Every decision is recorded: segment, kept or dropped, its tokens, the reason, the running total.
+
+`fit_context` gives the same decisions and ids as the naive algorithm (re-render and re-tokenize the whole
+candidate each time), faster: the candidate is rendered once per step without the provenance pass, and tokenized
+run by run between the template's control tokens, with every run cached. HF tokenizers extract added tokens
+before they normalize, so those runs are independent: a candidate costs only the text it has not seen before.
+`tests/test_budget.py` keeps the naive version as the oracle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import BudgetError, BudgetExceeded
+from .frozen import canonical_json
+from .request import Message, Request
+from .template import Rendered
+from .tensors import ModelInput, assemble
+from .tokenizer import Tokenizer
+
+SegmentKind = Literal["system", "tools", "current", "history", "document"]
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """How to fit: the token budget and the order in which optional segments are tried."""
+
+    max_input_tokens: int | None = None
+    context_window: int | None = None
+    reserve_output_tokens: int = 0
+    optional_priority: tuple[str, ...] = ("history", "documents")  # which kind is tried first
+    order: tuple[str, ...] | None = None  # a user-supplied order of optional segment ids (overrides the above)
+
+    def __post_init__(self) -> None:
+        if (self.max_input_tokens is None) == (self.context_window is None):
+            raise BudgetError(
+                "give exactly one of max_input_tokens or context_window (with reserve_output_tokens)",
+                path="policy",
+                hint="seed 000 §1.7: n_input + g <= N",
+            )
+        if self.reserve_output_tokens < 0 or (self.context_window is not None and self.context_window <= 0):
+            raise BudgetError("token counts must be positive", path="policy")
+        if set(self.optional_priority) - {"history", "documents"}:
+            raise BudgetError("optional_priority lists 'history' and 'documents'", path="policy.optional_priority")
+
+    @property
+    def budget(self) -> int:
+        if self.max_input_tokens is not None:
+            return self.max_input_tokens
+        assert self.context_window is not None
+        return self.context_window - self.reserve_output_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_input_tokens": self.max_input_tokens,
+            "context_window": self.context_window,
+            "reserve_output_tokens": self.reserve_output_tokens,
+            "optional_priority": list(self.optional_priority),
+            "order": list(self.order) if self.order is not None else None,
+            "tool_pairs_atomic": True,
+        }
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BudgetPolicy:
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = set(d) - known - {"tool_pairs_atomic"}
+        if extra:
+            raise BudgetError(f"unknown policy field(s) {sorted(extra)}", path="policy")
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Segment:
+    id: str  # "system", "tools", "current", "history[3:5]" (message indexes), "documents[2]"
+    kind: SegmentKind
+    required: bool
+    messages: tuple[int, ...] = ()
+    document: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    segment: str
+    kind: str
+    kept: bool
+    tokens: int  # what the segment adds (or would have added) to the candidate
+    reason: str
+    total: int  # the candidate's token count after this decision
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    request: Request  # the fitted request: what was kept, in the original order
+    rendered: Rendered
+    ids: tuple[int, ...]
+    model_input: ModelInput
+    decisions: tuple[Decision, ...]
+    policy: BudgetPolicy
+    budget: int
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.to_dict(),
+            "policy_sha256": self.policy.sha256,
+            "budget": self.budget,
+            "input_tokens": self.input_tokens,
+            "decisions": [d.to_dict() for d in self.decisions],
+        }
+
+
+def segments(request: Request) -> list[Segment]:
+    """Split a request into the seed's segments, in the order they appear."""
+    msgs = request.messages
+    last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=None)
+    if last_user is None:
+        raise BudgetError(
+            "the request has no user message to keep", path="messages", hint="fit_context needs a current user turn"
+        )
+    out: list[Segment] = []
+    system = tuple(i for i, m in enumerate(msgs) if m.role in ("system", "developer"))
+    if system:
+        out.append(Segment("system", "system", True, system))
+    if request.tools:
+        out.append(Segment("tools", "tools", True))
+    i = 0
+    history = [k for k in range(last_user) if msgs[k].role not in ("system", "developer")]
+    while i < len(history):
+        k = history[i]
+        unit = [k]
+        m = msgs[k]
+        if m.role == "assistant" and m.tool_calls:
+            ids = {c.id for c in m.tool_calls if c.id is not None}
+            while (
+                i + 1 < len(history)
+                and msgs[history[i + 1]].role == "tool"
+                and msgs[history[i + 1]].tool_call_id in ids
+            ):
+                i += 1
+                unit.append(history[i])
+        elif m.role == "tool":
+            # A tool result whose call is not right before it: keep it with its call's unit, found by id.
+            owner = next(
+                (s for s in reversed(out) if s.kind == "history" and _calls(msgs, s) >= {m.tool_call_id}), None
+            )
+            if owner is not None:
+                out[out.index(owner)] = dataclasses.replace(owner, messages=(*owner.messages, k), id=owner.id)
+                i += 1
+                continue
+        out.append(Segment(f"history[{unit[0]}:{unit[-1] + 1}]", "history", False, tuple(unit)))
+        i += 1
+    current = tuple(k for k in range(last_user, len(msgs)) if msgs[k].role not in ("system", "developer"))
+    out.append(Segment("current", "current", True, current))
+    # A history unit holding the call of a result in the current turn is required with it.
+    needed = {msgs[k].tool_call_id for k in current if msgs[k].role == "tool"}
+    out = [
+        dataclasses.replace(s, required=True) if s.kind == "history" and _calls(msgs, s) & needed else s for s in out
+    ]
+    for d in range(len(request.documents or ())):
+        out.append(Segment(f"documents[{d}]", "document", False, document=d))
+    return out
+
+
+def _answers(m: Message, call_ids: set[str]) -> bool:
+    return m.role == "tool" and m.tool_call_id in call_ids
+
+
+def _calls(msgs: Sequence[Message], seg: Segment) -> set[str | None]:
+    return {c.id for k in seg.messages for c in (msgs[k].tool_calls or ())}
+
+
+def priority_order(segs: Sequence[Segment], request: Request, policy: BudgetPolicy) -> list[Segment]:
+    optional = [s for s in segs if not s.required]
+    if policy.order is not None:
+        by_id = {s.id: s for s in optional}
+        unknown = [x for x in policy.order if x not in by_id]
+        if unknown:
+            raise BudgetError(
+                f"policy.order names unknown segments {unknown}", path="policy.order", hint=f"segments: {sorted(by_id)}"
+            )
+        rest = [s for s in optional if s.id not in set(policy.order)]
+        return [by_id[x] for x in policy.order] + rest
+    history = sorted((s for s in optional if s.kind == "history"), key=lambda s: -s.messages[0])  # newest first
+    docs = [s for s in optional if s.kind == "document"]
+    # Documents by their given priority (a numeric "priority", higher first), else in the order given.
+    docs.sort(key=lambda s: -_doc_priority(request, s.document))
+    groups = {"history": history, "documents": docs}
+    return [s for kind in policy.optional_priority for s in groups[kind]]
+
+
+def _doc_priority(request: Request, index: int | None) -> float:
+    doc = (request.documents or ())[index or 0]
+    p = doc.get("priority") if hasattr(doc, "get") else None
+    return float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) else 0.0
+
+
+def candidate(request: Request, segs: Sequence[Segment], kept: set[str]) -> Request:
+    """The request holding the required segments and the kept optional ones, in the original order."""
+    keep_msgs: set[int] = set()
+    docs: list[int] = []
+    for s in segs:
+        if s.required or s.id in kept:
+            keep_msgs.update(s.messages)
+            if s.document is not None:
+                docs.append(s.document)
+    messages = tuple(m for i, m in enumerate(request.messages) if i in keep_msgs)
+    documents = tuple(request.documents[d] for d in sorted(docs)) if request.documents else request.documents
+    return dataclasses.replace(request, messages=messages, documents=documents or None)
+
+
+class _RunCache:
+    """Tokenize a rendered chat run by run between the template's control tokens, caching every run.
+
+    Exact for HF tokenizers (added tokens are split out before normalization, so each run is encoded on its own;
+    the one position-dependent case, a dummy prefix on the first run, is part of the cache key) and by
+    construction for Tekken and the book tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.cache: dict[tuple[str, bool], tuple[int, ...]] = {}
+        added = sorted((t for t in tokenizer.added_tokens if t.control), key=lambda t: len(t.content), reverse=True)
+        self.by_content = {t.content: t for t in added}
+        self.regex = re.compile("|".join(re.escape(t.content) for t in added)) if added else None
+
+    def encode(self, rendered: Rendered) -> list[int] | None:
+        """The ids, or None when the text holds request-sourced control strings (then the caller runs the stage)."""
+        if rendered.untrusted:
+            return None
+        text = rendered.text
+        ids: list[int] = []
+        pos = 0
+        n = len(text)
+        matches = list(self.regex.finditer(text)) if self.regex is not None else []
+        for m in matches:
+            tok = self.by_content[m.group(0)]
+            start, end = m.start(), m.end()
+            if tok.lstrip:
+                while start > pos and text[start - 1].isspace():
+                    start -= 1
+            if tok.rstrip:
+                while end < n and text[end].isspace():
+                    end += 1
+            if start > pos:
+                ids.extend(self._run(text[pos:start], pos == 0))
+            ids.append(tok.id)
+            pos = end
+        if pos < n:
+            ids.extend(self._run(text[pos:], pos == 0))
+        return ids
+
+    def _run(self, run: str, at_start: bool) -> tuple[int, ...]:
+        key = (run, at_start)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = tuple(self.tok.encode_text(run, at_start=at_start))
+            self.cache[key] = hit
+        return hit
+
+
+Counter = Callable[[Request], tuple[Rendered, list[int]]]
+
+
+def _counter(model: Any, render_options: Mapping[str, Any], *, fast: bool) -> Counter:
+    cache = _RunCache(model.tokenizer) if fast else None
+
+    def count(req: Request) -> tuple[Rendered, list[int]]:
+        if cache is None:
+            run = model.run(req, **render_options)
+            return run.rendered, list(run.tokenized.ids)
+        rendered = model.render(req, provenance=False, **render_options)
+        ids = cache.encode(rendered)
+        if ids is None:
+            ids = list(model.tokenize(rendered).ids)
+        return rendered, ids
+
+    return count
+
+
+def fit_context(
+    request: Request, model: Any, policy: BudgetPolicy, *, naive: bool = False, **render_options: Any
+) -> Fitted:
+    """Seed 000 §1.7's fit_context. `naive=True` re-renders and re-tokenizes through the full pipeline each step
+    (the oracle); the default gives identical decisions and ids, faster."""
+    budget = policy.budget
+    segs = segments(request)
+    count = _counter(model, render_options, fast=not naive)
+    kept: set[str] = set()
+    decisions: list[Decision] = []
+
+    req = candidate(request, segs, kept)
+    rendered, ids = count(req)
+    total = len(ids)
+    if total > budget:
+        sizes = _required_sizes(request, segs, model)
+        listing = ", ".join(f"{sid} {n:,}" for sid, n in sizes.items())
+        raise BudgetExceeded(
+            f"the required segments alone take {total:,} tokens, over the budget of {budget:,} "
+            f"(content tokens: {listing})",
+            path="policy.max_input_tokens" if policy.max_input_tokens is not None else "policy.context_window",
+            hint="raise the budget, or shorten the system prompt, tools or current message; nothing was dropped",
+            sizes=sizes,
+            total=total,
+            budget=budget,
+        )
+    for s in segs:
+        if s.required:
+            decisions.append(Decision(s.id, s.kind, True, 0, "required", total))
+    best = (req, rendered, ids)
+    for s in priority_order(segs, request, policy):
+        trial = candidate(request, segs, kept | {s.id})
+        t_rendered, t_ids = count(trial)
+        added = len(t_ids) - total
+        if len(t_ids) <= budget:
+            kept.add(s.id)
+            total = len(t_ids)
+            best = (trial, t_rendered, t_ids)
+            decisions.append(Decision(s.id, s.kind, True, added, "fits", total))
+        else:
+            decisions.append(Decision(s.id, s.kind, False, added, f"would make {len(t_ids):,} > {budget:,}", total))
+    final_req, final_rendered, final_ids = best
+    _check_invariants(final_req, request)
+    if not naive:
+        # The fast path skipped the provenance render; the fitted result gets the full stage once.
+        final_rendered = model.render(final_req, **render_options)
+        final_ids = list(model.tokenize(final_rendered).ids)
+    return Fitted(
+        request=final_req,
+        rendered=final_rendered,
+        ids=tuple(final_ids),
+        model_input=assemble(final_ids),
+        decisions=tuple(decisions),
+        policy=policy,
+        budget=budget,
+    )
+
+
+def _required_sizes(request: Request, segs: Sequence[Segment], model: Any) -> dict[str, int]:
+    tok = model.tokenizer
+    sizes: dict[str, int] = {}
+    for s in segs:
+        if not s.required:
+            continue
+        if s.kind == "tools":
+            text = json.dumps(request.template_tools(), ensure_ascii=False)
+        else:
+            text = "".join(json.dumps(request.messages[k].to_template(), ensure_ascii=False) for k in s.messages)
+        sizes[s.id] = len(tok.encode(text))
+    return sizes
+
+
+def _check_invariants(fitted: Request, original: Request) -> None:
+    msgs = fitted.messages
+    last_user = max(i for i, m in enumerate(original.messages) if m.role == "user")
+    if original.messages[last_user] not in msgs:
+        raise AssertionError("the current user message must be present")
+    calls = {c.id for m in msgs for c in (m.tool_calls or ())}
+    results = {m.tool_call_id for m in msgs if m.role == "tool"}
+    if not results <= calls:
+        raise AssertionError("a tool result lost its call")
+    for m in msgs:
+        if m.tool_calls:
+            own = {c.id for c in m.tool_calls}
+            answered = {r.tool_call_id for r in original.messages if r.role == "tool" and r.tool_call_id in own}
+            if not answered <= results:
+                raise AssertionError("a tool call lost its result")
+
+
+def clamp_max_tokens(
+    context_window: int,
+    input_tokens: int,
+    requested: int | None,
+    *,
+    margin_tokens: int = 0,
+    margin_fraction: float = 0.0,
+    min_output_tokens: int = 1,
+) -> int:
+    """The effective output cap: min(requested, window - input - margin), margin = max(floor, fraction * input).
+
+    Raises BudgetExceeded when the room left is below `min_output_tokens`."""
+    margin = max(margin_tokens, int(margin_fraction * input_tokens + 0.999999))
+    room = context_window - input_tokens - margin
+    if room < min_output_tokens:
+        raise BudgetExceeded(
+            f"only {max(room, 0):,} tokens left for output (window {context_window:,}, input {input_tokens:,}, "
+            f"margin {margin:,}); at least {min_output_tokens:,} are needed",
+            path="max_tokens",
+            hint="fit the input to a smaller budget first (ctxlock fit)",
+            sizes={},
+            total=input_tokens,
+            budget=context_window - margin,
+        )
+    return room if requested is None else min(requested, room)
+
+
+__all__ = [
+    "BudgetPolicy",
+    "Decision",
+    "Fitted",
+    "Segment",
+    "clamp_max_tokens",
+    "fit_context",
+    "priority_order",
+    "segments",
+]

@@ -1,0 +1,143 @@
+"""fit_context (seed 000 §1.7): invariants under random conversations and budgets, the naive oracle, the clamp."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import artifacts
+import ctxlock
+from ctxlock.budget import BudgetPolicy, clamp_max_tokens, fit_context, segments
+from ctxlock.errors import BudgetError, BudgetExceeded
+from ctxlock.request import parse_request
+from ctxlock.template import ChatTemplate
+
+WORDS = ["the", "sky", "is", "blue", "天空", "为什么", "code", "def", "x", "Rayleigh", "😀", "\n"]
+
+
+@pytest.fixture(scope="module")
+def qwen() -> tuple[ctxlock.Model, ChatTemplate]:
+    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    return model, ChatTemplate(source, id="qwen2.5")
+
+
+def _text(draw, lo: int, hi: int) -> str:
+    return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=lo, max_size=hi)))
+
+
+@st.composite
+def conversations(draw) -> dict:
+    msgs: list[dict] = []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": _text(draw, 1, 20)})
+    n_call = 0
+    for _ in range(draw(st.integers(0, 7))):
+        msgs.append({"role": "user", "content": _text(draw, 1, 40)})
+        if draw(st.booleans()):
+            calls = []
+            for _ in range(draw(st.integers(1, 3))):
+                calls.append(
+                    {"id": f"c{n_call:08d}", "type": "function", "function": {"name": "f", "arguments": {"q": "x"}}}
+                )
+                n_call += 1
+            msgs.append({"role": "assistant", "content": "", "tool_calls": calls})
+            for c in calls:
+                msgs.append({"role": "tool", "tool_call_id": c["id"], "content": _text(draw, 1, 30)})
+        msgs.append({"role": "assistant", "content": _text(draw, 1, 40)})
+    msgs.append({"role": "user", "content": _text(draw, 1, 20)})
+    req: dict = {"messages": msgs}
+    if draw(st.booleans()):
+        req["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    if draw(st.booleans()):
+        req["documents"] = [{"title": f"d{i}", "text": _text(draw, 1, 30)} for i in range(draw(st.integers(1, 3)))]
+    return req
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=conversations(), budget=st.integers(20, 900))
+def test_invariants_and_the_naive_oracle(qwen, data: dict, budget: int) -> None:
+    model, template = qwen
+    request = parse_request(data)
+    policy = BudgetPolicy(max_input_tokens=budget)
+    try:
+        fast = fit_context(request, model, policy, template=template)
+    except BudgetExceeded as exc:
+        with pytest.raises(BudgetExceeded):
+            fit_context(request, model, policy, template=template, naive=True)
+        required_only = model.encode(_required_only(request), template=template).input_ids.shape[1]
+        assert required_only > budget and exc.total == required_only  # rejected only when required alone overflow
+        return
+    naive = fit_context(request, model, policy, template=template, naive=True)
+    assert fast.decisions == naive.decisions
+    assert fast.ids == naive.ids
+    assert fast.input_tokens <= budget
+    msgs = fast.request.messages
+    assert request.messages[max(i for i, m in enumerate(request.messages) if m.role == "user")] in msgs
+    calls = {c.id for m in msgs for c in (m.tool_calls or ())}
+    results = {m.tool_call_id for m in msgs if m.role == "tool"}
+    assert results <= calls  # no tool result without its call
+    for m in msgs:  # and no call without its results
+        for c in m.tool_calls or ():
+            assert c.id in results
+    assert fast.rendered.text.endswith("<|im_start|>assistant\n")  # exactly one generation prefix, at the end
+    assert fast.rendered.text.count("<|im_start|>assistant\n") == sum(1 for m in msgs if m.role == "assistant") + 1
+    assert list(fast.model_input.input_ids[0]) == list(fast.ids)
+
+
+def _required_only(request):
+    segs = segments(request)
+    from ctxlock.budget import candidate
+
+    return candidate(request, segs, set())
+
+
+def test_required_overflow_is_rejected_with_sizes(qwen) -> None:
+    model, template = qwen
+    request = parse_request(
+        {"messages": [{"role": "system", "content": "long " * 200}, {"role": "user", "content": "hi"}]}
+    )
+    with pytest.raises(BudgetExceeded) as info:
+        fit_context(request, model, BudgetPolicy(max_input_tokens=50), template=template)
+    assert set(info.value.sizes) == {"system", "current"} and info.value.sizes["system"] > 150
+    assert info.value.total > 50 and "nothing was dropped" in info.value.hint
+
+
+def test_decisions_log_and_policy_digest(qwen) -> None:
+    model, template = qwen
+    msgs = []
+    for i in range(6):
+        msgs += [
+            {"role": "user", "content": f"question {i} " * 10},
+            {"role": "assistant", "content": f"answer {i} " * 10},
+        ]
+    msgs.append({"role": "user", "content": "last"})
+    request = parse_request({"messages": msgs})
+    policy = BudgetPolicy(context_window=300, reserve_output_tokens=100)
+    fitted = fit_context(request, model, policy, template=template)
+    assert fitted.budget == 200 and fitted.input_tokens <= 200
+    kept = [d.segment for d in fitted.decisions if d.kept and d.reason == "fits"]
+    dropped = [d.segment for d in fitted.decisions if not d.kept]
+    assert kept and dropped
+    # Recency: everything kept is newer than everything dropped.
+    assert min(int(s.split("[")[1].split(":")[0]) for s in kept) > max(
+        int(s.split("[")[1].split(":")[0]) for s in dropped
+    )
+    assert len(policy.sha256) == 64 and BudgetPolicy.from_dict(policy.to_dict()) == policy
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(BudgetError):
+        BudgetPolicy()
+    with pytest.raises(BudgetError):
+        BudgetPolicy(max_input_tokens=10, context_window=20)
+
+
+def test_clamp_max_tokens() -> None:
+    assert clamp_max_tokens(32768, 20000, 8000) == 8000
+    assert clamp_max_tokens(32768, 30000, 8000) == 2768
+    assert clamp_max_tokens(32768, 20000, None, margin_tokens=4096) == 8672
+    assert clamp_max_tokens(32768, 20000, 20000, margin_fraction=0.1) == 10768  # margin 10% of 20,000
+    with pytest.raises(BudgetExceeded):
+        clamp_max_tokens(32768, 32000, 1000, margin_tokens=4096)

@@ -427,8 +427,10 @@ class _TokenSet:
     prefixes and suffixes by which two adjacent request strings could join into a token."""
 
     regex: re.Pattern[str] | None
-    ends_in_prefix: re.Pattern[str] | None  # a proper prefix of some token, at the end of a string
-    starts_with_suffix: re.Pattern[str] | None  # a proper suffix of some token, at the start of a string
+    prefixes: frozenset[str]  # proper prefixes of tokens: a string ending in one could join a neighbour
+    suffixes: frozenset[str]  # proper suffixes of tokens: a string starting with one could join a neighbour
+    prefix_last: frozenset[str]  # the last characters of those prefixes, a cheap first test
+    suffix_first: frozenset[str]  # the first characters of those suffixes
     longest: int
 
 
@@ -436,31 +438,30 @@ class _TokenSet:
 def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
     tokens = sorted(t for t in all_tokens if t and not t.isspace())
     if not tokens:
-        return _TokenSet(None, None, None, 0)
-
-    def alternation(parts: set[str]) -> str:
-        return "|".join(re.escape(p) for p in sorted(parts, key=len, reverse=True))
-
-    prefixes = {t[:k] for t in tokens for k in range(1, len(t))}
-    suffixes = {t[k:] for t in tokens for k in range(1, len(t))}
+        return _TokenSet(None, frozenset(), frozenset(), frozenset(), frozenset(), 0)
+    prefixes = frozenset(t[:k] for t in tokens for k in range(1, len(t)))
+    suffixes = frozenset(t[k:] for t in tokens for k in range(1, len(t)))
     return _TokenSet(
-        regex=re.compile(alternation(set(tokens))),
-        ends_in_prefix=re.compile(f"(?:{alternation(prefixes)})\\Z") if prefixes else None,
-        starts_with_suffix=re.compile(f"(?:{alternation(suffixes)})") if suffixes else None,
+        regex=re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))),
+        prefixes=prefixes,
+        suffixes=suffixes,
+        prefix_last=frozenset(p[-1] for p in prefixes),
+        suffix_first=frozenset(x[0] for x in suffixes),
         longest=max(map(len, tokens)),
     )
 
 
 def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     """Wrap each control-token occurrence in O..C; put a break B at an end that could join into a token."""
-    if tokens.regex is None:
+    if tokens.regex is None or not s:
         return s
-    out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s)
+    out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s) if tokens.regex.search(s) else s
     # A string ending in the first part of a token (or starting with the last part) could form one together
     # with its neighbour (two content parts rendered back to back): keep them apart with a break.
-    if tokens.ends_in_prefix is not None and tokens.ends_in_prefix.search(out[-tokens.longest :]):
+    reach = min(tokens.longest, len(out))
+    if out[-1] in tokens.prefix_last and any(out[-k:] in tokens.prefixes for k in range(1, reach + 1)):
         out = out + b
-    if tokens.starts_with_suffix is not None and tokens.starts_with_suffix.match(out[: tokens.longest]):
+    if out[0] in tokens.suffix_first and any(out[:k] in tokens.suffixes for k in range(1, reach + 1)):
         out = b + out
     return out
 

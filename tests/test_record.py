@@ -222,9 +222,33 @@ def test_row_injected_clock_changed() -> None:
     assert diff(_record(model, req, template=plain, now="2024-07-26"), _record(model, req, template=plain)).identical
 
 
-@pytest.mark.xfail(strict=True, reason="needs the budget stage (issue 5): truncation that breaks a tool pair")
 def test_row_truncation_breaks_a_tool_call_and_its_result() -> None:
-    from ctxlock import budget  # noqa: F401  (the stage does not exist yet)
+    """The row can no longer happen (fit_context keeps a call and its results together), and two records whose
+    budget decisions differ are reported at the policy layer."""
+    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    template = ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    call = {"id": "call00001", "type": "function", "function": {"name": "lookup", "arguments": {"q": "sky"}}}
+    req = {
+        "messages": [
+            {"role": "user", "content": "Why is the sky blue? " * 5},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call00001", "content": "Rayleigh scattering. " * 30},
+            {"role": "assistant", "content": "Because of Rayleigh scattering."},
+            {"role": "user", "content": "And sunsets?"},
+        ]
+    }
+    records = {}
+    for budget in (60, 400):
+        rec = _record(model, req, template=template, now="2024-07-26", budget={"max_input_tokens": budget})
+        msgs = rec.data["messages"]
+        kept_calls = {c["id"] for m in msgs for c in m.get("tool_calls", [])}
+        kept_results = {m["tool_call_id"] for m in msgs if m["role"] == "tool"}
+        assert kept_calls == kept_results  # together or not at all
+        assert rec.data["decisions"]["budget"]["input_tokens"] <= budget
+        records[budget] = rec
+    assert len(records[60].data["messages"]) < len(records[400].data["messages"])
+    d = diff(records[60], records[400]).first_divergence
+    assert d.layer == "policy"
 
 
 @pytest.mark.xfail(strict=True, reason="needs the multimodal stage (a later issue): an image re-encoded or rotated")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import BudgetError, BudgetExceeded
+from .errors import BudgetError, BudgetExceeded, TemplateError
 from .frozen import canonical_json
 from .request import Message, Request
 from .template import Rendered
@@ -149,32 +149,23 @@ def segments(request: Request) -> list[Segment]:
         out.append(Segment("system", "system", True, system))
     if request.tools:
         out.append(Segment("tools", "tools", True))
-    i = 0
     history = [k for k in range(last_user) if msgs[k].role not in ("system", "developer")]
-    while i < len(history):
-        k = history[i]
-        unit = [k]
+    # One unit per user turn: a user message and every assistant and tool message it triggers. A call and its
+    # results therefore stay together, and a kept history never starts in the middle of a turn.
+    units: list[list[int]] = []
+    for k in history:
         m = msgs[k]
-        if m.role == "assistant" and m.tool_calls:
-            ids = {c.id for c in m.tool_calls if c.id is not None}
-            while (
-                i + 1 < len(history)
-                and msgs[history[i + 1]].role == "tool"
-                and msgs[history[i + 1]].tool_call_id in ids
-            ):
-                i += 1
-                unit.append(history[i])
-        elif m.role == "tool":
-            # A tool result whose call is not right before it: keep it with its call's unit, found by id.
-            owner = next(
-                (s for s in reversed(out) if s.kind == "history" and _calls(msgs, s) >= {m.tool_call_id}), None
-            )
-            if owner is not None:
-                out[out.index(owner)] = dataclasses.replace(owner, messages=(*owner.messages, k), id=owner.id)
-                i += 1
+        if m.role == "tool":
+            owner = next((u for u in reversed(units) if m.tool_call_id in _calls_of(msgs, u)), None)
+            if owner is not None and owner is not (units[-1] if units else None):
+                owner.append(k)  # a result filed after a later user message still goes with its call
                 continue
-        out.append(Segment(f"history[{unit[0]}:{unit[-1] + 1}]", "history", False, tuple(unit)))
-        i += 1
+        if m.role == "user" or not units:
+            units.append([k])
+        else:
+            units[-1].append(k)
+    for unit in units:
+        out.append(Segment(f"history[{min(unit)}:{max(unit) + 1}]", "history", False, tuple(sorted(unit))))
     current = tuple(k for k in range(last_user, len(msgs)) if msgs[k].role not in ("system", "developer"))
     out.append(Segment("current", "current", True, current))
     # A history unit holding the call of a result in the current turn is required with it.
@@ -189,6 +180,10 @@ def segments(request: Request) -> list[Segment]:
 
 def _answers(m: Message, call_ids: set[str]) -> bool:
     return m.role == "tool" and m.tool_call_id in call_ids
+
+
+def _calls_of(msgs: Sequence[Message], indexes: Sequence[int]) -> set[str | None]:
+    return {c.id for k in indexes for c in (msgs[k].tool_calls or ())}
 
 
 def _calls(msgs: Sequence[Message], seg: Segment) -> set[str | None]:
@@ -334,7 +329,12 @@ def fit_context(
     best = (req, rendered, ids)
     for s in priority_order(segs, request, policy):
         trial = candidate(request, segs, kept | {s.id})
-        t_rendered, t_ids = count(trial)
+        try:
+            t_rendered, t_ids = count(trial)
+        except TemplateError as exc:
+            # The template refuses this candidate (e.g. roles must alternate): it cannot be what the model sees.
+            decisions.append(Decision(s.id, s.kind, False, 0, f"the template rejects it: {exc.message}", total))
+            continue
         added = len(t_ids) - total
         if len(t_ids) <= budget:
             kept.add(s.id)

@@ -2,7 +2,7 @@
 
 An `ExecutionRecord` holds every versioned thing that shaped one model input, in the pipeline's order:
 
-    request -> messages -> dynamic -> template -> rendered -> tokenizer -> input_ids -> policy -> tensors
+    request -> policy -> messages -> dynamic -> template -> rendered -> tokenizer -> input_ids -> tensors
 
 plus the options the caller chose, the errors met, the environment, and what replay needs to rebuild the model
 (`replay`: a tokenizer manifest and the digests of the files it names, kept in the artifact store).
@@ -33,7 +33,8 @@ from .errors import CtxlockError, RecordFormatError
 from .frozen import thaw
 
 RECORD_FORMAT = "ctxlock.record/1"
-LAYERS = ("request", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "policy", "tensors")
+# The context policy decides which messages the template sees, so its layer comes right after the request.
+LAYERS = ("request", "policy", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "tensors")
 _SECTIONS = (
     "format",
     "request",
@@ -155,6 +156,7 @@ class RunOptions:
     dialect: str | None = None
     utf8: str = "strict"
     template_name: str | None = None
+    budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +168,7 @@ class RunOptions:
             "dialect": self.dialect,
             "utf8": self.utf8,
             "template_name": self.template_name,
+            "budget": dict(self.budget) if self.budget else None,
         }
 
     @classmethod
@@ -181,7 +184,10 @@ def build_record(
     run: Any | None = None,
     error: CtxlockError | None = None,
     template: Any | None = None,
+    original: Any | None = None,
+    decisions: Mapping[str, Any] | None = None,
 ) -> ExecutionRecord:
+    """`original` is the request as received when the run saw a fitted one; `decisions` the budget's log."""
     """Assemble the record of one run (or of a failed one: `run` None and `error` set)."""
     tok = model.tokenizer
     manifest, files = tok.replay_spec()
@@ -231,12 +237,15 @@ def build_record(
         return ExecutionRecord.from_data(data)
 
     req, rendered, tokenized, mi = run.request, run.rendered, run.tokenized, run.model_input
+    if decisions is not None:
+        data["decisions"]["budget"] = dict(decisions)
+    source = original if original is not None else req
     data["request"].update(
-        dialect=str(req.dialect),
-        utf8_policy=str(req.utf8_policy),
-        replaced_bytes=list(req.replaced_bytes),
-        canonical=json.loads(req.to_json()),
-        extra=thaw(req.extra),
+        dialect=str(source.dialect),
+        utf8_policy=str(source.utf8_policy),
+        replaced_bytes=list(source.replaced_bytes),
+        canonical=json.loads(source.to_json()),
+        extra=thaw(source.extra),
     )
     data["messages"] = req.template_messages()
     variables = thaw(rendered.variables)

@@ -41,6 +41,8 @@ def run_and_record(
         "template": template if template is not None else options.template_name,
     }
     try:
+        if options.budget:
+            return _fit_and_record(model, request_bytes, options, kwargs)
         run = model.run(request_bytes, **kwargs)
     except CtxlockError as exc:
         chosen = template
@@ -52,6 +54,28 @@ def run_and_record(
         record = build_record(model=model, request_bytes=request_bytes, options=options, error=exc, template=chosen)
         return None, record, exc
     return run, build_record(model=model, request_bytes=request_bytes, options=options, run=run), None
+
+
+def _fit_and_record(
+    model: Model, request_bytes: bytes, options: RunOptions, kwargs: dict[str, Any]
+) -> tuple[Any, ExecutionRecord, None]:
+    from .budget import BudgetPolicy, fit_context
+    from .model import Run
+
+    dialect, utf8 = kwargs.pop("dialect"), kwargs.pop("utf8")
+    original = model.parse(request_bytes, dialect=dialect, utf8=utf8)
+    fitted = fit_context(original, model, BudgetPolicy.from_dict(options.budget or {}), **kwargs)
+    tokenized = model.tokenize(fitted.rendered)
+    run = Run(fitted.request, fitted.rendered, tokenized, fitted.model_input)
+    record = build_record(
+        model=model,
+        request_bytes=request_bytes,
+        options=options,
+        run=run,
+        original=original,
+        decisions=fitted.to_dict(),
+    )
+    return fitted, record, None
 
 
 def save(store: Store, model: Model, record: ExecutionRecord, template: ChatTemplate | None) -> str:

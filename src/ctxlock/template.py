@@ -421,7 +421,7 @@ def _pick_markers(n: int, avoid: Iterable[str]) -> list[str]:
     return free[:n]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it is a cache key, and hashing a Pattern is slow
 class _TokenSet:
     """The control-token strings, with what marking needs precomputed: a longest-first regex, and the proper
     prefixes and suffixes by which two adjacent request strings could join into a token."""
@@ -451,6 +451,7 @@ def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
     )
 
 
+@lru_cache(maxsize=1 << 16)  # a conversation re-rendered (fit_context, batches) re-marks the same strings
 def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     """Wrap each control-token occurrence in O..C; put a break B at an end that could join into a token."""
     if tokens.regex is None or not s:

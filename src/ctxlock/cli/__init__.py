@@ -7,6 +7,7 @@ import sys
 import typer
 
 from ..errors import CtxlockError
+from . import budget as budget_cmds
 from . import inspect as inspect_cmds
 from . import records as records_cmds
 from . import render as render_cmds
@@ -22,6 +23,7 @@ app = typer.Typer(
 render_cmds.register(app)
 inspect_cmds.register(app)
 records_cmds.register(app)
+budget_cmds.register(app)
 
 
 def main() -> None:

@@ -89,11 +89,13 @@ class HFTokenizer:
     # -- plain-text variants, built on first use
     @cached_property
     def _plain(self) -> tuple[tokenizers.Tokenizer, tokenizers.Tokenizer]:
-        data = copy.deepcopy(self._data)
+        # A shallow copy: only the added tokens and the pre-tokenizer change (deep-copying a 150k vocab takes seconds).
+        data = dict(self._data)
         data["added_tokens"] = [t for t in data.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
         first = tokenizers.Tokenizer.from_str(json.dumps(data))
         rest = first
-        if _set_prepend_never(data.get("pre_tokenizer")):
+        data["pre_tokenizer"] = copy.deepcopy(data.get("pre_tokenizer"))
+        if _set_prepend_never(data["pre_tokenizer"]):
             rest = tokenizers.Tokenizer.from_str(json.dumps(data))
         return first, rest
 

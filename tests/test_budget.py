@@ -141,3 +141,30 @@ def test_clamp_max_tokens() -> None:
     assert clamp_max_tokens(32768, 20000, 20000, margin_fraction=0.1) == 10768  # margin 10% of 20,000
     with pytest.raises(BudgetExceeded):
         clamp_max_tokens(32768, 32000, 1000, margin_tokens=4096)
+
+
+def test_fit_cli_json_and_record(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "long-chat.json"
+    env = {**os.environ, "CTXLOCK_DATA_DIR": str(tmp_path / "store")}
+    args = [sys.executable, "-m", "ctxlock", "fit", str(example), "--model", str(artifacts.hf_tokenizer_dir("qwen2"))]
+    proc = subprocess.run([*args, "--max-input-tokens", "600", "--json"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["input_tokens"] == len(out["input_ids"]) <= 600
+    assert {"segment", "kept", "tokens", "reason"} <= set(out["decisions"][0])
+    assert any(not d["kept"] for d in out["decisions"])
+    human = subprocess.run(
+        [*args, "--context-window", "1000", "--reserve-output", "400", "--record"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert human.returncode == 0 and "dropped" in human.stdout and "record " in human.stdout
+    too_small = subprocess.run([*args, "--max-input-tokens", "10"], capture_output=True, text=True, env=env)
+    assert too_small.returncode == 1 and "BudgetExceeded" in too_small.stderr and "Traceback" not in too_small.stderr

@@ -8,6 +8,7 @@ import typer
 
 from ..errors import CtxlockError
 from . import budget as budget_cmds
+from . import compaction as compaction_cmds
 from . import inspect as inspect_cmds
 from . import records as records_cmds
 from . import render as render_cmds
@@ -24,6 +25,7 @@ render_cmds.register(app)
 inspect_cmds.register(app)
 records_cmds.register(app)
 budget_cmds.register(app)
+compaction_cmds.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,111 @@
+"""`ctxlock compact-plan`: where Pi-style compaction would cut a conversation, in exact tokens for one model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..artifacts import load_template_file
+from ..compaction import (
+    DEFAULT_KEEP_RECENT_TOKENS,
+    DEFAULT_RESERVE_TOKENS,
+    CompactionPlan,
+    message_tokens,
+    plan_compaction,
+    should_compact,
+)
+from ..model import Model, load
+from .output import console, guarded, print_json
+from .render import JsonOpt, ModelOpt, _read_input
+
+
+def _show(
+    model: Model, plan: CompactionPlan, compact: bool, context_window: int, sizes: dict[int, int], req: Any
+) -> None:
+    threshold = context_window - plan.reserve_tokens
+    verdict = "[bold red]yes[/]" if compact else "[green]no[/]"
+    console.print(f"[bold]{escape(model.id)}[/] · context window {context_window} · reserve {plan.reserve_tokens}")
+    console.print(f"should compact  {verdict}  ({plan.tokens_before} tokens {'>' if compact else '<='} {threshold})")
+    console.print(f"tokens before   {plan.tokens_before}")
+    if plan.summarizes_nothing:
+        console.print(
+            f"cut             none: the conversation fits in keep_recent_tokens={plan.keep_recent_tokens}, "
+            "nothing to summarize"
+        )
+        return
+    first = req.messages[plan.first_kept_index] if plan.first_kept_index < len(req.messages) else None
+    role = first.role if first is not None else "-"
+    console.print(
+        f"cut             before messages[{plan.first_kept_index}] ({role}); "
+        f"kept {plan.kept_tokens} tokens (keep_recent_tokens={plan.keep_recent_tokens})"
+    )
+    console.print(f"split turn      {'yes' if plan.split_turn else 'no'}")
+    table = Table(title="summarized", title_justify="left")
+    table.add_column("index", justify="right")
+    table.add_column("role")
+    table.add_column("tokens", justify="right")
+    table.add_column("part")
+    for k in plan.messages_to_summarize:
+        table.add_row(str(k), req.messages[k].role, str(sizes[k]), "history")
+    for k in plan.turn_prefix_to_summarize:
+        table.add_row(str(k), req.messages[k].role, str(sizes[k]), "turn prefix")
+    console.print(table)
+    console.print(
+        f"estimated after {plan.estimated_tokens_after}  (system + a {plan.summary_tokens}-token summary + kept)"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compact-plan")
+    def compact_plan(
+        context_window: Annotated[
+            int, typer.Option("--context-window", min=1, help="The model's context window, in tokens.")
+        ],
+        request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
+        model: ModelOpt = None,
+        reserve_tokens: Annotated[
+            int, typer.Option("--reserve-tokens", min=0, help="Compact when tokens > window - reserve (Pi's default).")
+        ] = DEFAULT_RESERVE_TOKENS,
+        keep_recent_tokens: Annotated[
+            int, typer.Option("--keep-recent-tokens", min=0, help="Recent tokens kept verbatim (Pi's default).")
+        ] = DEFAULT_KEEP_RECENT_TOKENS,
+        summary_tokens: Annotated[
+            int, typer.Option("--summary-tokens", min=0, help="Summary size assumed by the estimate after.")
+        ] = 1000,
+        template: Annotated[
+            Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
+        ] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after. No LLM call."""
+
+        def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
+            data = _read_input(request)
+            m = load(model)
+            chosen = load_template_file(template) if template is not None else None
+            req = m.parse(data)
+            plan = plan_compaction(
+                req,
+                m,
+                context_window=context_window,
+                reserve_tokens=reserve_tokens,
+                keep_recent_tokens=keep_recent_tokens,
+                summary_tokens=summary_tokens,
+                template=chosen,
+            )
+            compact = should_compact(plan.tokens_before, context_window, reserve_tokens)
+            sizes: dict[int, int] = {}
+            if not as_json and not plan.summarizes_nothing:
+                wanted = (*plan.messages_to_summarize, *plan.turn_prefix_to_summarize)
+                sizes = message_tokens(req, m, wanted, template=chosen)
+            return m, req, plan, compact, sizes
+
+        m, req, plan, compact, sizes = guarded(as_json, go)
+        if as_json:
+            print_json({**plan.to_dict(), "should_compact": compact, "context_window": context_window})
+        else:
+            _show(m, plan, compact, context_window, sizes, req)

@@ -1,0 +1,524 @@
+"""Compaction planning: which messages to replace with a summary, following Pi's documented semantics.
+
+ctxlock makes no LLM calls: it plans the cut, measures it exactly, and assembles the compacted request once the
+caller has a summary.
+
+    should_compact      Pi's trigger: context_tokens > context_window - reserve_tokens
+    plan_compaction     Request -> CompactionPlan (the cut, what to summarize, exact token counts)
+    apply_compaction    Request + plan + summary text -> the compacted Request
+    compaction_event    the `compaction_end` JSON-line event of Pi's JSON mode
+
+The cut (Pi's `findCutPoint`, with the seed's preference for user-turn boundaries):
+1. Walk back from the newest message, accumulating exact message sizes, until `keep_recent_tokens` is reached
+   at message i. If it never is, nothing is summarized.
+2. A turn is a user message and everything it triggers, up to the next user message. If the turn holding i fits
+   in `keep_recent_tokens`, the cut moves back to that turn's user message.
+3. Otherwise the turn alone is larger than `keep_recent_tokens`: it is a *split turn*. The cut is the first valid
+   point at or after i inside the turn (the last one before i when only tool results follow), the turn's messages
+   before it are `turn_prefix_to_summarize`, and the history before the turn is `messages_to_summarize`.
+A valid cut point is a user or assistant message that does not separate a tool call from any of its results, so a
+call and its results are kept or summarized together. System and developer messages are never summarized.
+
+Sizes are exact for the model: message i costs T(i+1) - T(i), where T(i) is the token count of
+`messages[:i]` rendered with the model's template (no generation prompt) and tokenized (T(0) = 0). T is measured
+on demand, not for every prefix: the walk back gallops (1, 2, 4, ... messages from the end) and then bisects, so a
+plan costs O(log n) prefix renders, plus one render and tokenization of the whole request. A prefix's count needs
+no tokenization when its text is a prefix of the full render ending at a trusted control token: the tokenizer
+stage splits there and the runs between control tokens are independent (ARCHITECTURE, "Safety"), so the count is
+the full tokenization's id index at that control token. Any other prefix is tokenized in full, so counts are exact
+either way. The bisection assumes T grows with i (true when a template appends turns); a template that rewrites
+earlier turns when a message is added (dropping past reasoning, say) still gets a valid crossing point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .errors import BudgetError
+from .model import Model, RequestLike
+from .request import Message, Request
+
+__all__ = [
+    "COMPACTION_REASONS",
+    "DEFAULT_KEEP_RECENT_TOKENS",
+    "DEFAULT_RESERVE_TOKENS",
+    "SPLIT_TURN_SEPARATOR",
+    "SUMMARY_PREFIX",
+    "SUMMARY_SUFFIX",
+    "SUMMARY_TOKENS_TOLERANCE",
+    "CompactionPlan",
+    "apply_compaction",
+    "compaction_event",
+    "message_tokens",
+    "plan_compaction",
+    "should_compact",
+    "summary_message",
+]
+
+# Pi's defaults (coding-agent settings: compaction.reserveTokens, compaction.keepRecentTokens).
+DEFAULT_RESERVE_TOKENS = 16384
+DEFAULT_KEEP_RECENT_TOKENS = 20000
+
+# The summary reaches the model as one user message, worded as Pi's compaction summary message.
+SUMMARY_PREFIX = "The conversation history before this point was compacted into the following summary:\n\n<summary>\n"
+SUMMARY_SUFFIX = "\n</summary>"
+# Pi merges the history summary and the split turn's prefix summary into one text with this separator, and
+# writes "No prior history." when the split turn is the first turn.
+SPLIT_TURN_SEPARATOR = "\n\n---\n\n**Turn Context (split turn):**\n\n"
+NO_PRIOR_HISTORY = "No prior history."
+
+# `estimated_tokens_after` is exact for everything but the summary text, which is counted as `summary_tokens`.
+# Stated tolerance: when the summary text (for a split turn, both texts together) encodes to about
+# `summary_tokens` tokens on its own, the applied request's exact count is within
+#     SUMMARY_TOKENS_TOLERANCE + |tokens(summary text) - summary_tokens|
+# of the estimate. The slack is for tokenizer merges across the joins around the summary text (a newline on each
+# side, and the split-turn separator); on Qwen2 and Tekken with word-initial, word-final summaries it is 0.
+SUMMARY_TOKENS_TOLERANCE = 4
+
+COMPACTION_REASONS = ("manual", "threshold", "overflow")
+
+_STAND_IN = "summary"
+
+_NEVER_SUMMARIZED = frozenset({"system", "developer"})
+_CUT_ROLES = frozenset({"user", "assistant"})
+
+
+def should_compact(context_tokens: int, context_window: int, reserve_tokens: int = DEFAULT_RESERVE_TOKENS) -> bool:
+    """Pi's trigger: compact when the context uses more than `context_window - reserve_tokens` tokens."""
+    _check_counts(context_tokens=context_tokens, context_window=context_window, reserve_tokens=reserve_tokens)
+    if context_window <= 0:
+        raise BudgetError("context_window must be positive", path="context_window", hint="pass the model's window")
+    return context_tokens > context_window - reserve_tokens
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """Where to cut a conversation, what to summarize, and what it costs, in exact tokens for one model.
+
+    Indexes are into `request.messages`. System and developer messages are in none of the index tuples: they stay.
+    The non-system messages are partitioned into `messages_to_summarize`, `turn_prefix_to_summarize` and those
+    from `first_kept_index` on.
+    """
+
+    messages_to_summarize: tuple[int, ...]  # history before the cut (before the split turn, for a split turn)
+    turn_prefix_to_summarize: tuple[int, ...]  # a split turn's messages before the cut; else ()
+    first_kept_index: int  # the first message kept verbatim
+    split_turn: bool
+    tokens_before: int  # exact tokens of the whole request as given (render + tokenize)
+    estimated_tokens_after: int  # system + summary of `summary_tokens` tokens + kept messages
+    keep_recent_tokens: int
+    reserve_tokens: int
+    kept_tokens: int = 0  # exact tokens of messages[first_kept_index:] (prefix differences)
+    summary_tokens: int = 0  # the summary size `estimated_tokens_after` assumes
+
+    @property
+    def summarizes_nothing(self) -> bool:
+        """Everything fits within keep_recent_tokens: there is nothing to summarize."""
+        return not self.messages_to_summarize and not self.turn_prefix_to_summarize
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "messages_to_summarize": list(self.messages_to_summarize),
+            "turn_prefix_to_summarize": list(self.turn_prefix_to_summarize),
+            "first_kept_index": self.first_kept_index,
+            "split_turn": self.split_turn,
+            "summarizes_nothing": self.summarizes_nothing,
+            "tokens_before": self.tokens_before,
+            "estimated_tokens_after": self.estimated_tokens_after,
+            "kept_tokens": self.kept_tokens,
+            "summary_tokens": self.summary_tokens,
+            "keep_recent_tokens": self.keep_recent_tokens,
+            "reserve_tokens": self.reserve_tokens,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exact sizes
+
+
+class _PrefixTokens:
+    """T(i): exact token counts of the conversation prefixes `messages[:i]`, measured on demand and memoized.
+
+    `full` is the tokenized render of the whole request with the caller's options. Each trusted control token of it
+    gives a point where the tokenizer splits, with the number of ids before it; a prefix whose text is `full`'s
+    text up to such a point has that many ids, with no tokenization.
+    """
+
+    def __init__(self, model: Model, request: Request, options: dict[str, Any], full_text: str, ids: Any) -> None:
+        self.model, self.request, self.options = model, request, options
+        self.full_text = full_text
+        self.counts: dict[int, int] = {0: 0}
+        self.renders = 0
+        self.tokenizations = 0
+        self.splits = self._split_points(full_text, ids)
+
+    def _split_points(self, text: str, tokenized: Any) -> dict[int, int]:
+        ids = tokenized.ids
+        points = {len(text): len(ids)}
+        added = {t.id: t for t in self.model.tokenizer.added_tokens}
+        wanted = {m.id for m in tokenized.control}
+        positions = [p for p, i in enumerate(ids) if i in wanted]
+        # Each trusted match is one id; if the ids do not line up one to one, use no shortcut at all.
+        if len(positions) != len(tokenized.control) or any(
+            ids[p] != m.id for p, m in zip(positions, tokenized.control, strict=True)
+        ):
+            return points
+        for p, m in zip(positions, tokenized.control, strict=True):
+            token = added.get(m.id)
+            # An lstrip/rstrip token absorbs neighbouring whitespace, so the text beside it is not a separate run.
+            if token is None or not token.lstrip:
+                points.setdefault(m.start, p)
+            if token is None or not token.rstrip:
+                points.setdefault(m.end, p + 1)
+        return points
+
+    def __call__(self, i: int) -> int:
+        if i not in self.counts:
+            prefix = dataclasses.replace(self.request, messages=self.request.messages[:i])
+            rendered = self.model.render(prefix, **self.options)
+            self.renders += 1
+            n = len(rendered.text)
+            if self.full_text.startswith(rendered.text) and n in self.splits:
+                self.counts[i] = self.splits[n]
+            else:
+                self.tokenizations += 1
+                self.counts[i] = len(self.model.tokenize(rendered).ids)
+        return self.counts[i]
+
+    def size(self, i: int) -> int:
+        """Exact tokens of message i: T(i+1) - T(i)."""
+        return self(i + 1) - self(i)
+
+
+def _prepare(
+    request: RequestLike, model: Model, template: Any, render_options: dict[str, Any]
+) -> tuple[Request, dict[str, Any], dict[str, Any]]:
+    """The parsed request, the caller's render options (clock fixed), and the options for prefix renders."""
+    options = dict(render_options)
+    dialect = options.pop("dialect", None)
+    utf8 = options.pop("utf8", "strict")
+    req = model.parse(request, dialect=dialect, utf8=utf8)
+    # One clock for every render, so a template that prints the date sees the same one in each prefix.
+    if options.get("now") is None:
+        options["now"] = datetime.now()
+    options["template"] = template
+    options.setdefault("provenance", False)
+    prefix_options = {
+        **options,
+        "add_generation_prompt": False,
+        "continue_final_message": False,
+        "provenance": False,
+    }
+    return req, options, prefix_options
+
+
+def _counter(model: Model, req: Request, options: dict[str, Any], prefix_options: dict[str, Any]) -> _PrefixTokens:
+    rendered = model.render(req, **options)
+    tokenized = model.tokenize(rendered)
+    return _PrefixTokens(model, req, prefix_options, rendered.text, tokenized)
+
+
+def message_tokens(
+    request: RequestLike,
+    model: Model,
+    indexes: Iterable[int] | None = None,
+    *,
+    template: Any = None,
+    **render_options: Any,
+) -> dict[int, int]:
+    """Exact tokens of each message (all, or those in `indexes`): T(i+1) - T(i), as `plan_compaction` measures.
+
+    Costs one prefix render per message asked for (plus one), and a tokenization only where the shortcut does not
+    apply; meant for showing a plan, not for planning.
+    """
+    req, options, prefix_options = _prepare(request, model, template, render_options)
+    count = _counter(model, req, options, prefix_options)
+    wanted = range(len(req.messages)) if indexes is None else indexes
+    return {i: count.size(i) for i in wanted}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cut
+
+
+def _unit_breaks(messages: tuple[Message, ...]) -> set[int]:
+    """Indexes c where a cut would separate a tool call (before c) from one of its results (at or after c)."""
+    breaks: set[int] = set()
+    call_at: dict[str, int] = {}
+    last_caller: int | None = None
+    for j, m in enumerate(messages):
+        if m.role == "assistant" and m.tool_calls:
+            last_caller = j
+            for tc in m.tool_calls:
+                if tc.id is not None:
+                    call_at[tc.id] = j
+        elif m.role == "tool":
+            caller = call_at.get(m.tool_call_id) if m.tool_call_id is not None else None
+            if caller is None:
+                caller = last_caller  # a result without an id answers the latest call
+            if caller is not None:
+                breaks.update(range(caller + 1, j + 1))
+    return breaks
+
+
+def _walk_back(count: _PrefixTokens, first: int, n: int, keep: int) -> int | None:
+    """The largest i in [first, n) whose suffix messages[i:] reaches `keep` tokens; None if even [first:] does not.
+
+    Pi walks one message at a time; with suffix sizes T(n) - T(i) the same point is found by galloping back from
+    the end and bisecting, in O(log n) prefix measurements.
+    """
+    total = count(n)
+
+    def reached(i: int) -> bool:
+        return total - count(i) >= keep
+
+    if n - 1 < first:
+        return None
+    if reached(n - 1):
+        return n - 1
+    below, step = n - 1, 1  # `below`: the suffix from here is still under keep
+    while True:
+        j = max(first, below - step)
+        if reached(j):
+            above = j
+            break
+        if j == first:
+            return None
+        below, step = j, step * 2
+    while below - above > 1:
+        mid = (above + below) // 2
+        if reached(mid):
+            above = mid
+        else:
+            below = mid
+    return above
+
+
+def plan_compaction(
+    request: RequestLike,
+    model: Model,
+    *,
+    context_window: int,
+    reserve_tokens: int = DEFAULT_RESERVE_TOKENS,
+    keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS,
+    summary_tokens: int = 1000,
+    template: Any = None,
+    **render_options: Any,
+) -> CompactionPlan:
+    """Plan a compaction of `request` for `model` (see the module docstring for the cut rules).
+
+    `render_options` are `Model.render`'s (`add_generation_prompt`, `chat_template_kwargs`, `now`, ...) and apply
+    to `tokens_before` and `estimated_tokens_after`; prefixes are always measured without a generation prompt.
+    `estimated_tokens_after` is the exact count of the compacted request with a one-word stand-in summary, less the
+    stand-in, plus `summary_tokens`; see `SUMMARY_TOKENS_TOLERANCE`. Cost: one render and tokenization of the
+    request, O(log n) prefix renders (tokenized only when the shortcut does not apply), and one render and
+    tokenization of the compacted request. `context_window` is validated here and used by
+    `should_compact(plan.tokens_before, context_window, plan.reserve_tokens)`.
+    """
+    _check_counts(
+        context_window=context_window,
+        reserve_tokens=reserve_tokens,
+        keep_recent_tokens=keep_recent_tokens,
+        summary_tokens=summary_tokens,
+    )
+    if context_window <= 0:
+        raise BudgetError("context_window must be positive", path="context_window", hint="pass the model's window")
+    req, options, prefix_options = _prepare(request, model, template, render_options)
+    count = _counter(model, req, options, prefix_options)
+    tokens_before = count.splits[len(count.full_text)]
+    messages = req.messages
+    n = len(messages)
+    roles = [m.role for m in messages]
+    conversation = [k for k in range(n) if roles[k] not in _NEVER_SUMMARIZED]
+
+    def plan(cut: int, history: list[int], prefix: list[int], split: bool) -> CompactionPlan:
+        kept = count(n) - count(cut)
+        base = CompactionPlan(
+            messages_to_summarize=tuple(history),
+            turn_prefix_to_summarize=tuple(prefix),
+            first_kept_index=cut,
+            split_turn=split,
+            tokens_before=tokens_before,
+            estimated_tokens_after=tokens_before,
+            keep_recent_tokens=keep_recent_tokens,
+            reserve_tokens=reserve_tokens,
+            kept_tokens=kept,
+            summary_tokens=summary_tokens,
+        )
+        if base.summarizes_nothing:
+            return base
+        # The compacted request with a one-word stand-in for each summary: exact for everything but the summary
+        # text. (An empty stand-in would let the newlines around it merge into one token, which real text keeps
+        # apart.)
+        stand_in = len(model.tokenizer.encode(_STAND_IN)) * (2 if split else 1)
+        compacted = _compacted(req, cut, summary_message(_STAND_IN, _STAND_IN if split else None))
+        after = len(model.tokenize(model.render(compacted, **options)).ids) - stand_in + summary_tokens
+        return dataclasses.replace(base, estimated_tokens_after=after)
+
+    if not conversation:
+        return plan(n, [], [], False)
+    first = conversation[0]
+    i = _walk_back(count, first, n, keep_recent_tokens)
+    if i is None:
+        return plan(first, [], [], False)
+
+    breaks = _unit_breaks(messages)
+
+    def valid(c: int) -> bool:
+        return roles[c] in _CUT_ROLES and c not in breaks
+
+    user_start = next((k for k in range(i, first - 1, -1) if roles[k] == "user" and valid(k)), None)
+    start = first if user_start is None else user_start
+    end = next((k for k in range(i + 1, n) if roles[k] == "user" and valid(k)), n)
+    if count(end) - count(start) <= keep_recent_tokens:
+        cut = start
+    else:
+        # The turn alone is over keep_recent_tokens: cut inside it, at or after i when a valid point exists there.
+        after_i = [c for c in range(max(i, start + 1), end) if valid(c)]
+        before_i = [c for c in range(start + 1, i) if valid(c)]
+        cut = after_i[0] if after_i else (before_i[-1] if before_i else start)
+    if cut == start or user_start is None:
+        # A cut at a user message, or inside the messages before the first user message (no turn to split: Pi
+        # summarizes them as plain history).
+        return plan(cut, [k for k in conversation if k < cut], [], False)
+    history = [k for k in conversation if k < start]
+    prefix = [k for k in conversation if start <= k < cut]
+    return plan(cut, history, prefix, True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Applying a plan
+
+
+def summary_message(summary_text: str, turn_prefix_summary: str | None = None) -> Message:
+    """The one user message that replaces the summarized messages, in Pi's wording.
+
+    For a split turn, the history summary and the turn-prefix summary are merged as Pi merges them.
+    """
+    text = summary_text
+    if turn_prefix_summary is not None:
+        text = f"{summary_text}{SPLIT_TURN_SEPARATOR}{turn_prefix_summary}"
+    return Message(role="user", content=f"{SUMMARY_PREFIX}{text}{SUMMARY_SUFFIX}", source="compaction.summary")
+
+
+def apply_compaction(
+    request: Request, plan: CompactionPlan, summary_text: str, *, turn_prefix_summary: str | None = None
+) -> Request:
+    """The compacted request: the system and developer messages before the cut (unchanged, in order), then one
+    summary message (`summary_message`), then `messages[plan.first_kept_index:]` verbatim.
+
+    A split-turn plan needs `turn_prefix_summary` (the summary of `turn_prefix_to_summarize`), and only such a plan
+    accepts it. A plan that summarizes nothing gives the request back unchanged. The cut never separates a tool call
+    from its results, so no kept tool result loses its call.
+    """
+    _check_plan(request, plan)
+    if plan.split_turn and turn_prefix_summary is None:
+        raise BudgetError(
+            "this plan splits a turn: it needs the summary of turn_prefix_to_summarize too",
+            path="turn_prefix_summary",
+            hint="pass turn_prefix_summary=... (Pi merges it after the history summary)",
+        )
+    if not plan.split_turn and turn_prefix_summary is not None:
+        raise BudgetError(
+            "turn_prefix_summary is only for a plan that splits a turn",
+            path="turn_prefix_summary",
+            hint="drop it; this plan cuts at a user-turn boundary",
+        )
+    if plan.summarizes_nothing:
+        return request
+    if plan.split_turn and not plan.messages_to_summarize and not summary_text:
+        summary_text = NO_PRIOR_HISTORY  # Pi's history summary when the split turn is the first turn
+    return _compacted(request, plan.first_kept_index, summary_message(summary_text, turn_prefix_summary))
+
+
+def _compacted(request: Request, cut: int, summary: Message) -> Request:
+    messages = request.messages
+    kept_system = tuple(m for m in messages[:cut] if m.role in _NEVER_SUMMARIZED)
+    return dataclasses.replace(request, messages=(*kept_system, summary, *messages[cut:]))
+
+
+def _check_plan(request: Request, plan: CompactionPlan) -> None:
+    n = len(request.messages)
+    cut = plan.first_kept_index
+    summarized = (*plan.messages_to_summarize, *plan.turn_prefix_to_summarize)
+    if not 0 <= cut <= n or any(not 0 <= k < cut for k in summarized):
+        raise BudgetError(
+            f"the plan does not fit this request ({n} messages, first kept index {cut})",
+            path="plan",
+            hint="apply a plan to the request it was made for",
+        )
+    for k in summarized:
+        if request.messages[k].role in _NEVER_SUMMARIZED:
+            raise BudgetError(
+                f"the plan summarizes a {request.messages[k].role} message",
+                path=f"messages[{k}]",
+                hint="apply a plan to the request it was made for",
+            )
+    if cut < n and request.messages[cut].role == "tool":
+        raise BudgetError(
+            "the plan keeps a tool result without its call",
+            path=f"messages[{cut}]",
+            hint="apply a plan to the request it was made for",
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Events
+
+
+def compaction_event(
+    plan: CompactionPlan,
+    *,
+    reason: str,
+    summary: str | None,
+    aborted: bool = False,
+    will_retry: bool = False,
+) -> dict[str, Any]:
+    """Pi's `compaction_end` JSON-mode event for this plan.
+
+    `result` is absent when the compaction was aborted. `firstKeptEntryId` is the JSON path of the first kept
+    message; `details` carries the plan (Pi's own details list files read and modified, which ctxlock does not
+    track), and there is no `usage`: ctxlock makes no summarization call. `willRetry` (the request is retried with
+    the compacted context) only follows a successful `overflow` compaction.
+    """
+    if reason not in COMPACTION_REASONS:
+        raise BudgetError(
+            f"unknown compaction reason {reason!r}", path="reason", hint=f"use one of {', '.join(COMPACTION_REASONS)}"
+        )
+    if will_retry and (aborted or reason != "overflow"):
+        raise BudgetError(
+            "will_retry is only for a completed overflow compaction",
+            path="will_retry",
+            hint="Pi retries the request only after recovering from a context overflow",
+        )
+    event: dict[str, Any] = {"type": "compaction_end", "reason": reason}
+    if not aborted:
+        if summary is None:
+            raise BudgetError("a completed compaction has a summary", path="summary", hint="pass summary=...")
+        event["result"] = {
+            "summary": summary,
+            "firstKeptEntryId": f"messages[{plan.first_kept_index}]",
+            "tokensBefore": plan.tokens_before,
+            "estimatedTokensAfter": plan.estimated_tokens_after,
+            "details": {
+                "messagesToSummarize": list(plan.messages_to_summarize),
+                "turnPrefixToSummarize": list(plan.turn_prefix_to_summarize),
+                "firstKeptIndex": plan.first_kept_index,
+                "splitTurn": plan.split_turn,
+                "keepRecentTokens": plan.keep_recent_tokens,
+                "reserveTokens": plan.reserve_tokens,
+            },
+        }
+    event["aborted"] = aborted
+    event["willRetry"] = will_retry
+    return event
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BudgetError(f"{name} must be a non-negative integer, got {value!r}", path=name)

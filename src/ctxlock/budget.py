@@ -29,7 +29,7 @@ from typing import Any, Literal
 from .errors import BudgetError, BudgetExceeded, TemplateError
 from .frozen import canonical_json
 from .request import Message, Request
-from .template import Rendered
+from .template import Rendered, needs_marking
 from .tensors import ModelInput, assemble
 from .tokenizer import Tokenizer
 
@@ -281,14 +281,18 @@ class _RunCache:
 Counter = Callable[[Request], tuple[Rendered, list[int]]]
 
 
-def _counter(model: Any, render_options: Mapping[str, Any], *, fast: bool) -> Counter:
+def _counter(model: Any, request: Request, render_options: Mapping[str, Any], *, fast: bool) -> Counter:
     cache = _RunCache(model.tokenizer) if fast else None
+    fast_options = dict(render_options)
+    if fast and not needs_marking(request, model.tokenizer.control_tokens):
+        # No request string can become a control token, so every policy renders the same text: skip marking.
+        fast_options["special_tokens"] = "keep"
 
     def count(req: Request) -> tuple[Rendered, list[int]]:
         if cache is None:
             run = model.run(req, **render_options)
             return run.rendered, list(run.tokenized.ids)
-        rendered = model.render(req, provenance=False, **render_options)
+        rendered = model.render(req, provenance=False, **fast_options)
         ids = cache.encode(rendered)
         if ids is None:
             ids = list(model.tokenize(rendered).ids)
@@ -304,7 +308,7 @@ def fit_context(
     (the oracle); the default gives identical decisions and ids, faster."""
     budget = policy.budget
     segs = segments(request)
-    count = _counter(model, render_options, fast=not naive)
+    count = _counter(model, request, render_options, fast=not naive)
     kept: set[str] = set()
     decisions: list[Decision] = []
 

@@ -9,7 +9,8 @@ Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage fun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -77,6 +78,24 @@ class Tokenized:
     neutralized: tuple[ControlMatch, ...]  # control-token strings from the request, encoded as plain text
 
 
+def longest_first(tokens: Iterable[str]) -> re.Pattern[str] | None:
+    """A regex matching any of `tokens`, the longest first where one is a prefix of another."""
+    tokens = sorted(tokens, key=len, reverse=True)
+    return re.compile("|".join(re.escape(t) for t in tokens)) if tokens else None
+
+
+def encode_between(text: str, matches: Sequence[ControlMatch], encode_text: Callable[..., list[int]]) -> list[int]:
+    """The control ids at their matches, and the text between them encoded on its own: how mistral-common builds a
+    chat, and how tiktoken and SentencePiece backends honour special tokens."""
+    ids: list[int] = []
+    pos = 0
+    for m in matches:
+        ids += encode_text(text[pos : m.start], at_start=pos == 0)
+        ids.append(m.id)
+        pos = m.end
+    return ids + encode_text(text[pos:], at_start=pos == 0)
+
+
 def _overlaps(m: ControlMatch, spans: Sequence[Span]) -> Span | None:
     for s in spans:
         if s.start == s.end:
@@ -136,4 +155,4 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     return Tokenized(tuple(ids), tuple(trusted), tuple(forged))
 
 
-__all__ = ["AddedToken", "ControlMatch", "Tokenized", "Tokenizer", "tokenize"]
+__all__ = ["AddedToken", "ControlMatch", "Tokenized", "Tokenizer", "encode_between", "longest_first", "tokenize"]

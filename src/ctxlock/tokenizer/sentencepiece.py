@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, TokenizerError
-from . import AddedToken, ControlMatch
+from . import AddedToken, ControlMatch, encode_between, longest_first
 
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -239,9 +239,7 @@ class SentencePieceTokenizer:
 
     @cached_property
     def _control_re(self) -> re.Pattern[str] | None:
-        if not self._control_ids:
-            return None
-        return re.compile("|".join(re.escape(s) for s in sorted(self._control_ids, key=len, reverse=True)))
+        return longest_first(self._control_ids)
 
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         # The dummy prefix is added per call, wherever the run is (mistral-common's chunk-by-chunk encoding).
@@ -253,13 +251,7 @@ class SentencePieceTokenizer:
             matches = [
                 ControlMatch(m.start(), m.end(), self._control_ids[m.group(0)]) for m in self._control_re.finditer(text)
             ]
-        ids: list[int] = []
-        pos = 0
-        for m in matches:
-            ids += self.encode_text(text[pos : m.start], at_start=pos == 0)
-            ids.append(m.id)
-            pos = m.end
-        return ids + self.encode_text(text[pos:], at_start=pos == 0), matches
+        return encode_between(text, matches, self.encode_text), matches
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         bos = [self.bos_id] if add_special_tokens and self.bos_id >= 0 else []

@@ -19,7 +19,7 @@ from typing import Any
 import tiktoken
 
 from ..errors import ArtifactFormatError
-from . import AddedToken, ControlMatch
+from . import AddedToken, ControlMatch, encode_between, longest_first
 
 
 class TekkenTokenizer:
@@ -75,24 +75,18 @@ class TekkenTokenizer:
         return self._control_tokens
 
     @cached_property
-    def _special_re(self) -> re.Pattern[str]:
-        return re.compile("|".join(re.escape(s) for s in sorted(self._special_ids, key=len, reverse=True)))
+    def _special_re(self) -> re.Pattern[str] | None:
+        return longest_first(self._special_ids)
 
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         return [i + self.num_special for i in self._enc.encode_ordinary(text)]
 
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
         # As mistral-common builds a chat: control ids, with the text between them encoded on its own.
-        matches = [
-            ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in self._special_re.finditer(text)
-        ]
-        ids: list[int] = []
-        pos = 0
-        for m in matches:
-            ids += self.encode_text(text[pos : m.start], at_start=pos == 0)
-            ids.append(m.id)
-            pos = m.end
-        return ids + self.encode_text(text[pos:], at_start=pos == 0), matches
+        regex = self._special_re
+        found = regex.finditer(text) if regex is not None else ()
+        matches = [ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in found]
+        return encode_between(text, matches, self.encode_text), matches
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         bos: list[int] = [self._special_ids["<s>"]] if add_special_tokens else []

@@ -40,7 +40,7 @@ from typing import Any
 import tiktoken
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, TokenizerError
-from . import AddedToken, ControlMatch
+from . import AddedToken, ControlMatch, encode_between, longest_first
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -225,9 +225,7 @@ class TiktokenTokenizer:
 
     @cached_property
     def _special_re(self) -> re.Pattern[str] | None:
-        if not self._special_ids:
-            return None
-        return re.compile("|".join(re.escape(s) for s in sorted(self._special_ids, key=len, reverse=True)))
+        return longest_first(self._special_ids)
 
     def _normalize(self, text: str) -> str:
         return unicodedata.normalize(self.normalizer, text) if self.normalizer else text  # type: ignore[arg-type]
@@ -253,13 +251,7 @@ class TiktokenTokenizer:
             for m in self._special_re.finditer(text):
                 if self._survives(text, m.start(), m.end()):
                     matches.append(ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]))
-        ids: list[int] = []
-        pos = 0
-        for m in matches:
-            ids += self.encode_text(text[pos : m.start], at_start=pos == 0)
-            ids.append(m.id)
-            pos = m.end
-        return ids + self.encode_text(text[pos:], at_start=pos == 0), matches
+        return encode_between(text, matches, self.encode_text), matches
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         # tiktoken files define no BOS/EOS post-processing (QWenTokenizer adds none): add_special_tokens adds nothing.

@@ -24,7 +24,7 @@ import json
 import platform
 import sys
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -551,11 +551,3 @@ def comparable(record: ExecutionRecord) -> dict[str, Any]:
         d["template"]["id"] = None
         d["template"]["origin"] = None
     return d
-
-
-def records_equal(a: ExecutionRecord, b: ExecutionRecord) -> bool:
-    return comparable(a) == comparable(b)
-
-
-def parse_ids(values: Sequence[Any]) -> list[int]:
-    return [int(v) for v in values]

@@ -791,12 +791,6 @@ def _spans_from_wrappers(
     return tuple(spans), True
 
 
-def render_source(source: str, context: Mapping[str, Any], *, limits: RenderLimits = DEFAULT_LIMITS) -> str:
-    """Render any template source in the limited sandbox (used for untrusted templates outside a request)."""
-    text = _run(ChatTemplate(source=source, id="<inline>"), dict(context), limits)
-    return text
-
-
 __all__ = [
     "DEFAULT_LIMITS",
     "ChatTemplate",
@@ -808,5 +802,4 @@ __all__ = [
     "TemplateSet",
     "compile_template",
     "render",
-    "render_source",
 ]

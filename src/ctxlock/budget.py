@@ -224,7 +224,7 @@ def candidate(request: Request, segs: Sequence[Segment], kept: set[str]) -> Requ
             keep_msgs.update(s.messages)
             if s.document is not None:
                 docs.append(s.document)
-    messages = tuple(m for i, m in enumerate(request.messages) if i in keep_msgs)
+    messages = tuple(request.messages[i] for i in sorted(keep_msgs))
     documents = tuple(request.documents[d] for d in sorted(docs)) if request.documents else request.documents
     return dataclasses.replace(request, messages=messages, documents=documents or None)
 
@@ -242,12 +242,27 @@ class _RunCache:
         added = sorted((t for t in tokenizer.added_tokens if t.control), key=lambda t: len(t.content), reverse=True)
         self.by_content = {t.content: t for t in added}
         self.regex = re.compile("|".join(re.escape(t.content) for t in added)) if added else None
+        # Without lstrip/rstrip tokens the split is plain: one C-level split, then cache lookups.
+        self.splitter = (
+            re.compile(f"({self.regex.pattern})")
+            if self.regex is not None and not any(t.lstrip or t.rstrip for t in added)
+            else None
+        )
+        self.ids = {t.content: t.id for t in added}
 
     def encode(self, rendered: Rendered) -> list[int] | None:
         """The ids, or None when the text holds request-sourced control strings (then the caller runs the stage)."""
         if rendered.untrusted:
             return None
         text = rendered.text
+        if self.splitter is not None:
+            pieces = self.splitter.split(text)
+            out: list[int] = list(self._run(pieces[0], True)) if pieces[0] else []
+            for k in range(1, len(pieces), 2):
+                out.append(self.ids[pieces[k]])
+                if pieces[k + 1]:
+                    out.extend(self._run(pieces[k + 1], False))
+            return out
         ids: list[int] = []
         pos = 0
         n = len(text)

@@ -12,27 +12,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from timing import median_seconds
 
 import artifacts
 from ctxlock.artifacts import _load_gguf
 
 SAMPLE = "Hello world! 天空为什么是蓝色？ def f(x): return x ** 2  🦙"
-
-
-def _median(fn, rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -57,12 +48,12 @@ def main() -> None:
         ours = _load_gguf(path).tokenizer
         theirs = hf()
         same = ours.encode(SAMPLE) == theirs.encode(SAMPLE, add_special_tokens=False)
-        t_cold = _median(cold, args.rounds)
-        t_hf = _median(hf, args.rounds)
+        t_cold = median_seconds(cold, args.rounds)
+        t_hf = median_seconds(hf, args.rounds)
         warm_dir = tempfile.mkdtemp(prefix="ctxlock-bench-")
         os.environ["CTXLOCK_CACHE_DIR"] = warm_dir
         _load_gguf(path)  # fill the cache
-        t_warm = _median(lambda path=path: _load_gguf(path), max(args.rounds, 5))
+        t_warm = median_seconds(lambda path=path: _load_gguf(path), max(args.rounds, 5))
         note = "" if same else "  (ids differ on the sample text)"
         print(f"{vocab:12s} {t_cold:15.2f} {t_hf:15.2f} {t_hf / t_cold:7.1f} {t_warm:15.2f}{note}")
 

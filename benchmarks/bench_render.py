@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from timing import median_seconds
 
 import artifacts
 import ctxlock
@@ -24,16 +25,6 @@ import reference
 from conformance import conversations
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
-
-
-def _median_seconds(fn, rounds: int) -> float:
-    fn()  # warm caches (compiled template, tokenizer variants)
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -62,15 +53,17 @@ def main() -> None:
         except Exception:
             continue
         assert model.encode(request, template=template, **options).input_ids[0].tolist() == list(expected)
-        ours = _median_seconds(
+        ours = median_seconds(
             lambda r=data, o=options: model.encode(r, template=template, provenance=not args.no_provenance, **o),
             args.rounds,
+            warmup=True,  # compiled template, tokenizer variants
         )
-        theirs = _median_seconds(
+        theirs = median_seconds(
             lambda m=messages, t=tools, o=options: hf.apply_chat_template(
                 m, tools=t, chat_template=source, tokenize=True, return_dict=False, **o
             ),
             args.rounds,
+            warmup=True,
         )
         ratios.append(ours / theirs)
         print(f"{name:40s} {ours * 1e3:11.2f} {theirs * 1e3:16.2f} {ours / theirs:7.2f}")

@@ -319,6 +319,16 @@ def _spm_merges(tokens: Sequence[str], scores: np.ndarray, types: np.ndarray) ->
     return [[tokens[left], tokens[right]] for _, _, left, right in ranked]
 
 
+def _spm_normalizer(add_prefix: bool, *, remove_extra: bool) -> dict[str, Any] | None:
+    """SentencePiece's text handling as HF normalizers: optional whitespace collapsing, the dummy prefix, and
+    spaces escaped to ▁ (legacy Llama style: applied to each run between added tokens)."""
+    normalizers: list[dict[str, Any]] = list(_REMOVE_EXTRA_WHITESPACES) if remove_extra else []
+    if add_prefix:
+        normalizers.append({"type": "Prepend", "prepend": SPIECE_UNDERLINE})
+    normalizers.append(_replace(" ", SPIECE_UNDERLINE))
+    return _sequence("normalizers", normalizers)
+
+
 def spm_tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
     """Model ``llama``: SentencePiece BPE (scores, byte fallback) as an HF BPE pipeline, Llama legacy style."""
     _expect_model(vocab, "llama", "spm_tokenizer_json")
@@ -329,16 +339,9 @@ def spm_tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
     unk_id = _unk_id(vocab, types)
     add_prefix = _flag(vocab.add_space_prefix, True)  # llama.cpp's default for SPM vocabularies
 
-    normalizers: list[dict[str, Any]] = []
-    if _flag(vocab.remove_extra_whitespaces, False):
-        normalizers += _REMOVE_EXTRA_WHITESPACES
-    if add_prefix:
-        normalizers.append({"type": "Prepend", "prepend": SPIECE_UNDERLINE})
-    normalizers.append(_replace(" ", SPIECE_UNDERLINE))
-
     return _tokenizer(
         added_tokens=_added_tokens(vocab, types, vocab.tokens),
-        normalizer=_sequence("normalizers", normalizers),
+        normalizer=_spm_normalizer(add_prefix, remove_extra=_flag(vocab.remove_extra_whitespaces, False)),
         pre_tokenizer=None,
         post_processor=_bos_eos_template(
             vocab, add_bos=_flag(vocab.add_bos, True), add_eos=_flag(vocab.add_eos, False)
@@ -518,13 +521,9 @@ def gemma4_tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
     merges = _gguf_merges(vocab, ids)
     unk_id = _unk_id(vocab, types)
     add_prefix = _flag(vocab.add_space_prefix, False)
-    normalizers: list[dict[str, Any]] = []
-    if add_prefix:
-        normalizers.append({"type": "Prepend", "prepend": SPIECE_UNDERLINE})
-    normalizers.append(_replace(" ", SPIECE_UNDERLINE))
     return _tokenizer(
         added_tokens=_added_tokens(vocab, types, vocab.tokens),
-        normalizer=_sequence("normalizers", normalizers),
+        normalizer=_spm_normalizer(add_prefix, remove_extra=False),
         pre_tokenizer=None,
         # llama.cpp forces add_bos on for gemma4
         post_processor=_bos_eos_template(vocab, add_bos=True, add_eos=_flag(vocab.add_eos, False)),

@@ -163,3 +163,35 @@ class BudgetExceeded(BudgetError):
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "sizes": self.sizes, "total": self.total, "budget": self.budget}
+
+
+class DecodeError(CtxlockError):
+    """Token ids could not become text as given (output side: decoder, stop strings)."""
+
+
+class IncompleteDecodeError(DecodeError):
+    """The stream ended inside a multi-byte character: bytes were left that are not yet valid UTF-8."""
+
+
+class ToolCallError(CtxlockError):
+    """A streamed tool call that cannot be released: malformed, unknown tool, truncated or invalid arguments."""
+
+
+class ToolCallTruncatedError(ToolCallError):
+    """The response hit the output token limit, so the tool call arguments may be truncated."""
+
+
+class ToolCallValidationError(ToolCallError):
+    """A complete tool call whose arguments do not validate against the tool's JSON Schema."""
+
+
+class ConstraintError(CtxlockError):
+    """A constrained-decoding grammar that cannot be compiled or applied."""
+
+
+class UnsupportedSchemaError(ConstraintError):
+    """The JSON Schema uses a feature the constraint engine does not support; it is rejected, never ignored."""
+
+
+class SamplerError(CtxlockError):
+    """Sampling parameters or logits that cannot be used as given."""

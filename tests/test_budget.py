@@ -168,3 +168,86 @@ def test_fit_cli_json_and_record(tmp_path) -> None:
     assert human.returncode == 0 and "dropped" in human.stdout and "record " in human.stdout
     too_small = subprocess.run([*args, "--max-input-tokens", "10"], capture_output=True, text=True, env=env)
     assert too_small.returncode == 1 and "BudgetExceeded" in too_small.stderr and "Traceback" not in too_small.stderr
+
+
+# -- the incremental counter on its own: edits anywhere, control tokens that are prefixes of one another ----------
+
+# Llama 3's control tokens share long prefixes (`<|reserved_special_token_1|>`, `..._10|>`, `..._100|>`;
+# `<|eot_id|>` and `<|end_of_text|>`), and the pieces can build or break one across an edit boundary.
+PIECES = [
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_1|>",
+    "<|reserved_special_token_10|>",
+    "<|reserved_special_token_100|>",
+    "<|",
+    "|>",
+    "<|eot",
+    "_id|>",
+    "reserved_special_token_1",
+    "0|>",
+    "user",
+    " hello",
+    "\n\n",
+    " ",
+    "天空",
+    "😀",
+    "é",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def llama_tok():
+    return ctxlock.load(str(artifacts.gguf_path("llama-bpe"))).tokenizer
+
+
+@st.composite
+def edits(draw) -> tuple[str, str]:
+    base = draw(st.lists(st.sampled_from(PIECES), max_size=40))
+    cand = list(base)
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(cand)))
+        j = draw(st.integers(i, min(len(cand), i + 4)))
+        cand[i:j] = draw(st.lists(st.sampled_from(PIECES), max_size=6))
+    return "".join(base), "".join(cand)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pair=edits())
+def test_incremental_count_equals_a_full_tokenization(llama_tok, pair: tuple[str, str]) -> None:
+    from types import SimpleNamespace
+
+    from ctxlock.budget import _RunCache
+
+    base, cand = pair
+    cache = _RunCache(llama_tok)
+    assert cache.plain
+    cache.rebase(SimpleNamespace(text=base, untrusted=()))
+    expected = len(llama_tok.encode(cand, parse_special=True))
+    assert len(cache.encode(SimpleNamespace(text=cand, untrusted=()))) == expected
+    assert cache.count(SimpleNamespace(text=cand, untrusted=())) == expected
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=conversations(), budget=st.integers(40, 900))
+def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:
+    # A second template family: Llama 3.1's headers, a tools preamble in the first user turn, ipython results.
+    model = ctxlock.load(str(artifacts.gguf_path("llama-bpe")))
+    source = (artifacts.templates_dir() / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text("utf-8")
+    template = ChatTemplate(source, id="llama3.1")
+    request = parse_request(data)
+    policy = BudgetPolicy(max_input_tokens=budget)
+    try:
+        fast = fit_context(request, model, policy, template=template)
+    except BudgetExceeded:
+        with pytest.raises(BudgetExceeded):
+            fit_context(request, model, policy, template=template, naive=True)
+        return
+    naive = fit_context(request, model, policy, template=template, naive=True)
+    assert fast.decisions == naive.decisions
+    assert fast.ids == naive.ids
+    assert fast.input_tokens <= budget

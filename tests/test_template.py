@@ -254,3 +254,39 @@ def test_provenance_is_marked_inexact_when_the_template_reshapes_strings() -> No
     r = render(req, ChatTemplate("{{ messages[0].content | trim }}", id="t"))
     assert r.text == "padded"
     assert r.provenance_exact is False
+
+
+def test_time_limit_off_the_main_thread_uses_the_tracer() -> None:
+    # Worker threads cannot take SIGALRM; the line tracer must stop the same bomb there.
+    import concurrent.futures
+
+    bomb = "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = i * j %}{% endfor %}{% endfor %}"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, pytest.raises(TemplateLimitError) as info:
+        pool.submit(_render, bomb, limits=SMALL).result()
+    assert "longer than" in info.value.message
+
+
+def test_time_limit_leaves_the_host_signal_state_alone() -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGALRM)
+    _render("{{ messages[0].content }}")
+    bomb = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateLimitError):
+        _render(bomb, limits=SMALL)
+    assert signal.getsignal(signal.SIGALRM) == before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_host_owned_alarm_is_not_taken_over() -> None:
+    import signal
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    try:
+        bomb = "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = i * j %}{% endfor %}{% endfor %}"
+        with pytest.raises(TemplateLimitError):
+            _render(bomb, limits=SMALL)
+        assert signal.getsignal(signal.SIGALRM) is not None and not fired
+    finally:
+        signal.signal(signal.SIGALRM, previous)

@@ -10,19 +10,22 @@ together with the tool results that answer its calls (a call and its results are
 retrieved documents. Every decision is recorded: segment, kept or dropped, its tokens, the reason, the running total.
 
 `fit_context` gives the same decisions and ids as the naive algorithm (re-render and re-tokenize the whole
-candidate each time), faster: the candidate is rendered once per step without the provenance pass, and tokenized
-run by run between the template's control tokens, with every run cached. HF tokenizers extract added tokens
-before they normalize, so those runs are independent: a candidate costs only the text it has not seen before.
-`tests/test_budget.py` keeps the naive version as the oracle.
+candidate each time), faster, and without approximation: each candidate is still rendered (the template is a
+black box), but without the provenance pass, and its tokens are counted only where its text differs from the last
+kept candidate. HF tokenizers extract added tokens before they normalize, so the runs between the template's
+control tokens are independent; runs are cached, and the shared prefix and suffix are not looked at at all
+(`_RunCache.count` has the argument). The fitted request then goes through the full pipeline once, and its count
+must match. `tests/test_budget.py` keeps the naive version as the oracle.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -229,12 +232,56 @@ def candidate(request: Request, segs: Sequence[Segment], kept: set[str]) -> Requ
     return dataclasses.replace(request, messages=messages, documents=documents or None)
 
 
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix; slice comparisons run in C, and each probe only covers the new part."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, limit
+    na, nb = len(a), len(b)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[na - mid : na - lo] == b[nb - mid : nb - lo]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A rendered text split at the template's control tokens: where each control token starts and ends, and how
+    many tokens the text holds up to and including it."""
+
+    text: str
+    starts: list[int]
+    cum_at_end: dict[int, int]  # control-token end offset -> tokens up to and including that control token
+    cum: list[int]  # parallel to starts
+    ends: list[int]  # parallel to starts
+    total: int
+
+
 class _RunCache:
-    """Tokenize a rendered chat run by run between the template's control tokens, caching every run.
+    """Count a rendered chat's tokens run by run between the template's control tokens, caching every run.
 
     Exact for HF tokenizers (added tokens are split out before normalization, so each run is encoded on its own;
     the one position-dependent case, a dummy prefix on the first run, is part of the cache key) and by
-    construction for Tekken and the book tokenizer."""
+    construction for Tekken and the book tokenizer.
+
+    `count` goes further: a candidate differs from the current best text only around the segment it adds, so only
+    the control-token-delimited runs that overlap the difference are looked at. The control-token split of a text
+    is a left-to-right scan of a literal alternation: a match decision at offset t depends only on text[t:t+L]
+    (L = the longest control token), so every split before the first difference minus L is shared with the base;
+    after the difference, the scan of the candidate is back in step with the base's as soon as it ends a control
+    token inside the common suffix at an offset where the base also ends one. The rest is the base's count."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tok = tokenizer
@@ -242,27 +289,17 @@ class _RunCache:
         added = sorted((t for t in tokenizer.added_tokens if t.control), key=lambda t: len(t.content), reverse=True)
         self.by_content = {t.content: t for t in added}
         self.regex = re.compile("|".join(re.escape(t.content) for t in added)) if added else None
-        # Without lstrip/rstrip tokens the split is plain: one C-level split, then cache lookups.
-        self.splitter = (
-            re.compile(f"({self.regex.pattern})")
-            if self.regex is not None and not any(t.lstrip or t.rstrip for t in added)
-            else None
-        )
+        # Without lstrip/rstrip tokens a control token is exactly its match, and counting can be incremental.
+        self.plain = self.regex is not None and not any(t.lstrip or t.rstrip for t in added)
+        self.longest = max((len(t.content) for t in added), default=0)
         self.ids = {t.content: t.id for t in added}
+        self.base: _Base | None = None
 
     def encode(self, rendered: Rendered) -> list[int] | None:
         """The ids, or None when the text holds request-sourced control strings (then the caller runs the stage)."""
         if rendered.untrusted:
             return None
         text = rendered.text
-        if self.splitter is not None:
-            pieces = self.splitter.split(text)
-            out: list[int] = list(self._run(pieces[0], True)) if pieces[0] else []
-            for k in range(1, len(pieces), 2):
-                out.append(self.ids[pieces[k]])
-                if pieces[k + 1]:
-                    out.extend(self._run(pieces[k + 1], False))
-            return out
         ids: list[int] = []
         pos = 0
         n = len(text)
@@ -284,6 +321,61 @@ class _RunCache:
             ids.extend(self._run(text[pos:], pos == 0))
         return ids
 
+    def rebase(self, rendered: Rendered) -> int | None:
+        """Make `rendered` the text later candidates are compared with; returns its token count."""
+        if rendered.untrusted or not self.plain:
+            self.base = None
+            return None
+        text = rendered.text
+        starts: list[int] = []
+        ends: list[int] = []
+        cum: list[int] = []
+        count = 0
+        pos = 0
+        assert self.regex is not None
+        for m in self.regex.finditer(text):
+            if m.start() > pos:
+                count += len(self._run(text[pos : m.start()], pos == 0))
+            count += 1
+            starts.append(m.start())
+            ends.append(m.end())
+            cum.append(count)
+            pos = m.end()
+        if pos < len(text):
+            count += len(self._run(text[pos:], pos == 0))
+        self.base = _Base(text, starts, dict(zip(ends, cum, strict=True)), cum, ends, count)
+        return count
+
+    def count(self, rendered: Rendered) -> int | None:
+        """The candidate's token count, exactly `len(encode(rendered))`, looking only at what differs from the
+        base; None when there is no base or the text holds request-sourced control strings."""
+        base = self.base
+        if base is None or rendered.untrusted:
+            return None
+        text = rendered.text
+        old = base.text
+        p = _common_prefix(old, text)
+        q = _common_suffix(old, text, min(len(old), len(text)) - p)
+        # The last base control token whose scan decision cannot see the difference; everything before it is shared.
+        k = bisect.bisect_right(base.starts, p - self.longest) - 1
+        pos = base.ends[k] if k >= 0 else 0
+        count = base.cum[k] if k >= 0 else 0
+        shift = len(text) - len(old)
+        tail = len(text) - q
+        assert self.regex is not None
+        for m in self.regex.finditer(text, pos):
+            if m.start() > pos:
+                count += len(self._run(text[pos : m.start()], pos == 0))
+            count += 1
+            pos = m.end()
+            if pos >= tail:
+                synced = base.cum_at_end.get(pos - shift)
+                if synced is not None:
+                    return count + base.total - synced
+        if pos < len(text):
+            count += len(self._run(text[pos:], pos == 0))
+        return count
+
     def _run(self, run: str, at_start: bool) -> tuple[int, ...]:
         key = (run, at_start)
         hit = self.cache.get(key)
@@ -293,27 +385,44 @@ class _RunCache:
         return hit
 
 
-Counter = Callable[[Request], tuple[Rendered, list[int]]]
+class _Counter:
+    """Token counts of candidate requests: the full pipeline (naive), or a render without the provenance pass and
+    an incremental count against the last kept candidate (fast). Both give the same numbers."""
 
+    def __init__(self, model: Any, request: Request, render_options: Mapping[str, Any], *, fast: bool) -> None:
+        self.model = model
+        self.options = dict(render_options)
+        self.cache = _RunCache(model.tokenizer) if fast else None
+        if fast and not needs_marking(request, model.tokenizer.control_tokens):
+            # No request string can become a control token, so every policy renders the same text: skip marking.
+            self.options["special_tokens"] = "keep"
 
-def _counter(model: Any, request: Request, render_options: Mapping[str, Any], *, fast: bool) -> Counter:
-    cache = _RunCache(model.tokenizer) if fast else None
-    fast_options = dict(render_options)
-    if fast and not needs_marking(request, model.tokenizer.control_tokens):
-        # No request string can become a control token, so every policy renders the same text: skip marking.
-        fast_options["special_tokens"] = "keep"
+    def _render(self, req: Request) -> Rendered:
+        return self.model.render(req, provenance=False, **self.options)
 
-    def count(req: Request) -> tuple[Rendered, list[int]]:
-        if cache is None:
-            run = model.run(req, **render_options)
-            return run.rendered, list(run.tokenized.ids)
-        rendered = model.render(req, provenance=False, **fast_options)
-        ids = cache.encode(rendered)
-        if ids is None:
-            ids = list(model.tokenize(rendered).ids)
-        return rendered, ids
+    def _full(self, rendered: Rendered) -> int:
+        assert self.cache is not None
+        ids = self.cache.encode(rendered)
+        return len(ids) if ids is not None else len(self.model.tokenize(rendered).ids)
 
-    return count
+    def base(self, req: Request) -> int:
+        """Count the first candidate (the required segments), and make it the base."""
+        if self.cache is None:
+            return len(self.model.run(req, **self.options).tokenized.ids)
+        rendered = self._render(req)
+        n = self.cache.rebase(rendered)
+        return n if n is not None else self._full(rendered)
+
+    def trial(self, req: Request) -> tuple[int, Rendered | None]:
+        if self.cache is None:
+            return len(self.model.run(req, **self.options).tokenized.ids), None
+        rendered = self._render(req)
+        n = self.cache.count(rendered)
+        return (n if n is not None else self._full(rendered)), rendered
+
+    def keep(self, rendered: Rendered | None) -> None:
+        if self.cache is not None and rendered is not None:
+            self.cache.rebase(rendered)
 
 
 def fit_context(
@@ -323,13 +432,12 @@ def fit_context(
     (the oracle); the default gives identical decisions and ids, faster."""
     budget = policy.budget
     segs = segments(request)
-    count = _counter(model, request, render_options, fast=not naive)
+    counter = _Counter(model, request, render_options, fast=not naive)
     kept: set[str] = set()
     decisions: list[Decision] = []
 
     req = candidate(request, segs, kept)
-    rendered, ids = count(req)
-    total = len(ids)
+    total = counter.base(req)
     if total > budget:
         sizes = _required_sizes(request, segs, model)
         listing = ", ".join(f"{sid} {n:,}" for sid, n in sizes.items())
@@ -345,31 +453,32 @@ def fit_context(
     for s in segs:
         if s.required:
             decisions.append(Decision(s.id, s.kind, True, 0, "required", total))
-    best = (req, rendered, ids)
+    best = req
     for s in priority_order(segs, request, policy):
         trial = candidate(request, segs, kept | {s.id})
         try:
-            t_rendered, t_ids = count(trial)
+            n, t_rendered = counter.trial(trial)
         except TemplateError as exc:
             # The template refuses this candidate (e.g. roles must alternate): it cannot be what the model sees.
             decisions.append(Decision(s.id, s.kind, False, 0, f"the template rejects it: {exc.message}", total))
             continue
-        added = len(t_ids) - total
-        if len(t_ids) <= budget:
+        added = n - total
+        if n <= budget:
             kept.add(s.id)
-            total = len(t_ids)
-            best = (trial, t_rendered, t_ids)
+            total = n
+            best = trial
+            counter.keep(t_rendered)
             decisions.append(Decision(s.id, s.kind, True, added, "fits", total))
         else:
-            decisions.append(Decision(s.id, s.kind, False, added, f"would make {len(t_ids):,} > {budget:,}", total))
-    final_req, final_rendered, final_ids = best
-    _check_invariants(final_req, request)
-    if not naive:
-        # The fast path skipped the provenance render; the fitted result gets the full stage once.
-        final_rendered = model.render(final_req, **render_options)
-        final_ids = list(model.tokenize(final_rendered).ids)
+            decisions.append(Decision(s.id, s.kind, False, added, f"would make {n:,} > {budget:,}", total))
+    _check_invariants(best, request)
+    # The fitted request goes through the full stage once: the provenance render and the tokenizer stage.
+    final_rendered = model.render(best, **render_options)
+    final_ids = list(model.tokenize(final_rendered).ids)
+    if len(final_ids) != total:
+        raise AssertionError(f"fit_context counted {total} tokens but the pipeline gives {len(final_ids)}")
     return Fitted(
-        request=final_req,
+        request=best,
         rendered=final_rendered,
         ids=tuple(final_ids),
         model_input=assemble(final_ids),

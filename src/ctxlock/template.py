@@ -20,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -236,11 +239,30 @@ def _raise_exception(message: Any) -> None:
     raise _Raised(message)
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+_LOOP_ATTRIBUTES = frozenset(
+    {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0", "previtem", "nextitem"}
+)
+
+
 class _LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """The HF sandbox plus size checks on `*` and `**`, whose results are built in C where no trace can stop them."""
 
     intercepted_binops = frozenset({"*", "**"})
     max_output_chars = DEFAULT_LIMITS.max_output_chars
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # `message.role` on a plain dict: the sandbox's own path (getattr fails, then obj[attribute]) gives the same
+        # value or the same Undefined; dict methods (`items`, `update`, ...) still go through the sandbox checks.
+        if type(obj) is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        if type(obj) is jinja2.runtime.LoopContext and attribute in _LOOP_ATTRIBUTES:
+            # Public read-only properties of jinja's own loop object: the sandbox would allow each of them.
+            return getattr(obj, attribute)
+        return super().getattr(obj, attribute)
 
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
@@ -295,7 +317,8 @@ def _sha256(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Limits: wall time via a line tracer on the template's own frames, output size while streaming.
+# Limits: wall time via an interval timer (SIGALRM) on the main thread, or a line tracer on the template's own
+# frames elsewhere; output size while streaming.
 
 
 class _Deadline:
@@ -303,11 +326,15 @@ class _Deadline:
         self.deadline = time.monotonic() + seconds
         self.seconds = seconds
         self.ticks = 0
+        self.armed = True
+
+    def expired(self) -> _Limit:
+        return _Limit(f"render took longer than {self.seconds:g} s")
 
     def local(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
         self.ticks += 1
         if self.ticks & 0xFF == 0 and time.monotonic() > self.deadline:
-            raise _Limit(f"render took longer than {self.seconds:g} s")
+            raise self.expired()
         return self.local
 
     def global_(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
@@ -317,23 +344,61 @@ class _Deadline:
             return self.local
         return None
 
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            raise self.expired()
 
-def _render_limited(compiled: jinja2.Template, context: dict[str, Any], limits: RenderLimits) -> str:
-    deadline = _Deadline(limits.max_seconds)
-    previous = sys.gettrace()
+
+def _alarm_free() -> bool:
+    """SIGALRM is ours to use: main thread, no handler installed by the host, no interval timer running."""
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
+
+
+@contextmanager
+def _time_limit(seconds: float, *, tracer: bool | None = None) -> Iterator[_Deadline]:
+    """Stop a render that runs past `seconds`. On the main thread an interval timer raises from the signal handler,
+    which costs nothing per template line; the timer keeps firing every 50 ms after the deadline, so an exception
+    swallowed by a broad `except` inside jinja is raised again. Elsewhere (worker threads, or a host that owns
+    SIGALRM) a line tracer on the template's own frames checks the clock every 256 lines."""
+    deadline = _Deadline(seconds)
+    if tracer is None:
+        tracer = not _alarm_free()
+    if tracer:
+        previous_trace = sys.gettrace()
+        sys.settrace(deadline.global_)
+        try:
+            yield deadline
+        finally:
+            sys.settrace(previous_trace)
+        return
+    previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    try:
+        yield deadline
+    finally:
+        deadline.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _render_limited(
+    compiled: jinja2.Template, context: dict[str, Any], limits: RenderLimits, *, tracer: bool | None = None
+) -> str:
     chunks: list[str] = []
     size = 0
-    sys.settrace(deadline.global_)
-    try:
+    with _time_limit(limits.max_seconds, tracer=tracer) as deadline:
         for chunk in compiled.generate(**context):
             size += len(chunk)
             if size > limits.max_output_chars:
                 raise _Limit(f"output exceeded {limits.max_output_chars:,} characters")
             chunks.append(chunk)
             if time.monotonic() > deadline.deadline:
-                raise _Limit(f"render took longer than {limits.max_seconds:g} s")
-    finally:
-        sys.settrace(previous)
+                raise deadline.expired()
     return "".join(chunks)
 
 

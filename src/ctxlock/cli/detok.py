@@ -1,0 +1,131 @@
+"""`ctxlock detok`: token ids -> the text pieces a streaming server would send, one per id."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+
+from ..decode import Detokenizer
+from ..errors import DecodeError, IncompleteDecodeError
+from ..model import load
+from ..tokenizer import Tokenizer
+from .render import ModelOpt
+
+
+def _ids(value: Any, where: str, size: int) -> list[int]:
+    if not isinstance(value, list):
+        raise DecodeError(f"expected a JSON array of token ids, got {type(value).__name__}", path=where)
+    for k, i in enumerate(value):
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise DecodeError(f"element {k} is {json.dumps(i)}, not an integer token id", path=f"{where}[{k}]")
+        if not 0 <= i < size:
+            raise DecodeError(
+                f"token id {i} is not in the vocabulary",
+                path=f"{where}[{k}]",
+                hint=f"ids of this model are in [0, {size}); check --model",
+            )
+    return value
+
+
+def _lines() -> Iterator[tuple[int, str]]:
+    for n, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            yield n, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"not UTF-8 ({exc.reason} at byte {exc.start})", path=f"stdin line {n}") from None
+
+
+def _detokenizer(tok: Tokenizer, prompt: list[int], stop: list[str], skip: bool) -> Detokenizer:
+    try:
+        return Detokenizer(tok, prompt, stop=stop, skip_special_tokens=skip)
+    except DecodeError as exc:  # a prompt that ends mid-character, an empty stop string
+        path = (exc.path or "").replace("prompt_ids", "--prompt-ids", 1).replace("stop", "--stop", 1)
+        raise type(exc)(exc.message, path=path, hint=exc.hint) from None
+
+
+def _pieces(det: Detokenizer, ids: list[int], where: str) -> list[str]:
+    try:
+        pieces = [det.push(i) for i in ids]
+        pieces.append(det.finish())
+    except IncompleteDecodeError as exc:
+        hint = "the ids were cut mid-character (for example by max_tokens); drop the trailing ids"
+        raise IncompleteDecodeError(exc.message, path=f"{where}, {exc.path}", hint=hint) from None
+    except DecodeError as exc:
+        raise type(exc)(exc.message, path=f"{where}, {exc.path}", hint=exc.hint) from None
+    return pieces
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def detok(
+        model: ModelOpt = None,
+        jsonl: Annotated[
+            bool,
+            typer.Option(
+                "--jsonl",
+                help="Read stdin lines, each a JSON array of generated token ids; for each, print one JSON array: "
+                'the piece each id emitted (often "" mid-character), then the piece finish() returned.',
+            ),
+        ] = False,
+        ids: Annotated[
+            str | None, typer.Option("--ids", help="One JSON array of token ids (instead of --jsonl).")
+        ] = None,
+        prompt_ids: Annotated[
+            str | None,
+            typer.Option(
+                "--prompt-ids",
+                help="JSON array of the prompt's ids: the first generated token then decodes as it does after the "
+                "prompt (SentencePiece drops the leading space of a text's first token, not of a continuation).",
+            ),
+        ] = None,
+        stop: Annotated[
+            list[str],
+            typer.Option(
+                "--stop",
+                help="Stop string (repeatable). The text ends before the first one; no part of it is printed.",
+            ),
+        ] = [],  # noqa: B006 (typer reads the default)
+        skip_special_tokens: Annotated[
+            bool, typer.Option("--skip-special-tokens", help="Drop special tokens from the text, as decode does.")
+        ] = False,
+    ) -> None:
+        """Decode token ids incrementally, as a streaming server does: only final text, cut at stop strings."""
+        if (ids is None) == (not jsonl):
+            raise typer.BadParameter("give exactly one of --jsonl or --ids")
+        tok = load(model).tokenizer
+        prompt: list[int] = []
+        if prompt_ids is not None:
+            try:
+                prompt = _ids(json.loads(prompt_ids), "--prompt-ids", tok.vocab_size)
+            except json.JSONDecodeError as exc:
+                raise DecodeError(f"not JSON: {exc}", path="--prompt-ids") from None
+        if ids is not None:
+            try:
+                parsed = _ids(json.loads(ids), "--ids", tok.vocab_size)
+            except json.JSONDecodeError as exc:
+                raise DecodeError(f"not JSON: {exc}", path="--ids") from None
+            sources: Iterator[tuple[str, list[int]]] = iter([("--ids", parsed)])
+        else:
+            sources = _stdin_ids(tok.vocab_size)
+        _detokenizer(tok, prompt, stop, skip_special_tokens)  # check the prompt and the stops before any input
+        out = sys.stdout.buffer
+        for where, line_ids in sources:
+            pieces = _pieces(_detokenizer(tok, prompt, stop, skip_special_tokens), line_ids, where)
+            out.write(json.dumps(pieces, ensure_ascii=False).encode("utf-8") + b"\n")
+            out.flush()
+
+
+def _stdin_ids(size: int) -> Iterator[tuple[str, list[int]]]:
+    for n, line in _lines():
+        if not line.strip():
+            continue
+        where = f"stdin line {n}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DecodeError(f"not JSON: {exc}", path=where, hint="each line must be a JSON array of ids") from None
+        yield where, _ids(value, where, size)

@@ -9,6 +9,7 @@ import typer
 from ..errors import CtxlockError
 from . import budget as budget_cmds
 from . import compaction as compaction_cmds
+from . import constrain as constrain_cmds
 from . import detok as detok_cmds
 from . import inspect as inspect_cmds
 from . import records as records_cmds
@@ -28,6 +29,7 @@ records_cmds.register(app)
 budget_cmds.register(app)
 compaction_cmds.register(app)
 detok_cmds.register(app)
+constrain_cmds.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,296 @@
+"""`ctxlock constrain`: sample JSON under a JSON-Schema token mask from seeded random logits, and check every
+output against the schema.
+
+There is no model here: each step's logits are i.i.d. uniform float32 in [-5, 5) over the whole vocabulary, drawn
+from `numpy.random.default_rng([seed, sample])` (uniform rather than normal because numpy draws it about 8x
+faster, and one 131K-vector per step is most of the run time; a spread of 10 makes the sampler's filters bite).
+Nothing biases them toward EOS or structural tokens: what makes samples end is the grammar (bounded strings,
+enums, maxItems) and `--max-tokens`. So the command exercises the mask and the sampler on a real vocabulary, and
+the stop rate says how constraining the schema is.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from ..constrain import WHITESPACE_MODES, JsonSchemaMask
+from ..errors import ConstraintError, SamplerError
+from ..sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
+from .output import err_console
+
+LOGITS = "i.i.d. uniform float32 in [-5, 5) over the vocabulary, one vector per step, numpy default_rng([seed, sample])"
+
+
+@dataclass(frozen=True)
+class ConstrainedSample:
+    index: int
+    ids: tuple[int, ...]
+    text: str
+    finish_reason: str  # "stop": EOS chosen or the grammar closed the value; "length": --max-tokens reached
+    valid: bool  # only ever True for a "stop" sample that parses and validates
+    error: str | None
+    sample_seconds: tuple[float, ...]  # sampler time per step
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "tokens": len(self.ids),
+            "complete": self.finish_reason == "stop",
+            "valid": self.valid,
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate key {next(k for k in keys if keys.count(k) > 1)!r}")
+    return dict(pairs)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_output(text: str, validator: Any) -> str | None:
+    """None when `text` is one JSON value (no duplicate keys, no NaN) that validates; else why not."""
+    try:
+        value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+    error = next(iter(validator.iter_errors(value)), None)
+    if error is None:
+        return None
+    where = "$" + "".join(f"[{k!r}]" for k in error.absolute_path)
+    return f"{where}: {error.message}"
+
+
+def random_logits(rng: np.random.Generator, n: int) -> np.ndarray:
+    """One step's stand-in for a model: i.i.d. uniform float32 in [-5, 5), the same for every id."""
+    logits = rng.random(n, dtype=np.float32)
+    logits *= 10
+    logits -= 5
+    return logits
+
+
+def generate(
+    mask: JsonSchemaMask, config: SamplerConfig, *, samples: int, seed: int, max_tokens: int, validator: Any
+) -> Iterator[ConstrainedSample]:
+    """Sample `samples` outputs under `mask`. Sample i: logits from default_rng([seed, i]), sampler stream i.
+
+    Each step samples one token (EOS included, as max_tokens counts it in vLLM); the sample stops when EOS is
+    drawn or when the token just consumed closed the value (`is_stopped`: only EOS could follow)."""
+    decode = mask.tokenizer.decode
+    for i in range(samples):
+        mask.reset()
+        logits_rng = np.random.default_rng([seed, i])
+        sampler = Sampler(config, stream=i)
+        ids: list[int] = []
+        times: list[float] = []
+        finish = "length"
+        for _ in range(max_tokens):
+            allowed = mask.mask()
+            logits = random_logits(logits_rng, mask.vocab_size)
+            t0 = time.perf_counter()
+            token = sampler.sample(logits, allowed=allowed, history=ids)
+            times.append(time.perf_counter() - t0)
+            mask.consume(token)
+            if token == mask.eos_id:
+                finish = "stop"
+                break
+            ids.append(token)
+            if mask.is_stopped():
+                finish = "stop"
+                break
+        text = decode(ids, skip_special_tokens=False)
+        if finish == "stop":
+            error = check_output(text, validator)
+            valid = error is None
+        else:
+            error, valid = None, False  # cut off: incomplete, never reported as valid
+        yield ConstrainedSample(i, tuple(ids), text, finish, valid, error, tuple(times))
+
+
+def _parse_order(order: str | None) -> tuple[str, ...]:
+    if order is None:
+        return DEFAULT_ORDER
+    names = tuple(n.strip() for n in order.split(",") if n.strip())
+    return names
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 4)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def constrain(
+        schema: Annotated[
+            Path, typer.Option("--schema", "-s", help="JSON Schema file the outputs must validate against.")
+        ],
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model",
+                "-m",
+                help="Built-in model name, HF model directory, .gguf file or org/name in the local HF cache. "
+                "Default: the embedded mistral-nemo (Tekken, 131K vocabulary).",
+            ),
+        ] = None,
+        samples: Annotated[int, typer.Option("--samples", "-n", min=1, help="How many outputs to sample.")] = 10,
+        seed: Annotated[int, typer.Option("--seed", min=0, help="Seeds the logits and the sampler.")] = 0,
+        max_tokens: Annotated[
+            int,
+            typer.Option(
+                "--max-tokens",
+                min=1,
+                help="Tokens per sample, EOS included. A sample cut here is 'length': incomplete, never valid.",
+            ),
+        ] = 256,
+        temperature: Annotated[float, typer.Option(help="Sampler temperature; 0 = greedy (lowest id on ties).")] = 1.0,
+        top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off.")] = 0,
+        top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass to keep; 1 = off.")] = 1.0,
+        min_p: Annotated[float, typer.Option("--min-p", help="Keep p >= min_p * p_max; 0 = off.")] = 0.0,
+        repetition_penalty: Annotated[
+            float, typer.Option("--repetition-penalty", help="CTRL penalty on ids already sampled; 1 = off.")
+        ] = 1.0,
+        order: Annotated[
+            str | None,
+            typer.Option(
+                "--order",
+                help=f"Processor order, comma-separated (default: {','.join(DEFAULT_ORDER)}, transformers' order; "
+                f"known: {', '.join(PROCESSORS)}).",
+            ),
+        ] = None,
+        whitespace: Annotated[
+            str,
+            typer.Option(
+                "--whitespace",
+                help="compact: one canonical spelling, no layout tokens (default); flexible: any JSON whitespace "
+                "(with random logits, whitespace runs make samples long).",
+            ),
+        ] = "compact",
+        eos: Annotated[
+            str | None, typer.Option("--eos", help="End-of-sequence token string (default: the model's eos_token).")
+        ] = None,
+    ) -> None:
+        """Sample JSON under a JSON-Schema token mask (llguidance over ctxlock's own tokenizer) from seeded random
+        logits, and validate every output with jsonschema.
+
+        Prints one JSON line per sample: {"index", "text", "finish_reason", "tokens", "complete", "valid"}, then a
+        {"summary": ...} line with the sampler config (processor order, digest), the counts and the timings
+        (compile, mask median/p99 per token). Exits 1 if a completed sample does not validate."""
+        import jsonschema
+
+        from ..artifacts import load_artifacts
+
+        if whitespace not in WHITESPACE_MODES:
+            raise typer.BadParameter(f"use one of {', '.join(WHITESPACE_MODES)}", param_hint="--whitespace")
+        try:
+            config = SamplerConfig(
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                repetition_penalty=repetition_penalty,
+                seed=seed,
+                order=_parse_order(order),
+            )
+        except SamplerError as exc:
+            raise typer.BadParameter(str(exc), param_hint=f"--{(exc.path or 'order').replace('_', '-')}") from None
+        try:
+            schema_text = schema.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConstraintError(f"cannot read the schema: {exc}", path=str(schema)) from None
+        arts = load_artifacts(model)
+        tokenizer = arts.tokenizer
+        eos_id = None
+        if eos is not None:
+            eos_id = tokenizer.token_to_id(eos)
+            if eos_id is None:
+                raise ConstraintError(f"{eos!r} is not a token of this vocabulary", path="--eos")
+        mask = JsonSchemaMask(
+            tokenizer,
+            schema_text,
+            eos_id=eos_id,
+            special_tokens=arts.special_tokens,
+            whitespace=whitespace,
+            source=str(schema),
+        )
+        validator_cls = jsonschema.validators.validator_for(mask.schema)
+        validator = validator_cls(mask.schema, format_checker=validator_cls.FORMAT_CHECKER)
+
+        t0 = time.perf_counter()
+        counts = {"stop": 0, "length": 0}
+        valid = invalid = 0
+        lengths: list[int] = []
+        sample_times: list[float] = []
+        out = sys.stdout
+        for result in generate(mask, config, samples=samples, seed=seed, max_tokens=max_tokens, validator=validator):
+            counts[result.finish_reason] += 1
+            valid += result.valid
+            invalid += result.finish_reason == "stop" and not result.valid
+            lengths.append(len(result.ids))
+            sample_times.extend(result.sample_seconds)
+            out.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            out.flush()
+        wall = time.perf_counter() - t0
+        stats = mask.stats()
+        summary = {
+            "model": arts.id,
+            "tokenizer": {
+                "id": tokenizer.id,
+                "format": tokenizer.format,
+                "sha256": tokenizer.sha256,
+                "vocab_size": mask.vocab_size,
+            },
+            "eos_id": mask.eos_id,
+            "schema": str(schema),
+            "schema_sha256": mask.schema_sha256,
+            "whitespace": whitespace,
+            "samples": samples,
+            "seed": seed,
+            "max_tokens": max_tokens,
+            "logits": LOGITS,
+            "sampler": {**config.to_dict(), "digest": config.digest, "stream": "the sample index"},
+            "finish_reason": counts,
+            "valid": valid,
+            "invalid_stops": invalid,
+            "tokens": {"total": sum(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+            "timings": {
+                "tokenizer_seconds": round(stats.tokenizer_seconds, 6),
+                "tokenizer_cached": stats.tokenizer_cached,
+                "compile_seconds": round(stats.compile_seconds, 6),
+                "mask_calls": stats.mask_calls,
+                "mask_median_ms": _ms(stats.mask_median_seconds),
+                "mask_p99_ms": _ms(stats.mask_p99_seconds),
+                "mask_max_ms": _ms(stats.mask_max_seconds),
+                "sample_median_ms": _ms(statistics.median(sample_times)) if sample_times else 0.0,
+                "wall_seconds": round(wall, 3),
+            },
+        }
+        out.write(json.dumps({"summary": summary}, ensure_ascii=False) + "\n")
+        err_console.print(
+            f"{samples} samples: {counts['stop']} stop ({valid} valid), {counts['length']} length; "
+            f"compile {stats.compile_seconds * 1000:.2f} ms (vocabulary {stats.tokenizer_seconds:.2f} s"
+            f"{', cached' if stats.tokenizer_cached else ''}); mask median {stats.mask_median_seconds * 1000:.3f} ms, "
+            f"p99 {stats.mask_p99_seconds * 1000:.3f} ms per token; sampler order {','.join(config.order)}",
+            soft_wrap=True,
+        )
+        if invalid:
+            err_console.print(f"[red]{invalid} completed sample(s) do not validate against the schema[/]")
+            raise typer.Exit(1)

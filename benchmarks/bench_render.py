@@ -4,8 +4,9 @@
 
 Both sides get the same canonical messages and template, and the same tokenizer (transformers' conversion of
 llama.cpp's ggml-vocab GGUF, fetched by scripts/fetch_artifacts.py). transformers runs
-`apply_chat_template(tokenize=True)`; ctxlock runs `Model.encode` (parse, render with provenance and injection
-marking, tokenize, tensors). Prints per-conversation medians and the ratio ctxlock / transformers.
+`apply_chat_template(tokenize=True)`; ctxlock runs `Model.encode` (parse, render with injection marking and, when
+the ids could depend on it, the provenance pass; tokenize; tensors). Prints per-conversation medians and the ratio
+ctxlock / transformers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ def main() -> None:
     ap.add_argument("--vocab", default="qwen2")
     ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--no-provenance", action="store_true", help="skip ctxlock's second (provenance) render")
+    ap.add_argument(
+        "--provenance",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="ctxlock's second (provenance) render: only when the ids could depend on it (encode's default), "
+        "always, or never",
+    )
     args = ap.parse_args()
 
     tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
@@ -41,6 +48,7 @@ def main() -> None:
     template = ChatTemplate(source, id=args.template)
     hf = reference.reference_tokenizer(tok_dir)
 
+    provenance = {"auto": None, "always": True, "never": False}[args.provenance]
     ratios = []
     print(f"{'conversation':40s} {'ctxlock ms':>11s} {'transformers ms':>16s} {'ratio':>7s}")
     for name, data, options in conversations():
@@ -54,7 +62,7 @@ def main() -> None:
             continue
         assert model.encode(request, template=template, **options).input_ids[0].tolist() == list(expected)
         ours = median_seconds(
-            lambda r=data, o=options: model.encode(r, template=template, provenance=not args.no_provenance, **o),
+            lambda r=data, o=options: model.encode(r, template=template, provenance=provenance, **o),
             args.rounds,
             warmup=True,  # compiled template, tokenizer variants
         )

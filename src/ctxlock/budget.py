@@ -32,7 +32,7 @@ from typing import Any, Literal
 from .errors import BudgetError, BudgetExceeded, TemplateError
 from .frozen import canonical_json
 from .request import Message, Request
-from .template import Rendered, needs_marking
+from .template import Rendered
 from .tensors import ModelInput, assemble
 from .tokenizer import Tokenizer
 
@@ -393,9 +393,6 @@ class _Counter:
         self.model = model
         self.options = dict(render_options)
         self.cache = _RunCache(model.tokenizer) if fast else None
-        if fast and not needs_marking(request, model.tokenizer.control_tokens):
-            # No request string can become a control token, so every policy renders the same text: skip marking.
-            self.options["special_tokens"] = "keep"
 
     def _render(self, req: Request) -> Rendered:
         return self.model.render(req, provenance=False, **self.options)

@@ -12,7 +12,8 @@ from .errors import TemplateNotFoundError
 from .request import Dialect, Request, Utf8Policy, parse_request
 from .template import DEFAULT_LIMITS, ChatTemplate, Rendered, RenderLimits, SpecialTokenPolicy, TemplateSet, render
 from .tensors import ModelInput, PaddingSide, assemble, assemble_batch
-from .tokenizer import Tokenized, Tokenizer, tokenize
+from .tokenizer import Tokenized, Tokenizer, tokenize, tokenize_batch
+from .tokenizer.runs import fast_enabled
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -78,7 +79,7 @@ class Model:
         dialect: Dialect | str | None = None,
         utf8: Utf8Policy | str = "strict",
         limits: RenderLimits = DEFAULT_LIMITS,
-        provenance: bool = True,
+        provenance: bool | None = True,
     ) -> Rendered:
         """Render with the model's chat template. Options carry transformers' names.
 
@@ -128,8 +129,10 @@ class Model:
         return Run(req, rendered, tokenized, assemble(tokenized.ids))
 
     def encode(self, request: RequestLike, **options: Any) -> ModelInput:
-        """Request -> ModelInput (batch of one): the ids, mask and positions the model receives."""
-        return self.run(request, **options).model_input
+        """Request -> ModelInput (batch of one): the ids, mask and positions the model receives.
+
+        Only ids are returned, so the provenance pass runs only when the ids could depend on it (see `render`)."""
+        return self.run(request, **_ids_only(options)).model_input
 
     def encode_batch(
         self,
@@ -140,10 +143,20 @@ class Model:
         **options: Any,
     ) -> ModelInput:
         """Several requests padded into one batch; the pad id comes from the tokenizer config's pad_token."""
-        rows = [self.run(r, **options).tokenized.ids for r in requests]
+        options = _ids_only(options)
+        dialect = options.pop("dialect", None)
+        utf8 = options.pop("utf8", "strict")
+        rendered = [self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests]
+        rows = [t.ids for t in tokenize_batch(rendered, self.tokenizer)]
         return assemble_batch(
             rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of
         )
+
+
+def _ids_only(options: dict[str, Any]) -> dict[str, Any]:
+    if "provenance" not in options and fast_enabled():
+        return {**options, "provenance": None}
+    return options
 
 
 def load(model: str | None = None) -> Model:

@@ -50,7 +50,7 @@ from .errors import (
     TemplateSyntaxError,
 )
 from .frozen import FrozenDict, freeze
-from .request import Request
+from .request import Message, Request
 
 
 class SpecialTokenPolicy(StrEnum):
@@ -497,6 +497,7 @@ class _TokenSet:
     prefix_last: frozenset[str]  # the last characters of those prefixes, a cheap first test
     suffix_first: frozenset[str]  # the first characters of those suffixes
     longest: int
+    tokens: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=64)
@@ -513,6 +514,7 @@ def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
         prefix_last=frozenset(p[-1] for p in prefixes),
         suffix_first=frozenset(x[0] for x in suffixes),
         longest=max(map(len, tokens)),
+        tokens=tuple(tokens),
     )
 
 
@@ -559,6 +561,50 @@ def _walk_strings(value: Any, fn: Callable[[str], str], *, keys: bool) -> Any:
     return value
 
 
+def _would_mark(value: Any, tokens: _TokenSet) -> bool:
+    """Whether `_walk_strings(value, mark, keys=True)` would change anything: the same walk, without building."""
+    if isinstance(value, str):
+        return _mark_string(value, tokens, "\0", "\0", "\0") != value
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if isinstance(k, str) and _would_mark(k, tokens):
+                return True
+            if k != "role" and _would_mark(v, tokens):
+                return True
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_would_mark(v, tokens) for v in value)
+    return False
+
+
+@lru_cache(maxsize=1 << 14)
+def _message_would_mark(message: Message, tokens: _TokenSet) -> bool:
+    return _would_mark(_template_message(message), tokens)
+
+
+@lru_cache(maxsize=64)
+def _infixes(tokens: _TokenSet) -> frozenset[str]:
+    """Every substring of every control token: a request string equal to one could sit strictly inside a token."""
+    return frozenset(t[i:j] for t in tokens.tokens for i in range(len(t)) for j in range(i + 1, len(t) + 1))
+
+
+def _could_hide_in_a_token(value: Any, tokens: _TokenSet, infixes: frozenset[str]) -> bool:
+    """Whether a string the provenance pass would wrap (values only; not roles, not `type` values) is a substring of a
+    control token: the one case where provenance, not marking, tells a forged token from a trusted one."""
+    if isinstance(value, str):
+        return bool(value) and len(value) <= tokens.longest and value in infixes
+    if isinstance(value, Mapping):
+        return any(_could_hide_in_a_token(v, tokens, infixes) for k, v in value.items() if k not in ("role", "type"))
+    if isinstance(value, (list, tuple)):
+        return any(_could_hide_in_a_token(v, tokens, infixes) for v in value)
+    return False
+
+
+@lru_cache(maxsize=1 << 14)
+def _message_could_hide(message: Message, tokens: _TokenSet) -> bool:
+    return _could_hide_in_a_token(_template_message(message), tokens, _infixes(tokens))
+
+
 def _strip_markers(text: str, markers: str) -> tuple[str, list[tuple[int, str]]]:
     """Remove marker characters; return the clean text and (position in clean text, marker) pairs."""
     # Some templates JSON-encode request strings with ensure_ascii=True, which turns markers into \\u4dxx escapes.
@@ -584,15 +630,19 @@ def _strip_markers(text: str, markers: str) -> tuple[str, list[tuple[int, str]]]
 
 
 def _template_messages(request: Request) -> list[dict[str, Any]]:
-    messages = request.template_messages()
+    return [_template_message(m) for m in request.messages]
+
+
+@lru_cache(maxsize=8192)
+def _template_message(message: Message) -> dict[str, Any]:
+    """A message as templates see it. Memoized: the sandbox is immutable, so a template cannot change the dict, and
+    a long chat re-rendered turn after turn (or candidate after candidate) converts each message once."""
+    m = message.to_template()
     # transformers' _alias_reasoning_fields: reasoning is visible as `thinking` (gpt-oss) and `reasoning_content`.
-    out = []
-    for m in messages:
-        reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k) is not None), None)
-        if reasoning is not None:
-            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-        out.append(m)
-    return out
+    reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k) is not None), None)
+    if reasoning is not None:
+        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+    return m
 
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -617,15 +667,18 @@ def render(
     policy: SpecialTokenPolicy | str = SpecialTokenPolicy.TEXT,
     now: datetime | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
-    provenance: bool = True,
+    provenance: bool | None = True,
 ) -> Rendered:
     """Render a request with a chat template, as transformers' `apply_chat_template(tokenize=False)` would.
 
     `special_tokens` are the template variables from the tokenizer config (`bos_token`, `eos_token`, ...).
     `control_tokens` are the vocabulary's added/special token strings: a request string may never become one.
     `tools`/`documents`/`chat_template_kwargs` given here (by the caller, trusted) are added to those of the request.
-    `provenance=False` skips the second render that locates request strings (request_spans stay empty). Safety
-    does not depend on it: control-token strings and token fragments in request strings are marked either way.
+    `provenance=False` skips the second render that locates request strings (request_spans stay empty): control-
+    token strings and token fragments in request strings are marked either way. The one case marking cannot see is
+    a request string that is itself a substring of a control token ("im_st"), which the template could place
+    strictly inside one; `provenance=None` renders the second pass exactly when a request holds such a string, so
+    the ids are always those of `provenance=True`.
     """
     policy = SpecialTokenPolicy(policy)
     if continue_final_message and add_generation_prompt:
@@ -703,13 +756,32 @@ def render(
         }
 
     marking = not (policy is SpecialTokenPolicy.KEEP or tokens_re is None)
+    if marking:
+        # The marking walk below would leave every string as it is: skip it, the text is the same without it.
+        marking = (
+            any(_message_would_mark(m, tokens) for m in request.messages)
+            or _would_mark(req_tools or [], tokens)
+            or _would_mark(all_docs or [], tokens)
+            or _would_mark({k: v for k, v in request_kwargs.items() if k not in (chat_template_kwargs or {})}, tokens)
+        )
+    if provenance is None:
+        # Only when the ids could depend on it: under `keep` they never do; otherwise only a request string that is a
+        # substring of a control token (e.g. "im_st") can sit strictly inside one, where marking cannot see it.
+        provenance = (
+            policy is not SpecialTokenPolicy.KEEP
+            and tokens_re is not None
+            and (
+                any(_message_could_hide(m, tokens) for m in request.messages)
+                or _could_hide_in_a_token([req_tools or [], all_docs or [], request_kwargs], tokens, _infixes(tokens))
+            )
+        )
     if marking or provenance:
         o, c, b, p, q = _pick_markers(5, [template.source, *(s for _, s in request.strings())])
     else:
         o = c = b = p = q = ""  # neither pass runs: no markers are needed
 
     # 1. The text. Under TEXT/RAISE, control-token strings inside request strings are marked.
-    if policy is SpecialTokenPolicy.KEEP or tokens_re is None:
+    if not marking:
         raw = _run(template, context_for(None, False), limits)
         text, found = raw, []
     else:
@@ -722,7 +794,7 @@ def render(
     # 2. Provenance: render again with every request string wrapped in P..Q. When the clean text is the same,
     # the wrapped ranges are exact; when the template reshaped request strings (strip, slicing), they are not.
     def wrap(s: str) -> str:
-        inner = s if policy is SpecialTokenPolicy.KEEP or tokens_re is None else _mark_string(s, tokens, o, c, b)
+        inner = _mark_string(s, tokens, o, c, b) if marking else s
         return f"{p}{inner}{q}" if s else s
 
     spans: tuple[Span, ...] = ()

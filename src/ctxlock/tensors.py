@@ -146,6 +146,14 @@ def _coerce_row(row: object, path: str) -> np.ndarray:
             path=path,
             hint="pass a list of int token ids (tokenize text first)",
         )
+    if set(map(type, row)) <= {int}:
+        # The common case, checked in C: plain ints, converted at once; the loop below names the first bad id.
+        try:
+            arr = np.array(row, dtype=np.int64).reshape(len(row))
+        except OverflowError:
+            arr = None
+        if arr is not None and (arr.size == 0 or arr.min() >= 0):
+            return arr
     for j, x in enumerate(row):
         if type(x) is not int and not _is_int(x):
             raise TensorError(

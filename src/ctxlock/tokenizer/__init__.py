@@ -10,13 +10,14 @@ Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage fun
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ControlTokenError
 from ..template import Rendered, Span, SpecialTokenPolicy
+from .runs import encode_run, fast_enabled, prefetch_runs
 
 
 @dataclass(frozen=True)
@@ -84,16 +85,17 @@ def longest_first(tokens: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(t) for t in tokens)) if tokens else None
 
 
-def encode_between(text: str, matches: Sequence[ControlMatch], encode_text: Callable[..., list[int]]) -> list[int]:
-    """The control ids at their matches, and the text between them encoded on its own: how mistral-common builds a
-    chat, and how tiktoken and SentencePiece backends honour special tokens."""
+def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Any) -> list[int]:
+    """The control ids at their matches, and the text between them encoded on its own (through the run cache): how
+    mistral-common builds a chat, and how tiktoken and SentencePiece backends honour special tokens."""
     ids: list[int] = []
     pos = 0
     for m in matches:
-        ids += encode_text(text[pos : m.start], at_start=pos == 0)
+        ids += encode_run(tokenizer, text[pos : m.start], at_start=pos == 0)
         ids.append(m.id)
         pos = m.end
-    return ids + encode_text(text[pos:], at_start=pos == 0)
+    ids += encode_run(tokenizer, text[pos:], at_start=pos == 0)
+    return ids
 
 
 def _overlaps(m: ControlMatch, spans: Sequence[Span]) -> Span | None:
@@ -106,10 +108,42 @@ def _overlaps(m: ControlMatch, spans: Sequence[Span]) -> Span | None:
     return None
 
 
+def _split(tokenizer: Tokenizer, text: str) -> list[ControlMatch] | None:
+    """The control-token matches, when the backend can say that the runs between them are encoded independently
+    (`split_controls`; None from it means it cannot for this tokenizer). The reference ids are then the control ids
+    and the runs' ids, and every run goes through the run cache."""
+    split = getattr(tokenizer, "split_controls", None)
+    if split is None or not fast_enabled():
+        return None
+    return split(text)
+
+
+def tokenize_batch(rendered: Sequence[Rendered], tokenizer: Tokenizer) -> list[Tokenized]:
+    """`tokenize` over several texts, with the runs none of them has seen encoded in one batch call first (both
+    cores, where the engine releases the GIL). Results equal `[tokenize(r, tokenizer) for r in rendered]`."""
+    runs: list[tuple[str, bool]] = []
+    for r in rendered:
+        matches = _split(tokenizer, r.text)
+        if matches is None:
+            continue
+        pos = 0
+        for m in [*matches, None]:
+            end = len(r.text) if m is None else m.start
+            runs.append((r.text[pos:end], pos == 0))
+            if m is not None:
+                pos = m.end
+    prefetch_runs(tokenizer, runs)
+    return [tokenize(r, tokenizer) for r in rendered]
+
+
 def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     """Encode a rendered chat so that only the template's own control tokens become control ids."""
     text = rendered.text
-    reference_ids, matches = tokenizer.encode_matched(text)
+    matches = _split(tokenizer, text)
+    if matches is not None:
+        reference_ids = encode_between(text, matches, tokenizer)
+    else:
+        reference_ids, matches = tokenizer.encode_matched(text)
     if rendered.policy is SpecialTokenPolicy.KEEP:
         return Tokenized(tuple(reference_ids), tuple(matches), ())
     trusted: list[ControlMatch] = []
@@ -138,7 +172,7 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
         end = len(text) if m is None else m.start
         if end > pos:
             piece = text[pos:end]
-            run = tokenizer.encode_text(piece, at_start=pos == 0)
+            run = encode_run(tokenizer, piece, at_start=pos == 0)
             # A control id in a plain-text run is a leak when its string is in the run (an <unk> for an unknown
             # character is not: the text never spelled "<unk>").
             leaked = {i for i in run if i in control and control[i] in piece}
@@ -155,4 +189,13 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     return Tokenized(tuple(ids), tuple(trusted), tuple(forged))
 
 
-__all__ = ["AddedToken", "ControlMatch", "Tokenized", "Tokenizer", "encode_between", "longest_first", "tokenize"]
+__all__ = [
+    "AddedToken",
+    "ControlMatch",
+    "Tokenized",
+    "Tokenizer",
+    "encode_between",
+    "longest_first",
+    "tokenize",
+    "tokenize_batch",
+]

@@ -245,13 +245,15 @@ class SentencePieceTokenizer:
         # The dummy prefix is added per call, wherever the run is (mistral-common's chunk-by-chunk encoding).
         return list(self._sp.encode(text)) if text else []
 
+    def split_controls(self, text: str) -> list[ControlMatch]:
+        if self._control_re is None:
+            return []
+        found = self._control_re.finditer(text)
+        return [ControlMatch(m.start(), m.end(), self._control_ids[m.group(0)]) for m in found]
+
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
-        matches: list[ControlMatch] = []
-        if self._control_re is not None:
-            matches = [
-                ControlMatch(m.start(), m.end(), self._control_ids[m.group(0)]) for m in self._control_re.finditer(text)
-            ]
-        return encode_between(text, matches, self.encode_text), matches
+        matches = self.split_controls(text)
+        return encode_between(text, matches, self), matches
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         bos = [self.bos_id] if add_special_tokens and self.bos_id >= 0 else []

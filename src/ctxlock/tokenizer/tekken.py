@@ -81,12 +81,15 @@ class TekkenTokenizer:
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         return [i + self.num_special for i in self._enc.encode_ordinary(text)]
 
-    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
+    def split_controls(self, text: str) -> list[ControlMatch]:
         # As mistral-common builds a chat: control ids, with the text between them encoded on its own.
         regex = self._special_re
         found = regex.finditer(text) if regex is not None else ()
-        matches = [ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in found]
-        return encode_between(text, matches, self.encode_text), matches
+        return [ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]) for m in found]
+
+    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
+        matches = self.split_controls(text)
+        return encode_between(text, matches, self), matches
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         bos: list[int] = [self._special_ids["<s>"]] if add_special_tokens else []

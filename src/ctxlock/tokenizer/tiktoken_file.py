@@ -245,13 +245,17 @@ class TiktokenTokenizer:
             return True
         return self._normalize(text[start:k]) == text[start:end] + self._normalize(text[end:k])
 
-    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
+    def split_controls(self, text: str) -> list[ControlMatch]:
         matches: list[ControlMatch] = []
         if self._special_re is not None:
             for m in self._special_re.finditer(text):
                 if self._survives(text, m.start(), m.end()):
                     matches.append(ControlMatch(m.start(), m.end(), self._special_ids[m.group(0)]))
-        return encode_between(text, matches, self.encode_text), matches
+        return matches
+
+    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
+        matches = self.split_controls(text)
+        return encode_between(text, matches, self), matches
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
         # tiktoken files define no BOS/EOS post-processing (QWenTokenizer adds none): add_special_tokens adds nothing.

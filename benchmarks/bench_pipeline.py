@@ -1,0 +1,111 @@
+"""Request -> ids, ctxlock against transformers, in one process on the same artifacts, with identical ids.
+
+    python benchmarks/bench_pipeline.py single    [--requests 300] [--rounds 3]
+    python benchmarks/bench_pipeline.py multiturn [--conversations 20] [--turns 20] [--rounds 3]
+
+`single`: a corpus of independent requests (mixed sizes, a third with tools; benchmarks/corpus.py), each
+encoded once. `multiturn`: chats replayed turn by turn, each request holding the whole history, as a chat server
+sees them. transformers runs `apply_chat_template(tokenize=True)`; ctxlock runs `Model.encode` (parse and validate,
+render with injection marking, tokenize, tensors). Both use the Qwen2 vocabulary (transformers' conversion of
+llama.cpp's GGUF, fetched by scripts/fetch_artifacts.py) and Qwen2.5's template.
+
+Every round starts with ctxlock's run cache cleared, so `single` measures cold tokenization and `multiturn`
+measures what a server gains within one pass. The ids of every request are compared before timing. ctxlock is
+also timed with `CTXLOCK_FAST=0` (the reference path: `tokenizers` engine, no run cache, provenance always).
+Prints medians over rounds and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import corpus
+
+import artifacts
+import ctxlock
+import reference
+from ctxlock.template import ChatTemplate
+from ctxlock.tokenizer.runs import RUNS
+
+
+def _timed_rounds(fn, rounds: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        RUNS.clear()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["single", "multiturn"])
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--conversations", type=int, default=20)
+    ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--vocab", default="qwen2")
+    ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
+    args = ap.parse_args()
+
+    tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
+    source = (artifacts.templates_dir() / args.template).read_text("utf-8")
+    model = ctxlock.load(str(tok_dir))
+    template = ChatTemplate(source, id=args.template)
+    hf = reference.reference_tokenizer(tok_dir)
+
+    if args.mode == "single":
+        requests = corpus.single_shot(args.requests)
+    else:
+        requests = [r for c in range(args.conversations) for r in corpus.conversation(args.turns, seed=100 + c)]
+
+    def theirs_one(r: dict) -> list[int]:
+        return hf.apply_chat_template(
+            r["messages"],
+            tools=r.get("tools"),
+            chat_template=source,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+
+    def ours_one(r: dict) -> list[int]:
+        return model.encode(r, template=template).input_ids[0]
+
+    # Identical ids on every request, with the fast paths on and off.
+    RUNS.clear()
+    tokens = 0
+    for r in requests:
+        expected = list(theirs_one(r))
+        got = ours_one(r).tolist()
+        if got != expected:
+            raise SystemExit(f"ids differ from transformers on a request of {len(r['messages'])} messages")
+        tokens += len(expected)
+    engine = model.tokenizer.describe().get("engine", "tokenizers")
+
+    t_theirs = _timed_rounds(lambda: [theirs_one(r) for r in requests], args.rounds)
+    t_ours = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
+    os.environ["CTXLOCK_FAST"] = "0"
+    try:
+        t_exact = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
+    finally:
+        del os.environ["CTXLOCK_FAST"]
+
+    print(f"{args.mode}: {len(requests)} requests, {tokens:,} tokens, identical ids on all; engine {engine}")
+    print(f"transformers apply_chat_template(tokenize=True)  {t_theirs:8.3f} s")
+    print(f"ctxlock Model.encode                             {t_ours:8.3f} s   {t_theirs / t_ours:6.1f}x faster")
+    print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {t_theirs / t_exact:6.1f}x")
+    print(f"(medians of {args.rounds} rounds; run cache cleared before each round)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Fast paths give the exact path's ids: the run cache, the skipped provenance pass, the skipped marking walk."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import artifacts
+import ctxlock
+from ctxlock.request import parse_request
+from ctxlock.template import ChatTemplate
+from ctxlock.tokenizer.runs import RUNS, RunCache, encode_run, fast_enabled
+
+
+@pytest.fixture(scope="module")
+def qwen() -> ctxlock.Model:
+    return ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+
+
+def _ids(model: ctxlock.Model, request, **options) -> list[int]:
+    return [int(i) for i in model.encode(request, **options).input_ids[0]]
+
+
+def test_fast_enabled_reads_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("CTXLOCK_FAST", "0")
+    assert not fast_enabled()
+    monkeypatch.setenv("CTXLOCK_FAST", "1")
+    assert fast_enabled()
+    monkeypatch.delenv("CTXLOCK_FAST")
+    assert fast_enabled()
+
+
+def test_run_cache_is_bounded_by_bytes_and_evicts_oldest() -> None:
+    cache = RunCache(max_bytes=4000)
+    for i in range(100):
+        cache.put(("t", "", f"run {i} " * 10, False), tuple(range(20)))
+        assert cache.bytes <= 4000
+    assert cache.get(("t", "", "run 99 " * 10, False)) == tuple(range(20))
+    assert cache.get(("t", "", "run 0 " * 10, False)) is None  # evicted
+    assert 0 < cache.stats()["entries"] < 100
+
+
+def test_run_cache_keys_by_tokenizer(qwen) -> None:
+    other = ctxlock.load(str(artifacts.gguf_path("llama-bpe"))).tokenizer
+    text = " the quick brown fox 天空"
+    a = encode_run(qwen.tokenizer, text, at_start=False)
+    b = encode_run(other, text, at_start=False)
+    assert list(a) == qwen.tokenizer.encode_text(text, at_start=False)
+    assert list(b) == other.encode_text(text, at_start=False)
+    assert a != b
+
+
+HOSTILE = "{% for m in messages %}<|im_{{ m.content }}rt|>{% endfor %}"
+
+
+@pytest.mark.parametrize("content", ["sta", "im_sta", "_"])
+def test_a_request_string_inside_a_control_token_still_gets_provenance(qwen, content: str) -> None:
+    # The template builds `<|im_start|>` around the request string "sta": only the provenance pass sees that the
+    # token holds request text. With provenance left to ctxlock (encode's default) the ids must be the same.
+    template = ChatTemplate(HOSTILE, id="hostile")
+    request = {"messages": [{"role": "user", "content": content}]}
+    exact = [int(i) for i in qwen.run(request, template=template, add_generation_prompt=False).tokenized.ids]
+    assert _ids(qwen, request, template=template, add_generation_prompt=False) == exact
+    rendered = qwen.render(request, template=template, add_generation_prompt=False, provenance=None)
+    assert rendered.request_spans  # the pass ran
+    if content == "sta":
+        im_start = qwen.tokenizer.token_to_id("<|im_start|>")
+        assert im_start not in exact  # neutralized: the request supplied part of it
+
+
+WORDS = ["sky", "blue", " ", "\n", "天空", "<|im_start|>", "<|im_end|>", "<|im_", "end|>", "im_st", "😀", "a"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    parts=st.lists(st.lists(st.sampled_from(WORDS), max_size=6).map("".join), min_size=1, max_size=6),
+    policy=st.sampled_from(["text", "keep"]),
+)
+def test_fast_paths_on_and_off_give_the_same_ids(qwen, monkeypatch, parts: list[str], policy: str) -> None:
+    roles = ["user", "assistant"]
+    msgs = [{"role": roles[i % 2], "content": p} for i, p in enumerate(parts)]
+    if msgs[-1]["role"] != "user":
+        msgs.append({"role": "user", "content": "ok"})
+    request = parse_request({"messages": msgs})
+    fast = _ids(qwen, request, special_tokens=policy)
+    monkeypatch.setenv("CTXLOCK_FAST", "0")
+    RUNS.clear()
+    slow = _ids(qwen, request, special_tokens=policy)
+    monkeypatch.delenv("CTXLOCK_FAST")
+    assert fast == slow
+    if policy == "text":
+        assert fast == [int(i) for i in qwen.run(request, special_tokens=policy).tokenized.ids]
+
+
+def test_encode_batch_equals_one_by_one(qwen) -> None:
+    # The batch path prefetches every unseen run in one engine call; rows must equal single encodes exactly.
+    requests = [
+        {"messages": [{"role": "user", "content": f"question {i}: 天空 {'why ' * i}?"}]} for i in range(1, 9)
+    ] + [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "<|im_start|>x"}]}]
+    for model in (qwen, ctxlock.load()):
+        RUNS.clear()
+        batch = model.encode_batch(requests, padding_side="left")
+        RUNS.clear()
+        for row, r in zip(batch.input_ids, requests, strict=True):
+            single = _ids(model, r)
+            assert [int(i) for i in row[len(row) - len(single) :]] == single

@@ -116,3 +116,28 @@ def test_corrupt_record_files_and_unknown_ids(store: Path, tmp_path: Path) -> No
     assert p.returncode == 1 and "line 2" in p.stderr and "Traceback" not in p.stderr
     p = run("replay", "0123456789abcdef", store=store)
     assert p.returncode == 1 and "Traceback" not in p.stderr
+
+
+def test_sampler_order_is_recorded_and_diffed_at_the_policy_layer(store: Path, tmp_path: Path) -> None:
+    first = tmp_path / "a.json"
+    first.write_text(json.dumps({"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3}), "utf-8")
+    second = tmp_path / "b.json"
+    order = ["repetition_penalty", "top_k", "top_p", "min_p", "temperature"]  # temperature last, as llama.cpp
+    second.write_text(json.dumps({"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3, "order": order}), "utf-8")
+    a = _record(store, BOOK, "--sampling", str(first))
+    b = _record(store, BOOK, "--sampling", str(second))
+    shown = json.loads(run("records", "show", a, store=store).stdout)
+    assert shown["options"]["sampling"]["order"][:2] == ["repetition_penalty", "temperature"]
+    p = run("diff", a, b, "--json", store=store)
+    assert p.returncode == 1
+    div = json.loads(p.stdout)["first_divergence"]
+    assert div["layer"] == "policy"
+    assert div["location"].startswith("options.sampling.order")
+    assert "processor order" in div["cause"]
+    assert run("replay", b, store=store).returncode == 0  # the sampling config survives replay
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"top_k": 5, "order": ["temperature"]}), "utf-8")
+    p = run("render", "--model", "book", "--sampling", str(bad), "-", store=store, stdin=json.dumps(BOOK))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "SamplerError" in p.stderr and "top_k is set but not in the processor order" in p.stderr

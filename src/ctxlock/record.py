@@ -157,6 +157,7 @@ class RunOptions:
     utf8: str = "strict"
     template_name: str | None = None
     budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
+    sampling: Mapping[str, Any] | None = None  # a SamplerConfig as a dict (processors and their order, seed)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -169,6 +170,7 @@ class RunOptions:
             "utf8": self.utf8,
             "template_name": self.template_name,
             "budget": dict(self.budget) if self.budget else None,
+            "sampling": dict(self.sampling) if self.sampling else None,
         }
 
     @classmethod
@@ -187,8 +189,8 @@ def build_record(
     original: Any | None = None,
     decisions: Mapping[str, Any] | None = None,
 ) -> ExecutionRecord:
-    """`original` is the request as received when the run saw a fitted one; `decisions` the budget's log."""
-    """Assemble the record of one run (or of a failed one: `run` None and `error` set)."""
+    """Assemble the record of one run (or of a failed one: `run` None and `error` set). `original` is the request
+    as received when the run saw a fitted one; `decisions` the budget's log."""
     tok = model.tokenizer
     manifest, files = tok.replay_spec()
     tok_desc = tok.describe()
@@ -213,6 +215,8 @@ def build_record(
             "model": tok_desc.get("model"),
             "normalizer": tok_desc.get("normalizer"),
             "pre_tokenizer": tok_desc.get("pre_tokenizer"),
+            # Which engine encoded the runs (tiktoken fast path or `tokenizers`), and why: part of the identity.
+            "engine": tok_desc.get("engine"),
             "vocab_size": tok.vocab_size,
             "special_tokens": dict(model.special_tokens),
             "added_tokens": [[t.content, t.id, t.special] for t in sorted(tok.added_tokens, key=lambda t: t.id)],
@@ -381,6 +385,9 @@ def diff(a: ExecutionRecord | Mapping[str, Any], b: ExecutionRecord | Mapping[st
         found = _first_json_difference(da.get("environment"), db.get("environment"))
         if found:
             notes.append(f"environment differs at {found[0]}: {found[1]!r} vs {found[2]!r}")
+    ea, eb = ((d.get("tokenizer") or {}).get("engine") for d in (da, db))
+    if ea != eb:
+        notes.append(f"tokenizer engine differs: {ea!r} vs {eb!r} (proven to give the same ids)")
     ra, rb = da["request"], db["request"]
     if ra.get("sha256") != rb.get("sha256"):
         notes.append(f"request bytes differ: sha256 {_short(ra.get('sha256'))} vs {_short(rb.get('sha256'))}")
@@ -526,6 +533,13 @@ def _compare_layer(layer: str, da: Mapping[str, Any], db: Mapping[str, Any]) -> 
         if found:
             where = f"decisions.{found[0]}"
             return Divergence("policy", where, found[1], found[2], "a context-policy decision differs")
+        sa = (da.get("options") or {}).get("sampling")
+        sb = (db.get("options") or {}).get("sampling")
+        found = _first_json_difference(sa, sb)
+        if found:
+            what = "the sampler's processor order" if found[0].startswith("order") else "the sampler config"
+            where = "options.sampling" + ("" if found[0] == "$" else f".{found[0]}")
+            return Divergence("policy", where, found[1], found[2], f"{what} differs")
         return None
     if layer == "tensors":
         found = _first_json_difference(da.get("tensors"), db.get("tensors"))

@@ -14,6 +14,7 @@ from rich.rule import Rule
 from rich.text import Text
 
 from ..artifacts import load_template_file
+from ..errors import SamplerError
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
@@ -64,6 +65,20 @@ def _parse_now(now: str | None) -> datetime | None:
         return datetime.fromisoformat(now)
     except ValueError:
         raise typer.BadParameter(f"not an ISO 8601 time: {now!r}", param_hint="--now") from None
+
+
+def _read_sampling(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    from ..sampler import SamplerConfig
+
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SamplerError(
+            f"cannot read the sampler config: {exc}", path=str(path), hint="pass a JSON object"
+        ) from None
+    return SamplerConfig.from_dict(data).to_dict()
 
 
 def _run_kwargs(options: RunOptions) -> dict[str, Any]:
@@ -192,6 +207,15 @@ def register(app: typer.Typer) -> None:
         record: Annotated[
             bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
         ] = False,
+        sampling: Annotated[
+            Path | None,
+            typer.Option(
+                "--sampling",
+                help="A sampler config JSON (temperature, top_k, top_p, min_p, repetition_penalty, seed, order) "
+                "that the output will be sampled with. It is validated and, with --record, stored in the record, "
+                "where `ctxlock diff` compares it (processor order included) at the policy layer.",
+            ),
+        ] = None,
         store: Annotated[
             Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
         ] = None,
@@ -212,6 +236,7 @@ def register(app: typer.Typer) -> None:
                 now=parsed_now.isoformat() if parsed_now else None,
                 dialect=dialect,
                 utf8=utf8,
+                sampling=_read_sampling(sampling),
             )
             if record:
                 from ..replay import run_and_record, save

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConstraintError, UnsupportedSchemaError
+from .request import join_path
 from .tokenizer import Tokenizer
 from .tokenizer.token_bytes import TokenBytes, token_bytes
 
@@ -174,15 +175,6 @@ _SCHEMA_ONE = (
 )
 
 
-def _join(path: str, key: str | int) -> str:
-    """`a.b`, `a[3]`, `a["not an identifier"]`; the root is `$` (the request module's path style)."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if key.isidentifier() or (key[:1] == "$" and key[1:].isidentifier()):  # `$defs`, `$ref` read as names
-        return key if path == "$" else f"{path}.{key}"
-    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
-
-
 def _subschemas(node: Any, path: str = "$") -> Iterator[tuple[str, dict[str, Any]]]:
     """Every schema object in a schema, with its path; property *names* are never mistaken for keywords."""
     if not isinstance(node, dict):
@@ -192,19 +184,19 @@ def _subschemas(node: Any, path: str = "$") -> Iterator[tuple[str, dict[str, Any
         value = node.get(key)
         if isinstance(value, dict):
             for name, sub in value.items():
-                yield from _subschemas(sub, _join(_join(path, key), name))
+                yield from _subschemas(sub, join_path(join_path(path, key), name))
     for key in _SCHEMA_LISTS:
         value = node.get(key)
         if isinstance(value, list):
             for i, sub in enumerate(value):
-                yield from _subschemas(sub, _join(_join(path, key), i))
+                yield from _subschemas(sub, join_path(join_path(path, key), i))
     for key in _SCHEMA_ONE:
         value = node.get(key)
         if isinstance(value, dict):
-            yield from _subschemas(value, _join(path, key))
+            yield from _subschemas(value, join_path(path, key))
         elif key == "items" and isinstance(value, list):  # draft 4-7 tuple form
             for i, sub in enumerate(value):
-                yield from _subschemas(sub, _join(_join(path, key), i))
+                yield from _subschemas(sub, join_path(join_path(path, key), i))
 
 
 def _locate(schema: Any, message: str) -> str | None:
@@ -216,7 +208,7 @@ def _locate(schema: Any, message: str) -> str | None:
             keys = set(json.loads(m.group(1)))
         except ValueError:
             keys = set()
-        found = [_join(p, k) for p, node in nodes for k in node if k in keys]
+        found = [join_path(p, k) for p, node in nodes for k in node if k in keys]
         if found:
             return ", ".join(found[:5])
     # A keyword whose string value the message quotes: a pattern, a format, a $ref, a type name.
@@ -224,7 +216,7 @@ def _locate(schema: Any, message: str) -> str | None:
         for k, v in node.items():
             quoted = isinstance(v, str) and len(v) > 1 and (v in message or v.lstrip("#") in message)
             if quoted and k in ("pattern", "format", "$ref", "type"):
-                return _join(p, k)
+                return join_path(p, k)
     # Keywords the message names (e.g. "minItems (3) is greater than maxItems (1)"): the node naming most of them.
     best, best_score = None, 0
     for p, node in nodes:
@@ -237,7 +229,7 @@ def _locate(schema: Any, message: str) -> str | None:
 def _schema_error_path(error: Any) -> str:
     path = "$"
     for key in error.absolute_path:
-        path = _join(path, key)
+        path = join_path(path, key)
     return path
 
 

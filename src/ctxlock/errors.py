@@ -174,7 +174,37 @@ class IncompleteDecodeError(DecodeError):
 
 
 class ToolCallError(CtxlockError):
-    """A streamed tool call that cannot be released: malformed, unknown tool, truncated or invalid arguments."""
+    """A streamed tool call that cannot be released: malformed, unknown tool, truncated or invalid arguments.
+
+    It names the call (`index`, `call_id`, `tool_name`) so a server can answer it, lists every schema violation
+    for invalid arguments, and the call indexes still pending when a stream was cut (`pending`)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        hint: str | None = None,
+        index: int | None = None,
+        call_id: str | None = None,
+        tool_name: str | None = None,
+        violations: tuple[dict[str, str], ...] = (),
+        pending: tuple[int, ...] = (),
+    ) -> None:
+        self.index = index
+        self.call_id = call_id
+        self.tool_name = tool_name
+        self.violations = tuple(violations)
+        self.pending = tuple(pending)
+        super().__init__(message, path=path, hint=hint)
+
+    def to_dict(self) -> dict:
+        out: dict = dict(super().to_dict())
+        if self.violations:
+            out["violations"] = list(self.violations)
+        if self.pending:
+            out["pending"] = list(self.pending)
+        return out
 
 
 class ToolCallTruncatedError(ToolCallError):

@@ -221,7 +221,7 @@ class Request:
         for k, doc in enumerate(self.documents or ()):
             yield from _walk_strings(doc, f"documents[{k}]")
         for key, value in self.chat_template_kwargs.items():
-            yield from _walk_strings(value, _join("chat_template_kwargs", key))
+            yield from _walk_strings(value, join_path("chat_template_kwargs", key))
 
     def to_json(self) -> str:
         """Canonical JSON of exactly the compared fields, so `a == b` iff `a.to_json() == b.to_json()`.
@@ -240,8 +240,8 @@ class Request:
     def _tool_path(self, k: int, key: str) -> str:
         if self.dialect is Dialect.ANTHROPIC:
             # Anthropic tools are {name, description, input_schema}; name the key the client actually sent.
-            return _join(f"tools[{k}]", "input_schema" if key == "parameters" else key)
-        return _join(f"tools[{k}].function", key)
+            return join_path(f"tools[{k}]", "input_schema" if key == "parameters" else key)
+        return join_path(f"tools[{k}].function", key)
 
 
 def _message_strings(m: Message) -> Iterator[tuple[str, str]]:
@@ -270,7 +270,7 @@ def _walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
         yield path, value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            sub = _join(path, key)
+            sub = join_path(path, key)
             yield sub, key
             yield from _walk_strings(item, sub)
     elif isinstance(value, tuple | list):
@@ -282,11 +282,11 @@ def _walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
 # JSON paths
 
 
-def _join(path: str, key: str | int) -> str:
+def join_path(path: str, key: str | int) -> str:
     """Append a key or index to a JSON path: `a.b`, `a[3]`, `a["not an identifier"]`; the root is `$`."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    if key.isidentifier():
+    if key.isidentifier() or (key[:1] == "$" and key[1:].isidentifier()):  # `$defs`, `$ref` read as names
         return key if path == "$" else f"{path}.{key}"
     return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
 
@@ -303,7 +303,7 @@ def _render(path: _LinkedPath) -> str:
         keys.append(key)
     out = path
     for key in reversed(keys):
-        out = _join(out, key)
+        out = join_path(out, key)
     return out
 
 
@@ -511,12 +511,12 @@ def _str(value: Any, path: str, *, nonempty: bool = False) -> str:
 
 def _opt_str(obj: dict[str, Any], key: str, path: str) -> str | None:
     value = obj.get(key)
-    return None if value is None else _str(value, _join(path, key))
+    return None if value is None else _str(value, join_path(path, key))
 
 
 def _required(obj: dict[str, Any], key: str, path: str, what: str) -> Any:
     if obj.get(key) is None:
-        raise _fail(_join(path, key), f"{key} is required", f"send {what}")
+        raise _fail(join_path(path, key), f"{key} is required", f"send {what}")
     return obj[key]
 
 
@@ -525,14 +525,14 @@ def _only_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: str, what: s
     for key in obj:
         if key not in allowed:
             raise _fail(
-                _join(path, key),
+                join_path(path, key),
                 f"unknown key {json.dumps(key, ensure_ascii=False)} in {what}",
                 f"allowed keys: {', '.join(allowed)}",
             )
 
 
 def _part_type(block: dict[str, Any], path: str) -> str:
-    return _str(_required(block, "type", path, 'a "type"'), _join(path, "type"))
+    return _str(_required(block, "type", path, 'a "type"'), join_path(path, "type"))
 
 
 def _text_part(text: str) -> FrozenDict:
@@ -582,10 +582,10 @@ def _openai_messages(raw: Any, policy: Utf8Policy) -> tuple[Message, ...]:
 
 def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy) -> Message:
     m = _obj(raw, path, "a message object")
-    role = _str(_required(m, "role", path, "one of: " + ", ".join(_OPENAI_ROLES)), _join(path, "role"))
+    role = _str(_required(m, "role", path, "one of: " + ", ".join(_OPENAI_ROLES)), join_path(path, "role"))
     if role not in _OPENAI_ROLES:
         raise _fail(
-            _join(path, "role"),
+            join_path(path, "role"),
             f"unknown role {json.dumps(role, ensure_ascii=False)}",
             f"allowed roles: {', '.join(_OPENAI_ROLES)}",
         )
@@ -593,7 +593,7 @@ def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy)
     for key, value in m.items():
         if key in allowed:
             continue
-        kpath = _join(path, key)
+        kpath = join_path(path, key)
         if key not in _OPENAI_ALL_KEYS:
             raise _fail(
                 kpath,
@@ -610,31 +610,31 @@ def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy)
 
     tool_calls: tuple[ToolCall, ...] | None = None
     if m.get("tool_calls") is not None:
-        calls = _list(m["tool_calls"], _join(path, "tool_calls"), "an array of tool calls")
+        calls = _list(m["tool_calls"], join_path(path, "tool_calls"), "an array of tool calls")
         tool_calls = tuple(_openai_tool_call(c, f"{path}.tool_calls[{j}]", policy) for j, c in enumerate(calls))
 
     reasoning = _opt_str(m, "reasoning_content", path)
     if m.get("reasoning") is not None:
         if reasoning is not None:
             raise _fail(
-                _join(path, "reasoning"),
+                join_path(path, "reasoning"),
                 "both reasoning and reasoning_content are set",
                 "send one of them; reasoning is an alias of reasoning_content",
             )
-        reasoning = _str(m["reasoning"], _join(path, "reasoning"))
+        reasoning = _str(m["reasoning"], join_path(path, "reasoning"))
 
     tool_call_id: str | None = None
     if role == "tool":
         tool_call_id = _str(
-            _required(m, "tool_call_id", path, "the id of the tool call this answers"), _join(path, "tool_call_id")
+            _required(m, "tool_call_id", path, "the id of the tool call this answers"), join_path(path, "tool_call_id")
         )
         if tool_call_id not in seen_ids:
-            raise _no_tool_call(tool_call_id, seen_ids, _join(path, "tool_call_id"), "tool message")
+            raise _no_tool_call(tool_call_id, seen_ids, join_path(path, "tool_call_id"), "tool message")
 
-    content = _openai_content(m.get("content"), _join(path, "content"), role)
+    content = _openai_content(m.get("content"), join_path(path, "content"), role)
     if content is None and not (role == "assistant" and tool_calls):
         raise _fail(
-            _join(path, "content"),
+            join_path(path, "content"),
             f"content is required in a {role} message",
             "only an assistant message with tool_calls may omit content",
         )
@@ -664,29 +664,31 @@ def _openai_part(raw: Any, path: str, role: str) -> FrozenDict:
     kind = _part_type(part, path)
     if kind == "text":
         _only_keys(part, ("type", "text"), path, "a text part")
-        return _text_part(_str(_required(part, "text", path, "the text"), _join(path, "text")))
+        return _text_part(_str(_required(part, "text", path, "the text"), join_path(path, "text")))
     if kind == "image_url":
         if role != "user":
-            raise _fail(_join(path, "type"), f"a {role} message cannot hold images", "send images in user messages")
+            raise _fail(join_path(path, "type"), f"a {role} message cannot hold images", "send images in user messages")
         _only_keys(part, ("type", "image_url"), path, "an image_url part")
         image = _required(part, "image_url", path, 'an "image_url" object with a "url"')
-        ipath = _join(path, "image_url")
+        ipath = join_path(path, "image_url")
         if isinstance(image, str):  # accepted by vLLM and several clients
             return _image_part(image)
         image = _obj(image, ipath, 'an object {"url": ...} or a URL string')
         _only_keys(image, ("url", "detail"), ipath, "image_url")
-        url = _str(_required(image, "url", ipath, "the image URL"), _join(ipath, "url"))
+        url = _str(_required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
         detail = _opt_str(image, "detail", ipath)
         if detail is not None and detail not in _IMAGE_DETAILS:
             raise _fail(
-                _join(ipath, "detail"),
+                join_path(ipath, "detail"),
                 f"unknown detail {json.dumps(detail, ensure_ascii=False)}",
                 f"allowed: {', '.join(_IMAGE_DETAILS)}",
             )
         return _image_part(url, detail)
     allowed = "text, image_url" if role == "user" else "text"
     raise _fail(
-        _join(path, "type"), f"unknown content part type {json.dumps(kind, ensure_ascii=False)}", f"allowed: {allowed}"
+        join_path(path, "type"),
+        f"unknown content part type {json.dumps(kind, ensure_ascii=False)}",
+        f"allowed: {allowed}",
     )
 
 
@@ -695,12 +697,12 @@ def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy) -> ToolCall:
     _only_keys(call, ("id", "type", "function"), path, "a tool call")
     kind = call.get("type")
     if kind is not None and kind != "function":
-        raise _fail(_join(path, "type"), f"unsupported tool call type {json.dumps(kind)}", 'use "function"')
-    fpath = _join(path, "function")
+        raise _fail(join_path(path, "type"), f"unsupported tool call type {json.dumps(kind)}", 'use "function"')
+    fpath = join_path(path, "function")
     fn = _obj(_required(call, "function", path, 'a "function" object with name and arguments'), fpath)
     _only_keys(fn, ("name", "arguments"), fpath, "a tool call function")
-    name = _str(_required(fn, "name", fpath, "the function name"), _join(fpath, "name"), nonempty=True)
-    apath = _join(fpath, "arguments")
+    name = _str(_required(fn, "name", fpath, "the function name"), join_path(fpath, "name"), nonempty=True)
+    apath = join_path(fpath, "arguments")
     args = _required(fn, "arguments", fpath, 'the arguments as a JSON object or a JSON string, e.g. "{}"')
     if isinstance(args, str):
         args = _parse_arguments(args, apath, policy)
@@ -737,8 +739,8 @@ def _openai_tools(raw: Any) -> tuple[FrozenDict, ...]:
         _only_keys(tool, ("type", "function"), path, "a tool")
         kind = _required(tool, "type", path, '"type": "function"')
         if kind != "function":
-            raise _fail(_join(path, "type"), f"unsupported tool type {json.dumps(kind)}", 'use "function"')
-        fpath = _join(path, "function")
+            raise _fail(join_path(path, "type"), f"unsupported tool type {json.dumps(kind)}", 'use "function"')
+        fpath = join_path(path, "function")
         fn = _obj(_required(tool, "function", path, 'a "function" object with a name'), fpath)
         _only_keys(fn, ("name", "description", "parameters", "strict"), fpath, "a tool function")
         _check_tool_function(fn, fpath)
@@ -747,12 +749,12 @@ def _openai_tools(raw: Any) -> tuple[FrozenDict, ...]:
 
 
 def _check_tool_function(fn: dict[str, Any], path: str, *, schema_key: str = "parameters") -> None:
-    _str(_required(fn, "name", path, "the tool name"), _join(path, "name"), nonempty=True)
+    _str(_required(fn, "name", path, "the tool name"), join_path(path, "name"), nonempty=True)
     _opt_str(fn, "description", path)
     if fn.get(schema_key) is not None:
-        _obj(fn[schema_key], _join(path, schema_key), "a JSON schema object")
+        _obj(fn[schema_key], join_path(path, schema_key), "a JSON schema object")
     if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
-        raise _fail(_join(path, "strict"), "strict must be a boolean", "send true or false")
+        raise _fail(join_path(path, "strict"), "strict must be a boolean", "send true or false")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -781,9 +783,9 @@ def _anthropic_text(raw: Any, path: str) -> FrozenDict:
     block = _obj(raw, path, 'a text block {"type": "text", "text": ...}')
     kind = _part_type(block, path)
     if kind != "text":
-        raise _fail(_join(path, "type"), f"expected a text block, got {json.dumps(kind)}", 'use "type": "text"')
+        raise _fail(join_path(path, "type"), f"expected a text block, got {json.dumps(kind)}", 'use "type": "text"')
     _only_keys(block, ("type", "text", _CC), path, "a text block")
-    return _text_part(_str(_required(block, "text", path, "the text"), _join(path, "text")))
+    return _text_part(_str(_required(block, "text", path, "the text"), join_path(path, "text")))
 
 
 def _anthropic_messages(raw: Any) -> list[Message]:
@@ -796,10 +798,10 @@ def _anthropic_messages(raw: Any) -> list[Message]:
         path = f"messages[{i}]"
         m = _obj(m, path, "a message object")
         _only_keys(m, ("role", "content"), path, "an Anthropic message")
-        role = _str(_required(m, "role", path, "user or assistant"), _join(path, "role"))
+        role = _str(_required(m, "role", path, "user or assistant"), join_path(path, "role"))
         if role not in _ANTHROPIC_ROLES:
             raise _fail(
-                _join(path, "role"),
+                join_path(path, "role"),
                 f"unknown role {json.dumps(role, ensure_ascii=False)}",
                 'allowed roles: user, assistant (the system prompt goes in the top-level "system")',
             )
@@ -807,7 +809,7 @@ def _anthropic_messages(raw: Any) -> list[Message]:
         if isinstance(content, str):
             out.append(Message(role=role, content=content, source=path))
             continue
-        blocks = _list(content, _join(path, "content"), "a string or an array of content blocks")
+        blocks = _list(content, join_path(path, "content"), "a string or an array of content blocks")
         if role == "assistant":
             out.append(_anthropic_assistant(blocks, path, seen_ids))
         else:
@@ -902,7 +904,7 @@ def _anthropic_user(blocks: list[Any], path: str, seen_ids: set[str]) -> list[Me
 
 def _anthropic_image(block: dict[str, Any], path: str) -> FrozenDict:
     _only_keys(block, ("type", "source", _CC), path, "an image block")
-    spath = _join(path, "source")
+    spath = join_path(path, "source")
     source = _obj(_required(block, "source", path, "an image source"), spath)
     kind = _part_type(source, spath)
     if kind == "base64":
@@ -990,7 +992,7 @@ def _template_kwargs(raw: Any) -> FrozenDict:
         return FrozenDict()
     kwargs = _obj(raw, "chat_template_kwargs")
     for key in kwargs:
-        path = _join("chat_template_kwargs", key)
+        path = join_path("chat_template_kwargs", key)
         if not key.isidentifier():
             raise _fail(
                 path,

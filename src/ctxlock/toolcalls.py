@@ -47,8 +47,7 @@ from jsonschema.validators import validator_for
 
 from ctxlock.errors import ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.frozen import thaw
-from ctxlock.request import Request
-from ctxlock.request import _join as join_path
+from ctxlock.request import Request, join_path
 
 __all__ = [
     "Event",
@@ -144,14 +143,10 @@ def to_model(error: ToolCallError) -> dict[str, Any]:
     `content` is JSON: the error type, message, path (`tool_calls[0].arguments.location`), hint and, for invalid
     arguments, every schema violation. `tool_call_id` is the failed call's id when it had one.
     """
-    body: dict[str, Any] = error.to_dict()
-    violations = getattr(error, "violations", ())
-    if violations:
-        body["violations"] = list(violations)
-    message: dict[str, Any] = {"role": "tool", "content": json.dumps(body, ensure_ascii=False)}
-    if getattr(error, "call_id", None) is not None:
+    message: dict[str, Any] = {"role": "tool", "content": json.dumps(error.to_dict(), ensure_ascii=False)}
+    if error.call_id is not None:
         message["tool_call_id"] = error.call_id
-    if getattr(error, "tool_name", None) is not None:
+    if error.tool_name is not None:
         message["name"] = error.tool_name
     return message
 
@@ -166,14 +161,19 @@ def _error(
     call_id: str | None = None,
     name: str | None = None,
     violations: Sequence[dict[str, str]] = (),
+    pending: Sequence[int] = (),
 ) -> ToolCallError:
-    err = cls(message, path=path, hint=hint)
     # Which call failed, so a server can answer it (to_model) without re-deriving it from the path.
-    err.index = index  # type: ignore[attr-defined]
-    err.call_id = call_id  # type: ignore[attr-defined]
-    err.tool_name = name  # type: ignore[attr-defined]
-    err.violations = tuple(violations)  # type: ignore[attr-defined]
-    return err
+    return cls(
+        message,
+        path=path,
+        hint=hint,
+        index=index,
+        call_id=call_id,
+        tool_name=name,
+        violations=tuple(violations),
+        pending=tuple(pending),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -524,6 +524,7 @@ class ToolCallAssembler:
                 index=indexes[0],
                 call_id=call_id,
                 name=name,
+                pending=indexes,
             )
         else:
             err = _error(
@@ -534,8 +535,8 @@ class ToolCallAssembler:
                 index=indexes[0],
                 call_id=call_id,
                 name=name,
+                pending=indexes,
             )
-        err.pending = tuple(indexes)  # type: ignore[attr-defined]
         self._errors.append(err)
 
     def _complete(self, index: int, call_id: str | None, name: Any, arguments: Any, raw: str, src: str) -> None:

@@ -7,6 +7,12 @@ the normalizer, pre-tokenizer and model are the reference's own. HF splits added
 normalizes, so the runs between them are independent, with one exception: Metaspace's `prepend_scheme: first`
 adds the dummy prefix only to a run at offset 0. A run elsewhere is encoded with a variant whose scheme is
 `never`.
+
+`encode_text` (and `encode_text_batch`) has two engines: `tokenizers` (the plain variant above) and `tiktoken`, taken
+only when `fastbpe.check` proves rank-based BPE gives the same ids for this vocabulary (byte-level BPE whose merges
+are consistent with the token ids: Qwen2, Llama 3, GPT-2). The choice is made on first use (from an on-disk cache
+after the first time), `engine` and `engine_reason` say which and why, and `CTXLOCK_FAST=0` forces `tokenizers`.
+`encode` and `encode_matched` always use `tokenizers`: they are the reference.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +30,7 @@ import tokenizers
 
 from ..errors import ArtifactFormatError
 from . import AddedToken, ControlMatch
+from .runs import fast_enabled
 
 
 def _set_prepend_never(node: Any) -> bool:
@@ -85,6 +93,8 @@ class HFTokenizer:
         self._by_id = {t.id: t for t in self._added}
         self._control_ids = frozenset(t.id for t in self._added if t.control)
         self._control_tokens = frozenset(t.content for t in self._added if t.control)
+        self._engine_lock = threading.Lock()
+        self._engine_choice: tuple[str, str, Any] | None = None
 
     # -- plain-text variants, built on first use
     @cached_property
@@ -98,6 +108,45 @@ class HFTokenizer:
         if _set_prepend_never(data["pre_tokenizer"]):
             rest = tokenizers.Tokenizer.from_str(json.dumps(data))
         return first, rest
+
+    # -- the encode_text engine, chosen on first use
+    def _choose_engine(self) -> tuple[str, str, Any]:
+        """("tiktoken" | "tokenizers", reason, FastEncoder | None), decided once per tokenizer."""
+        choice = self._engine_choice
+        if choice is not None:
+            return choice
+        with self._engine_lock:
+            if self._engine_choice is None:
+                from .fastbpe import FastEncoder, cached_check
+
+                plain_added = [t for t in self._data.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
+                verdict, ranks = cached_check(self._json_text, self._data, plain_added)
+                if not verdict.ok:
+                    self._engine_choice = ("tokenizers", verdict.reason, None)
+                else:
+                    normalizer = self._tok.normalizer
+                    fast = FastEncoder(
+                        verdict,
+                        ranks,
+                        added=[(t["content"], int(t["id"]), bool(t.get("normalized", False))) for t in plain_added],
+                        normalize=normalizer.normalize_str if normalizer is not None else None,
+                        name=f"ctxlock-{self.sha256[:12]}",
+                    )
+                    self._engine_choice = ("tiktoken", verdict.reason, fast)
+            return self._engine_choice
+
+    def _fast(self) -> Any:
+        return self._choose_engine()[2] if fast_enabled() else None
+
+    @property
+    def engine(self) -> str:
+        """How `encode_text` encodes: "tiktoken" (proved equivalent) or "tokenizers" (the reference itself)."""
+        return self._choose_engine()[0] if fast_enabled() else "tokenizers"
+
+    @property
+    def engine_reason(self) -> str:
+        """Why `engine` was chosen: the check that refused tiktoken, or what made it equivalent."""
+        return self._choose_engine()[1] if fast_enabled() else "CTXLOCK_FAST=0"
 
     @property
     def vocab_size(self) -> int:
@@ -118,8 +167,31 @@ class HFTokenizer:
         return self._plain[0].encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
+        fast = self._fast()
+        if fast is not None:
+            ids = fast.encode(text)
+            if ids is not None:
+                return ids
         first, rest = self._plain
         return (first if at_start else rest).encode(text, add_special_tokens=False).ids
+
+    def encode_text_batch(self, texts: Sequence[str], at_start_flags: Sequence[bool]) -> list[list[int]]:
+        """`encode_text` over many runs, in parallel: tiktoken threads (the GIL is released while it encodes) or
+        `tokenizers`' own `encode_batch`."""
+        if len(texts) != len(at_start_flags):
+            raise ValueError(f"{len(texts)} texts but {len(at_start_flags)} at_start flags")
+        out: list[list[int] | None] = [None] * len(texts)
+        fast = self._fast()
+        if fast is not None:
+            out = fast.encode_batch(texts)
+        first, rest = self._plain if any(o is None for o in out) else (None, None)
+        for variant, flag in ((first, True), (rest, False)):
+            todo = [i for i, o in enumerate(out) if o is None and bool(at_start_flags[i]) is flag]
+            if variant is not None and todo:
+                encoded = variant.encode_batch([texts[i] for i in todo], add_special_tokens=False)
+                for i, enc in zip(todo, encoded, strict=True):
+                    out[i] = enc.ids
+        return out  # type: ignore[return-value]
 
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
         enc = self._tok.encode(text, add_special_tokens=False)
@@ -166,5 +238,7 @@ class HFTokenizer:
             "pre_tokenizer": (self._data.get("pre_tokenizer") or {}).get("type"),
             "post_processor": (self._data.get("post_processor") or {}).get("type"),
             "vocab_size": self.vocab_size,
+            "engine": self.engine,
+            "engine_reason": self.engine_reason,
             **self._description,
         }

@@ -313,9 +313,20 @@ def _resource_or_file(root: Path, spec: Mapping[str, Any], manifest_path: Path) 
 def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemplate:
     # The vendor's own generator, so the template is the one mistral-common stands behind for this tokenizer.
     import mistral_common
-    from mistral_common.integrations.chat_templates.chat_templates import convert_tokenizer_to_chat_template
 
-    source = convert_tokenizer_to_chat_template(tokenizer_file)
+    from . import conversion_cache
+
+    # Generating builds mistral-common's tokenizer (about 1.5 s): cache the source by file digest and version.
+    kind = f"mistral-template-mistral-common-{mistral_common.__version__}"
+    sha = conversion_cache.file_sha256(tokenizer_file)
+    cached = conversion_cache.load(kind, sha)
+    if cached is not None:
+        source = cached["source"]
+    else:
+        from mistral_common.integrations.chat_templates.chat_templates import convert_tokenizer_to_chat_template
+
+        source = convert_tokenizer_to_chat_template(tokenizer_file)
+        conversion_cache.store(kind, sha, {"source": source})
     template = ChatTemplate(
         source,
         id=f"{model_id}/generated",

@@ -7,10 +7,10 @@ their specials; mistral-common supplies them), so it cannot drift from the refer
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
+from binascii import a2b_base64, b2a_base64
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -30,17 +30,9 @@ class TekkenTokenizer:
         self.source = str(path)
         raw = path.read_bytes()
         self.sha256 = hashlib.sha256(raw).hexdigest()
-        try:
-            data = json.loads(raw)
-            config = data["config"]
-            pattern = config["pattern"]
-            vocab = data["vocab"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ArtifactFormatError(f"not a Tekken tokenizer file: {exc}", path=str(path)) from None
-        specials = self._special_table(path)
+        parts = _parts(path, raw, self.sha256)
+        specials, pattern, ranks = parts["specials"], parts["pattern"], parts["ranks"]
         self.num_special = len(specials)
-        n_vocab = int(config.get("default_vocab_size", len(vocab) + self.num_special)) - self.num_special
-        ranks = {base64.b64decode(t["token_bytes"]): i for i, t in enumerate(vocab[:n_vocab])}
         self._enc = tiktoken.Encoding(
             name=f"ctxlock-tekken-{self.sha256[:12]}",
             pat_str=pattern,
@@ -50,17 +42,9 @@ class TekkenTokenizer:
         self._specials = tuple(AddedToken(content=s, id=i, special=True) for i, s in enumerate(specials))
         self._special_ids = {t.content: t.id for t in self._specials}
         self._control_tokens = frozenset(self._special_ids)
-        self._n_words = self.num_special + n_vocab
-        self.version = config.get("version")
+        self._n_words = self.num_special + parts["n_vocab"]
+        self.version = parts["version"]
         self.pattern = pattern
-
-    @staticmethod
-    def _special_table(path: Path) -> list[str]:
-        from mistral_common.tokens.tokenizers.tekken import Tekkenizer
-
-        tek = Tekkenizer.from_file(str(path))
-        table = sorted(tek._all_special_tokens, key=lambda t: t["rank"])
-        return [str(getattr(t["token_str"], "value", t["token_str"])) for t in table]
 
     @property
     def vocab_size(self) -> int:
@@ -145,3 +129,46 @@ class TekkenTokenizer:
             "num_special_tokens": self.num_special,
             "vocab_size": self.vocab_size,
         }
+
+
+def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
+    """The pattern, version, special table (from mistral-common itself: old Tekken files do not list their
+    specials) and the byte ranks. Parsing the 14 MB JSON, decoding 130K base64 strings and building
+    mistral-common's Tekkenizer take over a second, so the result is cached on disk under the file's digest and
+    mistral-common's version, with the ranks as one blob; a warm load only rebuilds the dict."""
+    import mistral_common
+
+    from ..artifacts import conversion_cache
+
+    kind = f"tekken-mistral-common-{mistral_common.__version__}"
+    cached = conversion_cache.load(kind, sha256)
+    if cached is not None:
+        blob = a2b_base64(cached["blob"])
+        ranks: dict[bytes, int] = {}
+        pos = 0
+        for i, n in enumerate(cached["lengths"]):
+            ranks[blob[pos : pos + n]] = i
+            pos += n
+        return {**cached, "ranks": ranks, "n_vocab": len(cached["lengths"])}
+    try:
+        data = json.loads(raw)
+        config = data["config"]
+        pattern = config["pattern"]
+        vocab = data["vocab"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ArtifactFormatError(f"not a Tekken tokenizer file: {exc}", path=str(path)) from None
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    tek = Tekkenizer.from_file(str(path))
+    table = sorted(tek._all_special_tokens, key=lambda t: t["rank"])
+    specials = [str(getattr(t["token_str"], "value", t["token_str"])) for t in table]
+    n_vocab = int(config.get("default_vocab_size", len(vocab) + len(specials))) - len(specials)
+    tokens = [a2b_base64(t["token_bytes"]) for t in vocab[:n_vocab]]
+    ranks = {b: i for i, b in enumerate(tokens)}
+    out = {"pattern": pattern, "version": config.get("version"), "specials": specials}
+    conversion_cache.store(
+        kind,
+        sha256,
+        {**out, "blob": b2a_base64(b"".join(tokens), newline=False).decode("ascii"), "lengths": list(map(len, tokens))},
+    )
+    return {**out, "ranks": ranks, "n_vocab": n_vocab}

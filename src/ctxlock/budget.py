@@ -35,6 +35,7 @@ from .request import Message, Request
 from .template import Rendered
 from .tensors import ModelInput, assemble
 from .tokenizer import Tokenizer
+from .tokenizer.runs import reference_path
 
 SegmentKind = Literal["system", "tools", "current", "history", "document"]
 
@@ -402,17 +403,22 @@ class _Counter:
         ids = self.cache.encode(rendered)
         return len(ids) if ids is not None else len(self.model.tokenize(rendered).ids)
 
+    def _naive(self, req: Request) -> int:
+        # The oracle: the whole pipeline on the reference path (no run cache, no fast engine), every time.
+        with reference_path():
+            return len(self.model.run(req, **self.options).tokenized.ids)
+
     def base(self, req: Request) -> int:
         """Count the first candidate (the required segments), and make it the base."""
         if self.cache is None:
-            return len(self.model.run(req, **self.options).tokenized.ids)
+            return self._naive(req)
         rendered = self._render(req)
         n = self.cache.rebase(rendered)
         return n if n is not None else self._full(rendered)
 
     def trial(self, req: Request) -> tuple[int, Rendered | None]:
         if self.cache is None:
-            return len(self.model.run(req, **self.options).tokenized.ids), None
+            return self._naive(req), None
         rendered = self._render(req)
         n = self.cache.count(rendered)
         return (n if n is not None else self._full(rendered)), rendered
@@ -425,8 +431,9 @@ class _Counter:
 def fit_context(
     request: Request, model: Any, policy: BudgetPolicy, *, naive: bool = False, **render_options: Any
 ) -> Fitted:
-    """Seed 000 §1.7's fit_context. `naive=True` re-renders and re-tokenizes through the full pipeline each step
-    (the oracle); the default gives identical decisions and ids, faster."""
+    """Seed 000 §1.7's fit_context. `naive=True` re-renders and re-tokenizes through the full pipeline each step,
+    on the reference path (no run cache, no fast engine): the oracle. The default gives identical decisions and
+    ids, faster."""
     budget = policy.budget
     segs = segments(request)
     counter = _Counter(model, request, render_options, fast=not naive)

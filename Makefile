@@ -35,6 +35,9 @@ lint: $(VENV)/.installed-test
 test: $(VENV)/.installed-test fetch
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(PY) -m pytest -q
+	# The conformance, injection and mistral-common suites again with every fast path off (the reference path).
+	CTXLOCK_FAST=0 $(PY) -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_injection.py \
+		tests/test_mistral_parity.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

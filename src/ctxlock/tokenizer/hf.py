@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Sequence
 from functools import cached_property
@@ -29,7 +30,7 @@ from typing import Any
 import tokenizers
 
 from ..errors import ArtifactFormatError
-from . import AddedToken, ControlMatch
+from . import AddedToken, ControlMatch, longest_first
 from .runs import fast_enabled
 
 
@@ -192,6 +193,44 @@ class HFTokenizer:
                 for i, enc in zip(todo, encoded, strict=True):
                     out[i] = enc.ids
         return out  # type: ignore[return-value]
+
+    @cached_property
+    def _split_regex(self) -> re.Pattern[str] | None:
+        """A regex that finds exactly the control tokens `tokenizers` extracts, or None when that cannot be shown.
+
+        `tokenizers` extracts all added tokens from the raw text, leftmost-longest, before it normalizes; the
+        runs between them are then normalized, pre-tokenized and encoded on their own, which is what
+        `encode_text` does. A longest-first alternation of the control tokens finds the same control matches
+        when (1) every control token is matched on raw text as it is (no `normalized`, `lstrip`, `rstrip`,
+        `single_word`), and (2) no other added token can overlap a control token in any text (neither contains
+        the other, and no end of one is a start of the other), so the non-control tokens, which `encode_text`
+        extracts inside each run, never change which control tokens match."""
+        controls = [t for t in self._added if t.id in self._control_ids]
+        if not controls or any(t.normalized or t.lstrip or t.rstrip or t.single_word for t in controls):
+            return None
+        if len({t.content for t in controls}) != len(controls):
+            return None  # one string, two ids: leave the choice to `tokenizers`
+        others = [t.content for t in self._added if t.id not in self._control_ids]
+        for c in (t.content for t in controls):
+            for o in others:
+                if c in o or o in c:
+                    return None
+                if any(c.endswith(o[:k]) or o.endswith(c[:k]) for k in range(1, min(len(c), len(o)))):
+                    return None
+        return longest_first(t.content for t in controls)
+
+    def split_controls(self, text: str) -> list[ControlMatch] | None:
+        """The control tokens `tokenizers` would extract from `text`, or None when this vocabulary's added tokens
+        do not allow the split to be done apart from `tokenizers` (then `encode_matched` does it)."""
+        regex = self._split_regex
+        if regex is None:
+            return None
+        ids = self._control_by_content
+        return [ControlMatch(m.start(), m.end(), ids[m.group(0)]) for m in regex.finditer(text)]
+
+    @cached_property
+    def _control_by_content(self) -> dict[str, int]:
+        return {t.content: t.id for t in self._added if t.id in self._control_ids}
 
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
         enc = self._tok.encode(text, add_special_tokens=False)

@@ -453,6 +453,16 @@ def test_properties(seqs, side, multiple, pad_id):
                 assert real[0] == 0
                 assert real.tolist() == list(range(length))
     np.testing.assert_array_equal(mi.position_ids, _torch_reference_positions(mi.attention_mask))
+    # assemble skips the constructor's checks (its values hold by construction): they must pass all the same.
+    checked = ModelInput(
+        input_ids=mi.input_ids,
+        attention_mask=mi.attention_mask,
+        position_ids=mi.position_ids,
+        valid_lengths=mi.valid_lengths,
+        padding_side=mi.padding_side,
+        pad_id=mi.pad_id,
+    )
+    assert checked == mi
     d = mi.to_dict()
     back = ModelInput.from_dict(json.loads(json.dumps(d)))
     assert back == mi and hash(back) == hash(mi)

@@ -502,11 +502,17 @@ def _build(rows: list[np.ndarray], n: int, *, pad_id: int | None, side: PaddingS
     pos = _hf_position_ids(mask)
     for arr in (ids, mask, pos):
         arr.flags.writeable = False
-    return ModelInput(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        valid_lengths=tuple(r.shape[0] for r in rows),
-        padding_side=side,
-        pad_id=pad_id,
-    )
+    # Built to the invariants by construction (the rows are validated, the mask and positions derived), so the
+    # constructor's re-validation is skipped; tests/test_tensors.py checks that it would accept every such value.
+    out = object.__new__(ModelInput)
+    fields = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": pos,
+        "valid_lengths": tuple(r.shape[0] for r in rows),
+        "padding_side": side,
+        "pad_id": pad_id,
+    }
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ControlTokenError
 from ..template import Rendered, Span, SpecialTokenPolicy
-from .runs import encode_run, fast_enabled, prefetch_runs
+from .runs import encode_run, fast_enabled, prefetch_runs, run_encoder
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,16 @@ def longest_first(tokens: Iterable[str]) -> re.Pattern[str] | None:
 def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Any) -> list[int]:
     """The control ids at their matches, and the text between them encoded on its own (through the run cache): how
     mistral-common builds a chat, and how tiktoken and SentencePiece backends honour special tokens."""
+    encode = run_encoder(tokenizer)
     ids: list[int] = []
     pos = 0
     for m in matches:
-        ids += encode_run(tokenizer, text[pos : m.start], at_start=pos == 0)
+        if m.start > pos:
+            ids += encode(text[pos : m.start], pos == 0)
         ids.append(m.id)
         pos = m.end
-    ids += encode_run(tokenizer, text[pos:], at_start=pos == 0)
+    if pos < len(text):
+        ids += encode(text[pos:], pos == 0)
     return ids
 
 

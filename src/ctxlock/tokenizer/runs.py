@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -107,6 +107,24 @@ def _identity(tokenizer: Any) -> tuple[str, str]:
     return str(getattr(tokenizer, "sha256", "") or f"object:{id(tokenizer)}"), str(getattr(tokenizer, "engine", ""))
 
 
+def run_encoder(tokenizer: Any) -> Callable[[str, bool], tuple[int, ...] | list[int]]:
+    """`encode(text, at_start)` for many runs of one text: the fast-path switch and the cache key are read once."""
+    if not fast_enabled():
+        return lambda text, at_start: tokenizer.encode_text(text, at_start=at_start)
+    digest, engine = _identity(tokenizer)
+    get, put = RUNS.get, RUNS.put
+
+    def encode(text: str, at_start: bool) -> tuple[int, ...]:
+        key = (digest, engine, text, at_start)
+        hit = get(key)
+        if hit is None:
+            hit = tuple(tokenizer.encode_text(text, at_start=at_start))
+            put(key, hit)
+        return hit
+
+    return encode
+
+
 def encode_run(tokenizer: Any, text: str, *, at_start: bool) -> tuple[int, ...]:
     """`tokenizer.encode_text(text, at_start=at_start)`, through the run cache when fast paths are on."""
     if not text:
@@ -139,4 +157,4 @@ def prefetch_runs(tokenizer: Any, runs: Iterable[tuple[str, bool]]) -> int:
     return len(missing)
 
 
-__all__ = ["RUNS", "RunCache", "encode_run", "fast_enabled", "prefetch_runs", "reference_path"]
+__all__ = ["RUNS", "RunCache", "encode_run", "fast_enabled", "prefetch_runs", "reference_path", "run_encoder"]

@@ -9,11 +9,12 @@ Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage fun
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ControlTokenError
 from ..template import Rendered, Span, SpecialTokenPolicy
@@ -38,8 +39,9 @@ class AddedToken:
         return not self.content.isspace()
 
 
-@dataclass(frozen=True)
-class ControlMatch:
+class ControlMatch(NamedTuple):
+    """A control token in a text: its character range and id. A named tuple: chats hold thousands of them."""
+
     start: int
     end: int
     id: int
@@ -101,14 +103,29 @@ def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Any) -
     return ids
 
 
-def _overlaps(m: ControlMatch, spans: Sequence[Span]) -> Span | None:
-    for s in spans:
-        if s.start == s.end:
-            if m.start < s.start < m.end:
-                return s
-        elif s.start < m.end and m.start < s.end:
-            return s
-    return None
+class _Spans:
+    """Untrusted spans, searchable: which span (if any) a control match overlaps, in O(log n) per match."""
+
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self.spans = sorted(spans, key=lambda s: (s.start, s.end))
+        self.starts = [s.start for s in self.spans]
+        self.max_end: list[int] = []
+        top = -1
+        for s in self.spans:
+            top = max(top, s.end)
+            self.max_end.append(top)
+
+    def overlap(self, m: ControlMatch) -> Span | None:
+        """The first span (by start) that overlaps m: a zero-width span strictly inside it, or a shared character."""
+        k = bisect.bisect_left(self.starts, m.end)  # spans starting before m ends; the rest cannot overlap
+        first = None
+        while k > 0 and self.max_end[k - 1] >= m.start:
+            k -= 1
+            s = self.spans[k]
+            hit = (m.start < s.start < m.end) if s.start == s.end else (s.start < m.end and m.start < s.end)
+            if hit:
+                first = s
+        return first
 
 
 def _split(tokenizer: Tokenizer, text: str) -> list[ControlMatch] | None:
@@ -151,8 +168,11 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
         return Tokenized(tuple(reference_ids), tuple(matches), ())
     trusted: list[ControlMatch] = []
     forged: list[ControlMatch] = []
+    if not rendered.untrusted:
+        return Tokenized(tuple(reference_ids), tuple(matches), ())
+    spans = _Spans(rendered.untrusted)
     for m in matches:
-        span = _overlaps(m, rendered.untrusted)
+        span = spans.overlap(m)
         if span is None:
             trusted.append(m)
             continue

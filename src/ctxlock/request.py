@@ -152,6 +152,16 @@ class Message:
     # strings whose origin is not `source + suffix` (Anthropic blocks are reshaped into canonical fields).
     origins: FrozenDict = field(default=_EMPTY, compare=False, repr=False)
 
+    def __hash__(self) -> int:
+        # Computed once: long chats are hashed again and again as cache keys (templates, budget candidates).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(
+                (self.role, self.content, self.name, self.tool_calls, self.tool_call_id, self.reasoning_content)
+            )
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def to_template(self) -> dict[str, Any]:
         """A fresh plain dict for a chat template.
 

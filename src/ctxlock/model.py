@@ -11,7 +11,7 @@ from .artifacts import ModelArtifacts, load_artifacts
 from .errors import TemplateNotFoundError
 from .request import Dialect, Request, Utf8Policy, parse_request
 from .template import DEFAULT_LIMITS, ChatTemplate, Rendered, RenderLimits, SpecialTokenPolicy, TemplateSet, render
-from .tensors import ModelInput, PaddingSide, assemble, assemble_batch
+from .tensors import ModelInput, PaddingSide, _assemble_own, assemble_batch
 from .tokenizer import Tokenized, Tokenizer, tokenize, tokenize_batch
 from .tokenizer.runs import fast_enabled
 
@@ -126,7 +126,7 @@ class Model:
         req = self.parse(request, dialect=dialect, utf8=utf8)
         rendered = self.render(req, **options)
         tokenized = self.tokenize(rendered)
-        return Run(req, rendered, tokenized, assemble(tokenized.ids))
+        return Run(req, rendered, tokenized, _assemble_own(tokenized.ids))
 
     def encode(self, request: RequestLike, **options: Any) -> ModelInput:
         """Request -> ModelInput (batch of one): the ids, mask and positions the model receives.

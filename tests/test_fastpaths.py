@@ -105,3 +105,28 @@ def test_encode_batch_equals_one_by_one(qwen) -> None:
         for row, r in zip(batch.input_ids, requests, strict=True):
             single = _ids(model, r)
             assert [int(i) for i in row[len(row) - len(single) :]] == single
+
+
+def test_inspect_reports_the_engine_and_why() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = str(artifacts.gguf_path("qwen2"))
+
+    def inspect(**env: str) -> dict:
+        p = subprocess.run(
+            [sys.executable, "-m", "ctxlock", "inspect", "-m", path, "--json"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["tokenizer"]
+
+    fast = inspect()
+    assert fast["engine"] == "tiktoken" and "rank" in fast["engine_reason"]
+    slow = inspect(CTXLOCK_FAST="0")
+    assert slow["engine"] == "tokenizers" and slow["engine_reason"] == "CTXLOCK_FAST=0"

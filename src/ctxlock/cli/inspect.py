@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..artifacts import DEFAULT_MODEL, builtin_models
@@ -28,6 +29,9 @@ def register(app: typer.Typer) -> None:
             f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}"
         )
         console.print(f"           normalizer {tok.get('normalizer')} · pre-tokenizer {tok.get('pre_tokenizer')}")
+        if tok.get("engine"):
+            # Which engine encodes text runs, and the check that chose it (or refused the fast one).
+            console.print(f"           engine {tok['engine']}: {escape(str(tok.get('engine_reason')))}")
         console.print(
             f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
             f"pad id {info['pad_id']}"

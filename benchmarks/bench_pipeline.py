@@ -1,7 +1,7 @@
 """Request -> ids, ctxlock against transformers, in one process on the same artifacts, with identical ids.
 
-    python benchmarks/bench_pipeline.py single    [--requests 300] [--rounds 3]
-    python benchmarks/bench_pipeline.py multiturn [--conversations 20] [--turns 20] [--rounds 3]
+    python benchmarks/bench_pipeline.py single    [--requests 300] [--rounds 3] [--scale 0.25] [--batch]
+    python benchmarks/bench_pipeline.py multiturn [--conversations 20] [--turns 20] [--rounds 3] [--scale 0.25]
 
 `single`: a corpus of independent requests (mixed sizes, a third with tools; benchmarks/corpus.py), each
 encoded once. `multiturn`: chats replayed turn by turn, each request holding the whole history, as a chat server
@@ -53,6 +53,13 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=20)
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=0.25,
+        help="message length multiplier for the generated corpus (0.25: messages of ~5-400 words; 1: 4x longer)",
+    )
+    ap.add_argument("--batch", action="store_true", help="also time ctxlock's encode_batch over all requests")
     ap.add_argument("--vocab", default="qwen2")
     ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
     args = ap.parse_args()
@@ -64,9 +71,13 @@ def main() -> None:
     hf = reference.reference_tokenizer(tok_dir)
 
     if args.mode == "single":
-        requests = corpus.single_shot(args.requests)
+        requests = corpus.single_shot(args.requests, scale=args.scale)
     else:
-        requests = [r for c in range(args.conversations) for r in corpus.conversation(args.turns, seed=100 + c)]
+        requests = [
+            r
+            for c in range(args.conversations)
+            for r in corpus.conversation(args.turns, seed=100 + c, scale=args.scale)
+        ]
 
     def theirs_one(r: dict) -> list[int]:
         return hf.apply_chat_template(
@@ -94,15 +105,21 @@ def main() -> None:
 
     t_theirs = _timed_rounds(lambda: [theirs_one(r) for r in requests], args.rounds)
     t_ours = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
+    t_batch = _timed_rounds(lambda: model.encode_batch(requests, template=template), args.rounds) if args.batch else 0
     os.environ["CTXLOCK_FAST"] = "0"
     try:
         t_exact = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
     finally:
         del os.environ["CTXLOCK_FAST"]
 
-    print(f"{args.mode}: {len(requests)} requests, {tokens:,} tokens, identical ids on all; engine {engine}")
+    print(
+        f"{args.mode}: {len(requests)} requests, {tokens:,} tokens (scale {args.scale:g}), identical ids on all; "
+        f"engine {engine}"
+    )
     print(f"transformers apply_chat_template(tokenize=True)  {t_theirs:8.3f} s")
     print(f"ctxlock Model.encode                             {t_ours:8.3f} s   {t_theirs / t_ours:6.1f}x faster")
+    if args.batch:
+        print(f"ctxlock Model.encode_batch (all requests)        {t_batch:8.3f} s   {t_theirs / t_batch:6.1f}x faster")
     print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {t_theirs / t_exact:6.1f}x")
     print(f"(medians of {args.rounds} rounds; run cache cleared before each round)")
 

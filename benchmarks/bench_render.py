@@ -26,6 +26,7 @@ import reference
 from conformance import conversations
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
+from ctxlock.tokenizer.runs import RUNS
 
 
 def main() -> None:
@@ -39,6 +40,9 @@ def main() -> None:
         default="auto",
         help="ctxlock's second (provenance) render: only when the ids could depend on it (encode's default), "
         "always, or never",
+    )
+    ap.add_argument(
+        "--cold", action="store_true", help="clear ctxlock's run cache before every call (no run is ever reused)"
     )
     args = ap.parse_args()
 
@@ -61,8 +65,14 @@ def main() -> None:
         except Exception:
             continue
         assert model.encode(request, template=template, **options).input_ids[0].tolist() == list(expected)
+
+        def ours_once(r=data, o=options):
+            if args.cold:
+                RUNS.clear()
+            return model.encode(r, template=template, provenance=provenance, **o)
+
         ours = median_seconds(
-            lambda r=data, o=options: model.encode(r, template=template, provenance=provenance, **o),
+            ours_once,
             args.rounds,
             warmup=True,  # compiled template, tokenizer variants
         )

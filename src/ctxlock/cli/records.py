@@ -151,8 +151,10 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Name the first layer where two runs diverge (request, messages, dynamic, template, rendered, tokenizer,
-        input_ids, policy, tensors), where exactly, and the likely cause. Exits 0 if identical, 1 otherwise."""
+        """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
+        tokenizer, input_ids, tensors), where exactly, and the likely cause. Exits 0 if identical, 1 otherwise.
+
+        The policy layer covers the context-budget decisions and the sampler config (processor order included)."""
 
         def go() -> tuple[Diff, str]:
             s = open_store(store)

@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 from .errors import DecodeError, IncompleteDecodeError
 from .tokenizer import Tokenizer
+from .tokenizer.token_bytes import byte_level_decoder_table as byte_level_table
 
 FinishReason = Literal["stop"]
 
@@ -70,18 +71,6 @@ _Piece = tuple[bytes, bool, bool, bool]
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SUPPORTED_HF_DECODERS = {"ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip", "WordPiece"}
-
-
-def byte_level_table() -> dict[str, int]:
-    """GPT-2's `bytes_to_unicode`, inverted: the byte each character of a HF `ByteLevel` token stands for."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
 
 
 class _Vocab:

@@ -151,6 +151,17 @@ def to_model(error: ToolCallError) -> dict[str, Any]:
     return message
 
 
+def _text_delta(text: Any, fmt: str) -> str:
+    """A raw-text format's delta, or the error that says what to feed instead."""
+    if not isinstance(text, str):
+        raise ToolCallError(
+            f"{fmt} streams are fed text deltas (str), got {type(text).__name__}",
+            path="stream",
+            hint="decode the tokens to text first (with special tokens kept)",
+        )
+    return text
+
+
 def _error(
     cls: type[ToolCallError],
     message: str,
@@ -845,13 +856,7 @@ class _TaggedStream:
         self.parts: list[str] = []
 
     def feed(self, text: Any) -> None:
-        if not isinstance(text, str):
-            raise ToolCallError(
-                f"{self.asm.format.value} streams are fed text deltas (str), got {type(text).__name__}",
-                path="stream",
-                hint="decode the tokens to text first (with special tokens kept)",
-            )
-        t = self.pending + text
+        t = self.pending + _text_delta(text, self.asm.format.value)
         self.pending = ""
         i = 0
         n = len(t)
@@ -1180,13 +1185,7 @@ class _MistralStream:
         self.span = _JsonSpan()
 
     def feed(self, text: Any) -> None:
-        if not isinstance(text, str):
-            raise ToolCallError(
-                f"mistral streams are fed text deltas (str), got {type(text).__name__}",
-                path="stream",
-                hint="decode the tokens to text first (with special tokens kept)",
-            )
-        t = self.pending + text
+        t = self.pending + _text_delta(text, "mistral")
         self.pending = ""
         i = 0
         n = len(t)

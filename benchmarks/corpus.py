@@ -35,7 +35,7 @@ def text(rng: random.Random, n_words: int) -> str:
         elif r < 0.80:
             out.append("".join(rng.choice(_CJK) for _ in range(rng.randint(2, 12))))
         elif r < 0.86:
-            out.append(str(rng.randint(0, 10**rng.randint(1, 9))))
+            out.append(str(rng.randint(0, 10 ** rng.randint(1, 9))))
         elif r < 0.90:
             out.append(rng.choice(_CODE))
         elif r < 0.92:

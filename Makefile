@@ -34,6 +34,7 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test fetch
 	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks
 	$(PY) -m pytest -q
 	# The conformance, injection and mistral-common suites again with every fast path off (the reference path).
 	CTXLOCK_FAST=0 $(PY) -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_injection.py \

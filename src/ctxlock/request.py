@@ -485,7 +485,8 @@ def _fail(path: str, message: str, hint: str) -> RequestValidationError:
     return RequestValidationError(message, path=path, hint=hint)
 
 
-def _type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
+    """How an error message names the JSON type of a parsed value: "null", "a string", "an object", ..."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -501,19 +502,19 @@ def _type_name(value: Any) -> str:
 
 def _obj(value: Any, path: str, what: str = "an object") -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(path, f"expected {what}, got {_type_name(value)}", f"send {what} here")
+        raise _fail(path, f"expected {what}, got {json_type_name(value)}", f"send {what} here")
     return value
 
 
 def _list(value: Any, path: str, what: str = "an array") -> list[Any]:
     if not isinstance(value, list):
-        raise _fail(path, f"expected {what}, got {_type_name(value)}", f"send {what} here")
+        raise _fail(path, f"expected {what}, got {json_type_name(value)}", f"send {what} here")
     return value
 
 
 def _str(value: Any, path: str, *, nonempty: bool = False) -> str:
     if not isinstance(value, str):
-        raise _fail(path, f"expected a string, got {_type_name(value)}", "send a JSON string here")
+        raise _fail(path, f"expected a string, got {json_type_name(value)}", "send a JSON string here")
     if nonempty and not value:
         raise _fail(path, "must not be empty", "send a non-empty string")
     return value
@@ -719,7 +720,7 @@ def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy) -> ToolCall:
     if not isinstance(args, dict):
         raise _fail(
             apath,
-            f"arguments must decode to a JSON object, got {_type_name(args)}",
+            f"arguments must decode to a JSON object, got {json_type_name(args)}",
             'wrap the arguments in an object, e.g. {"value": ...}',
         )
     return ToolCall(name=name, arguments=freeze(args), id=_opt_str(call, "id", path), source=path)
@@ -1099,7 +1100,7 @@ def parse_request(
     if not isinstance(obj, dict):
         raise _fail(
             "$",
-            f"the request must be a JSON object, got {_type_name(obj)}",
+            f"the request must be a JSON object, got {json_type_name(obj)}",
             'send an object such as {"messages": [...]}',
         )
     return _build_request(obj, forced or _detect(obj), sha, policy, runs)

@@ -535,15 +535,6 @@ def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     return out
 
 
-def needs_marking(request: Request, control_tokens: Iterable[str]) -> bool:
-    """Whether any request string holds a control-token string, or an end that could join into one. When none
-    does, marking changes nothing and every special-token policy renders the same text."""
-    tokens = _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
-    if tokens.regex is None:
-        return False
-    return any(_mark_string(s, tokens, "\0", "\0", "\0") != s for _, s in request.strings())
-
-
 def _walk_strings(value: Any, fn: Callable[[str], str], *, keys: bool) -> Any:
     """Apply fn to every string (and, with keys=True, every key) of plain JSON data. Roles are validated structural
     values and stay as they are. With keys=False the values of "type" keys are left alone too: templates compare

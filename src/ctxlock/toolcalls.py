@@ -47,7 +47,7 @@ from jsonschema.validators import validator_for
 
 from ctxlock.errors import ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.frozen import thaw
-from ctxlock.request import Request, join_path
+from ctxlock.request import Request, join_path, json_type_name
 
 __all__ = [
     "Event",
@@ -574,7 +574,7 @@ class ToolCallAssembler:
                 index,
                 cid,
                 name,
-                f"arguments must be a JSON object, got {_json_type(arguments)}",
+                f"arguments must be a JSON object, got {json_type_name(arguments)}",
                 path=f"tool_calls[{index}].arguments",
                 hint='send the arguments as an object, e.g. {"city": "Paris"} or {}',
             )
@@ -628,20 +628,6 @@ def _default_id(index: int) -> str:
 def _sort_index(error: ToolCallError) -> int:
     index = getattr(error, "index", None)
     return index if isinstance(index, int) else 1 << 30
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return type(value).__name__
 
 
 def _loads_object(text: str) -> tuple[Any, str | None]:
@@ -949,7 +935,7 @@ def _complete_named_object(asm: ToolCallAssembler, index: int, obj: Any, path: s
             index,
             cid,
             None,
-            f"a tool call must be a JSON object, got {_json_type(obj)}",
+            f"a tool call must be a JSON object, got {json_type_name(obj)}",
             path=path,
             hint='write {"name": ..., "arguments": {...}}',
         )
@@ -1307,7 +1293,7 @@ class _MistralStream:
                 first,
                 None,
                 None,
-                f"the tool calls are not a valid JSON array: {problem or 'got ' + _json_type(value)}",
+                f"the tool calls are not a valid JSON array: {problem or 'got ' + json_type_name(value)}",
                 path=f"tool_calls[{first}]",
                 hint='write [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]',
             )

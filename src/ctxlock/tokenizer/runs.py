@@ -127,17 +127,7 @@ def run_encoder(tokenizer: Any) -> Callable[[str, bool], tuple[int, ...] | list[
 
 def encode_run(tokenizer: Any, text: str, *, at_start: bool) -> tuple[int, ...]:
     """`tokenizer.encode_text(text, at_start=at_start)`, through the run cache when fast paths are on."""
-    if not text:
-        return ()
-    if not fast_enabled():
-        return tuple(tokenizer.encode_text(text, at_start=at_start))
-    digest, engine = _identity(tokenizer)
-    key = (digest, engine, text, at_start)
-    hit = RUNS.get(key)
-    if hit is None:
-        hit = tuple(tokenizer.encode_text(text, at_start=at_start))
-        RUNS.put(key, hit)
-    return hit
+    return tuple(run_encoder(tokenizer)(text, at_start)) if text else ()
 
 
 def prefetch_runs(tokenizer: Any, runs: Iterable[tuple[str, bool]]) -> int:

@@ -63,10 +63,41 @@ def test_a_request_string_inside_a_control_token_still_gets_provenance(qwen, con
     exact = [int(i) for i in qwen.run(request, template=template, add_generation_prompt=False).tokenized.ids]
     assert _ids(qwen, request, template=template, add_generation_prompt=False) == exact
     rendered = qwen.render(request, template=template, add_generation_prompt=False, provenance=None)
-    assert rendered.request_spans  # the pass ran
+    # The pass runs exactly when a control token holding the string occurs in the text: "<|im_sta" + "rt|>" spells
+    # <|im_start|>, "<|im_im_sta" + "rt|>" spells none.
+    assert bool(rendered.request_spans) is ("<|im_start|>" in rendered.text)
     if content == "sta":
         im_start = qwen.tokenizer.token_to_id("<|im_start|>")
         assert im_start not in exact  # neutralized: the request supplied part of it
+        assert rendered.request_spans
+
+
+def test_a_token_fragment_skips_provenance_when_no_token_holding_it_occurs(qwen) -> None:
+    # "f" is a substring of <|endoftext|>, but the Qwen template never spells that token: no match can hold it,
+    # so the second render is skipped, and the ids are still those of the full provenance pass.
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "parameters": {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}},
+            },
+        }
+    ]
+    request = {"messages": [{"role": "user", "content": "f"}], "tools": tools}
+    template = ChatTemplate(
+        artifacts.templates_dir().joinpath("Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
+    )
+    rendered = qwen.render(request, template=template, provenance=None)
+    assert "<|endoftext|>" not in rendered.text and not rendered.request_spans
+    assert _ids(qwen, request, template=template) == [
+        int(i) for i in qwen.run(request, template=template).tokenized.ids
+    ]
+    hostile = ChatTemplate("{{ '<|endo' + messages[0]['content'] + 'text|>' }}", id="hostile-f")
+    rendered = qwen.render(request, template=hostile, provenance=None)
+    assert rendered.request_spans  # here <|endoftext|> is spelled around "f": the pass runs
+    assert _ids(qwen, request, template=hostile) == [int(i) for i in qwen.run(request, template=hostile).tokenized.ids]
+    assert qwen.tokenizer.token_to_id("<|endoftext|>") not in _ids(qwen, request, template=hostile)
 
 
 WORDS = ["sky", "blue", " ", "\n", "天空", "<|im_start|>", "<|im_end|>", "<|im_", "end|>", "im_st", "😀", "a"]

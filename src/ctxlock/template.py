@@ -575,26 +575,46 @@ def _message_would_mark(message: Message, tokens: _TokenSet) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _infixes(tokens: _TokenSet) -> frozenset[str]:
-    """Every substring of every control token: a request string equal to one could sit strictly inside a token."""
-    return frozenset(t[i:j] for t in tokens.tokens for i in range(len(t)) for j in range(i + 1, len(t) + 1))
+def _infixes(tokens: _TokenSet) -> dict[str, tuple[str, ...]]:
+    """Every substring of every control token, with the tokens it is a substring of: a request string equal to one
+    could sit strictly inside one of those tokens, and nowhere else."""
+    out: dict[str, set[str]] = {}
+    for t in tokens.tokens:
+        for i in range(len(t)):
+            for j in range(i + 1, len(t) + 1):
+                out.setdefault(t[i:j], set()).add(t)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
-def _could_hide_in_a_token(value: Any, tokens: _TokenSet, infixes: frozenset[str]) -> bool:
-    """Whether a string the provenance pass would wrap (values only; not roles, not `type` values) is a substring of a
-    control token: the one case where provenance, not marking, tells a forged token from a trusted one."""
+def _hiding_strings(value: Any, tokens: _TokenSet, infixes: Mapping[str, tuple[str, ...]], out: set[str]) -> None:
+    """Collect the strings the provenance pass would wrap (values only; not roles, not `type` values) that are
+    substrings of a control token: the one case where provenance, not marking, tells a forged token from a trusted
+    one."""
     if isinstance(value, str):
-        return bool(value) and len(value) <= tokens.longest and value in infixes
-    if isinstance(value, Mapping):
-        return any(_could_hide_in_a_token(v, tokens, infixes) for k, v in value.items() if k not in ("role", "type"))
-    if isinstance(value, (list, tuple)):
-        return any(_could_hide_in_a_token(v, tokens, infixes) for v in value)
-    return False
+        if value and len(value) <= tokens.longest and value in infixes:
+            out.add(value)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            if k not in ("role", "type"):
+                _hiding_strings(v, tokens, infixes, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _hiding_strings(v, tokens, infixes, out)
 
 
 @lru_cache(maxsize=1 << 14)
-def _message_could_hide(message: Message, tokens: _TokenSet) -> bool:
-    return _could_hide_in_a_token(_template_message(message), tokens, _infixes(tokens))
+def _message_hiding(message: Message, tokens: _TokenSet) -> frozenset[str]:
+    out: set[str] = set()
+    _hiding_strings(_template_message(message), tokens, _infixes(tokens), out)
+    return frozenset(out)
+
+
+def _provenance_needed(hiding: set[str], tokens: _TokenSet, text: str) -> bool:
+    """Whether a hiding string could be inside a control-token match of `text`: only if a control token that
+    contains it occurs in the text at all (a match is an occurrence). A tool enum value "f" is a substring of
+    "<|endoftext|>", but a chat that never spells "<|endoftext|>" has no match for it to hide in."""
+    infixes = _infixes(tokens)
+    return any(t in text for s in hiding for t in infixes[s])
 
 
 def _strip_markers(text: str, markers: str) -> tuple[str, list[tuple[int, str]]]:
@@ -756,21 +776,23 @@ def render(
             or _would_mark(all_docs or [], tokens)
             or _would_mark({k: v for k, v in request_kwargs.items() if k not in (chat_template_kwargs or {})}, tokens)
         )
+    hiding: set[str] = set()
     if provenance is None:
         # Only when the ids could depend on it: under `keep` they never do; otherwise only a request string that is a
-        # substring of a control token (e.g. "im_st") can sit strictly inside one, where marking cannot see it.
-        provenance = (
-            policy is not SpecialTokenPolicy.KEEP
-            and tokens_re is not None
-            and (
-                any(_message_could_hide(m, tokens) for m in request.messages)
-                or _could_hide_in_a_token([req_tools or [], all_docs or [], request_kwargs], tokens, _infixes(tokens))
-            )
-        )
-    if marking or provenance:
-        o, c, b, p, q = _pick_markers(5, [template.source, *(s for _, s in request.strings())])
-    else:
-        o = c = b = p = q = ""  # neither pass runs: no markers are needed
+        # substring of a control token (e.g. "im_st") can sit strictly inside one, where marking cannot see it. Such
+        # strings are collected here; whether a token containing one occurs in the text is decided after pass 1.
+        if policy is not SpecialTokenPolicy.KEEP and tokens_re is not None:
+            for m in request.messages:
+                hiding |= _message_hiding(m, tokens)
+            _hiding_strings([req_tools or [], all_docs or [], request_kwargs], tokens, _infixes(tokens), hiding)
+        provenance = bool(hiding)
+
+    def markers() -> tuple[str, ...]:
+        return tuple(_pick_markers(5, [template.source, *(s for _, s in request.strings())]))
+
+    o = c = b = p = q = ""  # no pass that needs them runs: no markers
+    if marking:
+        o, c, b, p, q = markers()
 
     # 1. The text. Under TEXT/RAISE, control-token strings inside request strings are marked.
     if not marking:
@@ -792,8 +814,10 @@ def render(
     spans: tuple[Span, ...] = ()
     exact = False
     try:
-        if not provenance:
+        if not provenance or (hiding and not _provenance_needed(hiding, tokens, text)):
             raise _NoProvenance
+        if not marking:
+            o, c, b, p, q = markers()
         raw2 = _run(template, context_for(wrap, False), limits)
         text2, found2 = _strip_markers(raw2, o + c + b + p + q)
         if continue_final_message:

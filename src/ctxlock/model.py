@@ -12,7 +12,7 @@ from .errors import TemplateNotFoundError
 from .request import Dialect, Request, Utf8Policy, parse_request
 from .template import DEFAULT_LIMITS, ChatTemplate, Rendered, RenderLimits, SpecialTokenPolicy, TemplateSet, render
 from .tensors import ModelInput, PaddingSide, _assemble_own, assemble_batch
-from .tokenizer import Tokenized, Tokenizer, tokenize, tokenize_batch
+from .tokenizer import Tokenized, Tokenizer, encode_ids, tokenize, tokenize_batch
 from .tokenizer.runs import fast_enabled
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
@@ -131,8 +131,13 @@ class Model:
     def encode(self, request: RequestLike, **options: Any) -> ModelInput:
         """Request -> ModelInput (batch of one): the ids, mask and positions the model receives.
 
-        Only ids are returned, so the provenance pass runs only when the ids could depend on it (see `render`)."""
-        return self.run(request, **_ids_only(options)).model_input
+        Only ids are returned, so the provenance pass runs only when the ids could depend on it (see `render`), and
+        the ids come from `encode_ids` (equal to `run(...).tokenized.ids`, without the list of control matches)."""
+        options = _ids_only(options)
+        dialect = options.pop("dialect", None)
+        utf8 = options.pop("utf8", "strict")
+        rendered = self.render(self.parse(request, dialect=dialect, utf8=utf8), **options)
+        return _assemble_own(encode_ids(rendered, self.tokenizer))
 
     def encode_batch(
         self,

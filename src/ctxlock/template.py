@@ -49,7 +49,7 @@ from .errors import (
     TemplateSecurityError,
     TemplateSyntaxError,
 )
-from .frozen import FrozenDict, freeze
+from .frozen import FrozenDict, freeze, thaw
 from .request import Message, Request
 
 
@@ -602,6 +602,26 @@ def _hiding_strings(value: Any, tokens: _TokenSet, infixes: Mapping[str, tuple[s
             _hiding_strings(v, tokens, infixes, out)
 
 
+@lru_cache(maxsize=256)
+def _template_tools(tools: tuple[Any, ...]) -> tuple[dict[str, Any], ...]:
+    """A request's tools as templates see them (`Request.template_tools`), converted once per distinct tool list:
+    the sandbox is immutable, so templates cannot change the shared dicts, and a chat sends the same tools every
+    turn."""
+    return tuple(thaw(t) for t in tools)
+
+
+@lru_cache(maxsize=256)
+def _tools_would_mark(tools: tuple[Any, ...], tokens: _TokenSet) -> bool:
+    return _would_mark(list(_template_tools(tools)), tokens)
+
+
+@lru_cache(maxsize=256)
+def _tools_hiding(tools: tuple[Any, ...], tokens: _TokenSet) -> frozenset[str]:
+    out: set[str] = set()
+    _hiding_strings(list(_template_tools(tools)), tokens, _infixes(tokens), out)
+    return frozenset(out)
+
+
 @lru_cache(maxsize=1 << 14)
 def _message_hiding(message: Message, tokens: _TokenSet) -> frozenset[str]:
     out: set[str] = set()
@@ -699,7 +719,7 @@ def render(
             path="options",
             hint="use continue_final_message to extend the last message, add_generation_prompt to start a new one",
         )
-    req_tools = request.template_tools()
+    req_tools = None if request.tools is None else list(_template_tools(request.tools))
     all_tools = (req_tools or []) + list(tools or []) if (req_tools or tools) else None
     req_docs = request.template_documents()
     all_docs = (req_docs or []) + list(documents or []) if (req_docs or documents) else None
@@ -772,7 +792,7 @@ def render(
         # The marking walk below would leave every string as it is: skip it, the text is the same without it.
         marking = (
             any(_message_would_mark(m, tokens) for m in request.messages)
-            or _would_mark(req_tools or [], tokens)
+            or (request.tools is not None and _tools_would_mark(request.tools, tokens))
             or _would_mark(all_docs or [], tokens)
             or _would_mark({k: v for k, v in request_kwargs.items() if k not in (chat_template_kwargs or {})}, tokens)
         )
@@ -784,7 +804,9 @@ def render(
         if policy is not SpecialTokenPolicy.KEEP and tokens_re is not None:
             for m in request.messages:
                 hiding |= _message_hiding(m, tokens)
-            _hiding_strings([req_tools or [], all_docs or [], request_kwargs], tokens, _infixes(tokens), hiding)
+            if request.tools is not None:
+                hiding |= _tools_hiding(request.tools, tokens)
+            _hiding_strings([all_docs or [], request_kwargs], tokens, _infixes(tokens), hiding)
         provenance = bool(hiding)
 
     def markers() -> tuple[str, ...]:

@@ -453,8 +453,12 @@ def assemble(ids: Sequence[int]) -> ModelInput:
 def _assemble_own(ids: Sequence[int]) -> ModelInput:
     """`assemble` for ids ctxlock's own tokenizer stage produced (plain non-negative ints by construction): the
     per-id checks, which exist to name a bad id from a caller, are skipped."""
-    row = np.array(ids, dtype=np.int64).reshape(len(ids))
-    return _build([row], row.shape[0], pad_id=None, side=PaddingSide.RIGHT)
+    n = len(ids)
+    # One row, no padding: the mask is all ones and the positions are 0..n-1 (what `_build` computes, directly).
+    input_ids = np.array(ids, dtype=np.int64).reshape(1, n)
+    mask = np.ones((1, n), dtype=np.int64)
+    pos = np.arange(n, dtype=np.int64).reshape(1, n)
+    return _frozen_input(input_ids, mask, pos, (n,), PaddingSide.RIGHT, None)
 
 
 def assemble_batch(
@@ -506,7 +510,17 @@ def _build(rows: list[np.ndarray], n: int, *, pad_id: int | None, side: PaddingS
         sl = slice(0, length) if side is PaddingSide.RIGHT else slice(n - length, n)
         ids[b, sl] = row
         mask[b, sl] = 1
-    pos = _hf_position_ids(mask)
+    return _frozen_input(ids, mask, _hf_position_ids(mask), tuple(r.shape[0] for r in rows), side, pad_id)
+
+
+def _frozen_input(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    pos: np.ndarray,
+    lengths: tuple[int, ...],
+    side: PaddingSide,
+    pad_id: int | None,
+) -> ModelInput:
     for arr in (ids, mask, pos):
         arr.flags.writeable = False
     # Built to the invariants by construction (the rows are validated, the mask and positions derived), so the
@@ -516,7 +530,7 @@ def _build(rows: list[np.ndarray], n: int, *, pad_id: int | None, side: PaddingS
         "input_ids": ids,
         "attention_mask": mask,
         "position_ids": pos,
-        "valid_lengths": tuple(r.shape[0] for r in rows),
+        "valid_lengths": lengths,
         "padding_side": side,
         "pad_id": pad_id,
     }

@@ -5,6 +5,10 @@ Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage fun
 2. a match that overlaps a range the template stage marked untrusted came from a request string;
 3. with no such match the whole text is encoded the reference way, so benign requests give the reference ids;
    with one, policy `raise` rejects it and policy `text` encodes the runs between trusted matches as plain text.
+
+`encode_ids()` is the same stage for callers that need only the ids (`Model.encode`): where it is proved equal
+(`prefix`), one native call per text, and a chat's new turn is encoded from where it stops sharing bytes with a
+text seen before.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
 
 from ..errors import ControlTokenError
 from ..template import Rendered, Span, SpecialTokenPolicy
@@ -156,6 +162,30 @@ def tokenize_batch(rendered: Sequence[Rendered], tokenizer: Tokenizer) -> list[T
     return [tokenize(r, tokenizer) for r in rendered]
 
 
+def whole_text_encoder(rendered: Rendered, tokenizer: Tokenizer) -> Any:
+    """The tokenizer's whole-text encoder (`prefix.WholeText`) when it gives `tokenize(rendered).ids` for this
+    rendered text: fast paths on, a proved encoder, and the reference ids are the answer (no request text reached
+    a control-token position, or the policy keeps control tokens as they are)."""
+    if rendered.untrusted and rendered.policy is not SpecialTokenPolicy.KEEP:
+        return None
+    return getattr(tokenizer, "whole_text", None)
+
+
+def encode_ids(rendered: Rendered, tokenizer: Tokenizer) -> np.ndarray:
+    """`tokenize(rendered, tokenizer).ids` as a read-only int64 array, for callers that need only the ids.
+
+    When `whole_text_encoder` applies, the text is encoded in one native call, reusing the ids of the longest prefix
+    it shares with a text encoded before (see `prefix`); otherwise this is `tokenize`."""
+    whole = whole_text_encoder(rendered, tokenizer)
+    if whole is not None:
+        ids = whole.encode(rendered.text)
+        if ids is not None:
+            return ids
+    out = np.array(tokenize(rendered, tokenizer).ids, dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
 def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     """Encode a rendered chat so that only the template's own control tokens become control ids."""
     text = rendered.text
@@ -218,6 +248,7 @@ __all__ = [
     "Tokenized",
     "Tokenizer",
     "encode_between",
+    "encode_ids",
     "longest_first",
     "tokenize",
     "tokenize_batch",

@@ -510,14 +510,21 @@ class FastEncoder:
         added: Iterable[tuple[str, int, bool]],
         normalize: Callable[[str], str] | None,
         name: str,
+        specials: Mapping[str, int] | None = None,
     ) -> None:
         """`added`: (content, id, normalized) of the added tokens left in the plain variant; `normalize`: the
-        tokenizer's own normalizer (`tokenizers` `normalize_str`), required when `verdict.normalizer` is set."""
+        tokenizer's own normalizer (`tokenizers` `normalize_str`), required when `verdict.normalizer` is set.
+        `specials`: tiktoken special tokens for whole-text encoding (`prefix.WholeText`); `encode` never uses them."""
         if not verdict.ok:
             raise ValueError(verdict.reason)
         self.verdict = verdict
-        self._enc = tiktoken.Encoding(name=name, pat_str=verdict.pattern, mergeable_ranks=ranks, special_tokens={})
+        self.ranks = ranks
+        self.specials = dict(specials or {})
+        self._enc = tiktoken.Encoding(
+            name=name, pat_str=verdict.pattern, mergeable_ranks=ranks, special_tokens=self.specials
+        )
         self._core = self._enc._core_bpe
+        self.core = self._core
         self._normalize = normalize if verdict.normalizer else None
         raw = [(c, i) for c, i, n in added if not n]
         norm = [(normalize(c) if self._normalize else c, i) for c, i, n in added if n]
@@ -526,9 +533,13 @@ class FastEncoder:
         self._raw_re = _longest_first(self._raw_ids)
         self._norm_re = _longest_first(self._norm_ids)
 
+    def inert(self, text: str) -> bool:
+        """Whether the normalizer leaves `text` as it is (no normalizer, ASCII, or only NFC-inert characters)."""
+        return self._normalize is None or text.isascii() or _not_inert_pattern().search(text) is None
+
     def _bpe(self, text: str, out: list[int]) -> None:
-        if self._normalize is not None and not text.isascii() and _not_inert_pattern().search(text):
-            text = self._normalize(text)
+        if not self.inert(text):
+            text = self._normalize(text)  # type: ignore[misc]
         if self._norm_re is None:
             out += self._core.encode_ordinary(text)
             return

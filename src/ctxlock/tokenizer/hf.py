@@ -27,10 +27,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tokenizers
 
 from ..errors import ArtifactFormatError
 from . import AddedToken, ControlMatch, longest_first
+from .prefix import WholeText, prefix_cache_bytes, split_runs, whole_text_refusal
 from .runs import fast_enabled
 
 
@@ -96,6 +98,7 @@ class HFTokenizer:
         self._control_tokens = frozenset(t.content for t in self._added if t.control)
         self._engine_lock = threading.Lock()
         self._engine_choice: tuple[str, str, Any] | None = None
+        self._whole_choice: tuple[WholeText | None, str] = (None, "not decided")
 
     # -- plain-text variants, built on first use
     @cached_property
@@ -124,17 +127,62 @@ class HFTokenizer:
                 verdict, ranks = cached_check(self._json_text, self._data, plain_added)
                 if not verdict.ok:
                     self._engine_choice = ("tokenizers", verdict.reason, None)
+                    self._whole_choice = (None, f"encode_text uses tokenizers ({verdict.reason})")
                 else:
                     normalizer = self._tok.normalizer
+                    refusal = whole_text_refusal(self._added)
                     fast = FastEncoder(
                         verdict,
                         ranks,
                         added=[(t["content"], int(t["id"]), bool(t.get("normalized", False))) for t in plain_added],
                         normalize=normalizer.normalize_str if normalizer is not None else None,
                         name=f"ctxlock-{self.sha256[:12]}",
+                        specials=None if refusal else {t.content: t.id for t in self._added},
                     )
                     self._engine_choice = ("tiktoken", verdict.reason, fast)
+                    self._whole_choice = (None, refusal) if refusal else (self._build_whole(fast), "")
             return self._engine_choice
+
+    def _build_whole(self, fast: Any) -> WholeText:
+        ids = np.fromiter(fast.ranks.values(), dtype=np.int64, count=len(fast.ranks))
+        lengths = np.zeros(max(int(ids.max()), *(t.id for t in self._added)) + 1, dtype=np.int64)
+        lengths[ids] = np.fromiter(map(len, fast.ranks), dtype=np.int64, count=len(fast.ranks))
+        for t in self._added:
+            lengths[t.id] = len(t.content.encode("utf-8"))
+        fallback = None
+        if self._split_regex is not None:
+
+            def fallback(text: str) -> tuple[list[int], list[int], list[int]]:
+                return split_runs(
+                    text, self.split_controls(text) or [], lambda run: self.encode_text(run, at_start=False)
+                )
+
+        return WholeText(
+            fast.core,
+            dict(fast.specials),
+            lengths,
+            max_bytes=prefix_cache_bytes(),
+            inert=fast.inert if fast.verdict.normalizer else None,
+            fallback=fallback,
+        )
+
+    @property
+    def whole_text(self) -> WholeText | None:
+        """The whole-text encoder (`prefix.WholeText`: one tiktoken call per rendered text, prefix reuse across
+        texts), or None when it is not provably equal to `tokenizers` here (`whole_text_reason` says why) or fast
+        paths are off."""
+        if not fast_enabled():
+            return None
+        self._choose_engine()
+        return self._whole_choice[0]
+
+    @property
+    def whole_text_reason(self) -> str:
+        """Why whole-text encoding is refused ("" when it is taken)."""
+        if not fast_enabled():
+            return "CTXLOCK_FAST=0"
+        self._choose_engine()
+        return self._whole_choice[1]
 
     def _fast(self) -> Any:
         return self._choose_engine()[2] if fast_enabled() else None

@@ -1,0 +1,276 @@
+"""Whole-text encoding with prefix reuse: a rendered chat's ids in one tiktoken call, and a new turn of a chat
+encoded from where it stops sharing bytes with a chat seen before.
+
+**One call per text.** `tokenizers` encodes a text by first extracting every added token (leftmost-longest),
+then encoding each run between them on its own. tiktoken's `encode(text, allowed_special)` does the same in one
+native call that releases the GIL: it finds the leftmost special token, encodes the run before it on its own, emits
+the token, and goes on after it. Its special-token search is an alternation, so at one start it takes the first
+alternative that matches, not the longest; the two agree when no added token is a prefix of another (then at most
+one can match at any start). So `WholeText.encode(text)` equals `tokenizers`' ids for `text` (the reference ids of
+`tokenize` when no request text reaches a control token) when:
+
+- `encode_text` already uses the tiktoken engine (`fastbpe.check` proved the runs' BPE equal),
+- no normalizer (runs are passed to tiktoken as they are),
+- every added token is matched on raw text as it is (no `normalized`, `lstrip`, `rstrip`, `single_word`), the
+  contents are distinct and non-empty, and none is a prefix of another.
+
+`HFTokenizer.whole_text_reason` names the condition that fails when one does.
+
+**Prefix reuse.** Let an earlier text A and a new text B share their first `l` bytes, and let an added token end
+at byte e of A with e + L <= l, where L is the longest added token in bytes. Whether a token starts at a byte q
+depends only on bytes q..q+L, which for every q < e lie in the shared part; so A and B have the same added-token
+matches before e, the one ending at e included, and the same runs before it. Runs are encoded on their own, so B's
+ids are A's ids up to that token, then the ids of B's bytes after e encoded as a text of their own. The cut is the
+last such e (found with a binary search over the byte offsets of A's added tokens), and only B's new bytes reach
+the encoder: a chat server re-sent the whole history every turn encodes each turn once.
+
+Entries are kept in a byte-bounded LRU per encoder (`CTXLOCK_PREFIX_CACHE_MB`, default 128), bucketed by their first
+bytes so a lookup compares against a handful of recent texts. `CTXLOCK_FAST=0` bypasses all of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+_HEAD = 64  # bytes of a text that pick its bucket: texts sharing less than this are never compared
+_PER_BUCKET = 8  # recent texts kept per bucket, compared with a new text
+_CHUNK = 4096  # bytes compared per step when measuring a common prefix
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """The length of the longest common prefix of two byte strings, by C-level slice comparisons."""
+    n = min(len(a), len(b))
+    pos = 0
+    while pos < n:
+        end = min(n, pos + _CHUNK)
+        if a[pos:end] == b[pos:end]:
+            pos = end
+            continue
+        lo, hi = pos, end  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    return n
+
+
+class _Entry:
+    __slots__ = ("cut_bytes", "cut_ids", "data", "ids", "size")
+
+    def __init__(self, data: bytes, ids: np.ndarray, cut_ids: np.ndarray, cut_bytes: np.ndarray) -> None:
+        self.data = data
+        self.ids = ids  # int64, read-only
+        self.cut_ids = cut_ids  # indices in ids of the added tokens
+        self.cut_bytes = cut_bytes  # byte offset just after each of them
+        self.size = len(data) + ids.nbytes + cut_ids.nbytes + cut_bytes.nbytes + 200
+
+
+class WholeText:
+    """tiktoken over a whole rendered text, with every added token honoured, and the prefix-reuse cache."""
+
+    def __init__(
+        self,
+        core: Any,
+        added: dict[str, int],
+        byte_lengths: np.ndarray,
+        *,
+        max_bytes: int,
+        inert: Callable[[str], bool] | None = None,
+        fallback: Callable[[str], tuple[list[int], list[int], list[int]]] | None = None,
+    ) -> None:
+        """`core`: a tiktoken CoreBPE whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
+        UTF-8 length of every id's bytes (added tokens included), indexed by id. With a normalizer, `inert(text)`
+        says whether it leaves `text` unchanged (then tiktoken may see the text as it is); other text goes to
+        `fallback(text)`, the run-by-run encoding that normalizes each run (`split_runs`; None: the caller's
+        reference path)."""
+        self._core = core
+        self._inert = inert
+        self._fallback = fallback
+        self._allowed = set(added)
+        self._lengths = byte_lengths
+        self._is_added = np.zeros(len(byte_lengths), dtype=bool)
+        self._is_added[list(added.values())] = True
+        self.longest = max(len(t.encode("utf-8")) for t in added)
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.encoded_bytes = 0  # bytes that reached tiktoken: what the prefix reuse did not save
+        self._buckets: OrderedDict[bytes, list[_Entry]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- encoding
+    def _native(self, text: str) -> np.ndarray:
+        buf = self._core.encode_to_tiktoken_buffer(text, self._allowed)
+        return np.frombuffer(buf, dtype=np.uint32).astype(np.int64)
+
+    def encode(self, text: str, *, cache: bool = True) -> np.ndarray | None:
+        """The ids of `text` as a read-only int64 array, or None when the text is not UTF-8 (a lone surrogate) or
+        needs normalizing with no fallback; the caller then takes the reference path."""
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        return self.encode_prepared(*self.plan(data), cache=cache)
+
+    def plan(self, data: bytes) -> tuple[bytes, _Entry | None, int, int]:
+        """Where to cut `data`: (data, entry, ids kept from the entry, bytes they cover). With no usable entry the
+        whole text is encoded (entry None)."""
+        best: _Entry | None = None
+        best_len = 0
+        with self._lock:
+            bucket = self._buckets.get(data[:_HEAD])
+            candidates = list(bucket) if bucket else []
+        for entry in candidates:
+            n = common_prefix(data, entry.data)
+            if n > best_len:
+                best, best_len = entry, n
+        if best is None:
+            return data, None, 0, 0
+        j = int(np.searchsorted(best.cut_bytes, best_len - self.longest, side="right")) - 1
+        if j < 0:
+            return data, None, 0, 0
+        return data, best, int(best.cut_ids[j]) + 1, int(best.cut_bytes[j])
+
+    def encode_prepared(
+        self, data: bytes, entry: _Entry | None, keep: int, start: int, *, cache: bool = True
+    ) -> np.ndarray | None:
+        """Encode the bytes after `start` and prepend the `keep` ids of `entry` (see `plan`). Releases the GIL for
+        the native call, so several threads can run it at once."""
+        suffix = data[start:].decode("utf-8")  # `start` ends an added token: a character boundary
+        cuts: tuple[np.ndarray, np.ndarray] | None = None
+        if self._inert is None or self._inert(suffix):
+            new = self._native(suffix)
+        elif self._fallback is not None:
+            ids_list, cut_at, cut_end = self._fallback(suffix)
+            new = np.array(ids_list, dtype=np.int64)
+            # The normalizer changed some run: ids' byte lengths no longer add up to the text's, so the cut points
+            # come from the split itself (byte offsets in the text as given).
+            cuts = np.array(cut_at, dtype=np.int64), start + np.array(cut_end, dtype=np.int64)
+        else:
+            return None
+        ids = new if entry is None else np.concatenate((entry.ids[:keep], new))
+        ids.flags.writeable = False
+        if cache:
+            self._remember(data, ids, entry, keep, start, new, cuts)
+        return ids
+
+    # -- the cache
+    def _remember(
+        self,
+        data: bytes,
+        ids: np.ndarray,
+        entry: _Entry | None,
+        keep: int,
+        start: int,
+        new: np.ndarray,
+        cuts: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:
+        if cuts is None:
+            added_at = np.flatnonzero(self._is_added[new])
+            ends = start + np.cumsum(self._lengths[new])[added_at]
+        else:
+            added_at, ends = cuts
+        if entry is None or keep == 0:
+            cut_ids, cut_bytes = added_at, ends
+        else:
+            j = int(np.searchsorted(entry.cut_ids, keep - 1, side="right"))
+            cut_ids = np.concatenate((entry.cut_ids[:j], keep + added_at))
+            cut_bytes = np.concatenate((entry.cut_bytes[:j], ends))
+        item = _Entry(data, ids, cut_ids, cut_bytes)
+        if item.size > self.max_bytes:
+            return
+        head = data[:_HEAD]
+        with self._lock:
+            if entry is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            self.encoded_bytes += len(data) - start
+            kept = []
+            for e in self._buckets.pop(head, None) or []:
+                if e.data == data:
+                    self.bytes -= e.size  # the same text again: the new entry replaces it
+                else:
+                    kept.append(e)
+            kept.insert(0, item)
+            self.bytes += item.size
+            for dropped in kept[_PER_BUCKET:]:
+                self.bytes -= dropped.size
+            self._buckets[head] = kept[:_PER_BUCKET]
+            while self.bytes > self.max_bytes and self._buckets:
+                _, evicted = self._buckets.popitem(last=False)
+                self.bytes -= sum(e.size for e in evicted)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._buckets.clear()
+            self.bytes = self.hits = self.misses = self.encoded_bytes = 0
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "texts": sum(len(b) for b in self._buckets.values()),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+            "encoded_bytes": self.encoded_bytes,
+        }
+
+
+def whole_text_refusal(added: Sequence[Any]) -> str:
+    """Why a vocabulary's added tokens (`AddedToken`s) rule out one tiktoken call per text, or "" when they do not:
+    tiktoken matches them on the raw text, leftmost, taking the first alternative; `tokenizers` matches them
+    leftmost-longest (normalized ones after normalizing, in a second pass), and honours lstrip/rstrip/single_word."""
+    for t in added:
+        for flag in ("normalized", "lstrip", "rstrip", "single_word"):
+            if getattr(t, flag):
+                return f"added token {t.content!r} is {flag}: tiktoken matches added tokens on raw text as they are"
+        if not t.content:
+            return f"added token {t.id} is empty"
+    contents = sorted(t.content for t in added)
+    for a, b in itertools.pairwise(contents):
+        if a == b:
+            return f"two added tokens spell {a!r}"
+        if b.startswith(a):
+            return f"added token {a!r} is a prefix of {b!r}: tiktoken would not always take the longest"
+    return ""
+
+
+def split_runs(
+    text: str, matches: Sequence[Any], encode_run: Callable[[str], Sequence[int]]
+) -> tuple[list[int], list[int], list[int]]:
+    """Run-by-run encoding of `text` around its control-token `matches` (`ControlMatch`es), as `encode_between`
+    does, with the cut points `WholeText` keeps: the index of each control id and the byte offset after it."""
+    ids: list[int] = []
+    cut_at: list[int] = []
+    cut_end: list[int] = []
+    pos = nbytes = 0
+    for m in matches:
+        if m.start > pos:
+            ids += encode_run(text[pos : m.start])
+        nbytes += len(text[pos : m.end].encode("utf-8"))
+        ids.append(m.id)
+        cut_at.append(len(ids) - 1)
+        cut_end.append(nbytes)
+        pos = m.end
+    if pos < len(text):
+        ids += encode_run(text[pos:])
+    return ids, cut_at, cut_end
+
+
+def prefix_cache_bytes() -> int:
+    return int(float(os.environ.get("CTXLOCK_PREFIX_CACHE_MB", "128")) * 1024 * 1024)
+
+
+__all__ = ["WholeText", "common_prefix", "prefix_cache_bytes", "split_runs", "whole_text_refusal"]

@@ -677,6 +677,22 @@ def _template_message(message: Message) -> dict[str, Any]:
     return m
 
 
+def clear_request_caches() -> None:
+    """Forget what was memoized per request value (converted messages and tools, marking decisions), keeping
+    compiled templates: `ctxlock.clear_caches` uses it so that benchmarks start each round cold."""
+    for cached in (
+        _markers_in,
+        _mark_string,
+        _message_would_mark,
+        _template_tools,
+        _tools_would_mark,
+        _tools_hiding,
+        _message_hiding,
+        _template_message,
+    ):
+        cached.cache_clear()
+
+
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 

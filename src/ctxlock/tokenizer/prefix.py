@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -108,6 +109,7 @@ class WholeText:
         self.encoded_bytes = 0  # bytes that reached tiktoken: what the prefix reuse did not save
         self._buckets: OrderedDict[bytes, list[_Entry]] = OrderedDict()
         self._lock = threading.Lock()
+        _ALL.add(self)
 
     # -- encoding
     def _native(self, text: str) -> np.ndarray:
@@ -269,8 +271,24 @@ def split_runs(
     return ids, cut_at, cut_end
 
 
+_ALL: weakref.WeakSet[WholeText] = weakref.WeakSet()
+
+
+def clear_prefix_caches() -> None:
+    """Empty the prefix cache of every whole-text encoder in the process."""
+    for whole in list(_ALL):
+        whole.clear()
+
+
 def prefix_cache_bytes() -> int:
     return int(float(os.environ.get("CTXLOCK_PREFIX_CACHE_MB", "128")) * 1024 * 1024)
 
 
-__all__ = ["WholeText", "common_prefix", "prefix_cache_bytes", "split_runs", "whole_text_refusal"]
+__all__ = [
+    "WholeText",
+    "clear_prefix_caches",
+    "common_prefix",
+    "prefix_cache_bytes",
+    "split_runs",
+    "whole_text_refusal",
+]

@@ -23,6 +23,7 @@ PUBLIC = {
     "SpecialTokenPolicy",
     "Tokenized",
     "__version__",
+    "clear_caches",
     "load",
     "parse_request",
 }

@@ -7,7 +7,7 @@
 """
 
 from .errors import CtxlockError
-from .model import Model, Run, load
+from .model import Model, Run, clear_caches, load
 from .request import Request, parse_request
 from .template import ChatTemplate, Rendered, SpecialTokenPolicy
 from .tensors import ModelInput
@@ -26,6 +26,7 @@ __all__ = [
     "SpecialTokenPolicy",
     "Tokenized",
     "__version__",
+    "clear_caches",
     "load",
     "parse_request",
 ]

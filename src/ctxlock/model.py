@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .artifacts import ModelArtifacts, load_artifacts
 from .errors import TemplateNotFoundError
-from .request import Dialect, Request, Utf8Policy, parse_request
-from .template import DEFAULT_LIMITS, ChatTemplate, Rendered, RenderLimits, SpecialTokenPolicy, TemplateSet, render
+from .request import Dialect, Request, Utf8Policy, clear_request_memo, parse_request
+from .template import (
+    DEFAULT_LIMITS,
+    ChatTemplate,
+    Rendered,
+    RenderLimits,
+    SpecialTokenPolicy,
+    TemplateSet,
+    clear_request_caches,
+    render,
+)
 from .tensors import ModelInput, PaddingSide, _assemble_own, assemble_batch
-from .tokenizer import Tokenized, Tokenizer, encode_ids, tokenize, tokenize_batch
-from .tokenizer.runs import fast_enabled
+from .tokenizer import Tokenized, Tokenizer, encode_ids, tokenize, tokenize_batch, whole_text_encoder
+from .tokenizer.prefix import clear_prefix_caches
+from .tokenizer.runs import RUNS, fast_enabled
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -151,11 +166,84 @@ class Model:
         options = _ids_only(options)
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
-        rendered = [self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests]
-        rows = [t.ids for t in tokenize_batch(rendered, self.tokenizer)]
+        if whole_text_encoder_of(self.tokenizer) is not None and len(requests) > 1:
+            rows: list[Any] = _encode_pipelined(
+                (self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests), self.tokenizer
+            )
+        else:
+            rendered = [self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests]
+            rows = [t.ids for t in tokenize_batch(rendered, self.tokenizer)]
         return assemble_batch(
             rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of
         )
+
+
+def clear_caches() -> None:
+    """Empty every process-wide cache of ctxlock's fast paths: the token-run cache, each tokenizer's prefix cache,
+    the request memo and the per-request template caches (compiled templates and loaded models stay). Results never
+    depend on these caches; benchmarks call this so that each round starts cold."""
+    RUNS.clear()
+    clear_prefix_caches()
+    clear_request_caches()
+    clear_request_memo()
+
+
+def whole_text_encoder_of(tokenizer: Tokenizer) -> Any:
+    return getattr(tokenizer, "whole_text", None)
+
+
+_SWITCH_LOCK = threading.Lock()
+_SWITCH_USERS = 0
+_SWITCH_SAVED = 0.005
+_SWITCH_INTERVAL = 0.0002  # seconds: how soon a thread back from tiktoken gets the GIL from the rendering thread
+
+
+@contextmanager
+def _short_switch_interval() -> Iterator[None]:
+    """While it runs, a worker returning from a native call waits at most ~0.2 ms for the GIL instead of the default
+    5 ms (the rendering thread holds it almost all the time). Restored when the last concurrent user leaves."""
+    global _SWITCH_USERS, _SWITCH_SAVED
+    with _SWITCH_LOCK:
+        if _SWITCH_USERS == 0:
+            _SWITCH_SAVED = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SWITCH_SAVED, _SWITCH_INTERVAL))
+        _SWITCH_USERS += 1
+    try:
+        yield
+    finally:
+        with _SWITCH_LOCK:
+            _SWITCH_USERS -= 1
+            if _SWITCH_USERS == 0:
+                sys.setswitchinterval(_SWITCH_SAVED)
+
+
+def _encode_pipelined(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list[Any]:
+    """`[encode_ids(r, tokenizer) for r in rendered]`, with each text's native encoding handed to a worker thread
+    as soon as it is rendered: tiktoken releases the GIL, so the next request renders on one core while the last
+    one is encoded on the other. Same ids: the same `WholeText.plan` / `encode_prepared` as `encode_ids`, and
+    whatever the whole-text call cannot take goes through `encode_ids` itself."""
+    out: list[Any] = []
+    with _short_switch_interval(), ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        for r in rendered:
+            whole = whole_text_encoder(r, tokenizer)
+            data = None
+            if whole is not None:
+                try:
+                    data = r.text.encode("utf-8")
+                except UnicodeEncodeError:
+                    data = None
+            if data is None:
+                out.append(encode_ids(r, tokenizer))
+            else:
+                out.append((r, pool.submit(whole.encode_prepared, *whole.plan(data))))
+        rows = []
+        for item in out:
+            if isinstance(item, tuple):
+                ids = item[1].result()
+                rows.append(encode_ids(item[0], tokenizer) if ids is None else ids)
+            else:
+                rows.append(item)
+    return rows
 
 
 def _ids_only(options: dict[str, Any]) -> dict[str, Any]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
+import queue
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -195,7 +194,7 @@ def whole_text_encoder_of(tokenizer: Tokenizer) -> Any:
 _SWITCH_LOCK = threading.Lock()
 _SWITCH_USERS = 0
 _SWITCH_SAVED = 0.005
-_SWITCH_INTERVAL = 0.0002  # seconds: how soon a thread back from tiktoken gets the GIL from the rendering thread
+_SWITCH_INTERVAL = 0.00005  # seconds: how soon a thread back from tiktoken gets the GIL from the rendering thread
 
 
 @contextmanager
@@ -220,29 +219,61 @@ def _short_switch_interval() -> Iterator[None]:
 def _encode_pipelined(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list[Any]:
     """`[encode_ids(r, tokenizer) for r in rendered]`, with each text's native encoding handed to a worker thread
     as soon as it is rendered: tiktoken releases the GIL, so the next request renders on one core while the last
-    one is encoded on the other. Same ids: the same `WholeText.plan` / `encode_prepared` as `encode_ids`, and
-    whatever the whole-text call cannot take goes through `encode_ids` itself."""
-    out: list[Any] = []
-    with _short_switch_interval(), ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        for r in rendered:
-            whole = whole_text_encoder(r, tokenizer)
-            data = None
-            if whole is not None:
-                try:
-                    data = r.text.encode("utf-8")
-                except UnicodeEncodeError:
-                    data = None
-            if data is None:
-                out.append(encode_ids(r, tokenizer))
-            else:
-                out.append((r, pool.submit(whole.encode_prepared, *whole.plan(data))))
-        rows = []
-        for item in out:
-            if isinstance(item, tuple):
-                ids = item[1].result()
-                rows.append(encode_ids(item[0], tokenizer) if ids is None else ids)
-            else:
-                rows.append(item)
+    one is encoded on the other, and when rendering is done this thread takes the remaining texts too.
+
+    Same ids: the same `WholeText.plan` and `encode_prepared` as `encode_ids`; the worker only makes the native
+    call on the text `encode_prepared` would have passed to it, and whatever the whole-text call cannot take goes
+    through `encode_ids` itself."""
+    jobs: list[tuple[Rendered, Any, tuple[Any, ...] | None]] = []  # (rendered, whole, plan)
+    suffixes: list[str] = []
+    native: list[Any] = []
+    todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+
+    claim_lock = threading.Lock()
+    claimed: set[int] = set()
+
+    def claim(i: int) -> bool:
+        with claim_lock:
+            if i in claimed:
+                return False
+            claimed.add(i)
+            return True
+
+    def worker() -> None:
+        while (i := todo.get()) is not None:
+            if claim(i):
+                native[i] = jobs[i][1].native(suffixes[i])
+
+    thread = threading.Thread(target=worker, name="ctxlock-encode", daemon=True)
+    with _short_switch_interval():
+        thread.start()
+        try:
+            for r in rendered:
+                whole = whole_text_encoder(r, tokenizer)
+                plan = None
+                if whole is not None:
+                    try:
+                        plan = whole.plan(r.text.encode("utf-8"))
+                    except UnicodeEncodeError:
+                        plan = None
+                i = len(jobs)
+                suffix, inert = whole.suffix(r.text, plan[0], plan[3]) if plan is not None else ("", False)
+                jobs.append((r, whole, plan if inert else None))
+                suffixes.append(suffix)
+                native.append(None)
+                if plan is not None and inert:
+                    todo.put(i)
+            # Rendering is done: take queued texts here too, newest first, while the worker takes oldest first.
+            for i in range(len(jobs) - 1, -1, -1):
+                if jobs[i][2] is not None and claim(i):
+                    native[i] = jobs[i][1].native(suffixes[i])
+        finally:
+            todo.put(None)
+            thread.join()
+    rows = []
+    for (r, whole, plan), buf in zip(jobs, native, strict=True):
+        ids = None if plan is None else whole.encode_prepared(r.text, *plan, native=buf)
+        rows.append(encode_ids(r, tokenizer) if ids is None else ids)
     return rows
 
 

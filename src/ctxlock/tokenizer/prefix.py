@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -66,14 +68,22 @@ def common_prefix(a: bytes, b: bytes) -> int:
 
 
 class _Entry:
-    __slots__ = ("cut_bytes", "cut_ids", "data", "ids", "size")
+    """A text seen before: its UTF-8 bytes, its ids, and where its added tokens end (computed on first use)."""
 
-    def __init__(self, data: bytes, ids: np.ndarray, cut_ids: np.ndarray, cut_bytes: np.ndarray) -> None:
+    __slots__ = ("_cuts", "data", "ids", "size")
+
+    def __init__(self, data: bytes, ids: np.ndarray, cuts: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.data = data
         self.ids = ids  # int64, read-only
-        self.cut_ids = cut_ids  # indices in ids of the added tokens
-        self.cut_bytes = cut_bytes  # byte offset just after each of them
-        self.size = len(data) + ids.nbytes + cut_ids.nbytes + cut_bytes.nbytes + 200
+        # (indices in ids of the added tokens, byte offset just after each); None: every id's byte length adds up
+        # to the text (no run was normalized), so they follow from the ids when first needed.
+        self._cuts = cuts
+        self.size = len(data) + 2 * ids.nbytes + 200
+
+    def cuts(self, whole: WholeText) -> tuple[np.ndarray, np.ndarray]:
+        if self._cuts is None:
+            self._cuts = whole._cuts_of(self.ids, 0)
+        return self._cuts
 
 
 class WholeText:
@@ -102,6 +112,10 @@ class WholeText:
         self._is_added = np.zeros(len(byte_lengths), dtype=bool)
         self._is_added[list(added.values())] = True
         self.longest = max(len(t.encode("utf-8")) for t in added)
+        # Where no two occurrences of added tokens can overlap, every occurrence is a match, and a text cut right
+        # after one encodes as its two halves: `encode_prepared` then splits a long text in two for two threads.
+        self._halves = _overlap_free(added) and (os.cpu_count() or 1) > 1
+        self._token_re = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = 0
@@ -113,8 +127,13 @@ class WholeText:
 
     # -- encoding
     def _native(self, text: str) -> np.ndarray:
-        buf = self._core.encode_to_tiktoken_buffer(text, self._allowed)
-        return np.frombuffer(buf, dtype=np.uint32).astype(np.int64)
+        if self._halves and len(text) >= _SPLIT_CHARS:
+            m = self._token_re.search(text, len(text) // 2)
+            if m is not None and m.end() < len(text):
+                second = _HELPER.submit(self.native, text[m.end() :])
+                first = np.frombuffer(self.native(text[: m.end()]), dtype=np.uint32)
+                return np.concatenate((first, np.frombuffer(second.result(), dtype=np.uint32))).astype(np.int64)
+        return np.frombuffer(self.native(text), dtype=np.uint32).astype(np.int64)
 
     def encode(self, text: str, *, cache: bool = True) -> np.ndarray | None:
         """The ids of `text` as a read-only int64 array, or None when the text is not UTF-8 (a lone surrogate) or
@@ -123,7 +142,7 @@ class WholeText:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
             return None
-        return self.encode_prepared(*self.plan(data), cache=cache)
+        return self.encode_prepared(text, *self.plan(data), cache=cache)
 
     def plan(self, data: bytes) -> tuple[bytes, _Entry | None, int, int]:
         """Where to cut `data`: (data, entry, ids kept from the entry, bytes they cover). With no usable entry the
@@ -133,25 +152,48 @@ class WholeText:
         with self._lock:
             bucket = self._buckets.get(data[:_HEAD])
             candidates = list(bucket) if bucket else []
-        for entry in candidates:
+        for entry in candidates:  # newest first: usually the previous turn of the same chat
             n = common_prefix(data, entry.data)
             if n > best_len:
                 best, best_len = entry, n
+                if n == len(entry.data):
+                    break  # a whole earlier text is a prefix (the usual previous turn): take it; exact either way
         if best is None:
             return data, None, 0, 0
-        j = int(np.searchsorted(best.cut_bytes, best_len - self.longest, side="right")) - 1
+        cut_ids, cut_bytes = best.cuts(self)
+        j = int(np.searchsorted(cut_bytes, best_len - self.longest, side="right")) - 1
         if j < 0:
             return data, None, 0, 0
-        return data, best, int(best.cut_ids[j]) + 1, int(best.cut_bytes[j])
+        return data, best, int(cut_ids[j]) + 1, int(cut_bytes[j])
+
+    def suffix(self, text: str, data: bytes, start: int) -> tuple[str, bool]:
+        """The text to encode after byte `start`, and whether one native call may take it as it is."""
+        suffix = text if start == 0 else data[start:].decode("utf-8")  # `start` ends an added token: a boundary
+        return suffix, self._inert is None or self._inert(suffix)
+
+    def native(self, suffix: str) -> Any:
+        """The one native call (GIL released): a buffer of uint32 ids, for `encode_prepared(..., native=)`."""
+        return self._core.encode_to_tiktoken_buffer(suffix, self._allowed)
 
     def encode_prepared(
-        self, data: bytes, entry: _Entry | None, keep: int, start: int, *, cache: bool = True
+        self,
+        text: str,
+        data: bytes,
+        entry: _Entry | None,
+        keep: int,
+        start: int,
+        *,
+        cache: bool = True,
+        native: Any = None,
     ) -> np.ndarray | None:
-        """Encode the bytes after `start` and prepend the `keep` ids of `entry` (see `plan`). Releases the GIL for
-        the native call, so several threads can run it at once."""
-        suffix = data[start:].decode("utf-8")  # `start` ends an added token: a character boundary
+        """Encode `text` (whose UTF-8 is `data`) from byte `start` on, after the `keep` ids of `entry` (see `plan`).
+        Releases the GIL for the native call, so several threads can run it at once. `native`: the result of
+        `native(suffix)` when another thread already made the call."""
+        suffix, inert = self.suffix(text, data, start) if native is None else ("", True)
         cuts: tuple[np.ndarray, np.ndarray] | None = None
-        if self._inert is None or self._inert(suffix):
+        if native is not None:
+            new = np.frombuffer(native, dtype=np.uint32).astype(np.int64)
+        elif inert:
             new = self._native(suffix)
         elif self._fallback is not None:
             ids_list, cut_at, cut_end = self._fallback(suffix)
@@ -168,6 +210,11 @@ class WholeText:
         return ids
 
     # -- the cache
+    def _cuts_of(self, ids: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The added tokens among `ids` (encoded from byte `start`, no run normalized): index, byte end."""
+        added_at = np.flatnonzero(self._is_added[ids])
+        return added_at, start + np.cumsum(self._lengths[ids])[added_at]
+
     def _remember(
         self,
         data: bytes,
@@ -178,18 +225,13 @@ class WholeText:
         new: np.ndarray,
         cuts: tuple[np.ndarray, np.ndarray] | None,
     ) -> None:
-        if cuts is None:
-            added_at = np.flatnonzero(self._is_added[new])
-            ends = start + np.cumsum(self._lengths[new])[added_at]
-        else:
-            added_at, ends = cuts
-        if entry is None or keep == 0:
-            cut_ids, cut_bytes = added_at, ends
-        else:
-            j = int(np.searchsorted(entry.cut_ids, keep - 1, side="right"))
-            cut_ids = np.concatenate((entry.cut_ids[:j], keep + added_at))
-            cut_bytes = np.concatenate((entry.cut_bytes[:j], ends))
-        item = _Entry(data, ids, cut_ids, cut_bytes)
+        if entry is not None and keep and (cuts is not None or entry._cuts is not None):
+            # Part of this text's cut points are not plain byte-length sums: splice them now.
+            old_ids, old_bytes = entry.cuts(self)
+            new_ids, new_bytes = cuts if cuts is not None else self._cuts_of(new, start)
+            j = int(np.searchsorted(old_ids, keep - 1, side="right"))
+            cuts = np.concatenate((old_ids[:j], keep + new_ids)), np.concatenate((old_bytes[:j], new_bytes))
+        item = _Entry(data, ids, cuts)
         if item.size > self.max_bytes:
             return
         head = data[:_HEAD]
@@ -228,6 +270,37 @@ class WholeText:
             "misses": self.misses,
             "encoded_bytes": self.encoded_bytes,
         }
+
+
+def _overlap_free(tokens: Iterable[str]) -> bool:
+    """No token is inside another, and no proper suffix of one is a proper prefix of one (itself included): then
+    occurrences of the tokens in any text never overlap."""
+    tokens = set(tokens)
+    prefixes = {t[:i] for t in tokens for i in range(1, len(t))}
+    suffixes = {t[i:] for t in tokens for i in range(1, len(t))}
+    infixes = {t[i:j] for t in tokens for i in range(1, len(t)) for j in range(i + 1, len(t))}
+    return not (prefixes & suffixes) and not (tokens & (prefixes | suffixes | infixes))
+
+
+_SPLIT_CHARS = 3000  # shorter texts are encoded in one call: a second thread costs more than it saves
+
+
+class _Helper:
+    """One daemon thread that runs native encodes for `WholeText._native`'s second halves."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[str], Any], arg: str) -> Future[Any]:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="ctxlock-half")
+        return self._pool.submit(fn, arg)
+
+
+_HELPER = _Helper()
 
 
 def whole_text_refusal(added: Sequence[Any]) -> str:

@@ -26,7 +26,6 @@ import reference
 from conformance import conversations
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
-from ctxlock.tokenizer.runs import RUNS
 
 
 def main() -> None:
@@ -42,7 +41,9 @@ def main() -> None:
         "always, or never",
     )
     ap.add_argument(
-        "--cold", action="store_true", help="clear ctxlock's run cache before every call (no run is ever reused)"
+        "--cold",
+        action="store_true",
+        help="clear ctxlock's caches (runs, prefixes, request memo) before every call: nothing is ever reused",
     )
     args = ap.parse_args()
 
@@ -68,7 +69,7 @@ def main() -> None:
 
         def ours_once(r=data, o=options):
             if args.cold:
-                RUNS.clear()
+                ctxlock.clear_caches()
             return model.encode(r, template=template, provenance=provenance, **o)
 
         ours = median_seconds(

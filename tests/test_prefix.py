@@ -284,3 +284,15 @@ def test_encode_batch_from_two_threads_at_once() -> None:
         results = list(pool.map(lambda _: model.encode_batch(requests, padding_side="left"), range(4)))
     for got in results:
         assert got == expected
+
+
+def test_a_vocabulary_without_added_tokens() -> None:
+    # No added token: no cut points (each text is encoded whole) and no halves (there is nowhere safe to cut).
+    data = json.loads(artifacts.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8"))
+    data["added_tokens"] = []
+    tok = HFTokenizer(json.dumps(data), id="llama-bpe, no added tokens")
+    whole = tok.whole_text
+    assert whole is not None and not whole._halves and whole.longest == 0
+    text = "plain text, long enough to be split in two if it could be. " * 200
+    for _ in range(2):  # the second time the first text is in the cache, with no cut point to reuse
+        assert whole.encode(text).tolist() == reference(tok, text)

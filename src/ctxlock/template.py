@@ -792,7 +792,7 @@ def render(
                     if k not in (chat_template_kwargs or {})
                 },
             }
-        msgs = [dict(m) for m in msgs]
+        msgs = list(msgs)  # shared memoized dicts: the immutable sandbox keeps templates from changing them
         if continue_final_message:
             msgs = _tag_final_message(msgs, template)
         return {

@@ -32,6 +32,10 @@ def register(app: typer.Typer) -> None:
         if tok.get("engine"):
             # Which engine encodes text runs, and the check that chose it (or refused the fast one).
             console.print(f"           engine {tok['engine']}: {escape(str(tok.get('engine_reason')))}")
+        if "whole_text" in tok:
+            # Whether Model.encode may encode a rendered text in one native call, with prefix reuse across texts.
+            taken = "one native call per text, prefix reuse" if tok["whole_text"] else "refused"
+            console.print(f"       whole-text {taken}: {escape(str(tok.get('whole_text_reason')))}")
         console.print(
             f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
             f"pad id {info['pad_id']}"

@@ -145,7 +145,7 @@ class HFTokenizer:
 
     def _build_whole(self, fast: Any) -> WholeText:
         ids = np.fromiter(fast.ranks.values(), dtype=np.int64, count=len(fast.ranks))
-        lengths = np.zeros(max(int(ids.max()), *(t.id for t in self._added)) + 1, dtype=np.int64)
+        lengths = np.zeros(max([int(ids.max()), *(t.id for t in self._added)]) + 1, dtype=np.int64)
         lengths[ids] = np.fromiter(map(len, fast.ranks), dtype=np.int64, count=len(fast.ranks))
         for t in self._added:
             lengths[t.id] = len(t.content.encode("utf-8"))
@@ -327,5 +327,8 @@ class HFTokenizer:
             "vocab_size": self.vocab_size,
             "engine": self.engine,
             "engine_reason": self.engine_reason,
+            "whole_text": self.whole_text is not None,
+            "whole_text_reason": self.whole_text_reason
+            or "every added token is matched on raw text and none overlaps another's start",
             **self._description,
         }

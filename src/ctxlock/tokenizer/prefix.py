@@ -111,10 +111,10 @@ class WholeText:
         self._lengths = byte_lengths
         self._is_added = np.zeros(len(byte_lengths), dtype=bool)
         self._is_added[list(added.values())] = True
-        self.longest = max(len(t.encode("utf-8")) for t in added)
+        self.longest = max((len(t.encode("utf-8")) for t in added), default=0)
         # Where no two occurrences of added tokens can overlap, every occurrence is a match, and a text cut right
         # after one encodes as its two halves: `encode_prepared` then splits a long text in two for two threads.
-        self._halves = _overlap_free(added) and (os.cpu_count() or 1) > 1
+        self._halves = bool(added) and _overlap_free(added) and (os.cpu_count() or 1) > 1
         self._token_re = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
         self.max_bytes = max_bytes
         self.bytes = 0

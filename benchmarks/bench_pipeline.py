@@ -10,15 +10,18 @@ sees them. transformers runs `apply_chat_template(tokenize=True)`; ctxlock runs 
 render with injection marking, tokenize, tensors). Both use the Qwen2 vocabulary (transformers' conversion of
 llama.cpp's GGUF, fetched by scripts/fetch_artifacts.py) and Qwen2.5's template.
 
-Every round starts with ctxlock's run cache cleared, so `single` measures cold tokenization and `multiturn`
-measures what a server gains within one pass. The ids of every request are compared before timing. ctxlock is
-also timed with `CTXLOCK_FAST=0` (the reference path: `tokenizers` engine, no run cache, provenance always).
-Prints medians over rounds and the ratios.
+Every round starts with `ctxlock.clear_caches()` (run cache, prefix cache, request memo, per-request template
+caches), so `single` measures cold requests and `multiturn` measures what a server gains within one pass. The ids
+of every request are compared before timing. ctxlock is also timed with `CTXLOCK_FAST=0` (the reference path:
+`tokenizers` engine, no caches, provenance always). `--batch` also times `Model.encode_batch` (both cores: a worker
+thread makes the native calls) and, for comparison, transformers' own batch form (`apply_chat_template` on a list
+of conversations, tokenized by `tokenizers`' parallel `encode_batch`). Prints medians over rounds and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -112,7 +115,31 @@ def main() -> None:
         for i in range(0, len(requests), size):
             model.encode_batch(requests[i : i + size], template=template)
 
-    t_batch = _timed_rounds(batches, args.rounds) if args.batch else 0
+    def theirs_batches() -> list[list[int]]:
+        # transformers' own batch form: one apply_chat_template call per chunk and tool set (it takes one `tools`
+        # for the whole batch), which tokenizes the rendered texts with `tokenizers`' parallel encode_batch.
+        out: list[list[int]] = []
+        for i in range(0, len(requests), size):
+            chunk = requests[i : i + size]
+            for tools in {json.dumps(r.get("tools")) for r in chunk}:
+                group = [r for r in chunk if json.dumps(r.get("tools")) == tools]
+                out += hf.apply_chat_template(
+                    [r["messages"] for r in group],
+                    tools=group[0].get("tools"),
+                    chat_template=source,
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
+                )
+        return out
+
+    t_batch = t_theirs_batch = 0.0
+    if args.batch:
+        got = sorted(map(list, theirs_batches()))
+        if got != sorted(list(theirs_one(r)) for r in requests):
+            raise SystemExit("transformers' batch form gives other ids than one by one")
+        t_batch = _timed_rounds(batches, args.rounds)
+        t_theirs_batch = _timed_rounds(theirs_batches, args.rounds)
     os.environ["CTXLOCK_FAST"] = "0"
     try:
         t_exact = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
@@ -128,8 +155,10 @@ def main() -> None:
     if args.batch:
         label = f"ctxlock Model.encode_batch, {size} per call"
         print(f"{label:49s}{t_batch:8.3f} s   {t_theirs / t_batch:6.1f}x faster")
+        label = f"transformers batched, {size} per call"
+        print(f"{label:49s}{t_theirs_batch:8.3f} s   (encode_batch {t_theirs_batch / t_batch:.1f}x faster than it)")
     print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {t_theirs / t_exact:6.1f}x")
-    print(f"(medians of {args.rounds} rounds; run cache cleared before each round)")
+    print(f"(medians of {args.rounds} rounds; ctxlock.clear_caches() before each round)")
 
 
 if __name__ == "__main__":

@@ -499,6 +499,7 @@ class _TokenSet:
     suffix_first: frozenset[str]  # the first characters of those suffixes
     longest: int
     tokens: tuple[str, ...] = ()
+    heads: tuple[str, ...] = ()  # the tokens' first two characters: a string holding none of them holds no token
 
 
 @lru_cache(maxsize=64)
@@ -516,6 +517,7 @@ def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
         suffix_first=frozenset(x[0] for x in suffixes),
         longest=max(map(len, tokens)),
         tokens=tuple(tokens),
+        heads=tuple(sorted({t[:2] for t in tokens})),
     )
 
 
@@ -524,7 +526,9 @@ def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     """Wrap each control-token occurrence in O..C; put a break B at an end that could join into a token."""
     if tokens.regex is None or not s:
         return s
-    out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s) if tokens.regex.search(s) else s
+    # `in` is a C-level substring search: most strings contain no token's first two characters, and skip the regex.
+    found = any(h in s for h in tokens.heads) and tokens.regex.search(s)
+    out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s) if found else s
     # A string ending in the first part of a token (or starting with the last part) could form one together
     # with its neighbour (two content parts rendered back to back): keep them apart with a break.
     reach = min(tokens.longest, len(out))

@@ -290,3 +290,27 @@ def test_a_host_owned_alarm_is_not_taken_over() -> None:
         assert signal.getsignal(signal.SIGALRM) is not None and not fired
     finally:
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_compiled_templates_are_kept_on_disk(tmp_path, monkeypatch) -> None:
+    # The second process (here: the in-process cache cleared) loads the compiled module instead of compiling.
+    from ctxlock import template as tmod
+
+    monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
+    source = "{% for m in messages %}<{{ m.role }}>{{ m.content | upper }}{% endfor %}{# bytecode test #}"
+    request = parse_request({"messages": [{"role": "user", "content": "hi"}]})
+    tmod._compile.cache_clear()
+    first = render(request, ChatTemplate(source, id="t")).text
+    files = list(tmp_path.glob("jinja/*/*.cache"))
+    assert len(files) == 1
+    tmod._compile.cache_clear()
+    compiled = []
+    monkeypatch.setattr(tmod._LimitedEnvironment, "compile", lambda *a, **k: compiled.append(1))
+    assert render(request, ChatTemplate(source, id="t")).text == first == "<user>HI"
+    assert not compiled  # loaded, not compiled
+    files[0].write_bytes(b"garbage")  # a corrupt entry is compiled anew
+    tmod._compile.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
+    assert render(request, ChatTemplate(source, id="t")).text == first
+    tmod._compile.cache_clear()

@@ -15,7 +15,8 @@ caches), so `single` measures cold requests and `multiturn` measures what a serv
 of every request are compared before timing. ctxlock is also timed with `CTXLOCK_FAST=0` (the reference path:
 `tokenizers` engine, no caches, provenance always). `--batch` also times `Model.encode_batch` (both cores: a worker
 thread makes the native calls) and, for comparison, transformers' own batch form (`apply_chat_template` on a list
-of conversations, tokenized by `tokenizers`' parallel `encode_batch`). Prints medians over rounds and the ratios.
+of conversations, tokenized by `tokenizers`' parallel `encode_batch`). Rounds are interleaved (each round times
+every variant once), each ratio is the median of per-round ratios, and the per-round ratios are printed too.
 """
 
 from __future__ import annotations
@@ -39,14 +40,26 @@ import reference
 from ctxlock.template import ChatTemplate
 
 
-def _timed_rounds(fn, rounds: int) -> float:
-    samples = []
+def _once(fn) -> float:
+    ctxlock.clear_caches()  # every run starts cold: run cache, prefix cache, request memo, template caches
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _interleaved(fns: dict[str, object], rounds: int) -> dict[str, list[float]]:
+    """Time every function once per round, round after round, so that a slow spell of the (shared, noisy) machine
+    hits all of them alike; ratios are then taken round by round."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
-        ctxlock.clear_caches()  # every round starts cold: run cache, prefix cache, request memo
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+        for name, fn in fns.items():
+            samples[name].append(_once(fn))
+    return samples
+
+
+def _ratio(theirs: list[float], ours: list[float]) -> float:
+    """The median over rounds of transformers' time / ctxlock's time in the same round."""
+    return statistics.median(t / o for t, o in zip(theirs, ours, strict=True))
 
 
 def main() -> None:
@@ -107,8 +120,6 @@ def main() -> None:
         tokens += len(expected)
     engine = model.tokenizer.describe().get("engine", "tokenizers")
 
-    t_theirs = _timed_rounds(lambda: [theirs_one(r) for r in requests], args.rounds)
-    t_ours = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
     size = args.batch_size or len(requests)
 
     def batches() -> None:
@@ -133,32 +144,42 @@ def main() -> None:
                 )
         return out
 
-    t_batch = t_theirs_batch = 0.0
+    fns: dict[str, object] = {
+        "theirs": lambda: [theirs_one(r) for r in requests],
+        "ours": lambda: [ours_one(r) for r in requests],
+    }
     if args.batch:
         got = sorted(map(list, theirs_batches()))
         if got != sorted(list(theirs_one(r)) for r in requests):
             raise SystemExit("transformers' batch form gives other ids than one by one")
-        t_batch = _timed_rounds(batches, args.rounds)
-        t_theirs_batch = _timed_rounds(theirs_batches, args.rounds)
+        fns["batch"] = batches
+        fns["theirs_batch"] = theirs_batches
+    times = _interleaved(fns, args.rounds)
     os.environ["CTXLOCK_FAST"] = "0"
     try:
-        t_exact = _timed_rounds(lambda: [ours_one(r) for r in requests], args.rounds)
+        t_exact = statistics.median(_once(lambda: [ours_one(r) for r in requests]) for _ in range(args.rounds))
     finally:
         del os.environ["CTXLOCK_FAST"]
+    med = {k: statistics.median(v) for k, v in times.items()}
 
     print(
         f"{args.mode}: {len(requests)} requests, {tokens:,} tokens (scale {args.scale:g}), identical ids on all; "
         f"engine {engine}"
     )
-    print(f"transformers apply_chat_template(tokenize=True)  {t_theirs:8.3f} s")
-    print(f"ctxlock Model.encode                             {t_ours:8.3f} s   {t_theirs / t_ours:6.1f}x faster")
+    print(f"transformers apply_chat_template(tokenize=True)  {med['theirs']:8.3f} s")
+    ours = _ratio(times["theirs"], times["ours"])
+    print(f"ctxlock Model.encode                             {med['ours']:8.3f} s   {ours:6.1f}x faster")
     if args.batch:
         label = f"ctxlock Model.encode_batch, {size} per call"
-        print(f"{label:49s}{t_batch:8.3f} s   {t_theirs / t_batch:6.1f}x faster")
+        batch = _ratio(times["theirs"], times["batch"])
+        print(f"{label:49s}{med['batch']:8.3f} s   {batch:6.1f}x faster")
         label = f"transformers batched, {size} per call"
-        print(f"{label:49s}{t_theirs_batch:8.3f} s   (encode_batch {t_theirs_batch / t_batch:.1f}x faster than it)")
-    print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {t_theirs / t_exact:6.1f}x")
-    print(f"(medians of {args.rounds} rounds; ctxlock.clear_caches() before each round)")
+        vs = _ratio(times["theirs_batch"], times["batch"])
+        print(f"{label:49s}{med['theirs_batch']:8.3f} s   (encode_batch {vs:.1f}x faster than it)")
+    print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {med['theirs'] / t_exact:6.1f}x")
+    spread = sorted(t / o for t, o in zip(times["theirs"], times["batch" if args.batch else "ours"], strict=True))
+    print(f"per-round ratios of the last ctxlock row above transformers: {', '.join(f'{x:.1f}' for x in spread)}")
+    print(f"(times: medians of {args.rounds} interleaved rounds; ratios: median of per-round ratios; caches cleared)")
 
 
 if __name__ == "__main__":

@@ -329,6 +329,6 @@ class HFTokenizer:
             "engine_reason": self.engine_reason,
             "whole_text": self.whole_text is not None,
             "whole_text_reason": self.whole_text_reason
-            or "every added token is matched on raw text and none overlaps another's start",
+            or "every added token is matched on raw text and none is a prefix of another",
             **self._description,
         }

@@ -296,3 +296,19 @@ def test_a_vocabulary_without_added_tokens() -> None:
     text = "plain text, long enough to be split in two if it could be. " * 200
     for _ in range(2):  # the second time the first text is in the cache, with no cut point to reuse
         assert whole.encode(text).tolist() == reference(tok, text)
+
+
+def test_encode_batch_with_a_bad_request_raises_and_restores_the_switch_interval() -> None:
+    import sys
+
+    from ctxlock.errors import RequestValidationError
+
+    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    interval = sys.getswitchinterval()
+    good = {"messages": [{"role": "user", "content": "hello " * 50}]}
+    bad = {"messages": [{"role": "wizard", "content": "x"}]}
+    with pytest.raises(RequestValidationError) as err:
+        model.encode_batch([good, good, bad, good])
+    assert err.value.path == "messages[0].role"
+    assert sys.getswitchinterval() == interval
+    assert model.encode_batch([good, good]).input_ids.shape[0] == 2  # the next batch runs normally

@@ -14,28 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import artifacts
-from ctxlock.artifacts import load_artifacts
 from ctxlock.tokenizer import fastbpe
 from ctxlock.tokenizer.hf import HFTokenizer
+from vocabularies import hf_backend_tokenizers
 
-HF_DIRS = ("qwen2", "llama-bpe", "qwen35", "deepseek-llm", "phi-3")
 MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
-def _load_all() -> dict[str, HFTokenizer]:
-    out: dict[str, HFTokenizer] = {}
-    for name in artifacts.gguf_names():
-        tok = load_artifacts(artifacts.gguf_path(name)).tokenizer
-        if isinstance(tok, HFTokenizer):
-            out[f"gguf:{name}"] = tok
-    for name in HF_DIRS:
-        tok = load_artifacts(artifacts.hf_tokenizer_dir(name)).tokenizer
-        assert isinstance(tok, HFTokenizer)
-        out[f"hf:{name}"] = tok
-    return out
-
-
-TOKENIZERS = _load_all()
+TOKENIZERS = hf_backend_tokenizers()
 FAST = sorted(k for k, t in TOKENIZERS.items() if t.engine == "tiktoken")
 REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.engine != "tiktoken")
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import queue
-import sys
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,7 +21,7 @@ from .template import (
     render,
 )
 from .tensors import ModelInput, PaddingSide, _assemble_own, assemble_batch
-from .tokenizer import Tokenized, Tokenizer, encode_ids, tokenize, tokenize_batch, whole_text_encoder
+from .tokenizer import Tokenized, Tokenizer, encode_ids, encode_ids_batch, tokenize
 from .tokenizer.prefix import clear_prefix_caches
 from .tokenizer.runs import RUNS, fast_enabled
 
@@ -165,13 +161,8 @@ class Model:
         options = _ids_only(options)
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
-        if whole_text_encoder_of(self.tokenizer) is not None and len(requests) > 1:
-            rows: list[Any] = _encode_pipelined(
-                (self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests), self.tokenizer
-            )
-        else:
-            rendered = [self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests]
-            rows = [t.ids for t in tokenize_batch(rendered, self.tokenizer)]
+        rendered = (self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests)
+        rows = encode_ids_batch(rendered, self.tokenizer)
         return assemble_batch(
             rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of
         )
@@ -185,96 +176,6 @@ def clear_caches() -> None:
     clear_prefix_caches()
     clear_request_caches()
     clear_request_memo()
-
-
-def whole_text_encoder_of(tokenizer: Tokenizer) -> Any:
-    return getattr(tokenizer, "whole_text", None)
-
-
-_SWITCH_LOCK = threading.Lock()
-_SWITCH_USERS = 0
-_SWITCH_SAVED = 0.005
-_SWITCH_INTERVAL = 0.00005  # seconds: how soon a thread back from tiktoken gets the GIL from the rendering thread
-
-
-@contextmanager
-def _short_switch_interval() -> Iterator[None]:
-    """While it runs, a worker returning from a native call waits at most ~0.2 ms for the GIL instead of the default
-    5 ms (the rendering thread holds it almost all the time). Restored when the last concurrent user leaves."""
-    global _SWITCH_USERS, _SWITCH_SAVED
-    with _SWITCH_LOCK:
-        if _SWITCH_USERS == 0:
-            _SWITCH_SAVED = sys.getswitchinterval()
-            sys.setswitchinterval(min(_SWITCH_SAVED, _SWITCH_INTERVAL))
-        _SWITCH_USERS += 1
-    try:
-        yield
-    finally:
-        with _SWITCH_LOCK:
-            _SWITCH_USERS -= 1
-            if _SWITCH_USERS == 0:
-                sys.setswitchinterval(_SWITCH_SAVED)
-
-
-def _encode_pipelined(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list[Any]:
-    """`[encode_ids(r, tokenizer) for r in rendered]`, with each text's native encoding handed to a worker thread
-    as soon as it is rendered: tiktoken releases the GIL, so the next request renders on one core while the last
-    one is encoded on the other, and when rendering is done this thread takes the remaining texts too.
-
-    Same ids: the same `WholeText.plan` and `encode_prepared` as `encode_ids`; the worker only makes the native
-    call on the text `encode_prepared` would have passed to it, and whatever the whole-text call cannot take goes
-    through `encode_ids` itself."""
-    jobs: list[tuple[Rendered, Any, tuple[Any, ...] | None]] = []  # (rendered, whole, plan)
-    suffixes: list[str] = []
-    native: list[Any] = []
-    todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-
-    claim_lock = threading.Lock()
-    claimed: set[int] = set()
-
-    def claim(i: int) -> bool:
-        with claim_lock:
-            if i in claimed:
-                return False
-            claimed.add(i)
-            return True
-
-    def worker() -> None:
-        while (i := todo.get()) is not None:
-            if claim(i):
-                native[i] = jobs[i][1].native(suffixes[i])
-
-    thread = threading.Thread(target=worker, name="ctxlock-encode", daemon=True)
-    with _short_switch_interval():
-        thread.start()
-        try:
-            for r in rendered:
-                whole = whole_text_encoder(r, tokenizer)
-                plan = None
-                if whole is not None:
-                    try:
-                        plan = whole.plan(r.text.encode("utf-8"))
-                    except UnicodeEncodeError:
-                        plan = None
-                i = len(jobs)
-                suffix, inert = whole.suffix(r.text, plan[0], plan[3]) if plan is not None else ("", False)
-                jobs.append((r, whole, plan if inert else None))
-                suffixes.append(suffix)
-                native.append(None)
-                if plan is not None and inert:
-                    todo.put(i)
-            # Rendering is done: take queued texts here too, newest first, while the worker takes oldest first.
-            for i in range(len(jobs) - 1, -1, -1):
-                if jobs[i][2] is not None and claim(i):
-                    native[i] = jobs[i][1].native(suffixes[i])
-        finally:
-            todo.put(None)
-            thread.join()
-    rows = []
-    for (r, whole, plan), buf in zip(jobs, native, strict=True):
-        ids = None if plan is None else whole.encode_prepared(r.text, *plan, native=buf)
-        rows.append(encode_ids(r, tokenizer) if ids is None else ids)
-    return rows
 
 
 def _ids_only(options: dict[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,12 @@ text seen before.
 from __future__ import annotations
 
 import bisect
+import queue
 import re
-from collections.abc import Iterable, Sequence
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -186,6 +190,96 @@ def encode_ids(rendered: Rendered, tokenizer: Tokenizer) -> np.ndarray:
     return out
 
 
+_SWITCH_LOCK = threading.Lock()
+_SWITCH_USERS = 0
+_SWITCH_SAVED = 0.005
+_SWITCH_INTERVAL = 0.00005  # seconds: how soon a thread back from tiktoken gets the GIL from the rendering thread
+
+
+@contextmanager
+def _short_switch_interval() -> Iterator[None]:
+    """While it runs, a worker returning from a native call waits about 50 µs for the GIL instead of the default
+    5 ms (the rendering thread holds it almost all the time). Restored when the last concurrent user leaves."""
+    global _SWITCH_USERS, _SWITCH_SAVED
+    with _SWITCH_LOCK:
+        if _SWITCH_USERS == 0:
+            _SWITCH_SAVED = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SWITCH_SAVED, _SWITCH_INTERVAL))
+        _SWITCH_USERS += 1
+    try:
+        yield
+    finally:
+        with _SWITCH_LOCK:
+            _SWITCH_USERS -= 1
+            if _SWITCH_USERS == 0:
+                sys.setswitchinterval(_SWITCH_SAVED)
+
+
+def encode_ids_batch(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list[Any]:
+    """`[encode_ids(r, tokenizer) for r in rendered]`, for texts rendered one after another (`rendered` may be a
+    generator that renders them). With a whole-text encoder, each text's native encoding is handed to a worker
+    thread as soon as it is rendered: tiktoken releases the GIL, so the next request renders on one core while the
+    last one is encoded on the other, and when rendering is done this thread takes the remaining texts too. Without
+    one, the texts go through `tokenize_batch`.
+
+    Same ids: the same `WholeText.plan` and `encode_prepared` as `encode_ids`; the worker only makes the native
+    call on the text `encode_prepared` would have passed to it, and whatever the whole-text call cannot take goes
+    through `encode_ids` itself."""
+    if getattr(tokenizer, "whole_text", None) is None:
+        return [t.ids for t in tokenize_batch(list(rendered), tokenizer)]
+    jobs: list[tuple[Rendered, Any, tuple[Any, ...] | None]] = []  # (rendered, whole, plan)
+    suffixes: list[str] = []
+    native: list[Any] = []
+    todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+
+    claim_lock = threading.Lock()
+    claimed: set[int] = set()
+
+    def claim(i: int) -> bool:
+        with claim_lock:
+            if i in claimed:
+                return False
+            claimed.add(i)
+            return True
+
+    def worker() -> None:
+        while (i := todo.get()) is not None:
+            if claim(i):
+                native[i] = jobs[i][1].native(suffixes[i])
+
+    thread = threading.Thread(target=worker, name="ctxlock-encode", daemon=True)
+    with _short_switch_interval():
+        thread.start()
+        try:
+            for r in rendered:
+                whole = whole_text_encoder(r, tokenizer)
+                plan = None
+                if whole is not None:
+                    try:
+                        plan = whole.plan(r.text.encode("utf-8"))
+                    except UnicodeEncodeError:
+                        plan = None
+                i = len(jobs)
+                suffix, inert = whole.suffix(r.text, plan[0], plan[3]) if plan is not None else ("", False)
+                jobs.append((r, whole, plan if inert else None))
+                suffixes.append(suffix)
+                native.append(None)
+                if plan is not None and inert:
+                    todo.put(i)
+            # Rendering is done: take queued texts here too, newest first, while the worker takes oldest first.
+            for i in range(len(jobs) - 1, -1, -1):
+                if jobs[i][2] is not None and claim(i):
+                    native[i] = jobs[i][1].native(suffixes[i])
+        finally:
+            todo.put(None)
+            thread.join()
+    rows = []
+    for (r, whole, plan), buf in zip(jobs, native, strict=True):
+        ids = None if plan is None else whole.encode_prepared(r.text, *plan, native=buf)
+        rows.append(encode_ids(r, tokenizer) if ids is None else ids)
+    return rows
+
+
 def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     """Encode a rendered chat so that only the template's own control tokens become control ids."""
     text = rendered.text
@@ -249,6 +343,7 @@ __all__ = [
     "Tokenizer",
     "encode_between",
     "encode_ids",
+    "encode_ids_batch",
     "longest_first",
     "tokenize",
     "tokenize_batch",

@@ -15,7 +15,9 @@ caches), so `single` measures cold requests and `multiturn` measures what a serv
 of every request are compared before timing. ctxlock is also timed with `CTXLOCK_FAST=0` (the reference path:
 `tokenizers` engine, no caches, provenance always). `--batch` also times `Model.encode_batch` (both cores: a worker
 thread makes the native calls) and, for comparison, transformers' own batch form (`apply_chat_template` on a list
-of conversations, tokenized by `tokenizers`' parallel `encode_batch`). Rounds are interleaved (each round times
+of conversations, tokenized by `tokenizers`' parallel `encode_batch`). The model is warmed up first, as a server
+would at start-up (`Model.warm_up`: the engine check and fastokens built and checked); `CTXLOCK_FASTOKENS=0` keeps
+tiktoken for the whole-text calls. Rounds are interleaved (each round times
 every variant once), each ratio is the median of per-round ratios, and the per-round ratios are printed too.
 """
 
@@ -84,6 +86,7 @@ def main() -> None:
     tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
     source = (artifacts.templates_dir() / args.template).read_text("utf-8")
     model = ctxlock.load(str(tok_dir))
+    engines = model.warm_up()  # as a server would at start-up: the engine check, and fastokens built and checked
     template = ChatTemplate(source, id=args.template)
     hf = reference.reference_tokenizer(tok_dir)
 
@@ -118,7 +121,7 @@ def main() -> None:
         if got != expected:
             raise SystemExit(f"ids differ from transformers on a request of {len(r['messages'])} messages")
         tokens += len(expected)
-    engine = model.tokenizer.describe().get("engine", "tokenizers")
+    engine = f"{engines['engine']}; whole text: {engines['whole_text_engine'].split(' (')[0] or 'refused'}"
 
     size = args.batch_size or len(requests)
 

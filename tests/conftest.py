@@ -11,6 +11,7 @@ This file must not import ctxlock.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,11 @@ if _TESTS_DIR not in sys.path:  # pytest's default "prepend" import mode does th
     sys.path.insert(0, _TESTS_DIR)
 
 import artifacts  # noqa: E402
+
+# fastokens (whole-text encoding's native call once checked against tiktoken) is built and checked on first use, in
+# the test's own thread, rather than on a daemon thread racing the tests: which engine a test exercises is then
+# decided by the test (tests/vocabularies.py `native_engine`). tests/test_accel.py covers the daemon-thread mode.
+os.environ.setdefault("CTXLOCK_FASTOKENS", "sync")
 
 # ------------------------------------------------------------------------------------------- hooks
 

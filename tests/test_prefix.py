@@ -19,7 +19,7 @@ from ctxlock.tokenizer import encode_ids, tokenize
 from ctxlock.tokenizer.hf import HFTokenizer
 from ctxlock.tokenizer.prefix import WholeText, common_prefix, whole_text_refusal
 from ctxlock.tokenizer.runs import reference_path
-from vocabularies import hf_backend_tokenizers
+from vocabularies import ENGINES, hf_backend_tokenizers, native_engine
 
 MUST_BE_WHOLE = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
@@ -46,6 +46,9 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
         for key in sorted(TOKENIZERS):
             tok = TOKENIZERS[key]
             print(f"  {key:28s} {'whole-text' if key in WHOLE else 'refused'}: {tok.whole_text_reason or 'taken'}")
+            if key in WHOLE:
+                tok.whole_text.accelerator.wait()
+                print(f"  {'':28s} native call: {tok.whole_text_engine}")
     assert set(MUST_BE_WHOLE) <= set(WHOLE)
     for key in REFUSED:
         assert TOKENIZERS[key].whole_text_reason, key  # every refusal says why
@@ -54,10 +57,10 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
 # ------------------------------------------------------------------------------------------ equivalence, whole
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("key", WHOLE)
-def test_vectors_and_chat_texts_give_reference_ids(key: str) -> None:
+def test_vectors_and_chat_texts_give_reference_ids(key: str, engine: str) -> None:
     tok = TOKENIZERS[key]
-    whole = tok.whole_text
     texts = [text for name in artifacts.vector_vocabs() for text, _ in artifacts.vocab_vectors(name)]
     texts += [p.read_text("utf-8") for p in artifacts.template_paths()[:10]]
     rng = random.Random(7)
@@ -67,8 +70,9 @@ def test_vectors_and_chat_texts_give_reference_ids(key: str) -> None:
         texts.append(
             "".join(rng.choice([*added, " hello", "\n", "世界", "e\u0301", "😀", "  x", "12345"]) for _ in range(12))
         )
-    whole.clear()
-    bad = [t for t in texts if whole.encode(t, cache=False).tolist() != reference(tok, t)]
+    with native_engine(tok.whole_text, engine) as whole:
+        whole.clear()
+        bad = [t for t in texts if whole.encode(t, cache=False).tolist() != reference(tok, t)]
     assert not bad, f"{len(bad)}/{len(texts)} differ; first {bad[0]!r}"
 
 
@@ -84,13 +88,15 @@ def _texts(tok: HFTokenizer) -> st.SearchStrategy[str]:
     ).map("".join)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("key", WHOLE)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_random_texts_give_reference_ids(key: str, data: st.DataObject) -> None:
+def test_random_texts_give_reference_ids(key: str, engine: str, data: st.DataObject) -> None:
     tok = TOKENIZERS[key]
     text = data.draw(_texts(tok))
-    ids = tok.whole_text.encode(text, cache=False)
+    with native_engine(tok.whole_text, engine) as whole:
+        ids = whole.encode(text, cache=False)
     if ids is None:  # only a lone surrogate is handed back
         assert any(0xD800 <= ord(c) < 0xE000 for c in text)
         return
@@ -100,22 +106,23 @@ def test_random_texts_give_reference_ids(key: str, data: st.DataObject) -> None:
 # ---------------------------------------------------------------------------------------- equivalence, prefixes
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("key", WHOLE)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_texts_sharing_prefixes_give_reference_ids(key: str, data: st.DataObject) -> None:
+def test_texts_sharing_prefixes_give_reference_ids(key: str, engine: str, data: st.DataObject) -> None:
     # A chain of texts, each the previous one cut anywhere (inside an added token, right after one, within the
     # lookahead of one) and continued: every cut the cache may take must give the reference ids.
     tok = TOKENIZERS[key]
-    whole = tok.whole_text
-    whole.clear()
-    text = data.draw(_texts(tok))
-    for _ in range(4):
-        ids = whole.encode(text)
-        if ids is not None:
-            assert ids.tolist() == reference(tok, text)
-        cut = data.draw(st.integers(0, len(text)))
-        text = text[:cut] + data.draw(_texts(tok))
+    with native_engine(tok.whole_text, engine) as whole:
+        whole.clear()
+        text = data.draw(_texts(tok))
+        for _ in range(4):
+            ids = whole.encode(text)
+            if ids is not None:
+                assert ids.tolist() == reference(tok, text)
+            cut = data.draw(st.integers(0, len(text)))
+            text = text[:cut] + data.draw(_texts(tok))
 
 
 def test_a_chat_replayed_turn_by_turn_reuses_its_prefix() -> None:
@@ -237,7 +244,8 @@ def _batch_requests() -> list[dict]:
     return requests
 
 
-def test_encode_batch_on_threads_equals_one_by_one_and_the_reference() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_encode_batch_on_threads_equals_one_by_one_and_the_reference(engine: str) -> None:
     import sys
 
     model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
@@ -247,7 +255,8 @@ def test_encode_batch_on_threads_equals_one_by_one_and_the_reference() -> None:
     requests = _batch_requests()
     interval = sys.getswitchinterval()
     ctxlock.clear_caches()
-    batch = model.encode_batch(requests, template=template, padding_side="right")
+    with native_engine(model.tokenizer.whole_text, engine):
+        batch = model.encode_batch(requests, template=template, padding_side="right")
     assert sys.getswitchinterval() == interval  # restored
     ctxlock.clear_caches()
     with reference_path():
@@ -258,7 +267,8 @@ def test_encode_batch_on_threads_equals_one_by_one_and_the_reference() -> None:
         assert model.encode(requests[b], template=template).input_ids[0].tolist() == want
 
 
-def test_encode_batch_from_two_threads_at_once() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_encode_batch_from_two_threads_at_once(engine: str) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
@@ -266,7 +276,7 @@ def test_encode_batch_from_two_threads_at_once() -> None:
     ctxlock.clear_caches()
     with reference_path():
         expected = model.encode_batch(requests, padding_side="left")
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool, native_engine(model.tokenizer.whole_text, engine):
         results = list(pool.map(lambda _: model.encode_batch(requests, padding_side="left"), range(4)))
     for got in results:
         assert got == expected

@@ -3,11 +3,14 @@ loads as an `HFTokenizer`, and transformers' HF conversions. Loaded once per tes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import artifacts
 from ctxlock.artifacts import load_artifacts
 from ctxlock.tokenizer.hf import HFTokenizer
+from ctxlock.tokenizer.prefix import WholeText
 
 HF_DIRS = ("qwen2", "llama-bpe", "qwen35", "deepseek-llm", "phi-3")
 
@@ -25,3 +28,24 @@ def hf_backend_tokenizers() -> dict[str, HFTokenizer]:
         assert isinstance(tok, HFTokenizer)
         out[f"hf:{name}"] = tok
     return out
+
+
+ENGINES = ("tiktoken", "fastokens")
+
+
+@contextmanager
+def native_engine(whole: WholeText, engine: str) -> Iterator[WholeText]:
+    """Make `whole`'s native calls with one engine for the duration: "fastokens" (built and checked here, and it
+    must be admitted) or "tiktoken" (the accelerator detached)."""
+    saved = whole.accelerator
+    if engine == "fastokens":
+        assert saved is not None and saved.wait(), f"fastokens not admitted: {saved and saved.describe()}"
+        assert whole.engine == "fastokens"
+        yield whole
+        return
+    whole.accelerator = None
+    try:
+        assert whole.engine == "tiktoken"
+        yield whole
+    finally:
+        whole.accelerator = saved

@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
     def inspect(model: ModelOpt = None, as_json: JsonOpt = False) -> None:
         """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features."""
         m = guarded(as_json, lambda: load(model))
+        m.warm_up()  # the engine checks, and fastokens built and checked: report their verdicts, not "building"
         info = m.artifacts.describe()
         if as_json:
             print_json(info)
@@ -36,6 +37,9 @@ def register(app: typer.Typer) -> None:
             # Whether Model.encode may encode a rendered text in one native call, with prefix reuse across texts.
             taken = "one native call per text, prefix reuse" if tok["whole_text"] else "refused"
             console.print(f"       whole-text {taken}: {escape(str(tok.get('whole_text_reason')))}")
+            if tok.get("whole_text_engine"):
+                # Which library makes that native call: fastokens once it agreed with tiktoken on the vocabulary.
+                console.print(f"      native call {escape(str(tok['whole_text_engine']))}")
         console.print(
             f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
             f"pad id {info['pad_id']}"

@@ -217,16 +217,22 @@ def _short_switch_interval() -> Iterator[None]:
 
 def encode_ids_batch(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list[Any]:
     """`[encode_ids(r, tokenizer) for r in rendered]`, for texts rendered one after another (`rendered` may be a
-    generator that renders them). With a whole-text encoder, each text's native encoding is handed to a worker
-    thread as soon as it is rendered: tiktoken releases the GIL, so the next request renders on one core while the
-    last one is encoded on the other, and when rendering is done this thread takes the remaining texts too. Without
-    one, the texts go through `tokenize_batch`.
+    generator that renders them). With a whole-text encoder whose native calls are tiktoken's, each text's native
+    encoding is handed to a worker thread as soon as it is rendered: tiktoken releases the GIL, so the next request
+    renders on one core while the last one is encoded on the other, and when rendering is done this thread takes
+    the remaining texts too. With fastokens making the calls, they are made here, one by one. Without a whole-text
+    encoder, the texts go through `tokenize_batch`.
 
     Same ids: the same `WholeText.plan` and `encode_prepared` as `encode_ids`; the worker only makes the native
     call on the text `encode_prepared` would have passed to it, and whatever the whole-text call cannot take goes
     through `encode_ids` itself."""
-    if getattr(tokenizer, "whole_text", None) is None:
+    whole_text = getattr(tokenizer, "whole_text", None)
+    if whole_text is None:
         return [t.ids for t in tokenize_batch(list(rendered), tokenizer)]
+    if whole_text.accelerated:
+        # fastokens takes a request's text in about a tenth of its render time: a worker thread would only make it
+        # wait for the GIL on its way back.
+        return [encode_ids(r, tokenizer) for r in rendered]
     jobs: list[tuple[Rendered, Any, tuple[Any, ...] | None]] = []  # (rendered, whole, plan)
     suffixes: list[str] = []
     native: list[Any] = []

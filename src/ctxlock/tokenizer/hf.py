@@ -32,6 +32,7 @@ import tokenizers
 
 from ..errors import ArtifactFormatError
 from . import AddedToken, ControlMatch, longest_first
+from .accel import Accelerator, probe_texts
 from .prefix import WholeText, prefix_cache_bytes, split_runs, whole_text_refusal
 from .runs import fast_enabled
 
@@ -157,14 +158,24 @@ class HFTokenizer:
                     text, self.split_controls(text) or [], lambda run: self.encode_text(run, at_start=False)
                 )
 
-        return WholeText(
+        specials = dict(fast.specials)
+        json_text = self._json_text
+
+        def build() -> Any:
+            import fastokens
+
+            return fastokens.Tokenizer.from_json_str(json_text)
+
+        whole = WholeText(
             fast.core,
-            dict(fast.specials),
+            specials,
             lengths,
             max_bytes=prefix_cache_bytes(),
             inert=fast.inert if fast.verdict.normalizer else None,
             fallback=fallback,
         )
+        whole.accelerator = Accelerator(build, whole.reference_ids, lambda: probe_texts(fast.ranks, specials))
+        return whole
 
     @property
     def whole_text(self) -> WholeText | None:
@@ -183,6 +194,19 @@ class HFTokenizer:
             return "CTXLOCK_FAST=0"
         self._choose_engine()
         return self._whole_choice[1]
+
+    @property
+    def whole_text_engine(self) -> str:
+        """What makes whole-text encoding's native call: "fastokens" once it is built and has agreed with tiktoken
+        on the vocabulary (`accel`), "tiktoken" until then or when it is refused, with the accelerator's state;
+        "" when whole-text encoding is refused."""
+        whole = self.whole_text
+        if whole is None:
+            return ""
+        acc = whole.accelerator
+        if acc is None:
+            return whole.engine
+        return f"fastokens ({acc.describe()})" if whole.accelerated else f"{whole.engine} (fastokens {acc.describe()})"
 
     def _fast(self) -> Any:
         return self._choose_engine()[2] if fast_enabled() else None
@@ -330,5 +354,6 @@ class HFTokenizer:
             "whole_text": self.whole_text is not None,
             "whole_text_reason": self.whole_text_reason
             or "every added token is matched on raw text and none is a prefix of another",
+            "whole_text_engine": self.whole_text_engine,
             **self._description,
         }

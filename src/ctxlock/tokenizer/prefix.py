@@ -16,6 +16,11 @@ one can match at any start). So `WholeText.encode(text)` equals `tokenizers`' id
 
 `HFTokenizer.whole_text_reason` names the condition that fails when one does.
 
+**Which library makes the call.** tiktoken, until fastokens (the same pipeline from the same `tokenizer.json`, about
+ten times faster on chat text) has been built for the vocabulary and has given the same ids on probe texts holding
+every token of it (`accel.Accelerator`); from then on fastokens, and tiktoken again for any text it fails on. The
+ids are the same either way; `WholeText.engine` says which makes the calls now.
+
 **Prefix reuse.** Let an earlier text A and a new text B share their first `l` bytes, and let an added token end
 at byte e of A with e + L <= l, where L is the longest added token in bytes. Whether a token starts at a byte q
 depends only on bytes q..q+L, which for every q < e lie in the shared part; so A and B have the same added-token
@@ -41,6 +46,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from .accel import Accelerator
 
 _HEAD = 64  # bytes of a text that pick its bucket: texts sharing less than this are never compared
 _PER_BUCKET = 8  # recent texts kept per bucket, compared with a new text
@@ -98,13 +105,16 @@ class WholeText:
         max_bytes: int,
         inert: Callable[[str], bool] | None = None,
         fallback: Callable[[str], tuple[list[int], list[int], list[int]]] | None = None,
+        accelerator: Accelerator | None = None,
     ) -> None:
         """`core`: a tiktoken CoreBPE whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
         UTF-8 length of every id's bytes (added tokens included), indexed by id. With a normalizer, `inert(text)`
         says whether it leaves `text` unchanged (then tiktoken may see the text as it is); other text goes to
         `fallback(text)`, the run-by-run encoding that normalizes each run (`split_runs`; None: the caller's
-        reference path)."""
+        reference path). `accelerator`: fastokens over the same vocabulary, which makes the native call once it is
+        admitted (`accel.Accelerator`); tiktoken makes it until then."""
         self._core = core
+        self.accelerator = accelerator
         self._inert = inert
         self._fallback = fallback
         self._allowed = set(added)
@@ -127,13 +137,24 @@ class WholeText:
 
     # -- encoding
     def _native(self, text: str) -> np.ndarray:
-        if self._halves and len(text) >= _SPLIT_CHARS:
+        if self._halves and len(text) >= _SPLIT_CHARS and not self.accelerated:
             m = self._token_re.search(text, len(text) // 2)
             if m is not None and m.end() < len(text):
                 second = _HELPER.submit(self.native, text[m.end() :])
-                first = np.frombuffer(self.native(text[: m.end()]), dtype=np.uint32)
-                return np.concatenate((first, np.frombuffer(second.result(), dtype=np.uint32))).astype(np.int64)
-        return np.frombuffer(self.native(text), dtype=np.uint32).astype(np.int64)
+                first = self.native(text[: m.end()])
+                return np.concatenate((first, second.result())).astype(np.int64)
+        return self.native(text).astype(np.int64)
+
+    @property
+    def accelerated(self) -> bool:
+        """Whether fastokens makes the native calls now (it is not worth a second thread: it is about ten times
+        faster than tiktoken, and a thread coming back from it would wait for the GIL)."""
+        return self.accelerator is not None and self.accelerator.ready
+
+    @property
+    def engine(self) -> str:
+        """Which library makes the native call now: "fastokens" or "tiktoken"."""
+        return "fastokens" if self.accelerated else "tiktoken"
 
     def encode(self, text: str, *, cache: bool = True) -> np.ndarray | None:
         """The ids of `text` as a read-only int64 array, or None when the text is not UTF-8 (a lone surrogate) or
@@ -171,9 +192,21 @@ class WholeText:
         suffix = text if start == 0 else data[start:].decode("utf-8")  # `start` ends an added token: a boundary
         return suffix, self._inert is None or self._inert(suffix)
 
-    def native(self, suffix: str) -> Any:
-        """The one native call (GIL released): a buffer of uint32 ids, for `encode_prepared(..., native=)`."""
-        return self._core.encode_to_tiktoken_buffer(suffix, self._allowed)
+    def native(self, suffix: str) -> np.ndarray:
+        """The one native call (GIL released): the uint32 ids, for `encode_prepared(..., native=)`. fastokens makes
+        it once admitted, tiktoken otherwise (and for any text fastokens fails on): the same ids."""
+        if self.accelerator is not None:
+            ids = self.accelerator.encode(suffix)
+            if ids is not None:
+                return ids
+        return np.frombuffer(self._core.encode_to_tiktoken_buffer(suffix, self._allowed), dtype=np.uint32)
+
+    def reference_ids(self, text: str) -> np.ndarray | None:
+        """`text`'s ids without the accelerator (tiktoken, or the run-by-run fallback for text that needs
+        normalizing) and without the cache: what fastokens is checked against. None: not encodable here."""
+        if self._inert is not None and not self._inert(text):
+            return None if self._fallback is None else np.array(self._fallback(text)[0], dtype=np.uint32)
+        return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, self._allowed), dtype=np.uint32)
 
     def encode_prepared(
         self,
@@ -184,7 +217,7 @@ class WholeText:
         start: int,
         *,
         cache: bool = True,
-        native: Any = None,
+        native: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """Encode `text` (whose UTF-8 is `data`) from byte `start` on, after the `keep` ids of `entry` (see `plan`).
         Releases the GIL for the native call, so several threads can run it at once. `native`: the result of
@@ -192,7 +225,7 @@ class WholeText:
         suffix, inert = self.suffix(text, data, start) if native is None else ("", True)
         cuts: tuple[np.ndarray, np.ndarray] | None = None
         if native is not None:
-            new = np.frombuffer(native, dtype=np.uint32).astype(np.int64)
+            new = native.astype(np.int64)
         elif inert:
             new = self._native(suffix)
         elif self._fallback is not None:

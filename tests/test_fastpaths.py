@@ -161,3 +161,41 @@ def test_inspect_reports_the_engine_and_why() -> None:
     assert fast["engine"] == "tiktoken" and "rank" in fast["engine_reason"]
     slow = inspect(CTXLOCK_FAST="0")
     assert slow["engine"] == "tokenizers" and slow["engine_reason"] == "CTXLOCK_FAST=0"
+
+
+_JSON_STRINGS = st.sampled_from(["", "a", "im_st", "<|im_start|>", "<|im_", "end|>", "|>", "type", "role", "f", "x y"])
+_JSON = st.recursive(
+    st.one_of(_JSON_STRINGS, st.integers(), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.one_of(_JSON_STRINGS, st.just("type")), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON)
+def test_one_scan_answers_both_render_questions(value) -> None:
+    # The render's single walk per message equals the two walks it replaced: would marking change anything, and
+    # which strings could hide inside a control token.
+    from ctxlock.template import _hiding_strings, _infixes, _mark_string, _scan, _token_set, _walk_strings
+
+    tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "<|endoftext|>"}))
+    hiding: set[str] = set()
+    mark = _scan(value, tokens, _infixes(tokens), hiding)
+    expected_hiding: set[str] = set()
+    _hiding_strings(value, tokens, _infixes(tokens), expected_hiding)
+    walked = _walk_strings(value, lambda s: _mark_string(s, tokens, "\0", "\1", "\2"), keys=True)
+    assert hiding == expected_hiding
+    assert mark == (walked != value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(s=st.text(alphabet="<|>[]im_stardx ", min_size=1, max_size=30))
+def test_join_checks_equal_the_brute_force(s: str) -> None:
+    from ctxlock.template import _joins_after, _joins_before, _token_set
+
+    tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "[INST]", "<s>", "x"}))
+    reach = min(tokens.longest, len(s))
+    assert _joins_after(s, tokens) == any(s[-k:] in tokens.prefixes for k in range(1, reach + 1))
+    assert _joins_before(s, tokens) == any(s[:k] in tokens.suffixes for k in range(1, reach + 1))

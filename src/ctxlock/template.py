@@ -523,30 +523,56 @@ class _TokenSet:
     regex: re.Pattern[str] | None
     prefixes: frozenset[str]  # proper prefixes of tokens: a string ending in one could join a neighbour
     suffixes: frozenset[str]  # proper suffixes of tokens: a string starting with one could join a neighbour
-    prefix_last: frozenset[str]  # the last characters of those prefixes, a cheap first test
-    suffix_first: frozenset[str]  # the first characters of those suffixes
     longest: int
     tokens: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()  # the tokens' first two characters: a string holding none of them holds no token
+    firsts: tuple[str, ...] = ()  # the tokens' first characters: every prefix starts with one
+    lasts: tuple[str, ...] = ()  # the tokens' last characters: every suffix ends with one
 
 
 @lru_cache(maxsize=64)
 def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
     tokens = sorted(t for t in all_tokens if t and not t.isspace())
     if not tokens:
-        return _TokenSet(None, frozenset(), frozenset(), frozenset(), frozenset(), 0)
+        return _TokenSet(None, frozenset(), frozenset(), 0)
     prefixes = frozenset(t[:k] for t in tokens for k in range(1, len(t)))
     suffixes = frozenset(t[k:] for t in tokens for k in range(1, len(t)))
     return _TokenSet(
         regex=re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))),
         prefixes=prefixes,
         suffixes=suffixes,
-        prefix_last=frozenset(p[-1] for p in prefixes),
-        suffix_first=frozenset(x[0] for x in suffixes),
         longest=max(map(len, tokens)),
         tokens=tuple(tokens),
         heads=tuple(sorted({t[:2] for t in tokens})),
+        firsts=tuple(sorted({t[0] for t in tokens})),
+        lasts=tuple(sorted({t[-1] for t in tokens})),
     )
+
+
+def _joins_after(s: str, tokens: _TokenSet) -> bool:
+    """Whether `s` ends in a proper prefix of a token (so it could join the string rendered after it). A prefix
+    starts with a token's first character: only the places in the last `longest` characters where one occurs are
+    looked up, found by C-level `str.find` (usually none)."""
+    tail = s[-tokens.longest :]
+    for f in tokens.firsts:
+        i = tail.find(f)
+        while i >= 0:
+            if tail[i:] in tokens.prefixes:
+                return True
+            i = tail.find(f, i + 1)
+    return False
+
+
+def _joins_before(s: str, tokens: _TokenSet) -> bool:
+    """Whether `s` starts with a proper suffix of a token (so it could join the string rendered before it)."""
+    head = s[: tokens.longest]
+    for last in tokens.lasts:
+        j = head.find(last)
+        while j >= 0:
+            if head[: j + 1] in tokens.suffixes:
+                return True
+            j = head.find(last, j + 1)
+    return False
 
 
 @lru_cache(maxsize=1 << 16)  # a conversation re-rendered (fit_context, batches) re-marks the same strings
@@ -559,10 +585,9 @@ def _mark_string(s: str, tokens: _TokenSet, o: str, c: str, b: str) -> str:
     out = tokens.regex.sub(lambda m: f"{o}{m.group(0)}{c}", s) if found else s
     # A string ending in the first part of a token (or starting with the last part) could form one together
     # with its neighbour (two content parts rendered back to back): keep them apart with a break.
-    reach = min(tokens.longest, len(out))
-    if out[-1] in tokens.prefix_last and any(out[-k:] in tokens.prefixes for k in range(1, reach + 1)):
+    if _joins_after(out, tokens):
         out = out + b
-    if out[0] in tokens.suffix_first and any(out[:k] in tokens.suffixes for k in range(1, reach + 1)):
+    if _joins_before(out, tokens):
         out = b + out
     return out
 
@@ -585,13 +610,23 @@ def _walk_strings(value: Any, fn: Callable[[str], str], *, keys: bool) -> Any:
     return value
 
 
+def _string_would_mark(s: str, tokens: _TokenSet) -> bool:
+    """Whether `_mark_string` would change `s` (a token inside it, or an end that could join into one), decided
+    without building the marked string."""
+    if tokens.regex is None or not s:
+        return False
+    if any(h in s for h in tokens.heads) and tokens.regex.search(s):
+        return True
+    return _joins_after(s, tokens) or _joins_before(s, tokens)
+
+
 def _would_mark(value: Any, tokens: _TokenSet) -> bool:
     """Whether `_walk_strings(value, mark, keys=True)` would change anything: the same walk, without building."""
     if isinstance(value, str):
-        return _mark_string(value, tokens, "\0", "\0", "\0") != value
+        return _string_would_mark(value, tokens)
     if isinstance(value, Mapping):
         for k, v in value.items():
-            if isinstance(k, str) and _would_mark(k, tokens):
+            if isinstance(k, str) and _string_would_mark(k, tokens):
                 return True
             if k != "role" and _would_mark(v, tokens):
                 return True
@@ -601,9 +636,34 @@ def _would_mark(value: Any, tokens: _TokenSet) -> bool:
     return False
 
 
+def _scan(value: Any, tokens: _TokenSet, infixes: Mapping[str, Any], hiding: set[str], hide: bool = True) -> bool:
+    """One walk for both questions the render asks of request data: whether marking would change it (the return
+    value; as `_would_mark`) and which of its strings could hide inside a control token (added to `hiding`; as
+    `_hiding_strings`, which skips the values of "type" keys)."""
+    if isinstance(value, str):
+        if hide and value and len(value) <= tokens.longest and value in infixes:
+            hiding.add(value)
+        return _string_would_mark(value, tokens)
+    mark = False
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if isinstance(k, str) and not mark and _string_would_mark(k, tokens):
+                mark = True
+            if k != "role" and _scan(v, tokens, infixes, hiding, hide and k != "type"):
+                mark = True
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if _scan(v, tokens, infixes, hiding, hide):
+                mark = True
+    return mark
+
+
 @lru_cache(maxsize=1 << 14)
-def _message_would_mark(message: Message, tokens: _TokenSet) -> bool:
-    return _would_mark(_template_message(message), tokens)
+def _message_scan(message: Message, tokens: _TokenSet) -> tuple[bool, frozenset[str]]:
+    """(would marking change this message, its strings that could hide inside a control token), once per message."""
+    hiding: set[str] = set()
+    mark = _scan(_template_message(message), tokens, _infixes(tokens), hiding)
+    return mark, frozenset(hiding)
 
 
 @lru_cache(maxsize=64)
@@ -643,22 +703,11 @@ def _template_tools(tools: tuple[Any, ...]) -> tuple[dict[str, Any], ...]:
 
 
 @lru_cache(maxsize=256)
-def _tools_would_mark(tools: tuple[Any, ...], tokens: _TokenSet) -> bool:
-    return _would_mark(list(_template_tools(tools)), tokens)
-
-
-@lru_cache(maxsize=256)
-def _tools_hiding(tools: tuple[Any, ...], tokens: _TokenSet) -> frozenset[str]:
-    out: set[str] = set()
-    _hiding_strings(list(_template_tools(tools)), tokens, _infixes(tokens), out)
-    return frozenset(out)
-
-
-@lru_cache(maxsize=1 << 14)
-def _message_hiding(message: Message, tokens: _TokenSet) -> frozenset[str]:
-    out: set[str] = set()
-    _hiding_strings(_template_message(message), tokens, _infixes(tokens), out)
-    return frozenset(out)
+def _tools_scan(tools: tuple[Any, ...], tokens: _TokenSet) -> tuple[bool, frozenset[str]]:
+    """`_message_scan` for a request's tool list, once per distinct list."""
+    hiding: set[str] = set()
+    mark = _scan(list(_template_tools(tools)), tokens, _infixes(tokens), hiding)
+    return mark, frozenset(hiding)
 
 
 def _provenance_needed(hiding: set[str], tokens: _TokenSet, text: str) -> bool:
@@ -715,11 +764,9 @@ def clear_request_caches() -> None:
     for cached in (
         _markers_in,
         _mark_string,
-        _message_would_mark,
+        _message_scan,
         _template_tools,
-        _tools_would_mark,
-        _tools_hiding,
-        _message_hiding,
+        _tools_scan,
         _template_message,
     ):
         cached.cache_clear()
@@ -836,25 +883,25 @@ def render(
         }
 
     marking = not (policy is SpecialTokenPolicy.KEEP or tokens_re is None)
-    if marking:
-        # The marking walk below would leave every string as it is: skip it, the text is the same without it.
-        marking = (
-            any(_message_would_mark(m, tokens) for m in request.messages)
-            or (request.tools is not None and _tools_would_mark(request.tools, tokens))
-            or _would_mark(all_docs or [], tokens)
-            or _would_mark({k: v for k, v in request_kwargs.items() if k not in (chat_template_kwargs or {})}, tokens)
-        )
     hiding: set[str] = set()
-    if provenance is None:
-        # Only when the ids could depend on it: under `keep` they never do; otherwise only a request string that is a
-        # substring of a control token (e.g. "im_st") can sit strictly inside one, where marking cannot see it. Such
-        # strings are collected here; whether a token containing one occurs in the text is decided after pass 1.
-        if policy is not SpecialTokenPolicy.KEEP and tokens_re is not None:
-            for m in request.messages:
-                hiding |= _message_hiding(m, tokens)
-            if request.tools is not None:
-                hiding |= _tools_hiding(request.tools, tokens)
+    if marking:
+        # One cached walk per message (and per tool list): would the marking walk below change anything (if not, it
+        # is skipped: the text is the same without it), and which request strings are substrings of a control token
+        # (e.g. "im_st"), the one case where marking cannot see a string sitting strictly inside a token.
+        scans = [_message_scan(m, tokens) for m in request.messages]
+        if request.tools is not None:
+            scans.append(_tools_scan(request.tools, tokens))
+        own_kwargs = {k: v for k, v in request_kwargs.items() if k not in (chat_template_kwargs or {})}
+        marking = (
+            any(mark for mark, _ in scans) or _would_mark(all_docs or [], tokens) or _would_mark(own_kwargs, tokens)
+        )
+        if provenance is None:
+            for _, strings in scans:
+                hiding |= strings
             _hiding_strings([all_docs or [], request_kwargs], tokens, _infixes(tokens), hiding)
+    if provenance is None:
+        # Only when the ids could depend on it: under `keep` they never do; otherwise only when a hiding string was
+        # found above, and then only if a token containing it occurs in the text (decided after pass 1).
         provenance = bool(hiding)
 
     def markers() -> tuple[str, ...]:

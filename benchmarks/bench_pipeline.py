@@ -180,8 +180,10 @@ def main() -> None:
         vs = _ratio(times["theirs_batch"], times["batch"])
         print(f"{label:49s}{med['theirs_batch']:8.3f} s   (encode_batch {vs:.1f}x faster than it)")
     print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {med['theirs'] / t_exact:6.1f}x")
-    spread = sorted(t / o for t, o in zip(times["theirs"], times["batch" if args.batch else "ours"], strict=True))
-    print(f"per-round ratios of the last ctxlock row above transformers: {', '.join(f'{x:.1f}' for x in spread)}")
+    for name, label in (("ours", "Model.encode"), ("batch", "Model.encode_batch")):
+        if name in times:
+            spread = sorted(t / o for t, o in zip(times["theirs"], times[name], strict=True))
+            print(f"per-round ratios, {label} against transformers: {', '.join(f'{x:.1f}' for x in spread)}")
     print(f"(times: medians of {args.rounds} interleaved rounds; ratios: median of per-round ratios; caches cleared)")
 
 

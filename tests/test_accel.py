@@ -68,7 +68,7 @@ def test_a_fastokens_that_disagrees_is_refused_with_the_probe_and_token() -> Non
     acc = Accelerator(build, qwen.whole_text.reference_ids, lambda: probe_texts(fast.ranks, dict(fast.specials)))
     assert not acc.wait()
     assert acc.state == "refused"
-    assert "differs from tiktoken on probe text 0 at token" in acc.reason
+    assert "differs from the exact path on probe text 0 at token" in acc.reason
     assert acc.encode("hello") is None
 
 

@@ -109,8 +109,8 @@ class Accelerator:
             self.start()
 
     def _finish(self, state: str, reason: str, engine: Any = None) -> None:
-        self._engine = engine
         self.state, self.reason = state, reason
+        self._engine = engine  # last: `ready` never says yes before `state` does
         self._started = True
         self._done.set()
 
@@ -144,7 +144,7 @@ class Accelerator:
                     k = int(np.argmax(got[:n_common] != expected[:n_common])) if n_common else 0
                     self._finish(
                         "refused",
-                        f"fastokens differs from tiktoken on probe text {n} at token {k} "
+                        f"fastokens differs from the exact path on probe text {n} at token {k} "
                         f"({len(got)} ids against {len(expected)})",
                     )
                     return

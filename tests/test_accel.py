@@ -169,3 +169,12 @@ def test_inspect_prints_the_native_engine() -> None:
     result = CliRunner().invoke(app, ["inspect", "--model", str(artifacts.hf_tokenizer_dir("qwen2"))])
     assert result.exit_code == 0, result.output
     assert "native call fastokens (ready: " in " ".join(result.output.split())
+
+
+def test_describing_a_tokenizer_does_not_start_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Records and `ctxlock render` describe the tokenizer; only an encode (or warm_up) pays for fastokens.
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "1")
+    tok = _fresh()
+    desc = tok.describe()
+    assert desc["whole_text"] and tok.whole_text.accelerator.state == "not started"
+    assert desc["whole_text_engine"] == "tiktoken (fastokens not started)"

@@ -8,9 +8,10 @@ merges are rank-consistent. fastokens (a native reimplementation of `tokenizers`
 JIT and a pre-token cache) runs that pipeline from the same `tokenizer.json`, about ten times faster than tiktoken
 on chat text. Nothing in its construction proves it equal, so it is admitted by checking, not assumed:
 
-1. it is built from the exact `tokenizer.json` bytes the tokenizer was loaded from, on a daemon thread (loading a
-   150k vocabulary takes about 1.4 s, with the GIL released); until it is ready, and whenever it is refused,
-   tiktoken makes the call, with identical ids;
+1. it is built from the exact `tokenizer.json` bytes the tokenizer was loaded from, on a daemon thread started by
+   the first whole-text encode (loading a 150k vocabulary takes about 1.4 s, with the GIL released); until it is
+   ready, and whenever it is refused, tiktoken makes the call, with identical ids. `Model.warm_up()` builds it and
+   waits, as a server would at start-up; describing a tokenizer (records, `ctxlock render`) never starts it;
 2. before it is used, its ids must equal tiktoken's on probe texts that hold every token of the vocabulary that is
    valid UTF-8, every added token between and next to text, and whitespace, digit, case and script mixtures
    (`probe_texts`); one difference refuses it, and the reason names the probe and the token;
@@ -20,7 +21,7 @@ The test suite then compares both engines with `tokenizers` on llama.cpp's vecto
 vocabulary where whole-text encoding is taken (`tests/test_prefix.py`).
 
 `CTXLOCK_FASTOKENS=0` keeps tiktoken; `CTXLOCK_FASTOKENS=sync` builds and checks it in the calling thread, on first
-use (deterministic, for tests and benchmarks).
+use (deterministic, for tests).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ _MIXED = (
 
 
 def setting() -> str:
-    """`CTXLOCK_FASTOKENS`: "1" (default: build on a daemon thread), "0" (never), "sync" (build on first use, in
-    the calling thread)."""
+    """`CTXLOCK_FASTOKENS`: "1" (default: the first encode starts the build on a daemon thread), "0" (never), "sync"
+    (the first encode builds it, in the calling thread)."""
     value = os.environ.get("CTXLOCK_FASTOKENS", "1").strip().lower()
     return value if value in ("0", "sync") else "1"
 
@@ -102,11 +103,8 @@ class Accelerator:
         self.state = "not started"  # "building" | "ready" | "refused" | "off"
         self.reason = ""
         self.failures = 0  # calls that raised and went to tiktoken
-        mode = setting()
-        if mode == "0":
+        if setting() == "0":
             self._finish("off", "CTXLOCK_FASTOKENS=0")
-        elif mode == "1":
-            self.start()
 
     def _finish(self, state: str, reason: str, engine: Any = None) -> None:
         self.state, self.reason = state, reason
@@ -114,14 +112,19 @@ class Accelerator:
         self._started = True
         self._done.set()
 
-    def start(self) -> None:
-        """Build and check on a daemon thread (once)."""
+    def _claim(self) -> bool:
+        """Mark the build as started; True for the one caller that must run it."""
         with self._lock:
             if self._started:
-                return
+                return False
             self._started = True
             self.state = "building"
-        threading.Thread(target=self._run, name="ctxlock-fastokens", daemon=True).start()
+            return True
+
+    def start(self) -> None:
+        """Build and check on a daemon thread, once (the first `encode` does this by default)."""
+        if self._claim():
+            threading.Thread(target=self._run, name="ctxlock-fastokens", daemon=True).start()
 
     def _run(self) -> None:
         try:
@@ -157,15 +160,9 @@ class Accelerator:
         self._finish("ready", f"{version}, ids equal to the exact path on {checked} probe texts ({ids:,} ids)", engine)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the build and check (starting them here under CTXLOCK_FASTOKENS=sync); True when admitted."""
-        if not self._started:
-            with self._lock:
-                first = not self._started
-                if first:
-                    self._started = True
-                    self.state = "building"
-            if first:
-                self._run()
+        """Build and check now if nothing has started them, else wait for them; True when admitted."""
+        if self._claim():
+            self._run()
         self._done.wait(timeout)
         return self._engine is not None
 
@@ -174,10 +171,14 @@ class Accelerator:
         return self._engine is not None
 
     def encode(self, text: str) -> np.ndarray | None:
-        """fastokens' ids for `text` (uint32), or None: not admitted (yet), or the call failed."""
+        """fastokens' ids for `text` (uint32), or None: not admitted (yet), or the call failed. The first call starts
+        the build: on a daemon thread (returning None meanwhile), or here under CTXLOCK_FASTOKENS=sync."""
         engine = self._engine
         if engine is None:
-            if self._started or setting() != "sync":
+            if self._started:
+                return None
+            if setting() != "sync":
+                self.start()
                 return None
             self.wait()
             engine = self._engine

@@ -35,11 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus
+from timing import side_by_side
 
-import artifacts
 import ctxlock
-import reference
-from ctxlock.template import ChatTemplate
 
 
 def _once(fn) -> float:
@@ -83,12 +81,8 @@ def main() -> None:
     ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
     args = ap.parse_args()
 
-    tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
-    source = (artifacts.templates_dir() / args.template).read_text("utf-8")
-    model = ctxlock.load(str(tok_dir))
-    engines = model.warm_up()  # as a server would at start-up: the engine check, and fastokens built and checked
-    template = ChatTemplate(source, id=args.template)
-    hf = reference.reference_tokenizer(tok_dir)
+    model, template, hf, source = side_by_side(args.vocab, args.template)
+    engines = model.warm_up()  # already warm: what it says about the engines
 
     if args.mode == "single":
         requests = corpus.single_shot(args.requests, scale=args.scale)

@@ -18,14 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from timing import median_seconds
+from timing import median_seconds, side_by_side
 
-import artifacts
 import ctxlock
-import reference
 from conformance import conversations
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate
 
 
 def main() -> None:
@@ -47,11 +44,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
-    source = (artifacts.templates_dir() / args.template).read_text("utf-8")
-    model = ctxlock.load(str(tok_dir))
-    template = ChatTemplate(source, id=args.template)
-    hf = reference.reference_tokenizer(tok_dir)
+    model, template, hf, source = side_by_side(args.vocab, args.template)
 
     provenance = {"auto": None, "always": True, "never": False}[args.provenance]
     ratios = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def median_seconds(fn: Callable[[], object], rounds: int, *, warmup: bool = False) -> float:
@@ -17,3 +18,20 @@ def median_seconds(fn: Callable[[], object], rounds: int, *, warmup: bool = Fals
         fn()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
+
+
+def side_by_side(vocab: str, template_file: str) -> tuple[Any, Any, Any, str]:
+    """(ctxlock model, ChatTemplate, transformers tokenizer, template source) on the same artifacts: the vocabulary
+    as transformers converts llama.cpp's GGUF, and a chat template file, both fetched by scripts/fetch_artifacts.py.
+    The model is warmed up as a server would be at start-up (`Model.warm_up`: the engine check, fastokens built and
+    checked), so no timed round pays for it."""
+    import artifacts
+    import ctxlock
+    import reference
+    from ctxlock.template import ChatTemplate
+
+    tok_dir = artifacts.hf_tokenizer_dir(vocab)
+    source = (artifacts.templates_dir() / template_file).read_text("utf-8")
+    model = ctxlock.load(str(tok_dir))
+    model.warm_up()
+    return model, ChatTemplate(source, id=template_file), reference.reference_tokenizer(tok_dir), source

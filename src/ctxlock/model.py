@@ -169,10 +169,10 @@ class Model:
 
     def warm_up(self, *, wait: bool = True) -> dict[str, str]:
         """Make the first `encode` as fast as the rest: choose the tokenizer's engine (the load-time equivalence
-        check, cached on disk) and build the whole-text encoder; with `wait`, also wait until fastokens is built and
-        checked against tiktoken (about 2 s for a 150k vocabulary, on a daemon thread; without it, encoding goes on
-        meanwhile with tiktoken, with the same ids). A server calls this once at start-up. Returns what
-        `ctxlock inspect` prints about the engines."""
+        check, cached on disk) and build the whole-text encoder; with `wait`, also build fastokens and check it against
+        the exact path (about 2 s for a 150k vocabulary; without `wait` the first encode starts that on a daemon
+        thread, and tiktoken makes the calls meanwhile, with the same ids). A server calls this once at start-up.
+        Returns what `ctxlock inspect` prints about the engines."""
         tok = self.tokenizer
         whole = getattr(tok, "whole_text", None)
         if whole is not None and whole.accelerator is not None and wait:

@@ -199,14 +199,17 @@ class WholeText:
             ids = self.accelerator.encode(suffix)
             if ids is not None:
                 return ids
-        return np.frombuffer(self._core.encode_to_tiktoken_buffer(suffix, self._allowed), dtype=np.uint32)
+        return self._tiktoken(suffix)
+
+    def _tiktoken(self, text: str) -> np.ndarray:
+        return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, self._allowed), dtype=np.uint32)
 
     def reference_ids(self, text: str) -> np.ndarray | None:
         """`text`'s ids without the accelerator (tiktoken, or the run-by-run fallback for text that needs
         normalizing) and without the cache: what fastokens is checked against. None: not encodable here."""
         if self._inert is not None and not self._inert(text):
             return None if self._fallback is None else np.array(self._fallback(text)[0], dtype=np.uint32)
-        return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, self._allowed), dtype=np.uint32)
+        return self._tiktoken(text)
 
     def encode_prepared(
         self,

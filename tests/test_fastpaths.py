@@ -178,13 +178,16 @@ _JSON = st.recursive(
 def test_one_scan_answers_both_render_questions(value) -> None:
     # The render's single walk per message equals the two walks it replaced: would marking change anything, and
     # which strings could hide inside a control token.
-    from ctxlock.template import _hiding_strings, _infixes, _mark_string, _scan, _token_set, _walk_strings
+    from ctxlock.template import _hiding_strings, _mark_string, _scan, _token_set, _walk_strings
 
     tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "<|endoftext|>"}))
     hiding: set[str] = set()
-    mark = _scan(value, tokens, _infixes(tokens), hiding)
+    mark = _scan(value, tokens, hiding)
     expected_hiding: set[str] = set()
-    _hiding_strings(value, tokens, _infixes(tokens), expected_hiding)
+    _hiding_strings(value, tokens, expected_hiding)
+    # Against the definition: every non-empty substring of a token, from the values walked.
+    substrings = {t[i:j] for t in tokens.tokens for i in range(len(t)) for j in range(i + 1, len(t) + 1)}
+    assert expected_hiding <= substrings
     walked = _walk_strings(value, lambda s: _mark_string(s, tokens, "\0", "\1", "\2"), keys=True)
     assert hiding == expected_hiding
     assert mark == (walked != value)

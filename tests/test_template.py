@@ -314,3 +314,27 @@ def test_compiled_templates_are_kept_on_disk(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
     assert render(request, ChatTemplate(source, id="t")).text == first
     tmod._compile.cache_clear()
+
+
+def test_each_template_has_its_own_compiled_entry(tmp_path, monkeypatch) -> None:
+    # Two templates used in turn (two models in one process, or one after the other): each is compiled once, and
+    # neither overwrites the other's entry on disk.
+    from ctxlock import template as tmod
+
+    monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
+    request = parse_request({"messages": [{"role": "user", "content": "hi"}]})
+    sources = [
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}",
+        "{% for m in messages %}({{ m.role }}){% endfor %}",
+    ]
+    tmod._compile.cache_clear()
+    texts = [render(request, ChatTemplate(s, id=f"t{i}")).text for i, s in enumerate(sources)]
+    assert len(list(tmp_path.glob("jinja/*/*.cache"))) == 2
+    compiled = []
+    original = tmod._LimitedEnvironment.compile
+    monkeypatch.setattr(tmod._LimitedEnvironment, "compile", lambda *a, **k: compiled.append(1) or original(*a, **k))
+    for _ in range(2):
+        tmod._compile.cache_clear()
+        assert [render(request, ChatTemplate(s, id=f"t{i}")).text for i, s in enumerate(sources)] == texts
+    assert not compiled
+    tmod._compile.cache_clear()

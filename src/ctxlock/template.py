@@ -51,6 +51,7 @@ from .errors import (
 )
 from .frozen import FrozenDict, freeze, thaw
 from .request import Message, Request
+from .trie import longest_first
 
 
 class SpecialTokenPolicy(StrEnum):
@@ -297,7 +298,7 @@ def _compile(source: str) -> jinja2.Template:
 
 # Bump when _compile's environment changes (options, extensions, filters that the compiler inlines): the bytecode
 # cache is keyed by the template source only, so a new environment needs a new directory.
-_BYTECODE_VERSION = 1
+_BYTECODE_VERSION = 2
 
 
 def _from_bytecode_cache(env: jinja2.Environment, source: str) -> jinja2.Template:
@@ -311,7 +312,10 @@ def _from_bytecode_cache(env: jinja2.Environment, source: str) -> jinja2.Templat
         directory = cache_root() / "jinja" / f"{jinja2.__version__}-{_BYTECODE_VERSION}"
         directory.mkdir(parents=True, exist_ok=True)
         cache = jinja2.FileSystemBytecodeCache(str(directory))
-        bucket = cache.get_bucket(env, "<template>", None, source)
+        # Keyed by the source's digest (jinja2 keys a bucket by name and file name only): one file per template, so
+        # two models used in turn do not overwrite each other's entry. jinja2 checks the source's checksum as well.
+        key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+        bucket = cache.get_bucket(env, "<template>", key, source)
     except OSError:
         return env.from_string(source)
     code = bucket.code
@@ -526,6 +530,7 @@ class _TokenSet:
     longest: int
     tokens: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()  # the tokens' first two characters: a string holding none of them holds no token
+    joined: str = ""  # the tokens joined by NUL ("" if one holds a NUL): a NUL-free string is in a token iff in this
     firsts: tuple[str, ...] = ()  # the tokens' first characters: every prefix starts with one
     lasts: tuple[str, ...] = ()  # the tokens' last characters: every suffix ends with one
 
@@ -538,12 +543,13 @@ def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
     prefixes = frozenset(t[:k] for t in tokens for k in range(1, len(t)))
     suffixes = frozenset(t[k:] for t in tokens for k in range(1, len(t)))
     return _TokenSet(
-        regex=re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))),
+        regex=longest_first(tokens),
         prefixes=prefixes,
         suffixes=suffixes,
         longest=max(map(len, tokens)),
         tokens=tuple(tokens),
         heads=tuple(sorted({t[:2] for t in tokens})),
+        joined="" if any("\0" in t for t in tokens) else "\0".join(tokens),
         firsts=tuple(sorted({t[0] for t in tokens})),
         lasts=tuple(sorted({t[-1] for t in tokens})),
     )
@@ -636,12 +642,12 @@ def _would_mark(value: Any, tokens: _TokenSet) -> bool:
     return False
 
 
-def _scan(value: Any, tokens: _TokenSet, infixes: Mapping[str, Any], hiding: set[str], hide: bool = True) -> bool:
+def _scan(value: Any, tokens: _TokenSet, hiding: set[str], hide: bool = True) -> bool:
     """One walk for both questions the render asks of request data: whether marking would change it (the return
     value; as `_would_mark`) and which of its strings could hide inside a control token (added to `hiding`; as
     `_hiding_strings`, which skips the values of "type" keys)."""
     if isinstance(value, str):
-        if hide and value and len(value) <= tokens.longest and value in infixes:
+        if hide and _is_infix(value, tokens):
             hiding.add(value)
         return _string_would_mark(value, tokens)
     mark = False
@@ -649,11 +655,11 @@ def _scan(value: Any, tokens: _TokenSet, infixes: Mapping[str, Any], hiding: set
         for k, v in value.items():
             if isinstance(k, str) and not mark and _string_would_mark(k, tokens):
                 mark = True
-            if k != "role" and _scan(v, tokens, infixes, hiding, hide and k != "type"):
+            if k != "role" and _scan(v, tokens, hiding, hide and k != "type"):
                 mark = True
     elif isinstance(value, (list, tuple)):
         for v in value:
-            if _scan(v, tokens, infixes, hiding, hide):
+            if _scan(v, tokens, hiding, hide):
                 mark = True
     return mark
 
@@ -662,36 +668,34 @@ def _scan(value: Any, tokens: _TokenSet, infixes: Mapping[str, Any], hiding: set
 def _message_scan(message: Message, tokens: _TokenSet) -> tuple[bool, frozenset[str]]:
     """(would marking change this message, its strings that could hide inside a control token), once per message."""
     hiding: set[str] = set()
-    mark = _scan(_template_message(message), tokens, _infixes(tokens), hiding)
+    mark = _scan(_template_message(message), tokens, hiding)
     return mark, frozenset(hiding)
 
 
-@lru_cache(maxsize=64)
-def _infixes(tokens: _TokenSet) -> dict[str, tuple[str, ...]]:
-    """Every substring of every control token, with the tokens it is a substring of: a request string equal to one
-    could sit strictly inside one of those tokens, and nowhere else."""
-    out: dict[str, set[str]] = {}
-    for t in tokens.tokens:
-        for i in range(len(t)):
-            for j in range(i + 1, len(t) + 1):
-                out.setdefault(t[i:j], set()).add(t)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
+def _is_infix(s: str, tokens: _TokenSet) -> bool:
+    """Whether `s` is a non-empty substring of a control token: a request string equal to one could sit strictly
+    inside that token, and nowhere else. One C-level search in the NUL-joined tokens."""
+    if not s or len(s) > tokens.longest:
+        return False
+    if tokens.joined:
+        return "\0" not in s and s in tokens.joined
+    return any(s in t for t in tokens.tokens)
 
 
-def _hiding_strings(value: Any, tokens: _TokenSet, infixes: Mapping[str, tuple[str, ...]], out: set[str]) -> None:
+def _hiding_strings(value: Any, tokens: _TokenSet, out: set[str]) -> None:
     """Collect the strings the provenance pass would wrap (values only; not roles, not `type` values) that are
     substrings of a control token: the one case where provenance, not marking, tells a forged token from a trusted
     one."""
     if isinstance(value, str):
-        if value and len(value) <= tokens.longest and value in infixes:
+        if _is_infix(value, tokens):
             out.add(value)
     elif isinstance(value, Mapping):
         for k, v in value.items():
             if k not in ("role", "type"):
-                _hiding_strings(v, tokens, infixes, out)
+                _hiding_strings(v, tokens, out)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _hiding_strings(v, tokens, infixes, out)
+            _hiding_strings(v, tokens, out)
 
 
 @lru_cache(maxsize=256)
@@ -706,7 +710,7 @@ def _template_tools(tools: tuple[Any, ...]) -> tuple[dict[str, Any], ...]:
 def _tools_scan(tools: tuple[Any, ...], tokens: _TokenSet) -> tuple[bool, frozenset[str]]:
     """`_message_scan` for a request's tool list, once per distinct list."""
     hiding: set[str] = set()
-    mark = _scan(list(_template_tools(tools)), tokens, _infixes(tokens), hiding)
+    mark = _scan(list(_template_tools(tools)), tokens, hiding)
     return mark, frozenset(hiding)
 
 
@@ -714,8 +718,7 @@ def _provenance_needed(hiding: set[str], tokens: _TokenSet, text: str) -> bool:
     """Whether a hiding string could be inside a control-token match of `text`: only if a control token that
     contains it occurs in the text at all (a match is an occurrence). A tool enum value "f" is a substring of
     "<|endoftext|>", but a chat that never spells "<|endoftext|>" has no match for it to hide in."""
-    infixes = _infixes(tokens)
-    return any(t in text for s in hiding for t in infixes[s])
+    return any(s in t and t in text for s in hiding for t in tokens.tokens)
 
 
 def _strip_markers(text: str, markers: str) -> tuple[str, list[tuple[int, str]]]:
@@ -898,7 +901,7 @@ def render(
         if provenance is None:
             for _, strings in scans:
                 hiding |= strings
-            _hiding_strings([all_docs or [], request_kwargs], tokens, _infixes(tokens), hiding)
+            _hiding_strings([all_docs or [], request_kwargs], tokens, hiding)
     if provenance is None:
         # Only when the ids could depend on it: under `keep` they never do; otherwise only when a hiding string was
         # found above, and then only if a token containing it occurs in the text (decided after pass 1).

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import ControlTokenError
 from ..template import Rendered, Span, SpecialTokenPolicy
+from ..trie import longest_first as _trie_longest_first
 from .runs import encode_run, fast_enabled, prefetch_runs, run_encoder
 
 
@@ -92,9 +93,8 @@ class Tokenized:
 
 
 def longest_first(tokens: Iterable[str]) -> re.Pattern[str] | None:
-    """A regex matching any of `tokens`, the longest first where one is a prefix of another."""
-    tokens = sorted(tokens, key=len, reverse=True)
-    return re.compile("|".join(re.escape(t) for t in tokens)) if tokens else None
+    """A regex matching any of `tokens`, the longest first where one is a prefix of another (`ctxlock.trie`)."""
+    return _trie_longest_first(tokens)
 
 
 def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Any) -> list[int]:

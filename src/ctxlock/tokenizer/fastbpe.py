@@ -93,6 +93,8 @@ from typing import Any
 
 import tiktoken
 
+from ..trie import longest_first
+
 CHECK_VERSION = "fastbpe-2"
 
 # tokenizers' ByteLevel pre-tokenizer with use_regex=true (GPT-2's pattern, case-sensitive contractions).
@@ -530,8 +532,9 @@ class FastEncoder:
         norm = [(normalize(c) if self._normalize else c, i) for c, i, n in added if n]
         self._raw_ids = dict(raw)
         self._norm_ids = dict(norm)
-        self._raw_re = _longest_first(self._raw_ids)
-        self._norm_re = _longest_first(self._norm_ids)
+        # Leftmost-longest, as tokenizers' Aho-Corasick matcher for added tokens.
+        self._raw_re = longest_first(self._raw_ids)
+        self._norm_re = longest_first(self._norm_ids)
 
     def inert(self, text: str) -> bool:
         """Whether the normalizer leaves `text` as it is (no normalizer, ASCII, or only NFC-inert characters)."""
@@ -587,12 +590,6 @@ class FastEncoder:
 
 
 _CHARS_PER_THREAD = 200_000  # below this a second thread costs more than it saves
-
-
-def _longest_first(tokens: Iterable[str]) -> re.Pattern[str] | None:
-    # Leftmost-longest, as tokenizers' Aho-Corasick matcher for added tokens.
-    ordered = sorted(tokens, key=len, reverse=True)
-    return re.compile("|".join(re.escape(t) for t in ordered)) if ordered else None
 
 
 __all__ = [

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from ..trie import longest_first
 from .accel import Accelerator
 
 _HEAD = 64  # bytes of a text that pick its bucket: texts sharing less than this are never compared
@@ -125,7 +126,7 @@ class WholeText:
         # Where no two occurrences of added tokens can overlap, every occurrence is a match, and a text cut right
         # after one encodes as its two halves: `encode_prepared` then splits a long text in two for two threads.
         self._halves = bool(added) and _overlap_free(added) and (os.cpu_count() or 1) > 1
-        self._token_re = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        self._token_re = longest_first(added) or re.compile("(?!)")
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -82,16 +83,20 @@ WORDS = [
 ]  # fmt: skip
 
 
+def _every_vocabulary_and_engine(test: Callable[..., None]) -> Callable[..., None]:
+    """A hypothesis test (`data`) run for every vocabulary where whole-text encoding is taken, with each engine."""
+    test = given(data=st.data())(test)
+    test = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
+    return pytest.mark.parametrize("key", WHOLE)(pytest.mark.parametrize("engine", ENGINES)(test))
+
+
 def _texts(tok: HFTokenizer) -> st.SearchStrategy[str]:
     return st.lists(
         st.one_of(st.sampled_from(WORDS), st.sampled_from(_added_strings(tok)), st.text(max_size=6)), max_size=24
     ).map("".join)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("key", WHOLE)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
+@_every_vocabulary_and_engine
 def test_random_texts_give_reference_ids(key: str, engine: str, data: st.DataObject) -> None:
     tok = TOKENIZERS[key]
     text = data.draw(_texts(tok))
@@ -106,10 +111,7 @@ def test_random_texts_give_reference_ids(key: str, engine: str, data: st.DataObj
 # ---------------------------------------------------------------------------------------- equivalence, prefixes
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("key", WHOLE)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
+@_every_vocabulary_and_engine
 def test_texts_sharing_prefixes_give_reference_ids(key: str, engine: str, data: st.DataObject) -> None:
     # A chain of texts, each the previous one cut anywhere (inside an added token, right after one, within the
     # lookahead of one) and continued: every cut the cache may take must give the reference ids.

@@ -47,7 +47,7 @@ def test_no_strings() -> None:
 
 def test_the_embedded_models_control_tokens() -> None:
     # Tekken's thousand <SPECIAL_n> tokens: the same matches, from a pattern a fraction of the size (what `re` takes
-    # about 0.1 s to compile in the plain form; the figure is in BENCHMARKS.md, not asserted here).
+    # about 0.1 s to compile in the plain form; the figure is in the README, not asserted here).
     tokens = sorted(ctxlock.load().tokenizer.control_tokens)
     assert len(tokens) > 500
     text = "".join(f"{t}x{t[:-1]} <SPECIAL_{i}> [INST]" for i, t in enumerate(tokens))

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
             taken = "one native call per text, prefix reuse" if tok["whole_text"] else "refused"
             console.print(f"       whole-text {taken}: {escape(str(tok.get('whole_text_reason')))}")
             if tok.get("whole_text_engine"):
-                # Which library makes that native call: fastokens once it agreed with tiktoken on the vocabulary.
+                # Which library makes that native call: fastokens once it matched the exact path on the vocabulary.
                 console.print(f"      native call {escape(str(tok['whole_text_engine']))}")
         console.print(
             f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "

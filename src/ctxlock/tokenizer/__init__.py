@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import queue
-import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,7 +27,7 @@ import numpy as np
 
 from ..errors import ControlTokenError
 from ..template import Rendered, Span, SpecialTokenPolicy
-from ..trie import longest_first as _trie_longest_first
+from ..trie import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
 from .runs import encode_run, fast_enabled, prefetch_runs, run_encoder
 
 
@@ -90,11 +89,6 @@ class Tokenized:
     ids: tuple[int, ...]
     control: tuple[ControlMatch, ...]  # trusted control tokens, with their ranges in the rendered text
     neutralized: tuple[ControlMatch, ...]  # control-token strings from the request, encoded as plain text
-
-
-def longest_first(tokens: Iterable[str]) -> re.Pattern[str] | None:
-    """A regex matching any of `tokens`, the longest first where one is a prefix of another (`ctxlock.trie`)."""
-    return _trie_longest_first(tokens)
 
 
 def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Any) -> list[int]:

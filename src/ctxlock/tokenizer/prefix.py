@@ -106,16 +106,15 @@ class WholeText:
         max_bytes: int,
         inert: Callable[[str], bool] | None = None,
         fallback: Callable[[str], tuple[list[int], list[int], list[int]]] | None = None,
-        accelerator: Accelerator | None = None,
     ) -> None:
         """`core`: a tiktoken CoreBPE whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
         UTF-8 length of every id's bytes (added tokens included), indexed by id. With a normalizer, `inert(text)`
         says whether it leaves `text` unchanged (then tiktoken may see the text as it is); other text goes to
         `fallback(text)`, the run-by-run encoding that normalizes each run (`split_runs`; None: the caller's
-        reference path). `accelerator`: fastokens over the same vocabulary, which makes the native call once it is
-        admitted (`accel.Accelerator`); tiktoken makes it until then."""
+        reference path). The owner may set `accelerator` afterwards: fastokens over the same vocabulary, checked
+        against `reference_ids` (`accel.Accelerator`), which makes the native call once admitted."""
         self._core = core
-        self.accelerator = accelerator
+        self.accelerator: Accelerator | None = None
         self._inert = inert
         self._fallback = fallback
         self._allowed = set(added)

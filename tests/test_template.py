@@ -6,7 +6,9 @@ from datetime import datetime
 
 import pytest
 
+from ctxlock import sandbox
 from ctxlock.errors import (
+    ControlTokenError,
     TemplateError,
     TemplateLimitError,
     TemplateNotFoundError,
@@ -249,11 +251,26 @@ def test_provenance_names_each_request_string() -> None:
     ]
 
 
-def test_provenance_is_marked_inexact_when_the_template_reshapes_strings() -> None:
+def test_provenance_follows_strings_the_template_reshapes() -> None:
+    # Provenance is kept per character through the operations templates apply to message text.
     req = parse_request({"messages": [{"role": "user", "content": "  padded  "}]})
-    r = render(req, ChatTemplate("{{ messages[0].content | trim }}", id="t"))
-    assert r.text == "padded"
+    r = render(req, ChatTemplate("[{{ messages[0].content | trim }}]", id="t"))
+    assert r.text == "[padded]"
+    assert r.provenance_exact
+    assert [(s.start, s.end, s.path) for s in r.request_spans] == [(1, 7, "messages[0].content")]
+
+
+def test_provenance_is_marked_inexact_when_an_operation_mixes_request_text_with_a_control_token() -> None:
+    # `center` cannot be mapped per character, and its input holds the template's own control token as well as
+    # request text: which characters of the result are whose is unknown, and the render says so.
+    req = parse_request({"messages": [{"role": "user", "content": "hi"}]})
+    t = ChatTemplate("{{ ('<|a|>' ~ messages[0].content) | center(12) }}", id="t")
+    r = render(req, t, control_tokens=["<|a|>"], policy="keep")
+    assert r.text == "  <|a|>hi   "
     assert r.provenance_exact is False
+    # Without `keep`, a control token that came out of such an operation is refused: it cannot be proven trusted.
+    with pytest.raises(ControlTokenError, match="center"):
+        render(req, t, control_tokens=["<|a|>"])
 
 
 def test_time_limit_off_the_main_thread_uses_the_tracer() -> None:
@@ -305,7 +322,7 @@ def test_compiled_templates_are_kept_on_disk(tmp_path, monkeypatch) -> None:
     assert len(files) == 1
     tmod._compile.cache_clear()
     compiled = []
-    monkeypatch.setattr(tmod._LimitedEnvironment, "compile", lambda *a, **k: compiled.append(1))
+    monkeypatch.setattr(sandbox.LimitedEnvironment, "compile", lambda *a, **k: compiled.append(1))
     assert render(request, ChatTemplate(source, id="t")).text == first == "<user>HI"
     assert not compiled  # loaded, not compiled
     files[0].write_bytes(b"garbage")  # a corrupt entry is compiled anew
@@ -331,8 +348,8 @@ def test_each_template_has_its_own_compiled_entry(tmp_path, monkeypatch) -> None
     texts = [render(request, ChatTemplate(s, id=f"t{i}")).text for i, s in enumerate(sources)]
     assert len(list(tmp_path.glob("jinja/*/*.cache"))) == 2
     compiled = []
-    original = tmod._LimitedEnvironment.compile
-    monkeypatch.setattr(tmod._LimitedEnvironment, "compile", lambda *a, **k: compiled.append(1) or original(*a, **k))
+    original = sandbox.LimitedEnvironment.compile
+    monkeypatch.setattr(sandbox.LimitedEnvironment, "compile", lambda *a, **k: compiled.append(1) or original(*a, **k))
     for _ in range(2):
         tmod._compile.cache_clear()
         assert [render(request, ChatTemplate(s, id=f"t{i}")).text for i, s in enumerate(sources)] == texts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,25 +58,25 @@ HOSTILE = "{% for m in messages %}<|im_{{ m.content }}rt|>{% endfor %}"
 
 @pytest.mark.parametrize("content", ["sta", "im_sta", "_"])
 def test_a_request_string_inside_a_control_token_still_gets_provenance(qwen, content: str) -> None:
-    # The template builds `<|im_start|>` around the request string "sta": only the provenance pass sees that the
-    # token holds request text. With provenance left to ctxlock (encode's default) the ids must be the same.
+    # The template builds `<|im_start|>` around the request string "sta": only per-character provenance sees that
+    # the token holds request text. encode's fast path must give the same ids as run().
     template = ChatTemplate(HOSTILE, id="hostile")
     request = {"messages": [{"role": "user", "content": content}]}
     exact = [int(i) for i in qwen.run(request, template=template, add_generation_prompt=False).tokenized.ids]
     assert _ids(qwen, request, template=template, add_generation_prompt=False) == exact
     rendered = qwen.render(request, template=template, add_generation_prompt=False, provenance=None)
-    # The pass runs exactly when a control token holding the string occurs in the text: "<|im_sta" + "rt|>" spells
-    # <|im_start|>, "<|im_im_sta" + "rt|>" spells none.
-    assert bool(rendered.request_spans) is ("<|im_start|>" in rendered.text)
+    # The request text is untrusted exactly when a control token holding some of it occurs in the text:
+    # "<|im_sta" + "rt|>" spells <|im_start|>, "<|im_im_sta" + "rt|>" spells none.
+    assert rendered.request_spans
+    assert bool(rendered.untrusted) is ("<|im_start|>" in rendered.text)
     if content == "sta":
         im_start = qwen.tokenizer.token_to_id("<|im_start|>")
         assert im_start not in exact  # neutralized: the request supplied part of it
-        assert rendered.request_spans
 
 
-def test_a_token_fragment_skips_provenance_when_no_token_holding_it_occurs(qwen) -> None:
+def test_a_token_fragment_is_trusted_text_when_no_token_holding_it_occurs(qwen) -> None:
     # "f" is a substring of <|endoftext|>, but the Qwen template never spells that token: no match can hold it,
-    # so the second render is skipped, and the ids are still those of the full provenance pass.
+    # so nothing is untrusted (the whole-text fast path applies), and the ids are those of run().
     tools = [
         {
             "type": "function",
@@ -89,13 +91,13 @@ def test_a_token_fragment_skips_provenance_when_no_token_holding_it_occurs(qwen)
         artifacts.templates_dir().joinpath("Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
     )
     rendered = qwen.render(request, template=template, provenance=None)
-    assert "<|endoftext|>" not in rendered.text and not rendered.request_spans
+    assert "<|endoftext|>" not in rendered.text and not rendered.untrusted
     assert _ids(qwen, request, template=template) == [
         int(i) for i in qwen.run(request, template=template).tokenized.ids
     ]
     hostile = ChatTemplate("{{ '<|endo' + messages[0]['content'] + 'text|>' }}", id="hostile-f")
     rendered = qwen.render(request, template=hostile, provenance=None)
-    assert rendered.request_spans  # here <|endoftext|> is spelled around "f": the pass runs
+    assert rendered.untrusted  # here <|endoftext|> is spelled around "f"
     assert _ids(qwen, request, template=hostile) == [int(i) for i in qwen.run(request, template=hostile).tokenized.ids]
     assert qwen.tokenizer.token_to_id("<|endoftext|>") not in _ids(qwen, request, template=hostile)
 
@@ -173,32 +175,19 @@ _JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(value=_JSON)
-def test_one_scan_answers_both_render_questions(value) -> None:
-    # The render's single walk per message equals the two walks it replaced: would marking change anything, and
-    # which strings could hide inside a control token.
-    from ctxlock.template import _hiding_strings, _mark_string, _scan, _token_set, _walk_strings
-
-    tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "<|endoftext|>"}))
-    hiding: set[str] = set()
-    mark = _scan(value, tokens, hiding)
-    expected_hiding: set[str] = set()
-    _hiding_strings(value, tokens, expected_hiding)
-    # Against the definition: every non-empty substring of a token, from the values walked.
-    substrings = {t[i:j] for t in tokens.tokens for i in range(len(t)) for j in range(i + 1, len(t) + 1)}
-    assert expected_hiding <= substrings
-    walked = _walk_strings(value, lambda s: _mark_string(s, tokens, "\0", "\1", "\2"), keys=True)
-    assert hiding == expected_hiding
-    assert mark == (walked != value)
-
-
 @settings(max_examples=400, deadline=None)
-@given(s=st.text(alphabet="<|>[]im_stardx ", min_size=1, max_size=30))
-def test_join_checks_equal_the_brute_force(s: str) -> None:
-    from ctxlock.template import _joins_after, _joins_before, _token_set
+@given(
+    text=st.text(alphabet="<|>[]im_stardx ", max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=6),
+)
+def test_touched_spans_equal_the_brute_force(text: str, cuts: list[int]) -> None:
+    # The render asks which request-derived spans a control-token occurrence shares a character with. It tries only
+    # the positions where a token's first character occurs; the brute force tries every token at every position.
+    from ctxlock.template import _token_set, _touched
 
-    tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "[INST]", "<s>", "x"}))
-    reach = min(tokens.longest, len(s))
-    assert _joins_after(s, tokens) == any(s[-k:] in tokens.prefixes for k in range(1, reach + 1))
-    assert _joins_before(s, tokens) == any(s[:k] in tokens.suffixes for k in range(1, reach + 1))
+    tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "[INST]", "<s>", "x", "im_"}))
+    bounds = sorted({min(c, len(text)) for c in cuts})
+    spans = [(s, e, f"p{k}", "") for k, (s, e) in enumerate(itertools.pairwise(bounds)) if k % 2 == 0 and e > s]
+    got = [sp for sp, _, _ in _touched(text, spans, tokens)]
+    occurrences = [(i, i + len(t)) for t in tokens.tokens for i in range(len(text)) if text.startswith(t, i)]
+    assert got == [sp for sp in spans if any(i < sp[1] and j > sp[0] for i, j in occurrences)]

@@ -122,7 +122,7 @@ def _state() -> _State:
     return _STATE.get() or _UNBOUNDED
 
 
-def _where() -> str:
+def where() -> str:
     """`line N` of the template frame that is running (for messages), or ""."""
     state = _STATE.get()
     frame: FrameType | None = sys._getframe(1)
@@ -367,6 +367,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         super().__init__(**kwargs)
         self.filters = {name: _wrap_filter(name, f) for name, f in self.filters.items()}
         self.filters["join"] = _join_filter
+        self.filters["attr"] = _wrap_filter("attr", _attr_filter)
         self.filters["tojson"] = _wrap_filter("tojson", _tojson)
         self.globals["lipsum"] = _lipsum
 
@@ -404,6 +405,10 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if type(obj) is jinja2.runtime.LoopContext and attribute in _LOOP_ATTRIBUTES:
             # Public read-only properties of jinja's own loop object: the sandbox would allow each of them.
             return getattr(obj, attribute)
+        if isinstance(attribute, str) and attribute.startswith("_"):
+            # jinja answers a missing underscore attribute with a plain Undefined (printed as ""); a probe for one
+            # is refused like an existing one, when it is used.
+            return self.unsafe_undefined(obj, attribute)
         if type(obj) is Tainted and attribute not in _STR_ATTRIBUTES:
             # A request string has exactly the attributes of a str (not the provenance this module keeps).
             return self.undefined(obj=obj, name=attribute)
@@ -411,6 +416,13 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         out = super().getitem(obj, argument)
+        if (
+            type(out) is jinja2.Undefined
+            and isinstance(argument, str)
+            and argument.startswith("_")
+            and not isinstance(obj, (dict, list, tuple))
+        ):
+            return self.unsafe_undefined(obj, argument)
         if isinstance(argument, slice) and isinstance(out, (str, list, tuple)):
             _state().charge(len(out), "a slice")
         return out
@@ -609,6 +621,15 @@ def _check_filter(
         state.charge(_deep_size(value, state.max_single), f"|{name}")
     elif growth > 1 and isinstance(value, str):
         state.charge(len(value) * growth, f"|{name}")
+
+
+@jinja2.pass_environment
+def _attr_filter(environment: Any, obj: Any, name: Any) -> Any:
+    """jinja's `attr`, refusing underscore names like attribute syntax does (jinja gives a missing one as "")."""
+    out = jinja2.filters.do_attr(environment, obj, name)
+    if type(out) is jinja2.Undefined and isinstance(name, str) and name.startswith("_"):
+        return environment.unsafe_undefined(obj, name)
+    return out
 
 
 @jinja2.pass_context
@@ -812,4 +833,5 @@ __all__ = [
     "render_limited",
     "template_line",
     "time_limit",
+    "where",
 ]

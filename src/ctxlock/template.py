@@ -42,7 +42,16 @@ from .errors import (
 )
 from .frozen import FrozenDict, freeze, thaw
 from .request import Dialect, Message, Request, join_path
-from .sandbox import DEFAULT_LIMITS, Limit, Raised, RenderLimits, compile_source, render_limited, template_line
+from .sandbox import (
+    DEFAULT_LIMITS,
+    Limit,
+    Raised,
+    RenderLimits,
+    compile_source,
+    render_limited,
+    template_line,
+    where,
+)
 from .trie import longest_first
 
 
@@ -486,7 +495,7 @@ def render(
         "documents": all_docs,
         "strftime_now": strftime_now,
     }
-    checker = taint.Checker(tokens.search, lambda: "")
+    checker = taint.Checker(tokens.search, where)
     text, spans = _run(template, context, limits, checker)
     if continue_final_message:
         text, spans = _cut_at_continue_tag(text, spans, messages)

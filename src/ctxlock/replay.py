@@ -173,9 +173,16 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
 
     The record is checked again here (an ExecutionRecord can be built from raw bytes without parsing), and every
     file goes into a fresh mkdtemp directory, created new: nothing outside it is written, followed or replaced."""
-    data = record.data
-    rp = data.get("replay")
-    check_replay(rp, source=f"record {record.id[:12]}")
+    source = f"record {record.id[:12]}"
+    try:
+        data = record.data
+    except ValueError:
+        raise RecordFormatError("not a JSON record", path=source, hint="parse records with from_bytes") from None
+    rp = data.get("replay") if isinstance(data, dict) else None
+    check_replay(rp, source=source)
+    recorded_tokenizer, recorded_template = (
+        data.get(k) if isinstance(data.get(k), dict) else {} for k in ("tokenizer", "template")
+    )
     tmp = Path(tempfile.mkdtemp(prefix="ctxlock-replay-"))
     try:
         for name, sha in rp["files"].items():
@@ -183,7 +190,7 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
         manifest: dict[str, Any] = {
             "description": f"replay of record {record.id[:12]} (model {rp.get('model')})",
             "tokenizer": rp["tokenizer"],
-            "special_tokens": (data.get("tokenizer") or {}).get("special_tokens") or {},
+            "special_tokens": special if isinstance(special := recorded_tokenizer.get("special_tokens"), dict) else {},
         }
         template = None
         if rp["template_sha256"]:
@@ -192,7 +199,7 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
         _create(tmp / REPLAY_MANIFEST, json.dumps(manifest, ensure_ascii=False).encode("utf-8"))
         model = Model(load_artifacts(tmp))
         if rp["template_sha256"]:
-            template_id = (data.get("template") or {}).get("id")
+            template_id = recorded_template.get("id")
             template = load_template_file(
                 tmp / REPLAY_TEMPLATE, id=template_id if isinstance(template_id, str) else None
             )

@@ -649,3 +649,20 @@ def _nested(depth: int) -> list:
     for _ in range(depth):
         value = [value]
     return value
+
+
+def test_materialized_refuses_bytes_that_are_not_a_record_and_odd_sections(
+    sandbox: Sandbox, book: ExecutionRecord
+) -> None:
+    """An ExecutionRecord built straight from bytes (no parsing) still fails typed, and the sections replay only
+    reads from (tokenizer.special_tokens, template.id) cannot crash it."""
+    sandbox.snapshot()
+    for raw in (b"not json\n", b"\xff\n", b"[]\n", b"{}\n"):
+        with pytest.raises(RecordFormatError), materialized(ExecutionRecord(raw), sandbox.store):
+            pass
+    data = copy.deepcopy(book.data)
+    data["tokenizer"] = {"special_tokens": ["<bos>"]}
+    data["template"] = ["x"]
+    with materialized(ExecutionRecord(_raw(data)), sandbox.store) as (model, template):
+        assert model.tokenizer.format == "book" and template is not None
+    sandbox.assert_untouched()

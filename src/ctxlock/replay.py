@@ -1,12 +1,18 @@
 """Recording and replay, at the I/O edge: records and the artifacts they name go into a Store; replay rebuilds the
 model from the store alone (so it works after the original model directory has changed or gone), re-runs the
-whole pipeline from the request's original bytes, and compares every layer."""
+whole pipeline from the request's original bytes, and compares every layer.
+
+A record comes from anywhere (a file, an import), so replay treats it as data: its file names are checked first
+(`record.check_replay`), and the model is rebuilt in a fresh private directory (mkdtemp: mode 0700, a new name)
+where each file is created new, never opened through or in place of an existing path, then removed afterwards."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,10 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from .artifacts import load_artifacts, load_template_file
-from .errors import CtxlockError, RecordFormatError, RecordNotFoundError
+from .errors import CtxlockError, RecordError, RecordFormatError, RecordNotFoundError
 from .model import Model, load
-from .record import Diff, ExecutionRecord, RunOptions, build_record, comparable, diff
-from .store import Store
+from .record import (
+    REPLAY_MANIFEST,
+    REPLAY_TEMPLATE,
+    Diff,
+    ExecutionRecord,
+    RunOptions,
+    build_record,
+    check_replay,
+    comparable,
+    diff,
+)
+from .store import Store, max_record_bytes
 from .template import ChatTemplate
 
 
@@ -91,11 +107,21 @@ def save(store: Store, model: Model, record: ExecutionRecord, template: ChatTemp
     return store.put_record(record.body, index=record.index())
 
 
+_RECORD_ID = re.compile(r"[0-9a-fA-F]{8,64}")
+# Create only: fail on an existing name (O_EXCL), a symlink included (O_NOFOLLOW, where the platform has it).
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+
+
 def load_record(spec: str, store: Store) -> ExecutionRecord:
     """A record from a file path, or from the store by id or unique id prefix."""
     path = Path(spec)
-    if path.is_file():
-        return ExecutionRecord.from_bytes(path.read_bytes(), source=str(path))
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # no such file, or a name no file can have (NUL, too long)
+        st = None
+    # Something at that path that is not a regular file is an error, unless the spec reads as a record id.
+    if st is not None and (stat.S_ISREG(st.st_mode) or not _RECORD_ID.fullmatch(spec)):
+        return ExecutionRecord.from_bytes(read_record_file(path), source=str(path))
     try:
         body = store.get_record(spec)
     except CtxlockError as exc:
@@ -105,35 +131,117 @@ def load_record(spec: str, store: Store) -> ExecutionRecord:
     return ExecutionRecord.from_bytes(body, source=f"record {spec}")
 
 
+def read_record_file(path: Path) -> bytes:
+    """The bytes of a record file: a regular file (not a directory, FIFO or device) of at most max_record_bytes()."""
+    limit = max_record_bytes()
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below like any non-regular file.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise RecordFormatError(f"cannot open the record file: {exc.strerror}", path=str(path)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RecordFormatError(
+                "not a regular file (a directory, FIFO or device)",
+                path=str(path),
+                hint="pass a record file written by `records export` or `records show`, or a record id",
+            )
+        raw = b"" if st.st_size > limit else _read_at_most(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if st.st_size > limit or len(raw) > limit:
+        raise RecordFormatError(
+            f"the record file is longer than the {limit:,}-byte record limit",
+            path=str(path),
+            hint="set CTXLOCK_MAX_RECORD_BYTES to allow bigger records",
+        )
+    return raw
+
+
+def _read_at_most(fd: int, size: int) -> bytes:
+    chunks: list[bytes] = []
+    while size > 0 and (chunk := os.read(fd, min(size, 1 << 20))):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
 @contextmanager
 def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model, ChatTemplate | None]]:
-    """Rebuild the recorded model in a temporary directory from the store's copies of its artifacts."""
-    data = record.data
-    rp = data["replay"]
+    """Rebuild the recorded model in a temporary directory from the store's copies of its artifacts.
+
+    The record is checked again here (an ExecutionRecord can be built from raw bytes without parsing), and every
+    file goes into a fresh mkdtemp directory, created new: nothing outside it is written, followed or replaced."""
+    source = f"record {record.id[:12]}"
+    try:
+        data = record.data
+    except ValueError:
+        raise RecordFormatError("not a JSON record", path=source, hint="parse records with from_bytes") from None
+    rp = data.get("replay") if isinstance(data, dict) else None
+    check_replay(rp, source=source)
+    recorded_tokenizer, recorded_template = (
+        data.get(k) if isinstance(data.get(k), dict) else {} for k in ("tokenizer", "template")
+    )
     tmp = Path(tempfile.mkdtemp(prefix="ctxlock-replay-"))
     try:
         for name, sha in rp["files"].items():
-            blob = store.get_artifact_path(sha)
-            try:
-                os.link(blob, tmp / name)  # a hard link is a regular file inside the directory: no copy for GGUF
-            except OSError:
-                shutil.copyfile(blob, tmp / name)
+            _place(store.get_artifact_path(sha), tmp / name)
         manifest: dict[str, Any] = {
             "description": f"replay of record {record.id[:12]} (model {rp.get('model')})",
             "tokenizer": rp["tokenizer"],
-            "special_tokens": (data.get("tokenizer") or {}).get("special_tokens") or {},
+            "special_tokens": special if isinstance(special := recorded_tokenizer.get("special_tokens"), dict) else {},
         }
         template = None
-        if rp.get("template_sha256"):
-            shutil.copyfile(store.get_artifact_path(rp["template_sha256"]), tmp / "chat_template.jinja")
-            manifest["template"] = "chat_template.jinja"
-        (tmp / "ctxlock.json").write_text(json.dumps(manifest, ensure_ascii=False), "utf-8")
+        if rp["template_sha256"]:
+            _place(store.get_artifact_path(rp["template_sha256"]), tmp / REPLAY_TEMPLATE)
+            manifest["template"] = REPLAY_TEMPLATE
+        _create(tmp / REPLAY_MANIFEST, json.dumps(manifest, ensure_ascii=False).encode("utf-8"))
         model = Model(load_artifacts(tmp))
-        if rp.get("template_sha256"):
-            template = load_template_file(tmp / "chat_template.jinja", id=(data.get("template") or {}).get("id"))
+        if rp["template_sha256"]:
+            template_id = recorded_template.get("id")
+            template = load_template_file(
+                tmp / REPLAY_TEMPLATE, id=template_id if isinstance(template_id, str) else None
+            )
         yield model, template
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _place(blob: Path, target: Path) -> None:
+    """Put a stored blob at `target`, a name that must not exist yet: a hard link (no copy of a GB GGUF) when the
+    filesystem allows one, else a copy into a file created new. An existing name is an error, never overwritten."""
+    try:
+        os.link(blob, target)  # never follows or replaces `target`: EEXIST if anything is there
+        return
+    except FileExistsError:
+        raise _exists(target) from None
+    except OSError:
+        pass  # another filesystem (EXDEV), or one without hard links: copy instead
+    with blob.open("rb") as src:
+        _create(target, src)
+
+
+def _create(target: Path, content: bytes | Any) -> None:
+    try:
+        fd = os.open(target, _CREATE_NEW, 0o600)
+    except FileExistsError:
+        raise _exists(target) from None
+    except OSError as exc:
+        raise RecordError(f"cannot write the replay file: {exc.strerror}", path=str(target)) from None
+    with os.fdopen(fd, "wb") as out:
+        if isinstance(content, bytes):
+            out.write(content)
+        else:
+            shutil.copyfileobj(content, out, 1 << 20)
+
+
+def _exists(target: Path) -> RecordError:
+    return RecordError(
+        "the replay directory already holds this name; nothing was overwritten",
+        path=str(target),
+        hint="another process is writing into the private replay directory; replay again",
+    )
 
 
 def _recorded_options(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
@@ -182,4 +290,4 @@ def rerun(
         return again
 
 
-__all__ = ["load_record", "materialized", "replay", "rerun", "run_and_record", "save"]
+__all__ = ["load_record", "materialized", "read_record_file", "replay", "rerun", "run_and_record", "save"]

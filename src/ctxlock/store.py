@@ -29,15 +29,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import ArtifactError, ArtifactFormatError, ArtifactNotFoundError, CtxlockError
+from .errors import ArtifactError, ArtifactFormatError, ArtifactNotFoundError, CtxlockError, RecordFormatError
 
-__all__ = ["INDEX_FIELDS", "MIGRATIONS", "Store", "default_store_path", "migrate"]
+__all__ = [
+    "INDEX_FIELDS",
+    "MAX_RECORD_BYTES",
+    "MIGRATIONS",
+    "Store",
+    "default_store_path",
+    "max_record_bytes",
+    "migrate",
+]
 
 # The index columns a record may carry; everything else about a record lives only in its body.
 INDEX_FIELDS: tuple[str, ...] = ("format", "model", "template_sha256", "tokenizer_sha256", "input_tokens")
 
 # How long a writer waits for another process's write transaction before giving up.
 BUSY_TIMEOUT_S = 30.0
+
+# The largest record (one canonical JSON line) the store keeps, a record file holds or an import line may be: a
+# million-token run records well under 100 MB, and a bound keeps a hostile file or /dev/zero from exhausting memory.
+# $CTXLOCK_MAX_RECORD_BYTES overrides it.
+MAX_RECORD_BYTES = 256 << 20
+MAX_RECORD_BYTES_ENV = "CTXLOCK_MAX_RECORD_BYTES"
 
 # A record id prefix shorter than this is too likely to be ambiguous to be worth looking up (git uses 7).
 MIN_PREFIX_LEN = 8
@@ -64,6 +78,32 @@ def default_store_path() -> Path:
         return Path(os.environ["CTXLOCK_DATA_DIR"]).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base).expanduser() / "ctxlock"
+
+
+def max_record_bytes() -> int:
+    """The record size limit in bytes: `$CTXLOCK_MAX_RECORD_BYTES` if set, else MAX_RECORD_BYTES."""
+    raw = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
+    if not raw:
+        return MAX_RECORD_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise CtxlockError(
+            f"not a positive number of bytes: {raw!r}",
+            path=MAX_RECORD_BYTES_ENV,
+            hint=f"set it to a byte count such as {MAX_RECORD_BYTES}, or unset it",
+        )
+    return value
+
+
+def _over_limit(limit: int, *, what: str, path: str) -> RecordFormatError:
+    return RecordFormatError(
+        f"{what} is longer than the {limit:,}-byte record limit",
+        path=path,
+        hint=f"a record is one line of canonical JSON; set {MAX_RECORD_BYTES_ENV} to allow bigger ones",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- migrations
@@ -258,11 +298,17 @@ class Store:
 
         `validate(line)` parses and checks one record and returns its index fields; its error is re-raised with
         `path` naming the line (`line 3`). All lines are validated before the single write transaction that inserts
-        them, so a corrupt or truncated line imports nothing.
+        them, so a corrupt or truncated line imports nothing. A line is read at most `max_record_bytes()` + 1 bytes
+        at a time, so a line over the limit (or an endless one, /dev/zero) is a RecordFormatError, not a hang.
         """
+        limit = max_record_bytes()
         rows: list[tuple[str, bytes, tuple[str | int | None, ...]]] = []
-        for number, line in enumerate(source, start=1):
+        number = 0
+        while line := source.readline(limit + 1):
+            number += 1
             where = f"line {number}"
+            if len(line) > limit:
+                raise _over_limit(limit, what="the line", path=where)
             if not line.strip():
                 continue  # a blank line holds no record
             if not line.endswith(b"\n"):
@@ -591,6 +637,10 @@ def _record_body(body: object, *, path: str) -> bytes:
             hint="encode the canonical JSON as UTF-8",
         )
     body = bytes(body)
+    limit = max_record_bytes()
+    if len(body) > limit:
+        # What the store keeps, an export writes and an import must read back.
+        raise _over_limit(limit, what="the record", path=path)
     # Export writes one record per line, so a body must be exactly one line with its newline.
     if not body.endswith(b"\n") or body.count(b"\n") != 1:
         raise ArtifactFormatError(

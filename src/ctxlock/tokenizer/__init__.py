@@ -50,11 +50,26 @@ class AddedToken:
 
 
 class ControlMatch(NamedTuple):
-    """A control token in a text: its character range and id. A named tuple: chats hold thousands of them."""
+    """A control token in a text: its character range and id. A named tuple: chats hold thousands of them.
+
+    The range is what the reference consumed, and the runs between matches are the rest of the text. An HF added
+    token with `lstrip`/`rstrip` takes the whitespace next to it into its match (`lead` characters before its own,
+    `trail` after them); that whitespace may come from a request string, as it does in the reference on benign
+    input. Whether a match is the template's is decided on its own characters, `core_start:core_end`."""
 
     start: int
     end: int
     id: int
+    lead: int = 0  # whitespace consumed before the token's own characters (lstrip)
+    trail: int = 0  # whitespace consumed after them (rstrip)
+
+    @property
+    def core_start(self) -> int:
+        return self.start + self.lead
+
+    @property
+    def core_end(self) -> int:
+        return self.end - self.trail
 
 
 @runtime_checkable
@@ -120,13 +135,17 @@ class _Spans:
             self.max_end.append(top)
 
     def overlap(self, m: ControlMatch) -> Span | None:
-        """The first span (by start) that overlaps m: a zero-width span strictly inside it, or a shared character."""
-        k = bisect.bisect_left(self.starts, m.end)  # spans starting before m ends; the rest cannot overlap
+        """The first span (by start) that overlaps m's own characters (its core): a zero-width span strictly inside
+        them, or a shared character. Whitespace an lstrip/rstrip token consumed is not the token: request text
+        there is what the reference sees on benign input (Phi-3's `<|user|>` takes the newline and the spaces a
+        message starts with)."""
+        start, end = m.core_start, m.core_end
+        k = bisect.bisect_left(self.starts, end)  # spans starting before the core ends; the rest cannot overlap
         first = None
-        while k > 0 and self.max_end[k - 1] >= m.start:
+        while k > 0 and self.max_end[k - 1] >= start:
             k -= 1
             s = self.spans[k]
-            hit = (m.start < s.start < m.end) if s.start == s.end else (s.start < m.end and m.start < s.end)
+            hit = (start < s.start < end) if s.start == s.end else (s.start < end and start < s.end)
             if hit:
                 first = s
         return first
@@ -301,11 +320,11 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
             trusted.append(m)
             continue
         if rendered.policy is SpecialTokenPolicy.RAISE:
-            source = span.path or next((s.path for s in rendered.request_spans if s.start <= m.start < s.end), "")
+            at = m.core_start
+            source = span.path or next((s.path for s in rendered.request_spans if s.start <= at < s.end), "")
             raise ControlTokenError(
-                f"the control token {text[m.start : m.end]!r} at rendered offset {m.start} "
-                "would come from request text",
-                path=source or f"rendered text offset {m.start}",
+                f"the control token {text[at : m.core_end]!r} at rendered offset {at} would come from request text",
+                path=source or f"rendered text offset {at}",
                 hint="remove it, or use special_tokens='text' to encode it as plain text",
             )
         forged.append(m)

@@ -307,18 +307,19 @@ class HFTokenizer:
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
         enc = self._tok.encode(text, add_special_tokens=False)
         out: list[ControlMatch] = []
-        n = len(text)
         for tid, (start, end) in zip(enc.ids, enc.offsets, strict=True):
             if tid not in self._control_ids:
                 continue
             tok = self._by_id[tid]
-            # lstrip/rstrip tokens swallow the whitespace next to them; the runs beside them must not see it.
-            if tok.lstrip:
-                while start > 0 and text[start - 1].isspace():
-                    start -= 1
-            if tok.rstrip:
-                while end < n and text[end].isspace():
-                    end += 1
+            # The offsets are the whole split `tokenizers` made, with the whitespace an lstrip/rstrip token took
+            # (Rust's `char::is_whitespace`, not Python's `isspace`: "\x1c" stays text). Within it the token's own
+            # characters are where its content occurs: the content is not whitespace-only, so that place is
+            # unique. A normalized token may not be spelled literally in the raw text: its whole split is its core.
+            if tok.lstrip or tok.rstrip:
+                at = text.find(tok.content, start, end)
+                if at >= 0:
+                    out.append(ControlMatch(start, end, tid, at - start, end - at - len(tok.content)))
+                    continue
             out.append(ControlMatch(start, end, tid))
         return enc.ids, out
 

@@ -58,7 +58,7 @@ class RenderLimits:
 
     max_seconds: float = 5.0
     max_output_chars: int = 8_000_000
-    max_source_chars: int = 512_000  # the largest real chat templates are under 20 kB
+    max_source_chars: int = 256_000  # the largest real chat templates are under 20 kB
     max_width: int = 65_536  # padding, format width and precision
     max_created: int | None = None  # default: 4 x max_output_chars
 
@@ -258,6 +258,23 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
         self.write("environment.ctx_str(")
         if finalize.src is not None:
             self.write(finalize.src)
+
+    def visit_Getitem(self, node: jinja2.nodes.Getitem, frame: Any) -> None:
+        # jinja writes a slice as Python's own `x[a:b]`; through the environment it is charged to the budget.
+        if not isinstance(node.arg, jinja2.nodes.Slice):
+            super().visit_Getitem(node, frame)
+            return
+        self.write("environment.getitem(")
+        self.visit(node.node, frame)
+        self.write(", slice(")
+        for k, part in enumerate((node.arg.start, node.arg.stop, node.arg.step)):
+            if k:
+                self.write(", ")
+            if part is None:
+                self.write("None")
+            else:
+                self.visit(part, frame)
+        self.write("))")
 
     def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
         self.write("environment.ctx_concat((")
@@ -650,8 +667,9 @@ def _join_filter(context: Any, value: Any, d: str = "", attribute: Any = None) -
 
 # Bump when the environment changes (options, extensions, filters, code generation): the bytecode cache is keyed by
 # the template source only, so a new environment needs a new directory.
-_BYTECODE_VERSION = 3
+_BYTECODE_VERSION = 4
 _MAX_CACHED_CODE = 1 << 20  # bytes of marshalled code: a larger compiled template is not kept on disk
+_MAX_GENERATED = 600_000  # characters of generated Python: real templates (under 20 kB) generate under 150 kB
 
 
 def new_environment() -> LimitedEnvironment:
@@ -694,15 +712,25 @@ def _from_bytecode_cache(env: jinja2.Environment, source: str) -> jinja2.Templat
         key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
         bucket = cache.get_bucket(env, "<template>", key, source)
     except OSError:
-        return env.from_string(source)
+        return env.template_class.from_code(env, _compile_bounded(env, source), env.make_globals(None), None)
     code = bucket.code
     if code is None:
-        code = env.compile(source)
+        code = _compile_bounded(env, source)
         if len(marshal.dumps(code)) <= _MAX_CACHED_CODE:
             bucket.code = code
             with suppress(OSError):  # a read-only cache: compile every time
                 cache.set_bucket(bucket)
     return env.template_class.from_code(env, code, env.make_globals(None), None)
+
+
+def _compile_bounded(env: jinja2.Environment, source: str) -> CodeType:
+    """`env.compile(source)` in its two steps: jinja's parser and code generator (Python, so the time limit stops
+    them), then Python's `compile` of the generated module, which runs in C and cannot be interrupted: refused
+    beforehand when the module is over `_MAX_GENERATED` characters (about half a second and 60 MB to compile)."""
+    generated = env.compile(source, raw=True)
+    if len(generated) > _MAX_GENERATED:
+        raise Limit(f"the template compiles to {len(generated):,} characters of code (limit {_MAX_GENERATED:,})")
+    return compile(generated, "<template>", "exec")
 
 
 # ---------------------------------------------------------------------------------------------------------------

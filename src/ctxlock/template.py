@@ -236,8 +236,10 @@ def _run(
             path=f"{template.id} line {line}" if line else template.id,
             hint="the template is over ctxlock's render limits; it may be hostile, or raise the limits explicitly",
         ) from None
-    except (RecursionError, MemoryError) as exc:
-        what = "recursed too deeply" if isinstance(exc, RecursionError) else "ran out of memory"
+    except (RecursionError, MemoryError, OverflowError) as exc:
+        # OverflowError: a number too big for what it is used as (a range over the sandbox's limit, a repeat count
+        # past the address space).
+        what = {RecursionError: "recursed too deeply", MemoryError: "ran out of memory"}.get(type(exc), str(exc))
         raise TemplateLimitError(f"render {what}", path=template.id, hint="the template may be hostile") from None
     except jinja2.exceptions.SecurityError as exc:
         line = template_line(exc.__traceback__)

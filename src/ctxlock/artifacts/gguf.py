@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType, Keys, TokenType
 
-from ..errors import ArtifactFormatError, ArtifactNotFoundError
+from ..errors import ArtifactFormatError, ArtifactNotFoundError, TemplateLimitError
+from ..sandbox import DEFAULT_LIMITS
 
 GGUF_MAGIC = b"GGUF"
 MAX_KV = 1 << 20  # far above any real file; a bound on a corrupt count
@@ -278,6 +279,15 @@ def read_vocab(path: str | Path) -> GGUFVocab:
         text = meta.get(f"{Keys.Tokenizer.CHAT_TEMPLATE}.{name}")
         if isinstance(text, str):
             templates[name] = text
+    for name, text in templates.items():
+        # A template is compiled only up to this size (see ctxlock.sandbox); refused before anything is cached.
+        if len(text) > DEFAULT_LIMITS.max_source_chars:
+            key = Keys.Tokenizer.CHAT_TEMPLATE + ("" if name == "default" else f".{name}")
+            raise TemplateLimitError(
+                f"the chat template has {len(text):,} characters (limit {DEFAULT_LIMITS.max_source_chars:,})",
+                path=f"{where}:{key}",
+                hint="the file's template is over ctxlock's limits; it may be hostile",
+            )
     charsmap = meta.get(Keys.Tokenizer.PRECOMPILED_CHARSMAP)
     return GGUFVocab(
         path=meta.path,

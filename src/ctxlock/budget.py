@@ -39,6 +39,13 @@ from .tokenizer.runs import reference_path
 
 SegmentKind = Literal["system", "tools", "current", "history", "document"]
 
+# What `tokenizers` strips next to an lstrip/rstrip added token: Rust's `char::is_whitespace` (Unicode White_Space).
+# Python's `str.isspace` also takes U+001C..U+001F, which the tokenizer keeps as text.
+_STRIPPED_WHITESPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+
 
 @dataclass(frozen=True)
 class BudgetPolicy:
@@ -309,10 +316,10 @@ class _RunCache:
             tok = self.by_content[m.group(0)]
             start, end = m.start(), m.end()
             if tok.lstrip:
-                while start > pos and text[start - 1].isspace():
+                while start > pos and text[start - 1] in _STRIPPED_WHITESPACE:
                     start -= 1
             if tok.rstrip:
-                while end < n and text[end].isspace():
+                while end < n and text[end] in _STRIPPED_WHITESPACE:
                     end += 1
             if start > pos:
                 ids.extend(self._run(text[pos:start], pos == 0))

@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 import artifacts
 import ctxlock
 import vocabularies
+from ctxlock.budget import _Counter
 from ctxlock.errors import ControlTokenError
+from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate, Span
 from ctxlock.tokenizer import tokenize
 from ctxlock.tokenizer.hf import HFTokenizer
@@ -162,6 +164,9 @@ def test_benign_whitespace_gives_the_reference_ids(
     assert model.encode(request, **options).input_ids[0].tolist() == expected
     assert list(model.run(request, **options, special_tokens="raise").tokenized.ids) == expected
     assert model.encode(request, **options, special_tokens="raise").input_ids[0].tolist() == expected
+    # The budget stage's incremental counter widens stripping matches itself: the same whitespace rule.
+    counter = _Counter(model, parse_request(request), options, fast=True)
+    assert counter.base(parse_request(request)) == len(expected)
 
 
 def _token_in_whitespace(name: str) -> Any:

@@ -31,13 +31,6 @@ def main() -> None:
     ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument(
-        "--provenance",
-        choices=["auto", "always", "never"],
-        default="auto",
-        help="ctxlock's second (provenance) render: only when the ids could depend on it (encode's default), "
-        "always, or never",
-    )
-    ap.add_argument(
         "--cold",
         action="store_true",
         help="clear ctxlock's caches (runs, prefixes, request memo) before every call: nothing is ever reused",
@@ -46,7 +39,6 @@ def main() -> None:
 
     model, template, hf, source = side_by_side(args.vocab, args.template)
 
-    provenance = {"auto": None, "always": True, "never": False}[args.provenance]
     ratios = []
     print(f"{'conversation':40s} {'ctxlock ms':>11s} {'transformers ms':>16s} {'ratio':>7s}")
     for name, data, options in conversations():
@@ -63,7 +55,7 @@ def main() -> None:
         def ours_once(r=data, o=options):
             if args.cold:
                 ctxlock.clear_caches()
-            return model.encode(r, template=template, provenance=provenance, **o)
+            return model.encode(r, template=template, **o)
 
         ours = median_seconds(
             ours_once,

@@ -187,7 +187,7 @@ def test_unbounded_recursion_is_a_limit_error() -> None:
 
 
 def test_range_over_sandbox_max_is_refused() -> None:
-    with pytest.raises(TemplateRuntimeError) as info:
+    with pytest.raises(TemplateLimitError) as info:
         _render("{% for i in range(10000000) %}{% endfor %}")
     assert "MAX_RANGE" in info.value.message
 

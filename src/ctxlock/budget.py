@@ -11,7 +11,7 @@ retrieved documents. Every decision is recorded: segment, kept or dropped, its t
 
 `fit_context` gives the same decisions and ids as the naive algorithm (re-render and re-tokenize the whole
 candidate each time), faster, and without approximation: each candidate is still rendered (the template is a
-black box), but without the provenance pass, and its tokens are counted only where its text differs from the last
+black box), and its tokens are counted only where its text differs from the last
 kept candidate. HF tokenizers extract added tokens before they normalize, so the runs between the template's
 control tokens are independent; runs are cached, and the shared prefix and suffix are not looked at at all
 (`_RunCache.count` has the argument). The fitted request then goes through the full pipeline once, and its count
@@ -394,7 +394,7 @@ class _RunCache:
 
 
 class _Counter:
-    """Token counts of candidate requests: the full pipeline (naive), or a render without the provenance pass and
+    """Token counts of candidate requests: the full pipeline (naive), or a render and
     an incremental count against the last kept candidate (fast). Both give the same numbers."""
 
     def __init__(self, model: Any, request: Request, render_options: Mapping[str, Any], *, fast: bool) -> None:
@@ -403,7 +403,7 @@ class _Counter:
         self.cache = _RunCache(model.tokenizer) if fast else None
 
     def _render(self, req: Request) -> Rendered:
-        return self.model.render(req, provenance=False, **self.options)
+        return self.model.render(req, **self.options)
 
     def _full(self, rendered: Rendered) -> int:
         assert self.cache is not None
@@ -483,7 +483,7 @@ def fit_context(
         else:
             decisions.append(Decision(s.id, s.kind, False, added, f"would make {n:,} > {budget:,}", total))
     _check_invariants(best, request)
-    # The fitted request goes through the full stage once: the provenance render and the tokenizer stage.
+    # The fitted request goes through the full stage once: the render and the tokenizer stage.
     final_rendered = model.render(best, **render_options)
     final_ids = list(model.tokenize(final_rendered).ids)
     if len(final_ids) != total:

@@ -206,12 +206,10 @@ def _prepare(
     if options.get("now") is None:
         options["now"] = datetime.now()
     options["template"] = template
-    options.setdefault("provenance", False)
     prefix_options = {
         **options,
         "add_generation_prompt": False,
         "continue_final_message": False,
-        "provenance": False,
     }
     return req, options, prefix_options
 

@@ -23,7 +23,7 @@ from .template import (
 from .tensors import ModelInput, PaddingSide, _assemble_own, assemble_batch
 from .tokenizer import Tokenized, Tokenizer, encode_ids, encode_ids_batch, tokenize
 from .tokenizer.prefix import clear_prefix_caches
-from .tokenizer.runs import RUNS, fast_enabled
+from .tokenizer.runs import RUNS
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -89,12 +89,13 @@ class Model:
         dialect: Dialect | str | None = None,
         utf8: Utf8Policy | str = "strict",
         limits: RenderLimits = DEFAULT_LIMITS,
-        provenance: bool | None = True,
+        provenance: bool | None = None,
     ) -> Rendered:
         """Render with the model's chat template. Options carry transformers' names.
 
         Unlike transformers, `add_generation_prompt` defaults to True (what a model receives at inference),
-        and to False when `continue_final_message` is set.
+        and to False when `continue_final_message` is set. `provenance` is accepted and ignored: provenance is kept
+        per character in the one render (it once chose whether a second render located request strings).
         """
         req = self.parse(request, dialect=dialect, utf8=utf8)
         if isinstance(template, ChatTemplate):
@@ -141,9 +142,8 @@ class Model:
     def encode(self, request: RequestLike, **options: Any) -> ModelInput:
         """Request -> ModelInput (batch of one): the ids, mask and positions the model receives.
 
-        Only ids are returned, so the provenance pass runs only when the ids could depend on it (see `render`), and
-        the ids come from `encode_ids` (equal to `run(...).tokenized.ids`, without the list of control matches)."""
-        options = _ids_only(options)
+        Only ids are returned, so they come from `encode_ids` (equal to `run(...).tokenized.ids`, without the list
+        of control matches)."""
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
         rendered = self.render(self.parse(request, dialect=dialect, utf8=utf8), **options)
@@ -158,7 +158,6 @@ class Model:
         **options: Any,
     ) -> ModelInput:
         """Several requests padded into one batch; the pad id comes from the tokenizer config's pad_token."""
-        options = _ids_only(options)
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
         rendered = (self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests)
@@ -191,12 +190,6 @@ def clear_caches() -> None:
     clear_prefix_caches()
     clear_request_caches()
     clear_request_memo()
-
-
-def _ids_only(options: dict[str, Any]) -> dict[str, Any]:
-    if "provenance" not in options and fast_enabled():
-        return {**options, "provenance": None}
-    return options
 
 
 def load(model: str | None = None) -> Model:

@@ -206,8 +206,34 @@ class _TemplateNamespace(jinja2.utils.Namespace):
             )
 
 
+_TOJSON_MEMO: dict[tuple[Any, ...], tuple[Any, str]] = {}
+
+
 def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
-    # Matches transformers' tojson: no HTML escaping, and the json.dumps options exposed.
+    # Matches transformers' tojson: no HTML escaping, and the json.dumps options exposed. A chat's tools are the same
+    # (memoized, immutable) dicts every turn: their JSON is kept by identity (the memo holds the object, so its id
+    # cannot be reused) and by the control-token set that decided its provenance.
+    checker = taint.CHECKER.get()
+    key = None
+    if isinstance(x, (dict, list)) and isinstance(indent, (int, type(None))) and checker is not None:
+        key = (id(x), ensure_ascii, indent, None if separators is None else tuple(separators), sort_keys, checker.key)
+        hit = _TOJSON_MEMO.get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+    out = _tojson_uncached(x, ensure_ascii, indent, separators, sort_keys)
+    if key is not None:
+        if len(_TOJSON_MEMO) >= 4096:
+            _TOJSON_MEMO.clear()
+        _TOJSON_MEMO[key] = (x, out)
+    return out
+
+
+def clear_caches() -> None:
+    """Forget the JSON kept per tool list (`ctxlock.clear_caches`, for cold benchmark rounds)."""
+    _TOJSON_MEMO.clear()
+
+
+def _tojson_uncached(x: Any, ensure_ascii: bool, indent: Any, separators: Any, sort_keys: bool) -> str:
     state = _state()
     size = _deep_size(x, state.max_single) * (6 if ensure_ascii else 1)
     if isinstance(indent, int):
@@ -503,6 +529,10 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         state = _state()
+        if operator == "+" and isinstance(left, str) and isinstance(right, str):
+            # The common case, without the sandbox's operator table: templates join turns with `+`.
+            state.charge(len(left) + len(right), "'+'")
+            return left + right
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(n, int) and not isinstance(n, bool) and isinstance(seq, (str, list, tuple)):
@@ -856,6 +886,7 @@ __all__ = [
     "LimitedEnvironment",
     "Raised",
     "RenderLimits",
+    "clear_caches",
     "compile_source",
     "new_environment",
     "render_limited",

@@ -28,9 +28,10 @@ class Checker:
     """What the generic rule needs from the render in progress: whether a trusted string holds a whole control token
     (then an operation mixing it with request text has unknown provenance), and where in the template we are."""
 
-    def __init__(self, has_token: Callable[[str], bool], where: Callable[[], str]) -> None:
+    def __init__(self, has_token: Callable[[str], bool], where: Callable[[], str], key: object = None) -> None:
         self.has_token = has_token
         self.where = where
+        self.key = key  # what `has_token` depends on (the control-token set): results may be memoized by it
 
 
 CHECKER: ContextVar[Checker | None] = ContextVar("ctxlock_taint_checker", default=None)
@@ -73,12 +74,16 @@ class Tainted(str):
     def __add__(self, other: object) -> Any:
         if not isinstance(other, str):
             return str.__add__(self, other)  # type: ignore[operator]  # str's own TypeError, word for word
-        return concat((self, other))
+        text = str.__add__(self, other)
+        if type(other) is not Tainted:
+            return Tainted(text, self.spans)
+        return make(text, (*self.spans, *shift(other.spans, len(self))))
 
     def __radd__(self, other: object) -> Any:
         if not isinstance(other, str):
             raise TypeError(f"unsupported operand type(s) for +: '{type(other).__name__}' and 'str'")
-        return concat((other, self))
+        # `other` is not Tainted (else its __add__ ran): a plain prefix shifts the spans.
+        return Tainted(str.__add__(other, self), tuple(shift(self.spans, len(other))))
 
     def __mul__(self, n: SupportsIndex) -> Any:
         if not hasattr(n, "__index__"):
@@ -230,17 +235,21 @@ def pick(spans: tuple[SpanT, ...], indices: Iterable[int]) -> list[SpanT]:
 
 def concat(parts: Iterable[str]) -> str:
     """`"".join(parts)` with every part's spans kept (parts are strings)."""
-    parts = tuple(parts)
+    if not isinstance(parts, (list, tuple)):
+        parts = tuple(parts)
     text = "".join(parts)
-    if not any(type(p) is Tainted for p in parts):
-        return text
-    spans: list[SpanT] = []
+    spans: list[SpanT] | None = None
     pos = 0
     for p in parts:
         if type(p) is Tainted:
-            spans.extend(shift(p.spans, pos))
+            if spans is None:
+                spans = []
+            if pos:
+                spans.extend([(s + pos, e + pos, a, n) for s, e, a, n in p.spans])
+            else:
+                spans.extend(p.spans)
         pos += len(p)
-    return make(text, spans)
+    return text if spans is None else make(text, spans)
 
 
 def join(sep: str, parts: list[str]) -> str:

@@ -52,6 +52,7 @@ from .sandbox import (
     template_line,
     where,
 )
+from .sandbox import clear_caches as clear_sandbox_caches
 from .trie import longest_first
 
 
@@ -338,14 +339,15 @@ def _tainted(value: Any, path: str, *, keys: bool = True) -> Any:
 
 
 def _template_messages(request: Request) -> list[dict[str, Any]]:
-    return [_template_message(m, m.source, m.origins) for m in request.messages]
+    return [_template_message(m, m.source) for m in request.messages]
 
 
 @lru_cache(maxsize=8192)
-def _template_message(message: Message, source: str, origins: FrozenDict) -> dict[str, Any]:
+def _template_message(message: Message, source: str) -> dict[str, Any]:
     """A message as templates see it. Memoized (per message and its place in the request): the sandbox is
     immutable, so a template cannot change the dict, and a long chat re-rendered turn after turn (or candidate after
     candidate) converts each message once. The role is a validated structural value and stays a plain string."""
+    origins = message.origins
 
     def path(suffix: str) -> str:
         return origins.get(suffix) or f"{source}{suffix}"
@@ -410,6 +412,7 @@ def clear_request_caches() -> None:
     `ctxlock.clear_caches` uses it so that benchmarks start each round cold."""
     for cached in (_template_tools, _template_message):
         cached.cache_clear()
+    clear_sandbox_caches()
 
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -497,7 +500,7 @@ def render(
         "documents": all_docs,
         "strftime_now": strftime_now,
     }
-    checker = taint.Checker(tokens.search, where)
+    checker = taint.Checker(tokens.search, where, tokens)
     text, spans = _run(template, context, limits, checker)
     if continue_final_message:
         text, spans = _cut_at_continue_tag(text, spans, messages)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +15,7 @@ from ..budget import BudgetPolicy, fit_context
 from ..errors import BudgetError
 from ..model import load
 from ..record import RunOptions
+from .files import read_json, store_dir
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, _read_input
 
@@ -23,12 +23,9 @@ from .render import JsonOpt, ModelOpt, _read_input
 def _policy(policy_file: Path | None, max_input: int | None, window: int | None, reserve: int | None) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if policy_file is not None:
-        try:
-            data = json.loads(policy_file.read_text("utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BudgetError(f"cannot read the policy file: {exc}", path=str(policy_file)) from None
+        data = read_json(policy_file, option="--policy", error=BudgetError)
         if not isinstance(data, dict):
-            raise BudgetError("a policy file holds a JSON object", path=str(policy_file))
+            raise BudgetError("a policy file holds a JSON object", path=f"--policy {policy_file}")
     if max_input is not None:
         data["max_input_tokens"] = max_input
     if window is not None:
@@ -74,7 +71,7 @@ def register(app: typer.Typer) -> None:
                 from ..store import Store
 
                 fitted, rec, _ = run_and_record(m, data, RunOptions(budget=pol), template=chosen)
-                rid = save(Store(store), m, rec, chosen or fitted.rendered.template)
+                rid = save(Store(store_dir(store)), m, rec, chosen or fitted.rendered.template)
                 return fitted, rid
             req = m.parse(data)
             return fit_context(req, m, BudgetPolicy.from_dict(pol), template=chosen), None

@@ -173,6 +173,10 @@ def check_input_file(path: str | os.PathLike[str], *, label: str | None = None) 
     cap = max_input_bytes()
     with open_regular(path, label=where, stdin_ok=False) as fh:
         size = os.fstat(fh.fileno()).st_size
+        try:
+            fh.read(1)  # a regular file can still fail to read (EIO): find out here, not in the loader
+        except OSError as exc:
+            raise _os_error(exc, where, InputError, InputError) from None
     if size > cap:
         raise _too_large(where, cap, size, MAX_INPUT_ENV, InputError)
 
@@ -220,11 +224,17 @@ class CappedStream:
 
     def read(self, size: int = -1) -> bytes:
         want = self._left + 1 if size is None or size < 0 else min(size, self._left + 1)
-        return self._take(self._stream.read(want))
+        try:
+            return self._take(self._stream.read(want))
+        except OSError as exc:
+            raise _os_error(exc, self._label, InputError, InputError) from None
 
     def readline(self, size: int = -1) -> bytes:
         want = self._left + 1 if size is None or size < 0 else min(size, self._left + 1)
-        return self._take(self._stream.readline(want))
+        try:
+            return self._take(self._stream.readline(want))
+        except OSError as exc:
+            raise _os_error(exc, self._label, InputError, InputError) from None
 
     def __iter__(self) -> Iterator[bytes]:
         while line := self.readline():

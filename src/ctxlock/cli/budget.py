@@ -10,12 +10,11 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from ..artifacts import load_template_file
 from ..budget import BudgetPolicy, fit_context
 from ..errors import BudgetError
 from ..model import load
 from ..record import RunOptions
-from .files import read_json, store_dir
+from .files import read_json, store_dir, template_file
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, _read_input
 
@@ -65,7 +64,7 @@ def register(app: typer.Typer) -> None:
             data = _read_input(request)
             pol = _policy(policy, max_input_tokens, context_window, reserve_output)
             m = load(model)
-            chosen = load_template_file(template) if template is not None else None
+            chosen = template_file(template)
             if record:
                 from ..replay import run_and_record, save
                 from ..store import Store

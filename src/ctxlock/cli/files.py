@@ -8,15 +8,19 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from ..artifacts import load_template_file
 from ..errors import CtxlockError, InputError
 from ..inputs import STDIN, check_input_file, decode_utf8, read_input
+
+if TYPE_CHECKING:
+    from ..template import ChatTemplate
 
 
 def read_request(source: str, *, option: str = "REQUEST") -> bytes:
     """A request's bytes, undecoded: the request parser reports bad UTF-8 itself, with its utf8 policy."""
-    return read_input(source, label=f"{option} {source}")
+    return read_input(source, label="stdin" if source == STDIN else f"{option} {source}")
 
 
 def read_text(path: Path | str, *, option: str) -> str:
@@ -31,6 +35,20 @@ def read_json(path: Path, *, option: str, error: type[CtxlockError]) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise error(f"not JSON: {exc}", path=f"{option} {path}", hint="pass a JSON object") from None
+
+
+def template_file(path: Path | None, *, option: str = "--template") -> ChatTemplate | None:
+    """A --template file: checked as a command-line input (regular, readable, within the input cap), then loaded
+    and compiled like a model's own template file."""
+    if path is None:
+        return None
+    check_template_file(path, option=option)
+    return load_template_file(path)
+
+
+def check_template_file(path: Path | None, *, option: str = "--template") -> None:
+    if path is not None:
+        check_input_file(path, label=f"{option} {path}")
 
 
 def store_dir(path: Path | None, *, option: str = "--store") -> Path | None:
@@ -75,4 +93,14 @@ def open_output(path: Path, *, option: str = "--out") -> BinaryIO:
         ) from None
 
 
-__all__ = ["STDIN", "check_record_arg", "open_output", "read_json", "read_request", "read_text", "store_dir"]
+__all__ = [
+    "STDIN",
+    "check_record_arg",
+    "check_template_file",
+    "open_output",
+    "read_json",
+    "read_request",
+    "read_text",
+    "store_dir",
+    "template_file",
+]

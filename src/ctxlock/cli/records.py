@@ -15,7 +15,7 @@ from ..inputs import opened_input
 from ..record import Diff, ExecutionRecord, diff
 from ..replay import load_record, replay, rerun
 from ..store import Store
-from .files import check_record_arg, open_output, store_dir
+from .files import check_record_arg, check_template_file, open_output, store_dir
 from .output import console, guarded, print_json
 
 StoreOpt = Annotated[
@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
 
         s = open_store(store)
         # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
-        with opened_input(source, label=f"SOURCE {source}") as fh:
+        with opened_input(source, label="stdin" if str(source) == "-" else f"SOURCE {source}") as fh:
             ids = s.import_records(fh, validate=validate)
         for i in ids:
             print(i)
@@ -170,6 +170,7 @@ def register(app: typer.Typer) -> None:
                 return diff(ra, record_at(b, s, option="B")), b
             if model is None and template is None:
                 raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
+            check_template_file(template)
             return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
 
         result, _label = guarded(as_json, go)

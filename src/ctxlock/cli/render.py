@@ -14,14 +14,13 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from ..artifacts import load_template_file
 from ..errors import InputError, SamplerError
 from ..inputs import decode_utf8, iter_lines
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
 from ..template import SpecialTokenPolicy
-from .files import read_json, read_request, read_text, store_dir
+from .files import read_json, read_request, read_text, store_dir, template_file
 from .output import console, guarded, print_json
 
 ModelOpt = Annotated[
@@ -237,7 +236,7 @@ def register(app: typer.Typer) -> None:
         def go() -> tuple[Model, Run, str | None]:
             data = _read_input(request)
             m = load(model)
-            chosen = load_template_file(template) if template is not None else None
+            chosen = template_file(template)
             parsed_now = _parse_now(now)
             options = RunOptions(
                 add_generation_prompt=not (no_generation_prompt or continue_final_message),

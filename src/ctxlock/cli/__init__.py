@@ -18,7 +18,8 @@ from . import render as render_cmds
 app = typer.Typer(
     name="ctxlock",
     help="What exactly did the model receive, and why? Render chat requests into exact, injection-proof model "
-    "input, and show every control token, id and digest.",
+    "input, and show every control token, id and digest. Input files are regular files (or - for stdin) of at most "
+    "$CTXLOCK_MAX_INPUT_BYTES bytes (default 64 MiB).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -129,6 +129,14 @@ def open_regular(
         raise
 
 
+def stdin_stream() -> BinaryIO:
+    """The binary stdin; a typed error when there is none (started with stdin closed, `<&-`)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise InputError("there is no stdin to read", path="stdin", hint="pipe the input in, or pass a file")
+    return stream
+
+
 def _read_capped(fh: BinaryIO, label: str, limit: int, env: str | None, error: ErrorClass) -> bytes:
     try:
         data = fh.read(limit + 1)
@@ -155,7 +163,7 @@ def read_input(
     where = label if label is not None else str(source)
     cap = max_input_bytes() if limit is None else limit
     if str(source) == STDIN:
-        return _read_capped(sys.stdin.buffer, where, cap, env, error)
+        return _read_capped(stdin_stream(), where, cap, env, error)
     with open_regular(source, label=where, error=error, missing=missing, stdin_ok=True) as fh:
         try:
             size = os.fstat(fh.fileno()).st_size
@@ -166,12 +174,14 @@ def read_input(
         return _read_capped(fh, where, cap, env, error)
 
 
-def check_input_file(path: str | os.PathLike[str], *, label: str | None = None) -> None:
+def check_input_file(
+    path: str | os.PathLike[str], *, label: str | None = None, missing: ErrorClass | None = None
+) -> None:
     """Check, without reading it, that `path` is a readable regular file within `max_input_bytes()`: for a file a
-    later loader reads itself (a record file given by path)."""
+    later loader reads itself (a record file given by path). `missing` is the class for a path that is not there."""
     where = label if label is not None else str(path)
     cap = max_input_bytes()
-    with open_regular(path, label=where, stdin_ok=False) as fh:
+    with open_regular(path, label=where, missing=missing, stdin_ok=False) as fh:
         size = os.fstat(fh.fileno()).st_size
         try:
             fh.read(1)  # a regular file can still fail to read (EIO): find out here, not in the loader
@@ -268,7 +278,7 @@ def opened_input(source: str | os.PathLike[str], *, label: str | None = None) ->
     For readers that take a file object (record import); the whole input is capped, not each line."""
     where = label if label is not None else str(source)
     if str(source) == STDIN:
-        yield CappedStream(sys.stdin.buffer, label=where)  # type: ignore[misc]
+        yield CappedStream(stdin_stream(), label=where)  # type: ignore[misc]
         return
     cap = max_input_bytes()
     with open_regular(source, label=where, stdin_ok=True) as fh:

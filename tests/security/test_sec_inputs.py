@@ -287,6 +287,11 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
+def _limit_memory_and_close_stdin() -> None:
+    _limit_memory()
+    os.close(0)  # started with `<&-`: Python's sys.stdin is then None
+
+
 def run_bounded(
     args: list[str], *, stdin_path: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> tuple[int | None, str, str, int]:
@@ -294,6 +299,9 @@ def run_bounded(
 
     os.wait4 gives this child's own peak RSS, not the maximum over every child this test process ever had."""
     full_env = {**os.environ, "PYTHONPATH": str(SRC_DIR), **(env or {})}
+    closed = stdin_path == "closed"
+    if closed:
+        stdin_path = None
     stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [sys.executable, *args],
@@ -301,7 +309,7 @@ def run_bounded(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=full_env,
-        preexec_fn=_limit_memory,
+        preexec_fn=_limit_memory_and_close_stdin if closed else _limit_memory,
     )
     chunks: dict[str, bytes] = {}
     readers = [
@@ -371,6 +379,8 @@ END_TO_END = (
     ("inspect --model /dev/null", ["inspect", "-m", "/dev/null"], None, "/dev/null"),
     ("detok --jsonl < /dev/zero", ["detok", "-m", "book", "--jsonl"], "/dev/zero", "stdin line 1"),
     ("records export --out DIR", ["records", "export", "--store", "{store}", "--out", "{directory}"], None, "--out"),
+    ("render with stdin closed", ["render", "-", "-m", "book"], "closed", "stdin"),
+    ("tokenize --jsonl with stdin closed", ["tokenize", "-m", "book", "--jsonl"], "closed", "stdin"),
 )
 
 

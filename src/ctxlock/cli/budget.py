@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
 
         def go() -> tuple[Any, str | None]:
             data = _read_input(request)
+            store_path = store_dir(store) if record else None  # refused before the model loads and the run
             pol = _policy(policy, max_input_tokens, context_window, reserve_output)
             m = load(model)
             chosen = template_file(template)
@@ -70,7 +71,7 @@ def register(app: typer.Typer) -> None:
                 from ..store import Store
 
                 fitted, rec, _ = run_and_record(m, data, RunOptions(budget=pol), template=chosen)
-                rid = save(Store(store_dir(store)), m, rec, chosen or fitted.rendered.template)
+                rid = save(Store(store_path), m, rec, chosen or fitted.rendered.template)
                 return fitted, rid
             req = m.parse(data)
             return fit_context(req, m, BudgetPolicy.from_dict(pol), template=chosen), None

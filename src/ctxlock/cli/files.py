@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..artifacts import load_template_file
-from ..errors import CtxlockError, InputError
+from ..errors import ArtifactNotFoundError, CtxlockError, InputError
 from ..inputs import STDIN, check_input_file, decode_utf8, read_input
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ def template_file(path: Path | None, *, option: str = "--template") -> ChatTempl
 
 def check_template_file(path: Path | None, *, option: str = "--template") -> None:
     if path is not None:
-        check_input_file(path, label=f"{option} {path}")
+        # Missing is the ArtifactNotFoundError a model's own template file gives, as before this check.
+        check_input_file(path, label=f"{option} {path}", missing=ArtifactNotFoundError)
 
 
 def store_dir(path: Path | None, *, option: str = "--store") -> Path | None:

@@ -15,7 +15,7 @@ from rich.rule import Rule
 from rich.text import Text
 
 from ..errors import InputError, SamplerError
-from ..inputs import decode_utf8, iter_lines
+from ..inputs import decode_utf8, iter_lines, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
@@ -40,7 +40,7 @@ def _read_input(source: str) -> bytes:
 
 def _jsonl_strings() -> Iterator[str]:
     """The JSON strings of stdin's lines (blank lines skipped); each line is UTF-8 and within the input cap."""
-    for n, raw in iter_lines(sys.stdin.buffer, label="stdin"):
+    for n, raw in iter_lines(stdin_stream(), label="stdin"):
         where = f"stdin line {n}"
         line = decode_utf8(raw, label=where)
         if not line.strip():
@@ -235,6 +235,7 @@ def register(app: typer.Typer) -> None:
 
         def go() -> tuple[Model, Run, str | None]:
             data = _read_input(request)
+            store_path = store_dir(store) if record else None  # refused before the model loads and the run
             m = load(model)
             chosen = template_file(template)
             parsed_now = _parse_now(now)
@@ -256,7 +257,7 @@ def register(app: typer.Typer) -> None:
                 used = chosen or (result.rendered.template if result else None)
                 if used is None and m.templates is not None:
                     used = m.templates.select(None)
-                rid = save(Store(store_dir(store)), m, rec, used)
+                rid = save(Store(store_path), m, rec, used)
                 if error is not None:
                     print(f"record {rid}", file=sys.stderr)
                     raise error

@@ -119,6 +119,8 @@ def open_regular(
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise _os_error(exc, where, error, missing) from None
+    except ValueError:  # an embedded NUL byte, or a character the file system encoding cannot hold
+        raise error("is not a usable file name", path=where, hint="check the path") from None
     try:
         kind = _kind(os.fstat(fd).st_mode)  # the descriptor's own file: the path may have changed since the stat
         if kind is not None:

@@ -423,6 +423,17 @@ def test_the_cap_is_exact_and_configurable(tmp_path: Path, monkeypatch: pytest.M
     assert bad.value.path == MAX_INPUT_ENV
 
 
+@pytest.mark.parametrize("name", ["nul\x00byte.json", "lone\ud800surrogate.json"])
+def test_unusable_file_names_are_typed(name: str, tmp_path: Path) -> None:
+    """A name no system call can take (only reachable from Python, not argv) is an InputError, not ValueError."""
+    from ctxlock.errors import InputError
+    from ctxlock.inputs import read_input
+
+    with pytest.raises(InputError) as exc:
+        read_input(tmp_path / name, label="--file x")
+    assert exc.value.path == "--file x"
+
+
 def test_a_fifo_swapped_in_after_the_stat_is_refused_without_blocking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

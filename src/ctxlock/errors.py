@@ -139,6 +139,11 @@ class RecordNotFoundError(RecordError):
     pass
 
 
+class InputError(CtxlockError):
+    """A file or stream named as input (a request, --template, --file, --policy, --schema, stdin, --out) that
+    cannot be used as given. `path` names the option and the file; nothing was read past the size cap."""
+
+
 class BudgetError(CtxlockError):
     """A context-budget policy that cannot be applied as given."""
 

@@ -1044,19 +1044,35 @@ def _coerce(enum: type[Dialect] | type[Utf8Policy], value: Any, arg: str) -> Any
         raise RequestValidationError(f"unknown {arg} {value!r}", path=arg, hint=f"use one of {allowed}") from None
 
 
-def _to_plain(value: Any, path: _LinkedPath) -> Any:
-    """A Mapping given by a caller -> plain JSON values, rejecting what JSON cannot hold (with its path)."""
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise RequestValidationError(
-                    f"key {key!r} is not a string", path=_render(path), hint="JSON object keys are strings"
-                )
-            out[key] = _to_plain(item, (path, key))
+def _to_plain(value: Any, path: _LinkedPath, depth: int = 0, open_: set[int] | None = None) -> Any:
+    """A Mapping given by a caller -> plain JSON values, rejecting what JSON cannot hold (with its path).
+
+    Nesting is checked by the rule bytes are (`_Builder`): a container at depth MAX_JSON_DEPTH is refused with the
+    same error, before Python's recursion limit is near. A container inside itself (`d["x"] = d`) is refused as a
+    cycle, naming the path where it comes round; `open_` holds the ids of the containers being converted."""
+    if isinstance(value, Mapping | list | tuple):
+        open_ = set() if open_ is None else open_
+        if id(value) in open_:
+            raise RequestValidationError(
+                "this value contains itself (a reference cycle)",
+                path=_render(path),
+                hint="JSON is a tree: pass a copy instead of a reference to an enclosing object or list",
+            )
+        _Builder._check_depth(path, depth)
+        open_.add(id(value))  # an error ends the whole conversion, so only success needs to take it out again
+        out: Any
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise RequestValidationError(
+                        f"key {key!r} is not a string", path=_render(path), hint="JSON object keys are strings"
+                    )
+                out[key] = _to_plain(item, (path, key), depth + 1, open_)
+        else:
+            out = [_to_plain(item, (path, i), depth + 1, open_) for i, item in enumerate(value)]
+        open_.discard(id(value))
         return out
-    if isinstance(value, list | tuple):
-        return [_to_plain(item, (path, i)) for i, item in enumerate(value)]
     if value is None or isinstance(value, str | int | float):  # bool is an int
         return value
     raise RequestValidationError(

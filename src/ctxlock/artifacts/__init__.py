@@ -6,13 +6,19 @@ A model spec is one of:
   `chat_template`, or `additional_chat_templates/`), `special_tokens_map.json`;
 - any directory with a `ctxlock.json` manifest (what the built-ins are).
 
-Every file a config names must resolve inside the model directory, symlinks included.
+Every file a config names must resolve inside the model directory, symlinks included, and be a regular file:
+a directory, FIFO or device under an artifact's name is refused (a FIFO would block the read), and every model
+JSON or template file is read through `ctxlock.inputs` (capped at $CTXLOCK_MAX_ARTIFACT_BYTES). Whatever the
+files hold, loading raises only ArtifactError subclasses (or a TemplateError for a template that does not
+compile), never a bare KeyError, UnicodeError or OSError.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,12 +27,15 @@ from typing import Any
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..frozen import FrozenDict, freeze
+from ..inputs import decode_utf8, read_artifact
 from ..template import ChatTemplate, TemplateSet, compile_template
 from ..tokenizer import Tokenizer
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "models"
 DEFAULT_MODEL = "mistral-nemo"
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# JSON escapes can spell a lone surrogate, which no tokenizer vocabulary holds and UTF-8 cannot encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -74,12 +83,15 @@ def inside(root: Path, relative: str, *, field: str, config: Path, boundary: Pat
     The name itself must stay inside `root`, and the file it resolves to (symlinks followed) inside `boundary`
     (default: `root`). A HF hub snapshot links its files to `../../blobs/`, so there the boundary is the repo.
     """
-    if not isinstance(relative, str) or not relative:
+    if not isinstance(relative, str) or not relative or "\x00" in relative or _SURROGATE.search(relative):
         raise ArtifactFormatError(f"{field} must be a non-empty relative path", path=f"{config}:{field}")
-    root = root.resolve()
-    limit = (boundary or root).resolve()
-    named = Path(os.path.normpath(root / relative))
-    target = (root / relative).resolve()
+    try:
+        root = root.resolve()
+        limit = (boundary or root).resolve()
+        named = Path(os.path.normpath(root / relative))
+        target = (root / relative).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a name too long for the file system
+        raise ArtifactFormatError(f"{field} cannot be resolved: {exc}", path=f"{config}:{field}") from None
     if not named.is_relative_to(root) or not target.is_relative_to(limit):
         raise PathTraversalError(
             f"{field} points outside the model directory: {relative!r} resolves to {target}",
@@ -89,13 +101,51 @@ def inside(root: Path, relative: str, *, field: str, config: Path, boundary: Pat
     return target
 
 
+def _read_text(path: Path) -> str:
+    """A model file's text: a regular UTF-8 file within the artifact cap, or a typed error naming it."""
+    data = read_artifact(path, missing=ArtifactNotFoundError, error=ArtifactFormatError)
+    return decode_utf8(data, label=str(path), error=ArtifactFormatError)
+
+
 def _read_json(path: Path) -> Any:
+    text = _read_text(path)
     try:
-        return json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ArtifactNotFoundError(f"missing file {path.name}", path=str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an over-long integer, deep nesting
         raise ArtifactFormatError(f"not valid JSON: {exc}", path=str(path)) from None
+
+
+def _present(path: Path) -> bool:
+    """Whether a standard artifact file is there: True for a regular file, False for nothing (or a dangling link),
+    and an error for a directory, FIFO or device under that name, which would otherwise be silently skipped."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ArtifactFormatError(f"cannot read: {exc.strerror}", path=str(path)) from None
+    if not stat.S_ISREG(mode):
+        raise ArtifactFormatError(
+            "is not a regular file", path=str(path), hint="remove it or replace it with the file it names"
+        )
+    return True
+
+
+def _regular(path: Path, where: str) -> Path:
+    """A tokenizer file a manifest names, which its loader reads itself: it must exist and be a regular file."""
+    if not _present(path):
+        raise ArtifactNotFoundError(f"missing file {path.name}", path=where)
+    return path
+
+
+def _special_token(value: str, where: str) -> str:
+    if _SURROGATE.search(value):
+        raise ArtifactFormatError(
+            "a special token holds a lone surrogate, which is not a character",
+            path=where,
+            hint="escape characters outside the BMP as a surrogate pair",
+        )
+    return value
 
 
 def _token_content(value: Any) -> str | None:
@@ -108,14 +158,8 @@ def _token_content(value: Any) -> str | None:
 
 def load_template_file(path: str | Path, *, id: str | None = None) -> ChatTemplate:
     p = Path(path)
-    try:
-        source = p.read_text("utf-8")
-    except FileNotFoundError:
-        raise ArtifactNotFoundError(
-            "template file not found", path=str(p), hint="pass an existing .jinja file to --template"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise ArtifactFormatError(f"template is not UTF-8: {exc}", path=str(p)) from None
+    data = read_artifact(p, missing=ArtifactNotFoundError, error=ArtifactFormatError)
+    source = decode_utf8(data, label=str(p), error=ArtifactFormatError)
     template = ChatTemplate(source=source, id=id or p.name, origin=str(p))
     compile_template(template)
     return template
@@ -163,7 +207,7 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
     ):
         local(name)  # refuse escaping symlinks before reading anything
     config_path = local("tokenizer_config.json")
-    config = _read_json(config_path) if config_path.is_file() else {}
+    config = _read_json(config_path) if _present(config_path) else {}
     if not isinstance(config, dict):
         raise ArtifactFormatError("tokenizer_config.json must hold a JSON object", path=str(config_path))
     tok_path = (
@@ -171,20 +215,20 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         if config.get("tokenizer_file")
         else local("tokenizer.json")
     )
-    if not tok_path.is_file():
+    if not _present(tok_path):
         raise ArtifactNotFoundError(
             "no tokenizer.json in the model directory",
             path=str(tok_path),
             hint="ctxlock reads HF fast-tokenizer files here; export one with transformers' save_pretrained",
         )
-    tokenizer = HFTokenizer(tok_path.read_text("utf-8"), id=f"{model_id}/{tok_path.name}", source=str(tok_path))
+    tokenizer = HFTokenizer(_read_text(tok_path), id=f"{model_id}/{tok_path.name}", source=str(tok_path))
 
     # Template precedence follows transformers: chat_template.jinja, then chat_template.json, then the config.
     templates: TemplateSet | None = None
     jinja = local("chat_template.jinja")
-    if jinja.is_file():
+    if _present(jinja):
         templates = TemplateSet.single(load_template_file(jinja, id=f"{model_id}/chat_template.jinja"))
-    elif local("chat_template.json").is_file():
+    elif _present(local("chat_template.json")):
         data = _read_json(local("chat_template.json"))
         templates = _templates_from_config(
             data.get("chat_template") if isinstance(data, dict) else None,
@@ -207,11 +251,14 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
 
     special: dict[str, str] = {}
     stm_path = local("special_tokens_map.json")
-    stm = _read_json(stm_path) if stm_path.is_file() else {}
+    stm = _read_json(stm_path) if _present(stm_path) else {}
     for name in SPECIAL_TOKEN_NAMES:
-        value = _token_content(config.get(name)) or _token_content(stm.get(name) if isinstance(stm, dict) else None)
+        value = _token_content(config.get(name))
+        where = f"{config_path}:{name}"
+        if value is None and isinstance(stm, dict):
+            value, where = _token_content(stm.get(name)), f"{stm_path}:{name}"
         if value is not None:
-            special[name] = value
+            special[name] = _special_token(value, where)
     return _finish(model_id, str(root), tokenizer, templates, special, description="HF model directory")
 
 
@@ -239,37 +286,42 @@ def _finish(
 def _load_manifest_dir(root: Path) -> ModelArtifacts:
     manifest_path = root / "ctxlock.json"
     manifest = _read_json(manifest_path)
+    if not isinstance(manifest, dict):
+        raise ArtifactFormatError("a ctxlock.json manifest holds a JSON object", path=str(manifest_path))
     model_id = root.name
     spec = manifest.get("tokenizer")
     if not isinstance(spec, dict) or "format" not in spec:
         raise ArtifactFormatError("manifest needs a tokenizer object with a format", path=f"{manifest_path}:tokenizer")
     fmt = spec["format"]
+    file_field = f"{manifest_path}:tokenizer.file"
     tokenizer: Tokenizer
     if fmt == "book":
         from ..tokenizer.book import BookTokenizer
 
-        tokenizer = BookTokenizer(spec["vocab"], control=spec["control"], unk=spec["unk"], id=model_id)
+        vocab, control, unk = _book_spec(spec, f"{manifest_path}:tokenizer")
+        tokenizer = BookTokenizer(vocab, control=control, unk=unk, id=model_id)
     elif fmt == "tekken":
         from ..tokenizer.tekken import TekkenTokenizer
 
-        tokenizer = TekkenTokenizer(_resource_or_file(root, spec, manifest_path), id=f"{model_id}/tekken")
+        path = _regular(_resource_or_file(root, spec, manifest_path), file_field)
+        tokenizer = TekkenTokenizer(path, id=f"{model_id}/tekken")
     elif fmt == "hf-tokenizers":
         from ..tokenizer.hf import HFTokenizer
 
         path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
-        tokenizer = HFTokenizer(path.read_text("utf-8"), id=f"{model_id}/{path.name}", source=str(path))
+        tokenizer = HFTokenizer(_read_text(path), id=f"{model_id}/{path.name}", source=str(path))
     elif fmt == "gguf":
-        path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
+        path = _regular(inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path), file_field)
         tokenizer = _load_gguf(path).tokenizer
     elif fmt == "tiktoken":
         from ..tokenizer.tiktoken_file import from_manifest as tiktoken_from_manifest
 
-        path = inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
+        path = _regular(inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path), file_field)
         tokenizer = tiktoken_from_manifest(spec, path, f"{model_id}/{path.name}", manifest=manifest_path)
     elif fmt == "sentencepiece":
         from ..tokenizer.sentencepiece import from_manifest as sentencepiece_from_manifest
 
-        path = _resource_or_file(root, spec, manifest_path)
+        path = _regular(_resource_or_file(root, spec, manifest_path), file_field)
         tokenizer = sentencepiece_from_manifest(spec, path, f"{model_id}/{path.name}", manifest=manifest_path)
     else:
         raise ArtifactFormatError(
@@ -292,21 +344,54 @@ def _load_manifest_dir(root: Path) -> ModelArtifacts:
         )
     elif template_spec is not None:
         raise ArtifactFormatError("template must be a file name or a known generator", path=f"{manifest_path}:template")
-    special = {k: v for k, v in (manifest.get("special_tokens") or {}).items() if isinstance(v, str)}
-    return _finish(model_id, str(root), tokenizer, templates, special, manifest.get("description", ""))
+    raw_special = manifest.get("special_tokens") or {}
+    if not isinstance(raw_special, dict):
+        raise ArtifactFormatError("special_tokens must be an object", path=f"{manifest_path}:special_tokens")
+    special = {
+        k: _special_token(v, f"{manifest_path}:special_tokens.{k}")
+        for k, v in raw_special.items()
+        if isinstance(v, str)
+    }
+    description = manifest.get("description", "")
+    if not isinstance(description, str):
+        raise ArtifactFormatError("description must be a string", path=f"{manifest_path}:description")
+    return _finish(model_id, str(root), tokenizer, templates, special, description)
+
+
+def _book_spec(spec: Mapping[str, Any], where: str) -> tuple[list[str], list[str], str]:
+    """The book tokenizer's vocab, control and unk, checked: lists of strings, and unk one of the vocab."""
+
+    def strings(key: str) -> list[str]:
+        value = spec.get(key)
+        if not isinstance(value, list) or not all(isinstance(t, str) and t and not _SURROGATE.search(t) for t in value):
+            raise ArtifactFormatError(f"{key} must be a list of non-empty strings", path=f"{where}.{key}")
+        return value
+
+    vocab, control, unk = strings("vocab"), strings("control"), spec.get("unk")
+    if not isinstance(unk, str) or unk not in vocab:
+        raise ArtifactFormatError("unk must be one of the vocab's strings", path=f"{where}.unk")
+    return vocab, control, unk
 
 
 def _resource_or_file(root: Path, spec: Mapping[str, Any], manifest_path: Path) -> Path:
     if "package" in spec:
         import importlib.util
 
-        found = importlib.util.find_spec(spec["package"])
+        package = spec["package"]
+        if not isinstance(package, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", package):
+            raise ArtifactFormatError(
+                "package must be a Python package name", path=f"{manifest_path}:tokenizer.package"
+            )
+        try:
+            found = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            found = None
         if found is None or not found.submodule_search_locations:
             raise ArtifactNotFoundError(
                 f"package {spec['package']!r} is not installed", path=f"{manifest_path}:tokenizer.package"
             )
         base = Path(next(iter(found.submodule_search_locations)))
-        return inside(base, spec["resource"], field="tokenizer.resource", config=manifest_path)
+        return inside(base, spec.get("resource"), field="tokenizer.resource", config=manifest_path)
     return inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
 
 
@@ -337,7 +422,10 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemp
 
 
 def _fingerprint(root: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.iterdir()) if p.is_file())
+    try:
+        return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.iterdir()) if p.is_file())
+    except OSError as exc:
+        raise ArtifactFormatError(f"cannot list the model directory: {exc.strerror}", path=str(root)) from None
 
 
 def _load_gguf(path: Path) -> ModelArtifacts:
@@ -423,6 +511,13 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
                 path=name,
                 hint=f"built-in models: {known}; or pass an HF model directory, a .gguf file, or org/name from the "
                 "local HF hub cache",
+            )
+        if not (root.is_file() or root.is_dir()):
+            # /dev/null, a FIFO, a socket: there is nothing to load, and opening a FIFO would block.
+            raise ArtifactFormatError(
+                "a model is a directory or a GGUF file, and this is neither",
+                path=name,
+                hint="pass a model directory, a .gguf file or a built-in name",
             )
         if root.is_file():
             if not (root.suffix == ".gguf" or _is_gguf(root)):

@@ -27,6 +27,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
+from ..inputs import read_input
 
 # huggingface_hub's validate_repo_id: word characters, "-" and ".", starting and ending with a word character,
 # at most 96 characters, no "--" and no "..".
@@ -137,13 +138,11 @@ def resolve_hub_model(repo_id: str, *, revision: str | None = None, cache_dir: P
         commit = rev
     else:
         ref = model_dir / "refs" / rev
-        try:
-            text = ref.read_text("utf-8")
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise _not_cached(f"revision {rev!r} of {repo_id}", ref, repo_id, cache) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ArtifactFormatError(f"cannot read the ref file: {exc}", path=str(ref)) from None
-        commit = text.strip()
+        if not ref.is_file():  # missing, or a directory (refs/pr/ holds refs/pr/1): not this revision
+            raise _not_cached(f"revision {rev!r} of {repo_id}", ref, repo_id, cache)
+        # A ref holds 40 hex digits: a few KiB is plenty, and a FIFO or device under its name is refused.
+        data = read_input(ref, label=str(ref), limit=4096, env=None, error=ArtifactFormatError)
+        commit = data.decode("utf-8", "replace").strip()
         if not _COMMIT_RE.fullmatch(commit):
             raise ArtifactFormatError(
                 f"the ref file does not hold a 40-hex commit hash: {commit[:60]!r}",

@@ -18,7 +18,8 @@ from . import render as render_cmds
 app = typer.Typer(
     name="ctxlock",
     help="What exactly did the model receive, and why? Render chat requests into exact, injection-proof model "
-    "input, and show every control token, id and digest.",
+    "input, and show every control token, id and digest. Input files are regular files (or - for stdin) of at most "
+    "$CTXLOCK_MAX_INPUT_BYTES bytes (default 64 MiB).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -32,10 +33,12 @@ detok_cmds.register(app)
 constrain_cmds.register(app)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line (`argv`, default sys.argv[1:]) and exit with its status: a CtxlockError is one line
+    `error: <Type>: <path>: <message> (<hint>)` on stderr and status 1, a usage error click's message and status 2."""
     try:
         # Without standalone mode, click returns (not raises) the code of a typer.Exit from a command.
-        code = app(standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except CtxlockError as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,11 +10,11 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from ..artifacts import load_template_file
 from ..budget import BudgetPolicy, fit_context
 from ..errors import BudgetError
 from ..model import load
 from ..record import RunOptions
+from .files import read_json, store_dir, template_file
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, _read_input
 
@@ -23,12 +22,9 @@ from .render import JsonOpt, ModelOpt, _read_input
 def _policy(policy_file: Path | None, max_input: int | None, window: int | None, reserve: int | None) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if policy_file is not None:
-        try:
-            data = json.loads(policy_file.read_text("utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BudgetError(f"cannot read the policy file: {exc}", path=str(policy_file)) from None
+        data = read_json(policy_file, option="--policy", error=BudgetError)
         if not isinstance(data, dict):
-            raise BudgetError("a policy file holds a JSON object", path=str(policy_file))
+            raise BudgetError("a policy file holds a JSON object", path=f"--policy {policy_file}")
     if max_input is not None:
         data["max_input_tokens"] = max_input
     if window is not None:
@@ -66,15 +62,16 @@ def register(app: typer.Typer) -> None:
 
         def go() -> tuple[Any, str | None]:
             data = _read_input(request)
+            store_path = store_dir(store) if record else None  # refused before the model loads and the run
             pol = _policy(policy, max_input_tokens, context_window, reserve_output)
             m = load(model)
-            chosen = load_template_file(template) if template is not None else None
+            chosen = template_file(template)
             if record:
                 from ..replay import run_and_record, save
                 from ..store import Store
 
                 fitted, rec, _ = run_and_record(m, data, RunOptions(budget=pol), template=chosen)
-                rid = save(Store(store), m, rec, chosen or fitted.rendered.template)
+                rid = save(Store(store_path), m, rec, chosen or fitted.rendered.template)
                 return fitted, rid
             req = m.parse(data)
             return fit_context(req, m, BudgetPolicy.from_dict(pol), template=chosen), None

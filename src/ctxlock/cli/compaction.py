@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..artifacts import load_template_file
 from ..compaction import (
     DEFAULT_KEEP_RECENT_TOKENS,
     DEFAULT_RESERVE_TOKENS,
@@ -19,6 +18,7 @@ from ..compaction import (
     should_compact,
 )
 from ..model import Model, load
+from .files import template_file
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, _read_input
 
@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
             data = _read_input(request)
             m = load(model)
-            chosen = load_template_file(template) if template is not None else None
+            chosen = template_file(template)
             req = m.parse(data)
             plan = plan_compaction(
                 req,

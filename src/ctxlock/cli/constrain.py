@@ -26,6 +26,7 @@ import typer
 from ..constrain import WHITESPACE_MODES, JsonSchemaMask
 from ..errors import ConstraintError, SamplerError
 from ..sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
+from .files import read_text
 from .output import err_console
 
 LOGITS = "i.i.d. uniform float32 in [-5, 5) over the vocabulary, one vector per step, numpy default_rng([seed, sample])"
@@ -212,10 +213,7 @@ def register(app: typer.Typer) -> None:
             )
         except SamplerError as exc:
             raise typer.BadParameter(str(exc), param_hint=f"--{(exc.path or 'order').replace('_', '-')}") from None
-        try:
-            schema_text = schema.read_text("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConstraintError(f"cannot read the schema: {exc}", path=str(schema)) from None
+        schema_text = read_text(schema, option="--schema")
         arts = load_artifacts(model)
         tokenizer = arts.tokenizer
         eos_id = None

@@ -11,6 +11,7 @@ import typer
 
 from ..decode import Detokenizer
 from ..errors import DecodeError, IncompleteDecodeError
+from ..inputs import iter_lines, stdin_stream
 from ..model import load
 from ..tokenizer import Tokenizer
 from .render import ModelOpt
@@ -32,7 +33,8 @@ def _ids(value: Any, where: str, size: int) -> list[int]:
 
 
 def _lines() -> Iterator[tuple[int, str]]:
-    for n, raw in enumerate(sys.stdin.buffer, start=1):
+    # Line by line, each capped: a stream without newlines (/dev/zero) is refused at the cap, not buffered whole.
+    for n, raw in iter_lines(stdin_stream(), label="stdin"):
         try:
             yield n, raw.decode("utf-8")
         except UnicodeDecodeError as exc:

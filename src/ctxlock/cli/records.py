@@ -11,9 +11,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..inputs import opened_input
 from ..record import Diff, ExecutionRecord, diff
 from ..replay import load_record, replay, rerun
 from ..store import Store
+from .files import check_record_arg, check_template_file, open_output, store_dir
 from .output import console, guarded, print_json
 
 StoreOpt = Annotated[
@@ -24,7 +26,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 
 
 def open_store(path: Path | None) -> Store:
-    return Store(path)
+    return Store(store_dir(path))
+
+
+def record_at(spec: str, store: Store, *, option: str = "RECORD") -> ExecutionRecord:
+    """A record by id, id prefix or file; a path that is a directory, FIFO or device is refused, not opened."""
+    return load_record(check_record_arg(spec, option=option), store)
 
 
 def show_diff(result: Diff, *, label_a: str, label_b: str) -> None:
@@ -76,7 +83,7 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
     ) -> None:
         """Print a record as canonical JSON."""
-        rec = load_record(record, open_store(store))
+        rec = record_at(record, open_store(store))
         sys.stdout.write(json.dumps(rec.data, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
 
     @records_app.command("export")
@@ -90,7 +97,7 @@ def register(app: typer.Typer) -> None:
         if out is None:
             n = s.export_records(ids or None, sys.stdout.buffer)
         else:
-            with out.open("wb") as fh:
+            with open_output(out) as fh:
                 n = s.export_records(ids or None, fh)
         print(f"exported {n} record(s)", file=sys.stderr)
 
@@ -105,11 +112,9 @@ def register(app: typer.Typer) -> None:
             return ExecutionRecord.from_bytes(line).index()
 
         s = open_store(store)
-        if str(source) == "-":
-            ids = s.import_records(sys.stdin.buffer, validate=validate)
-        else:
-            with source.open("rb") as fh:
-                ids = s.import_records(fh, validate=validate)
+        # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
+        with opened_input(source, label="stdin" if str(source) == "-" else f"SOURCE {source}") as fh:
+            ids = s.import_records(fh, validate=validate)
         for i in ids:
             print(i)
         print(f"imported {len(ids)} record(s)", file=sys.stderr)
@@ -126,7 +131,7 @@ def register(app: typer.Typer) -> None:
 
         def go() -> Diff:
             s = open_store(store)
-            result, _ = replay(load_record(record, s), s)
+            result, _ = replay(record_at(record, s), s)
             return result
 
         result = guarded(as_json, go)
@@ -158,13 +163,14 @@ def register(app: typer.Typer) -> None:
 
         def go() -> tuple[Diff, str]:
             s = open_store(store)
-            ra = load_record(a, s)
+            ra = record_at(a, s, option="A")
             if b is not None:
                 if model is not None or template is not None:
                     raise typer.BadParameter("give a second record or --model/--template, not both")
-                return diff(ra, load_record(b, s)), b
+                return diff(ra, record_at(b, s, option="B")), b
             if model is None and template is None:
                 raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
+            check_template_file(template)
             return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
 
         result, _label = guarded(as_json, go)

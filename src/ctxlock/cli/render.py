@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,12 +14,13 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from ..artifacts import load_template_file
-from ..errors import SamplerError
+from ..errors import InputError, SamplerError
+from ..inputs import decode_utf8, iter_lines, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
 from ..template import SpecialTokenPolicy
+from .files import read_json, read_request, read_text, store_dir, template_file
 from .output import console, guarded, print_json
 
 ModelOpt = Annotated[
@@ -33,12 +35,23 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 
 
 def _read_input(source: str) -> bytes:
-    if source == "-":
-        return sys.stdin.buffer.read()
-    try:
-        return Path(source).read_bytes()
-    except FileNotFoundError:
-        raise typer.BadParameter(f"no such file: {source}", param_hint="REQUEST") from None
+    return read_request(source)
+
+
+def _jsonl_strings() -> Iterator[str]:
+    """The JSON strings of stdin's lines (blank lines skipped); each line is UTF-8 and within the input cap."""
+    for n, raw in iter_lines(stdin_stream(), label="stdin"):
+        where = f"stdin line {n}"
+        line = decode_utf8(raw, label=where)
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"not JSON: {exc}", path=where, hint="each --jsonl line is one JSON string") from None
+        if not isinstance(s, str):
+            raise InputError("not a JSON string", path=where, hint="each --jsonl line is one JSON string")
+        yield s
 
 
 def _parse_vars(items: list[str]) -> dict[str, Any]:
@@ -72,12 +85,7 @@ def _read_sampling(path: Path | None) -> dict[str, Any] | None:
         return None
     from ..sampler import SamplerConfig
 
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SamplerError(
-            f"cannot read the sampler config: {exc}", path=str(path), hint="pass a JSON object"
-        ) from None
+    data = read_json(path, option="--sampling", error=SamplerError)
     return SamplerConfig.from_dict(data).to_dict()
 
 
@@ -221,12 +229,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Render a chat request exactly as the model receives it: text, control tokens, ids, digests."""
+        """Render a chat request exactly as the model receives it: text, control tokens, ids, digests.
+
+        Inputs are regular files (or - for stdin) of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB)."""
 
         def go() -> tuple[Model, Run, str | None]:
             data = _read_input(request)
+            store_path = store_dir(store) if record else None  # refused before the model loads and the run
             m = load(model)
-            chosen = load_template_file(template) if template is not None else None
+            chosen = template_file(template)
             parsed_now = _parse_now(now)
             options = RunOptions(
                 add_generation_prompt=not (no_generation_prompt or continue_final_message),
@@ -246,7 +257,7 @@ def register(app: typer.Typer) -> None:
                 used = chosen or (result.rendered.template if result else None)
                 if used is None and m.templates is not None:
                     used = m.templates.select(None)
-                rid = save(Store(store), m, rec, used)
+                rid = save(Store(store_path), m, rec, used)
                 if error is not None:
                     print(f"record {rid}", file=sys.stderr)
                     raise error
@@ -278,29 +289,25 @@ def register(app: typer.Typer) -> None:
         ] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default."""
+        """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default.
+
+        --file is a regular file of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB); so is each --jsonl line."""
         if sum(x is not None and x is not False for x in (text, file, jsonl)) != 1:
             raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
 
-        def go() -> Model:
-            return load(model)
+        def go() -> tuple[Model, str | None]:
+            # The file is read before the model loads: a bad --file fails fast, and with --json as an error object.
+            source = read_text(file, option="--file") if file is not None else text
+            return load(model), source
 
-        m = guarded(as_json, go)
+        m, source = guarded(as_json, go)
         tok = m.tokenizer
         if jsonl:
-            for n, line in enumerate(sys.stdin.buffer.read().decode("utf-8").splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    s = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise typer.BadParameter(f"stdin line {n} is not JSON: {exc}", param_hint="--jsonl") from None
-                if not isinstance(s, str):
-                    raise typer.BadParameter(f"stdin line {n} is not a JSON string", param_hint="--jsonl")
-                ids = tok.encode(s, parse_special=parse_special, add_special_tokens=add_special_tokens)
+            for line in _jsonl_strings():
+                ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
                 sys.stdout.write(json.dumps(ids) + "\n")
             return
-        source = text if text is not None else file.read_text("utf-8")  # type: ignore[union-attr]
+        assert source is not None
         ids = tok.encode(source, parse_special=parse_special, add_special_tokens=add_special_tokens)
         if as_json:
             print_json({"ids": ids, "count": len(ids), "tokenizer": {"id": tok.id, "sha256": tok.sha256}})

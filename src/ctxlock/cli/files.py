@@ -1,0 +1,107 @@
+"""The command line's file arguments, checked at the edge: every file a command reads goes through
+`ctxlock.inputs` (a regular file or stdin, capped at $CTXLOCK_MAX_INPUT_BYTES), so a directory, a device, a FIFO,
+an unreadable or oversize file is one typed error line naming the option, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ..artifacts import load_template_file
+from ..errors import ArtifactNotFoundError, CtxlockError, InputError
+from ..inputs import STDIN, check_input_file, decode_utf8, read_input
+
+if TYPE_CHECKING:
+    from ..template import ChatTemplate
+
+
+def read_request(source: str, *, option: str = "REQUEST") -> bytes:
+    """A request's bytes, undecoded: the request parser reports bad UTF-8 itself, with its utf8 policy."""
+    return read_input(source, label="stdin" if source == STDIN else f"{option} {source}")
+
+
+def read_text(path: Path | str, *, option: str) -> str:
+    label = f"{option} {path}"
+    return decode_utf8(read_input(path, label=label), label=label)
+
+
+def read_json(path: Path, *, option: str, error: type[CtxlockError]) -> Any:
+    """A JSON config file (--policy, --sampling): unreadable is an InputError, not JSON is `error`."""
+    text = read_text(path, option=option)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise error(f"not JSON: {exc}", path=f"{option} {path}", hint="pass a JSON object") from None
+
+
+def template_file(path: Path | None, *, option: str = "--template") -> ChatTemplate | None:
+    """A --template file: checked as a command-line input (regular, readable, within the input cap), then loaded
+    and compiled like a model's own template file."""
+    if path is None:
+        return None
+    check_template_file(path, option=option)
+    return load_template_file(path)
+
+
+def check_template_file(path: Path | None, *, option: str = "--template") -> None:
+    if path is not None:
+        # Missing is the ArtifactNotFoundError a model's own template file gives, as before this check.
+        check_input_file(path, label=f"{option} {path}", missing=ArtifactNotFoundError)
+
+
+def store_dir(path: Path | None, *, option: str = "--store") -> Path | None:
+    """A record store directory: it may not exist yet (it is created), but if it does it must be a directory."""
+    if path is None:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise InputError(f"cannot use: {exc.strerror}", path=f"{option} {path}") from None
+    if not stat.S_ISDIR(mode):
+        raise InputError(
+            "is not a directory", path=f"{option} {path}", hint="pass a store directory (created if missing)"
+        )
+    return path
+
+
+def check_record_arg(spec: str, *, option: str = "RECORD") -> str:
+    """A record id or a record file: a path that exists must be a regular file (a FIFO would block the read)."""
+    try:
+        mode = os.stat(spec).st_mode
+    except (OSError, ValueError):
+        return spec  # not a path: an id or an id prefix, looked up in the store
+    if stat.S_ISREG(mode):
+        check_input_file(spec, label=f"{option} {spec}")  # readable and within the cap; the loader reads it
+        return spec
+    kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+    raise InputError(f"is {kind}", path=f"{option} {spec}", hint="pass a record id, an id prefix or a record file")
+
+
+def open_output(path: Path, *, option: str = "--out") -> BinaryIO:
+    """A file to write (created or truncated); a directory or a missing parent is one error line."""
+    try:
+        return path.open("wb")
+    except OSError as exc:
+        raise InputError(
+            f"cannot write: {exc.strerror or type(exc).__name__}",
+            path=f"{option} {path}",
+            hint="pass a file path in an existing directory",
+        ) from None
+
+
+__all__ = [
+    "STDIN",
+    "check_record_arg",
+    "check_template_file",
+    "open_output",
+    "read_json",
+    "read_request",
+    "read_text",
+    "store_dir",
+    "template_file",
+]

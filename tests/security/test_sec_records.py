@@ -631,7 +631,20 @@ def test_importing_an_endless_line_stops_at_the_cap(sandbox: Sandbox) -> None:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
+    # As a path, /dev/zero is refused at once (a device is not a record file); as stdin, the line cap stops it.
     p = _cli(sandbox, "records", "import", "/dev/zero", env={"CTXLOCK_MAX_RECORD_BYTES": "65536"}, preexec_fn=limit)
+    _refused(p, "InputError")
+    assert "/dev/zero" in p.stderr
+    with open("/dev/zero", "rb") as zero:
+        p = _cli(
+            sandbox,
+            "records",
+            "import",
+            "-",
+            env={"CTXLOCK_MAX_RECORD_BYTES": "65536"},
+            preexec_fn=limit,
+            stdin=zero,
+        )
     _refused(p)
     assert "line 1: the line is longer than the 65,536-byte record limit" in p.stderr
 

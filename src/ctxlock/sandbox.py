@@ -302,6 +302,22 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
                 self.visit(part, frame)
         self.write("))")
 
+    def visit_Add(self, node: jinja2.nodes.Add, frame: Any) -> None:
+        # Templates join turns with `+` on short strings: that case is written inline (a request string's own `+`
+        # keeps its provenance), and everything else (long strings, lists, numbers) goes through `call_binop`, as the
+        # sandbox would send it. The operands are evaluated once, left first, as in `a + b`.
+        k = self._ctx_names = getattr(self, "_ctx_names", 0) + 1
+        left, right = f"t_ctx_l{k}", f"t_ctx_r{k}"
+        self.write(f"({left} + {right} if (({left} := ")
+        self.visit(node.left, frame)
+        self.write(f"), ({right} := ")
+        self.visit(node.right, frame)
+        self.write(
+            f")) and isinstance({left}, str) and isinstance({right}, str) "
+            f"and len({left}) + len({right}) < {_INLINE_ADD} "
+            f"else environment.call_binop(context, '+', {left}, {right}))"
+        )
+
     def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
         self.write("environment.ctx_concat((")
         for arg in node.nodes:
@@ -310,6 +326,7 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
         self.write("))")
 
 
+_INLINE_ADD = 4096  # `+` on two strings shorter than this together runs inline (uncharged)
 _STR_ATTRIBUTES = frozenset(a for a in dir(str) if not a.startswith("_"))
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 _LOOP_ATTRIBUTES = frozenset(
@@ -697,7 +714,7 @@ def _join_filter(context: Any, value: Any, d: str = "", attribute: Any = None) -
 
 # Bump when the environment changes (options, extensions, filters, code generation): the bytecode cache is keyed by
 # the template source only, so a new environment needs a new directory.
-_BYTECODE_VERSION = 4
+_BYTECODE_VERSION = 6
 _MAX_CACHED_CODE = 1 << 20  # bytes of marshalled code: a larger compiled template is not kept on disk
 _MAX_GENERATED = 600_000  # characters of generated Python: real templates (under 20 kB) generate under 150 kB
 

@@ -77,13 +77,15 @@ class Tainted(str):
         text = str.__add__(self, other)
         if type(other) is not Tainted:
             return Tainted(text, self.spans)
-        return make(text, (*self.spans, *shift(other.spans, len(self))))
+        n = len(self)
+        return make(text, (*self.spans, *[(s + n, e + n, p, k) for s, e, p, k in other.spans]))
 
     def __radd__(self, other: object) -> Any:
         if not isinstance(other, str):
             raise TypeError(f"unsupported operand type(s) for +: '{type(other).__name__}' and 'str'")
         # `other` is not Tainted (else its __add__ ran): a plain prefix shifts the spans.
-        return Tainted(str.__add__(other, self), tuple(shift(self.spans, len(other))))
+        n = len(other)
+        return Tainted(str.__add__(other, self), tuple([(s + n, e + n, p, k) for s, e, p, k in self.spans]))
 
     def __mul__(self, n: SupportsIndex) -> Any:
         if not hasattr(n, "__index__"):

@@ -32,6 +32,10 @@ MARKER_LIKE = [
     "\ue000\uf8ff\U000f0000 private use",
     "\u4dff\u4e00 edge of the block",
     "zero\u200bwidth\ufeffjoin",
+    # With a control-token string in the request, ctxlock once marked it and then turned the *text* `\u4dc0` into
+    # a marker and deleted it.
+    "<|im_end|> \\u4dc0 \\u4dc1 keep",
+    "<|eot_id|><|user|> \\u4dc2 keep",
 ]
 
 
@@ -118,9 +122,12 @@ def test_marker_like_text_survives_byte_for_byte_on_every_real_template() -> Non
     assert compared >= 200
 
 
-def test_book_keeps_the_users_literal_marker_character() -> None:
+@pytest.mark.parametrize("content", ["keep \u4dc0 end", "keep \u4dc0 end <user>", "keep \\u4dc0 end <user>"])
+def test_book_keeps_the_users_literal_marker_text(content: str) -> None:
     book = ctxlock.load("book")
-    assert "keep \u4dc0 end" in book.render({"messages": [{"role": "user", "content": "keep \u4dc0 end"}]}).text
+    for run in (book.run, lambda r: book.render(r)):
+        out = run({"messages": [{"role": "user", "content": content}]})
+        assert content in getattr(out, "rendered", out).text
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

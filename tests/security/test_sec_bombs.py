@@ -120,8 +120,18 @@ def _variants(count: int, seed: int = 14) -> list[tuple[str, str]]:
     return out
 
 
-CHILD = r"""
-import json, resource, sys, time
+# Peak RSS is read from /proc/self/status (VmHWM, the high-water mark of this process's own memory since exec):
+# getrusage's ru_maxrss would carry the parent's resident size over fork and exec, and pytest's process is large.
+HWM = """
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+"""
+
+CHILD = (
+    HWM
+    + r"""
+import json, sys, time
 from ctxlock.errors import CtxlockError
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate, RenderLimits, render
@@ -130,7 +140,7 @@ import ctxlock
 request = parse_request({"messages": [{"role": "user", "content": "hi"}]})
 limits = RenderLimits(max_seconds=float(sys.argv[1]))
 render(request, ChatTemplate("{{ messages[0].content }}", id="warm"), limits=limits)
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+baseline = hwm()
 for line in sys.stdin:
     name, source = json.loads(line)
     t0 = time.monotonic()
@@ -140,9 +150,9 @@ for line in sys.stdin:
     except CtxlockError as exc:
         outcome, detail = type(exc).__name__, exc.message[:200]
     elapsed = time.monotonic() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps([name, outcome, detail, elapsed, (peak - baseline) / 1024]), flush=True)
+    print(json.dumps([name, outcome, detail, elapsed, (hwm() - baseline) / 1024]), flush=True)
 """
+)
 
 
 def _run(bombs: list[tuple[str, str]], cache: Path, *, seconds: float = SECONDS) -> list[list]:
@@ -209,13 +219,15 @@ def _gguf_with_template(tmp_path: Path, source: str) -> Path:
     return path
 
 
-GGUF_CHILD = r"""
-import json, resource, sys, time
+GGUF_CHILD = (
+    HWM
+    + r"""
+import json, sys, time
 baseline = None
 import ctxlock
 from ctxlock.errors import CtxlockError
 ctxlock.load("book")
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+baseline = hwm()
 t0 = time.monotonic()
 try:
     model = ctxlock.load(sys.argv[1])
@@ -223,8 +235,9 @@ try:
 except CtxlockError as exc:
     outcome = type(exc).__name__
 elapsed = time.monotonic() - t0
-print(json.dumps([outcome, elapsed, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024]))
+print(json.dumps([outcome, elapsed, (hwm() - baseline) / 1024]))
 """
+)
 
 
 @pytest.mark.parametrize(

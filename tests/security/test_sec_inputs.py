@@ -23,6 +23,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -297,8 +298,13 @@ def run_bounded(
 ) -> tuple[int | None, str, str, int]:
     """Run a Python subprocess under RLIMIT_AS and a timeout; (status or None if killed, stdout, stderr, max RSS KB).
 
-    os.wait4 gives this child's own peak RSS, not the maximum over every child this test process ever had."""
-    full_env = {**os.environ, "PYTHONPATH": str(SRC_DIR), **(env or {})}
+    The peak RSS is the child's own VmHWM (the high-water mark of its memory since exec), which a small wrapper
+    writes to a file at exit: getrusage's and wait4's ru_maxrss carry the parent's resident size over fork and exec,
+    and by the end of the suite pytest's process is gigabytes."""
+    fd, hwm_file = tempfile.mkstemp(prefix="ctxlock-hwm-")
+    os.close(fd)
+    full_env = {**os.environ, "PYTHONPATH": str(SRC_DIR), "CTXLOCK_TEST_HWM_FILE": hwm_file, **(env or {})}
+    args = ["-c", _HWM_WRAPPER, *args]
     closed = stdin_path == "closed"
     if closed:
         stdin_path = None
@@ -321,7 +327,7 @@ def run_bounded(
     killer = threading.Timer(timeout, proc.kill)
     killer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status, _ = os.wait4(proc.pid, 0)
     finally:
         killer.cancel()
         if stdin_path:
@@ -331,7 +337,30 @@ def run_bounded(
     proc.returncode = os.waitstatus_to_exitcode(status)
     code = None if proc.returncode < 0 else proc.returncode
     out, err = chunks.get("out", b"").decode("utf-8", "replace"), chunks.get("err", b"").decode("utf-8", "replace")
-    return code, out, err, usage.ru_maxrss
+    try:
+        text = Path(hwm_file).read_text()
+    finally:
+        os.unlink(hwm_file)
+    return code, out, err, int(text) if text else 0
+
+
+# Runs `python -m MODULE ARGS` or `python -c CODE ARGS` (given after it), and at exit writes VmHWM (KB) to a file.
+_HWM_WRAPPER = """
+import atexit, os, runpy, sys
+def _hwm():
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["CTXLOCK_TEST_HWM_FILE"], "w") as out:
+        out.write(kb)
+atexit.register(_hwm)
+flag, target, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+if flag == "-m":
+    sys.argv = [target, *rest]
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+else:
+    sys.argv = ["-c", *rest]
+    exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+"""
 
 
 DRIVER = """

@@ -96,15 +96,18 @@ class _State:
         self.template = template
 
     def charge(self, n: int, what: str) -> None:
+        """A new string of n characters."""
         if n > self.max_single:
             raise Limit(f"{what} would build {n:,} characters (limit {self.max_single:,})")
-        self.created += n
-        if self.created > self.limits.created_budget:
-            raise Limit(f"the render built more than {self.limits.created_budget:,} characters and items")
+        self._count(n)
 
     def items(self, n: int, what: str) -> None:
+        """A new list of n items."""
         if n > self.max_items:
             raise Limit(f"{what} would build a list of {n:,} items (limit {self.max_items:,})")
+        self._count(n)
+
+    def _count(self, n: int) -> None:
         self.created += n
         if self.created > self.limits.created_budget:
             raise Limit(f"the render built more than {self.limits.created_budget:,} characters and items")

@@ -196,10 +196,6 @@ class Tainted(str):
 # Span algebra
 
 
-def spans_of(s: str) -> tuple[SpanT, ...]:
-    return s.spans if type(s) is Tainted else ()
-
-
 def make(text: str, spans: Iterable[SpanT]) -> str:
     """`text` with these spans (merged where adjacent and alike); a plain str when there are none."""
     merged: list[SpanT] = []
@@ -264,12 +260,6 @@ def join(sep: str, parts: list[str]) -> str:
     for p in parts[1:]:
         seq += (sep, p)
     return concat(seq)
-
-
-def covered(s: str) -> bool:
-    """Whether every character of `s` is request text (one span over all of it, with no note)."""
-    sp = spans_of(s)
-    return len(sp) == 1 and sp[0][0] == 0 and sp[0][1] == len(s) and not sp[0][3]
 
 
 def first_path(value: Any, budget: int = 10_000) -> str | None:
@@ -368,13 +358,11 @@ __all__ = [
     "Tainted",
     "TaintedBytes",
     "concat",
-    "covered",
     "cut",
     "derived",
     "first_path",
     "join",
     "leaf",
     "make",
-    "spans_of",
     "trusted_strings",
 ]

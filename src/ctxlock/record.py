@@ -445,7 +445,7 @@ def build_record(
         },
     }
     if template is not None:
-        data["template"] = {"id": template.id, "sha256": template.sha256, "origin": template.origin, "variables": None}
+        data["template"] = {**_template_section(template), "variables": None}
         data["replay"]["template_sha256"] = template.sha256
     if run is None:
         return ExecutionRecord.from_data(data)
@@ -476,7 +476,7 @@ def build_record(
         "random_ids": [],
     }
     t = rendered.template
-    data["template"] = {"id": t.id, "sha256": t.sha256, "origin": t.origin, "variables": variables}
+    data["template"] = {**_template_section(t), "variables": variables}
     data["replay"]["template_sha256"] = t.sha256
     data["rendered"] = {
         "text": rendered.text,
@@ -491,6 +491,18 @@ def build_record(
     data["tokens"] = [tok.id_to_token(i) for i in tokenized.ids]
     data["tensors"] = mi.to_dict()
     return ExecutionRecord.from_data(data)
+
+
+def _template_section(t: Any) -> dict[str, Any]:
+    # `sha256` is of the rendered source; a template read from a file also has the digest of the file's bytes and
+    # its line endings (a CRLF file is read as LF, as transformers reads it). Both are null for other templates.
+    return {
+        "id": t.id,
+        "sha256": t.sha256,
+        "origin": t.origin,
+        "file_sha256": getattr(t, "file_sha256", "") or None,
+        "line_endings": getattr(t, "line_endings", "") or None,
+    }
 
 
 def _digest(content: Any) -> str:

@@ -79,11 +79,19 @@ class TemplateFeatures:
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """One chat template source, identified by content digest."""
+    """One chat template source, identified by content digest.
+
+    `sha256` is the digest of `source`, the text that is compiled and rendered. A template read from a file is
+    read as transformers reads `chat_template.jinja` (text mode: CRLF and lone CR become LF), so for a file with
+    CRLF line endings the source differs from the file's bytes: `file_sha256` is the digest of those bytes and
+    `line_endings` says what the file had ("lf", "crlf", "cr", "mixed" or "none"). Both are empty for a template
+    that is not a file of its own (a tokenizer config's string, a GGUF key, a generated source)."""
 
     source: str
     id: str  # human name, e.g. "Qwen-Qwen2.5-7B-Instruct.jinja" or "book/default"
     origin: str = ""  # where it came from: a file path, "tokenizer_config.json:chat_template", a generator
+    file_sha256: str = ""  # sha256 of the file's bytes, when the template was read from a file
+    line_endings: str = ""  # the file's line endings, when it was read from a file
 
     @property
     def sha256(self) -> str:
@@ -93,8 +101,36 @@ class ChatTemplate:
     def features(self) -> TemplateFeatures:
         return _features(self.source)
 
+    @property
+    def translated_newlines(self) -> bool:
+        """Whether the file had CR line endings that were read as LF (the rendered source is not the bytes)."""
+        return self.line_endings in ("crlf", "cr", "mixed")
+
     def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "sha256": self.sha256, "origin": self.origin}
+        out = {"id": self.id, "sha256": self.sha256, "origin": self.origin}
+        if self.file_sha256:
+            out["file_sha256"] = self.file_sha256
+            out["line_endings"] = self.line_endings
+        return out
+
+
+def line_endings(text: str) -> str:
+    """The line endings of a file's text: "lf", "crlf", "cr", "mixed" (more than one kind) or "none"."""
+    crlf = text.count("\r\n")
+    cr = text.count("\r") - crlf
+    lf = text.count("\n") - crlf
+    kinds = [name for name, n in (("lf", lf), ("crlf", crlf), ("cr", cr)) if n]
+    if not kinds:
+        return "none"
+    return kinds[0] if len(kinds) == 1 else "mixed"
+
+
+def template_from_file_text(text: str, *, id: str, origin: str, file_sha256: str) -> ChatTemplate:
+    """A template file's decoded text as transformers reads it: `open(path, encoding="utf-8").read()` is text mode
+    with universal newlines, so CRLF and a lone CR are read as LF (jinja's trim_blocks and lstrip_blocks then see
+    the same lines transformers' do). The file's own digest and line endings are kept."""
+    source = text.replace("\r\n", "\n").replace("\r", "\n")
+    return ChatTemplate(source, id=id, origin=origin, file_sha256=file_sha256, line_endings=line_endings(text))
 
 
 @dataclass(frozen=True)
@@ -604,5 +640,7 @@ __all__ = [
     "TemplateFeatures",
     "TemplateSet",
     "compile_template",
+    "line_endings",
     "render",
+    "template_from_file_text",
 ]

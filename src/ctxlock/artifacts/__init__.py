@@ -15,6 +15,7 @@ compile), never a bare KeyError, UnicodeError or OSError.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,7 +29,7 @@ from typing import Any
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..frozen import FrozenDict, freeze
 from ..inputs import decode_utf8, read_artifact
-from ..template import ChatTemplate, TemplateSet, compile_template
+from ..template import ChatTemplate, TemplateSet, compile_template, template_from_file_text
 from ..tokenizer import Tokenizer
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -159,8 +160,11 @@ def _token_content(value: Any) -> str | None:
 def load_template_file(path: str | Path, *, id: str | None = None) -> ChatTemplate:
     p = Path(path)
     data = read_artifact(p, missing=ArtifactNotFoundError, error=ArtifactFormatError)
-    source = decode_utf8(data, label=str(p), error=ArtifactFormatError)
-    template = ChatTemplate(source=source, id=id or p.name, origin=str(p))
+    text = decode_utf8(data, label=str(p), error=ArtifactFormatError)
+    # Read as transformers reads chat_template.jinja (universal newlines); the digest of the bytes is kept too.
+    template = template_from_file_text(
+        text, id=id or p.name, origin=str(p), file_sha256=hashlib.sha256(data).hexdigest()
+    )
     compile_template(template)
     return template
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -26,6 +27,54 @@ def read_request(source: str, *, option: str = "REQUEST") -> bytes:
 def read_text(path: Path | str, *, option: str) -> str:
     label = f"{option} {path}"
     return decode_utf8(read_input(path, label=label), label=label)
+
+
+def decode_with_policy(data: bytes, *, label: str, utf8: str) -> tuple[str, tuple[int, ...]]:
+    """Bytes as text under the request's UTF-8 policy (`ctxlock.request`): `strict` refuses the first bad byte
+    with an InputError naming the input and the byte offset; `replace` substitutes U+FFFD for each bad run, as
+    `bytes.decode("utf-8", "replace")` does, and returns the offset of every replaced byte. The bytes are taken
+    as they are: no newline translation, no BOM stripping."""
+    from ..errors import RequestEncodingError
+    from ..request import Utf8Policy, _decode
+
+    policy = _utf8_policy(utf8)
+    try:
+        text, runs = _decode(data, policy)
+    except RequestEncodingError as exc:
+        raise InputError(
+            f"{exc.message} at {exc.path}", path=label, hint="pass UTF-8 text, or --utf8 replace to substitute U+FFFD"
+        ) from None
+    return text, tuple(i for start, end in runs for i in range(start, end)) if policy is Utf8Policy.REPLACE else ()
+
+
+def check_scalar_values(text: str, *, label: str, utf8: str) -> str:
+    """A str that may hold lone surrogates (a JSON `\\ud800` escape, an argv byte that was not UTF-8, which
+    Python keeps as U+DC80..U+DCFF): no tokenizer can encode one, so `strict` refuses it and `replace` writes
+    U+FFFD for each, as a request's strings are treated."""
+    from ..request import Utf8Policy
+
+    match = _LONE_SURROGATE.search(text)
+    if match is None:
+        return text
+    if _utf8_policy(utf8) is Utf8Policy.REPLACE:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    raise InputError(
+        f"holds a lone surrogate \\u{ord(match.group()):04x} at character {match.start()}, which is not a character",
+        path=label,
+        hint="pass UTF-8 text, or --utf8 replace to substitute U+FFFD",
+    )
+
+
+def _utf8_policy(utf8: str) -> Any:
+    from ..request import Utf8Policy
+
+    try:
+        return Utf8Policy(utf8)
+    except ValueError:
+        raise InputError(f"unknown UTF-8 policy {utf8!r}", path="--utf8", hint="use strict or replace") from None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def read_json(path: Path, *, option: str, error: type[CtxlockError]) -> Any:
@@ -97,7 +146,9 @@ def open_output(path: Path, *, option: str = "--out") -> BinaryIO:
 __all__ = [
     "STDIN",
     "check_record_arg",
+    "check_scalar_values",
     "check_template_file",
+    "decode_with_policy",
     "open_output",
     "read_json",
     "read_request",

@@ -51,6 +51,12 @@ def register(app: typer.Typer) -> None:
         for t in info["templates"]:
             feats = ", ".join(k for k, v in t["features"].items() if v) or "none"
             console.print(f"template   {t['name']}: {t['id']} · sha256 {t['sha256']} · features: {feats}")
+            if t.get("line_endings") in ("crlf", "cr", "mixed"):
+                # Rendered as transformers reads the file (universal newlines): the source is not the file's bytes.
+                console.print(
+                    f"           {t['line_endings'].upper()} line endings in the file (sha256 {t['file_sha256']}), "
+                    "read as LF as transformers reads it: the template sha256 is of the LF text"
+                )
         if not info["templates"]:
             console.print("template   none (pass --template FILE to render)")
 

@@ -15,12 +15,12 @@ from rich.rule import Rule
 from rich.text import Text
 
 from ..errors import InputError, SamplerError
-from ..inputs import decode_utf8, iter_lines, stdin_stream
+from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
 from ..template import SpecialTokenPolicy
-from .files import read_json, read_request, read_text, store_dir, template_file
+from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json
 
 ModelOpt = Annotated[
@@ -38,11 +38,13 @@ def _read_input(source: str) -> bytes:
     return read_request(source)
 
 
-def _jsonl_strings() -> Iterator[str]:
-    """The JSON strings of stdin's lines (blank lines skipped); each line is UTF-8 and within the input cap."""
+def _jsonl_strings(utf8: str = "strict") -> Iterator[tuple[str, str, tuple[int, ...]]]:
+    """(where, JSON string, replaced byte offsets) for stdin's lines, blank lines skipped. Lines end at LF only
+    (the stream is read as bytes, so U+2028, U+0085 or a lone CR inside a line is part of it); each line is within
+    the input cap and is decoded under the --utf8 policy, and a lone surrogate escape is treated alike."""
     for n, raw in iter_lines(stdin_stream(), label="stdin"):
         where = f"stdin line {n}"
-        line = decode_utf8(raw, label=where)
+        line, replaced = decode_with_policy(raw, label=where, utf8=utf8)
         if not line.strip():
             continue
         try:
@@ -51,7 +53,19 @@ def _jsonl_strings() -> Iterator[str]:
             raise InputError(f"not JSON: {exc}", path=where, hint="each --jsonl line is one JSON string") from None
         if not isinstance(s, str):
             raise InputError("not a JSON string", path=where, hint="each --jsonl line is one JSON string")
-        yield s
+        yield where, check_scalar_values(s, label=where, utf8=utf8), replaced
+
+
+def _argv_text(text: str, utf8: str) -> tuple[str, tuple[int, ...]]:
+    """--text as the bytes the shell passed: Python keeps an argv byte that is not UTF-8 as a lone surrogate
+    (U+DC80..U+DCFF, PEP 383), which `os.fsencode` turns back into that byte before the UTF-8 policy applies."""
+    import os
+
+    try:
+        data = os.fsencode(text)
+    except UnicodeEncodeError:  # a surrogate the file system encoding cannot carry back
+        return check_scalar_values(text, label="--text", utf8=utf8), ()
+    return decode_with_policy(data, label="--text", utf8=utf8)
 
 
 def _parse_vars(items: list[str]) -> dict[str, Any]:
@@ -276,7 +290,10 @@ def register(app: typer.Typer) -> None:
     def tokenize(
         model: ModelOpt = None,
         text: Annotated[str | None, typer.Option("--text", help="The text to encode.")] = None,
-        file: Annotated[Path | None, typer.Option("--file", help="Encode this file's UTF-8 text.")] = None,
+        file: Annotated[
+            Path | None,
+            typer.Option("--file", help="Encode this file's bytes as UTF-8 text, exactly (CRLF stays CRLF)."),
+        ] = None,
         jsonl: Annotated[
             bool,
             typer.Option("--jsonl", help="Read stdin lines, each a JSON string; print one JSON id array per line."),
@@ -287,30 +304,68 @@ def register(app: typer.Typer) -> None:
         add_special_tokens: Annotated[
             bool, typer.Option("--add-special-tokens", help="Apply the tokenizer's post-processor (BOS/EOS).")
         ] = False,
+        utf8: Annotated[
+            str,
+            typer.Option(
+                "--utf8",
+                help="Invalid UTF-8 (in --file, --text or a --jsonl line) and lone surrogate escapes: strict "
+                "(reject, naming the byte) or replace (U+FFFD, reported), as for requests.",
+            ),
+        ] = "strict",
         as_json: JsonOpt = False,
     ) -> None:
         """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default.
 
-        --file is a regular file of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB); so is each --jsonl line."""
+        The text is taken byte for byte: a --file is read in binary (CRLF stays CRLF, a BOM stays U+FEFF), and
+        --jsonl lines end at LF only. --file is a regular file of at most $CTXLOCK_MAX_INPUT_BYTES (default
+        64 MiB); so is each --jsonl line."""
         if sum(x is not None and x is not False for x in (text, file, jsonl)) != 1:
             raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
 
-        def go() -> tuple[Model, str | None]:
-            # The file is read before the model loads: a bad --file fails fast, and with --json as an error object.
-            source = read_text(file, option="--file") if file is not None else text
-            return load(model), source
+        def go() -> tuple[Model, str | None, tuple[int, ...]]:
+            # The input is read before the model loads: a bad --file fails fast, and with --json as an error object.
+            source, replaced = None, ()
+            if file is not None:
+                label = f"--file {file}"
+                source, replaced = decode_with_policy(read_input(file, label=label), label=label, utf8=utf8)
+            elif text is not None:
+                source, replaced = _argv_text(text, utf8)
+            else:
+                decode_with_policy(b"", label="--utf8", utf8=utf8)  # an unknown policy fails before the model loads
+            return load(model), source, replaced
 
-        m, source = guarded(as_json, go)
+        m, source, replaced = guarded(as_json, go)
         tok = m.tokenizer
         if jsonl:
-            for line in _jsonl_strings():
-                ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
-                sys.stdout.write(json.dumps(ids) + "\n")
+
+            def lines() -> None:
+                for where, line, line_replaced in _jsonl_strings(utf8):
+                    if line_replaced:
+                        print(f"{where}: {_replaced_note(line_replaced)}", file=sys.stderr)
+                    ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+                    sys.stdout.write(json.dumps(ids) + "\n")
+
+            guarded(as_json, lines)
             return
         assert source is not None
         ids = tok.encode(source, parse_special=parse_special, add_special_tokens=add_special_tokens)
         if as_json:
-            print_json({"ids": ids, "count": len(ids), "tokenizer": {"id": tok.id, "sha256": tok.sha256}})
+            print_json(
+                {
+                    "ids": ids,
+                    "count": len(ids),
+                    "tokenizer": {"id": tok.id, "sha256": tok.sha256},
+                    "utf8_policy": utf8,
+                    "replaced_bytes": list(replaced),
+                }
+            )
         else:
             console.print(Text(json.dumps(ids)))
             console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
+            if replaced:
+                console.print(Text(_replaced_note(replaced)))
+
+
+def _replaced_note(replaced: tuple[int, ...]) -> str:
+    shown = ", ".join(map(str, replaced[:8])) + (", …" if len(replaced) > 8 else "")
+    return f"utf8=replace: {len(replaced)} invalid byte(s) read as U+FFFD, at byte offsets {shown}"

@@ -35,12 +35,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from .errors import BudgetError
 from .model import Model, RequestLike
 from .request import Message, Request
+from .template import aware_clock
 
 __all__ = [
     "COMPACTION_REASONS",
@@ -203,8 +203,8 @@ def _prepare(
     utf8 = options.pop("utf8", "strict")
     req = model.parse(request, dialect=dialect, utf8=utf8)
     # One clock for every render, so a template that prints the date sees the same one in each prefix.
-    if options.get("now") is None:
-        options["now"] = datetime.now()
+    # Timezone-aware, like the render's own clock (`template.aware_clock`): the zone is recorded with it.
+    options["now"] = aware_clock(options.get("now"))
     options["template"] = template
     prefix_options = {
         **options,

@@ -99,6 +99,11 @@ class TemplateSecurityError(TemplateError):
     pass
 
 
+class TemplateDeterminismError(TemplateError):
+    """The template would render a text that differs from run to run for the same inputs (it printed a memory
+    address: a function, a method, a generator or an object without a value of its own)."""
+
+
 class ArtifactError(CtxlockError):
     """A model artifact (tokenizer file, config, template file) is missing or malformed."""
 

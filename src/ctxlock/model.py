@@ -67,6 +67,11 @@ class Model:
     def pad_id(self) -> int | None:
         return self.artifacts.pad_id
 
+    @property
+    def hub(self) -> Any:
+        """How a hub model's revision resolved (`ctxlock.artifacts.hub.HubRevision`), or None for other models."""
+        return self.artifacts.hub
+
     def parse(
         self, request: RequestLike, *, dialect: Dialect | str | None = None, utf8: Utf8Policy | str = "strict"
     ) -> Request:
@@ -90,12 +95,14 @@ class Model:
         utf8: Utf8Policy | str = "strict",
         limits: RenderLimits = DEFAULT_LIMITS,
         provenance: bool | None = None,
+        seed: int | None = None,
     ) -> Rendered:
         """Render with the model's chat template. Options carry transformers' names.
 
         Unlike transformers, `add_generation_prompt` defaults to True (what a model receives at inference),
         and to False when `continue_final_message` is set. `provenance` is accepted and ignored: provenance is kept
         per character in the one render (it once chose whether a second render located request strings).
+        `seed` (default 0) seeds the template's `random` filter and `lipsum`; `now` may carry a UTC offset.
         """
         req = self.parse(request, dialect=dialect, utf8=utf8)
         if isinstance(template, ChatTemplate):
@@ -126,6 +133,7 @@ class Model:
             now=now,
             limits=limits,
             provenance=provenance,
+            seed=seed,
         )
 
     def tokenize(self, rendered: Rendered) -> Tokenized:

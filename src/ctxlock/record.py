@@ -39,7 +39,11 @@ from typing import Any
 from .errors import CtxlockError, RecordFormatError
 from .frozen import thaw
 
-RECORD_FORMAT = "ctxlock.record/1"
+RECORD_FORMAT = "ctxlock.record/2"
+# Format 2 adds: `model` (the spec's id, source and hub revision), `warnings`, the clock's zone and the render
+# seed with the template's draws in `dynamic` (in place of the always-empty `random_ids`), and the template file's
+# byte digest and line endings. A format-1 record is still read (its missing parts are null).
+READABLE_FORMATS = ("ctxlock.record/1", RECORD_FORMAT)
 # The context policy decides which messages the template sees, so its layer comes right after the request.
 LAYERS = ("request", "policy", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "tensors")
 _SECTIONS = (
@@ -306,11 +310,11 @@ class ExecutionRecord:
             raise RecordFormatError("the JSON nests too deeply to be a record", path=source, hint=_BAD_RECORD) from None
         if not isinstance(data, dict):
             raise RecordFormatError("a record is a JSON object", path=source)
-        if data.get("format") != RECORD_FORMAT:
+        if data.get("format") not in READABLE_FORMATS:
             raise RecordFormatError(
                 f"unknown record format {data.get('format')!r}",
                 path=f"{source}:format",
-                hint=f"this ctxlock reads {RECORD_FORMAT}",
+                hint=f"this ctxlock reads {' and '.join(READABLE_FORMATS)}",
             )
         missing = [s for s in _SECTIONS if s not in data]
         if missing:
@@ -368,6 +372,7 @@ class RunOptions:
     template_name: str | None = None
     budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
     sampling: Mapping[str, Any] | None = None  # a SamplerConfig as a dict (processors and their order, seed)
+    render_seed: int | None = None  # the template's random seed (None: 0), recorded in `dynamic.random.seed`
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -381,6 +386,7 @@ class RunOptions:
             "template_name": self.template_name,
             "budget": dict(self.budget) if self.budget else None,
             "sampling": dict(self.sampling) if self.sampling else None,
+            "render_seed": self.render_seed,
         }
 
     @classmethod
@@ -436,6 +442,8 @@ def build_record(
         "tensors": None,
         "options": options.to_dict(),
         "errors": [error.to_dict()] if error is not None else [],
+        "warnings": _model_warnings(model),
+        "model": _model_section(model),
         "environment": environment(),
         "replay": {
             "model": model.id,
@@ -473,8 +481,12 @@ def build_record(
         },
         "tools": req.template_tools(),
         "documents": req.template_documents(),
-        "random_ids": [],
+        "clock_zone": rendered.clock_zone or None,
+        # The template's one random generator: its seed and every draw (what, template line, choice), so that
+        # replay, given the seed, draws the same.
+        "random": {"seed": rendered.seed, "draws": [thaw(d) for d in rendered.draws]},
     }
+    data["warnings"] += [thaw(w) for w in rendered.warnings]
     t = rendered.template
     data["template"] = {**_template_section(t), "variables": variables}
     data["replay"]["template_sha256"] = t.sha256
@@ -491,6 +503,19 @@ def build_record(
     data["tokens"] = [tok.id_to_token(i) for i in tokenized.ids]
     data["tensors"] = mi.to_dict()
     return ExecutionRecord.from_data(data)
+
+
+def _model_section(model: Any) -> dict[str, Any]:
+    hub = getattr(model.artifacts, "hub", None)
+    return {"id": model.id, "source": model.artifacts.source, "hub": hub.to_dict() if hub is not None else None}
+
+
+def _model_warnings(model: Any) -> list[dict[str, Any]]:
+    hub = getattr(model.artifacts, "hub", None)
+    message = hub.warning() if hub is not None else None
+    if message is None:
+        return []
+    return [{"kind": "rolling_revision", "message": message, "path": f"model {hub.repo_id}@{hub.revision}"}]
 
 
 def _template_section(t: Any) -> dict[str, Any]:
@@ -679,7 +704,7 @@ def _compare_layer(layer: str, da: Mapping[str, Any], db: Mapping[str, Any]) -> 
                 f"the injected clock changed ({xa.get('now')} vs {xb.get('now')}) and the template reads it "
                 "(strftime_now)",
             )
-        for key in ("chat_template_kwargs", "tools", "documents", "random_ids"):
+        for key in ("chat_template_kwargs", "tools", "documents", "random", "random_ids"):
             found = _first_json_difference(xa.get(key), xb.get(key))
             if found:
                 path = f"dynamic.{key}" + (f".{found[0]}" if found[0] != "$" else "")

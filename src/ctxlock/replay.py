@@ -55,6 +55,7 @@ def run_and_record(
         "dialect": options.dialect,
         "utf8": options.utf8,
         "template": template if template is not None else options.template_name,
+        "seed": options.render_seed,
     }
     try:
         if options.budget:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import marshal
+import random
 import re
 import signal
 import sys
@@ -39,6 +40,7 @@ from typing import Any
 
 import jinja2
 import jinja2.compiler
+import jinja2.constants
 import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
@@ -86,14 +88,20 @@ class Limit(Exception):
 
 
 class _State:
-    __slots__ = ("created", "limits", "max_items", "max_single", "template")
+    __slots__ = ("created", "draws", "limits", "max_items", "max_single", "rng", "template")
 
-    def __init__(self, limits: RenderLimits, template: jinja2.Template | None) -> None:
+    def __init__(
+        self, limits: RenderLimits, template: jinja2.Template | None, seed: int = 0, draws: list | None = None
+    ) -> None:
         self.limits = limits
         self.max_single = limits.max_output_chars
         self.max_items = max(1024, limits.max_output_chars // 8)
         self.created = 0
         self.template = template
+        # The one source of randomness a template has (the `random` filter, `lipsum`): seeded per render, so the
+        # same inputs and seed give the same text in every process; every draw is logged in `draws`.
+        self.rng = random.Random(seed)
+        self.draws = draws if draws is not None else []
 
     def charge(self, n: int, what: str) -> None:
         """A new string of n characters."""
@@ -127,6 +135,12 @@ def _state() -> _State:
 
 def where() -> str:
     """`line N` of the template frame that is running (for messages), or ""."""
+    line = running_line()
+    return f"at template line {line}" if line is not None else ""
+
+
+def running_line() -> int | None:
+    """The template line that is running (the innermost template frame), or None outside a render."""
     state = _STATE.get()
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
@@ -135,9 +149,58 @@ def where() -> str:
             if state is not None and state.template is not None:
                 with suppress(Exception):
                     line = state.template.get_corresponding_lineno(line)
-            return f"at template line {line}"
+            return line
         frame = frame.f_back
-    return ""
+    return None
+
+
+class Nondeterministic(Exception):
+    """The render would print a memory address (different in every process): refused, with the template line."""
+
+    def __init__(self, message: str, line: int | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_VALUE_TYPES = (str, int, float, type(None), jinja2.Undefined)
+
+
+def check_printable(value: Any, what: str) -> None:
+    """Refuse to turn into text a value whose text is a memory address (`<function f at 0x7f...>`, a method, a
+    generator from `map`/`select`, a cycler or joiner object): jinja prints it as Python's repr, which differs in
+    every process, so the render would not be reproducible. Containers are walked; values are never printed."""
+    t = type(value)
+    if t is str or t is Tainted or t is int or t is bool or value is None:
+        return
+    stack = [value]
+    seen = 0
+    while stack and seen < 100_000:
+        v = stack.pop()
+        seen += 1
+        if isinstance(v, _VALUE_TYPES):
+            continue
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+        elif isinstance(v, jinja2.utils.Namespace):
+            stack.extend(getattr(v, "_Namespace__attrs", {}).values())
+        elif not isinstance(v, (type, jinja2.runtime.Macro)):
+            # A class prints as its name and a macro as `<Macro 'name'>`; a function, a method (in transformers,
+            # `<built-in method upper of str object at 0x...>`) or an object without a repr of its own prints
+            # its address.
+            shown = repr(v)
+            if _ADDRESS.search(shown) or callable(v):
+                kind = type(v).__name__
+                shown = _ADDRESS.sub(" at 0x…", shown).replace("Tainted.", "str.")
+                raise Nondeterministic(
+                    f"{what} would print a {kind} as {shown[:80]!r}, which is not a value: its text is a memory "
+                    "address that differs in every run",
+                    running_line(),
+                )
 
 
 def _deep_size(value: Any, limit: int) -> int:
@@ -253,9 +316,56 @@ def _raise_exception(message: Any) -> None:
 
 
 def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    """jinja's `lipsum` (n paragraphs of min..max lorem-ipsum words, as HTML paragraphs or plain text), drawn from
+    the render's seeded generator instead of the process-wide `random` module, and logged."""
     state = _state()
     state.width(n * max if isinstance(n, int) and isinstance(max, int) else 0, "lipsum size")
-    return jinja2.utils.generate_lorem_ipsum(n, html, min, max)
+    rng = state.rng
+    words = jinja2.constants.LOREM_IPSUM_WORDS.split()
+    paragraphs = []
+    for _ in range(n):
+        picked: list[str] = []
+        previous = ""
+        since_comma = since_period = 0
+        for i in range(rng.randint(min, max)):
+            word = rng.choice(words)
+            while word == previous:  # no word twice in a row
+                word = rng.choice(words)
+            previous = word
+            since_comma += 1
+            since_period += 1
+            if i and since_comma > rng.randint(3, 8):  # a comma every few words
+                picked[-1] += ","
+                since_comma = 0
+            if i and since_period > rng.randint(10, 20):  # a period, and a capital after it
+                picked[-1] += "."
+                since_comma = since_period = 0
+                word = word.capitalize()
+            picked.append(word)
+        text = " ".join(picked)
+        text = text[:1].upper() + text[1:]
+        if text.endswith(","):
+            text = text[:-1] + "."
+        elif not text.endswith("."):
+            text += "."
+        paragraphs.append(text)
+    state.draws.append({"what": "lipsum", "line": running_line(), "paragraphs": n})
+    if not html:
+        return "\n\n".join(paragraphs)
+    return jinja2.utils.markupsafe.Markup("\n".join(f"<p>{jinja2.utils.markupsafe.escape(p)}</p>" for p in paragraphs))
+
+
+@jinja2.pass_context
+def _random_filter(context: Any, seq: Any) -> Any:
+    """jinja's `random` filter (one item of a sequence), drawn from the render's seeded generator and logged with
+    the template line, the sequence length and the index drawn."""
+    state = _state()
+    n = len(seq)  # a sequence without a length is a TypeError, as random.choice gives
+    if not n:
+        return context.environment.undefined("No random item, sequence was empty.")
+    index = state.rng.randrange(n)
+    state.draws.append({"what": "random", "line": running_line(), "choices": n, "index": index})
+    return seq[index]
 
 
 class _UnsafeUndefined(jinja2.Undefined):
@@ -365,6 +475,10 @@ _BUILDING_FILTERS = frozenset(
         "xmlattr",
     }
 )
+# Filters that turn their input (and arguments) into text with str() or repr(): a value whose text is a memory
+# address is refused there. Filters that only iterate their input (min, first, join of its items, ...) are not in
+# it: what they return is checked where it is printed.
+_STRINGIFYING = (_BUILDING_FILTERS - {"join", "list", "reverse", "tojson"}) | {"wordcount"}
 # How many output characters a filter can make per input character, where it is more than one.
 _GROWTH = {"urlencode": 12, "escape": 6, "e": 6, "forceescape": 6, "xmlattr": 6, "urlize": 12, "upper": 3}
 _PCT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[diouxXeEfFgGcrsa%]")
@@ -379,6 +493,7 @@ class _Formatter(jinja2.sandbox.SandboxedFormatter):
         state = _state()
         for d in _DIGITS.findall(format_spec):
             state.width(int(d), "a format width or precision")
+        check_printable(value, "format()")
         out = format(value, format_spec)
         return taint.derived(out, (value,), "format") if type(out) is not Tainted else out
 
@@ -432,6 +547,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.filters["join"] = _join_filter
         self.filters["attr"] = _wrap_filter("attr", _attr_filter)
         self.filters["tojson"] = _wrap_filter("tojson", _tojson)
+        self.filters["random"] = _wrap_filter("random", _random_filter)
         self.globals["lipsum"] = _lipsum
 
     # -- strings built by the template
@@ -449,6 +565,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if isinstance(value, (list, tuple, dict, set, frozenset)):
             state = _state()
             state.charge(_deep_size(value, state.max_single), "printing a container")
+        check_printable(value, "printing a value")
         return taint.derived(str(value), (value,), "str()")
 
     def ctx_concat(self, parts: tuple[Any, ...]) -> str:
@@ -606,6 +723,7 @@ def _percent(fmt: str, args: Any, state: _State) -> Any:
                 state.width(a, "a '%' width")
         if m.group(0) not in ("%s", "%%"):
             plain_s = False
+    check_printable(args, "'%'")
     out = fmt % args
     state.charge(len(out), "'%'")
     if type(fmt) is str and plain_s and not isinstance(args, dict):
@@ -634,6 +752,7 @@ def _wrap_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
     at compile time (a constant filter expression is evaluated at render time, under the limits)."""
     pass_arg = _PassArg.from_obj(f)
     builds = name in _BUILDING_FILTERS
+    prints = name in _STRINGIFYING
     growth = _GROWTH.get(name, 1)
 
     def filt(context: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
@@ -648,6 +767,11 @@ def _wrap_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
             out = f(context.environment, value, *args, **kwargs)
         else:
             out = f(value, *args, **kwargs)
+        if prints and isinstance(out, (str, bytes)):
+            if type(value) is not str and type(value) is not Tainted:
+                check_printable(value, f"|{name}")
+            if args or kwargs:
+                check_printable((args, kwargs), f"|{name}")
         if isinstance(out, (str, bytes)):
             if type(out) is not Tainted:
                 out = taint.derived(out, (value, args, kwargs), f"|{name}")
@@ -717,7 +841,7 @@ def _join_filter(context: Any, value: Any, d: str = "", attribute: Any = None) -
 
 # Bump when the environment changes (options, extensions, filters, code generation): the bytecode cache is keyed by
 # the template source only, so a new environment needs a new directory.
-_BYTECODE_VERSION = 6
+_BYTECODE_VERSION = 7
 _MAX_CACHED_CODE = 1 << 20  # bytes of marshalled code: a larger compiled template is not kept on disk
 _MAX_GENERATED = 600_000  # characters of generated Python: real templates (under 20 kB) generate under 150 kB
 
@@ -865,14 +989,19 @@ def render_limited(
     checker: taint.Checker,
     *,
     tracer: bool | None = None,
+    seed: int = 0,
+    draws: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
-    """Render within the limits; return the text and the spans of its request-derived characters."""
+    """Render within the limits; return the text and the spans of its request-derived characters.
+
+    `seed` seeds the render's one random generator (the `random` filter, `lipsum`); each draw is appended to
+    `draws` (a dict: what, template line, and the choice made)."""
     chunks: list[str] = []
     spans: list[taint.SpanT] = []
     size = 0
     limit = limits.max_output_chars
     append = chunks.append
-    state_token = _STATE.set(_State(limits, compiled))
+    state_token = _STATE.set(_State(limits, compiled, seed, draws))
     checker_token = taint.CHECKER.set(checker)
     try:
         # The clock is the timer's or the tracer's job (both see every template frame); here only the size counts.
@@ -904,12 +1033,15 @@ __all__ = [
     "DEFAULT_LIMITS",
     "Limit",
     "LimitedEnvironment",
+    "Nondeterministic",
     "Raised",
     "RenderLimits",
+    "check_printable",
     "clear_caches",
     "compile_source",
     "new_environment",
     "render_limited",
+    "running_line",
     "template_line",
     "time_limit",
     "where",

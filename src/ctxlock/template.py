@@ -32,6 +32,7 @@ import jinja2
 from . import taint
 from .errors import (
     ControlTokenError,
+    TemplateDeterminismError,
     TemplateError,
     TemplateLimitError,
     TemplateNotFoundError,
@@ -45,6 +46,7 @@ from .request import Dialect, Message, Request, join_path
 from .sandbox import (
     DEFAULT_LIMITS,
     Limit,
+    Nondeterministic,
     Raised,
     RenderLimits,
     compile_source,
@@ -182,19 +184,27 @@ class Rendered:
     text: str
     template: ChatTemplate
     variables: FrozenDict  # everything the template saw besides messages/tools/documents
-    now: str  # the clock strftime_now read (ISO 8601), recorded even when the template did not read it
+    now: str  # the clock strftime_now read (ISO 8601 with its UTC offset), recorded even when it was not read
     clock_used: bool  # whether the template called strftime_now
     request_spans: tuple[Span, ...]  # ranges of `text` that are request strings
     provenance_exact: bool  # every request-derived character is known (False: see `taint`, an unmapped operation)
     untrusted: tuple[Span, ...]  # request-derived ranges that a control-token string touches: no control id there
     policy: SpecialTokenPolicy
+    clock_zone: str = ""  # the zone of `now`: a name ("JST", "UTC") or "UTC+09:00" for a fixed offset
+    seed: int = 0  # the seed of the render's random generator (the `random` filter, `lipsum`)
+    draws: tuple[FrozenDict, ...] = ()  # what the template drew from it, in order: what, line, choice
+    warnings: tuple[FrozenDict, ...] = ()  # things the render did that a reader must know (see `role_markers`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
             "template": self.template.to_dict(),
             "now": self.now,
+            "clock_zone": self.clock_zone,
             "clock_used": self.clock_used,
+            "seed": self.seed,
+            "draws": [thaw(d) for d in self.draws],
+            "warnings": [thaw(w) for w in self.warnings],
             "request_spans": [[s.start, s.end, s.path] for s in self.request_spans],
             "provenance_exact": self.provenance_exact,
         }
@@ -253,12 +263,24 @@ def _sha256(text: str) -> str:
 
 
 def _run(
-    template: ChatTemplate, context: dict[str, Any], limits: RenderLimits, checker: taint.Checker
+    template: ChatTemplate,
+    context: dict[str, Any],
+    limits: RenderLimits,
+    checker: taint.Checker,
+    seed: int = 0,
+    draws: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render once; map every failure to a typed TemplateError that names the template line."""
     compiled = _compile(template.source, _compile_limits(limits))
     try:
-        return render_limited(compiled, context, limits, checker)
+        return render_limited(compiled, context, limits, checker, seed=seed, draws=draws)
+    except Nondeterministic as exc:
+        raise TemplateDeterminismError(
+            exc.message,
+            path=f"{template.id} line {exc.line}" if exc.line else template.id,
+            hint="the text would differ from run to run; the template prints an object, not a value: fix it or "
+            "choose another with --template",
+        ) from None
     except Raised as exc:
         line = template_line(exc.__traceback__)
         raise TemplateRaisedError(
@@ -470,6 +492,7 @@ def render(
     now: datetime | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
     provenance: bool | None = True,
+    seed: int | None = None,
 ) -> Rendered:
     """Render a request with a chat template, as transformers' `apply_chat_template(tokenize=False)` would.
 
@@ -478,6 +501,12 @@ def render(
     `tools`/`documents`/`chat_template_kwargs` given here (by the caller, trusted) are added to those of the request.
     Provenance is tracked in the one render, per character, whatever `provenance` says (kept for compatibility: it
     once chose whether a second render located request strings).
+
+    The clock is timezone-aware: `now` (default: the local wall clock, with the local zone; a naive `now` is taken
+    as local time) is recorded with its offset, and `strftime_now` formats its wall time without a zone, as
+    transformers' `datetime.now().strftime(fmt)` does on a machine in that zone at that instant. `seed` (default 0)
+    seeds the one random generator a template can draw from (jinja's `random` filter and `lipsum`), so the same
+    inputs give the same text; the draws are listed in `Rendered.draws`.
     """
     del provenance
     policy = SpecialTokenPolicy(policy)
@@ -496,7 +525,8 @@ def render(
     template = (
         templates if isinstance(templates, ChatTemplate) else templates.select(template_name, has_tools=bool(all_tools))
     )
-    clock = now if now is not None else datetime.now()
+    clock = aware_clock(now)
+    seed = 0 if seed is None else _check_seed(seed)
     request_kwargs = (
         {k: _tainted(v, join_path("chat_template_kwargs", k)) for k, v in request.chat_template_kwargs.items()}
         if request.chat_template_kwargs
@@ -523,9 +553,11 @@ def render(
 
     clock_calls: list[str] = []
 
+    wall = clock.replace(tzinfo=None)  # transformers formats a naive local time: %z and %Z are empty
+
     def strftime_now(fmt: str) -> str:
         clock_calls.append(fmt)
-        return taint.derived(clock.strftime(fmt), (fmt,), "strftime_now()")
+        return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
 
     messages = _template_messages(request)
     msgs = _tag_final_message(messages, template) if continue_final_message else messages
@@ -537,7 +569,8 @@ def render(
         "strftime_now": strftime_now,
     }
     checker = taint.Checker(tokens.search, where, tokens)
-    text, spans = _run(template, context, limits, checker)
+    draws: list[dict[str, Any]] = []
+    text, spans = _run(template, context, limits, checker, seed, draws)
     if continue_final_message:
         text, spans = _cut_at_continue_tag(text, spans, messages)
 
@@ -572,7 +605,28 @@ def render(
         provenance_exact=not any(note for *_, note in spans),
         untrusted=tuple(untrusted),
         policy=policy,
+        clock_zone=clock.tzname() or "",
+        seed=seed,
+        draws=tuple(freeze(d) for d in draws),
     )
+
+
+def aware_clock(now: datetime | None) -> datetime:
+    """The render clock, timezone-aware: the local wall clock with the local zone when `now` is None, a naive
+    `now` taken as local time (Python's `astimezone()`), an aware one as given."""
+    if now is None:
+        return datetime.now().astimezone()
+    return now if now.tzinfo is not None and now.utcoffset() is not None else now.astimezone()
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise TemplateError(
+            f"the render seed must be an integer in [0, 2**64), not {seed!r}",
+            path="seed",
+            hint="pass an integer (the default is 0)",
+        )
+    return seed
 
 
 def _tag_final_message(msgs: list[dict[str, Any]], template: ChatTemplate) -> list[dict[str, Any]]:
@@ -639,6 +693,7 @@ __all__ = [
     "SpecialTokenPolicy",
     "TemplateFeatures",
     "TemplateSet",
+    "aware_clock",
     "compile_template",
     "line_endings",
     "render",

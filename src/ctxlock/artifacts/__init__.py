@@ -15,6 +15,7 @@ compile), never a bare KeyError, UnicodeError or OSError.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ class ModelArtifacts:
     special_tokens: FrozenDict  # template variables: bos_token, eos_token, ...
     pad_id: int | None
     description: str = ""
+    hub: Any = None  # a hub.HubRevision when the model came from the HF hub cache (`org/name[@revision]`)
 
     def describe(self) -> dict[str, Any]:
         templates = []
@@ -66,6 +68,7 @@ class ModelArtifacts:
             "control_tokens": len(self.tokenizer.control_tokens),
             "pad_id": self.pad_id,
             "templates": templates,
+            **({"hub": self.hub.to_dict()} if self.hub is not None else {}),
         }
 
 
@@ -502,12 +505,14 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
         root = builtin
     else:
         root = Path(name).expanduser()
-        from .hub import is_hub_id, resolve_hub_model
+        from .hub import is_hub_id, resolve_hub_revision
 
         if not root.exists() and is_hub_id(name):
-            # org/name: the local HF hub cache, offline; never downloads.
-            snapshot = resolve_hub_model(name)
-            return _load_hub_cached(snapshot, name, _fingerprint(snapshot))
+            # org/name[@revision]: the local HF hub cache, offline; never downloads. The artifacts carry how the
+            # revision resolved (a rolling ref or a pinned commit), for the record.
+            pin = resolve_hub_revision(name)
+            loaded = _load_hub_cached(pin.snapshot, pin.repo_id, _fingerprint(pin.snapshot))
+            return dataclasses.replace(loaded, hub=pin)
         if not root.exists():
             known = ", ".join(n for n, _ in builtin_models())
             raise ArtifactNotFoundError(

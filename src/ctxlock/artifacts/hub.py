@@ -18,13 +18,22 @@ current directory).
 Snapshot files are symlinks into `blobs/`, outside the snapshot directory: a containment check that resolves
 symlinks must treat the model root (`models--org--name/`) as the boundary for blobs, or check the path before
 resolving the link, not the resolved target against the snapshot directory.
+
+A model spec may name a revision: `org/name@revision`, a branch, a tag or a commit (`resolve_hub_revision`).
+It is resolved as huggingface_hub's `try_to_load_from_cache` does: `refs/<revision>` if that file exists, else
+`snapshots/<revision>` taken as a commit. Without a revision it is `main`. What a ref names is a rolling
+reference: the hub moves a branch with every push (and a tag can be moved), so the same spec can load other files
+tomorrow. A record made through a ref says so (`HubRevision.rolling`) and names the commit it resolved to, which
+`org/name@<commit>` pins.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..inputs import read_input
@@ -118,13 +127,76 @@ def _not_cached(what: str, looked: Path, repo_id: str, cache: Path) -> ArtifactN
     )
 
 
+@dataclass(frozen=True)
+class HubRevision:
+    """How a hub spec resolved: the repo, the revision asked for, the commit it named, and whether it went
+    through a ref (a rolling reference that the hub can move) or named the commit itself."""
+
+    repo_id: str
+    revision: str  # as asked ("main" when the spec named none)
+    commit: str  # the snapshot directory's name, a 40-hex commit hash
+    via: str  # "refs/<revision>" or "snapshots/<commit>"
+    snapshot: Path
+
+    @property
+    def rolling(self) -> bool:
+        return self.via.startswith("refs/")
+
+    @property
+    def pinned_spec(self) -> str:
+        return f"{self.repo_id}@{self.commit}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "commit": self.commit,
+            "resolved_via": self.via,
+            "rolling": self.rolling,
+        }
+
+    def warning(self) -> str | None:
+        """The warning a run through a rolling reference carries, or None for a pinned commit."""
+        if not self.rolling:
+            return None
+        return (
+            f"{self.repo_id} was resolved through {self.via}, a rolling reference the hub can move, to commit "
+            f"{self.commit}: pin it with --model {self.pinned_spec}"
+        )
+
+
+def split_hub_spec(spec: str) -> tuple[str, str | None]:
+    """`org/name@revision` -> ("org/name", "revision"); `org/name` -> ("org/name", None). A repo id cannot hold
+    "@", so the first one separates the revision (which may hold "/": `refs/pr/1`)."""
+    repo_id, sep, revision = spec.partition("@")
+    return repo_id, (revision if sep else None)
+
+
 def resolve_hub_model(repo_id: str, *, revision: str | None = None, cache_dir: Path | None = None) -> Path:
     """The snapshot directory of `repo_id` at `revision` (default `main`) in the local hub cache.
 
-    A 40-hex revision is a commit and names the snapshot directly; anything else is looked up in `refs/`.
+    See `resolve_hub_revision`, which also says how it was resolved."""
+    return resolve_hub_revision(repo_id, revision=revision, cache_dir=cache_dir).snapshot
+
+
+def resolve_hub_revision(repo_id: str, *, revision: str | None = None, cache_dir: Path | None = None) -> HubRevision:
+    """Resolve `repo_id` at `revision` (default `main`) in the local hub cache, as huggingface_hub does offline:
+    `refs/<revision>` when that file exists (a branch or tag; it holds a commit hash), else `snapshots/<revision>`
+    taken as a commit. `repo_id` may carry the revision itself (`org/name@v1.0`).
+
     Raises `ArtifactNotFoundError` (model, ref or snapshot missing), `PathTraversalError` (a repo id or revision
-    that would leave the cache) or `ArtifactFormatError` (a ref file that does not hold a commit hash).
+    that would leave the cache) or `ArtifactFormatError` (a ref file that does not hold a commit hash, or a
+    revision given twice).
     """
+    if isinstance(repo_id, str) and "@" in repo_id:
+        repo_id, spec_revision = split_hub_spec(repo_id)
+        if revision is not None and spec_revision != revision:
+            raise ArtifactFormatError(
+                f"two revisions: {spec_revision!r} in the spec and {revision!r}",
+                path=f"{repo_id}@{spec_revision}",
+                hint="name the revision once",
+            )
+        revision = spec_revision
     org, name = _check_repo_id(repo_id)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else hub_cache_dir()
     model_dir = cache / f"models--{org}--{name}"
@@ -134,12 +206,8 @@ def resolve_hub_model(repo_id: str, *, revision: str | None = None, cache_dir: P
     if not isinstance(rev, str):
         raise ArtifactFormatError("revision must be a string", path=f"revision {rev!r}")
     _check_revision(rev)
-    if _COMMIT_RE.fullmatch(rev):
-        commit = rev
-    else:
-        ref = model_dir / "refs" / rev
-        if not ref.is_file():  # missing, or a directory (refs/pr/ holds refs/pr/1): not this revision
-            raise _not_cached(f"revision {rev!r} of {repo_id}", ref, repo_id, cache)
+    ref = model_dir / "refs" / rev
+    if ref.is_file():  # a directory (refs/pr/ holds refs/pr/1) is not this revision
         # A ref holds 40 hex digits: a few KiB is plenty, and a FIFO or device under its name is refused.
         data = read_input(ref, label=str(ref), limit=4096, env=None, error=ArtifactFormatError)
         commit = data.decode("utf-8", "replace").strip()
@@ -149,19 +217,34 @@ def resolve_hub_model(repo_id: str, *, revision: str | None = None, cache_dir: P
                 path=str(ref),
                 hint="the cache entry is damaged; download the model again",
             )
+        via = f"refs/{rev}"
+    elif _COMMIT_RE.fullmatch(rev):
+        commit, via = rev, f"snapshots/{rev}"
+    else:
+        # Not a ref in this cache, and not a full commit hash (an abbreviated one is not resolved offline).
+        raise _not_cached(f"revision {rev!r} of {repo_id}", ref, repo_id, cache)
     snapshot = model_dir / "snapshots" / commit
     if not snapshot.is_dir():
         raise _not_cached(f"snapshot {commit} of {repo_id}", snapshot, repo_id, cache)
-    return snapshot
+    return HubRevision(repo_id=repo_id, revision=rev, commit=commit, via=via, snapshot=snapshot)
 
 
 def is_hub_id(spec: str) -> bool:
-    """Whether a model spec looks like a hub repo id (`org/name`) and is not an existing local path."""
+    """Whether a model spec looks like a hub repo id (`org/name`, optionally `@revision`) and is not an existing
+    local path."""
     if not isinstance(spec, str):
         return False
-    if not _valid_shape(spec):
+    repo_id, _ = split_hub_spec(spec)
+    if not _valid_shape(repo_id):
         return False
     return not Path(spec).expanduser().exists()
 
 
-__all__ = ["hub_cache_dir", "is_hub_id", "resolve_hub_model"]
+__all__ = [
+    "HubRevision",
+    "hub_cache_dir",
+    "is_hub_id",
+    "resolve_hub_model",
+    "resolve_hub_revision",
+    "split_hub_spec",
+]

@@ -15,11 +15,12 @@ from rich.rule import Rule
 from rich.text import Text
 
 from ..errors import InputError, SamplerError
+from ..frozen import thaw
 from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
-from ..template import SpecialTokenPolicy
+from ..template import SpecialTokenPolicy, aware_clock
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json
 
@@ -86,12 +87,35 @@ def _parse_vars(items: list[str]) -> dict[str, Any]:
 
 
 def _parse_now(now: str | None) -> datetime | None:
+    """--now as an aware time: with its offset (2026-01-02T03:04:05+09:00, or Z), or, without one, local time."""
     if now is None:
         return None
     try:
-        return datetime.fromisoformat(now)
+        parsed = datetime.fromisoformat(now)
     except ValueError:
-        raise typer.BadParameter(f"not an ISO 8601 time: {now!r}", param_hint="--now") from None
+        raise typer.BadParameter(
+            f"not an ISO 8601 time: {now!r} (for example 2026-01-02T03:04:05+09:00)", param_hint="--now"
+        ) from None
+    return aware_clock(parsed)
+
+
+def _parse_seed(seed: str | None) -> int | None:
+    """--render-seed: an integer, or `random` for a fresh one (drawn here, so the record holds it)."""
+    if seed is None:
+        return None
+    if seed == "random":
+        import secrets
+
+        return secrets.randbits(63)
+    try:
+        value = int(seed)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**64:
+        raise typer.BadParameter(
+            f"expected an integer in [0, 2**64) or `random`, got {seed!r}", param_hint="--render-seed"
+        )
+    return value
 
 
 def _read_sampling(path: Path | None) -> dict[str, Any] | None:
@@ -112,6 +136,7 @@ def _run_kwargs(options: RunOptions) -> dict[str, Any]:
         "now": datetime.fromisoformat(options.now) if options.now else None,
         "dialect": options.dialect,
         "utf8": options.utf8,
+        "seed": options.render_seed,
     }
 
 
@@ -140,10 +165,23 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
             for m in t.neutralized
         ],
         "now": r.now,
+        "clock_zone": r.clock_zone,
         "clock_used": r.clock_used,
+        "random": {"seed": r.seed, "draws": [thaw(d) for d in r.draws]},
+        "hub": model.hub.to_dict() if model.hub is not None else None,
+        "warnings": _warnings(model, r),
         "provenance_exact": r.provenance_exact,
         "request_spans": [[s.start, s.end, s.path] for s in r.request_spans],
     }
+
+
+def _warnings(model: Model, rendered: Any) -> list[dict[str, Any]]:
+    """What the record's `warnings` holds for this run: a rolling hub revision, and the render's own."""
+    out: list[dict[str, Any]] = []
+    message = model.hub.warning() if model.hub is not None else None
+    if message:
+        out.append({"kind": "rolling_revision", "message": message, "path": f"model {model.hub.repo_id}"})
+    return out + [thaw(w) for w in rendered.warnings]
 
 
 def _path_at(rendered: Any, offset: int) -> str:
@@ -180,7 +218,21 @@ def _show(model: Model, run: Run) -> None:
     console.print(f"template   {r.template.sha256}  ({escape(r.template.origin or r.template.id)})")
     console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
     console.print(f"request    {run.request.source_sha256}  ({run.request.dialect}, utf8={run.request.utf8_policy})")
-    console.print(f"clock      {r.now}  ({'read by the template' if r.clock_used else 'not read by the template'})")
+    read = "read by the template" if r.clock_used else "not read by the template"
+    console.print(f"clock      {r.now}  ({escape(r.clock_zone)}, {read})")
+    if r.draws:
+        drawn = ", ".join(
+            f"{d['what']} at line {d['line']}" + (f" -> {d['index']} of {d['choices']}" if "index" in d else "")
+            for d in r.draws[:6]
+        )
+        console.print(f"random     seed {r.seed}: {len(r.draws)} draw(s): {escape(drawn)}")
+    if model.hub is not None:
+        pin = model.hub
+        console.print(
+            f"revision   {escape(pin.repo_id)}@{escape(pin.revision)} -> {pin.commit} (via {escape(pin.via)})"
+        )
+    for w in _warnings(model, r):
+        console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(str(w.get('path') or ''))})")
     console.print(
         "legend: [bold white on magenta] control token from the template [/]  "
         "[bold red underline]control-token string from the request, encoded as text[/]"
@@ -217,7 +269,20 @@ def register(app: typer.Typer) -> None:
             ),
         ] = SpecialTokenPolicy.TEXT,
         now: Annotated[
-            str | None, typer.Option("--now", help="The clock strftime_now reads, ISO 8601 (recorded either way).")
+            str | None,
+            typer.Option(
+                "--now",
+                help="The clock strftime_now reads, ISO 8601, with an offset (2026-01-02T03:04:05+09:00) or "
+                "without (local time). Default: the local clock. Recorded with its zone either way.",
+            ),
+        ] = None,
+        render_seed: Annotated[
+            str | None,
+            typer.Option(
+                "--render-seed",
+                help="Seed of the template's random filter and lipsum (default 0, so renders repeat); `random` "
+                "draws a fresh seed per run, as unseeded transformers would vary. Recorded either way.",
+            ),
         ] = None,
         dialect: Annotated[
             str | None, typer.Option("--dialect", help="openai or anthropic (default: detected).")
@@ -262,6 +327,7 @@ def register(app: typer.Typer) -> None:
                 dialect=dialect,
                 utf8=utf8,
                 sampling=_read_sampling(sampling),
+                render_seed=_parse_seed(render_seed),
             )
             if record:
                 from ..replay import run_and_record, save

@@ -74,7 +74,7 @@ def test_record_is_stable_across_runs() -> None:
     b = _record(model, req, now="2024-07-26T10:00:00")
     assert a.id == b.id
     data = a.data
-    assert data["format"] == "ctxlock.record/1"
+    assert data["format"] == "ctxlock.record/2"
     assert data["input_ids"] == [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6]
     assert all(isinstance(i, int) for i in data["input_ids"] + data["tensors"]["position_ids"][0])
     assert data["tensors"]["valid_lengths"] == [12]

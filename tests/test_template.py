@@ -57,9 +57,11 @@ def test_strftime_now_reads_the_injected_clock() -> None:
     rendered = render(REQ, ChatTemplate("Today is {{ strftime_now('%d %b %Y') }}.", id="t"), now=datetime(2024, 7, 26))
     assert rendered.text == "Today is 26 Jul 2024."
     assert rendered.clock_used is True
-    assert rendered.now == "2024-07-26T00:00:00"
+    # A naive clock is local time: recorded with the local offset (issue 15 item 6), the wall time unchanged.
+    local = datetime(2024, 7, 26).astimezone().isoformat()
+    assert rendered.now == local and datetime.fromisoformat(rendered.now).utcoffset() is not None
     plain = render(REQ, ChatTemplate("x", id="t"), now=datetime(2024, 7, 26))
-    assert plain.clock_used is False and plain.now == "2024-07-26T00:00:00"
+    assert plain.clock_used is False and plain.now == local
 
 
 def test_special_token_variables_and_kwargs() -> None:

@@ -23,6 +23,13 @@ def register(app: typer.Typer) -> None:
             print_json(info)
             return
         console.print(f"[bold]{info['id']}[/]  {info['source']}")
+        if info.get("hub"):
+            pin = info["hub"]
+            kind = "a rolling reference the hub can move" if pin["rolling"] else "a pinned commit"
+            console.print(
+                f"revision   {escape(pin['repo_id'])}@{escape(pin['revision'])} -> {pin['commit']} "
+                f"(via {escape(pin['resolved_via'])}, {kind})"
+            )
         if info["description"]:
             console.print(info["description"])
         tok = info["tokenizer"]

@@ -20,7 +20,8 @@ What ctxlock adds:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -32,6 +33,7 @@ import jinja2
 from . import taint
 from .errors import (
     ControlTokenError,
+    CtxlockError,
     TemplateDeterminismError,
     TemplateError,
     TemplateLimitError,
@@ -42,7 +44,7 @@ from .errors import (
     TemplateSyntaxError,
 )
 from .frozen import FrozenDict, freeze, thaw
-from .request import Dialect, Message, Request, join_path
+from .request import Dialect, Message, Request, join_path, parse_request
 from .sandbox import (
     DEFAULT_LIMITS,
     Limit,
@@ -493,6 +495,7 @@ def render(
     limits: RenderLimits = DEFAULT_LIMITS,
     provenance: bool | None = True,
     seed: int | None = None,
+    check_roles: bool = True,
 ) -> Rendered:
     """Render a request with a chat template, as transformers' `apply_chat_template(tokenize=False)` would.
 
@@ -507,6 +510,9 @@ def render(
     transformers' `datetime.now().strftime(fmt)` does on a machine in that zone at that instant. `seed` (default 0)
     seeds the one random generator a template can draw from (jinja's `random` filter and `lipsum`), so the same
     inputs give the same text; the draws are listed in `Rendered.draws`.
+
+    With `check_roles` (the default), a template whose role markers are plain text for this vocabulary (see
+    `role_markers`) is reported in `Rendered.warnings`, with the template line.
     """
     del provenance
     policy = SpecialTokenPolicy(policy)
@@ -608,7 +614,139 @@ def render(
         clock_zone=clock.tzname() or "",
         seed=seed,
         draws=tuple(freeze(d) for d in draws),
+        warnings=_role_warnings(template, special_tokens, tokens, limits) if check_roles else (),
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Role markers: does the template separate turns with control tokens, or with text a user can type?
+
+# The probe conversations, tried in turn (a template may refuse a system turn); each content is a sentinel word.
+ROLE_PROBES: tuple[tuple[tuple[str, str], ...], ...] = (
+    (
+        ("system", "QZXPROBEALPHA"),
+        ("user", "QZXPROBEBRAVO"),
+        ("assistant", "QZXPROBECHARLIE"),
+        ("user", "QZXPROBEDELTA"),
+    ),
+    (("user", "QZXPROBEBRAVO"), ("assistant", "QZXPROBECHARLIE"), ("user", "QZXPROBEDELTA")),
+)
+
+
+@dataclass(frozen=True)
+class RoleMarkers:
+    """What a probe render found between turns. `plain` lists each turn boundary whose text holds no control token
+    of the vocabulary, as (boundary, text the template wrote there, template line or None). `checked` is False
+    when the template renders no probe conversation (it raised on both), with the reason."""
+
+    checked: bool
+    plain: tuple[tuple[str, str, int | None], ...] = ()
+    reason: str = ""
+
+    @property
+    def forgeable(self) -> bool:
+        return bool(self.plain)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "plain_text": [{"boundary": b, "text": t, "line": line} for b, t, line in self.plain],
+            "reason": self.reason,
+        }
+
+    def warning(self, template: ChatTemplate) -> dict[str, Any] | None:
+        if not self.plain:
+            return None
+        # Named first: the boundary a user forges to write the assistant's reply, then the others.
+        order = ("user→assistant", "user→generation prompt", "assistant→user")
+        boundary, text, line = min(self.plain, key=lambda p: order.index(p[0]) if p[0] in order else len(order))
+        others = f" (and {len(self.plain) - 1} more boundary)" if len(self.plain) > 1 else ""
+        return {
+            "kind": "plain_text_role_markers",
+            "message": f"the template's role markers are plain text, not control tokens: at the {boundary} boundary "
+            f"it writes {text!r}{others}, which any message can contain, so a user can forge a turn and no "
+            "special-token policy can stop it",
+            "path": f"{template.id} line {line}" if line else template.id,
+        }
+
+
+def role_markers(
+    template: ChatTemplate, *, special_tokens: Mapping[str, str] | None = None, control_tokens: Iterable[str] = ()
+) -> RoleMarkers:
+    """Render a probe conversation (system, user, assistant, user, with a generation prompt; without the system
+    turn if the template refuses it) whose contents are sentinel words, and look at the text between consecutive
+    turns and after the last one: the template's own role markers. A boundary with no control token of the
+    vocabulary in it is plain text (`User:`, `### Assistant:`, `[INST]` where that is not a control token), so
+    request text can spell the same boundary. The verdict is cached per template and vocabulary."""
+    tokens = _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
+    return _role_markers(template, freeze(dict(special_tokens or {})), tokens)
+
+
+def _role_warnings(
+    template: ChatTemplate, special_tokens: Any, tokens: _TokenSet, limits: RenderLimits
+) -> tuple[FrozenDict, ...]:
+    found = _role_markers(template, freeze(dict(special_tokens or {})), tokens, limits).warning(template)
+    return (freeze(found),) if found else ()
+
+
+@lru_cache(maxsize=256)
+def _role_markers(
+    template: ChatTemplate, special_tokens: FrozenDict, tokens: _TokenSet, limits: RenderLimits = DEFAULT_LIMITS
+) -> RoleMarkers:
+    reason = ""
+    for probe in ROLE_PROBES:
+        request = parse_request({"messages": [{"role": r, "content": c} for r, c in probe]})
+        try:
+            text = render(
+                request,
+                template,
+                special_tokens=special_tokens,
+                control_tokens=tokens.tokens,
+                now=datetime(2026, 1, 1).astimezone(),
+                limits=limits,
+                check_roles=False,
+            ).text
+        except CtxlockError as exc:  # the template refuses this conversation (or is over the limits on it)
+            reason = f"the template renders no probe conversation: {exc}"
+            continue
+        plain = tuple(
+            (name, between, _line_of(between, template.source))
+            for name, between in role_boundaries(text, probe)
+            if tokens.regex is None or not tokens.regex.search(between)
+        )
+        return RoleMarkers(True, plain)
+    return RoleMarkers(False, reason=reason)
+
+
+def role_boundaries(text: str, probe: tuple[tuple[str, str], ...]) -> Iterator[tuple[str, str]]:
+    """(boundary name, text between two turns) for a probe render: from the end of each sentinel to the next
+    one, and from the last one to the end (the generation prompt). Turns the template dropped are skipped, and a
+    system turn folded into the first user turn (Mistral's templates join them with a blank line, no marker) is
+    not a boundary: it has no role marker to forge."""
+    found = sorted((text.find(content), len(content), role) for role, content in probe if content in text)
+    for k, (start, size, role) in enumerate(found):
+        end = start + size
+        if k + 1 < len(found):
+            between, name = text[end : found[k + 1][0]], f"{role}→{found[k + 1][2]}"
+        else:
+            between, name = text[end:], f"{role}→generation prompt"
+        if role == "system" and not re.search(r"\w", between):
+            continue
+        yield name, between
+
+
+def _line_of(marker: str, source: str) -> int | None:
+    """The template line that writes a marker: the first line holding its stripped text, else its longest word,
+    else its longest run of punctuation (`:` of `{{ role }}: `, where the role name comes from a variable)."""
+    candidates = [
+        marker.strip(),
+        *sorted(re.findall(r"[^\W\d_]{2,}", marker), key=len, reverse=True),
+        *sorted(re.findall(r"[^\w\s]+", marker), key=len, reverse=True),
+    ]
+    for c in candidates:
+        if c and (at := source.find(c)) >= 0:
+            return source.count("\n", 0, at) + 1
+    return None
 
 
 def aware_clock(now: datetime | None) -> datetime:
@@ -686,9 +824,11 @@ def _cut_at_continue_tag(
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "ROLE_PROBES",
     "ChatTemplate",
     "RenderLimits",
     "Rendered",
+    "RoleMarkers",
     "Span",
     "SpecialTokenPolicy",
     "TemplateFeatures",
@@ -697,5 +837,7 @@ __all__ = [
     "compile_template",
     "line_endings",
     "render",
+    "role_boundaries",
+    "role_markers",
     "template_from_file_text",
 ]

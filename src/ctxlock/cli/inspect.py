@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from ..artifacts import DEFAULT_MODEL, builtin_models
-from ..model import load
+from ..model import Model, load
+from ..template import role_markers
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt
+
+
+def _add_role_markers(m: Model, info: dict[str, Any]) -> None:
+    """Each template's role-marker verdict (`ctxlock.template.role_markers`) for this model's vocabulary."""
+    if m.templates is None:
+        return
+    for entry, template in zip(info["templates"], m.templates.templates, strict=True):
+        found = role_markers(template, special_tokens=m.special_tokens, control_tokens=m.tokenizer.control_tokens)
+        entry["role_markers"] = {**found.to_dict(), "warning": found.warning(template)}
 
 
 def register(app: typer.Typer) -> None:
@@ -19,6 +31,7 @@ def register(app: typer.Typer) -> None:
         m = guarded(as_json, lambda: load(model))
         m.warm_up()  # the engine checks, and fastokens built and checked: report their verdicts, not "building"
         info = m.artifacts.describe()
+        _add_role_markers(m, info)
         if as_json:
             print_json(info)
             return
@@ -64,6 +77,14 @@ def register(app: typer.Typer) -> None:
                     f"           {t['line_endings'].upper()} line endings in the file (sha256 {t['file_sha256']}), "
                     "read as LF as transformers reads it: the template sha256 is of the LF text"
                 )
+            markers = t["role_markers"]
+            if not markers["checked"]:
+                console.print(f"           role markers not checked: {escape(markers['reason'])}")
+            elif markers["warning"]:
+                w = markers["warning"]
+                console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(w['path'])})")
+            else:
+                console.print("           role markers are control tokens at every turn boundary")
         if not info["templates"]:
             console.print("template   none (pass --template FILE to render)")
 

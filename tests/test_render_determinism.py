@@ -158,11 +158,12 @@ def probes() -> dict[str, str]:
 def outcome(source: str, *, seed: int | None = None, now: datetime = FIXED) -> list[Any]:
     """What one render gives: ["text", text, draws] or ["error", type, message, path]."""
     request = parse_request(REQUEST)
+    options: dict[str, Any] = {"seed": seed} if seed is not None else {}
     try:
-        r = render(request, ChatTemplate(source, id="probe"), now=now, seed=seed, add_generation_prompt=False)
+        r = render(request, ChatTemplate(source, id="probe"), now=now, add_generation_prompt=False, **options)
     except CtxlockError as exc:
         return ["error", type(exc).__name__, exc.message, exc.path]
-    return ["text", r.text, [dict(d) for d in r.draws]]
+    return ["text", r.text, [dict(d) for d in getattr(r, "draws", ())]]
 
 
 def all_outcomes() -> dict[str, list[Any]]:

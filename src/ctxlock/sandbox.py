@@ -88,7 +88,7 @@ class Limit(Exception):
 
 
 class _State:
-    __slots__ = ("created", "draws", "limits", "max_items", "max_single", "rng", "template")
+    __slots__ = ("_rng", "created", "draws", "limits", "max_items", "max_single", "seed", "template")
 
     def __init__(
         self, limits: RenderLimits, template: jinja2.Template | None, seed: int = 0, draws: list | None = None
@@ -99,9 +99,17 @@ class _State:
         self.created = 0
         self.template = template
         # The one source of randomness a template has (the `random` filter, `lipsum`): seeded per render, so the
-        # same inputs and seed give the same text in every process; every draw is logged in `draws`.
-        self.rng = random.Random(seed)
+        # same inputs and seed give the same text in every process; every draw is logged in `draws`. Built at the
+        # first draw (seeding a Mersenne Twister costs more than a short render).
+        self.seed = seed
+        self._rng: random.Random | None = None
         self.draws = draws if draws is not None else []
+
+    @property
+    def rng(self) -> random.Random:
+        if self._rng is None:
+            self._rng = random.Random(self.seed)
+        return self._rng
 
     def charge(self, n: int, what: str) -> None:
         """A new string of n characters."""

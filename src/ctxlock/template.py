@@ -682,11 +682,22 @@ def role_markers(
     return _role_markers(template, freeze(dict(special_tokens or {})), tokens)
 
 
+_ROLE_WARNINGS: dict[tuple[Any, ...], tuple[FrozenDict, ...]] = {}
+
+
 def _role_warnings(
     template: ChatTemplate, special_tokens: Any, tokens: _TokenSet, limits: RenderLimits
 ) -> tuple[FrozenDict, ...]:
-    found = _role_markers(template, freeze(dict(special_tokens or {})), tokens, limits).warning(template)
-    return (freeze(found),) if found else ()
+    # Looked up on every render: keyed by values that hash fast (the special tokens as a tuple of pairs).
+    key = (template, tuple((special_tokens or {}).items()), tokens, limits)
+    hit = _ROLE_WARNINGS.get(key)
+    if hit is None:
+        found = _role_markers(template, freeze(dict(special_tokens or {})), tokens, limits).warning(template)
+        hit = (freeze(found),) if found else ()
+        if len(_ROLE_WARNINGS) >= 256:
+            _ROLE_WARNINGS.clear()
+        _ROLE_WARNINGS[key] = hit
+    return hit
 
 
 @lru_cache(maxsize=256)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,8 @@ def test_render_with_template_file_var_and_now(tmp_path: Path) -> None:
     )
     out = json.loads(proc.stdout)
     assert out["text"] == "2024-07-26|蓝色|是"
-    assert out["now"] == "2024-07-26T10:00:00" and out["clock_used"] is True
+    # A --now without an offset is local time, recorded with the local offset (issue 15 item 6).
+    assert out["now"] == datetime(2024, 7, 26, 10).astimezone().isoformat() and out["clock_used"] is True
     assert out["template"]["id"] == "t.jinja"
 
 

@@ -29,8 +29,9 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="Built-in model name (see `ctxlock models`), HF model directory, .gguf file, or org/name (or org/name@revision) "
-        "from the local HF hub cache (a branch, tag or commit; a commit pins it). Default: the embedded mistral-nemo.",
+        help="Built-in model name (see `ctxlock models`), HF model directory, .gguf file, or org/name (or "
+        "org/name@revision: a branch, tag or commit, which pins it) from the local HF hub cache. "
+        "Default: the embedded mistral-nemo.",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]

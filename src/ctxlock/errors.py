@@ -11,7 +11,8 @@
     │   ├── TemplateRaisedError      the template called raise_exception(...)
     │   ├── TemplateRuntimeError     the template failed while rendering
     │   ├── TemplateLimitError       the render went over its time or output budget
-    │   └── TemplateSecurityError    the sandbox refused an operation
+    │   ├── TemplateSecurityError    the sandbox refused an operation
+    │   └── TemplateDeterminismError the render would print a memory address (a function, a generator)
     ├── ArtifactError                loading a model's files
     │   ├── ArtifactNotFoundError    a file or model that is not there
     │   ├── PathTraversalError       a config points outside its model directory

@@ -16,6 +16,10 @@ What ctxlock adds, because a template from a GGUF file or the Hub is untrusted c
   refused before it runs when the result would be over the limit (padding and format widths, `*`, `**`, `+`, `~`,
   `join`, `replace`, ...), because work done in C cannot be interrupted; everything the render creates is counted
   against a budget; and the wall time is bounded (an interval timer, or a tracer off the main thread).
+- **Determinism.** The same inputs render the same text in every process: jinja's `random` filter and `lipsum`
+  draw from a generator seeded per render (`render_limited(seed=)`, every draw logged), and a value whose text is a
+  memory address (a function, a method, a generator, an object without a repr of its own) is never printed
+  (`check_printable`, `Nondeterministic`), where jinja would print Python's repr.
 - **No silent sandbox answers.** An unsafe attribute (`''.__class__`, `'{0.__class__}'.format(1)`) raises
   `SecurityError` when used, where jinja renders it as an empty string.
 """

@@ -21,6 +21,10 @@
     ├── TensorError                  ids -> ModelInput (batching, padding)
     ├── BudgetError                  a context-budget policy that cannot be applied
     │   └── BudgetExceeded           required segments over the budget; no room left for output
+    ├── ToolCallError                streamed tool calls (toolcalls): malformed, unknown tool, cut off, invalid
+    │   ├── ToolCallTruncatedError   the response hit the output token limit
+    │   ├── ToolCallValidationError  arguments that do not match the tool's JSON Schema
+    │   └── ProviderStreamError      the provider reported an error inside a started stream (after HTTP 200)
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         └── RecordNotFoundError      no record with that id (or prefix) in the store
@@ -218,6 +222,43 @@ class ToolCallTruncatedError(ToolCallError):
 
 class ToolCallValidationError(ToolCallError):
     """A complete tool call whose arguments do not validate against the tool's JSON Schema."""
+
+
+class ProviderStreamError(ToolCallError):
+    """The provider reported an error inside a stream that had already started (HTTP 200 was sent): an OpenAI
+    chunk `{"error": {...}}` (or vLLM's `{"object": "error", ...}`), Anthropic's `event: error`.
+
+    The stream is over. `provider_type`, `provider_message` and `provider_code` are the provider's own words;
+    `pending` lists the calls that were not released (open, or complete but held until a normal end), `released`
+    the calls an assembler in `release="early"` mode had already handed out before the error, and `result` the
+    stream's `Result` up to the error (text, released calls, errors), for the record."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        hint: str | None = None,
+        provider_type: str | None = None,
+        provider_message: str | None = None,
+        provider_code: str | int | None = None,
+        pending: tuple[int, ...] = (),
+        released: tuple[int, ...] = (),
+        result: object = None,
+    ) -> None:
+        self.provider_type = provider_type
+        self.provider_message = provider_message
+        self.provider_code = provider_code
+        self.released = tuple(released)
+        self.result = result
+        super().__init__(message, path=path, hint=hint, pending=pending)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["provider"] = {"type": self.provider_type, "message": self.provider_message, "code": self.provider_code}
+        if self.released:
+            out["released"] = list(self.released)
+        return out
 
 
 class ConstraintError(CtxlockError):

@@ -1662,6 +1662,7 @@ class _AnthropicStream:
         self.stopped = False  # message_stop seen
         self.stop_reason: str | None = None
         self.ended: str | None = None  # how the stream ended when not with message_stop (for withheld calls)
+        self.cut: list[tuple[_Block, str]] = []  # tool_use blocks that stopped with their JSON cut off
 
     def feed(self, delta: Any) -> None:
         if isinstance(delta, str | bytes | bytearray):
@@ -1858,19 +1859,26 @@ class _AnthropicStream:
         else:
             value, problem = _loads_object(raw)
             if problem is not None:
-                self.asm._fail(
-                    index,
-                    cid,
-                    block.name,
-                    f"input is not valid JSON: {problem}",
-                    path=f"tool_calls[{index}].arguments",
-                    hint="the model must send one complete JSON object as the tool's input",
-                )
+                if _looks_cut_off(raw):
+                    # Input cut off mid-JSON: the output limit, most likely; the message's end says (finish).
+                    self.cut.append((block, f"input is not valid JSON: {problem}"))
+                    return
+                self._bad_json(block, cid, f"input is not valid JSON: {problem}")
                 return
         self.asm._complete(index, cid, block.name, value, raw, f"tool_calls[{index}].name")
 
+    def _bad_json(self, block: _Block, cid: str, message: str) -> None:
+        self.asm._fail(
+            block.call,
+            cid,
+            block.name,
+            message,
+            path=f"tool_calls[{block.call}].arguments",
+            hint="the model must send one complete JSON object as the tool's input",
+        )
+
     def open_indexes(self) -> list[int]:
-        return sorted(b.call for b in self.blocks.values() if b.kind == "tool_use")
+        return sorted([b.call for b in self.blocks.values() if b.kind == "tool_use"] + [b.call for b, _ in self.cut])
 
     def finish(self, finish_reason: str | None) -> str | None:
         if self.sse.leftover:
@@ -1890,6 +1898,13 @@ class _AnthropicStream:
                     [block.call], reason, "before its content_block_stop", call_id=block.id, name=block.name
                 )
         self.blocks = {}
+        for block, problem in self.cut:
+            cid = block.id if block.id is not None else self.asm._make_id(block.call)
+            if reason in _LENGTH_STOPS:
+                self.asm._unfinished([block.call], reason, "with its input cut off", call_id=cid, name=block.name)
+            else:
+                self._bad_json(block, cid, f"{problem} (it ends mid-JSON)")
+        self.cut = []
         return reason
 
 

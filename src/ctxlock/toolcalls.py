@@ -5,13 +5,26 @@ A model streams a tool call a few characters at a time; the first delta is half 
 
 - `TextDelta` for text outside calls, as soon as it cannot be the start of a call marker (only a possible prefix
   of the marker, at most `len(marker) - 1` characters, is held back);
-- `ToolCallReady` once a call is complete (its closing marker has been seen) and its arguments are a JSON object
-  that validates against the tool's JSON Schema;
+- `ToolCallReady` for a call that is complete (its closing marker has been seen), whose arguments are a JSON object
+  that validates against the tool's JSON Schema, and whose response ended normally (see "Release" below);
 - `ToolCallRejected` once a call is complete but cannot be released (unknown tool, malformed JSON, invalid
   arguments); its `error` can go back to the model as a tool result (`to_model`).
 
 `finish(finish_reason)` ends the stream and returns a `Result`. A call still open at the end is never released:
-with `finish_reason="length"` it is a `ToolCallTruncatedError`, otherwise an unterminated `ToolCallError`.
+with a length stop it is a `ToolCallTruncatedError`, otherwise an unterminated `ToolCallError`.
+
+Release (seed 001's truncation rule: Pi runs no tool call from a response that hit the output limit). By default
+(`release="finish"`) `ToolCallReady` comes only from `finish()`, and only when the stream ended normally: `stop`,
+`tool_calls`, `end_turn`, `tool_use` or `stop_sequence`. Under any other end (`length`, `max_tokens`,
+`content_filter`, `refusal`, `pause_turn`, an unknown reason, no reason at all, or arguments that end mid-JSON
+whatever the reason says) every complete call becomes an error saying it was not executed, and nothing is
+released. `release="early"` releases each call from `feed()` as soon as it is complete; a call of a response that
+is then cut off may have run, and the errors and `Result.notes` say so.
+
+In-band errors: a provider error inside a started stream (an OpenAI `{"error": ...}` chunk, vLLM's flat
+`{"object": "error", ...}`, Anthropic's `event: error`; for raw-text formats, that object fed in place of text)
+makes `feed()` raise `ProviderStreamError` with the provider's type and message; nothing still pending is
+released, and `finish()` raises the same error again.
 
 When is a call complete?
 
@@ -23,11 +36,13 @@ When is a call complete?
 |               | v11: `[TOOL_CALLS][{...}, ...]`) closes; the closing bracket is the marker                  |
 | `openai`      | a fragment for another call arrives (the stream moved past it), or `finish("tool_calls")` / |
 |               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
+| `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
 
-The `Result.finish_reason` is `"tool_calls"` only when the stream ended with `"stop"` or `"tool_calls"`, at least
-one call was released and no call failed; a `"stop"`/`"tool_calls"` stream that does not meet that is `"stop"`;
-any other reason (`"length"`, `"content_filter"`, ...) is kept as it was. So `"length"` is never hidden behind
-`"tool_calls"` (vLLM's streaming handler used to do exactly that: vllm-project/vllm issue 53269).
+The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
+and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
+(`"max_tokens"`, `"model_length"`, ...) is `"length"`; any other reason (`"content_filter"`, `"refusal"`, ...) is
+kept as it was. So `"length"` is never hidden behind `"tool_calls"` (vLLM's streaming handler used to do exactly
+that: vllm-project/vllm issue 53269).
 """
 
 from __future__ import annotations

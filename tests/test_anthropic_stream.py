@@ -202,6 +202,8 @@ def test_stop_reasons(reason: str, released: bool, mapped: str) -> None:
         assert len(result.errors) == 2 and all("was not executed" in e.message for e in result.errors)
         expected = ToolCallTruncatedError if mapped == "length" else ToolCallError
         assert all(type(e) is expected for e in result.errors)
+        if reason == "pause_turn":
+            assert "send the response back as the assistant turn" in result.errors[0].hint
     # An explicit finish reason wins over the stream's own.
     _, forced = run([A.sse(A.events(reason))], "max_tokens")
     assert forced.calls == () and forced.finish_reason == "length"

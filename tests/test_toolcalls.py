@@ -1078,7 +1078,7 @@ def test_custom_ids() -> None:
 # Cost
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral", "openai"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral", "openai", "anthropic"])
 def test_cost_is_linear_in_stream_length(fmt: str) -> None:
     """A 2 MB argument in 16-character deltas: re-scanning the buffer per delta would take minutes, not seconds."""
     big = 'x\\"{[' * 400_000
@@ -1094,6 +1094,23 @@ def test_cost_is_linear_in_stream_length(fmt: str) -> None:
         stream = '[TOOL_CALLS]search_docs[ARGS]{"query": "' + big + '"}'
     else:
         stream = json.dumps({"query": big})
+    if fmt == "anthropic":  # the SSE body: input_json_delta events of 64 characters, the body fed 16 at a time
+        events = [
+            {"type": "message_start", "message": {"id": "m"}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "tool_use", "id": "t", "name": "search_docs", "input": {}},
+            },
+            *(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": p}}
+                for p in (stream[k : k + 64] for k in range(0, len(stream), 64))
+            ),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+            {"type": "message_stop"},
+        ]
+        stream = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
     pieces = [stream[k : k + 16] for k in range(0, len(stream), 16)]
     if fmt == "openai":
         head = {
@@ -1118,7 +1135,7 @@ def test_cost_is_linear_in_stream_length(fmt: str) -> None:
             for p in pieces
         ]
     start = time.perf_counter()
-    result = assemble(TOOLS, fmt, pieces, "stop")
+    result = assemble(TOOLS, fmt, pieces, None if fmt == "anthropic" else "stop")
     elapsed = time.perf_counter() - start
     (call,) = result.calls
     expected = json.loads(f'"{big}"') if fmt in ("hermes", "mistral") else big

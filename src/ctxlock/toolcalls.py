@@ -447,6 +447,11 @@ _NORMAL_STOPS = frozenset({"stop", "tool_calls", "end_turn", "tool_use", "stop_s
 # "model_context_window_exceeded") and Mistral's API ("model_length").
 _LENGTH_STOPS = frozenset({"length", "max_tokens", "model_length", "model_context_window_exceeded"})
 _RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral"})
+_ABNORMAL_HINTS = {
+    "pause_turn": "send the response back as the assistant turn so the model can continue it",
+    "refusal": "the model declined: rephrase the request rather than re-running the calls",
+    "content_filter": "the provider's filter stopped the response: change the request",
+}
 
 
 def _error_payload(chunk: Any) -> Any:
@@ -609,7 +614,7 @@ class ToolCallAssembler:
             )
         ended = getattr(self._stream, "ended", None) or f"the stream ended with finish_reason={reason!r}"
         normal = ", ".join(sorted(_NORMAL_STOPS))
-        hint = "nothing was executed; ask the model again"
+        hint = "nothing was executed; " + _ABNORMAL_HINTS.get(reason, "ask the model again")
         if reason is None:
             hint += ", or pass the stream's finish reason to finish() if it ended normally"
         return _error(

@@ -80,6 +80,22 @@ def test_openai_error_chunk_with_early_release_says_what_was_out() -> None:
     assert "nothing was executed" not in err.hint
 
 
+def test_a_call_completed_by_the_erroring_feed_was_never_delivered() -> None:
+    """release="early": a call completed in the same feed() that then meets the error never reached the caller
+    (feed raised instead of returning it), so it is pending, not "may have run"."""
+    evs = A.events()
+    stop = next(k for k, e in enumerate(evs) if e["type"] == "content_block_stop" and e["index"] == 2)
+    body = A.sse(evs[: stop + 1]) + OVERLOADED_SSE
+    asm = ToolCallAssembler(A.TOOLS, "anthropic", release="early")
+    _, err = feed_until_error(asm, [body])
+    assert err.released == () and err.pending == (0,) and "nothing was executed" in err.hint
+    assert err.result.calls == () and not any(isinstance(e, ToolCallReady) for e in err.result.events)
+    asm = ToolCallAssembler(A.TOOLS, "anthropic", release="early")
+    (ready,) = [e for e in asm.feed(A.sse(evs[: stop + 1])) if isinstance(e, ToolCallReady)]
+    _, err = feed_until_error(asm, [OVERLOADED_SSE])
+    assert err.released == (0,) and "may have run" in err.hint and err.result.calls == (ready,)
+
+
 def test_anthropic_error_event_in_sse_text_split_anywhere() -> None:
     full = A.sse(A.events())
     at = full.index('event: content_block_stop\ndata: {"type":"content_block_stop","index":2}')

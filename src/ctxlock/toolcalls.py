@@ -638,7 +638,11 @@ class ToolCallAssembler:
         ptype = ptype if isinstance(ptype, str) else None
         pmessage = pmessage if isinstance(pmessage, str) else (None if pmessage is None else json.dumps(pmessage))
         pcode = pcode if isinstance(pcode, str | int) and not isinstance(pcode, bool) else None
-        pending = sorted({*self._stream.open_indexes(), *(c.index for c in self._held)})
+        # A call released (early) by this same feed() never reached the caller: feed() raises instead of returning.
+        undelivered = {id(e): e.index for e in self._events if isinstance(e, ToolCallReady)}
+        self._calls = [c for c in self._calls if id(c) not in undelivered]
+        self._events = [e for e in self._events if id(e) not in undelivered]
+        pending = sorted({*self._stream.open_indexes(), *(c.index for c in self._held), *undelivered.values()})
         released = sorted(c.index for c in self._calls)
         said = ": ".join(x for x in (ptype, pmessage) if x) or "(no message)"
         hint = "the response is incomplete"

@@ -94,4 +94,21 @@ def test_bad_tools_file_is_one_error_line(tmp_path: Path) -> None:
     bad.write_text('{"type": "function"}', encoding="utf-8")
     proc = ctxlock("-f", "hermes", "--tools", str(bad), "-", stdin="hi")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: ToolCallError: --tools") and "OpenAI tool list" in proc.stderr
+    assert proc.stderr.startswith("error: ToolCallError: --tools") and "expected a tool list" in proc.stderr
+
+
+def test_anthropic_tools_and_a_whole_request(tmp_path: Path) -> None:
+    anthropic_tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in A.TOOLS]
+    request = {
+        "model": "m",
+        "max_tokens": 100,
+        "tools": anthropic_tools,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    body = str(STREAMS / "anthropic_thinking_text_two_tools.sse")
+    for k, spec in enumerate([anthropic_tools, request]):
+        path = tmp_path / f"tools{k}.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        proc = ctxlock("-f", "anthropic", "--tools", str(path), body)
+        assert proc.returncode == 0, proc.stderr
+        assert [c["function"]["name"] for c in json.loads(proc.stdout)["calls"]] == ["get_weather", "search_docs"]

@@ -10,22 +10,36 @@ import typer
 
 from ..errors import ToolCallError
 from ..inputs import STDIN, decode_utf8, read_input
+from ..request import Request, parse_request
 from ..toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat
 from .files import read_json
 from .output import guarded, print_json
 
 
-def _tools(path: Path | None) -> list[Any]:
+def _tools(path: Path | None) -> list[Any] | Request:
+    """The tool list: OpenAI's (`{"type": "function", "function": {...}}`) or Anthropic's (`{"name", "input_schema"}`),
+    or a whole request (OpenAI or Anthropic), whose tools are used."""
     if path is None:
         return []
     data = read_json(path, option="--tools", error=ToolCallError)
+    if isinstance(data, dict) and "messages" in data:
+        return parse_request(read_input(path, label=f"--tools {path}"))
     if isinstance(data, dict) and isinstance(data.get("tools"), list):
-        data = data["tools"]  # a request file: its tool list
+        data = data["tools"]
     if not isinstance(data, list):
         raise ToolCallError(
-            "expected the OpenAI tool list", path=f"--tools {path}", hint='pass [{"type": "function", ...}, ...]'
+            "expected a tool list", path=f"--tools {path}", hint='pass [{"type": "function", ...}, ...] or a request'
         )
-    return data
+    return [_openai_tool(t) for t in data]
+
+
+def _openai_tool(tool: Any) -> Any:
+    if isinstance(tool, dict) and "input_schema" in tool and "function" not in tool:  # an Anthropic tool
+        function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+        if "description" in tool:
+            function["description"] = tool["description"]
+        return {"type": "function", "function": function}
+    return tool
 
 
 def _openai_chunks(text: str, label: str) -> list[Any]:
@@ -76,7 +90,10 @@ def register(app: typer.Typer) -> None:
         ] = ToolCallFormat.OPENAI,
         tools: Annotated[
             Path | None,
-            typer.Option("--tools", help="JSON file: the OpenAI tool list (or a request holding one)."),
+            typer.Option(
+                "--tools",
+                help="JSON file: a tool list (OpenAI's or Anthropic's form), or a whole request whose tools are used.",
+            ),
         ] = None,
         finish_reason: Annotated[
             str | None,

@@ -686,11 +686,24 @@ def _component(value: Any) -> str:
     return str(value)
 
 
+# Settings that change the offsets a tokenizer reports, never its ids (tokenizers' ByteLevel `trim_offsets`).
+_OFFSETS_ONLY = frozenset({"trim_offsets"})
+
+
+def _ids_relevant(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _ids_relevant(v) for k, v in value.items() if k not in _OFFSETS_ONLY}
+    if isinstance(value, list):
+        return [_ids_relevant(v) for v in value]
+    return value
+
+
 def _pipeline_difference(ka: Mapping[str, Any], kb: Mapping[str, Any]) -> str | None:
-    """'the normalizer differs: NFC vs none', or None when the recorded normalizer and pre-tokenizer agree."""
+    """'the normalizer differs: NFC vs none', or None when the recorded normalizer and pre-tokenizer agree (on every
+    setting that can change an id)."""
     pa, pb = _pipeline_of(ka, kb), _pipeline_of(kb, ka)
     for part, name in (("normalizer", "normalizer"), ("pre_tokenizer", "pre-tokenizer")):
-        x, y = pa.get(part), pb.get(part)
+        x, y = _ids_relevant(pa.get(part)), _ids_relevant(pb.get(part))
         if x == y:
             continue
         sx, sy = _component(x), _component(y)

@@ -43,11 +43,13 @@ __all__ = [
     "MAX_BUNDLE_BYTES",
     "MAX_ENTRIES",
     "MAX_HEADER_BYTES",
+    "BundlePlan",
     "BundleSummary",
     "import_bundle",
     "is_bundle",
     "max_bundle_bytes",
     "needed_artifacts",
+    "prepare_bundle",
     "write_bundle",
 ]
 
@@ -120,13 +122,41 @@ def _bodies(store: Store, ids: Iterable[str] | None) -> list[bytes]:
     return buf.getvalue().splitlines(keepends=True)
 
 
-def write_bundle(store: Store, ids: Iterable[str] | None, out: BinaryIO) -> BundleSummary:
-    """Write the records (all of them for `ids=None`, else each id or unique prefix) and every artifact they name.
+@dataclass(frozen=True)
+class BundlePlan:
+    """What a bundle will hold, resolved and checked against the store before a byte of it is written."""
 
-    Everything is resolved and checked first (every artifact must be in this store, and hash to its digest), so a
-    record whose artifacts are missing writes nothing."""
+    records: tuple[ExecutionRecord, ...]
+    artifacts: tuple[tuple[str, str, int], ...]  # (sha256, blob path, size)
+
+    def write(self, out: BinaryIO) -> BundleSummary:
+        entries = [{"kind": "record", "sha256": rec.id, "size": len(rec.body)} for rec in self.records]
+        entries += [{"kind": "artifact", "sha256": sha, "size": size} for sha, _, size in self.artifacts]
+        header = canonical_bytes({"format": BUNDLE_FORMAT, "entries": entries})
+        out.write(MAGIC)
+        out.write(header)
+        total = len(MAGIC) + len(header)
+        for rec in self.records:
+            out.write(rec.body)
+            total += len(rec.body)
+        for _, path, size in self.artifacts:
+            copied = 0
+            with open(path, "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    out.write(chunk)
+                    copied += len(chunk)
+            if copied != size:
+                raise BundleError(f"the artifact changed size while it was written ({size} then {copied})", path=path)
+            total += size
+        return BundleSummary(tuple(rec.id for rec in self.records), tuple(a[0] for a in self.artifacts), total)
+
+
+def prepare_bundle(store: Store, ids: Iterable[str] | None) -> BundlePlan:
+    """The records (all of them for `ids=None`, else each id or unique prefix) and every artifact they name, each
+    artifact found in the store and checked against its digest: a record whose artifacts are missing is an error
+    here, before anything is written."""
     records = [ExecutionRecord.from_bytes(body, source=f"record {_sha(body)[:12]}") for body in _bodies(store, ids)]
-    artifacts: dict[str, tuple[str, int]] = {}
+    artifacts: dict[str, tuple[str, str, int]] = {}
     for rec in records:
         for sha, role in needed_artifacts(rec).items():
             if sha in artifacts:
@@ -137,29 +167,16 @@ def write_bundle(store: Store, ids: Iterable[str] | None, out: BinaryIO) -> Bund
                 raise ArtifactNotFoundError(
                     f"record {rec.id[:12]} uses {role} (sha256 {sha[:12]}…), which this store does not hold",
                     path=exc.path,
-                    hint="bundle the record from the store that recorded it (ctxlock render --record stores the "
+                    hint="bundle the record from the store that recorded it (`ctxlock render --record` stores the "
                     "template and tokenizer files next to the record)",
                 ) from None
-            artifacts[sha] = (str(path), path.stat().st_size)
-    entries = [{"kind": "record", "sha256": rec.id, "size": len(rec.body)} for rec in records]
-    entries += [{"kind": "artifact", "sha256": sha, "size": size} for sha, (_, size) in artifacts.items()]
-    header = canonical_bytes({"format": BUNDLE_FORMAT, "entries": entries})
-    out.write(MAGIC)
-    out.write(header)
-    total = len(MAGIC) + len(header)
-    for rec in records:
-        out.write(rec.body)
-        total += len(rec.body)
-    for path, size in artifacts.values():
-        with open(path, "rb") as fh:
-            copied = 0
-            while chunk := fh.read(_CHUNK):
-                out.write(chunk)
-                copied += len(chunk)
-        if copied != size:
-            raise BundleError(f"the artifact changed size while it was written ({size} then {copied})", path=path)
-        total += size
-    return BundleSummary(tuple(rec.id for rec in records), tuple(artifacts), total)
+            artifacts[sha] = (sha, str(path), path.stat().st_size)
+    return BundlePlan(tuple(records), tuple(artifacts.values()))
+
+
+def write_bundle(store: Store, ids: Iterable[str] | None, out: BinaryIO) -> BundleSummary:
+    """`prepare_bundle(store, ids).write(out)`: one file with the records and every artifact they name."""
+    return prepare_bundle(store, ids).write(out)
 
 
 # ------------------------------------------------------------------------------------------------------ import

@@ -666,6 +666,14 @@ def _ids_summary(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]
     return {"equal": first is None, "a": na, "b": nb, "first_difference": first}
 
 
+def _table(k: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What two tokenizers of one vocabulary share, whatever their file format: the vocabulary size and the special
+    tokens (a GGUF lists only those as added tokens; an HF directory saved from it lists its padding pieces too)."""
+    added = k.get("added_tokens") if isinstance(k.get("added_tokens"), list) else []
+    special = sorted(tuple(t[:2]) for t in added if isinstance(t, list) and len(t) == 3 and t[2] is True)
+    return k.get("vocab_size"), special
+
+
 def _pipeline_of(k: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
     # A record made before `pipeline` was recorded has only the component types: compare like with like.
     if isinstance(k.get("pipeline"), dict) and isinstance(other.get("pipeline"), dict):
@@ -834,11 +842,11 @@ def _compare_layer(layer: str, da: Mapping[str, Any], db: Mapping[str, Any]) -> 
         pipeline = _pipeline_difference(ka, kb)
         where = f"tokenizer ({ka.get('format')} vs {kb.get('format')})"
         digests = f"sha256 {_short(ka.get('sha256'))} vs {_short(kb.get('sha256'))}"
-        same_table = (ka.get("vocab_size"), ka.get("added_tokens")) == (kb.get("vocab_size"), kb.get("added_tokens"))
+        same_table = _table(ka) == _table(kb)
         if (ka.get("sha256"), ka.get("format")) != (kb.get("sha256"), kb.get("format")):
             if pipeline is not None and same_table:
-                # The same vocabulary size and added tokens: the normalizer (or pre-tokenizer) is the likely cause.
-                cause = f"{pipeline} (tokenizer {digests}, the same vocabulary size and added tokens)"
+                # The same vocabulary size and special tokens: the normalizer (or pre-tokenizer) is the likely cause.
+                cause = f"{pipeline} (tokenizer {digests}, the same vocabulary size and special tokens)"
             else:
                 cause = f"a different tokenizer vocabulary: {digests}; the same ids would mean different text"
                 cause += f"; also, {pipeline}" if pipeline is not None else ""

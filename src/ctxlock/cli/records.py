@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..bundle import MAGIC, import_bundle, is_bundle, write_bundle
+from ..bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
 from ..errors import InputError
 from ..inputs import open_regular, opened_input, stdin_stream
 from ..record import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
@@ -136,8 +136,9 @@ def register(app: typer.Typer) -> None:
         """Export records as JSON lines (one canonical record per line), or with --bundle as one self-contained file."""
         s = open_store(store)
         if bundle:
+            plan = prepare_bundle(s, ids or None)  # every artifact found and checked before the file is created
             with open_output(out) if out is not None else nullcontext(sys.stdout.buffer) as fh:
-                summary = write_bundle(s, ids or None, fh)
+                summary = plan.write(fh)
             print(
                 f"exported {len(summary.records)} record(s) and {len(summary.artifacts)} artifact(s), "
                 f"{summary.size:,} bytes",

@@ -186,7 +186,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-run a record's whole pipeline from its own stored artifacts and check every layer.
 
-        Exits 0 when every layer is identical, 1 with a report of the first divergence otherwise."""
+        First runs the seed 000 §1.6 fixture (the book model must give its 12 ids) and reports it; if it fails,
+        nothing is compared. Exits 0 when every layer is identical, 1 with a report of the first divergence, 3 when
+        only the tokenizer layer differs and the ids are the same. A missing artifact names the commands that bring
+        it (`records export --bundle`, then `records import`)."""
 
         def go() -> Diff:
             s = open_store(store)
@@ -217,7 +220,9 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
-        tokenizer, input_ids, tensors), where exactly, and the likely cause. Exits 0 if identical, 1 otherwise.
+        tokenizer, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal. Exits 0 if
+        identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer layer differs,
+        the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
 
         The policy layer covers the context-budget decisions and the sampler config (processor order included)."""
 

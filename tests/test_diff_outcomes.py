@@ -19,12 +19,15 @@ from hypothesis import strategies as st
 
 import artifacts
 import ctxlock
-from ctxlock.record import DIVERGED, SAME_IDS, ExecutionRecord, RunOptions, diff
+from ctxlock.record import ExecutionRecord, RunOptions, diff
 from ctxlock.replay import run_and_record, save
 from ctxlock.store import Store
 from ctxlock.template import ChatTemplate
 
 NOW = "2024-07-26T10:00:00"
+# The documented outcomes (`Diff.kind`, the `kind` of `diff --json`).
+SAME_IDS = "same_ids_different_tokenizer"
+DIVERGED = "diverged"
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 TOOLS = [
     {

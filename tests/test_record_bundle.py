@@ -5,6 +5,7 @@ that never had the model directory, after the seed 000 §1.6 fixture check (§1.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -20,9 +22,9 @@ from hypothesis import strategies as st
 
 import artifacts
 import ctxlock
+import ctxlock.errors
 import ctxlock.replay
-from ctxlock.bundle import MAGIC, import_bundle, prepare_bundle, write_bundle
-from ctxlock.errors import ArtifactNotFoundError, BundleError, FixtureCheckError
+from ctxlock.errors import ArtifactNotFoundError
 from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes
 from ctxlock.replay import load_record, replay, run_and_record, save
 from ctxlock.store import Store
@@ -37,6 +39,12 @@ REQUEST = {
     ]
 }
 SEED_IDS = [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6]
+MAGIC = b"ctxlock.bundle/1\n"  # the documented first line of a bundle
+
+
+def bundles() -> types.ModuleType:
+    """`ctxlock.bundle`, imported per test: where it is missing, each test fails on its own."""
+    return importlib.import_module("ctxlock.bundle")
 
 
 def cli(*args: str, data_dir: Path, home: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
@@ -155,7 +163,7 @@ def origin() -> tuple[Store, ExecutionRecord]:
 def bundle(origin: tuple[Store, ExecutionRecord]) -> bytes:
     store, record = origin
     buf = io.BytesIO()
-    summary = write_bundle(store, [record.id], buf)
+    summary = bundles().write_bundle(store, [record.id], buf)
     assert summary.records == (record.id,) and len(summary.artifacts) == 2 and summary.size == len(buf.getvalue())
     return buf.getvalue()
 
@@ -182,13 +190,13 @@ def _contents(root: Path) -> list[str]:
     return files
 
 
-def _refused(raw: bytes, *, stream: bool = False) -> BundleError:
+def _refused(raw: bytes, *, stream: bool = False) -> ctxlock.errors.CtxlockError:
     """Import `raw` into a fresh store; it must be a BundleError that leaves nothing behind."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
         source = io.BytesIO(raw)
-        with pytest.raises(BundleError) as info:
-            import_bundle(store, source, label="b.bundle", size=None if stream else len(raw))
+        with pytest.raises(ctxlock.errors.BundleError) as info:
+            bundles().import_bundle(store, source, label="b.bundle", size=None if stream else len(raw))
         assert store.list_records() == []
         assert _contents(store.artifacts_dir) == []
         store.close()
@@ -201,7 +209,7 @@ def test_import_checks_and_stores_everything_and_replay_is_identical(
     _, record = origin
     for stream in (False, True):
         store = Store(tmp_path / f"fresh-{stream}")
-        ids = import_bundle(store, io.BytesIO(bundle), label="b", size=None if stream else len(bundle))
+        ids = bundles().import_bundle(store, io.BytesIO(bundle), label="b", size=None if stream else len(bundle))
         assert ids == [record.id]
         result, _ = replay(load_record(record.id, store), store)
         assert result.kind == "identical", result.to_dict()
@@ -217,7 +225,7 @@ def test_export_of_a_record_whose_artifacts_are_missing_writes_nothing(
     bare = Store(tmp_path / "bare")
     bare.put_record(record.body, index=record.index())
     with pytest.raises(ArtifactNotFoundError) as info:
-        prepare_bundle(bare, [record.id[:12]])
+        bundles().prepare_bundle(bare, [record.id[:12]])
     assert f"record {record.id[:12]} uses" in info.value.message
     out = tmp_path / "b.bundle"
     p = cli("records", "export", "--bundle", record.id, "-o", str(out), data_dir=bare.root, home=tmp_path)
@@ -331,7 +339,7 @@ def test_replay_stops_before_comparing_when_the_seed_fixture_fails(
     monkeypatch.setattr(ctxlock.replay, "SEED_FIXTURE_IDS", (1, 2, 7, 3, 4, 8, 9, 10, 11, 13, 5, 6))
     compared: list[object] = []
     monkeypatch.setattr(ctxlock.replay, "diff", lambda *a: compared.append(a))
-    with pytest.raises(FixtureCheckError) as info:
+    with pytest.raises(ctxlock.errors.FixtureCheckError) as info:
         replay(load_record(record.id, store), store)
     assert compared == []
     assert "seed 000 §1.6" in info.value.message and info.value.hint

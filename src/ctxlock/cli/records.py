@@ -284,7 +284,7 @@ def _import_bundle_if_one(s: Store, source: Path, label: str) -> tuple[list[str]
         if not is_bundle(prefix):
             return None, prefix
         return import_bundle(s, _Prefixed(prefix, stream), label=label), b""
-    with open_regular(source, label=label, error=InputError) as fh:
+    with open_regular(source, label=label, error=InputError, stdin_ok=True) as fh:
         if not is_bundle(fh.read(len(MAGIC))):
             return None, b""
         fh.seek(0)

@@ -731,12 +731,14 @@ def _same_ids(found: Divergence, da: Mapping[str, Any], db: Mapping[str, Any], i
             f"{ka.get('format')} sha256 {_short(ka.get('sha256'))} vs {kb.get('format')} sha256 "
             f"{_short(kb.get('sha256'))}"
         )
+        cause += "; the model receives the same input ids for this request"
+        pipeline = _pipeline_difference(ka, kb)
+        if pipeline is not None:
+            cause += f", but {pipeline}, so other text may tokenize differently"
     else:
-        cause += found.cause
-    cause += "; the model receives the same input ids for this request"
-    pipeline = _pipeline_difference(ka, kb)
-    if pipeline is not None:
-        cause += f", but {pipeline}, so other text may tokenize differently"
+        cause += found.cause + "; the model receives the same input ids for this request"
+        if _pipeline_difference(ka, kb) is not None:
+            cause += ", but other text may tokenize differently"
     return Divergence("tokenizer", found.location, found.a, found.b, cause)
 
 

@@ -136,6 +136,12 @@ def register(app: typer.Typer) -> None:
         """Export records as JSON lines (one canonical record per line), or with --bundle as one self-contained file."""
         s = open_store(store)
         if bundle:
+            if out is None and sys.stdout.isatty():
+                raise InputError(
+                    "a bundle is binary, not for a terminal",
+                    path="--bundle",
+                    hint="pass --out FILE, or redirect stdout",
+                )
             plan = prepare_bundle(s, ids or None)  # every artifact found and checked before the file is created
             with open_output(out) if out is not None else nullcontext(sys.stdout.buffer) as fh:
                 summary = plan.write(fh)

@@ -639,16 +639,16 @@ class ArtifactStaging:
         self._files.append(entry)
         digest = hashlib.sha256()
         left = size
-        try:
-            while left > 0:
-                chunk = source.read(min(_CHUNK, left))
-                if not chunk:
-                    break
-                digest.update(chunk)
+        while left > 0:
+            chunk = source.read(min(_CHUNK, left))  # a read error is the source's own, raised as it is
+            if not chunk:
+                break
+            digest.update(chunk)
+            try:
                 fh.write(chunk)
-                left -= len(chunk)
-        except OSError as exc:
-            raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=name) from exc
+            except OSError as exc:
+                raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=name) from exc
+            left -= len(chunk)
         actual = digest.hexdigest()
         if left == 0 and actual == expected:
             self._staged.setdefault(expected, entry)

@@ -253,13 +253,27 @@ def register(app: typer.Typer) -> None:
 
 
 class _Prefixed:
-    """A binary stream that yields `prefix` first, then `stream` (read and readline, as the importers use)."""
+    """A binary stream that yields `prefix` first, then `stream` (read and readline, as the importers use); a read
+    error of the stream is an InputError naming `label`."""
 
-    def __init__(self, prefix: bytes, stream: BinaryIO) -> None:
+    def __init__(self, prefix: bytes, stream: BinaryIO, label: str = "stdin") -> None:
         self._prefix = prefix
         self._stream = stream
+        self._label = label
 
     def read(self, size: int = -1) -> bytes:
+        try:
+            return self._read(size)
+        except OSError as exc:
+            raise _unreadable(exc, self._label) from None
+
+    def readline(self, size: int = -1) -> bytes:
+        try:
+            return self._readline(size)
+        except OSError as exc:
+            raise _unreadable(exc, self._label) from None
+
+    def _read(self, size: int = -1) -> bytes:
         if not self._prefix:
             return self._stream.read(size)
         if size is None or size < 0:
@@ -268,7 +282,7 @@ class _Prefixed:
         head, self._prefix = self._prefix[:size], self._prefix[size:]
         return head if len(head) == size else head + self._stream.read(size - len(head))
 
-    def readline(self, size: int = -1) -> bytes:
+    def _readline(self, size: int = -1) -> bytes:
         if not self._prefix:
             return self._stream.readline(size)
         cut = self._prefix.find(b"\n")
@@ -285,13 +299,19 @@ def _import_bundle_if_one(s: Store, source: Path, label: str) -> tuple[list[str]
     """(the ids imported, b"") if `source` is a bundle; else (None, the bytes of stdin already read to tell, which
     the JSON-lines reader must see first: stdin cannot be read twice)."""
     if str(source) == "-":
-        stream = stdin_stream()
+        stream = _Prefixed(b"", stdin_stream(), label)
         prefix = stream.read(len(MAGIC))
         if not is_bundle(prefix):
             return None, prefix
-        return import_bundle(s, _Prefixed(prefix, stream), label=label), b""
+        return import_bundle(s, _Prefixed(prefix, stream, label), label=label), b""
     with open_regular(source, label=label, error=InputError, stdin_ok=True) as fh:
-        if not is_bundle(fh.read(len(MAGIC))):
+        reader = _Prefixed(b"", fh, label)
+        if not is_bundle(reader.read(len(MAGIC))):
             return None, b""
         fh.seek(0)
-        return import_bundle(s, fh, label=label, size=os.fstat(fh.fileno()).st_size), b""
+        return import_bundle(s, reader, label=label, size=os.fstat(fh.fileno()).st_size), b""
+
+
+def _unreadable(exc: OSError, label: str) -> InputError:
+    reason = exc.strerror or type(exc).__name__
+    return InputError(f"cannot read: {reason}", path=label, hint="check that the file is readable")

@@ -27,7 +27,9 @@
     │   └── ProviderStreamError      the provider reported an error inside a started stream (after HTTP 200)
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
-        └── RecordNotFoundError      no record with that id (or prefix) in the store
+        │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
+        ├── RecordNotFoundError      no record with that id (or prefix) in the store
+        └── FixtureCheckError        replay's seed 000 §1.6 fixture check gave other ids: nothing was compared
 
 Every error carries `path`: where the input went wrong (a JSON path, a byte offset, a template line, a file),
 and `hint`: what to do about it. `to_dict()` is the wire form the CLI prints with `--json`.
@@ -141,6 +143,14 @@ class RecordFormatError(RecordError):
 
 class RecordNotFoundError(RecordError):
     pass
+
+
+class BundleError(RecordFormatError):
+    """A bundle (`records export --bundle`) that cannot be imported as it is: `path` names the entry."""
+
+
+class FixtureCheckError(RecordError):
+    """The book fixture of seed 000 §1.6 did not give its ids here, so no replay on this machine can be trusted."""
 
 
 class InputError(CtxlockError):

@@ -24,7 +24,7 @@ import reference
 from conformance import FIXED_NOW, conversations, string_argument_paths, with_parsed_arguments
 from ctxlock.errors import RequestValidationError
 from ctxlock.frozen import FrozenDict
-from ctxlock.request import ToolArguments, parse_request
+from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
 
 pytestmark = pytest.mark.reference
@@ -69,7 +69,7 @@ def test_the_default_parses_and_as_sent_keeps_the_string() -> None:
     assert parsed != kept  # the template sees different values
     # An object sent as an object is the same object in both modes.
     as_object = _request({"value": 1})
-    assert parse_request(as_object) == parse_request(as_object, tool_arguments=ToolArguments.AS_SENT)
+    assert parse_request(as_object) == parse_request(as_object, tool_arguments="as-sent")
 
 
 @pytest.mark.parametrize("mode", ["parsed", "as-sent"])
@@ -156,7 +156,7 @@ def test_the_option_is_recorded_and_replayed(qwen, tmp_path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    env = {"PYTHONPATH": str(Path(ctxlock.__file__).parent.parent), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     return subprocess.run(
         [sys.executable, "-m", "ctxlock", *args], capture_output=True, text=True, env=env, timeout=300, check=False
     )

@@ -719,7 +719,7 @@ def _openai_part(raw: Any, path: str, role: str) -> FrozenDict:
             return freeze(part)
         image = _obj(image, ipath, 'an object {"url": ...} or a URL string')
         _only_keys(image, ("url", "detail"), ipath, "image_url")
-        url = _str(_required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
+        _str(_required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
         detail = _opt_str(image, "detail", ipath)
         if detail is not None and detail not in _IMAGE_DETAILS:
             raise _fail(
@@ -1118,8 +1118,9 @@ def parse_request(
     `dialect=None` detects the dialect (Anthropic if anything only Anthropic has is present, else OpenAI); an
     explicit dialect wins. `tool_arguments` says what an OpenAI tool call's string `arguments` becomes: the parsed
     object (`"parsed"`, the default, as vLLM renders it) or the string as sent (`"as-sent"`, as transformers renders
-    it); either way it must hold a JSON object. A str is encoded as UTF-8 first, and a Mapping serialized to compact JSON first, so
-    every input goes through the same checks and `source_sha256` is always the digest of the bytes parsed.
+    it); either way it must hold a JSON object. A str is encoded as UTF-8 first, and a Mapping serialized to compact
+    JSON first, so every input goes through the same checks and `source_sha256` is always the digest of the bytes
+    parsed.
     """
     policy: Utf8Policy = _coerce(Utf8Policy, utf8, "utf8")
     forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")

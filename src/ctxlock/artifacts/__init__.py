@@ -400,7 +400,6 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemp
     import mistral_common
 
     from ..mistral import patch_template
-
     from . import conversion_cache
 
     # Generating builds mistral-common's tokenizer (about 1.5 s): cache the source by file digest and version.

@@ -147,7 +147,7 @@ class ToolCall:
     source: str = field(default="", compare=False)  # JSON path of the originating object
 
     def to_template(self) -> dict[str, Any]:
-        """The OpenAI form templates expect, with arguments as a plain dict (as vLLM passes them)."""
+        """The OpenAI form templates expect: arguments as a plain dict (as vLLM passes them), or the string as sent."""
         out: dict[str, Any] = {}
         if self.id is not None:
             out["id"] = self.id

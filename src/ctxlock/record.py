@@ -365,6 +365,7 @@ class RunOptions:
     now: str | None = None  # ISO 8601, or None: the wall clock at render time (recorded in `dynamic.now`)
     dialect: str | None = None
     utf8: str = "strict"
+    tool_arguments: str = "parsed"  # string tool-call arguments: "parsed" (vLLM) or "as-sent" (transformers)
     template_name: str | None = None
     budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
     sampling: Mapping[str, Any] | None = None  # a SamplerConfig as a dict (processors and their order, seed)
@@ -378,6 +379,7 @@ class RunOptions:
             "now": self.now,
             "dialect": self.dialect,
             "utf8": self.utf8,
+            "tool_arguments": self.tool_arguments,
             "template_name": self.template_name,
             "budget": dict(self.budget) if self.budget else None,
             "sampling": dict(self.sampling) if self.sampling else None,

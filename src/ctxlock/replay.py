@@ -62,6 +62,7 @@ def run_and_record(
         "now": datetime.fromisoformat(options.now) if options.now else None,
         "dialect": options.dialect,
         "utf8": options.utf8,
+        "tool_arguments": options.tool_arguments or "parsed",
         "template": template if template is not None else options.template_name,
     }
     try:
@@ -86,8 +87,8 @@ def _fit_and_record(
     from .budget import BudgetPolicy, fit_context
     from .model import Run
 
-    dialect, utf8 = kwargs.pop("dialect"), kwargs.pop("utf8")
-    original = model.parse(request_bytes, dialect=dialect, utf8=utf8)
+    dialect, utf8, args = kwargs.pop("dialect"), kwargs.pop("utf8"), kwargs.pop("tool_arguments")
+    original = model.parse(request_bytes, dialect=dialect, utf8=utf8, tool_arguments=args)
     fitted = fit_context(original, model, BudgetPolicy.from_dict(options.budget or {}), **kwargs)
     tokenized = model.tokenize(fitted.rendered)
     run = Run(fitted.request, fitted.rendered, tokenized, fitted.model_input)

@@ -29,7 +29,7 @@ from typing import Any
 
 import jinja2
 
-from . import taint
+from . import mistral, taint
 from .errors import (
     ControlTokenError,
     TemplateError,
@@ -492,6 +492,8 @@ def render(
         return taint.derived(clock.strftime(fmt), (fmt,), "strftime_now()")
 
     messages = _template_messages(request)
+    if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
+        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools)
     msgs = _tag_final_message(messages, template) if continue_final_message else messages
     context = {
         **variables,

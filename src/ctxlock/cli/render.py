@@ -18,7 +18,7 @@ from ..errors import InputError, SamplerError
 from ..inputs import decode_utf8, iter_lines, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
-from ..request import RESERVED_TEMPLATE_KWARGS
+from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
 from ..template import SpecialTokenPolicy
 from .files import read_json, read_request, read_text, store_dir, template_file
 from .output import console, guarded, print_json
@@ -98,6 +98,7 @@ def _run_kwargs(options: RunOptions) -> dict[str, Any]:
         "now": datetime.fromisoformat(options.now) if options.now else None,
         "dialect": options.dialect,
         "utf8": options.utf8,
+        "tool_arguments": options.tool_arguments,
     }
 
 
@@ -212,6 +213,14 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, reported)."),
         ] = "strict",
+        tool_arguments: Annotated[
+            ToolArguments,
+            typer.Option(
+                "--tool-arguments",
+                help="Tool-call arguments sent as a JSON string: `parsed` renders the parsed object (vLLM, the "
+                "default), `as-sent` renders the string byte for byte (transformers). Recorded.",
+            ),
+        ] = ToolArguments.PARSED,
         record: Annotated[
             bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
         ] = False,
@@ -247,6 +256,7 @@ def register(app: typer.Typer) -> None:
                 now=parsed_now.isoformat() if parsed_now else None,
                 dialect=dialect,
                 utf8=utf8,
+                tool_arguments=str(tool_arguments),
                 sampling=_read_sampling(sampling),
             )
             if record:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime
 from pathlib import Path
@@ -58,3 +59,25 @@ TEMPLATE_KWARGS: dict[str, dict[str, Any]] = {
     # firefunction-v2 reads `functions` (its tool list) and `datetime` strings, and fails as undefined without them.
     "fireworks-ai-llama-3-firefunction-v2.jinja": {"functions": "", "datetime": "2024-07-26 10:30"},
 }
+
+
+def string_argument_paths(data: dict[str, Any]) -> list[str]:
+    """The JSON paths of tool-call `arguments` sent as strings (the OpenAI wire form) in a raw request."""
+    return [
+        f"messages[{i}].tool_calls[{k}].function.arguments"
+        for i, m in enumerate(data.get("messages") or [])
+        for k, call in enumerate(m.get("tool_calls") or [])
+        if isinstance(call.get("function", {}).get("arguments"), str)
+    ]
+
+
+def with_parsed_arguments(data: dict[str, Any]) -> dict[str, Any]:
+    """The raw request with every string `arguments` replaced by the object it holds: what ctxlock renders by default
+    (as vLLM does), the one documented difference from transformers on the raw request."""
+    out = copy.deepcopy(data)
+    for m in out.get("messages") or []:
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {})
+            if isinstance(fn.get("arguments"), str):
+                fn["arguments"] = json.loads(fn["arguments"])
+    return out

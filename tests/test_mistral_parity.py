@@ -1,5 +1,5 @@
 """The embedded default (mistral-nemo: Tekken v3 + mistral-common's generated template) against mistral-common's own
-`MistralTokenizer.encode_chat_completion`: ids equal, request for request."""
+`MistralTokenizer.encode_chat_completion`: ids equal, request for request, each given to both as the raw request."""
 
 from __future__ import annotations
 
@@ -202,6 +202,14 @@ CASES: dict[str, dict] = {
 }
 
 
+# Every shape of tests/data/requests/mistral_shapes.json that mistral-common accepts (issue 15: JSON tool results,
+# text-part lists, parallel calls, empty content, ...), as raw requests.
+_SHAPES = json.loads((Path(__file__).parent / "data" / "requests" / "mistral_shapes.json").read_text("utf-8"))
+CASES.update(
+    {f"shape_{k}": v["request"] for k, v in _SHAPES.items() if not k.startswith("_") and v["expect"] == "equal"}
+)
+
+
 @pytest.fixture(scope="module")
 def mistral() -> tuple[object, ctxlock.Model]:
     import mistral_common
@@ -228,7 +236,7 @@ def test_ids_equal_encode_chat_completion(mistral, name: str) -> None:
 
     reference, model = mistral
     request = CASES[name]
-    expected = reference.encode_chat_completion(ChatCompletionRequest(**request)).tokens
+    expected = reference.encode_chat_completion(ChatCompletionRequest(**json.loads(json.dumps(request)))).tokens
     run = model.run(request)
     assert list(run.tokenized.ids) == expected, run.rendered.text
     assert run.model_input.input_ids[0].tolist() == expected

@@ -323,11 +323,13 @@ def test_openai_image_parts() -> None:
         {"type": "image_url", "image_url": "https://x/b.png"},
     ]
     req = parse_request({"messages": [user(parts)]})
+    # Kept as sent (templates read image_url parts themselves, as they do under transformers).
     assert req.messages[0].content == (
         FrozenDict({"type": "text", "text": "what is this?"}),
-        FrozenDict({"type": "image", "url": "https://x/a.png", "detail": "low"}),
-        FrozenDict({"type": "image", "url": "https://x/b.png"}),
+        FrozenDict({"type": "image_url", "image_url": FrozenDict({"url": "https://x/a.png", "detail": "low"})}),
+        FrozenDict({"type": "image_url", "image_url": "https://x/b.png"}),
     )
+    assert req.template_messages()[0]["content"] == parts
     bad = [{"type": "image_url", "image_url": {"url": "u", "detail": "ultra"}}]
     assert raises(RequestValidationError, {"messages": [user(bad)]}).path == "messages[0].content[0].image_url.detail"
 
@@ -667,7 +669,7 @@ def test_strings_paths_openai() -> None:
         ("messages[1].reasoning_content", "think"),
         ("messages[2].content[0].text", "18C"),
         ("messages[2].tool_call_id", "call_1"),
-        ("messages[3].content[0].url", "https://x/a.png"),
+        ("messages[3].content[0].image_url.url", "https://x/a.png"),
         ("tools[0].function.name", "get_weather"),
         ("tools[0].function.description", "d"),
         ("documents[0].title", "title"),

@@ -400,9 +400,20 @@ def run(fmt: str, deltas: list[Any], finish: str | None = "stop", tools=TOOLS, *
 
 
 def check_raw(fx: dict[str, Any], chunks: list[str]) -> None:
-    """Everything the acceptance asks of one raw-text stream in one chunking."""
+    """Everything the acceptance asks of one raw-text stream in one chunking, in both release modes."""
     assert "".join(chunks) == fx["text"]
+    early = _check_raw(fx, chunks, "early")
     log, result = run(fx["format"], chunks, fx["finish_reason"])
+    # The default releases nothing from feed(): every call comes from finish(), after the normal end.
+    assert [e for fed, e in log if isinstance(e, ToolCallReady)] == [
+        e for fed, e in log if fed is None and isinstance(e, ToolCallReady)
+    ]
+    assert result.calls == early.calls and result.text == early.text and result.errors == ()
+    assert result.finish_reason == "tool_calls"
+
+
+def _check_raw(fx: dict[str, Any], chunks: list[str], release: str) -> Result:
+    log, result = run(fx["format"], chunks, fx["finish_reason"], release=release)
     expected = fx["expected"]
     boundaries = []
     fed = 0
@@ -422,6 +433,7 @@ def check_raw(fx: dict[str, Any], chunks: list[str]) -> None:
     assert "".join(e.text for _, e in log if isinstance(e, TextDelta)) == expected["text"] == result.text
     assert result.errors == ()
     assert result.finish_reason == "tool_calls"
+    return result
 
 
 def openai_from(fx: dict[str, Any]) -> list[dict[str, Any]]:
@@ -433,7 +445,15 @@ def openai_from(fx: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_openai(chunks: list[dict], calls: list[dict[str, Any]], text: str) -> Result:
+    early = _check_openai(chunks, calls, text, "early")
     log, result = run("openai", chunks, None)
+    assert all(fed is None for fed, e in log if isinstance(e, ToolCallReady))  # the default: only from finish()
+    assert result.calls == early.calls and result.text == early.text and result.finish_reason == "tool_calls"
+    return result
+
+
+def _check_openai(chunks: list[dict], calls: list[dict[str, Any]], text: str, release: str) -> Result:
+    log, result = run("openai", chunks, None, release=release)
     firsts = {}
     for k, ch in enumerate(chunks, start=1):
         for frag in (ch["choices"][0]["delta"].get("tool_calls") or []) if ch["choices"] else []:
@@ -520,20 +540,33 @@ def test_length_anywhere_releases_nothing_pending(name: str) -> None:
     text, calls = fx["text"], fx["expected"]["calls"]
     marker = MARKERS[fx["format"]]
     for cut in range(len(text) + 1):
-        log, result = run(fx["format"], [text[:cut]], "length")
         pending = [c["index"] for c in calls if c["start"] + len(marker) <= cut < c["close"]]
-        assert [c.index for c in result.calls] == [c["index"] for c in calls if c["close"] <= cut]
+        closed = [c["index"] for c in calls if c["close"] <= cut]
+        # The default: nothing at all from a cut-off response, each complete call answered as not executed.
+        log, result = run(fx["format"], [text[:cut]], "length")
+        assert result.calls == () and not any(isinstance(e, ToolCallReady) for _, e in log)
         assert result.finish_reason == "length" == result.stream_finish_reason
+        assert all(type(e) is ToolCallTruncatedError and "nothing was executed" in e.hint for e in result.errors)
+        withheld = [e for e in result.errors if "was not executed" in e.message]
+        assert [e.index for e in withheld] == closed
+        cut_errors = [e for e in result.errors if e not in withheld]
+        # release="early": calls that closed before the cut were handed out from feed(), and the hint says so.
+        log, early = run(fx["format"], [text[:cut]], "length", release="early")
+        assert [c.index for c in early.calls] == closed
+        assert early.finish_reason == "length" == early.stream_finish_reason
         assert not any(isinstance(e, ToolCallReady) for fed, e in log if fed is None)
-        if pending:
-            (err,) = result.errors
-            assert type(err) is ToolCallTruncatedError
-            assert err.message.startswith(TRUNCATED_MESSAGE)
-            assert f"tool_calls[{pending[0]}]" in err.message and err.path == f"tool_calls[{pending[0]}]"
-            # The JSON-array form names the objects it had opened so far (at least the first).
-            assert err.pending[0] == pending[0] and set(err.pending) <= set(pending)
-        else:
-            assert result.errors == ()
+        for errors in (cut_errors, list(early.errors)):
+            if pending:
+                (err,) = errors
+                assert type(err) is ToolCallTruncatedError
+                assert err.message.startswith(TRUNCATED_MESSAGE)
+                assert f"tool_calls[{pending[0]}]" in err.message and err.path == f"tool_calls[{pending[0]}]"
+                # The JSON-array form names the objects it had opened so far (at least the first).
+                assert err.pending[0] == pending[0] and set(err.pending) <= set(pending)
+            else:
+                assert errors == []
+        if pending and closed:
+            assert "nothing was executed" not in early.errors[0].hint and "may have run" in early.errors[0].hint
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -595,16 +628,20 @@ def test_openai_random_fragmentations(data: st.DataObject) -> None:
 def test_openai_length_mid_arguments() -> None:
     log, result = run("openai", _load_jsonl("openai_length_mid_arguments"), None)
     assert result.stream_finish_reason == "length" == result.finish_reason
-    assert [c.index for c in result.calls] == [0]  # the stream had moved past call 0 before the cut
-    (err,) = result.errors
+    assert result.calls == () and not any(isinstance(e, ToolCallReady) for _, e in log)
+    held, err = result.errors  # call 0 was complete (the stream had moved past it) but is not released
+    assert type(held) is ToolCallTruncatedError and held.path == "tool_calls[0]" and held.call_id == "call_Ab1"
     assert type(err) is ToolCallTruncatedError and err.path == "tool_calls[1]"
     assert err.message == f"{TRUNCATED_MESSAGE} (pending: tool_calls[1])"
+    log, early = run("openai", _load_jsonl("openai_length_mid_arguments"), None, release="early")
+    assert [c.index for c in early.calls] == [0]  # released from feed() when the stream moved past it
     assert not any(isinstance(e, ToolCallReady) for fed, e in log if fed is None)
 
 
 def test_a_truncated_call_can_be_answered_by_id() -> None:
     _, result = run("openai", _load_jsonl("openai_length_mid_arguments"), None)
-    message = to_model(result.errors[0])
+    assert to_model(result.errors[0])["tool_call_id"] == "call_Ab1"  # the withheld complete call
+    message = to_model(result.errors[1])
     assert message["tool_call_id"] == "call_Cd2" and message["name"] == "search_docs"
     body = json.loads(message["content"])
     assert body["type"] == "ToolCallTruncatedError" and body["path"] == "tool_calls[1]"
@@ -616,10 +653,15 @@ def test_openai_length_reported_as_tool_calls_is_caught() -> None:
     _, result = run("openai", _load_jsonl("openai_length_reported_as_tool_calls"), None)
     assert result.stream_finish_reason == "tool_calls"
     assert result.finish_reason == "stop"  # not "tool_calls": there is a failed call
-    assert [c.index for c in result.calls] == [0]
-    (err,) = result.errors
+    # The response was cut off whatever its finish reason says: call 0 is not released either.
+    assert result.calls == ()
+    held, err = result.errors
+    assert isinstance(held, ToolCallTruncatedError) and held.path == "tool_calls[0]"
+    assert "ends mid-JSON" in held.message
     assert isinstance(err, ToolCallTruncatedError) and err.path == "tool_calls[1].arguments"
     assert TRUNCATED_MESSAGE in err.message
+    _, early = run("openai", _load_jsonl("openai_length_reported_as_tool_calls"), None, release="early")
+    assert [c.index for c in early.calls] == [0] and len(early.errors) == 1
 
 
 def test_openai_finish_reasons() -> None:
@@ -860,11 +902,15 @@ def test_one_bad_call_does_not_hold_back_the_good_ones() -> None:
         '<tool_call>{"name": "get_weather", "arguments": {"city": 1}}</tool_call>'
         '<tool_call>{"name": "get_weather", "arguments": {"city": "C"}}</tool_call>'
     )
-    log, result = run("hermes", list(text))
-    assert [(c.index, c.id) for c in result.calls] == [(0, "call00000"), (2, "call00002")]
-    assert [e.path for e in result.errors] == ["tool_calls[1].arguments.city"]
-    assert result.finish_reason == "stop"  # a call failed: not "tool_calls"
-    assert [type(e).__name__ for _, e in log] == ["ToolCallReady", "ToolCallRejected", "ToolCallReady"]
+    for release, order in [
+        ("early", ["ToolCallReady", "ToolCallRejected", "ToolCallReady"]),
+        ("finish", ["ToolCallRejected", "ToolCallReady", "ToolCallReady"]),  # rejected at once, released at the end
+    ]:
+        log, result = run("hermes", list(text), release=release)
+        assert [(c.index, c.id) for c in result.calls] == [(0, "call00000"), (2, "call00002")]
+        assert [e.path for e in result.errors] == ["tool_calls[1].arguments.city"]
+        assert result.finish_reason == "stop"  # a call failed: not "tool_calls"
+        assert [type(e).__name__ for _, e in log] == order
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1032,7 +1078,7 @@ def test_custom_ids() -> None:
 # Cost
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral", "openai"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral", "openai", "anthropic"])
 def test_cost_is_linear_in_stream_length(fmt: str) -> None:
     """A 2 MB argument in 16-character deltas: re-scanning the buffer per delta would take minutes, not seconds."""
     big = 'x\\"{[' * 400_000
@@ -1048,6 +1094,23 @@ def test_cost_is_linear_in_stream_length(fmt: str) -> None:
         stream = '[TOOL_CALLS]search_docs[ARGS]{"query": "' + big + '"}'
     else:
         stream = json.dumps({"query": big})
+    if fmt == "anthropic":  # the SSE body: input_json_delta events of 64 characters, the body fed 16 at a time
+        events = [
+            {"type": "message_start", "message": {"id": "m"}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "tool_use", "id": "t", "name": "search_docs", "input": {}},
+            },
+            *(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": p}}
+                for p in (stream[k : k + 64] for k in range(0, len(stream), 64))
+            ),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+            {"type": "message_stop"},
+        ]
+        stream = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
     pieces = [stream[k : k + 16] for k in range(0, len(stream), 16)]
     if fmt == "openai":
         head = {
@@ -1072,7 +1135,7 @@ def test_cost_is_linear_in_stream_length(fmt: str) -> None:
             for p in pieces
         ]
     start = time.perf_counter()
-    result = assemble(TOOLS, fmt, pieces, "stop")
+    result = assemble(TOOLS, fmt, pieces, None if fmt == "anthropic" else "stop")
     elapsed = time.perf_counter() - start
     (call,) = result.calls
     expected = json.loads(f'"{big}"') if fmt in ("hermes", "mistral") else big

@@ -201,7 +201,7 @@ def _prepare(
     options = dict(render_options)
     dialect = options.pop("dialect", None)
     utf8 = options.pop("utf8", "strict")
-    req = model.parse(request, dialect=dialect, utf8=utf8)
+    req = model.parse(request, dialect=dialect, utf8=utf8, tool_arguments=options.pop("tool_arguments", "parsed"))
     # One clock for every render, so a template that prints the date sees the same one in each prefix.
     # Timezone-aware, like the render's own clock (`template.aware_clock`): the zone is recorded with it.
     options["now"] = aware_clock(options.get("now"))

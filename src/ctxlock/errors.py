@@ -22,9 +22,15 @@
     ├── TensorError                  ids -> ModelInput (batching, padding)
     ├── BudgetError                  a context-budget policy that cannot be applied
     │   └── BudgetExceeded           required segments over the budget; no room left for output
+    ├── ToolCallError                streamed tool calls (toolcalls): malformed, unknown tool, cut off, invalid
+    │   ├── ToolCallTruncatedError   the response hit the output token limit
+    │   ├── ToolCallValidationError  arguments that do not match the tool's JSON Schema
+    │   └── ProviderStreamError      the provider reported an error inside a started stream (after HTTP 200)
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
-        └── RecordNotFoundError      no record with that id (or prefix) in the store
+        │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
+        ├── RecordNotFoundError      no record with that id (or prefix) in the store
+        └── FixtureCheckError        replay's seed 000 §1.6 fixture check gave other ids: nothing was compared
 
 Every error carries `path`: where the input went wrong (a JSON path, a byte offset, a template line, a file),
 and `hint`: what to do about it. `to_dict()` is the wire form the CLI prints with `--json`.
@@ -145,6 +151,14 @@ class RecordNotFoundError(RecordError):
     pass
 
 
+class BundleError(RecordFormatError):
+    """A bundle (`records export --bundle`) that cannot be imported as it is: `path` names the entry."""
+
+
+class FixtureCheckError(RecordError):
+    """The book fixture of seed 000 §1.6 did not give its ids here, so no replay on this machine can be trusted."""
+
+
 class InputError(CtxlockError):
     """A file or stream named as input (a request, --template, --file, --policy, --schema, stdin, --out) that
     cannot be used as given. `path` names the option and the file; nothing was read past the size cap."""
@@ -224,6 +238,43 @@ class ToolCallTruncatedError(ToolCallError):
 
 class ToolCallValidationError(ToolCallError):
     """A complete tool call whose arguments do not validate against the tool's JSON Schema."""
+
+
+class ProviderStreamError(ToolCallError):
+    """The provider reported an error inside a stream that had already started (HTTP 200 was sent): an OpenAI
+    chunk `{"error": {...}}` (or vLLM's `{"object": "error", ...}`), Anthropic's `event: error`.
+
+    The stream is over. `provider_type`, `provider_message` and `provider_code` are the provider's own words;
+    `pending` lists the calls that were not released (open, or complete but held until a normal end), `released`
+    the calls an assembler in `release="early"` mode had already handed out before the error, and `result` the
+    stream's `Result` up to the error (text, released calls, errors), for the record."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        hint: str | None = None,
+        provider_type: str | None = None,
+        provider_message: str | None = None,
+        provider_code: str | int | None = None,
+        pending: tuple[int, ...] = (),
+        released: tuple[int, ...] = (),
+        result: object = None,
+    ) -> None:
+        self.provider_type = provider_type
+        self.provider_message = provider_message
+        self.provider_code = provider_code
+        self.released = tuple(released)
+        self.result = result
+        super().__init__(message, path=path, hint=hint, pending=pending)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["provider"] = {"type": self.provider_type, "message": self.provider_message, "code": self.provider_code}
+        if self.released:
+            out["released"] = list(self.released)
+        return out
 
 
 class ConstraintError(CtxlockError):

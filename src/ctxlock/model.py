@@ -9,7 +9,7 @@ from typing import Any
 
 from .artifacts import ModelArtifacts, load_artifacts
 from .errors import TemplateNotFoundError
-from .request import Dialect, Request, Utf8Policy, clear_request_memo, parse_request
+from .request import Dialect, Request, ToolArguments, Utf8Policy, clear_request_memo, parse_request
 from .template import (
     DEFAULT_LIMITS,
     ChatTemplate,
@@ -73,11 +73,16 @@ class Model:
         return self.artifacts.hub
 
     def parse(
-        self, request: RequestLike, *, dialect: Dialect | str | None = None, utf8: Utf8Policy | str = "strict"
+        self,
+        request: RequestLike,
+        *,
+        dialect: Dialect | str | None = None,
+        utf8: Utf8Policy | str = "strict",
+        tool_arguments: ToolArguments | str = ToolArguments.PARSED,
     ) -> Request:
         if isinstance(request, Request):
             return request
-        return parse_request(request, dialect=dialect, utf8=utf8)
+        return parse_request(request, dialect=dialect, utf8=utf8, tool_arguments=tool_arguments)
 
     def render(
         self,
@@ -93,6 +98,7 @@ class Model:
         now: datetime | None = None,
         dialect: Dialect | str | None = None,
         utf8: Utf8Policy | str = "strict",
+        tool_arguments: ToolArguments | str = ToolArguments.PARSED,
         limits: RenderLimits = DEFAULT_LIMITS,
         provenance: bool | None = None,
         seed: int | None = None,
@@ -103,8 +109,9 @@ class Model:
         and to False when `continue_final_message` is set. `provenance` is accepted and ignored: provenance is kept
         per character in the one render (it once chose whether a second render located request strings).
         `seed` (default 0) seeds the template's `random` filter and `lipsum`; `now` may carry a UTC offset.
+        `tool_arguments="as-sent"` renders string tool-call arguments as sent (transformers) instead of parsed (vLLM).
         """
-        req = self.parse(request, dialect=dialect, utf8=utf8)
+        req = self.parse(request, dialect=dialect, utf8=utf8, tool_arguments=tool_arguments)
         if isinstance(template, ChatTemplate):
             templates: TemplateSet | ChatTemplate = template
             name = None
@@ -142,7 +149,8 @@ class Model:
     def run(self, request: RequestLike, **options: Any) -> Run:
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
-        req = self.parse(request, dialect=dialect, utf8=utf8)
+        args = options.pop("tool_arguments", ToolArguments.PARSED)
+        req = self.parse(request, dialect=dialect, utf8=utf8, tool_arguments=args)
         rendered = self.render(req, **options)
         tokenized = self.tokenize(rendered)
         return Run(req, rendered, tokenized, _assemble_own(tokenized.ids))
@@ -154,7 +162,8 @@ class Model:
         of control matches)."""
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
-        rendered = self.render(self.parse(request, dialect=dialect, utf8=utf8), **options)
+        args = options.pop("tool_arguments", ToolArguments.PARSED)
+        rendered = self.render(self.parse(request, dialect=dialect, utf8=utf8, tool_arguments=args), **options)
         return _assemble_own(encode_ids(rendered, self.tokenizer))
 
     def encode_batch(
@@ -168,7 +177,10 @@ class Model:
         """Several requests padded into one batch; the pad id comes from the tokenizer config's pad_token."""
         dialect = options.pop("dialect", None)
         utf8 = options.pop("utf8", "strict")
-        rendered = (self.render(self.parse(r, dialect=dialect, utf8=utf8), **options) for r in requests)
+        args = options.pop("tool_arguments", ToolArguments.PARSED)
+        rendered = (
+            self.render(self.parse(r, dialect=dialect, utf8=utf8, tool_arguments=args), **options) for r in requests
+        )
         rows = encode_ids_batch(rendered, self.tokenizer)
         return assemble_batch(
             rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of

@@ -369,6 +369,7 @@ class RunOptions:
     now: str | None = None  # ISO 8601, or None: the wall clock at render time (recorded in `dynamic.now`)
     dialect: str | None = None
     utf8: str = "strict"
+    tool_arguments: str = "parsed"  # string tool-call arguments: "parsed" (vLLM) or "as-sent" (transformers)
     template_name: str | None = None
     budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
     sampling: Mapping[str, Any] | None = None  # a SamplerConfig as a dict (processors and their order, seed)
@@ -383,6 +384,7 @@ class RunOptions:
             "now": self.now,
             "dialect": self.dialect,
             "utf8": self.utf8,
+            "tool_arguments": self.tool_arguments,
             "template_name": self.template_name,
             "budget": dict(self.budget) if self.budget else None,
             "sampling": dict(self.sampling) if self.sampling else None,
@@ -431,6 +433,8 @@ def build_record(
             "model": tok_desc.get("model"),
             "normalizer": tok_desc.get("normalizer"),
             "pre_tokenizer": tok_desc.get("pre_tokenizer"),
+            # The normalizer and pre-tokenizer themselves (their settings too), so that diff can name one that differs.
+            "pipeline": _pipeline_identity(tok, tok_desc),
             # Which engine encoded the runs (tiktoken fast path or `tokenizers`), and why: part of the identity.
             "engine": tok_desc.get("engine"),
             "vocab_size": tok.vocab_size,
@@ -530,6 +534,14 @@ def _template_section(t: Any) -> dict[str, Any]:
     }
 
 
+def _pipeline_identity(tok: Any, desc: Mapping[str, Any]) -> dict[str, Any]:
+    """{"normalizer", "pre_tokenizer"}: their JSON where the backend has one (`tokenizers`), else as described."""
+    pipeline = getattr(tok, "pipeline", None)
+    if callable(pipeline):
+        return dict(pipeline())
+    return {"normalizer": desc.get("normalizer"), "pre_tokenizer": desc.get("pre_tokenizer")}
+
+
 def _digest(content: Any) -> str:
     if isinstance(content, bytes):
         return hashlib.sha256(content).hexdigest()
@@ -556,18 +568,40 @@ class Divergence:
         return {"layer": self.layer, "location": self.location, "a": self.a, "b": self.b, "cause": self.cause}
 
 
+# The outcomes of a diff (`Diff.kind`), each with its own exit code on the command line (0, 1, 3).
+IDENTICAL = "identical"
+DIVERGED = "diverged"
+SAME_IDS = "same_ids_different_tokenizer"  # the tokenizer layer differs, and the ids (and tensors) are equal
+
+
 @dataclass(frozen=True)
 class Diff:
+    """`kind` is IDENTICAL, DIVERGED, or SAME_IDS (the tokenizer artifacts differ, the model input does not; the
+    tokenizer difference is `first_divergence`). `ids` says whether the input ids are equal, whatever the layer;
+    `fixture` is replay's seed 000 §1.6 check (None for a plain diff)."""
+
     identical: bool
     first_divergence: Divergence | None
     notes: tuple[str, ...] = ()
+    kind: str = ""
+    ids: Mapping[str, Any] | None = None
+    fixture: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            object.__setattr__(self, "kind", IDENTICAL if self.identical else DIVERGED)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
+            "kind": self.kind,
             "identical": self.identical,
             "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "ids": dict(self.ids) if self.ids is not None else None,
             "notes": list(self.notes),
         }
+        if self.fixture is not None:
+            out["fixture"] = dict(self.fixture)
+        return out
 
 
 def _short(sha: Any) -> str:
@@ -639,11 +673,112 @@ def diff(a: ExecutionRecord | Mapping[str, Any], b: ExecutionRecord | Mapping[st
     if ra.get("sha256") != rb.get("sha256"):
         notes.append(f"request bytes differ: sha256 {_short(ra.get('sha256'))} vs {_short(rb.get('sha256'))}")
 
+    ids = _ids_summary(da, db)
+    # The ids are compared first: a tokenizer-layer difference with equal ids is its own outcome, not a divergence
+    # of what the model receives (the later layers are still compared: the tensors may differ).
+    same_ids: Divergence | None = None
     for layer in LAYERS:
         found = _compare_layer(layer, da, db)
-        if found is not None:
-            return Diff(False, found, tuple(notes))
-    return Diff(True, None, tuple(notes))
+        if found is None:
+            continue
+        if layer == "tokenizer" and ids["equal"]:
+            same_ids = _same_ids(found, da, db, ids)
+            continue
+        if same_ids is not None:
+            notes.append(same_ids.cause)
+        return Diff(False, found, tuple(notes), kind=DIVERGED, ids=ids)
+    if same_ids is not None:
+        return Diff(False, same_ids, tuple(notes), kind=SAME_IDS, ids=ids)
+    return Diff(True, None, tuple(notes), kind=IDENTICAL, ids=ids)
+
+
+def _ids_summary(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]:
+    """{"equal", "a", "b", "first_difference"}: the id counts of both runs and the first index where they differ."""
+    ia, ib = da.get("input_ids"), db.get("input_ids")
+    na = len(ia) if isinstance(ia, list) else None
+    nb = len(ib) if isinstance(ib, list) else None
+    if na is None or nb is None:
+        return {"equal": False, "a": na, "b": nb, "first_difference": None}
+    first = next((k for k, (x, y) in enumerate(zip(ia, ib, strict=False)) if x != y), None)
+    if first is None and na != nb:
+        first = min(na, nb)
+    return {"equal": first is None, "a": na, "b": nb, "first_difference": first}
+
+
+def _table(k: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What two tokenizers of one vocabulary share, whatever their file format: the vocabulary size and the special
+    tokens (a GGUF lists only those as added tokens; an HF directory saved from it lists its padding pieces too)."""
+    added = k.get("added_tokens") if isinstance(k.get("added_tokens"), list) else []
+    special = sorted(tuple(t[:2]) for t in added if isinstance(t, list) and len(t) == 3 and t[2] is True)
+    return k.get("vocab_size"), special
+
+
+def _pipeline_of(k: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    # A record made before `pipeline` was recorded has only the component types: compare like with like.
+    if isinstance(k.get("pipeline"), dict) and isinstance(other.get("pipeline"), dict):
+        return k["pipeline"]
+    return {"normalizer": k.get("normalizer"), "pre_tokenizer": k.get("pre_tokenizer")}
+
+
+def _component(value: Any) -> str:
+    """A normalizer or pre-tokenizer in a few words: `none`, `NFC`, `Sequence[Prepend, Replace]`."""
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        kind = str(value.get("type"))
+        inner = value.get("normalizers") or value.get("pretokenizers")
+        if kind == "Sequence" and isinstance(inner, list):
+            return f"Sequence[{', '.join(_component(x) for x in inner)}]"
+        return kind
+    return str(value)
+
+
+# Settings that change the offsets a tokenizer reports, never its ids (tokenizers' ByteLevel `trim_offsets`).
+_OFFSETS_ONLY = frozenset({"trim_offsets"})
+
+
+def _ids_relevant(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _ids_relevant(v) for k, v in value.items() if k not in _OFFSETS_ONLY}
+    if isinstance(value, list):
+        return [_ids_relevant(v) for v in value]
+    return value
+
+
+def _pipeline_difference(ka: Mapping[str, Any], kb: Mapping[str, Any]) -> str | None:
+    """'the normalizer differs: NFC vs none', or None when the recorded normalizer and pre-tokenizer agree (on every
+    setting that can change an id)."""
+    pa, pb = _pipeline_of(ka, kb), _pipeline_of(kb, ka)
+    for part, name in (("normalizer", "normalizer"), ("pre_tokenizer", "pre-tokenizer")):
+        x, y = _ids_relevant(pa.get(part)), _ids_relevant(pb.get(part))
+        if x == y:
+            continue
+        sx, sy = _component(x), _component(y)
+        if sx == sy:
+            found = _first_json_difference(x, y)
+            where = f" (at {found[0]})" if found and found[0] != "$" else ""
+            return f"the {name} differs in its settings{where}: {sx} in both, configured differently"
+        return f"the {name} differs: {sx} vs {sy}"
+    return None
+
+
+def _same_ids(found: Divergence, da: Mapping[str, Any], db: Mapping[str, Any], ids: Mapping[str, Any]) -> Divergence:
+    ka, kb = da.get("tokenizer") or {}, db.get("tokenizer") or {}
+    cause = f"same ids ({ids['a']}/{ids['b']}), different tokenizer artifacts: "
+    if (ka.get("sha256"), ka.get("format")) != (kb.get("sha256"), kb.get("format")):
+        cause += (
+            f"{ka.get('format')} sha256 {_short(ka.get('sha256'))} vs {kb.get('format')} sha256 "
+            f"{_short(kb.get('sha256'))}"
+        )
+        cause += "; the model receives the same input ids for this request"
+        pipeline = _pipeline_difference(ka, kb)
+        if pipeline is not None:
+            cause += f", but {pipeline}, so other text may tokenize differently"
+    else:
+        cause += found.cause + "; the model receives the same input ids for this request"
+        if _pipeline_difference(ka, kb) is not None:
+            cause += ", but other text may tokenize differently"
+    return Divergence("tokenizer", found.location, found.a, found.b, cause)
 
 
 def _errors_at(d: Mapping[str, Any], kinds: tuple[str, ...]) -> dict[str, Any] | None:
@@ -745,14 +880,26 @@ def _compare_layer(layer: str, da: Mapping[str, Any], db: Mapping[str, Any]) -> 
         )
     if layer == "tokenizer":
         ka, kb = da.get("tokenizer") or {}, db.get("tokenizer") or {}
+        pipeline = _pipeline_difference(ka, kb)
+        where = f"tokenizer ({ka.get('format')} vs {kb.get('format')})"
+        digests = f"sha256 {_short(ka.get('sha256'))} vs {_short(kb.get('sha256'))}"
+        same_table = _table(ka) == _table(kb)
         if (ka.get("sha256"), ka.get("format")) != (kb.get("sha256"), kb.get("format")):
+            if pipeline is not None and same_table:
+                # The same vocabulary size and special tokens: the normalizer (or pre-tokenizer) is the likely cause.
+                cause = f"{pipeline} (tokenizer {digests}, the same vocabulary size and special tokens)"
+            else:
+                cause = f"a different tokenizer vocabulary: {digests}; the same ids would mean different text"
+                cause += f"; also, {pipeline}" if pipeline is not None else ""
+            return Divergence("tokenizer", where, ka.get("sha256"), kb.get("sha256"), cause)
+        if pipeline is not None:
             return Divergence(
                 "tokenizer",
-                f"tokenizer ({ka.get('format')} vs {kb.get('format')})",
-                ka.get("sha256"),
-                kb.get("sha256"),
-                f"a different tokenizer vocabulary: sha256 {_short(ka.get('sha256'))} vs "
-                f"{_short(kb.get('sha256'))}; the same ids would mean different text",
+                f"{where}: pipeline",
+                _pipeline_of(ka, kb),
+                _pipeline_of(kb, ka),
+                f"the same tokenizer file ({digests}), but {pipeline}: ctxlock built it differently (compare the "
+                "environments' ctxlock versions)",
             )
         found = _first_json_difference(ka.get("special_tokens"), kb.get("special_tokens"))
         if found:

@@ -8,6 +8,7 @@ where each file is created new, never opened through or in place of an existing 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .artifacts import load_artifacts, load_template_file
-from .errors import CtxlockError, RecordError, RecordFormatError, RecordNotFoundError
+from .errors import (
+    ArtifactNotFoundError,
+    CtxlockError,
+    FixtureCheckError,
+    RecordError,
+    RecordFormatError,
+    RecordNotFoundError,
+)
 from .model import Model, load
 from .record import (
     REPLAY_MANIFEST,
@@ -54,6 +62,7 @@ def run_and_record(
         "now": datetime.fromisoformat(options.now) if options.now else None,
         "dialect": options.dialect,
         "utf8": options.utf8,
+        "tool_arguments": options.tool_arguments or "parsed",
         "template": template if template is not None else options.template_name,
         "seed": options.render_seed,
     }
@@ -79,8 +88,8 @@ def _fit_and_record(
     from .budget import BudgetPolicy, fit_context
     from .model import Run
 
-    dialect, utf8 = kwargs.pop("dialect"), kwargs.pop("utf8")
-    original = model.parse(request_bytes, dialect=dialect, utf8=utf8)
+    dialect, utf8, args = kwargs.pop("dialect"), kwargs.pop("utf8"), kwargs.pop("tool_arguments")
+    original = model.parse(request_bytes, dialect=dialect, utf8=utf8, tool_arguments=args)
     fitted = fit_context(original, model, BudgetPolicy.from_dict(options.budget or {}), **kwargs)
     tokenized = model.tokenize(fitted.rendered)
     run = Run(fitted.request, fitted.rendered, tokenized, fitted.model_input)
@@ -187,7 +196,7 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
     tmp = Path(tempfile.mkdtemp(prefix="ctxlock-replay-"))
     try:
         for name, sha in rp["files"].items():
-            _place(store.get_artifact_path(sha), tmp / name)
+            _place(_artifact(store, record, sha, f"tokenizer file {name}"), tmp / name)
         manifest: dict[str, Any] = {
             "description": f"replay of record {record.id[:12]} (model {rp.get('model')})",
             "tokenizer": rp["tokenizer"],
@@ -195,7 +204,7 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
         }
         template = None
         if rp["template_sha256"]:
-            _place(store.get_artifact_path(rp["template_sha256"]), tmp / REPLAY_TEMPLATE)
+            _place(_artifact(store, record, rp["template_sha256"], "template"), tmp / REPLAY_TEMPLATE)
             manifest["template"] = REPLAY_TEMPLATE
         _create(tmp / REPLAY_MANIFEST, json.dumps(manifest, ensure_ascii=False).encode("utf-8"))
         model = Model(load_artifacts(tmp))
@@ -207,6 +216,19 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
         yield model, template
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _artifact(store: Store, record: ExecutionRecord, sha256: str, role: str) -> Path:
+    """The stored blob of one artifact the record names; a missing one says which, and the commands that bring it."""
+    try:
+        return store.get_artifact_path(sha256)
+    except ArtifactNotFoundError as exc:
+        raise ArtifactNotFoundError(
+            f"record {record.id[:12]} replays from its {role} (sha256 {sha256[:12]}…), which is not in this store",
+            path=exc.path,
+            hint=f"on the machine that made the record, run `ctxlock records export --bundle {record.id[:12]} -o "
+            "FILE`; then `ctxlock records import FILE` here",
+        ) from None
 
 
 def _place(blob: Path, target: Path) -> None:
@@ -261,13 +283,50 @@ def _recorded_options(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
     return raw, options
 
 
+# Seed 000 §1.6: the book tokenizer's one expected answer, asserted before any replay compares anything (§1.11).
+SEED_FIXTURE_REQUEST = {
+    "messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]
+}
+SEED_FIXTURE_TEXT = "<bos><system>简洁回答</system><user>天空为什么是蓝色？</user><assistant>"
+SEED_FIXTURE_IDS = (1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6)
+
+
+def check_seed_fixture() -> dict[str, Any]:
+    """Run the seed 000 §1.6 fixture (the built-in `book` model) and assert its rendered text and ids.
+
+    Returns what it checked; a different answer is a FixtureCheckError: this installation does not tokenize the way
+    the seed fixes it, so nothing a replay here compares could be trusted."""
+    model = load("book")
+    run = model.run(json.dumps(SEED_FIXTURE_REQUEST, ensure_ascii=False).encode("utf-8"))
+    ids = list(run.tokenized.ids)
+    if run.rendered.text != SEED_FIXTURE_TEXT or ids != list(SEED_FIXTURE_IDS):
+        got = "rendered text" if run.rendered.text != SEED_FIXTURE_TEXT else "ids"
+        raise FixtureCheckError(
+            f"the seed 000 §1.6 book fixture gave other {got}: ids {ids}, expected {list(SEED_FIXTURE_IDS)}; "
+            "nothing was compared",
+            path="fixture book (seed 000 §1.6)",
+            hint="this installation's book model or tokenizer is altered: reinstall ctxlock and run "
+            "tests/test_book_fixture.py",
+        )
+    return {
+        "name": "book",
+        "seed": "000 §1.6",
+        "ok": True,
+        "expected": list(SEED_FIXTURE_IDS),
+        "ids": ids,
+    }
+
+
 def replay(record: ExecutionRecord, store: Store) -> tuple[Diff, ExecutionRecord]:
-    """Re-run the recorded request on the recorded artifacts; compare every layer with the record."""
+    """Check the seed fixture, re-run the recorded request on the recorded artifacts, compare every layer with the
+    record. The fixture's result is in `Diff.fixture`; a failed fixture is a FixtureCheckError, raised first."""
+    fixture = check_seed_fixture()
     raw, options = _recorded_options(record)
     with materialized(record, store) as (model, template):
         _, again, _ = run_and_record(model, raw, options, template=template)
     original = _restore_options(record, comparable(record))
-    return diff(original, _restore_options(record, comparable(again))), again
+    result = diff(original, _restore_options(record, comparable(again)))
+    return dataclasses.replace(result, fixture=fixture), again
 
 
 def _restore_options(record: ExecutionRecord, data: dict[str, Any]) -> dict[str, Any]:
@@ -291,4 +350,14 @@ def rerun(
         return again
 
 
-__all__ = ["load_record", "materialized", "read_record_file", "replay", "rerun", "run_and_record", "save"]
+__all__ = [
+    "SEED_FIXTURE_IDS",
+    "check_seed_fixture",
+    "load_record",
+    "materialized",
+    "read_record_file",
+    "replay",
+    "rerun",
+    "run_and_record",
+    "save",
+]

@@ -37,6 +37,7 @@ __all__ = [
     "Dialect",
     "Message",
     "Request",
+    "ToolArguments",
     "ToolCall",
     "Utf8Policy",
     "parse_request",
@@ -48,6 +49,13 @@ class Utf8Policy(StrEnum):
 
     STRICT = "strict"  # reject, naming the offset of the first bad byte
     REPLACE = "replace"  # substitute U+FFFD and record every replaced byte offset
+
+
+class ToolArguments(StrEnum):
+    """What a tool call's `arguments` sent as a JSON string (the OpenAI wire form) becomes."""
+
+    PARSED = "parsed"  # default: the parsed object, as vLLM passes it to templates
+    AS_SENT = "as-sent"  # the string byte for byte, as transformers passes it (checked to hold a JSON object)
 
 
 class Dialect(StrEnum):
@@ -127,21 +135,26 @@ _EMPTY = FrozenDict()  # immutable, so one shared instance is a safe dataclass d
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One function call made by an assistant; `arguments` is always a parsed JSON object."""
+    """One function call made by an assistant.
+
+    `arguments` is a parsed JSON object, or, parsed with `tool_arguments="as-sent"`, the JSON string the client sent
+    (validated to hold an object, kept as is)."""
 
     name: str
-    arguments: FrozenDict
+    arguments: FrozenDict | str
     id: str | None = None
-    type: str = "function"
+    type: str | None = "function"  # None: the client sent no "type" (templates then see none, as in transformers)
     source: str = field(default="", compare=False)  # JSON path of the originating object
 
     def to_template(self) -> dict[str, Any]:
-        """The OpenAI form templates expect, with arguments as a plain dict (as vLLM passes them)."""
+        """The OpenAI form templates expect: arguments as a plain dict (as vLLM passes them), or the string as sent."""
         out: dict[str, Any] = {}
         if self.id is not None:
             out["id"] = self.id
-        out["type"] = self.type
-        out["function"] = {"name": self.name, "arguments": thaw(self.arguments)}
+        if self.type is not None:
+            out["type"] = self.type
+        args = self.arguments if isinstance(self.arguments, str) else thaw(self.arguments)
+        out["function"] = {"name": self.name, "arguments": args}
         return out
 
 
@@ -270,6 +283,13 @@ def _message_strings(m: Message) -> Iterator[tuple[str, str]]:
             for key in ("text", "url", "detail"):
                 if key in part:
                     yield m._path(f".content[{j}].{key}"), part[key]
+            image = part.get("image_url")  # an OpenAI image part, kept as sent: a URL string or {url, detail}
+            if isinstance(image, str):
+                yield m._path(f".content[{j}].image_url"), image
+            elif image is not None:
+                for key in ("url", "detail"):
+                    if key in image:
+                        yield m._path(f".content[{j}].image_url.{key}"), image[key]
     if m.name is not None:
         yield m._path(".name"), m.name
     for k, tc in enumerate(m.tool_calls or ()):
@@ -592,15 +612,15 @@ _IMAGE_DETAILS = ("auto", "low", "high")
 _ONE_OF_ROLES = "one of: " + ", ".join(_OPENAI_ROLES)
 
 
-def _openai_messages(raw: Any, policy: Utf8Policy) -> tuple[Message, ...]:
+def _openai_messages(raw: Any, policy: Utf8Policy, as_sent: bool = False) -> tuple[Message, ...]:
     messages = _list(raw, "messages", "a non-empty array of messages")
     if not messages:
         raise _fail("messages", "messages is empty", "send at least one message")
     seen_ids: set[str] = set()
-    return tuple(_openai_message(m, f"messages[{i}]", seen_ids, policy) for i, m in enumerate(messages))
+    return tuple(_openai_message(m, f"messages[{i}]", seen_ids, policy, as_sent) for i, m in enumerate(messages))
 
 
-def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy) -> Message:
+def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, as_sent: bool = False) -> Message:
     m = _obj(raw, path, "a message object")
     role = _str(_required(m, "role", path, _ONE_OF_ROLES), join_path(path, "role"))
     if role not in _OPENAI_ROLES:
@@ -631,7 +651,9 @@ def _openai_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy)
     tool_calls: tuple[ToolCall, ...] | None = None
     if m.get("tool_calls") is not None:
         calls = _list(m["tool_calls"], join_path(path, "tool_calls"), "an array of tool calls")
-        tool_calls = tuple(_openai_tool_call(c, f"{path}.tool_calls[{j}]", policy) for j, c in enumerate(calls))
+        tool_calls = tuple(
+            _openai_tool_call(c, f"{path}.tool_calls[{j}]", policy, as_sent) for j, c in enumerate(calls)
+        )
 
     reasoning = _opt_str(m, "reasoning_content", path)
     if m.get("reasoning") is not None:
@@ -692,11 +714,12 @@ def _openai_part(raw: Any, path: str, role: str) -> FrozenDict:
         _only_keys(part, ("type", "image_url"), path, "an image_url part")
         image = _required(part, "image_url", path, 'an "image_url" object with a "url"')
         ipath = join_path(path, "image_url")
+        # Kept as sent, after the checks: templates read `image_url` parts themselves, as under transformers.
         if isinstance(image, str):  # accepted by vLLM and several clients
-            return _image_part(image)
+            return freeze(part)
         image = _obj(image, ipath, 'an object {"url": ...} or a URL string')
         _only_keys(image, ("url", "detail"), ipath, "image_url")
-        url = _str(_required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
+        _str(_required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
         detail = _opt_str(image, "detail", ipath)
         if detail is not None and detail not in _IMAGE_DETAILS:
             raise _fail(
@@ -704,7 +727,7 @@ def _openai_part(raw: Any, path: str, role: str) -> FrozenDict:
                 f"unknown detail {json.dumps(detail, ensure_ascii=False)}",
                 f"allowed: {', '.join(_IMAGE_DETAILS)}",
             )
-        return _image_part(url, detail)
+        return freeze(part)
     allowed = "text, image_url" if role == "user" else "text"
     raise _fail(
         join_path(path, "type"),
@@ -713,7 +736,7 @@ def _openai_part(raw: Any, path: str, role: str) -> FrozenDict:
     )
 
 
-def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy) -> ToolCall:
+def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy, as_sent: bool = False) -> ToolCall:
     call = _obj(raw, path, "a tool call object")
     _only_keys(call, ("id", "type", "function"), path, "a tool call")
     kind = call.get("type")
@@ -725,6 +748,7 @@ def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy) -> ToolCall:
     name = _str(_required(fn, "name", fpath, "the function name"), join_path(fpath, "name"), nonempty=True)
     apath = join_path(fpath, "arguments")
     args = _required(fn, "arguments", fpath, 'the arguments as a JSON object or a JSON string, e.g. "{}"')
+    sent = args
     if isinstance(args, str):
         args = _parse_arguments(args, apath, policy)
     if not isinstance(args, dict):
@@ -733,7 +757,9 @@ def _openai_tool_call(raw: Any, path: str, policy: Utf8Policy) -> ToolCall:
             f"arguments must decode to a JSON object, got {json_type_name(args)}",
             'wrap the arguments in an object, e.g. {"value": ...}',
         )
-    return ToolCall(name=name, arguments=freeze(args), id=_opt_str(call, "id", path), source=path)
+    # as-sent keeps the string: it passed the request's own string checks, and it holds a JSON object.
+    kept = sent if as_sent and isinstance(sent, str) else freeze(args)
+    return ToolCall(name=name, arguments=kept, id=_opt_str(call, "id", path), type=kind, source=path)
 
 
 def _parse_arguments(text: str, path: str, policy: Utf8Policy) -> Any:
@@ -1036,7 +1062,7 @@ def _documents(raw: Any) -> tuple[FrozenDict, ...]:
     return tuple(freeze(d) for d in docs)
 
 
-def _coerce(enum: type[Dialect] | type[Utf8Policy], value: Any, arg: str) -> Any:
+def _coerce(enum: type[Dialect] | type[Utf8Policy] | type[ToolArguments], value: Any, arg: str) -> Any:
     try:
         return enum(value)
     except ValueError:
@@ -1085,18 +1111,23 @@ def parse_request(
     *,
     dialect: Dialect | str | None = None,
     utf8: Utf8Policy | str = Utf8Policy.STRICT,
+    tool_arguments: ToolArguments | str = ToolArguments.PARSED,
 ) -> Request:
     """Decode, parse and validate a chat request into its canonical frozen form.
 
     `dialect=None` detects the dialect (Anthropic if anything only Anthropic has is present, else OpenAI); an
-    explicit dialect wins. A str is encoded as UTF-8 first, and a Mapping serialized to compact JSON first, so
-    every input goes through the same checks and `source_sha256` is always the digest of the bytes parsed.
+    explicit dialect wins. `tool_arguments` says what an OpenAI tool call's string `arguments` becomes: the parsed
+    object (`"parsed"`, the default, as vLLM renders it) or the string as sent (`"as-sent"`, as transformers renders
+    it); either way it must hold a JSON object. A str is encoded as UTF-8 first, and a Mapping serialized to compact
+    JSON first, so every input goes through the same checks and `source_sha256` is always the digest of the bytes
+    parsed.
     """
     policy: Utf8Policy = _coerce(Utf8Policy, utf8, "utf8")
     forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")
+    as_sent = _coerce(ToolArguments, tool_arguments, "tool_arguments") is ToolArguments.AS_SENT
 
     if isinstance(data, Mapping):
-        if _fast_enabled():
+        if _fast_enabled() and not as_sent:  # the incremental path memoizes parsed arguments only
             fast = _parse_mapping_fast(data, forced, policy)
             if fast is not None:
                 return fast
@@ -1133,7 +1164,7 @@ def parse_request(
             f"the request must be a JSON object, got {json_type_name(obj)}",
             'send an object such as {"messages": [...]}',
         )
-    return _build_request(obj, forced or _detect(obj), sha, policy, runs)
+    return _build_request(obj, forced or _detect(obj), sha, policy, runs, as_sent=as_sent)
 
 
 def _build_request(
@@ -1143,7 +1174,8 @@ def _build_request(
     policy: Utf8Policy,
     runs: list[tuple[int, int]],
     *,
-    openai_messages: Callable[[Any, Utf8Policy], tuple[Message, ...]] = _openai_messages,
+    openai_messages: Callable[..., tuple[Message, ...]] = _openai_messages,
+    as_sent: bool = False,
 ) -> Request:
     # `openai_messages` is replaced only by the incremental Mapping path (`_frame`), which validates the messages
     # itself and uses only the other fields of this Request.
@@ -1155,7 +1187,7 @@ def _build_request(
         if obj.get("functions") is not None:
             # Silently keeping these in `extra` would drop tool definitions the client meant the model to see.
             raise _fail("functions", "functions is deprecated and not supported", 'send "tools" instead')
-        messages = openai_messages(obj["messages"], policy)
+        messages = openai_messages(obj["messages"], policy, as_sent)
         if obj.get("tools") is not None:
             tools = _openai_tools(obj["tools"])
     else:
@@ -1441,7 +1473,7 @@ def _frame(key: tuple[Any, ...], data: dict[str, Any], forced: Dialect | None, p
     # full path then takes the request anyway.
     if (forced or _detect({k: obj[k] for k in ("system", "tools") if k in obj})) is not Dialect.OPENAI:
         raise _GiveUp
-    template = _build_request(obj, Dialect.OPENAI, "", policy, [], openai_messages=lambda _raw, _policy: ())
+    template = _build_request(obj, Dialect.OPENAI, "", policy, [], openai_messages=lambda *_: ())
     head = b"{" + b"".join(pair + b"," for pair in before) + b'"messages":['
     tail = b"]" + b"".join(b"," + pair for pair in after) + b"}"
     found = _Frame(head, tail, template)

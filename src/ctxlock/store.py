@@ -35,6 +35,7 @@ __all__ = [
     "INDEX_FIELDS",
     "MAX_RECORD_BYTES",
     "MIGRATIONS",
+    "ArtifactStaging",
     "Store",
     "default_store_path",
     "max_record_bytes",
@@ -334,6 +335,17 @@ class Store:
                 self._insert(db, record_id, body, columns)
         return [record_id for record_id, _, _ in rows]
 
+    def put_records(self, items: Iterable[tuple[bytes, Mapping[str, str | int | None]]]) -> list[str]:
+        """Store several records (canonical bytes and index fields) in one write transaction: all or none."""
+        rows = []
+        for n, (body, index) in enumerate(items):
+            body = _record_body(body, path=f"records[{n}]")
+            rows.append((hashlib.sha256(body).hexdigest(), body, _index_columns(index, path=f"records[{n}].index")))
+        with self._write() as db:
+            for record_id, body, columns in rows:
+                self._insert(db, record_id, body, columns)
+        return [record_id for record_id, _, _ in rows]
+
     # ----------------------------------------------------------------------------------------- artifacts
 
     def put_artifact(self, data: bytes) -> str:
@@ -388,7 +400,10 @@ class Store:
             st = blob.stat()
         except FileNotFoundError as exc:
             raise ArtifactNotFoundError(
-                f"artifact {sha256} is not in the store", path=str(blob), hint="store it with put_artifact first"
+                f"artifact {sha256} is not in the store",
+                path=str(blob),
+                hint="on the machine that made the record, run `ctxlock records export --bundle RECORD_ID -o FILE`; "
+                "then `ctxlock records import FILE` here",
             ) from exc
         key = (str(blob), st.st_ino, st.st_size, st.st_mtime_ns)
         if key in _VERIFIED_BLOBS:
@@ -405,6 +420,17 @@ class Store:
 
     def has_artifact(self, sha256: str) -> bool:
         return self._blob_path(_check_sha256(sha256)).is_file()
+
+    @contextmanager
+    def staging(self) -> Iterator[ArtifactStaging]:
+        """Blobs copied in from a stream are held in temporary files and installed together when the block ends
+        without an error; on an error none is installed and every temporary file is removed."""
+        staged = ArtifactStaging(self)
+        try:
+            yield staged
+            staged.install()
+        finally:
+            staged.discard()
 
     # ----------------------------------------------------------------------------------------- internals
 
@@ -586,6 +612,67 @@ class Store:
         blob.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, blob)
         _fsync_dir(blob.parent)
+
+
+class ArtifactStaging:
+    """Blobs read from an untrusted stream (a bundle), checked before any of them enters the store (`Store.staging`).
+
+    `add` copies exactly `size` bytes into a temporary file while hashing them; a blob is kept for installation
+    only when its bytes hash to the digest it was declared under."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._files: list[tuple[Path, BinaryIO]] = []
+        self._staged: dict[str, tuple[Path, BinaryIO]] = {}
+
+    def add(self, source: BinaryIO, size: int, sha256: str) -> tuple[str, int]:
+        """Copy `size` bytes of `source`; returns (their sha256, how many were read: fewer means truncated)."""
+        expected = _check_sha256(sha256)
+        tmp_dir = self._store.artifacts_dir / ".tmp"
+        try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix="bundle-", dir=tmp_dir)
+        except OSError as exc:
+            raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=str(tmp_dir)) from exc
+        fh = os.fdopen(fd, "wb")
+        entry = (Path(name), fh)
+        self._files.append(entry)
+        digest = hashlib.sha256()
+        left = size
+        while left > 0:
+            chunk = source.read(min(_CHUNK, left))  # a read error is the source's own, raised as it is
+            if not chunk:
+                break
+            digest.update(chunk)
+            try:
+                fh.write(chunk)
+            except OSError as exc:
+                raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=name) from exc
+            left -= len(chunk)
+        actual = digest.hexdigest()
+        if left == 0 and actual == expected:
+            self._staged.setdefault(expected, entry)
+        return actual, size - left
+
+    def install(self) -> list[str]:
+        """Move every checked blob into place (atomic renames); returns their digests."""
+        installed = []
+        for sha256, (tmp, fh) in self._staged.items():
+            self._store._install_blob(tmp, fh, sha256)
+            fh.close()
+            # Renamed into place: its temporary name is no longer this staging's to remove.
+            self._files = [entry for entry in self._files if entry[0] != tmp]
+            installed.append(sha256)
+        self._staged = {}
+        return installed
+
+    def discard(self) -> None:
+        for tmp, fh in self._files:
+            with suppress(OSError):
+                fh.close()
+            with suppress(FileNotFoundError):
+                tmp.unlink()
+        self._files, self._staged = [], {}
 
 
 def _enable_wal(db: sqlite3.Connection) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import jinja2
 
-from . import taint
+from . import mistral, taint
 from .errors import (
     ControlTokenError,
     CtxlockError,
@@ -566,6 +566,8 @@ def render(
         return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
 
     messages = _template_messages(request)
+    if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
+        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools)
     msgs = _tag_final_message(messages, template) if continue_final_message else messages
     context = {
         **variables,

@@ -5,13 +5,26 @@ A model streams a tool call a few characters at a time; the first delta is half 
 
 - `TextDelta` for text outside calls, as soon as it cannot be the start of a call marker (only a possible prefix
   of the marker, at most `len(marker) - 1` characters, is held back);
-- `ToolCallReady` once a call is complete (its closing marker has been seen) and its arguments are a JSON object
-  that validates against the tool's JSON Schema;
+- `ToolCallReady` for a call that is complete (its closing marker has been seen), whose arguments are a JSON object
+  that validates against the tool's JSON Schema, and whose response ended normally (see "Release" below);
 - `ToolCallRejected` once a call is complete but cannot be released (unknown tool, malformed JSON, invalid
   arguments); its `error` can go back to the model as a tool result (`to_model`).
 
 `finish(finish_reason)` ends the stream and returns a `Result`. A call still open at the end is never released:
-with `finish_reason="length"` it is a `ToolCallTruncatedError`, otherwise an unterminated `ToolCallError`.
+with a length stop it is a `ToolCallTruncatedError`, otherwise an unterminated `ToolCallError`.
+
+Release (seed 001's truncation rule: Pi runs no tool call from a response that hit the output limit). By default
+(`release="finish"`) `ToolCallReady` comes only from `finish()`, and only when the stream ended normally: `stop`,
+`tool_calls`, `end_turn`, `tool_use` or `stop_sequence`. Under any other end (`length`, `max_tokens`,
+`content_filter`, `refusal`, `pause_turn`, an unknown reason, no reason at all, or arguments that end mid-JSON
+whatever the reason says) every complete call becomes an error saying it was not executed, and nothing is
+released. `release="early"` releases each call from `feed()` as soon as it is complete; a call of a response that
+is then cut off may have run, and the errors and `Result.notes` say so.
+
+In-band errors: a provider error inside a started stream (an OpenAI `{"error": ...}` chunk, vLLM's flat
+`{"object": "error", ...}`, Anthropic's `event: error`; for raw-text formats, that object fed in place of text)
+makes `feed()` raise `ProviderStreamError` with the provider's type and message; nothing still pending is
+released, and `finish()` raises the same error again.
 
 When is a call complete?
 
@@ -23,16 +36,19 @@ When is a call complete?
 |               | v11: `[TOOL_CALLS][{...}, ...]`) closes; the closing bracket is the marker                  |
 | `openai`      | a fragment for another call arrives (the stream moved past it), or `finish("tool_calls")` / |
 |               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
+| `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
 
-The `Result.finish_reason` is `"tool_calls"` only when the stream ended with `"stop"` or `"tool_calls"`, at least
-one call was released and no call failed; a `"stop"`/`"tool_calls"` stream that does not meet that is `"stop"`;
-any other reason (`"length"`, `"content_filter"`, ...) is kept as it was. So `"length"` is never hidden behind
-`"tool_calls"` (vLLM's streaming handler used to do exactly that: vllm-project/vllm issue 53269).
+The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
+and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
+(`"max_tokens"`, `"model_length"`, ...) is `"length"`; any other reason (`"content_filter"`, `"refusal"`, ...) is
+kept as it was. So `"length"` is never hidden behind `"tool_calls"` (vLLM's streaming handler used to do exactly
+that: vllm-project/vllm issue 53269).
 """
 
 from __future__ import annotations
 
 import ast
+import codecs
 import functools
 import json
 import re
@@ -45,12 +61,13 @@ import jsonschema
 import jsonschema.exceptions
 from jsonschema.validators import validator_for
 
-from ctxlock.errors import ToolCallError, ToolCallTruncatedError, ToolCallValidationError
+from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.frozen import thaw
 from ctxlock.request import Request, join_path, json_type_name
 
 __all__ = [
     "Event",
+    "Release",
     "Result",
     "TextDelta",
     "ToolCallAssembler",
@@ -73,6 +90,18 @@ class ToolCallFormat(StrEnum):
     HERMES = "hermes"  # Hermes 2 Pro / Qwen2.5: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
+    ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
+
+
+class Release(StrEnum):
+    """When a complete, valid call is handed out as `ToolCallReady`."""
+
+    # Default: only from finish(), and only when the stream ended normally (stop, tool_calls, end_turn, tool_use,
+    # stop_sequence). A response cut off by the output limit, a filter or an error releases nothing.
+    FINISH = "finish"
+    # As soon as the call is complete, from feed(). The stream may still end at the output limit or in an error
+    # after the call was handed out: a call from a cut-off response may then have run.
+    EARLY = "early"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -100,6 +129,10 @@ class ToolCallReady:
         """The call in OpenAI's message form (`arguments` as a JSON string)."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.raw_arguments}}
 
+    def to_anthropic(self) -> dict[str, Any]:
+        """The call as an Anthropic `tool_use` content block (`input` as an object)."""
+        return {"type": "tool_use", "id": self.id, "name": self.name, "input": self.arguments}
+
 
 @dataclass(frozen=True)
 class ToolCallRejected:
@@ -124,6 +157,8 @@ class Result:
     finish_reason: str | None  # see the module docstring for the mapping
     stream_finish_reason: str | None  # the reason the stream itself gave
     events: tuple[Event, ...] = ()  # the events that finish() itself released (held-back text, last calls)
+    notes: tuple[str, ...] = ()  # what the stream held that is neither text nor a released call (anthropic)
+    thinking: str = ""  # anthropic: the text of the thinking blocks (never part of `text`)
 
     @property
     def ok(self) -> bool:
@@ -406,7 +441,31 @@ def _looks_cut_off(raw: str) -> bool:
 # The assembler
 
 
-_NORMAL_STOPS = frozenset({"stop", "tool_calls"})
+# How a stream may end for its calls to be released (OpenAI's and Anthropic's words for a normal end).
+_NORMAL_STOPS = frozenset({"stop", "tool_calls", "end_turn", "tool_use", "stop_sequence"})
+# The output limit, in the words of OpenAI and vLLM ("length"), Anthropic ("max_tokens",
+# "model_context_window_exceeded") and Mistral's API ("model_length").
+_LENGTH_STOPS = frozenset({"length", "max_tokens", "model_length", "model_context_window_exceeded"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral"})
+_ABNORMAL_HINTS = {
+    "pause_turn": "send the response back as the assistant turn so the model can continue it",
+    "refusal": "the model declined: rephrase the request rather than re-running the calls",
+    "content_filter": "the provider's filter stopped the response: change the request",
+}
+
+
+def _error_payload(chunk: Any) -> Any:
+    """The provider's error object when a chunk is an in-band error, else None.
+
+    OpenAI (and vLLM since 0.6) send `{"error": {"message", "type", "param", "code"}}`; older vLLM sent its
+    ErrorResponse flat, `{"object": "error", "message", "type", "code"}`."""
+    if not isinstance(chunk, Mapping):
+        return None
+    if chunk.get("error") is not None:
+        return chunk["error"]
+    if chunk.get("object") == "error":
+        return chunk
+    return None
 
 
 class ToolCallAssembler:
@@ -420,6 +479,12 @@ class ToolCallAssembler:
     `call00001`, ... is deterministic and a valid Mistral id (9 alphanumerics). Pass your own to keep ids unique
     across turns.
     `choice`: for `openai`, which `choices[].index` to assemble (others are ignored).
+    `release`: `"finish"` (the default) hands out `ToolCallReady` only from `finish()`, and only when the stream
+    ended normally (`stop`, `tool_calls`, `end_turn`, `tool_use`, `stop_sequence`); a call from a response cut off
+    by the output limit, a content filter, an error or an unknown end is never released. `"early"` hands out each
+    call from `feed()` as soon as it is complete: sooner, but the response may still be cut off after it.
+    An in-band provider error (an OpenAI `{"error": ...}` chunk, Anthropic's `event: error`) makes `feed()` raise
+    `ProviderStreamError`; nothing still pending is released.
     """
 
     def __init__(
@@ -429,6 +494,7 @@ class ToolCallAssembler:
         *,
         make_id: Callable[[int], str] | None = None,
         choice: int = 0,
+        release: Release | str = Release.FINISH,
     ) -> None:
         try:
             self.format = ToolCallFormat(format)
@@ -437,14 +503,26 @@ class ToolCallAssembler:
             raise ToolCallError(
                 f"unknown tool-call format {format!r}", path="format", hint=f"use one of: {known}"
             ) from None
+        try:
+            self.release = Release(release)
+        except ValueError:
+            known = ", ".join(r.value for r in Release)
+            raise ToolCallError(
+                f"unknown release mode {release!r}", path="release", hint=f"use one of: {known}"
+            ) from None
         self._tools = _compile_tools(tools)
         self._make_id = make_id or _default_id
         self._events: list[Event] = []
         self._text: list[str] = []
-        self._calls: list[ToolCallReady] = []
+        self._calls: list[ToolCallReady] = []  # released
+        self._held: list[ToolCallReady] = []  # complete and valid, waiting for a normal end (release="finish")
         self._errors: list[ToolCallError] = []
+        self._notes: list[str] = []
+        self._thinking: list[str] = []
         self._next_index = 0
         self._finished = False
+        self._failed: ProviderStreamError | None = None
+        self._cut_off: str | None = None  # set when the stream is seen to be cut off whatever its finish reason says
         self._stream = _STREAMS[self.format](self, choice)
 
     # -- public
@@ -454,24 +532,58 @@ class ToolCallAssembler:
         return tuple(self._tools)
 
     def feed(self, delta: Any) -> list[Event]:
-        """Consume one delta (text for raw formats, a chunk for openai); return the events it released."""
+        """Consume one delta (text for raw formats; a chunk for openai; SSE text or an event for anthropic);
+        return the events it released. Raises `ProviderStreamError` when the delta is an in-band error."""
+        if self._failed is not None:
+            raise ToolCallError(
+                "feed() after the stream ended with a provider error",
+                path="stream",
+                hint=f"the stream is over ({self._failed.message}); send the request again",
+            )
         if self._finished:
             raise ToolCallError("feed() after finish()", path="stream", hint="create a new ToolCallAssembler")
+        if self.format.value in _RAW_FORMATS:
+            payload = _error_payload(delta)
+            if payload is not None:
+                self._provider_error(payload, "stream")
         self._stream.feed(delta)
         out, self._events = self._events, []
         return out
 
     def finish(self, finish_reason: str | None = None) -> Result:
-        """End the stream. `finish_reason` is the stream's own (for openai it defaults to the last chunk's)."""
+        """End the stream. `finish_reason` is the stream's own (for openai it defaults to the last chunk's, for
+        anthropic to `message_delta.stop_reason` once `message_stop` has arrived). Without one, the end is unknown
+        and no call is released. After a provider error this raises that `ProviderStreamError` again."""
+        if self._failed is not None:
+            raise self._failed
         if self._finished:
             raise ToolCallError("finish() called twice", path="stream", hint="create a new ToolCallAssembler")
         self._finished = True
         reason = self._stream.finish(finish_reason)
+        held = sorted(self._held, key=lambda c: c.index)
+        self._held = []
+        if reason in _NORMAL_STOPS and self._cut_off is None:
+            for ready in held:
+                self._calls.append(ready)
+                self._events.append(ready)
+        else:
+            self._errors += [self._withheld(ready, reason) for ready in held]
+            if self._calls:  # release="early": calls of this response were out before it ended badly
+                listed = ", ".join(f"tool_calls[{c.index}]" for c in sorted(self._calls, key=lambda c: c.index))
+                ended = self._cut_off or f"finish_reason={reason!r}"
+                self._note(f"{listed} released early (release='early'), then the response ended abnormally ({ended})")
         events, self._events = tuple(self._events), []
+        return self._result(reason, events)
+
+    # -- used by the format streams
+
+    def _result(self, reason: str | None, events: tuple[Event, ...]) -> Result:
         calls = tuple(sorted(self._calls, key=lambda c: c.index))
         errors = tuple(sorted(self._errors, key=lambda e: _sort_index(e)))
         if reason in _NORMAL_STOPS:
             mapped: str | None = "tool_calls" if calls and not errors else "stop"
+        elif reason in _LENGTH_STOPS:
+            mapped = "length"
         else:
             mapped = reason
         return Result(
@@ -481,9 +593,86 @@ class ToolCallAssembler:
             finish_reason=mapped,
             stream_finish_reason=reason,
             events=events,
+            notes=tuple(self._notes),
+            thinking="".join(self._thinking),
         )
 
-    # -- used by the format streams
+    def _withheld(self, ready: ToolCallReady, reason: str | None) -> ToolCallError:
+        """A complete, valid call of a stream that did not end normally: never released (Pi's rule)."""
+        what = f"tool call {ready.name!r} (tool_calls[{ready.index}]) was not executed"
+        if self._cut_off is not None or reason in _LENGTH_STOPS:
+            why = self._cut_off or f"finish_reason={reason!r}"
+            return _error(
+                ToolCallTruncatedError,
+                f"{what}: the response hit the output token limit ({why}), and no call from a cut-off response"
+                " is released, however complete it looks",
+                path=f"tool_calls[{ready.index}]",
+                hint="raise max_tokens (or shorten the context) and ask again; nothing was executed",
+                index=ready.index,
+                call_id=ready.id,
+                name=ready.name,
+            )
+        ended = getattr(self._stream, "ended", None) or f"the stream ended with finish_reason={reason!r}"
+        normal = ", ".join(sorted(_NORMAL_STOPS))
+        hint = "nothing was executed; " + _ABNORMAL_HINTS.get(reason, "ask the model again")
+        if reason is None:
+            hint += ", or pass the stream's finish reason to finish() if it ended normally"
+        return _error(
+            ToolCallError,
+            f"{what}: {ended}, not a normal end ({normal}), so the response may be incomplete",
+            path=f"tool_calls[{ready.index}]",
+            hint=hint,
+            index=ready.index,
+            call_id=ready.id,
+            name=ready.name,
+        )
+
+    def _provider_error(self, payload: Any, path: str) -> None:
+        """An in-band error: end the stream, release nothing still pending, raise ProviderStreamError."""
+        if isinstance(payload, Mapping):
+            ptype = payload.get("type")
+            pmessage = payload.get("message")
+            pcode = payload.get("code")
+        else:
+            ptype, pmessage, pcode = None, payload, None
+        ptype = ptype if isinstance(ptype, str) else None
+        pmessage = pmessage if isinstance(pmessage, str) else (None if pmessage is None else json.dumps(pmessage))
+        pcode = pcode if isinstance(pcode, str | int) and not isinstance(pcode, bool) else None
+        # A call released (early) by this same feed() never reached the caller: feed() raises instead of returning.
+        undelivered = {id(e): e.index for e in self._events if isinstance(e, ToolCallReady)}
+        self._calls = [c for c in self._calls if id(c) not in undelivered]
+        self._events = [e for e in self._events if id(e) not in undelivered]
+        pending = sorted({*self._stream.open_indexes(), *(c.index for c in self._held), *undelivered.values()})
+        released = sorted(c.index for c in self._calls)
+        said = ": ".join(x for x in (ptype, pmessage) if x) or "(no message)"
+        hint = "the response is incomplete"
+        if pending:
+            hint += ": " + ", ".join(f"tool_calls[{i}]" for i in pending) + " not released"
+        if released:
+            listed = ", ".join(f"tool_calls[{i}]" for i in released)
+            hint += f"; {listed} had already been released (release='early') and may have run"
+        else:
+            hint += "; nothing was executed"
+        hint += "; send the request again" + (" later" if ptype in ("overloaded_error", "rate_limit_error") else "")
+        self._finished = True
+        self._held = []
+        events, self._events = tuple(self._events), []
+        err = ProviderStreamError(
+            f"the provider reported an error inside the stream: {said}",
+            path=path,
+            hint=hint,
+            provider_type=ptype,
+            provider_message=pmessage,
+            provider_code=pcode,
+            pending=tuple(pending),
+            released=tuple(released),
+        )
+        err.result = self._result("error", events)
+        self._failed = err
+        raise err
+
+    def _note(self, text: str) -> None:
+        self._notes.append(text)
 
     def _emit_text(self, text: str) -> None:
         if text:
@@ -526,12 +715,22 @@ class ToolCallAssembler:
         if not indexes:
             return
         listed = ", ".join(f"tool_calls[{i}]" for i in indexes)
-        if reason == "length":
+        if reason in _LENGTH_STOPS:
+            released = sorted(c.index for c in self._calls)
+            hint = "raise max_tokens (or shorten the context) and ask again; "
+            if released:  # release="early": the truth is that some calls of this cut-off response are out
+                hint += (
+                    ", ".join(f"tool_calls[{i}]" for i in released)
+                    + " had already been released before the cut (release='early') and may have run;"
+                    " the pending calls were not executed"
+                )
+            else:
+                hint += "nothing was executed"
             err = _error(
                 ToolCallTruncatedError,
                 f"{TRUNCATED_MESSAGE} (pending: {listed})",
                 path=f"tool_calls[{indexes[0]}]",
-                hint="raise max_tokens (or shorten the context) and ask again; nothing was executed",
+                hint=hint,
                 index=indexes[0],
                 call_id=call_id,
                 name=name,
@@ -617,8 +816,11 @@ class ToolCallAssembler:
             self._reject(index, cid, name, err)
             return
         ready = ToolCallReady(index=index, id=cid, name=name, arguments=arguments, raw_arguments=raw)
-        self._calls.append(ready)
-        self._events.append(ready)
+        if self.release is Release.EARLY:
+            self._calls.append(ready)
+            self._events.append(ready)
+        else:
+            self._held.append(ready)
 
 
 def _default_id(index: int) -> str:
@@ -676,6 +878,9 @@ class _OpenAIStream:
                 path=f"chunks[{k}]",
                 hint="feed the parsed JSON of each `data:` line",
             )
+        payload = _error_payload(chunk)
+        if payload is not None:
+            self.asm._provider_error(payload, f"chunks[{k}]")
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
             raise ToolCallError("choices must be an array", path=f"chunks[{k}].choices", hint="send a list")
@@ -792,6 +997,9 @@ class _OpenAIStream:
             return
         self.asm._complete(call.index, cid, call.name, value, raw, f"tool_calls[{call.index}].name")
 
+    def open_indexes(self) -> list[int]:
+        return [] if self.open is None else [self.open.index]
+
     def finish(self, finish_reason: str | None) -> str | None:
         reason = finish_reason if finish_reason is not None else self.seen_finish
         call = self.open
@@ -801,8 +1009,10 @@ class _OpenAIStream:
             raw = "".join(call.parts)
             if _looks_cut_off(raw):
                 # Arguments cut off mid-JSON under a "tool_calls"/"stop" finish: a server that rewrote "length"
-                # (vLLM did in its streaming path) would look exactly like this. Never released.
+                # (vLLM did in its streaming path) would look exactly like this. Never released, and neither is any
+                # other call of this response (release="finish"): the response was cut off.
                 self.open = None
+                self.asm._cut_off = f"tool_calls[{call.index}] ends mid-JSON although finish_reason is {reason!r}"
                 cid = call.id if call.id is not None else self.asm._make_id(call.index)
                 self.asm._fail(
                     call.index,
@@ -872,6 +1082,9 @@ class _TaggedStream:
                     self._close("".join(self.parts))
                 else:
                     self._body(_TOOL_CALL_CLOSE)
+
+    def open_indexes(self) -> list[int]:
+        return [self.index] if self.state == _BODY else []
 
     def _start_body(self) -> None:
         pass
@@ -1312,15 +1525,19 @@ class _MistralStream:
             index = first if k == 0 else self.asm._new_index()
             _complete_named_object(self.asm, index, obj, f"tool_calls[{index}]", ids=True)
 
+    def open_indexes(self) -> list[int]:
+        if self.state in (_M_TEXT, _M_SKIP):
+            return []
+        if self.state == _M_ARRAY:
+            return list(range(self.index, self.index + max(1, _array_items_opened("".join(self.raw_parts)))))
+        return [self.index]
+
     def finish(self, finish_reason: str | None) -> str | None:
         if self.state == _M_TEXT:
             self.asm._emit_text(self.pending)
         elif self.state != _M_SKIP:
-            pending = [self.index]
-            if self.state == _M_ARRAY:  # each object opened at depth 1 is one call of the array
-                opened = _array_items_opened("".join(self.raw_parts))
-                pending = list(range(self.index, self.index + max(1, opened)))
-            self.asm._unfinished(pending, finish_reason, "before its JSON closed")
+            # In the array form, each object opened at depth 1 is one call.
+            self.asm._unfinished(self.open_indexes(), finish_reason, "before its JSON closed")
         self.pending = ""
         return finish_reason
 
@@ -1347,11 +1564,380 @@ def _array_items_opened(raw: str) -> int:
     return count
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# anthropic: the Messages API stream
+
+
+_EOL = re.compile(r"\r\n|\r|\n")
+
+
+class _SSEReader:
+    """Server-sent events as the HTML standard parses them, fed in pieces split anywhere (str, or bytes in UTF-8).
+
+    Lines end at CRLF, LF or CR; `event:` names the event, `data:` lines are joined with LF, `:` starts a comment,
+    a blank line dispatches. An event without its blank line when the stream ends is discarded, as the standard
+    says (and reported in `leftover`)."""
+
+    def __init__(self) -> None:
+        self.partial: list[str] = []  # the current line, not yet ended
+        self.skip_lf = False  # the last piece ended in CR: a LF at the start of the next one belongs to it
+        self.started = False
+        self.event = ""
+        self.data: list[str] = []
+        self.decoder: Any = None
+        self.fed = 0  # characters (or bytes) fed, for error paths
+
+    def feed(self, piece: str | bytes | bytearray) -> list[tuple[str, str]]:
+        if isinstance(piece, bytes | bytearray):
+            if self.decoder is None:
+                self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
+            try:
+                text = self.decoder.decode(bytes(piece))
+            except UnicodeDecodeError as exc:
+                raise ToolCallError(
+                    f"the stream is not valid UTF-8: {exc.reason}",
+                    path=f"stream byte {self.fed + exc.start}",
+                    hint="feed the response body as the server sent it (SSE is UTF-8)",
+                ) from None
+        else:
+            text = piece
+        self.fed += len(piece)
+        out: list[tuple[str, str]] = []
+        i = 0
+        if text and self.skip_lf:
+            self.skip_lf = False
+            if text[0] == "\n":
+                i = 1
+        if not self.started and text:
+            self.started = True
+            if text[0] == "\ufeff":  # a byte-order mark at the start of the stream is not part of it
+                i = max(i, 1)
+        for m in _EOL.finditer(text, i):
+            line = "".join(self.partial) + text[i : m.start()] if self.partial else text[i : m.start()]
+            self.partial = []
+            self._line(line, out)
+            i = m.end()
+            if m.end() == len(text) and m.group() == "\r":
+                self.skip_lf = True
+        if i < len(text):
+            self.partial.append(text[i:])
+        return out
+
+    def _line(self, line: str, out: list[tuple[str, str]]) -> None:
+        if not line:
+            if self.data:
+                out.append((self.event or "message", "\n".join(self.data)))
+            self.event, self.data = "", []
+            return
+        if line[0] == ":":
+            return  # a comment (servers send them as keep-alives)
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        # id, retry and unknown fields do not matter here
+
+    @property
+    def leftover(self) -> bool:
+        return bool(self.partial or self.data or self.event)
+
+
+@dataclass
+class _Block:
+    kind: str  # text, tool_use, thinking, skip
+    type: str  # the content block's own type
+    call: int = -1  # our call index (tool_use)
+    id: str | None = None
+    name: str | None = None
+    start_input: Any = None
+    parts: list[str] = field(default_factory=list)
+
+
+_TEXT_BLOCKS = {"text": "text", "tool_use": "tool_use", "thinking": "thinking"}
+_DELTA_BLOCKS = {
+    "text_delta": ("text", "text"),
+    "input_json_delta": ("tool_use", "partial_json"),
+    "thinking_delta": ("thinking", "thinking"),
+    "signature_delta": ("thinking", "signature"),
+    "citations_delta": ("text", None),
+}
+
+
+class _AnthropicStream:
+    """`message_start`, then per content block `content_block_start` / `content_block_delta`* /
+    `content_block_stop`, then `message_delta` (with `stop_reason`) and `message_stop`; `ping` anywhere; `error`
+    in-band. A `tool_use` block is a call, complete at its `content_block_stop` (seed 003 §2.5); with the default
+    `release="finish"` it is released only once the message has ended normally.
+
+    Fed either the raw SSE text (`event:`/`data:` lines, in pieces split anywhere, str or UTF-8 bytes) or the parsed
+    events (dicts with `type`, or SDK event objects with `model_dump()`), never both in one stream."""
+
+    def __init__(self, asm: ToolCallAssembler, choice: int) -> None:
+        self.asm = asm
+        self.sse = _SSEReader()
+        self.mode: str | None = None  # "sse" or "events"
+        self.count = 0  # events seen
+        self.blocks: dict[int, _Block] = {}  # open content blocks by their index
+        self.closed: set[int] = set()
+        self.started = False
+        self.stopped = False  # message_stop seen
+        self.stop_reason: str | None = None
+        self.ended: str | None = None  # how the stream ended when not with message_stop (for withheld calls)
+        self.cut: list[tuple[_Block, str]] = []  # tool_use blocks that stopped with their JSON cut off
+
+    def feed(self, delta: Any) -> None:
+        if isinstance(delta, str | bytes | bytearray):
+            self._mode("sse", delta)
+            for name, data in self.sse.feed(delta):
+                self._sse_event(name, data)
+            return
+        if hasattr(delta, "model_dump"):  # an anthropic SDK RawMessageStreamEvent
+            delta = delta.model_dump()
+        self._mode("events", delta)
+        if not isinstance(delta, Mapping):
+            raise ToolCallError(
+                f"an anthropic stream is fed SSE text or event objects, got {type(delta).__name__}",
+                path=f"events[{self.count}]",
+                hint="feed the response body's text, or each event's parsed `data:` JSON",
+            )
+        path = f"events[{self.count}]"
+        self.count += 1
+        self._event(delta, path)
+
+    def _mode(self, mode: str, delta: Any) -> None:
+        if self.mode is None:
+            self.mode = mode
+        elif self.mode != mode:
+            raise ToolCallError(
+                f"this stream was fed {'SSE text' if self.mode == 'sse' else 'event objects'}, then a "
+                f"{type(delta).__name__}",
+                path=f"events[{self.count}]",
+                hint="feed either the raw SSE text or the parsed events, not both",
+            )
+
+    def _sse_event(self, name: str, data: str) -> None:
+        path = f"events[{self.count}]"
+        self.count += 1
+        event, problem = _loads_object(data)
+        if problem is not None or not isinstance(event, Mapping):
+            if name == "error":  # an error event is an error even when its data is not the documented JSON
+                self.asm._provider_error(data, path)
+            raise ToolCallError(
+                f"the data of this `event: {name}` is not a JSON object: {problem or json_type_name(event)}",
+                path=f"{path}.data",
+                hint="feed the stream as the server sent it",
+            )
+        kind = event.get("type")
+        if name != "message" and name != kind and name != "error":
+            raise ToolCallError(
+                f"`event: {name}` carries data of type {kind!r}",
+                path=f"{path}.type",
+                hint="the event name and the data's type must agree; feed the stream as the server sent it",
+            )
+        if name == "error" and kind != "error":
+            self.asm._provider_error(event.get("error", event), path)
+        self._event(event, path)
+
+    def _event(self, event: Mapping[str, Any], path: str) -> None:
+        kind = event.get("type")
+        if kind == "error":
+            self.asm._provider_error(event.get("error"), path)
+        if kind == "ping":
+            return
+        if self.stopped:
+            raise ToolCallError(
+                f"a {kind!r} event after message_stop", path=f"{path}.type", hint="message_stop ends the stream"
+            )
+        if kind == "message_start":
+            if self.started:
+                raise ToolCallError("a second message_start", path=f"{path}.type", hint="one message per stream")
+            self.started = True
+        elif kind == "content_block_start":
+            self._block_start(event, path)
+        elif kind == "content_block_delta":
+            self._block_delta(event, path)
+        elif kind == "content_block_stop":
+            self._block_stop(event, path)
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if not isinstance(delta, Mapping):
+                raise ToolCallError("delta must be an object", path=f"{path}.delta", hint="send an object")
+            reason = delta.get("stop_reason")
+            if reason is not None and not isinstance(reason, str):
+                raise ToolCallError(
+                    "stop_reason must be a string", path=f"{path}.delta.stop_reason", hint="send a string or null"
+                )
+            if reason is not None:
+                self.stop_reason = reason
+        elif kind == "message_stop":
+            self.stopped = True
+        else:
+            # Anthropic documents that new event types may appear; they carry nothing the assembler knows.
+            self.asm._note(f"{path}: an event of unknown type {kind!r} was skipped")
+
+    def _index(self, event: Mapping[str, Any], path: str) -> int:
+        index = event.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise ToolCallError("index must be a non-negative integer", path=f"{path}.index", hint="send the index")
+        return index
+
+    def _block_start(self, event: Mapping[str, Any], path: str) -> None:
+        index = self._index(event, path)
+        block = event.get("content_block")
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            raise ToolCallError(
+                "content_block must be an object with a type", path=f"{path}.content_block", hint="send an object"
+            )
+        if index in self.blocks or index in self.closed:
+            raise ToolCallError(
+                f"content block {index} started twice", path=f"{path}.index", hint="each block starts once"
+            )
+        btype = block["type"]
+        kind = _TEXT_BLOCKS.get(btype, "skip")
+        b = _Block(kind=kind, type=btype)
+        if kind == "tool_use":
+            b.call = self.asm._new_index()
+            b.id = block.get("id") if isinstance(block.get("id"), str) else None
+            b.name = block.get("name") if isinstance(block.get("name"), str) else None
+            b.start_input = block.get("input")
+        elif kind == "text" and isinstance(block.get("text"), str):
+            self.asm._emit_text(block["text"])
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            self.asm._thinking.append(block["thinking"])
+        elif btype in ("server_tool_use", "mcp_tool_use"):
+            name = block.get("name")
+            self.asm._note(
+                f"content[{index}]: a {btype} block ({name!r}) runs on the provider's side; it is not a call"
+                " for you to execute and is not released"
+            )
+        elif btype == "redacted_thinking":
+            self.asm._note(f"content[{index}]: a redacted_thinking block (encrypted reasoning) is not text")
+        else:
+            self.asm._note(f"content[{index}]: a {btype} block is neither text nor a tool call; skipped")
+        self.blocks[index] = b
+
+    def _block_delta(self, event: Mapping[str, Any], path: str) -> None:
+        index = self._index(event, path)
+        block = self.blocks.get(index)
+        if block is None:
+            state = "already stopped" if index in self.closed else "not started"
+            raise ToolCallError(
+                f"a delta for content block {index}, which is {state}",
+                path=f"{path}.index",
+                hint="deltas come between a block's content_block_start and content_block_stop",
+            )
+        delta = event.get("delta")
+        if not isinstance(delta, Mapping):
+            raise ToolCallError("delta must be an object", path=f"{path}.delta", hint="send an object")
+        dtype = delta.get("type")
+        known = _DELTA_BLOCKS.get(dtype) if isinstance(dtype, str) else None
+        if known is None:
+            self.asm._note(f"{path}: a delta of unknown type {dtype!r} for content block {index} was skipped")
+            return
+        want, key = known
+        if block.kind == "skip":
+            return  # the contents of a block that is neither text nor a call (server tools, redacted thinking)
+        if block.kind != want:
+            raise ToolCallError(
+                f"a {dtype} for a {block.type} block",
+                path=f"{path}.delta.type",
+                hint=f"a {dtype} belongs to a {want} block",
+            )
+        if key is None or dtype == "signature_delta":
+            return
+        value = delta.get(key)
+        if not isinstance(value, str):
+            raise ToolCallError(f"{key} must be a string", path=f"{path}.delta.{key}", hint="send a string")
+        if block.kind == "text":
+            self.asm._emit_text(value)
+        elif block.kind == "thinking":
+            self.asm._thinking.append(value)
+        else:
+            block.parts.append(value)
+
+    def _block_stop(self, event: Mapping[str, Any], path: str) -> None:
+        index = self._index(event, path)
+        block = self.blocks.pop(index, None)
+        if block is None:
+            state = "already stopped" if index in self.closed else "not started"
+            raise ToolCallError(
+                f"content_block_stop for content block {index}, which is {state}",
+                path=f"{path}.index",
+                hint="each block stops once, after its start",
+            )
+        self.closed.add(index)
+        if block.kind == "tool_use":
+            self._close(block)
+
+    def _close(self, block: _Block) -> None:
+        index = block.call
+        cid = block.id if block.id is not None else self.asm._make_id(index)
+        raw = "".join(block.parts)
+        if not raw.strip():
+            # A tool without parameters may stream no JSON at all: its input is the one content_block_start gave.
+            value = block.start_input if block.start_input is not None else {}
+            raw = json.dumps(value, ensure_ascii=False)
+        else:
+            value, problem = _loads_object(raw)
+            if problem is not None:
+                if _looks_cut_off(raw):
+                    # Input cut off mid-JSON: the output limit, most likely; the message's end says (finish).
+                    self.cut.append((block, f"input is not valid JSON: {problem}"))
+                    return
+                self._bad_json(block, cid, f"input is not valid JSON: {problem}")
+                return
+        self.asm._complete(index, cid, block.name, value, raw, f"tool_calls[{index}].name")
+
+    def _bad_json(self, block: _Block, cid: str, message: str) -> None:
+        self.asm._fail(
+            block.call,
+            cid,
+            block.name,
+            message,
+            path=f"tool_calls[{block.call}].arguments",
+            hint="the model must send one complete JSON object as the tool's input",
+        )
+
+    def open_indexes(self) -> list[int]:
+        return sorted([b.call for b in self.blocks.values() if b.kind == "tool_use"] + [b.call for b, _ in self.cut])
+
+    def finish(self, finish_reason: str | None) -> str | None:
+        if self.sse.leftover:
+            self.asm._note("the stream ended inside an SSE event (no blank line after it); it was discarded")
+        if finish_reason is not None:
+            reason: str | None = finish_reason
+        elif self.stopped:
+            reason = self.stop_reason
+        else:
+            reason = None
+            self.ended = "the stream ended without message_stop" + (
+                f" (message_delta said stop_reason={self.stop_reason!r})" if self.stop_reason else ""
+            )
+        for block in sorted(self.blocks.values(), key=lambda b: b.call):
+            if block.kind == "tool_use":
+                self.asm._unfinished(
+                    [block.call], reason, "before its content_block_stop", call_id=block.id, name=block.name
+                )
+        self.blocks = {}
+        for block, problem in self.cut:
+            cid = block.id if block.id is not None else self.asm._make_id(block.call)
+            if reason in _LENGTH_STOPS:
+                self.asm._unfinished([block.call], reason, "with its input cut off", call_id=cid, name=block.name)
+            else:
+                self._bad_json(block, cid, f"{problem} (it ends mid-JSON)")
+        self.cut = []
+        return reason
+
+
 _STREAMS: dict[ToolCallFormat, Callable[[ToolCallAssembler, int], Any]] = {
     ToolCallFormat.OPENAI: _OpenAIStream,
     ToolCallFormat.HERMES: _HermesStream,
     ToolCallFormat.QWEN3_CODER: _Qwen3CoderStream,
     ToolCallFormat.MISTRAL: _MistralStream,
+    ToolCallFormat.ANTHROPIC: _AnthropicStream,
 }
 
 

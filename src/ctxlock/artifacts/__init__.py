@@ -406,6 +406,7 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemp
     # The vendor's own generator, so the template is the one mistral-common stands behind for this tokenizer.
     import mistral_common
 
+    from ..mistral import patch_template
     from . import conversion_cache
 
     # Generating builds mistral-common's tokenizer (about 1.5 s): cache the source by file digest and version.
@@ -419,10 +420,12 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemp
 
         source = convert_tokenizer_to_chat_template(tokenizer_file)
         conversion_cache.store(kind, sha, {"source": source})
+    origin = f"mistral_common {mistral_common.__version__} template_generator({tokenizer_file.name})"
+    # Patched where the generated template and mistral-common's encode_chat_completion disagree (ctxlock.mistral).
     template = ChatTemplate(
-        source,
+        patch_template(source, origin=origin),
         id=f"{model_id}/generated",
-        origin=f"mistral_common {mistral_common.__version__} template_generator({tokenizer_file.name})",
+        origin=f"{origin} + ctxlock.mistral shapes",
     )
     compile_template(template)
     return template

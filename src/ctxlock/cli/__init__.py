@@ -14,6 +14,7 @@ from . import detok as detok_cmds
 from . import inspect as inspect_cmds
 from . import records as records_cmds
 from . import render as render_cmds
+from . import toolcalls as toolcalls_cmds
 
 app = typer.Typer(
     name="ctxlock",
@@ -31,6 +32,7 @@ budget_cmds.register(app)
 compaction_cmds.register(app)
 detok_cmds.register(app)
 constrain_cmds.register(app)
+toolcalls_cmds.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..inputs import opened_input
-from ..record import Diff, ExecutionRecord, diff
+from ..bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
+from ..errors import InputError
+from ..inputs import open_regular, opened_input, stdin_stream
+from ..record import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
 from ..replay import load_record, replay, rerun
 from ..store import Store
 from .files import check_record_arg, check_template_file, open_output, store_dir
@@ -34,13 +39,41 @@ def record_at(spec: str, store: Store, *, option: str = "RECORD") -> ExecutionRe
     return load_record(check_record_arg(spec, option=option), store)
 
 
+# The exit status of `replay` and `diff` for each outcome (`Diff.kind`); an error exits 1 as well, with one line.
+EXIT_CODES = {IDENTICAL: 0, DIVERGED: 1, SAME_IDS: 3}
+
+
+def show_fixture(fixture: Mapping[str, Any] | None) -> None:
+    if fixture is not None:
+        console.print(
+            f"[bold green]fixture[/]  seed {escape(str(fixture['seed']))} ({escape(str(fixture['name']))}): "
+            f"{len(fixture['ids'])} ids as expected, {fixture['ids']}"
+        )
+
+
+def show_ids(ids: Mapping[str, Any] | None) -> None:
+    if ids is None:
+        return
+    if ids["equal"]:
+        console.print(f"  ids     equal ({ids['a']}/{ids['b']})")
+    elif ids["a"] is None or ids["b"] is None:
+        console.print(f"  ids     only one run produced ids ({ids['a']} vs {ids['b']})")
+    else:
+        console.print(f"  ids     differ from token {ids['first_difference']} ({ids['a']} vs {ids['b']} ids)")
+
+
 def show_diff(result: Diff, *, label_a: str, label_b: str) -> None:
     if result.identical:
         console.print(f"[bold green]identical[/]: {escape(label_a)} and {escape(label_b)} agree on every layer")
+        show_ids(result.ids)
     else:
         d = result.first_divergence
         assert d is not None
-        console.print(f"[bold red]first divergence[/] at layer [bold]{d.layer}[/]")
+        if result.kind == SAME_IDS:
+            console.print("[bold yellow]same ids, different tokenizer artifacts[/] at layer [bold]tokenizer[/]")
+        else:
+            console.print(f"[bold red]first divergence[/] at layer [bold]{d.layer}[/]")
+        show_ids(result.ids)
         console.print(f"  where   {escape(d.location)}")
         console.print(f"  {escape(label_a):8s}{escape(json.dumps(d.a, ensure_ascii=False))[:200]}")
         console.print(f"  {escape(label_b):8s}{escape(json.dumps(d.b, ensure_ascii=False))[:200]}")
@@ -91,9 +124,33 @@ def register(app: typer.Typer) -> None:
         ids: Annotated[list[str] | None, typer.Argument(help="Record ids to export (default: all).")] = None,
         store: StoreOpt = None,
         out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file (default: stdout).")] = None,
+        bundle: Annotated[
+            bool,
+            typer.Option(
+                "--bundle",
+                help="Write one bundle file (ctxlock.bundle/1) with the records and every template and tokenizer "
+                "file they replay from, so that `records import` + `replay` work on a machine without the model.",
+            ),
+        ] = False,
     ) -> None:
-        """Export records as JSON lines, one canonical record per line."""
+        """Export records as JSON lines (one canonical record per line), or with --bundle as one self-contained file."""
         s = open_store(store)
+        if bundle:
+            if out is None and sys.stdout.isatty():
+                raise InputError(
+                    "a bundle is binary, not for a terminal",
+                    path="--bundle",
+                    hint="pass --out FILE, or redirect stdout",
+                )
+            plan = prepare_bundle(s, ids or None)  # every artifact found and checked before the file is created
+            with open_output(out) if out is not None else nullcontext(sys.stdout.buffer) as fh:
+                summary = plan.write(fh)
+            print(
+                f"exported {len(summary.records)} record(s) and {len(summary.artifacts)} artifact(s), "
+                f"{summary.size:,} bytes",
+                file=sys.stderr,
+            )
+            return
         if out is None:
             n = s.export_records(ids or None, sys.stdout.buffer)
         else:
@@ -103,18 +160,26 @@ def register(app: typer.Typer) -> None:
 
     @records_app.command("import")
     def import_(
-        source: Annotated[Path, typer.Argument(help="A JSON-lines file from `records export` (or - for stdin).")],
+        source: Annotated[
+            Path, typer.Argument(help="A JSON-lines file or a bundle from `records export` (or - for stdin).")
+        ],
         store: StoreOpt = None,
     ) -> None:
-        """Import records (all or nothing); each is checked, a corrupt line is a typed error naming it."""
+        """Import records (all or nothing); each is checked, a corrupt line is a typed error naming it.
+
+        A bundle (`records export --bundle`) is recognized by its first line: every entry's digest is checked, and
+        its records and artifacts are stored only when all of them are intact (a BundleError names the entry)."""
 
         def validate(line: bytes) -> Any:
             return ExecutionRecord.from_bytes(line).index()
 
         s = open_store(store)
-        # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
-        with opened_input(source, label="stdin" if str(source) == "-" else f"SOURCE {source}") as fh:
-            ids = s.import_records(fh, validate=validate)
+        label = "stdin" if str(source) == "-" else f"SOURCE {source}"
+        ids, head = _import_bundle_if_one(s, source, label)
+        if ids is None:
+            # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
+            with opened_input(source, label=label) as fh:
+                ids = s.import_records(_Prefixed(head, fh), validate=validate)
         for i in ids:
             print(i)
         print(f"imported {len(ids)} record(s)", file=sys.stderr)
@@ -127,7 +192,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-run a record's whole pipeline from its own stored artifacts and check every layer.
 
-        Exits 0 when every layer is identical, 1 with a report of the first divergence otherwise."""
+        First runs the seed 000 §1.6 fixture (the book model must give its 12 ids) and reports it; if it fails,
+        nothing is compared. Exits 0 when every layer is identical, 1 with a report of the first divergence, 3 when
+        only the tokenizer layer differs and the ids are the same. A missing artifact names the commands that bring
+        it (`records export --bundle`, then `records import`)."""
 
         def go() -> Diff:
             s = open_store(store)
@@ -138,8 +206,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(result.to_dict())
         else:
+            show_fixture(result.fixture)
             show_diff(result, label_a="recorded", label_b="replayed")
-        raise typer.Exit(0 if result.identical else 1)
+        raise typer.Exit(EXIT_CODES[result.kind])
 
     @app.command("diff")
     def diff_cmd(
@@ -157,7 +226,9 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
-        tokenizer, input_ids, tensors), where exactly, and the likely cause. Exits 0 if identical, 1 otherwise.
+        tokenizer, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal. Exits 0 if
+        identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer layer differs,
+        the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
 
         The policy layer covers the context-budget decisions and the sampler config (processor order included)."""
 
@@ -178,4 +249,69 @@ def register(app: typer.Typer) -> None:
             print_json(result.to_dict())
         else:
             show_diff(result, label_a="a", label_b="b")
-        raise typer.Exit(0 if result.identical else 1)
+        raise typer.Exit(EXIT_CODES[result.kind])
+
+
+class _Prefixed:
+    """A binary stream that yields `prefix` first, then `stream` (read and readline, as the importers use); a read
+    error of the stream is an InputError naming `label`."""
+
+    def __init__(self, prefix: bytes, stream: BinaryIO, label: str = "stdin") -> None:
+        self._prefix = prefix
+        self._stream = stream
+        self._label = label
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._read(size)
+        except OSError as exc:
+            raise _unreadable(exc, self._label) from None
+
+    def readline(self, size: int = -1) -> bytes:
+        try:
+            return self._readline(size)
+        except OSError as exc:
+            raise _unreadable(exc, self._label) from None
+
+    def _read(self, size: int = -1) -> bytes:
+        if not self._prefix:
+            return self._stream.read(size)
+        if size is None or size < 0:
+            head, self._prefix = self._prefix, b""
+            return head + self._stream.read()
+        head, self._prefix = self._prefix[:size], self._prefix[size:]
+        return head if len(head) == size else head + self._stream.read(size - len(head))
+
+    def _readline(self, size: int = -1) -> bytes:
+        if not self._prefix:
+            return self._stream.readline(size)
+        cut = self._prefix.find(b"\n")
+        end = len(self._prefix) if cut < 0 else cut + 1
+        if size is not None and size >= 0:
+            end = min(end, size)
+        head, self._prefix = self._prefix[:end], self._prefix[end:]
+        if head.endswith(b"\n") or (size is not None and 0 <= size <= len(head)):
+            return head
+        return head + self._stream.readline(-1 if size is None or size < 0 else size - len(head))
+
+
+def _import_bundle_if_one(s: Store, source: Path, label: str) -> tuple[list[str] | None, bytes]:
+    """(the ids imported, b"") if `source` is a bundle; else (None, the bytes of stdin already read to tell, which
+    the JSON-lines reader must see first: stdin cannot be read twice)."""
+    if str(source) == "-":
+        stream = _Prefixed(b"", stdin_stream(), label)
+        prefix = stream.read(len(MAGIC))
+        if not is_bundle(prefix):
+            return None, prefix
+        return import_bundle(s, _Prefixed(prefix, stream, label), label=label), b""
+    with open_regular(source, label=label, error=InputError, stdin_ok=True) as fh:
+        reader = _Prefixed(b"", fh, label)
+        if not is_bundle(reader.read(len(MAGIC))):
+            return None, b""
+        fh.seek(0)
+        return import_bundle(s, reader, label=label, size=os.fstat(fh.fileno()).st_size), b""
+
+
+def _unreadable(exc: OSError, label: str) -> InputError:
+    reason = exc.strerror or type(exc).__name__
+    return InputError(f"cannot read: {reason}", path=label, hint="check that the file is readable")

@@ -19,7 +19,7 @@ from ..frozen import thaw
 from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
-from ..request import RESERVED_TEMPLATE_KWARGS
+from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
 from ..template import SpecialTokenPolicy, aware_clock
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json
@@ -139,6 +139,7 @@ def _run_kwargs(options: RunOptions) -> dict[str, Any]:
         "dialect": options.dialect,
         "utf8": options.utf8,
         "seed": options.render_seed,
+        "tool_arguments": options.tool_arguments,
     }
 
 
@@ -293,6 +294,14 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, reported)."),
         ] = "strict",
+        tool_arguments: Annotated[
+            ToolArguments,
+            typer.Option(
+                "--tool-arguments",
+                help="Tool-call arguments sent as a JSON string: `parsed` renders the parsed object (vLLM, the "
+                "default), `as-sent` renders the string byte for byte (transformers). Recorded.",
+            ),
+        ] = ToolArguments.PARSED,
         record: Annotated[
             bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
         ] = False,
@@ -328,6 +337,7 @@ def register(app: typer.Typer) -> None:
                 now=parsed_now.isoformat() if parsed_now else None,
                 dialect=dialect,
                 utf8=utf8,
+                tool_arguments=str(tool_arguments),
                 sampling=_read_sampling(sampling),
                 render_seed=_parse_seed(render_seed),
             )

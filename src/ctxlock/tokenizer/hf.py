@@ -358,3 +358,12 @@ class HFTokenizer:
             "whole_text_engine": self.whole_text_engine,
             **self._description,
         }
+
+    def pipeline(self) -> dict[str, Any]:
+        """The normalizer and pre-tokenizer the `tokenizers` engine was built with, as their JSON (null when there
+        is none): their identity, which records keep so that `diff` can name one that differs."""
+        out: dict[str, Any] = {}
+        for part in ("normalizer", "pre_tokenizer"):
+            component = getattr(self._tok, part)
+            out[part] = None if component is None else json.loads(component.__getstate__())
+        return out

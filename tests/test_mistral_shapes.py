@@ -122,8 +122,25 @@ def test_where_ctxlock_renders_what_mistral_common_rejects_the_readme_says_so(pa
     request = SHAPES[name]["request"]
     with pytest.raises(Exception):  # noqa: B017 (mistral-common's own exception types)
         _reference(reference, request)
-    assert model.run(request).tokenized.ids
+    run = model.run(request)
+    assert run.tokenized.ids
     assert SHAPES[name]["note"]
+    # Not silent: the render carries the difference as a warning (output, --json and the record read it from here).
+    warned = [dict(w) for w in run.rendered.warnings if w["kind"] == "reference_refuses"]
+    assert warned and "mistral-common" in warned[0]["message"] and warned[0]["path"].startswith("messages[")
+
+
+def test_the_final_assistant_difference_is_in_the_record(pair) -> None:
+    from ctxlock.record import RunOptions
+    from ctxlock.replay import run_and_record
+
+    _, model = pair
+    raw = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    _, record, error = run_and_record(model, raw.encode(), RunOptions())
+    assert error is None
+    assert [w["path"] for w in record.data["warnings"] if w["kind"] == "reference_refuses"] == ["messages[1]"]
+    # With continue_final_message the render is mistral-common's prefix: true, and nothing is warned.
+    assert not [w for w in model.run(json.loads(raw), continue_final_message=True).rendered.warnings]
 
 
 def test_the_readme_lists_the_mistral_differences() -> None:

@@ -616,7 +616,28 @@ def render(
         clock_zone=clock.tzname() or "",
         seed=seed,
         draws=tuple(freeze(d) for d in draws),
-        warnings=_role_warnings(template, special_tokens, tokens, limits) if check_roles else (),
+        warnings=(_role_warnings(template, special_tokens, tokens, limits) if check_roles else ())
+        + _reference_warnings(template, request, continue_final_message),
+    )
+
+
+def _reference_warnings(template: ChatTemplate, request: Any, continue_final_message: bool) -> tuple[FrozenDict, ...]:
+    """What the render did that the reference would have refused (README, "Differences from the references")."""
+    if not mistral.is_patched(template.source) or continue_final_message or not request.messages:
+        return ()
+    last = request.messages[-1]
+    if last.role != "assistant":
+        return ()
+    return (
+        freeze(
+            {
+                "kind": "reference_refuses",
+                "message": "the request ends with an assistant message: ctxlock renders it as the template does, "
+                "where mistral-common's encode_chat_completion refuses it; pass continue_final_message to continue "
+                "it (mistral-common's prefix: true)",
+                "path": last.source,
+            }
+        ),
     )
 
 

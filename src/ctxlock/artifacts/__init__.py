@@ -15,6 +15,7 @@ compile), never a bare KeyError, UnicodeError or OSError.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -189,8 +190,14 @@ def _templates_from_config(value: Any, *, where: str, model_id: str) -> Template
     raise ArtifactFormatError("chat_template must be a string or a list of {name, template}", path=where)
 
 
-def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | None = None) -> ModelArtifacts:
+TOKENIZER_PIPELINES = ("class", "file")
+
+
+def _load_hf_dir(
+    root: Path, *, boundary: Path | None = None, model_id: str | None = None, tokenizer_pipeline: str = "class"
+) -> ModelArtifacts:
     from ..tokenizer.hf import HFTokenizer
+    from ..tokenizer.hf_classes import build_pipeline
 
     model_id = model_id or root.name
 
@@ -204,25 +211,83 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         "chat_template.jinja",
         "chat_template.json",
         "special_tokens_map.json",
+        "config.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
     ):
         local(name)  # refuse escaping symlinks before reading anything
     config_path = local("tokenizer_config.json")
     config = _read_json(config_path) if _present(config_path) else {}
     if not isinstance(config, dict):
         raise ArtifactFormatError("tokenizer_config.json must hold a JSON object", path=str(config_path))
+    # config.json (the model's) matters only for its model_type and tokenizer_class, as in AutoTokenizer.
+    model_config_path = local("config.json")
+    model_config = _read_json(model_config_path) if _present(model_config_path) else {}
+    if not isinstance(model_config, dict):
+        raise ArtifactFormatError("config.json must hold a JSON object", path=str(model_config_path))
+    added_path = local("added_tokens.json")
+    added_json = _read_json(added_path) if _present(added_path) else None
+    if added_json is not None and not (
+        isinstance(added_json, dict)
+        and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in added_json.items())
+    ):
+        raise ArtifactFormatError("added_tokens.json maps token strings to ids", path=str(added_path))
+    stm_path = local("special_tokens_map.json")
+    stm = _read_json(stm_path) if _present(stm_path) else {}
     tok_path = (
         inside(root, config["tokenizer_file"], field="tokenizer_file", config=config_path)
         if config.get("tokenizer_file")
         else local("tokenizer.json")
     )
-    if not _present(tok_path):
-        raise ArtifactNotFoundError(
-            "no tokenizer.json in the model directory",
-            path=str(tok_path),
-            hint="ctxlock reads HF fast-tokenizer files here; export one with transformers' save_pretrained",
+    file_text: str | None = None
+    if _present(tok_path):
+        file_text = _read_text(tok_path)
+        file_data = _tokenizer_json(file_text, tok_path)
+        source, file_sha = tok_path, hashlib.sha256(file_text.encode("utf-8")).hexdigest()
+    elif _present(local("vocab.json")) and _present(local("merges.txt")):
+        # A slow-only BPE directory: transformers builds the fast tokenizer from the two files.
+        file_data, file_sha = _slow_bpe(local("vocab.json"), local("merges.txt"))
+        source = local("vocab.json")
+    elif _present(local("tokenizer.model")):
+        raise ArtifactFormatError(
+            "a SentencePiece-only directory (tokenizer.model without tokenizer.json) is not read here",
+            path=str(local("tokenizer.model")),
+            hint="export tokenizer.json with transformers' save_pretrained, or use a ctxlock.json manifest with "
+            'format "sentencepiece"',
         )
-    tokenizer = HFTokenizer(_read_text(tok_path), id=f"{model_id}/{tok_path.name}", source=str(tok_path))
-
+    else:
+        raise ArtifactNotFoundError(
+            "no tokenizer in the model directory: neither tokenizer.json nor vocab.json with merges.txt",
+            path=str(tok_path),
+            hint="ctxlock reads HF tokenizer files here; export them with transformers' save_pretrained",
+        )
+    try:
+        pipeline = build_pipeline(
+            file_data,
+            config=config,
+            model_config=model_config,
+            file_text=file_text,
+            added_tokens_json=added_json,
+            special_tokens_map=stm if isinstance(stm, dict) else None,
+            has_tokenizer_file=file_text is not None,
+            pipeline=tokenizer_pipeline,
+        )
+    except ArtifactFormatError:
+        raise
+    except Exception as exc:  # tokenizers raises bare Exceptions on components it cannot read
+        raise ArtifactFormatError(
+            f"not a tokenizer transformers can load: {exc}",
+            path=str(source),
+            hint="re-export it with tokenizers/transformers",
+        ) from None
+    tokenizer = HFTokenizer(
+        pipeline.json_text,
+        id=f"{model_id}/{source.name}",
+        source=str(source),
+        description={**pipeline.describe(), "file_sha256": file_sha},
+    )
     # Template precedence follows transformers: chat_template.jinja, then chat_template.json, then the config.
     templates: TemplateSet | None = None
     jinja = local("chat_template.jinja")
@@ -250,8 +315,6 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         templates = TemplateSet(tuple(items), tuple(names))
 
     special: dict[str, str] = {}
-    stm_path = local("special_tokens_map.json")
-    stm = _read_json(stm_path) if _present(stm_path) else {}
     for name in SPECIAL_TOKEN_NAMES:
         value = _token_content(config.get(name))
         where = f"{config_path}:{name}"
@@ -260,6 +323,63 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         if value is not None:
             special[name] = _special_token(value, where)
     return _finish(model_id, str(root), tokenizer, templates, special, description="HF model directory")
+
+
+def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ArtifactFormatError(f"not a valid tokenizer.json: {exc}", path=str(path)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ArtifactFormatError("not a valid tokenizer.json: no model object", path=str(path))
+    if not isinstance(data.get("added_tokens", []), list) or not all(
+        isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)
+        for t in data.get("added_tokens", [])
+    ):
+        raise ArtifactFormatError(
+            "not a valid tokenizer.json: added_tokens holds {id, content} objects", path=str(path)
+        )
+    return data
+
+
+def _slow_bpe(vocab_path: Path, merges_path: Path) -> tuple[dict[str, Any], str]:
+    """The tokenizer.json-shaped data of a vocab.json + merges.txt pair (as `tokenizers` reads the pair: a first
+    line `#version...` is skipped, every other line is two space-separated pieces), and the digest of both files."""
+    vocab_text, merges_text = _read_text(vocab_path), _read_text(merges_path)
+    try:
+        vocab = json.loads(vocab_text)
+    except (ValueError, RecursionError) as exc:
+        raise ArtifactFormatError(f"not valid JSON: {exc}", path=str(vocab_path)) from None
+    if not isinstance(vocab, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in vocab.items()
+    ):
+        raise ArtifactFormatError("vocab.json maps token strings to ids", path=str(vocab_path))
+    merges: list[list[str]] = []
+    for n, line in enumerate(merges_text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if (n == 1 and line.startswith("#version")) or not line:
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise ArtifactFormatError(
+                f"line {n} is not two space-separated pieces", path=str(merges_path), hint="one merge per line: 'a b'"
+            )
+        merges.append(parts)
+    digest = hashlib.sha256()
+    for text in (vocab_text, merges_text):
+        digest.update(hashlib.sha256(text.encode("utf-8")).digest())
+    data = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+    }
+    return data, digest.hexdigest()
 
 
 def _finish(
@@ -476,22 +596,34 @@ def _is_gguf(path: Path) -> bool:
 
 
 @lru_cache(maxsize=32)
-def _load_hub_cached(snapshot: Path, repo_id: str, fingerprint: tuple[tuple[str, int, int], ...]) -> ModelArtifacts:
+def _load_hub_cached(
+    snapshot: Path, repo_id: str, fingerprint: tuple[tuple[str, int, int], ...], tokenizer_pipeline: str = "class"
+) -> ModelArtifacts:
     # Snapshot files are symlinks into the repo's blobs/: the repo directory is the containment boundary.
-    return _load_hf_dir(snapshot, boundary=snapshot.parent.parent, model_id=repo_id)
+    return _load_hf_dir(
+        snapshot, boundary=snapshot.parent.parent, model_id=repo_id, tokenizer_pipeline=tokenizer_pipeline
+    )
 
 
 @lru_cache(maxsize=32)
-def _load_cached(root: Path, fingerprint: tuple[tuple[str, int, int], ...]) -> ModelArtifacts:
+def _load_cached(
+    root: Path, fingerprint: tuple[tuple[str, int, int], ...], tokenizer_pipeline: str = "class"
+) -> ModelArtifacts:
     if root.is_file():
         return _load_gguf(root)
     if (root / "ctxlock.json").is_file():
         return _load_manifest_dir(root)
-    return _load_hf_dir(root)
+    return _load_hf_dir(root, tokenizer_pipeline=tokenizer_pipeline)
 
 
-def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
-    """Resolve a model spec (built-in name or directory) offline and load its artifacts."""
+def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = "class") -> ModelArtifacts:
+    """Resolve a model spec (built-in name or directory) offline and load its artifacts.
+
+    `tokenizer_pipeline` applies to HF directories: "class" (the default) builds the tokenizer the way the
+    transformers class the directory names builds it, which is what `AutoTokenizer` loads; "file" keeps
+    tokenizer.json's components as written. `describe()["tokenizer"]` says which was used and where they differ."""
+    if tokenizer_pipeline not in TOKENIZER_PIPELINES:
+        raise ValueError(f"tokenizer_pipeline must be one of {TOKENIZER_PIPELINES}, not {tokenizer_pipeline!r}")
     name = DEFAULT_MODEL if spec is None else str(spec)
     builtin = BUILTIN_DIR / name
     if "/" not in name and "\\" not in name and (builtin / "ctxlock.json").is_file():
@@ -503,7 +635,7 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
         if not root.exists() and is_hub_id(name):
             # org/name: the local HF hub cache, offline; never downloads.
             snapshot = resolve_hub_model(name)
-            return _load_hub_cached(snapshot, name, _fingerprint(snapshot))
+            return _load_hub_cached(snapshot, name, _fingerprint(snapshot), tokenizer_pipeline)
         if not root.exists():
             known = ", ".join(n for n, _ in builtin_models())
             raise ArtifactNotFoundError(
@@ -530,4 +662,4 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
             st = root.stat()
             return _load_cached(root, ((root.name, st.st_mtime_ns, st.st_size),))
     root = root.resolve()
-    return _load_cached(root, _fingerprint(root))
+    return _load_cached(root, _fingerprint(root), tokenizer_pipeline)

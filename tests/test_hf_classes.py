@@ -175,7 +175,7 @@ def test_added_tokens_decoder_in_tokenizer_config_is_loaded(tmp_path: Path) -> N
     text = "call <tool_x> with a <note> here"
     assert model.tokenizer.encode(text, parse_special=True) == ref.encode(text, add_special_tokens=False)
     assert ref.convert_tokens_to_ids("<tool_x>") in model.tokenizer.encode(text, parse_special=True)
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<note> ok"}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "fine"}]
     assert list(model.run({"messages": messages}).tokenized.ids) == reference_chat_ids(ref, messages)
     beyond = model.artifacts.describe()["tokenizer"]["added_beyond_file"]
     assert {t["content"] for t in beyond} >= {"<tool_x>", "<note>"}

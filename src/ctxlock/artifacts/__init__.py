@@ -197,7 +197,6 @@ def _load_hf_dir(
     root: Path, *, boundary: Path | None = None, model_id: str | None = None, tokenizer_pipeline: str = "class"
 ) -> ModelArtifacts:
     from ..tokenizer.hf import HFTokenizer
-    from ..tokenizer.hf_classes import build_pipeline
 
     model_id = model_id or root.name
 
@@ -242,14 +241,14 @@ def _load_hf_dir(
         else local("tokenizer.json")
     )
     file_text: str | None = None
+    slow: tuple[Path, Path] | None = None
     if _present(tok_path):
         file_text = _read_text(tok_path)
-        file_data = _tokenizer_json(file_text, tok_path)
         source, file_sha = tok_path, hashlib.sha256(file_text.encode("utf-8")).hexdigest()
     elif _present(local("vocab.json")) and _present(local("merges.txt")):
         # A slow-only BPE directory: transformers builds the fast tokenizer from the two files.
-        file_data, file_sha = _slow_bpe(local("vocab.json"), local("merges.txt"))
-        source = local("vocab.json")
+        slow = (local("vocab.json"), local("merges.txt"))
+        source, file_sha = slow[0], _slow_digest(*slow)
     elif _present(local("tokenizer.model")):
         raise ArtifactFormatError(
             "a SentencePiece-only directory (tokenizer.model without tokenizer.json) is not read here",
@@ -263,25 +262,17 @@ def _load_hf_dir(
             path=str(tok_path),
             hint="ctxlock reads HF tokenizer files here; export them with transformers' save_pretrained",
         )
-    try:
-        pipeline = build_pipeline(
-            file_data,
-            config=config,
-            model_config=model_config,
-            file_text=file_text,
-            added_tokens_json=added_json,
-            special_tokens_map=stm if isinstance(stm, dict) else None,
-            has_tokenizer_file=file_text is not None,
-            pipeline=tokenizer_pipeline,
-        )
-    except ArtifactFormatError:
-        raise
-    except Exception as exc:  # tokenizers raises bare Exceptions on components it cannot read
-        raise ArtifactFormatError(
-            f"not a tokenizer transformers can load: {exc}",
-            path=str(source),
-            hint="re-export it with tokenizers/transformers",
-        ) from None
+    pipeline = _hf_pipeline(
+        file_text,
+        slow,
+        file_sha,
+        source,
+        config=config,
+        model_config=model_config,
+        added_json=added_json,
+        stm=stm if isinstance(stm, dict) else None,
+        mode=tokenizer_pipeline,
+    )
     tokenizer = HFTokenizer(
         pipeline.json_text,
         id=f"{model_id}/{source.name}",
@@ -325,6 +316,70 @@ def _load_hf_dir(
     return _finish(model_id, str(root), tokenizer, templates, special, description="HF model directory")
 
 
+def _hf_pipeline(
+    file_text: str | None,
+    slow: tuple[Path, Path] | None,
+    file_sha: str,
+    source: Path,
+    *,
+    config: dict[str, Any],
+    model_config: dict[str, Any],
+    added_json: Any,
+    stm: dict[str, Any] | None,
+    mode: str,
+) -> Any:
+    """The tokenizer transformers builds for these files (`hf_classes.build_pipeline`), cached by the digest of
+    everything it reads (a 150k vocabulary takes seconds to rebuild)."""
+    import tokenizers
+
+    from ..tokenizer.hf_classes import PIPELINE_VERSION, Pipeline, build_pipeline
+    from . import conversion_cache
+
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                *(PIPELINE_VERSION, tokenizers.__version__, file_sha, slow is not None, mode),
+                *(config, added_json, stm, {k: model_config.get(k) for k in ("model_type", "tokenizer_class")}),
+            ],
+            sort_keys=True,
+            ensure_ascii=False,
+            default=str,
+        ).encode("utf-8")
+    ).hexdigest()
+    cached = conversion_cache.load("hf-pipeline", key)
+    if cached is not None and isinstance(cached.get("pipeline"), dict):
+        fields = dict(cached["pipeline"])
+        if fields.get("json_text") is None and file_text is not None:
+            fields["json_text"] = file_text
+        try:
+            return Pipeline.from_dict(fields)
+        except (KeyError, TypeError, ValueError):
+            pass  # a cache entry of another layout: build again
+    file_data = _tokenizer_json(file_text, source) if file_text is not None else _slow_bpe(*slow)  # type: ignore[misc]
+    try:
+        pipeline = build_pipeline(
+            file_data,
+            config=config,
+            model_config=model_config,
+            file_text=file_text,
+            added_tokens_json=added_json,
+            special_tokens_map=stm,
+            has_tokenizer_file=file_text is not None,
+            pipeline=mode,
+        )
+    except ArtifactFormatError:
+        raise
+    except Exception as exc:  # tokenizers raises bare Exceptions on components it cannot read
+        raise ArtifactFormatError(
+            f"not a valid tokenizer.json: {exc}", path=str(source), hint="re-export it with tokenizers/transformers"
+        ) from None
+    stored = pipeline.to_dict()
+    if not pipeline.changed:
+        stored["json_text"] = None  # the file itself: not stored twice
+    conversion_cache.store("hf-pipeline", key, {"pipeline": stored})
+    return pipeline
+
+
 def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
@@ -342,9 +397,19 @@ def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
     return data
 
 
-def _slow_bpe(vocab_path: Path, merges_path: Path) -> tuple[dict[str, Any], str]:
+def _slow_digest(vocab_path: Path, merges_path: Path) -> str:
+    """The digest of a vocab.json + merges.txt pair: sha256 over the two files' own sha256 digests."""
+    digest = hashlib.sha256()
+    for path in (vocab_path, merges_path):
+        digest.update(
+            hashlib.sha256(read_artifact(path, missing=ArtifactNotFoundError, error=ArtifactFormatError)).digest()
+        )
+    return digest.hexdigest()
+
+
+def _slow_bpe(vocab_path: Path, merges_path: Path) -> dict[str, Any]:
     """The tokenizer.json-shaped data of a vocab.json + merges.txt pair (as `tokenizers` reads the pair: a first
-    line `#version...` is skipped, every other line is two space-separated pieces), and the digest of both files."""
+    line `#version...` is skipped, every other line is two space-separated pieces)."""
     vocab_text, merges_text = _read_text(vocab_path), _read_text(merges_path)
     try:
         vocab = json.loads(vocab_text)
@@ -365,10 +430,7 @@ def _slow_bpe(vocab_path: Path, merges_path: Path) -> tuple[dict[str, Any], str]
                 f"line {n} is not two space-separated pieces", path=str(merges_path), hint="one merge per line: 'a b'"
             )
         merges.append(parts)
-    digest = hashlib.sha256()
-    for text in (vocab_text, merges_text):
-        digest.update(hashlib.sha256(text.encode("utf-8")).digest())
-    data = {
+    return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
@@ -379,7 +441,6 @@ def _slow_bpe(vocab_path: Path, merges_path: Path) -> tuple[dict[str, Any], str]
         "decoder": None,
         "model": {"type": "BPE", "vocab": vocab, "merges": merges},
     }
-    return data, digest.hexdigest()
 
 
 def _finish(

@@ -32,6 +32,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
+PIPELINE_VERSION = "1"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -262,6 +263,35 @@ class Pipeline:
     added_tokens: tuple[dict[str, Any], ...] = ()  # tokens added (or changed) beyond the file's own added_tokens
     notes: tuple[str, ...] = field(default=())
     changed: bool = True  # False: the file's own text is the pipeline
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "json_text": self.json_text,
+            "tokenizer_class": self.tokenizer_class,
+            "class_source": self.class_source,
+            "used": self.used,
+            "modeled": self.modeled,
+            "disagreements": [dict(d) for d in self.disagreements],
+            "added_tokens": [dict(t) for t in self.added_tokens],
+            "notes": list(self.notes),
+            "changed": self.changed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Pipeline:
+        if not isinstance(d["json_text"], str) or d["used"] not in PIPELINES:
+            raise ValueError("not a pipeline")
+        return cls(
+            json_text=d["json_text"],
+            tokenizer_class=str(d["tokenizer_class"]),
+            class_source=str(d["class_source"]),
+            used=d["used"],
+            modeled=bool(d["modeled"]),
+            disagreements=tuple(dict(x) for x in d["disagreements"]),
+            added_tokens=tuple(dict(x) for x in d["added_tokens"]),
+            notes=tuple(str(x) for x in d["notes"]),
+            changed=bool(d["changed"]),
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

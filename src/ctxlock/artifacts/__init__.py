@@ -366,6 +366,7 @@ def _hf_pipeline(
             special_tokens_map=stm,
             has_tokenizer_file=file_text is not None,
             pipeline=mode,
+            source=str(source),
         )
     except ArtifactFormatError:
         raise

@@ -32,7 +32,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "1"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "2"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -101,6 +101,7 @@ class ClassSpec:
     post_processor: str = "file"  # "file": the file's; "plain": rebuilt without BOS/EOS; "bos": rebuilt with BOS
     readd_specials: bool = False  # Qwen2Tokenizer re-adds every special token as `AddedToken(t, special=True)`
     post_init: bool = False  # CohereTokenizer calls `_post_init`, which adds them with `add_special_tokens`
+    reads_slow_bpe: bool = False  # its transformers files include vocab.json + merges.txt
 
 
 _BYTE_BPE = {"dropout": None, "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False}
@@ -136,6 +137,7 @@ def _qwen(name: str, split: str) -> Callable[[Mapping[str, Any]], ClassSpec]:
             defaults={"unk_token": "<|endoftext|>", "bos_token": None, "eos_token": "<|endoftext|>"}
             | {"pad_token": "<|endoftext|>"},
             readd_specials=name == "Qwen2Tokenizer",
+            reads_slow_bpe=name == "Qwen2Tokenizer",
         )
 
     return spec
@@ -200,6 +202,7 @@ def _gpt2(config: Mapping[str, Any]) -> ClassSpec:
         pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=_flag(config, "add_prefix_space", False)),
         decoder=decoders.ByteLevel(),
         defaults={"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+        reads_slow_bpe=True,
     )
 
 
@@ -216,6 +219,7 @@ def _gpt_neox(config: Mapping[str, Any]) -> ClassSpec:
         defaults={"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
         | {"pad_token": "<|padding|>"},
         post_processor="plain",
+        reads_slow_bpe=True,
     )
 
 
@@ -235,6 +239,7 @@ def _cohere(config: Mapping[str, Any]) -> ClassSpec:
         defaults={"unk_token": "<UNK>", "bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"}
         | {"pad_token": "<PAD>", "cls_token": "<CLS>", "sep_token": "<SEP>", "mask_token": "<MASK_TOKEN>"},
         post_init=True,
+        reads_slow_bpe=True,
     )
 
 
@@ -410,6 +415,7 @@ def build_pipeline(
     special_tokens_map: Mapping[str, Any] | None = None,
     has_tokenizer_file: bool = True,
     pipeline: str = "class",
+    source: str = "tokenizer.json",
 ) -> Pipeline:
     """The tokenizer transformers builds for a directory holding `file_data` (a tokenizer.json, or one assembled
     from slow files) and these configs; `pipeline="file"` keeps the file's components as written."""
@@ -431,9 +437,15 @@ def build_pipeline(
     if spec is not None and model.get("type") != "BPE":
         notes.append(f"{cls} builds a BPE model and tokenizer.json holds {model.get('type')}: the file is used")
         spec = None
-    if spec is None and not has_tokenizer_file:
-        # A slow-only directory under the generic backend: BPE(vocab, merges, fuse_unk=True), nothing else set.
-        spec = ClassSpec("TokenizersBackend", {"fuse_unk": True, "dropout": None}, None, None, None, {})
+    if not has_tokenizer_file and (spec is None or not spec.reads_slow_bpe):
+        # transformers 5.24 builds a tokenizer from vocab.json + merges.txt only in the classes whose files name
+        # them; the generic backend refuses such a directory, and Llama/Qwen3.5/Gemma load an empty vocabulary.
+        readers = sorted(n for n, make in CLASSES.items() if make({}).reads_slow_bpe)
+        raise ArtifactFormatError(
+            f"tokenizer class {cls} ({cls_source}) does not read vocab.json + merges.txt in transformers 5.24",
+            path=source,
+            hint=f"export tokenizer.json with save_pretrained, or name a class that reads them: {', '.join(readers)}",
+        )
 
     disagreements: list[dict[str, Any]] = []
     use_class = spec is not None and (pipeline == "class" or not has_tokenizer_file)
@@ -463,9 +475,7 @@ def build_pipeline(
         data["added_tokens"] = []
 
     # -- the special-token map, as transformers' `_from_pretrained` and the class's __init__ assemble it
-    values: dict[str, Any] = dict(spec.defaults if spec is not None and spec.name != "TokenizersBackend" else {})
-    if not has_tokenizer_file and spec is not None and spec.name == "TokenizersBackend":
-        values.update(bos_token="<s>", eos_token="</s>")
+    values: dict[str, Any] = dict(spec.defaults if spec is not None else {})
     decoder_cfg = config.get("added_tokens_decoder")
     for key, value in config.items():
         if key in SPECIAL_TOKEN_ATTRIBUTES or (key.endswith("_token") and (isinstance(value, str) or _added(value))):

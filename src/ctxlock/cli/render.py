@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from ..errors import InputError, SamplerError
+from ..errors import InputError, SamplerError, TokenizerError
 from ..inputs import decode_utf8, iter_lines, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
@@ -29,6 +30,24 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         help="Built-in model name (see `ctxlock models`) or HF model directory. Default: the embedded mistral-nemo.",
+    ),
+]
+
+
+class TokenizerPipeline(StrEnum):
+    """`--tokenizer-pipeline`: how an HF directory's tokenizer is built."""
+
+    CLASS = "class"
+    FILE = "file"
+
+
+TokenizerPipelineOpt = Annotated[
+    TokenizerPipeline,
+    typer.Option(
+        "--tokenizer-pipeline",
+        help="For an HF directory: 'class' builds the tokenizer the way its transformers class does (what "
+        "AutoTokenizer loads), 'file' uses tokenizer.json's components as written. `ctxlock inspect` shows where "
+        "they differ.",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
@@ -287,6 +306,15 @@ def register(app: typer.Typer) -> None:
         add_special_tokens: Annotated[
             bool, typer.Option("--add-special-tokens", help="Apply the tokenizer's post-processor (BOS/EOS).")
         ] = False,
+        truncate: Annotated[
+            bool,
+            typer.Option(
+                "--truncate",
+                help="Apply the truncation section of the model's tokenizer.json (never applied otherwise; padding "
+                "never is). The output says what was cut.",
+            ),
+        ] = False,
+        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
         as_json: JsonOpt = False,
     ) -> None:
         """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default.
@@ -296,21 +324,57 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
 
         def go() -> tuple[Model, str | None]:
+            from ..artifacts import load_artifacts
+
             # The file is read before the model loads: a bad --file fails fast, and with --json as an error object.
             source = read_text(file, option="--file") if file is not None else text
-            return load(model), source
+            m = Model(load_artifacts(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value))
+            section = getattr(m.tokenizer, "truncation", None)
+            if truncate and section is None:
+                raise TokenizerError(
+                    "--truncate: the tokenizer has no truncation section",
+                    path=m.tokenizer.id,
+                    hint="only an HF tokenizer.json carries one; drop --truncate",
+                )
+            return m, source
 
         m, source = guarded(as_json, go)
         tok = m.tokenizer
+        section = getattr(tok, "truncation", None)
+
+        def encode(line: str) -> tuple[list[int], dict[str, Any] | None]:
+            if truncate:
+                return tok.encode_truncated(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+            ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+            return ids, None
+
         if jsonl:
             for line in _jsonl_strings():
-                ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
-                sys.stdout.write(json.dumps(ids) + "\n")
+                sys.stdout.write(json.dumps(encode(line)[0]) + "\n")
             return
         assert source is not None
-        ids = tok.encode(source, parse_special=parse_special, add_special_tokens=add_special_tokens)
+        ids, cut = encode(source)
+        # What happened to tokenizer.json's truncation section: applied (with what it dropped), or not applied.
+        truncation = None if section is None else {"applied": truncate, "section": section, **(cut or {})}
         if as_json:
-            print_json({"ids": ids, "count": len(ids), "tokenizer": {"id": tok.id, "sha256": tok.sha256}})
+            print_json(
+                {
+                    "ids": ids,
+                    "count": len(ids),
+                    "tokenizer": {"id": tok.id, "sha256": tok.sha256},
+                    "truncation": truncation,
+                }
+            )
         else:
             console.print(Text(json.dumps(ids)))
             console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
+            if cut is not None:
+                console.print(
+                    f"truncated by tokenizer.json: {cut['ids_before']} → {cut['ids_after']} ids "
+                    f"(max_length {cut['max_length']}, {cut['direction']}, {cut['dropped']} dropped)"
+                )
+            elif section is not None:
+                console.print(
+                    f"tokenizer.json's truncation (max_length {section.get('max_length')}) was not applied; "
+                    "--truncate applies it"
+                )

@@ -32,7 +32,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "2"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "3"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -399,6 +399,20 @@ def _class_components(spec: ClassSpec) -> dict[str, Any]:
     return out
 
 
+def differences(a: Any, b: Any, at: str = "") -> list[str]:
+    """Where two component JSONs differ, one line per leaf: `path: file X, class Y`."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.get("type") == b.get("type"):
+        out: list[str] = []
+        for k in [*a, *(k for k in b if k not in a)]:
+            out += differences(a.get(k), b.get(k), f"{at}.{k}" if at else k)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [line for i, (x, y) in enumerate(zip(a, b, strict=True)) for line in differences(x, y, f"{at}[{i}]")]
+    if a == b:
+        return []
+    return [f"{at or '(whole)'}: file {json.dumps(a, ensure_ascii=False)}, class {json.dumps(b, ensure_ascii=False)}"]
+
+
 def _shown(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in ("vocab", "merges")}
@@ -463,6 +477,7 @@ def build_pipeline(
                     "file": _shown(ours) if has_tokenizer_file else "(no tokenizer.json)",
                     "class": _shown(theirs),
                     "used": "class" if use_class else "file",
+                    "differences": differences(_shown(ours), _shown(theirs)) if has_tokenizer_file else [],
                 }
             )
         if use_class:
@@ -602,7 +617,13 @@ def build_pipeline(
             theirs = _canonical(file_data).get("post_processor")
             if theirs != out["post_processor"]:
                 disagreements.append(
-                    {"component": "post_processor", "file": theirs, "class": out["post_processor"], "used": "class"}
+                    {
+                        "component": "post_processor",
+                        "file": theirs,
+                        "class": out["post_processor"],
+                        "used": "class",
+                        "differences": differences(theirs, out["post_processor"]),
+                    }
                 )
 
     file_ids = (

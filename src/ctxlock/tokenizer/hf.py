@@ -273,17 +273,17 @@ class HFTokenizer:
         base = self._tok if parse_special else self._plain[0]
         variant = tokenizers.Tokenizer.from_str(base.to_str())
         t = self._truncation
+        # The file spells them as serde does (LongestFirst, Right); the Python API takes snake case.
+        strategy = re.sub(r"(?<!^)(?=[A-Z])", "_", str(t.get("strategy", "LongestFirst"))).lower()
+        direction = str(t.get("direction", "Right")).lower()
         variant.enable_truncation(
-            int(t["max_length"]),
-            stride=int(t.get("stride", 0)),
-            strategy=str(t.get("strategy", "longest_first")).lower(),
-            direction=str(t.get("direction", "right")).lower(),
+            int(t["max_length"]), stride=int(t.get("stride", 0)), strategy=strategy, direction=direction
         )
         ids = variant.encode(text, add_special_tokens=add_special_tokens).ids
         info = {
             "max_length": int(t["max_length"]),
-            "direction": str(t.get("direction", "right")).lower(),
-            "strategy": str(t.get("strategy", "longest_first")).lower(),
+            "direction": direction,
+            "strategy": strategy,
             "stride": int(t.get("stride", 0)),
             "ids_before": len(full),
             "ids_after": len(ids),

@@ -32,7 +32,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "3"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "4"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -626,6 +626,18 @@ def build_pipeline(
                     }
                 )
 
+    if has_tokenizer_file and file_text is not None and out == file_data:
+        # The class builds exactly the file (a directory transformers itself saved): the file is the pipeline.
+        return Pipeline(
+            json_text=file_text,
+            tokenizer_class=cls,
+            class_source=cls_source,
+            used="class" if use_class else "file",
+            modeled=modeled,
+            disagreements=tuple(disagreements),
+            notes=tuple(notes),
+            changed=False,
+        )
     file_ids = (
         {(int(t["id"]), str(t["content"])) for t in file_data.get("added_tokens") or []}
         if has_tokenizer_file

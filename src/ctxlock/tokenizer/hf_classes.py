@@ -22,6 +22,7 @@ The file's `truncation` and `padding` sections are kept in the pipeline's JSON a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -515,7 +516,7 @@ def build_pipeline(
     if isinstance(decoder_cfg, Mapping):
         for idx, value in decoder_cfg.items():
             token = _added(value)
-            if token is None:
+            if token is None or not token.content:
                 raise ArtifactFormatError(
                     "added_tokens_decoder holds {content, ...} objects", path=f"tokenizer_config.json:{idx}"
                 )
@@ -531,6 +532,8 @@ def build_pipeline(
                 c for v in extras if (c := _content(v)) is not None
             }
             for content, idx in added_tokens_json.items():
+                if not content:
+                    continue
                 special = content in specials
                 decoder[int(idx)] = AddedToken(content, normalized=not special, special=special)
         if has_tokenizer_file:
@@ -538,14 +541,19 @@ def build_pipeline(
                 flags = {k: bool(t.get(k, False)) for k in _FLAG_KEYS}
                 decoder[int(t["id"])] = AddedToken(t["content"], **flags)
     by_content = {str(t.content): t for t in decoder.values()}
-    named = {}
+    named: dict[str, AddedToken | str] = {}
     for key, value in values.items():
-        if value is None:
-            continue
         token = _added(value) or (by_content.get(value) if isinstance(value, str) else None)
-        named[key] = token if token is not None else _content(value)
+        chosen = token if token is not None else _content(value)
+        _no_surrogate(chosen, f"tokenizer_config.json:{key}")
+        if chosen is not None and (chosen if isinstance(chosen, str) else chosen.content):
+            named[key] = chosen  # a None, empty or non-string value names no token (transformers skips it too)
     extras = [(_added(v) or by_content.get(_content(v) or "") or _content(v)) for v in extras]
-    extras = [v for v in extras if v is not None]
+    extras = [v for v in extras if v is not None and (v if isinstance(v, str) else v.content)]
+    for v in extras:
+        _no_surrogate(v, "tokenizer_config.json:extra_special_tokens")
+    for idx, t in decoder.items():
+        _no_surrogate(t, f"added_tokens_decoder.{idx}")
 
     file_added = [] if use_class or not has_tokenizer_file else list(file_data.get("added_tokens") or [])
     existing = {(str(t["content"]), *(bool(t.get(k, False)) for k in _FLAG_KEYS)) for t in file_added}
@@ -662,6 +670,16 @@ def build_pipeline(
 
 
 _FLAG_KEYS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def _no_surrogate(value: AddedToken | str | None, where: str) -> None:
+    content = value if isinstance(value, str) or value is None else value.content
+    if content is not None and re.search("[\ud800-\udfff]", content):
+        raise ArtifactFormatError(
+            "a special token holds a lone surrogate, which is not a character",
+            path=where,
+            hint="escape characters outside the BMP as a surrogate pair",
+        )
 
 
 def _flags(token: AddedToken) -> dict[str, bool]:

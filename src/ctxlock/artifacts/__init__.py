@@ -15,6 +15,7 @@ compile), never a bare KeyError, UnicodeError or OSError.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -342,9 +343,8 @@ def _hf_pipeline(
                 *(config, added_json, stm, {k: model_config.get(k) for k in ("model_type", "tokenizer_class")}),
             ],
             sort_keys=True,
-            ensure_ascii=False,
-            default=str,
-        ).encode("utf-8")
+            default=str,  # ASCII: a config value may hold a lone surrogate (then refused below, with its key)
+        ).encode("ascii")
     ).hexdigest()
     cached = conversion_cache.load("hf-pipeline", key)
     if cached is not None and isinstance(cached.get("pipeline"), dict):
@@ -377,7 +377,8 @@ def _hf_pipeline(
     stored = pipeline.to_dict()
     if not pipeline.changed:
         stored["json_text"] = None  # the file itself: not stored twice
-    conversion_cache.store("hf-pipeline", key, {"pipeline": stored})
+    with contextlib.suppress(UnicodeError, ValueError):  # not cacheable as UTF-8 JSON: built again next time
+        conversion_cache.store("hf-pipeline", key, {"pipeline": stored})
     return pipeline
 
 

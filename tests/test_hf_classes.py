@@ -191,3 +191,16 @@ def test_added_tokens_json_is_loaded(tmp_path: Path) -> None:
     text = "a<|sep|>b <|sep|> c"
     assert ref.convert_tokens_to_ids("<|sep|>") == size
     assert model.tokenizer.encode(text, parse_special=True) == ref.encode(text, add_special_tokens=False)
+
+
+def test_mistral_model_type_over_a_declared_llama_tokenizer_loads_the_file(tmp_path: Path) -> None:
+    """transformers' routing: model_type mistral (MistralCommonBackend without tekken.json) loads the generic
+    backend even though the config declares LlamaTokenizer, so the file's own pipeline is the reference."""
+    path = build_dir(tmp_path / "d", "llama-spm", "LlamaTokenizer", model_config={"model_type": "mistral"})
+    ref, model = auto_tokenizer(path), ctxlock.load(str(path))
+    assert type(ref).__name__ == "TokenizersBackend"
+    desc = model.artifacts.describe()["tokenizer"]
+    assert desc["tokenizer_class"] == "TokenizersBackend" and desc["class_disagreements"] == []
+    for text in NON_NFC:
+        assert model.tokenizer.encode(text) == ref.encode(text, add_special_tokens=False)
+        assert list(model.run({"messages": _chat(text)}).tokenized.ids) == reference_chat_ids(ref, _chat(text))

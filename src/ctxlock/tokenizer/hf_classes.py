@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "4"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "5"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -42,6 +42,29 @@ COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor
 GENERIC_CLASSES = frozenset(
     {"TokenizersBackend", "PreTrainedTokenizerFast", "PythonBackend", "FNetTokenizer", "ParakeetTokenizer"}
 )
+# The other tokenizer classes of transformers 5.24 with an `__init__` of their own (not modeled here). A name that
+# is in none of these sets is unknown to transformers, which then loads the generic backend.
+OTHER_CLASSES = frozenset(
+    {
+        "AlbertTokenizer", "BartTokenizer", "BarthezTokenizer", "BartphoTokenizer", "BertGenerationTokenizer",
+        "BertJapaneseTokenizer", "BertTokenizer", "BertweetTokenizer", "BigBirdTokenizer", "BioGptTokenizer",
+        "BlenderbotSmallTokenizer", "BlenderbotTokenizer", "ByT5Tokenizer", "CLIPTokenizer", "CTRLTokenizer",
+        "CamembertTokenizer", "CanineTokenizer", "ClvpTokenizer", "CpmAntTokenizer", "CpmTokenizer",
+        "DPRQuestionEncoderTokenizer", "DebertaTokenizer", "DebertaV2Tokenizer", "DiaTokenizer", "EsmTokenizer",
+        "EsmcTokenizer", "FSMTTokenizer", "FlaubertTokenizer", "FunnelTokenizer", "GPTNeoXJapaneseTokenizer",
+        "GPTSw3Tokenizer", "HerbertTokenizer", "LEDTokenizer", "LasrTokenizer", "LayoutLMv2Tokenizer",
+        "LayoutLMv3Tokenizer", "LayoutXLMTokenizer", "LukeTokenizer", "LxmertTokenizer", "M2M100Tokenizer",
+        "MBart50Tokenizer", "MBartTokenizer", "MLukeTokenizer", "MPNetTokenizer", "MarianTokenizer",
+        "MarkupLMTokenizer", "MgpstrTokenizer", "MistralCommonBackend", "MobileBertTokenizer", "MvpTokenizer",
+        "MyT5Tokenizer", "NllbTokenizer", "NougatTokenizer", "OpenAIGPTTokenizer", "PLBartTokenizer",
+        "PegasusTokenizer", "PerceiverTokenizer", "PhobertTokenizer", "ProphetNetTokenizer", "RagTokenizer",
+        "ReformerTokenizer", "RemBertTokenizer", "RoCBertTokenizer", "RoFormerTokenizer", "RobertaTokenizer",
+        "SeamlessM4TTokenizer", "Siglip2Tokenizer", "SiglipTokenizer", "Speech2TextTokenizer", "SpeechT5Tokenizer",
+        "SplinterTokenizer", "T5Tokenizer", "TapasTokenizer", "Tipsv2Tokenizer", "UdopTokenizer",
+        "VideoPrismTokenizer", "VitsTokenizer", "Wav2Vec2CTCTokenizer", "Wav2Vec2PhonemeCTCTokenizer",
+        "WhisperTokenizer", "XGLMTokenizer", "XLMRobertaTokenizer", "XLMTokenizer", "XLNetTokenizer",
+    }
+)  # fmt: skip
 # Model types whose hub `tokenizer_class` transformers overrides with its registered class (its own list).
 INCORRECT_HUB_CLASS = frozenset(
     {
@@ -85,6 +108,23 @@ MODEL_TYPE_CLASS: dict[str, str] = {
         "GPTNeoXTokenizer", "gpt_neox", "mpt", "olmo", "olmoe", "mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"
     ),
     **_model_types("CohereTokenizer", "cohere", "cohere2", "aya_vision"),
+    # Model types transformers maps to the generic backend, and the Mistral family (MistralCommonBackend, which
+    # AutoTokenizer takes only with a tekken.json; with a tokenizer.json it loads the generic backend).
+    **_model_types(
+        "TokenizersBackend",
+        "EvollaModel", "arctic", "aria", "beam", "bigbird_pegasus", "camembertv2-base", "canary", "chatlm",
+        "cohere_asr", "ernie4_5", "ernie4_5_moe", "flex_olmo", "fuyu", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+        "glm4v", "glm4v_moe", "glm_image", "glmasr", "got_ocr2", "gpt_bigcode", "gradium_phonon_tts", "granite",
+        "granitemoe", "granitemoehybrid", "granitemoeshared", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm",
+        "internlm2", "internlm3", "iquestcoder", "jamba", "kimi_k25", "kimi_linear", "kosmos-2", "llava",
+        "llava_next", "mimo_v2_flash", "minicpm3", "minicpm_ocr", "minicpmv", "minicpmv4_6", "minicpmv4_7",
+        "minimax_m2", "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemo_speechlm", "nemotron",
+        "nvfp4", "nystromformer", "olmo2", "olmo3", "olmo_hybrid", "omniasr", "opencua", "openvla",
+        "paddleocr_vl", "pegasus_x", "persimmon", "phi3", "phi3_v", "phimoe", "pix2struct", "pocket_tts",
+        "smolvlm", "stablelm", "step3_vl", "umt5", "vipllava", "xlm-roberta-xl", "siglip2",
+        "ministral", "ministral3", "mistral", "mistral3", "mistral_large4", "mixtral", "pixtral", "voxtral",
+        "voxtral_realtime",
+    ),
 }  # fmt: skip
 
 
@@ -338,11 +378,19 @@ def resolve_class(config: Mapping[str, Any], model_config: Mapping[str, Any], fi
             and '"ByteLevel"' in file_text
         ):
             return "TokenizersBackend", f"{where} is {declared}, but tokenizer.json is ByteLevel (as transformers)"
-        if model_type and model_type in INCORRECT_HUB_CLASS and registered and registered != base:
-            return registered, f"config.json:model_type {model_type!r} (transformers overrides {declared})"
-        if model_type and registered is None and model_type in INCORRECT_HUB_CLASS:
-            return "TokenizersBackend", f"config.json:model_type {model_type!r} (transformers overrides {declared})"
-        return ("TokenizersBackend" if base in GENERIC_CLASSES else base), where
+        if registered is not None and registered != base:
+            # transformers: a registered generic class wins; a specific one wins for the model types whose hub
+            # class it knows to be wrong; otherwise the declared class is trusted (the generic one if it is generic)
+            why = f"config.json:model_type {model_type!r} (transformers overrides {declared})"
+            if registered in GENERIC_CLASSES:
+                return "TokenizersBackend", why
+            if model_type in INCORRECT_HUB_CLASS:
+                return registered, why
+        if base in GENERIC_CLASSES:
+            return "TokenizersBackend", where
+        if base not in CLASSES and base not in OTHER_CLASSES and base != "Qwen2TokenizerFast":
+            return "TokenizersBackend", f"{where} is {declared}, a class transformers 5.24 does not have"
+        return base, where
     if model_type is not None:
         return registered or "TokenizersBackend", f"config.json:model_type {model_type!r}"
     return "TokenizersBackend", "no tokenizer_class or model_type: the file as written"

@@ -2,8 +2,11 @@
 
 A model spec is one of:
 - a built-in name (`ctxlock models`): data directories shipped in `ctxlock/models/`;
-- an HF model directory: `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` (or an inline
-  `chat_template`, or `additional_chat_templates/`), `special_tokens_map.json`;
+- an HF model directory: `tokenizer.json` (or a slow `vocab.json` + `merges.txt`), `tokenizer_config.json`,
+  `config.json`, `added_tokens.json`, `chat_template.jinja` (or an inline `chat_template`, or
+  `additional_chat_templates/`), `special_tokens_map.json`. The tokenizer is the one `AutoTokenizer` loads: the
+  class transformers picks and the pipeline it builds in code (`ctxlock.tokenizer.hf_classes`), unless
+  `tokenizer_pipeline="file"` asks for tokenizer.json's components as written;
 - any directory with a `ctxlock.json` manifest (what the built-ins are).
 
 Every file a config names must resolve inside the model directory, symlinks included, and be a regular file:

@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "5"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "6"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -542,7 +542,10 @@ def build_pipeline(
     values: dict[str, Any] = dict(spec.defaults if spec is not None else {})
     decoder_cfg = config.get("added_tokens_decoder")
     for key, value in config.items():
-        if key in SPECIAL_TOKEN_ATTRIBUTES or (key.endswith("_token") and (isinstance(value, str) or _added(value))):
+        # A model-specific `*_token` counts when it is a string or a serialized AddedToken (`"__type"`), as the
+        # values transformers' `convert_added_tokens` turns into AddedTokens.
+        typed = isinstance(value, Mapping) and value.get("__type") == "AddedToken" and _added(value) is not None
+        if key in SPECIAL_TOKEN_ATTRIBUTES or (key.endswith("_token") and (isinstance(value, str) or typed)):
             values[key] = value
     if not isinstance(decoder_cfg, Mapping) and isinstance(special_tokens_map, Mapping):
         for key, value in special_tokens_map.items():

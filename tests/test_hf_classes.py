@@ -74,7 +74,15 @@ def test_issue_repro_qwen2_null_normalizer_gets_the_class_nfc(class_dirs: dict[s
     desc = model.artifacts.describe()["tokenizer"]
     assert desc["tokenizer_class"] == "Qwen2Tokenizer" and desc["pipeline"] == "class"
     normalizer = [d for d in desc["class_disagreements"] if d["component"] == "normalizer"]
-    assert normalizer == [{"component": "normalizer", "file": None, "class": {"type": "NFC"}, "used": "class"}]
+    assert normalizer == [
+        {
+            "component": "normalizer",
+            "file": None,
+            "class": {"type": "NFC"},
+            "used": "class",
+            "differences": ['(whole): file null, class {"type": "NFC"}'],
+        }
+    ]
     assert desc["normalizer"] == "NFC"
 
 

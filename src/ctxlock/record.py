@@ -396,6 +396,22 @@ class RunOptions:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
 
 
+def _hf_pipeline_fields(desc: Mapping[str, Any]) -> dict[str, Any]:
+    if "tokenizer_class" not in desc and desc.get("truncation") is None and desc.get("padding") is None:
+        return {}
+    out: dict[str, Any] = {}
+    if "tokenizer_class" in desc:
+        out.update(
+            tokenizer_class=desc.get("tokenizer_class"),
+            pipeline=desc.get("pipeline"),
+            class_overrides=sorted({d["component"] for d in desc.get("class_disagreements") or []}),
+            file_sha256=desc.get("file_sha256"),
+        )
+    if desc.get("truncation") is not None or desc.get("padding") is not None:
+        out["ignored_sections"] = {"truncation": desc.get("truncation"), "padding": desc.get("padding")}
+    return out
+
+
 def build_record(
     *,
     model: Any,
@@ -437,6 +453,10 @@ def build_record(
             "pipeline": _pipeline_identity(tok, tok_desc),
             # Which engine encoded the runs (tiktoken fast path or `tokenizers`), and why: part of the identity.
             "engine": tok_desc.get("engine"),
+            # HF directories: the transformers class whose pipeline was followed ("class") or the file as written
+            # ("file"), the components where the two differ, and the digest of the file itself (sha256 above is
+            # the pipeline that encoded). The file's truncation/padding are recorded as never applied.
+            **_hf_pipeline_fields(tok_desc),
             "vocab_size": tok.vocab_size,
             "special_tokens": dict(model.special_tokens),
             "added_tokens": [[t.content, t.id, t.special] for t in sorted(tok.added_tokens, key=lambda t: t.id)],

@@ -2,8 +2,11 @@
 
 A model spec is one of:
 - a built-in name (`ctxlock models`): data directories shipped in `ctxlock/models/`;
-- an HF model directory: `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` (or an inline
-  `chat_template`, or `additional_chat_templates/`), `special_tokens_map.json`;
+- an HF model directory: `tokenizer.json` (or a slow `vocab.json` + `merges.txt`), `tokenizer_config.json`,
+  `config.json`, `added_tokens.json`, `chat_template.jinja` (or an inline `chat_template`, or
+  `additional_chat_templates/`), `special_tokens_map.json`. The tokenizer is the one `AutoTokenizer` loads: the
+  class transformers picks and the pipeline it builds in code (`ctxlock.tokenizer.hf_classes`), unless
+  `tokenizer_pipeline="file"` asks for tokenizer.json's components as written;
 - any directory with a `ctxlock.json` manifest (what the built-ins are).
 
 Every file a config names must resolve inside the model directory, symlinks included, and be a regular file:
@@ -15,6 +18,7 @@ compile), never a bare KeyError, UnicodeError or OSError.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -196,7 +200,12 @@ def _templates_from_config(value: Any, *, where: str, model_id: str) -> Template
     raise ArtifactFormatError("chat_template must be a string or a list of {name, template}", path=where)
 
 
-def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | None = None) -> ModelArtifacts:
+TOKENIZER_PIPELINES = ("class", "file")
+
+
+def _load_hf_dir(
+    root: Path, *, boundary: Path | None = None, model_id: str | None = None, tokenizer_pipeline: str = "class"
+) -> ModelArtifacts:
     from ..tokenizer.hf import HFTokenizer
 
     model_id = model_id or root.name
@@ -211,25 +220,75 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         "chat_template.jinja",
         "chat_template.json",
         "special_tokens_map.json",
+        "config.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
     ):
         local(name)  # refuse escaping symlinks before reading anything
     config_path = local("tokenizer_config.json")
     config = _read_json(config_path) if _present(config_path) else {}
     if not isinstance(config, dict):
         raise ArtifactFormatError("tokenizer_config.json must hold a JSON object", path=str(config_path))
+    # config.json (the model's) matters only for its model_type and tokenizer_class, as in AutoTokenizer.
+    model_config_path = local("config.json")
+    model_config = _read_json(model_config_path) if _present(model_config_path) else {}
+    if not isinstance(model_config, dict):
+        raise ArtifactFormatError("config.json must hold a JSON object", path=str(model_config_path))
+    added_path = local("added_tokens.json")
+    added_json = _read_json(added_path) if _present(added_path) else None
+    if added_json is not None and not (
+        isinstance(added_json, dict)
+        and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in added_json.items())
+    ):
+        raise ArtifactFormatError("added_tokens.json maps token strings to ids", path=str(added_path))
+    stm_path = local("special_tokens_map.json")
+    stm = _read_json(stm_path) if _present(stm_path) else {}
     tok_path = (
         inside(root, config["tokenizer_file"], field="tokenizer_file", config=config_path)
         if config.get("tokenizer_file")
         else local("tokenizer.json")
     )
-    if not _present(tok_path):
-        raise ArtifactNotFoundError(
-            "no tokenizer.json in the model directory",
-            path=str(tok_path),
-            hint="ctxlock reads HF fast-tokenizer files here; export one with transformers' save_pretrained",
+    file_text: str | None = None
+    slow: tuple[Path, Path] | None = None
+    if _present(tok_path):
+        file_text = _read_text(tok_path)
+        source, file_sha = tok_path, hashlib.sha256(file_text.encode("utf-8")).hexdigest()
+    elif _present(local("vocab.json")) and _present(local("merges.txt")):
+        # A slow-only BPE directory: transformers builds the fast tokenizer from the two files.
+        slow = (local("vocab.json"), local("merges.txt"))
+        source, file_sha = slow[0], _slow_digest(*slow)
+    elif _present(local("tokenizer.model")):
+        raise ArtifactFormatError(
+            "a SentencePiece-only directory (tokenizer.model without tokenizer.json) is not read here",
+            path=str(local("tokenizer.model")),
+            hint="export tokenizer.json with transformers' save_pretrained, or use a ctxlock.json manifest with "
+            'format "sentencepiece"',
         )
-    tokenizer = HFTokenizer(_read_text(tok_path), id=f"{model_id}/{tok_path.name}", source=str(tok_path))
-
+    else:
+        raise ArtifactNotFoundError(
+            "no tokenizer in the model directory: neither tokenizer.json nor vocab.json with merges.txt",
+            path=str(tok_path),
+            hint="ctxlock reads HF tokenizer files here; export them with transformers' save_pretrained",
+        )
+    pipeline = _hf_pipeline(
+        file_text,
+        slow,
+        file_sha,
+        source,
+        config=config,
+        model_config=model_config,
+        added_json=added_json,
+        stm=stm if isinstance(stm, dict) else None,
+        mode=tokenizer_pipeline,
+    )
+    tokenizer = HFTokenizer(
+        pipeline.json_text,
+        id=f"{model_id}/{source.name}",
+        source=str(source),
+        description={**pipeline.describe(), "file_sha256": file_sha},
+    )
     # Template precedence follows transformers: chat_template.jinja, then chat_template.json, then the config.
     templates: TemplateSet | None = None
     jinja = local("chat_template.jinja")
@@ -257,8 +316,6 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         templates = TemplateSet(tuple(items), tuple(names))
 
     special: dict[str, str] = {}
-    stm_path = local("special_tokens_map.json")
-    stm = _read_json(stm_path) if _present(stm_path) else {}
     for name in SPECIAL_TOKEN_NAMES:
         value = _token_content(config.get(name))
         where = f"{config_path}:{name}"
@@ -267,6 +324,134 @@ def _load_hf_dir(root: Path, *, boundary: Path | None = None, model_id: str | No
         if value is not None:
             special[name] = _special_token(value, where)
     return _finish(model_id, str(root), tokenizer, templates, special, description="HF model directory")
+
+
+def _hf_pipeline(
+    file_text: str | None,
+    slow: tuple[Path, Path] | None,
+    file_sha: str,
+    source: Path,
+    *,
+    config: dict[str, Any],
+    model_config: dict[str, Any],
+    added_json: Any,
+    stm: dict[str, Any] | None,
+    mode: str,
+) -> Any:
+    """The tokenizer transformers builds for these files (`hf_classes.build_pipeline`), cached by the digest of
+    everything it reads (a 150k vocabulary takes seconds to rebuild)."""
+    import tokenizers
+
+    from ..tokenizer.hf_classes import PIPELINE_VERSION, Pipeline, build_pipeline
+    from . import conversion_cache
+
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                *(PIPELINE_VERSION, tokenizers.__version__, file_sha, slow is not None, mode),
+                *(config, added_json, stm, {k: model_config.get(k) for k in ("model_type", "tokenizer_class")}),
+            ],
+            sort_keys=True,
+            default=str,  # ASCII: a config value may hold a lone surrogate (then refused below, with its key)
+        ).encode("ascii")
+    ).hexdigest()
+    cached = conversion_cache.load("hf-pipeline", key)
+    if cached is not None and isinstance(cached.get("pipeline"), dict):
+        fields = dict(cached["pipeline"])
+        if fields.get("json_text") is None and file_text is not None:
+            fields["json_text"] = file_text
+        try:
+            return Pipeline.from_dict(fields)
+        except (KeyError, TypeError, ValueError):
+            pass  # a cache entry of another layout: build again
+    file_data = _tokenizer_json(file_text, source) if file_text is not None else _slow_bpe(*slow)  # type: ignore[misc]
+    try:
+        pipeline = build_pipeline(
+            file_data,
+            config=config,
+            model_config=model_config,
+            file_text=file_text,
+            added_tokens_json=added_json,
+            special_tokens_map=stm,
+            has_tokenizer_file=file_text is not None,
+            pipeline=mode,
+            source=str(source),
+        )
+    except ArtifactFormatError:
+        raise
+    except Exception as exc:  # tokenizers raises bare Exceptions on components it cannot read
+        raise ArtifactFormatError(
+            f"not a valid tokenizer.json: {exc}", path=str(source), hint="re-export it with tokenizers/transformers"
+        ) from None
+    stored = pipeline.to_dict()
+    if not pipeline.changed:
+        stored["json_text"] = None  # the file itself: not stored twice
+    with contextlib.suppress(UnicodeError, ValueError):  # not cacheable as UTF-8 JSON: built again next time
+        conversion_cache.store("hf-pipeline", key, {"pipeline": stored})
+    return pipeline
+
+
+def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ArtifactFormatError(f"not a valid tokenizer.json: {exc}", path=str(path)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ArtifactFormatError("not a valid tokenizer.json: no model object", path=str(path))
+    if not isinstance(data.get("added_tokens", []), list) or not all(
+        isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)
+        for t in data.get("added_tokens", [])
+    ):
+        raise ArtifactFormatError(
+            "not a valid tokenizer.json: added_tokens holds {id, content} objects", path=str(path)
+        )
+    return data
+
+
+def _slow_digest(vocab_path: Path, merges_path: Path) -> str:
+    """The digest of a vocab.json + merges.txt pair: sha256 over the two files' own sha256 digests."""
+    digest = hashlib.sha256()
+    for path in (vocab_path, merges_path):
+        digest.update(
+            hashlib.sha256(read_artifact(path, missing=ArtifactNotFoundError, error=ArtifactFormatError)).digest()
+        )
+    return digest.hexdigest()
+
+
+def _slow_bpe(vocab_path: Path, merges_path: Path) -> dict[str, Any]:
+    """The tokenizer.json-shaped data of a vocab.json + merges.txt pair (as `tokenizers` reads the pair: a first
+    line `#version...` is skipped, every other line is two space-separated pieces)."""
+    vocab_text, merges_text = _read_text(vocab_path), _read_text(merges_path)
+    try:
+        vocab = json.loads(vocab_text)
+    except (ValueError, RecursionError) as exc:
+        raise ArtifactFormatError(f"not valid JSON: {exc}", path=str(vocab_path)) from None
+    if not isinstance(vocab, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in vocab.items()
+    ):
+        raise ArtifactFormatError("vocab.json maps token strings to ids", path=str(vocab_path))
+    merges: list[list[str]] = []
+    for n, line in enumerate(merges_text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if (n == 1 and line.startswith("#version")) or not line:
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise ArtifactFormatError(
+                f"line {n} is not two space-separated pieces", path=str(merges_path), hint="one merge per line: 'a b'"
+            )
+        merges.append(parts)
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+    }
 
 
 def _finish(
@@ -486,22 +671,34 @@ def _is_gguf(path: Path) -> bool:
 
 
 @lru_cache(maxsize=32)
-def _load_hub_cached(snapshot: Path, repo_id: str, fingerprint: tuple[tuple[str, int, int], ...]) -> ModelArtifacts:
+def _load_hub_cached(
+    snapshot: Path, repo_id: str, fingerprint: tuple[tuple[str, int, int], ...], tokenizer_pipeline: str = "class"
+) -> ModelArtifacts:
     # Snapshot files are symlinks into the repo's blobs/: the repo directory is the containment boundary.
-    return _load_hf_dir(snapshot, boundary=snapshot.parent.parent, model_id=repo_id)
+    return _load_hf_dir(
+        snapshot, boundary=snapshot.parent.parent, model_id=repo_id, tokenizer_pipeline=tokenizer_pipeline
+    )
 
 
 @lru_cache(maxsize=32)
-def _load_cached(root: Path, fingerprint: tuple[tuple[str, int, int], ...]) -> ModelArtifacts:
+def _load_cached(
+    root: Path, fingerprint: tuple[tuple[str, int, int], ...], tokenizer_pipeline: str = "class"
+) -> ModelArtifacts:
     if root.is_file():
         return _load_gguf(root)
     if (root / "ctxlock.json").is_file():
         return _load_manifest_dir(root)
-    return _load_hf_dir(root)
+    return _load_hf_dir(root, tokenizer_pipeline=tokenizer_pipeline)
 
 
-def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
-    """Resolve a model spec (built-in name or directory) offline and load its artifacts."""
+def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = "class") -> ModelArtifacts:
+    """Resolve a model spec (built-in name or directory) offline and load its artifacts.
+
+    `tokenizer_pipeline` applies to HF directories: "class" (the default) builds the tokenizer the way the
+    transformers class the directory names builds it, which is what `AutoTokenizer` loads; "file" keeps
+    tokenizer.json's components as written. `describe()["tokenizer"]` says which was used and where they differ."""
+    if tokenizer_pipeline not in TOKENIZER_PIPELINES:
+        raise ValueError(f"tokenizer_pipeline must be one of {TOKENIZER_PIPELINES}, not {tokenizer_pipeline!r}")
     name = DEFAULT_MODEL if spec is None else str(spec)
     builtin = BUILTIN_DIR / name
     if "/" not in name and "\\" not in name and (builtin / "ctxlock.json").is_file():
@@ -514,7 +711,7 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
             # org/name[@revision]: the local HF hub cache, offline; never downloads. The artifacts carry how the
             # revision resolved (a rolling ref or a pinned commit), for the record.
             pin = resolve_hub_revision(name)
-            loaded = _load_hub_cached(pin.snapshot, pin.repo_id, _fingerprint(pin.snapshot))
+            loaded = _load_hub_cached(pin.snapshot, pin.repo_id, _fingerprint(pin.snapshot), tokenizer_pipeline)
             return dataclasses.replace(loaded, hub=pin)
         if not root.exists():
             known = ", ".join(n for n, _ in builtin_models())
@@ -542,4 +739,4 @@ def load_artifacts(spec: str | Path | None = None) -> ModelArtifacts:
             st = root.stat()
             return _load_cached(root, ((root.name, st.st_mtime_ns, st.st_size),))
     root = root.resolve()
-    return _load_cached(root, _fingerprint(root))
+    return _load_cached(root, _fingerprint(root), tokenizer_pipeline)

@@ -2,17 +2,53 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..artifacts import DEFAULT_MODEL, builtin_models
-from ..model import Model, load
+from ..artifacts import DEFAULT_MODEL, builtin_models, load_artifacts
+from ..model import Model
 from ..template import role_markers
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt
+from .render import JsonOpt, ModelOpt, TokenizerPipeline, TokenizerPipelineOpt
+
+
+def _short(value: object, limit: int = 100) -> str:
+    text = "none" if value is None else json.dumps(value, ensure_ascii=False)
+    return escape(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _hf_pipeline(tok: dict) -> None:
+    """An HF directory's tokenizer class, the components where it and tokenizer.json disagree, and the file's
+    truncation/padding sections."""
+    if "tokenizer_class" in tok:
+        used = "its pipeline" if tok["pipeline"] == "class" else "tokenizer.json as written (--tokenizer-pipeline file)"
+        console.print(
+            f"    class      {escape(str(tok['tokenizer_class']))} ({escape(str(tok['tokenizer_class_source']))}); "
+            f"encodes with {used}"
+        )
+        for d in tok.get("class_disagreements") or []:
+            lines = d.get("differences") or [f"file {_short(d['file'])}, class {_short(d['class'])}"]
+            console.print(f"[yellow]    differs    {d['component']} (used: {d['used']}): {escape(lines[0])}[/]")
+            for line in lines[1:4]:
+                console.print(f"[yellow]               {escape(line)}[/]")
+            if len(lines) > 4:
+                console.print(f"[yellow]               … {len(lines) - 4} more (--json lists them)[/]")
+        beyond = tok.get("added_beyond_file") or []
+        if beyond:
+            shown = ", ".join(f"{t['content']!r}={t['id']}" for t in beyond[:8]) + (" …" if len(beyond) > 8 else "")
+            console.print(f"    added      {len(beyond)} tokens beyond tokenizer.json's own: {escape(shown)}")
+        for note in tok.get("pipeline_notes") or []:
+            console.print(f"[yellow]    note       {escape(note)}[/]")
+    for name in ("truncation", "padding"):
+        if tok.get(name) is not None:
+            console.print(
+                f"[yellow]    {name:<10} in tokenizer.json, not applied (transformers' apply_chat_template turns it "
+                f"off): {_short(tok[name], 160)}[/]"
+            )
 
 
 def _add_role_markers(m: Model, info: dict[str, Any]) -> None:
@@ -26,9 +62,17 @@ def _add_role_markers(m: Model, info: dict[str, Any]) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def inspect(model: ModelOpt = None, as_json: JsonOpt = False) -> None:
-        """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features."""
-        m = guarded(as_json, lambda: load(model))
+    def inspect(
+        model: ModelOpt = None,
+        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features.
+
+        For an HF directory: the transformers tokenizer class, where its pipeline and tokenizer.json disagree and
+        which is used, and the file's truncation/padding sections (never applied)."""
+        pipeline = TokenizerPipeline(tokenizer_pipeline).value
+        m = guarded(as_json, lambda: Model(load_artifacts(model, tokenizer_pipeline=pipeline)))
         m.warm_up()  # the engine checks, and fastokens built and checked: report their verdicts, not "building"
         info = m.artifacts.describe()
         _add_role_markers(m, info)
@@ -50,6 +94,7 @@ def register(app: typer.Typer) -> None:
             f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}"
         )
         console.print(f"           normalizer {tok.get('normalizer')} · pre-tokenizer {tok.get('pre_tokenizer')}")
+        _hf_pipeline(tok)
         if tok.get("engine"):
             # Which engine encodes text runs, and the check that chose it (or refused the fast one).
             console.print(f"           engine {tok['engine']}: {escape(str(tok.get('engine_reason')))}")

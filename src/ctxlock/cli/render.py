@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from ..errors import InputError, SamplerError
+from ..errors import InputError, SamplerError, TokenizerError
 from ..frozen import thaw
 from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
@@ -32,6 +33,24 @@ ModelOpt = Annotated[
         help="Built-in model name (see `ctxlock models`), HF model directory, .gguf file, or org/name (or "
         "org/name@revision: a branch, tag or commit, which pins it) from the local HF hub cache. "
         "Default: the embedded mistral-nemo.",
+    ),
+]
+
+
+class TokenizerPipeline(StrEnum):
+    """`--tokenizer-pipeline`: how an HF directory's tokenizer is built."""
+
+    CLASS = "class"
+    FILE = "file"
+
+
+TokenizerPipelineOpt = Annotated[
+    TokenizerPipeline,
+    typer.Option(
+        "--tokenizer-pipeline",
+        help="For an HF directory: 'class' builds the tokenizer the way its transformers class does (what "
+        "AutoTokenizer loads), 'file' uses tokenizer.json's components as written. `ctxlock inspect` shows where "
+        "they differ.",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
@@ -390,6 +409,15 @@ def register(app: typer.Typer) -> None:
                 "(reject, naming the byte) or replace (U+FFFD, reported), as for requests.",
             ),
         ] = "strict",
+        truncate: Annotated[
+            bool,
+            typer.Option(
+                "--truncate",
+                help="Apply the truncation section of the model's tokenizer.json (never applied otherwise; padding "
+                "never is). The output says what was cut.",
+            ),
+        ] = False,
+        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
         as_json: JsonOpt = False,
     ) -> None:
         """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default.
@@ -401,6 +429,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
 
         def go() -> tuple[Model, str | None, tuple[int, ...]]:
+            from ..artifacts import load_artifacts
+
             # The input is read before the model loads: a bad --file fails fast, and with --json as an error object.
             source, replaced = None, ()
             if file is not None:
@@ -410,23 +440,40 @@ def register(app: typer.Typer) -> None:
                 source, replaced = _argv_text(text, utf8)
             else:
                 decode_with_policy(b"", label="--utf8", utf8=utf8)  # an unknown policy fails before the model loads
-            return load(model), source, replaced
+            m = Model(load_artifacts(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value))
+            section = getattr(m.tokenizer, "truncation", None)
+            if truncate and section is None:
+                raise TokenizerError(
+                    "--truncate: the tokenizer has no truncation section",
+                    path=m.tokenizer.id,
+                    hint="only an HF tokenizer.json carries one; drop --truncate",
+                )
+            return m, source, replaced
 
         m, source, replaced = guarded(as_json, go)
         tok = m.tokenizer
+        section = getattr(tok, "truncation", None)
+
+        def encode(line: str) -> tuple[list[int], dict[str, Any] | None]:
+            if truncate:
+                return tok.encode_truncated(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+            ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+            return ids, None
+
         if jsonl:
 
             def lines() -> None:
                 for where, line, line_replaced in _jsonl_strings(utf8):
                     if line_replaced:
                         print(f"{where}: {_replaced_note(line_replaced)}", file=sys.stderr)
-                    ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
-                    sys.stdout.write(json.dumps(ids) + "\n")
+                    sys.stdout.write(json.dumps(encode(line)[0]) + "\n")
 
             guarded(as_json, lines)
             return
         assert source is not None
-        ids = tok.encode(source, parse_special=parse_special, add_special_tokens=add_special_tokens)
+        ids, cut = encode(source)
+        # What happened to tokenizer.json's truncation section: applied (with what it dropped), or not applied.
+        truncation = None if section is None else {"applied": truncate, "section": section, **(cut or {})}
         if as_json:
             print_json(
                 {
@@ -435,6 +482,7 @@ def register(app: typer.Typer) -> None:
                     "tokenizer": {"id": tok.id, "sha256": tok.sha256},
                     "utf8_policy": utf8,
                     "replaced_bytes": list(replaced),
+                    "truncation": truncation,
                 }
             )
         else:
@@ -442,6 +490,16 @@ def register(app: typer.Typer) -> None:
             console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
             if replaced:
                 console.print(Text(_replaced_note(replaced)))
+            if cut is not None:
+                console.print(
+                    f"truncated by tokenizer.json: {cut['ids_before']} → {cut['ids_after']} ids "
+                    f"(max_length {cut['max_length']}, {cut['direction']}, {cut['dropped']} dropped)"
+                )
+            elif section is not None:
+                console.print(
+                    f"tokenizer.json's truncation (max_length {section.get('max_length')}) was not applied; "
+                    "--truncate applies it"
+                )
 
 
 def _replaced_note(replaced: tuple[int, ...]) -> str:

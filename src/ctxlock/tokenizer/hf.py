@@ -13,6 +13,10 @@ only when `fastbpe.check` proves rank-based BPE gives the same ids for this voca
 are consistent with the token ids: Qwen2, Llama 3, GPT-2). The choice is made on first use (from an on-disk cache
 after the first time), `engine` and `engine_reason` say which and why, and `CTXLOCK_FAST=0` forces `tokenizers`.
 `encode` and `encode_matched` always use `tokenizers`: they are the reference.
+
+A `tokenizer.json` may carry `truncation` and `padding` sections. transformers switches both off in
+`apply_chat_template`, and so does this backend for every encode: the sections are reported (`describe`), and
+`encode_truncated` applies the truncation only when a caller asks (`ctxlock tokenize --truncate`).
 """
 
 from __future__ import annotations
@@ -75,7 +79,15 @@ class HFTokenizer:
         self._description = dict(description or {})
         try:
             self._data = json.loads(json_text)
-            self._tok = tokenizers.Tokenizer.from_str(json_text)
+            self._truncation = self._data.get("truncation")
+            self._padding = self._data.get("padding")
+            if self._truncation is not None or self._padding is not None:
+                # Never applied to an encode (transformers turns both off for a chat): the pipeline runs without.
+                self._data = {**self._data, "truncation": None, "padding": None}
+                self._encode_json = json.dumps(self._data, ensure_ascii=False)
+            else:
+                self._encode_json = json_text
+            self._tok = tokenizers.Tokenizer.from_str(self._encode_json)
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise ArtifactFormatError(
                 f"not a valid tokenizer.json: {exc}",
@@ -125,7 +137,7 @@ class HFTokenizer:
                 from .fastbpe import FastEncoder, cached_check
 
                 plain_added = [t for t in self._data.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
-                verdict, ranks = cached_check(self._json_text, self._data, plain_added)
+                verdict, ranks = cached_check(self._encode_json, self._data, plain_added)
                 if not verdict.ok:
                     self._engine_choice = ("tokenizers", verdict.reason, None)
                     self._whole_choice = (None, f"encode_text uses tokenizers ({verdict.reason})")
@@ -159,7 +171,7 @@ class HFTokenizer:
                 )
 
         specials = dict(fast.specials)
-        json_text = self._json_text
+        json_text = self._encode_json
 
         def build() -> Any:
             import fastokens
@@ -238,6 +250,46 @@ class HFTokenizer:
             return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         # Special-token strings are text here; the post-processor (BOS/EOS) is the reference's own.
         return self._plain[0].encode(text, add_special_tokens=add_special_tokens).ids
+
+    @property
+    def truncation(self) -> dict[str, Any] | None:
+        """tokenizer.json's `truncation` section (never applied unless asked: `encode_truncated`)."""
+        return copy.deepcopy(self._truncation)
+
+    @property
+    def padding(self) -> dict[str, Any] | None:
+        """tokenizer.json's `padding` section (never applied: ids are not padded)."""
+        return copy.deepcopy(self._padding)
+
+    def encode_truncated(
+        self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False
+    ) -> tuple[list[int], dict[str, Any]]:
+        """`encode`, then the file's truncation applied as `tokenizers` applies it (room kept for the post-processor's
+        tokens, `direction`, `stride`), and what it did: {max_length, direction, strategy, stride, ids_before,
+        ids_after, dropped}. Padding is never applied. Raises ValueError when the file has no truncation section."""
+        if self._truncation is None:
+            raise ValueError("tokenizer.json has no truncation section")
+        full = self.encode(text, parse_special=parse_special, add_special_tokens=add_special_tokens)
+        base = self._tok if parse_special else self._plain[0]
+        variant = tokenizers.Tokenizer.from_str(base.to_str())
+        t = self._truncation
+        # The file spells them as serde does (LongestFirst, Right); the Python API takes snake case.
+        strategy = re.sub(r"(?<!^)(?=[A-Z])", "_", str(t.get("strategy", "LongestFirst"))).lower()
+        direction = str(t.get("direction", "Right")).lower()
+        variant.enable_truncation(
+            int(t["max_length"]), stride=int(t.get("stride", 0)), strategy=strategy, direction=direction
+        )
+        ids = variant.encode(text, add_special_tokens=add_special_tokens).ids
+        info = {
+            "max_length": int(t["max_length"]),
+            "direction": direction,
+            "strategy": strategy,
+            "stride": int(t.get("stride", 0)),
+            "ids_before": len(full),
+            "ids_after": len(ids),
+            "dropped": len(full) - len(ids),
+        }
+        return ids, info
 
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         fast = self._fast()
@@ -356,6 +408,9 @@ class HFTokenizer:
             "whole_text_reason": self.whole_text_reason
             or "every added token is matched on raw text and none is a prefix of another",
             "whole_text_engine": self.whole_text_engine,
+            # The file's truncation/padding sections: shown, never applied to a render or an encode.
+            "truncation": self._truncation,
+            "padding": self._padding,
             **self._description,
         }
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 
 import artifacts
 from ctxlock.tokenizer import fastbpe
@@ -263,7 +264,6 @@ REFUSALS: list[tuple[dict[str, Any], str]] = [
     ({"model_dropout": 0.1}, "BPE dropout 0.1 is random"),
     ({"model_byte_fallback": True}, "BPE byte_fallback is on (not byte-level)"),
     ({"added_tokens": [{**_LSTRIP, "normalized": False}]}, "added token ' ' has lstrip"),
-    ({"truncation": _TRUNCATION}, "the tokenizer.json sets truncation"),
     # The merge list builds ab after bc, but ab has the lower id: merge order is not rank order.
     (
         {"model_vocab": _vocab(ab=257, bc=256, abc=258), "model_merges": [["a", "b"], ["b", "c"], ["ab", "c"]]},
@@ -275,6 +275,18 @@ REFUSALS: list[tuple[dict[str, Any], str]] = [
         "token 'abc' (rank 258): rank BPE on its bytes builds it from ('ab', 'c'), which is not one of its merges",
     ),
 ]
+
+
+def test_truncation_and_padding_sections_neither_apply_nor_keep_the_fast_path_off() -> None:
+    # fastbpe.check still refuses a JSON that holds them (tiktoken cannot truncate), but HFTokenizer never applies
+    # them (issue 15: transformers switches both off in apply_chat_template) and hands check the JSON without them.
+    data = _tiny(truncation=_TRUNCATION, padding={"strategy": {"Fixed": 12}, "pad_id": 0, "pad_token": "!"})
+    assert fastbpe.check(data, [])[0].reason == "the tokenizer.json sets truncation"
+    tok = HFTokenizer(json.dumps(data), id="tiny")
+    assert tok.engine == "tiktoken"
+    text = "abcabc " * 5
+    plain = Tokenizer.from_str(json.dumps(_tiny()))
+    assert tok.encode(text) == plain.encode(text, add_special_tokens=False).ids and len(tok.encode(text)) > 8
 
 
 @pytest.mark.parametrize(("over", "reason"), REFUSALS)

@@ -142,7 +142,7 @@ def test_record_says_which_pipeline_was_used(class_dirs: dict[str, Path]) -> Non
     model = ctxlock.load(str(class_dirs["Qwen2Tokenizer"]))
     run = model.run({"messages": _chat(NON_NFC[0])})
     rec = build_record(model=model, request_bytes=b"{}", options=RunOptions(), run=run).data["tokenizer"]
-    assert rec["tokenizer_class"] == "Qwen2Tokenizer" and rec["pipeline"] == "class"
+    assert rec["tokenizer_class"] == "Qwen2Tokenizer" and rec["tokenizer_pipeline"] == "class"
     assert rec["normalizer"] == "NFC" and "normalizer" in rec["class_overrides"]
     assert rec["file_sha256"] != rec["sha256"]  # what was encoded with is not the file: both digests are kept
 

@@ -403,7 +403,7 @@ def _hf_pipeline_fields(desc: Mapping[str, Any]) -> dict[str, Any]:
     if "tokenizer_class" in desc:
         out.update(
             tokenizer_class=desc.get("tokenizer_class"),
-            pipeline=desc.get("pipeline"),
+            tokenizer_pipeline=desc.get("pipeline"),  # "class" or "file" (the load option)
             class_overrides=sorted({d["component"] for d in desc.get("class_disagreements") or []}),
             file_sha256=desc.get("file_sha256"),
         )

@@ -176,6 +176,14 @@ def test_spm_dir_record_says_where_the_tokenizer_came_from(spm_dirs: dict[str, P
     assert art.tokenizer.id.endswith("/tokenizer.model") and art.tokenizer.source == str(path / "tokenizer.model")
     assert {d["file"] for d in desc["class_disagreements"]} == {"(no tokenizer.json)"}
     assert any("tokenizer.model" in n and "SentencePieceExtractor" in n for n in desc["pipeline_notes"])
+    assert desc["built_from"]["files"] == ["tokenizer.model"] and desc["built_from"]["class"] == "LlamaTokenizer"
+    from ctxlock.record import RunOptions, build_record
+
+    model = ctxlock.load(str(path))
+    run = model.run({"messages": _chat("hi")})
+    record = build_record(model=model, request_bytes=b"{}", options=RunOptions(), run=run).data["tokenizer"]
+    assert record["built_from"] == desc["built_from"] and record["file_sha256"] == desc["file_sha256"]
+    assert record["tokenizer_class"] == "LlamaTokenizer"
 
 
 @pytest.mark.parametrize(

@@ -286,7 +286,7 @@ def _load_hf_dir(
         pipeline.json_text,
         id=f"{model_id}/{source.name}",
         source=str(source),
-        description={**pipeline.describe(), "file_sha256": file_sha},
+        description={**pipeline.describe(), "file_sha256": file_sha, **_built_from(slow, spm_raw, pipeline)},
     )
     # Template precedence follows transformers: chat_template.jinja, then chat_template.json, then the config.
     templates: TemplateSet | None = None
@@ -422,6 +422,18 @@ def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
             "not a valid tokenizer.json: added_tokens holds {id, content} objects", path=str(path)
         )
     return data
+
+
+def _built_from(slow: tuple[Path, Path] | None, spm_raw: bytes | None, pipeline: Any) -> dict[str, Any]:
+    """For a directory without tokenizer.json, which files the tokenizer was built from and how (for the record)."""
+    if spm_raw is not None:
+        from ..tokenizer.hf_classes import SPM_NOTE
+
+        return {"built_from": {"files": ["tokenizer.model"], "class": pipeline.tokenizer_class, "how": SPM_NOTE}}
+    if slow is not None:
+        how = "the class's __init__ over the vocabulary and merges as written (transformers 5.24)"
+        return {"built_from": {"files": ["vocab.json", "merges.txt"], "class": pipeline.tokenizer_class, "how": how}}
+    return {}
 
 
 def _slow_digest(vocab_path: Path, merges_path: Path) -> str:

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.reference
 
 MISTRAL_DATA = Path(mistral_common.__file__).resolve().parent / "data"
 V1, V3 = "tokenizer.model.v1", "mistral_instruct_tokenizer_240323.model.v3"  # v3: control + user-defined pieces
+V7 = "mistral_instruct_tokenizer_241114.model.v7"
 
 # A Llama-2-style template: BOS, [INST] ... [/INST] around user turns, EOS after assistant turns.
 LLAMA2_TEMPLATE = (
@@ -67,6 +68,8 @@ DIRS: dict[str, tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = {
         },
         None,
     ),
+    # an empty additional_special_tokens still replaces the control pieces the extractor passes on
+    "llama-v7-no-extras": (V7, {"tokenizer_class": "LlamaTokenizer", "additional_special_tokens": []}, None),
     "codellama-v1": (V1, {"tokenizer_class": "CodeLlamaTokenizer"}, None),
     "gemma-v3": (V3, {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True}, None),
     "model-type-gemma": (V1, None, {"model_type": "gemma"}),

@@ -407,6 +407,8 @@ def _hf_pipeline_fields(desc: Mapping[str, Any]) -> dict[str, Any]:
             class_overrides=sorted({d["component"] for d in desc.get("class_disagreements") or []}),
             file_sha256=desc.get("file_sha256"),
         )
+    if isinstance(desc.get("built_from"), Mapping):  # no tokenizer.json: the slow files and how they were built
+        out["built_from"] = dict(desc["built_from"])
     if desc.get("truncation") is not None or desc.get("padding") is not None:
         out["ignored_sections"] = {"truncation": desc.get("truncation"), "padding": desc.get("padding")}
     return out

@@ -252,6 +252,7 @@ def _load_hf_dir(
     )
     file_text: str | None = None
     slow: tuple[Path, Path] | None = None
+    spm_raw: bytes | None = None
     if _present(tok_path):
         file_text = _read_text(tok_path)
         source, file_sha = tok_path, hashlib.sha256(file_text.encode("utf-8")).hexdigest()
@@ -260,12 +261,9 @@ def _load_hf_dir(
         slow = (local("vocab.json"), local("merges.txt"))
         source, file_sha = slow[0], _slow_digest(*slow)
     elif _present(local("tokenizer.model")):
-        raise ArtifactFormatError(
-            "a SentencePiece-only directory (tokenizer.model without tokenizer.json) is not read here",
-            path=str(local("tokenizer.model")),
-            hint="export tokenizer.json with transformers' save_pretrained, or use a ctxlock.json manifest with "
-            'format "sentencepiece"',
-        )
+        # A SentencePiece-only directory: transformers builds the fast tokenizer from the .model's pieces.
+        spm_raw = read_artifact(local("tokenizer.model"), missing=ArtifactNotFoundError, error=ArtifactFormatError)
+        source, file_sha = local("tokenizer.model"), hashlib.sha256(spm_raw).hexdigest()
     else:
         raise ArtifactNotFoundError(
             "no tokenizer in the model directory: neither tokenizer.json nor vocab.json with merges.txt",
@@ -282,12 +280,13 @@ def _load_hf_dir(
         added_json=added_json,
         stm=stm if isinstance(stm, dict) else None,
         mode=tokenizer_pipeline,
+        spm_raw=spm_raw,
     )
     tokenizer = HFTokenizer(
         pipeline.json_text,
         id=f"{model_id}/{source.name}",
         source=str(source),
-        description={**pipeline.describe(), "file_sha256": file_sha},
+        description={**pipeline.describe(), "file_sha256": file_sha, **_built_from(slow, spm_raw, pipeline)},
     )
     # Template precedence follows transformers: chat_template.jinja, then chat_template.json, then the config.
     templates: TemplateSet | None = None
@@ -323,6 +322,12 @@ def _load_hf_dir(
             value, where = _token_content(stm.get(name)), f"{stm_path}:{name}"
         if value is not None:
             special[name] = _special_token(value, where)
+    if file_text is None:
+        # Built from slow files, the class's own defaults (LlamaTokenizer's "<s>", ...) are the tokenizer's special
+        # tokens when the config names none: transformers gives them to the template as bos_token, ...
+        for name, value in pipeline.special_tokens:
+            if name in SPECIAL_TOKEN_NAMES and name not in special:
+                special[name] = _special_token(value, f"{source.name} ({pipeline.tokenizer_class} default)")
     return _finish(model_id, str(root), tokenizer, templates, special, description="HF model directory")
 
 
@@ -337,6 +342,7 @@ def _hf_pipeline(
     added_json: Any,
     stm: dict[str, Any] | None,
     mode: str,
+    spm_raw: bytes | None = None,
 ) -> Any:
     """The tokenizer transformers builds for these files (`hf_classes.build_pipeline`), cached by the digest of
     everything it reads (a 150k vocabulary takes seconds to rebuild)."""
@@ -348,7 +354,7 @@ def _hf_pipeline(
     key = hashlib.sha256(
         json.dumps(
             [
-                *(PIPELINE_VERSION, tokenizers.__version__, file_sha, slow is not None, mode),
+                *(PIPELINE_VERSION, tokenizers.__version__, file_sha, slow is not None, spm_raw is not None, mode),
                 *(config, added_json, stm, {k: model_config.get(k) for k in ("model_type", "tokenizer_class")}),
             ],
             sort_keys=True,
@@ -364,7 +370,16 @@ def _hf_pipeline(
             return Pipeline.from_dict(fields)
         except (KeyError, TypeError, ValueError):
             pass  # a cache entry of another layout: build again
-    file_data = _tokenizer_json(file_text, source) if file_text is not None else _slow_bpe(*slow)  # type: ignore[misc]
+    spm_specials: list[dict[str, Any]] | None = None
+    if file_text is not None:
+        file_data = _tokenizer_json(file_text, source)
+    elif spm_raw is not None:
+        from ..tokenizer.hf_classes import spm_bpe
+        from ..tokenizer.sentencepiece import read_model_info
+
+        file_data, spm_specials = spm_bpe(read_model_info(spm_raw, source=str(source)).pieces)
+    else:
+        file_data = _slow_bpe(*slow)  # type: ignore[misc]
     try:
         pipeline = build_pipeline(
             file_data,
@@ -376,6 +391,7 @@ def _hf_pipeline(
             has_tokenizer_file=file_text is not None,
             pipeline=mode,
             source=str(source),
+            spm_specials=spm_specials,
         )
     except ArtifactFormatError:
         raise
@@ -406,6 +422,18 @@ def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
             "not a valid tokenizer.json: added_tokens holds {id, content} objects", path=str(path)
         )
     return data
+
+
+def _built_from(slow: tuple[Path, Path] | None, spm_raw: bytes | None, pipeline: Any) -> dict[str, Any]:
+    """For a directory without tokenizer.json, which files the tokenizer was built from and how (for the record)."""
+    if spm_raw is not None:
+        from ..tokenizer.hf_classes import SPM_NOTE
+
+        return {"built_from": {"files": ["tokenizer.model"], "class": pipeline.tokenizer_class, "how": SPM_NOTE}}
+    if slow is not None:
+        how = "the class's __init__ over the vocabulary and merges as written (transformers 5.24)"
+        return {"built_from": {"files": ["vocab.json", "merges.txt"], "class": pipeline.tokenizer_class, "how": how}}
+    return {}
 
 
 def _slow_digest(vocab_path: Path, merges_path: Path) -> str:

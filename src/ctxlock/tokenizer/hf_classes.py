@@ -15,6 +15,10 @@ disagree on, and which of them is used. `pipeline="file"` keeps the file's compo
 are still assembled, as every class does). A class this module does not model is reported as such, and the file's
 components are used.
 
+A directory with only a SentencePiece `tokenizer.model` is built as transformers' `SentencePieceExtractor` feeds the
+class (`spm_bpe`: pieces in id order, merges from `generate_merges`, control and user-defined pieces as
+`additional_special_tokens`), for the classes with `reads_spm`; any other class is refused.
+
 The file's `truncation` and `padding` sections are kept in the pipeline's JSON as written; the HF backend
 (`ctxlock.tokenizer.hf`) never applies them to an encode, as transformers' `apply_chat_template` does not.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +37,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "6"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "8"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -92,7 +96,8 @@ MODEL_TYPE_CLASS: dict[str, str] = {
         "qianfan_ocr",
     ),
     **_model_types("Qwen3_5Tokenizer", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen4_exp"),
-    **_model_types("CodeLlamaTokenizer", "code_llama"),
+    # "code_llama" is in transformers' tokenizer mapping but is no model type its configs know: a config.json
+    # saying it loads the generic backend (checked), so it is not listed here.
     **_model_types("LlamaTokenizer", "idefics", "idefics2"),
     **_model_types(
         "GemmaTokenizer",
@@ -143,6 +148,7 @@ class ClassSpec:
     readd_specials: bool = False  # Qwen2Tokenizer re-adds every special token as `AddedToken(t, special=True)`
     post_init: bool = False  # CohereTokenizer calls `_post_init`, which adds them with `add_special_tokens`
     reads_slow_bpe: bool = False  # its transformers files include vocab.json + merges.txt
+    reads_spm: bool = False  # built from a SentencePiece tokenizer.model the way transformers does (modeled here)
 
 
 _BYTE_BPE = {"dropout": None, "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False}
@@ -200,6 +206,7 @@ def _llama(config: Mapping[str, Any]) -> ClassSpec:
         pre_tokenizer=pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False),
         decoder=_metaspace_decoder(prefix),
         defaults={"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
+        reads_spm=True,
     )
 
 
@@ -219,6 +226,7 @@ def _code_llama(config: Mapping[str, Any]) -> ClassSpec:
         | {"fill_token": "<FILL_ME>"},
         extra_defaults=("prefix_token", "middle_token", "suffix_token", "eot_token", "fill_token"),
         post_processor="bos",  # it passes add_bos_token=True on, so the post-processor is rebuilt with BOS
+        reads_spm=True,
     )
 
 
@@ -232,6 +240,7 @@ def _gemma(config: Mapping[str, Any]) -> ClassSpec:
         decoder=_metaspace_decoder(False),
         defaults={"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
         | {"mask_token": "<mask>"},
+        reads_spm=True,
     )
 
 
@@ -309,6 +318,8 @@ class Pipeline:
     added_tokens: tuple[dict[str, Any], ...] = ()  # tokens added (or changed) beyond the file's own added_tokens
     notes: tuple[str, ...] = field(default=())
     changed: bool = True  # False: the file's own text is the pipeline
+    # the named special tokens the class ends up with (bos_token -> "<s>", ...), class defaults included
+    special_tokens: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -321,6 +332,7 @@ class Pipeline:
             "added_tokens": [dict(t) for t in self.added_tokens],
             "notes": list(self.notes),
             "changed": self.changed,
+            "special_tokens": [list(t) for t in self.special_tokens],
         }
 
     @classmethod
@@ -337,6 +349,7 @@ class Pipeline:
             added_tokens=tuple(dict(x) for x in d["added_tokens"]),
             notes=tuple(str(x) for x in d["notes"]),
             changed=bool(d["changed"]),
+            special_tokens=tuple((str(k), str(v)) for k, v in d["special_tokens"]),
         )
 
     def describe(self) -> dict[str, Any]:
@@ -438,6 +451,53 @@ def _template_post_processor(bos: tuple[str, int] | None, eos: tuple[str, int] |
     return json.loads(tok.to_str())["post_processor"]
 
 
+SPM_NOTE = (
+    "built from tokenizer.model as transformers 5.24 does for this class (SentencePieceExtractor): the vocabulary "
+    "in piece-id order, BPE merges generated from the vocabulary alone (generate_merges: ranked by piece id, not by "
+    "the SentencePiece scores), control and user-defined pieces added as tokens; the file's normalizer spec is not "
+    "used"
+)
+
+
+def generate_merges(vocab: Mapping[str, int]) -> list[list[str]]:
+    """The merges transformers' `generate_merges(vocab)` derives from a vocabulary: every split of a piece into two
+    pieces of the vocabulary, ordered by the piece's id, then by the lengths of the two halves (a stable sort)."""
+    merges: list[tuple[str, str, int]] = []
+    for piece, rank in vocab.items():
+        local = [
+            (piece[:i], piece[i:], rank) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab
+        ]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])))
+    return [[left, right] for left, right, _ in merges]
+
+
+def spm_bpe(pieces: Sequence[tuple[str, int]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What transformers' `SentencePieceExtractor.extract` gives a BPE class from a tokenizer.model's pieces
+    ((piece, type) in id order): the tokenizer.json-shaped vocabulary and merges, and the control (type 3, special)
+    and user-defined (type 4, not special) pieces, which it passes on as `additional_special_tokens`."""
+    vocab = {piece: i for i, (piece, _) in enumerate(pieces)}  # a repeated piece keeps its last id, as there
+    data = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "BPE", "vocab": vocab, "merges": generate_merges(vocab)},
+    }
+    specials = [
+        {"__type": "AddedToken", "content": piece, "normalized": False, "special": kind == 3}
+        | {"single_word": False, "lstrip": False, "rstrip": False}
+        for piece, kind in pieces
+        if kind in (3, 4)
+    ]
+    return data, specials
+
+
 def _class_components(spec: ClassSpec) -> dict[str, Any]:
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={}, merges=[], **spec.bpe))
     tok.normalizer = spec.normalizer
@@ -479,9 +539,14 @@ def build_pipeline(
     has_tokenizer_file: bool = True,
     pipeline: str = "class",
     source: str = "tokenizer.json",
+    spm_specials: Sequence[Mapping[str, Any]] | None = None,
 ) -> Pipeline:
     """The tokenizer transformers builds for a directory holding `file_data` (a tokenizer.json, or one assembled
-    from slow files) and these configs; `pipeline="file"` keeps the file's components as written."""
+    from slow files) and these configs; `pipeline="file"` keeps the file's components as written.
+
+    `spm_specials` (with `has_tokenizer_file=False`) says `file_data` came from a SentencePiece tokenizer.model
+    (`spm_bpe`): they are its control and user-defined pieces, which transformers' extractor passes to the class as
+    `additional_special_tokens` in place of the config's."""
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
     model_config = model_config or {}
@@ -500,7 +565,24 @@ def build_pipeline(
     if spec is not None and model.get("type") != "BPE":
         notes.append(f"{cls} builds a BPE model and tokenizer.json holds {model.get('type')}: the file is used")
         spec = None
-    if not has_tokenizer_file and (spec is None or not spec.reads_slow_bpe):
+    spm = spm_specials is not None and not has_tokenizer_file
+    if spm and (spec is None or not spec.reads_spm):
+        # transformers 5.24 builds every class from a tokenizer.model, each its own way (the generic backend
+        # follows the model's normalizer spec and piece scores, T5/XLM-R their converters, byte-level classes
+        # read the pieces as byte-level): ctxlock models the SentencePiece BPE classes only, and refuses the others.
+        readers = sorted(n for n, make in CLASSES.items() if make({}).reads_spm)
+        raise ArtifactFormatError(
+            f"tokenizer class {cls} ({cls_source}) builds its tokenizer from tokenizer.model in a way ctxlock does "
+            "not model",
+            path=source,
+            hint=f"export tokenizer.json with save_pretrained, or name a class ctxlock builds from tokenizer.model: "
+            f"{', '.join(readers)}",
+        )
+    if spm:
+        notes.append(SPM_NOTE)
+        if "additional_special_tokens" not in config:  # the config's own list replaces the extractor's
+            config = {**config, "additional_special_tokens": [dict(t) for t in spm_specials or []]}
+    if not has_tokenizer_file and not spm and (spec is None or not spec.reads_slow_bpe):
         # transformers 5.24 builds a tokenizer from vocab.json + merges.txt only in the classes whose files name
         # them; the generic backend refuses such a directory, and Llama/Qwen3.5/Gemma load an empty vocabulary.
         readers = sorted(n for n, make in CLASSES.items() if make({}).reads_slow_bpe)
@@ -616,6 +698,7 @@ def build_pipeline(
             to_add.append(value)
             encoder.add(content)
     named_contents = {v if isinstance(v, str) else v.content for v in named.values()}
+    special_tokens = tuple((k, v if isinstance(v, str) else v.content) for k, v in named.items())
     final: list[AddedToken] = []
     for value in to_add:
         if isinstance(value, str):
@@ -645,6 +728,7 @@ def build_pipeline(
             disagreements=tuple(disagreements),
             notes=tuple(notes),
             changed=False,
+            special_tokens=special_tokens,
         )
 
     tok = tokenizers.Tokenizer.from_str(json.dumps(data))
@@ -696,6 +780,7 @@ def build_pipeline(
             disagreements=tuple(disagreements),
             notes=tuple(notes),
             changed=False,
+            special_tokens=special_tokens,
         )
     file_ids = (
         {(int(t["id"]), str(t["content"])) for t in file_data.get("added_tokens") or []}
@@ -717,6 +802,7 @@ def build_pipeline(
         added_tokens=tuple(added_beyond),
         notes=tuple(notes),
         changed=True,
+        special_tokens=special_tokens,
     )
 
 

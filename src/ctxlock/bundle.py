@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import Any, BinaryIO
 
 from .errors import ArtifactNotFoundError, BundleError, CtxlockError, RecordFormatError
 from .record import ExecutionRecord, canonical_bytes
-from .store import Store, max_record_bytes
+from .store import Store, byte_limit, max_record_bytes
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -69,20 +68,7 @@ _CHUNK = 1 << 20
 
 def max_bundle_bytes() -> int:
     """The bundle size limit in bytes: `$CTXLOCK_MAX_BUNDLE_BYTES` if set, else MAX_BUNDLE_BYTES (64 GiB)."""
-    raw = os.environ.get(MAX_BUNDLE_BYTES_ENV, "").strip()
-    if not raw:
-        return MAX_BUNDLE_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise CtxlockError(
-            f"not a positive number of bytes: {raw!r}",
-            path=MAX_BUNDLE_BYTES_ENV,
-            hint=f"set it to a byte count such as {MAX_BUNDLE_BYTES}, or unset it",
-        )
-    return value
+    return byte_limit(MAX_BUNDLE_BYTES_ENV, MAX_BUNDLE_BYTES)
 
 
 def is_bundle(prefix: bytes) -> bool:

@@ -81,11 +81,11 @@ def default_store_path() -> Path:
     return Path(base).expanduser() / "ctxlock"
 
 
-def max_record_bytes() -> int:
-    """The record size limit in bytes: `$CTXLOCK_MAX_RECORD_BYTES` if set, else MAX_RECORD_BYTES."""
-    raw = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
+def byte_limit(env: str, default: int) -> int:
+    """A size limit in bytes read from the environment variable `env` (a positive integer), else `default`."""
+    raw = os.environ.get(env, "").strip()
     if not raw:
-        return MAX_RECORD_BYTES
+        return default
     try:
         value = int(raw)
     except ValueError:
@@ -93,10 +93,15 @@ def max_record_bytes() -> int:
     if value <= 0:
         raise CtxlockError(
             f"not a positive number of bytes: {raw!r}",
-            path=MAX_RECORD_BYTES_ENV,
-            hint=f"set it to a byte count such as {MAX_RECORD_BYTES}, or unset it",
+            path=env,
+            hint=f"set it to a byte count such as {default}, or unset it",
         )
     return value
+
+
+def max_record_bytes() -> int:
+    """The record size limit in bytes: `$CTXLOCK_MAX_RECORD_BYTES` if set, else MAX_RECORD_BYTES."""
+    return byte_limit(MAX_RECORD_BYTES_ENV, MAX_RECORD_BYTES)
 
 
 def _over_limit(limit: int, *, what: str, path: str) -> RecordFormatError:

@@ -469,17 +469,9 @@ def _slow_bpe(vocab_path: Path, merges_path: Path) -> dict[str, Any]:
                 f"line {n} is not two space-separated pieces", path=str(merges_path), hint="one merge per line: 'a b'"
             )
         merges.append(parts)
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": None,
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "BPE", "vocab": vocab, "merges": merges},
-    }
+    from ..tokenizer.hf_classes import bare_bpe
+
+    return bare_bpe(vocab, merges)
 
 
 def _finish(

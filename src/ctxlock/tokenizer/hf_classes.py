@@ -459,6 +459,22 @@ SPM_NOTE = (
 )
 
 
+def bare_bpe(vocab: Mapping[str, int], merges: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """tokenizer.json-shaped data holding only a BPE model (no normalizer, pre-tokenizer, post-processor, decoder or
+    added tokens): what a class's `__init__` starts from before it sets its own components."""
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "BPE", "vocab": dict(vocab), "merges": [list(m) for m in merges]},
+    }
+
+
 def generate_merges(vocab: Mapping[str, int]) -> list[list[str]]:
     """The merges transformers' `generate_merges(vocab)` derives from a vocabulary: every split of a piece into two
     pieces of the vocabulary, ordered by the piece's id, then by the lengths of the two halves (a stable sort)."""
@@ -478,17 +494,7 @@ def spm_bpe(pieces: Sequence[tuple[str, int]]) -> tuple[dict[str, Any], list[dic
     ((piece, type) in id order): the tokenizer.json-shaped vocabulary and merges, and the control (type 3, special)
     and user-defined (type 4, not special) pieces, which it passes on as `additional_special_tokens`."""
     vocab = {piece: i for i, (piece, _) in enumerate(pieces)}  # a repeated piece keeps its last id, as there
-    data = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": None,
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "BPE", "vocab": vocab, "merges": generate_merges(vocab)},
-    }
+    data = bare_bpe(vocab, generate_merges(vocab))
     specials = [
         {"__type": "AddedToken", "content": piece, "normalized": False, "special": kind == 3}
         | {"single_word": False, "lstrip": False, "rstrip": False}

@@ -212,3 +212,37 @@ def test_mistral_model_type_over_a_declared_llama_tokenizer_loads_the_file(tmp_p
     for text in NON_NFC:
         assert model.tokenizer.encode(text) == ref.encode(text, add_special_tokens=False)
         assert list(model.run({"messages": _chat(text)}).tokenized.ids) == reference_chat_ids(ref, _chat(text))
+
+
+def test_render_takes_the_file_as_written_and_the_record_replays_it(
+    class_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """`ctxlock render --tokenizer-pipeline file|class --record`: the two give other ids on non-NFC text, each
+    record says which it used, and each replays to identical from the store alone."""
+    import subprocess
+    import sys
+
+    request = tmp_path / "r.json"
+    request.write_text(json.dumps({"messages": _chat(NON_NFC[0])}), "utf-8")
+    env = {**__import__("os").environ, "CTXLOCK_DATA_DIR": str(tmp_path / "store")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ctxlock", *args], capture_output=True, text=True, env=env)
+
+    out: dict[str, Any] = {}
+    for mode in ("class", "file"):
+        done = cli("render", str(request), "--model", str(class_dirs["Qwen2Tokenizer"]), "--tokenizer-pipeline", mode)
+        assert done.returncode == 0, done.stderr
+        rendered = cli(
+            "render", str(request), "--model", str(class_dirs["Qwen2Tokenizer"]), "--tokenizer-pipeline", mode,
+            "--record", "--json",
+        )  # fmt: skip
+        assert rendered.returncode == 0, rendered.stderr
+        out[mode] = json.loads(rendered.stdout)
+        replayed = cli("replay", out[mode]["record_id"])
+        assert replayed.returncode == 0 and "identical" in replayed.stdout, replayed.stdout + replayed.stderr
+    assert out["class"]["input_ids"] != out["file"]["input_ids"]
+    model = ctxlock.load(str(class_dirs["Qwen2Tokenizer"]))
+    assert out["class"]["input_ids"] == list(model.run({"messages": _chat(NON_NFC[0])}).tokenized.ids)
+    bad = cli("render", str(request), "--tokenizer-pipeline", "neither")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr

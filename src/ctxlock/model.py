@@ -212,6 +212,8 @@ def clear_caches() -> None:
     clear_request_memo()
 
 
-def load(model: str | None = None) -> Model:
-    """Load a model by built-in name (`ctxlock models`) or directory; None is the embedded default."""
-    return Model(load_artifacts(model))
+def load(model: str | None = None, *, tokenizer_pipeline: str = "class") -> Model:
+    """Load a model by built-in name (`ctxlock models`), directory, .gguf file or org/name[@revision]; None is the
+    embedded default. `tokenizer_pipeline` is for HF directories: "class" (what AutoTokenizer loads) or "file"
+    (tokenizer.json's components as written; see `load_artifacts`)."""
+    return Model(load_artifacts(model, tokenizer_pipeline=tokenizer_pipeline))

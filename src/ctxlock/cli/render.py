@@ -336,6 +336,7 @@ def register(app: typer.Typer) -> None:
         store: Annotated[
             Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
         ] = None,
+        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
         as_json: JsonOpt = False,
     ) -> None:
         """Render a chat request exactly as the model receives it: text, control tokens, ids, digests.
@@ -345,7 +346,7 @@ def register(app: typer.Typer) -> None:
         def go() -> tuple[Model, Run, str | None]:
             data = _read_input(request)
             store_path = store_dir(store) if record else None  # refused before the model loads and the run
-            m = load(model)
+            m = load(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value)
             chosen = template_file(template)
             parsed_now = _parse_now(now)
             options = RunOptions(

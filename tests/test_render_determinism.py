@@ -145,6 +145,20 @@ PRINTED = {
 }
 
 
+# Sets a template builds (dict views minus a list, set methods): a set of strings iterates in PYTHONHASHSEED's order,
+# so each is given one fixed order (sorted); the cross-process test below holds them to it.
+D5 = "{'alpha': 1, 'beta': 2, 'gamma': 3, 'delta': 4, 'eps': 5}"
+SETS = {
+    "keys_minus_printed": f"{{{{ {D5}.keys() - [] }}}}",
+    "keys_minus_joined": f"{{{{ ({D5}.keys() - ['x'])|join(',') }}}}",
+    "keys_minus_first": f"{{{{ ({D5}.keys() - [])|first }}}}",
+    "items_minus_list": f"{{{{ ({D5}.items() - [])|list }}}}",
+    "set_method": f"{{{{ ({D5}.keys() - []).union(['zeta', 'omega']) }}}}",
+    "request_keys": "{{ (messages[1].keys() - ['x'])|list }}{% for k in messages[0].keys() - [] %}{{ k }}{% endfor %}",
+    "empty": f"{{{{ {D5}.keys() - {D5}.keys() }}}}",
+}
+
+
 def probes() -> dict[str, str]:
     out = {f"filter {k}": v for k, v in FILTERS.items()}
     for name, (called, printed) in GLOBALS.items():
@@ -152,7 +166,15 @@ def probes() -> dict[str, str]:
         out[f"global {name} printed"] = printed
     out |= {f"test {k}": v for k, v in TESTS.items()}
     out |= {f"printed {k}": v for k, v in PRINTED.items()}
+    out |= {f"set {k}": v for k, v in SETS.items()}
     return out
+
+
+def test_a_set_the_template_builds_has_one_fixed_order() -> None:
+    assert outcome(SETS["keys_minus_printed"])[1] == "{'alpha', 'beta', 'delta', 'eps', 'gamma'}"
+    assert outcome(SETS["keys_minus_joined"])[1] == "alpha,beta,delta,eps,gamma"
+    assert outcome(SETS["empty"])[1] == "set()"
+    assert outcome(SETS["items_minus_list"])[1].startswith("[('alpha', 1), ('beta', 2)")
 
 
 def outcome(source: str, *, seed: int | None = None, now: datetime = FIXED) -> list[Any]:

@@ -179,6 +179,31 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _VALUE_TYPES = (str, int, float, type(None), jinja2.Undefined)
 
 
+def _set_key(x: Any) -> tuple[str, str]:
+    return (type(x).__name__, repr(x))
+
+
+class FixedOrderSet(set):
+    """A set a template built (`d.keys() - [...]`, `a.items() - b.items()`, a set method) that iterates and prints in
+    one fixed order, sorted by (type name, repr). A plain set of strings iterates in an order that changes with
+    PYTHONHASHSEED, so `{{ d.keys() - [] }}` or `|join` over it would give another text in every process; this is
+    one of the orders transformers could print, the same in every run (README: Differences from the references)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Any:
+        return iter(sorted(set.__iter__(self), key=_set_key))
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(repr(x) for x in self) + "}" if self else "set()"
+
+    __str__ = __repr__
+
+
+def _fixed(value: Any) -> Any:
+    return FixedOrderSet(value) if isinstance(value, (set, frozenset)) and type(value) is not FixedOrderSet else value
+
+
 def check_printable(value: Any, what: str) -> None:
     """Refuse to turn into text a value whose text is a memory address (`<function f at 0x7f...>`, a method, a
     generator from `map`/`select`, a cycler or joiner object): jinja prints it as Python's repr, which differs in
@@ -661,7 +686,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
                     return taint.join(receiver, parts)
                 args = (parts,)
             _check_method(receiver, name, args, state)
-        out = super().call(__context, __obj, *args, **kwargs)
+        out = _fixed(super().call(__context, __obj, *args, **kwargs))
         if not isinstance(receiver, (str, bytes)):
             # Functions, macros, dict and loop methods return what they were given or build it through the hooks
             # here; the globals that build strings from their arguments (strftime_now) keep provenance themselves.
@@ -706,7 +731,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 state.items(len(left) + len(right), "'+'")
         elif operator == "%" and isinstance(left, str):
             return _percent(left, right, state)
-        return super().call_binop(context, operator, left, right)
+        return _fixed(super().call_binop(context, operator, left, right))
 
 
 def _check_method(receiver: str, name: str, args: tuple[Any, ...], state: _State) -> None:

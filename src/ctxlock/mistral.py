@@ -103,6 +103,12 @@ def _tool_content(content: Any, path: str) -> Any:
         raise _reject(
             "the tool result is JSON nested too deeply to encode", path, "send the result as plain text"
         ) from None
+    except ValueError:  # an integer of more than 4,300 digits (mistral-common fails on it too, untyped)
+        raise _reject(
+            "the tool result holds an integer too long to convert (over 4,300 digits)",
+            path,
+            "send the number as a JSON string, or the result as plain text",
+        ) from None
     return _tainted_json(value, path)
 
 

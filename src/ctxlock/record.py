@@ -110,7 +110,15 @@ def canonical_bytes(value: Any) -> bytes:
         raise RecordFormatError(f"a record cannot hold {exc}", path="record") from None
     except RecursionError:
         raise RecordFormatError("a record nests too deeply to serialize", path="record") from None
-    return (text + "\n").encode("utf-8")
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordFormatError(
+            f"a record cannot hold a lone surrogate ({text[exc.start : exc.end]!r} at character {exc.start}): it is "
+            "not UTF-8",
+            path="record",
+            hint="records hold UTF-8 text; this one was not written by ctxlock",
+        ) from None
 
 
 def _shown(name: str) -> str:
@@ -308,6 +316,8 @@ class ExecutionRecord:
             ) from None
         except RecursionError:
             raise RecordFormatError("the JSON nests too deeply to be a record", path=source, hint=_BAD_RECORD) from None
+        except ValueError as exc:  # an integer of more than 4,300 digits: Python refuses to convert it
+            raise RecordFormatError(f"not a record: {exc}", path=source, hint=_BAD_RECORD) from None
         if not isinstance(data, dict):
             raise RecordFormatError("a record is a JSON object", path=source)
         if data.get("format") not in READABLE_FORMATS:
@@ -468,7 +478,7 @@ def build_record(
         "tensors": None,
         "options": options.to_dict(),
         "errors": [error.to_dict()] if error is not None else [],
-        "warnings": _model_warnings(model),
+        "warnings": model_warnings(model),
         "model": _model_section(model),
         "environment": environment(),
         "replay": {
@@ -536,12 +546,18 @@ def _model_section(model: Any) -> dict[str, Any]:
     return {"id": model.id, "source": model.artifacts.source, "hub": hub.to_dict() if hub is not None else None}
 
 
-def _model_warnings(model: Any) -> list[dict[str, Any]]:
+def model_warnings(model: Any) -> list[dict[str, Any]]:
+    """What a run on this model must say whatever the request: a rolling hub revision, and an HF tokenizer whose
+    ids may differ from AutoTokenizer's (a class ctxlock does not model)."""
+    out: list[dict[str, Any]] = []
     hub = getattr(model.artifacts, "hub", None)
     message = hub.warning() if hub is not None else None
-    if message is None:
-        return []
-    return [{"kind": "rolling_revision", "message": message, "path": f"model {hub.repo_id}@{hub.revision}"}]
+    if message is not None:
+        out.append({"kind": "rolling_revision", "message": message, "path": f"model {hub.repo_id}@{hub.revision}"})
+    tok = model.artifacts.describe().get("tokenizer") or {}
+    for note in tok.get("pipeline_departures") or ():
+        out.append({"kind": "tokenizer_class_not_modeled", "message": note, "path": str(tok.get("id") or "tokenizer")})
+    return out
 
 
 def _template_section(t: Any) -> dict[str, Any]:

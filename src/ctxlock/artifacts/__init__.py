@@ -727,13 +727,21 @@ def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = 
         root = Path(name).expanduser()
         from .hub import is_hub_id, resolve_hub_revision
 
-        if not root.exists() and is_hub_id(name):
+        try:
+            exists = root.exists()
+        except OSError as exc:  # ENAMETOOLONG and the like: not a path this machine can open
+            exists = False
+            if not is_hub_id(name):
+                raise ArtifactNotFoundError(
+                    f"cannot look up {name[:80]!r}: {exc.strerror}", path=name[:200], hint="pass a shorter path"
+                ) from None
+        if not exists and is_hub_id(name):
             # org/name[@revision]: the local HF hub cache, offline; never downloads. The artifacts carry how the
             # revision resolved (a rolling ref or a pinned commit), for the record.
             pin = resolve_hub_revision(name)
             loaded = _load_hub_cached(pin.snapshot, pin.repo_id, _fingerprint(pin.snapshot), tokenizer_pipeline)
             return dataclasses.replace(loaded, hub=pin)
-        if not root.exists():
+        if not exists:
             known = ", ".join(n for n, _ in builtin_models())
             raise ArtifactNotFoundError(
                 f"no built-in model or directory named {name!r}",

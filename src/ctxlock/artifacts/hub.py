@@ -100,7 +100,16 @@ def _check_repo_id(repo_id: str) -> tuple[str, str]:
     return org, name
 
 
+MAX_REVISION_CHARS = 255  # a git ref component, and what a file name in the cache can hold
+
+
 def _check_revision(revision: str) -> None:
+    if len(revision) > MAX_REVISION_CHARS:
+        raise ArtifactFormatError(
+            f"the revision is {len(revision):,} characters long, over {MAX_REVISION_CHARS}",
+            path=f"revision {revision[:40]!r}…",
+            hint="use a branch or tag name (main) or a 40-hex commit hash",
+        )
     p = PurePosixPath(revision)
     if (
         not revision
@@ -237,7 +246,10 @@ def is_hub_id(spec: str) -> bool:
     repo_id, _ = split_hub_spec(spec)
     if not _valid_shape(repo_id):
         return False
-    return not Path(spec).expanduser().exists()
+    try:
+        return not Path(spec).expanduser().exists()
+    except OSError:  # a name too long to be a path (ENAMETOOLONG) is not a local path
+        return True
 
 
 __all__ = [

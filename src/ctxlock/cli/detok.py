@@ -103,12 +103,12 @@ def register(app: typer.Typer) -> None:
         if prompt_ids is not None:
             try:
                 prompt = _ids(json.loads(prompt_ids), "--prompt-ids", tok.vocab_size)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise DecodeError(f"not JSON: {exc}", path="--prompt-ids") from None
         if ids is not None:
             try:
                 parsed = _ids(json.loads(ids), "--ids", tok.vocab_size)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise DecodeError(f"not JSON: {exc}", path="--ids") from None
             sources: Iterator[tuple[str, list[int]]] = iter([("--ids", parsed)])
         else:
@@ -128,6 +128,6 @@ def _stdin_ids(size: int) -> Iterator[tuple[str, list[int]]]:
         where = f"stdin line {n}"
         try:
             value = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
             raise DecodeError(f"not JSON: {exc}", path=where, hint="each line must be a JSON array of ids") from None
         yield where, _ids(value, where, size)

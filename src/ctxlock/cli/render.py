@@ -100,7 +100,7 @@ def _parse_vars(items: list[str]) -> dict[str, Any]:
             raise typer.BadParameter(f"{key!r} is set by ctxlock itself and cannot be overridden", param_hint="--var")
         try:
             out[key] = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             raise typer.BadParameter(
                 f"the value of {key} is not JSON: {raw!r} (quote strings: {key}='\"text\"')", param_hint="--var"
             ) from None
@@ -199,11 +199,9 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
 
 def _warnings(model: Model, rendered: Any) -> list[dict[str, Any]]:
     """What the record's `warnings` holds for this run: a rolling hub revision, and the render's own."""
-    out: list[dict[str, Any]] = []
-    message = model.hub.warning() if model.hub is not None else None
-    if message:
-        out.append({"kind": "rolling_revision", "message": message, "path": f"model {model.hub.repo_id}"})
-    return out + [thaw(w) for w in rendered.warnings]
+    from ..record import model_warnings
+
+    return model_warnings(model) + [thaw(w) for w in rendered.warnings]
 
 
 def _path_at(rendered: Any, offset: int) -> str:

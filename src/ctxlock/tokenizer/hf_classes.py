@@ -361,6 +361,9 @@ class Pipeline:
             "class_disagreements": [dict(d) for d in self.disagreements],
             "added_beyond_file": [dict(t) for t in self.added_tokens],
             "pipeline_notes": list(self.notes),
+            # The notes that say the ids may differ from AutoTokenizer's (not how the tokenizer was built): renders
+            # and records carry them as warnings.
+            "pipeline_departures": [n for n in self.notes if n != SPM_NOTE],
         }
 
 

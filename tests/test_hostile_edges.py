@@ -123,3 +123,43 @@ def test_a_class_ctxlock_does_not_model_is_a_warning_in_the_render_and_the_recor
     assert b"BertTokenizer" in shown.stdout
     # the premise: AutoTokenizer loads that class, and ctxlock did warn rather than claim its ids
     assert type(auto_tokenizer(path)).__name__ == "BertTokenizer"
+
+
+SHAPES_FILE = Path(__file__).parent / "data" / "requests" / "mistral_shapes.json"
+
+
+def test_names_and_ids_mistral_common_refuses_are_warned_and_stay_text() -> None:
+    model = ctxlock.load()
+    request = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "[INST]abc", "function": {"name": "get[INST]", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "[INST]abc", "name": "get[INST]", "content": "sunny"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get[INST]", "parameters": {"type": "object"}}}],
+    }
+    run = model.run(request)
+    paths = sorted(w["path"] for w in run.rendered.warnings if w["kind"] == "reference_refuses")
+    assert paths == sorted(
+        [
+            "tools[0].function.name",
+            "messages[1].tool_calls[0].function.name",
+            "messages[1].tool_calls[0].id",
+            "messages[2].name",
+            "messages[2].tool_call_id",
+        ]
+    )
+    # The names' [INST] stayed text: as many [INST] ids as in a twin request with plain names.
+    (inst,) = model.tokenizer.encode("[INST]", parse_special=True)
+    twin = json.loads(json.dumps(request).replace("[INST]abc", "abcdefghi").replace("get[INST]", "get_x"))
+    assert list(run.tokenized.ids).count(inst) == list(model.run(twin).tokenized.ids).count(inst) == 1
+    assert not [w for w in model.run(twin).rendered.warnings if w["kind"] == "reference_refuses"]
+    # Every shape mistral-common accepts gets no such warning.
+    shapes = json.loads(SHAPES_FILE.read_text("utf-8"))
+    for name, shape in shapes.items():
+        if not name.startswith("_") and shape["expect"] == "equal":
+            warned = [w for w in model.run(shape["request"]).rendered.warnings if w["kind"] == "reference_refuses"]
+            assert not warned, (name, warned)

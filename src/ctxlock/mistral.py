@@ -23,6 +23,7 @@ that names the request path.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -181,3 +182,35 @@ def _tool(tool: dict[str, Any], k: int) -> dict[str, Any]:
             "parameters": fn["parameters"],
         },
     }
+
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_CALL_ID = re.compile(r"[a-zA-Z0-9]{9}")
+
+
+def refused_names(request: Any) -> list[tuple[str, str]]:
+    """(JSON path, message) for each function name and tool-call id mistral-common's validator refuses (names
+    `^[a-zA-Z0-9_-]{1,64}$`, ids `^[a-zA-Z0-9]{9}$`). ctxlock renders them (a control-token string in one stays
+    text); the render carries each as a `reference_refuses` warning."""
+    out: list[tuple[str, str]] = []
+
+    def name(value: Any, path: str) -> None:
+        if isinstance(value, str) and not _NAME.fullmatch(value):
+            out.append(
+                (path, f"mistral-common refuses the function name {value[:80]!r}: a-z, A-Z, 0-9, _ and -, at most 64")
+            )
+
+    def call_id(value: Any, path: str) -> None:
+        if isinstance(value, str) and not _CALL_ID.fullmatch(value):
+            out.append((path, f"mistral-common refuses the tool call id {value[:80]!r}: 9 characters a-z, A-Z, 0-9"))
+
+    for k, tool in enumerate(request.tools or ()):
+        name((tool.get("function") or {}).get("name"), f"tools[{k}].function.name")
+    for m in request.messages:
+        for j, call in enumerate(m.tool_calls or ()):
+            name(call.name, f"{call.source or m.source + f'.tool_calls[{j}]'}.function.name")
+            call_id(call.id, f"{call.source or m.source + f'.tool_calls[{j}]'}.id")
+        if m.role == "tool":
+            name(m.name, m.path_of(".name") if m.name is not None else m.source)
+            call_id(m.tool_call_id, m.path_of(".tool_call_id"))
+    return out

@@ -202,8 +202,11 @@ class Message:
             out["reasoning_content"] = self.reasoning_content
         return out
 
-    def _path(self, suffix: str) -> str:
+    def path_of(self, suffix: str) -> str:
+        """The JSON path in the request of this message's field `suffix` (".content", ".tool_call_id", ...)."""
         return self.origins.get(suffix) or f"{self.source}{suffix}"
+
+    _path = path_of
 
 
 @dataclass(frozen=True)

@@ -623,22 +623,26 @@ def render(
 
 def _reference_warnings(template: ChatTemplate, request: Any, continue_final_message: bool) -> tuple[FrozenDict, ...]:
     """What the render did that the reference would have refused (README, "Differences from the references")."""
-    if not mistral.is_patched(template.source) or continue_final_message or not request.messages:
+    if not mistral.is_patched(template.source) or not request.messages:
         return ()
+    out = [
+        freeze({"kind": "reference_refuses", "message": message, "path": path})
+        for path, message in mistral.refused_names(request)
+    ]
     last = request.messages[-1]
-    if last.role != "assistant":
-        return ()
-    return (
-        freeze(
-            {
-                "kind": "reference_refuses",
-                "message": "the request ends with an assistant message: ctxlock renders it as the template does, "
-                "where mistral-common's encode_chat_completion refuses it; pass continue_final_message to continue "
-                "it (mistral-common's prefix: true)",
-                "path": last.source,
-            }
-        ),
-    )
+    if last.role == "assistant" and not continue_final_message:
+        out.append(
+            freeze(
+                {
+                    "kind": "reference_refuses",
+                    "message": "the request ends with an assistant message: ctxlock renders it as the template does, "
+                    "where mistral-common's encode_chat_completion refuses it; pass continue_final_message to "
+                    "continue it (mistral-common's prefix: true)",
+                    "path": last.source,
+                }
+            )
+        )
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -832,12 +832,90 @@ def _sort_index(error: ToolCallError) -> int:
     return index if isinstance(index, int) else 1 << 30
 
 
-def _loads_object(text: str) -> tuple[Any, str | None]:
-    """json.loads, with the error as a message naming the character offset instead of an exception."""
+class _NotJSON(ValueError):
+    """Raised inside json.loads by the strict hooks: text json.loads accepts that RFC 8259 does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _NotJSON(f"duplicate object key {key!r}")
+        out[key] = value
+    return out
+
+
+_CONSTANT_AT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _constant_offset(text: str) -> int | None:
+    for m in _CONSTANT_AT.finditer(text):
+        if m.group(1):
+            return m.start(1)
+    return None
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The JSON path of the first string (or key) holding a lone surrogate, or of a non-finite float; iterative,
+    so a value json.loads managed to build is walked without recursion."""
+    stack: list[tuple[str, Any]] = [("$", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return f"a lone surrogate in the string at {path}"
+        elif isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                return f"a non-finite number ({node!r}) at {path}"
+        elif isinstance(node, dict):
+            for key, item in reversed(list(node.items())):
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return f"a lone surrogate in an object key at {path}"
+                stack.append((f"{path}[{json.dumps(key)}]", item))
+        elif isinstance(node, list | tuple):
+            for k in range(len(node) - 1, -1, -1):
+                stack.append((f"{path}[{k}]", node[k]))
+    return None
+
+
+def _loads_object(text: str, *, unicode: bool = True) -> tuple[Any, str | None]:
+    """Strict RFC 8259 json.loads, with the error as a message (naming the offset, key or path) instead of an
+    exception: no NaN/Infinity, no duplicate object keys, no lone surrogate (escaped or not), no integer longer
+    than Python converts (4,300 digits), no nesting deeper than the parser's recursion limit. Never raises.
+    `unicode=False` (a whole stream event, whose text deltas are passed through) skips the surrogate check."""
     try:
-        return json.loads(text), None
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         return None, f"{exc.msg} at char {exc.pos}"
+    except _NotJSON as exc:
+        at = _constant_offset(text) if "JSON number" in str(exc) else None
+        return None, f"{exc}" + (f" at char {at}" if at is not None else "") + " (RFC 8259 does not allow it)"
+    except RecursionError:
+        return None, "nested too deeply to parse"
+    except ValueError as exc:  # int_max_str_digits: "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, f"a number too long to convert ({str(exc).split(';')[0]})"
+    except MemoryError:
+        return None, "too large to parse"
+    problem = _lone_surrogate(value) if unicode else None
+    if problem is not None:
+        return None, f"{problem} (RFC 8259 text must be valid Unicode)"
+    return value, None
+
+
+def _dumps_arguments(value: Any) -> tuple[str, str | None]:
+    """Canonical JSON of already-parsed arguments, or the problem that keeps them from being JSON."""
+    problem = _lone_surrogate(value)
+    if problem is not None:
+        return "", problem
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False), None
+    except (TypeError, ValueError, RecursionError) as exc:
+        return "", f"not JSON-serialisable: {exc}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1179,7 +1257,17 @@ def _complete_named_object(asm: ToolCallAssembler, index: int, obj: Any, path: s
             )
             return
     else:
-        raw = json.dumps(args, ensure_ascii=False)
+        raw, problem = _dumps_arguments(args)
+        if problem is not None:
+            asm._fail(
+                index,
+                cid if cid is not None else asm._make_id(index),
+                name if isinstance(name, str) else None,
+                f"arguments are not valid JSON: {problem}",
+                path=f"{path}.arguments",
+                hint="send the arguments as a JSON object",
+            )
+            return
     asm._complete(index, cid, name, args, raw, f"{path}.name")
 
 
@@ -1261,7 +1349,18 @@ class _Qwen3CoderStream(_TaggedStream):
                 )
                 return
             args[pname] = _coerce_parameter(value, properties.get(pname))
-        self.asm._complete(index, None, name, args, json.dumps(args, ensure_ascii=False), f"{path}.name")
+        raw, problem = _dumps_arguments(args)
+        if problem is not None:
+            self.asm._fail(
+                index,
+                None,
+                name,
+                f"arguments are not valid JSON: {problem}",
+                path=f"tool_calls[{index}].arguments",
+                hint="write each parameter value as valid Unicode text",
+            )
+            return
+        self.asm._complete(index, None, name, args, raw, f"{path}.name")
 
 
 def _properties(schema: Any) -> dict[str, Any]:
@@ -1332,9 +1431,8 @@ def _convert(text: str, kind: str) -> Any:
         lowered = text.lower()
         return True if lowered == "true" else False if lowered == "false" else _NOT_CONVERTED
     if kind in ("integer", "number"):
-        try:
-            number = json.loads(text)
-        except json.JSONDecodeError:
+        number, problem = _loads_object(text)
+        if problem is not None:
             return _NOT_CONVERTED
         if isinstance(number, bool) or not isinstance(number, int | float):
             return _NOT_CONVERTED
@@ -1343,9 +1441,16 @@ def _convert(text: str, kind: str) -> Any:
         return number
     if kind in ("object", "array"):
         want = dict if kind == "object" else list
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
+        parsed, problem = _loads_object(text)
+        if problem is not None:
+            try:
+                json.loads(text)
+            except json.JSONDecodeError:
+                pass
+            except (ValueError, RecursionError):
+                return _NOT_CONVERTED
+            else:
+                return _NOT_CONVERTED  # JSON that strict RFC 8259 refuses (NaN, a duplicate key, a lone surrogate)
             # The template writes mappings with tojson, but models also write Python literals ({'a': 1}, True).
             try:
                 parsed = ast.literal_eval(text)
@@ -1721,7 +1826,7 @@ class _AnthropicStream:
     def _sse_event(self, name: str, data: str) -> None:
         path = f"events[{self.count}]"
         self.count += 1
-        event, problem = _loads_object(data)
+        event, problem = _loads_object(data, unicode=False)
         if problem is not None or not isinstance(event, Mapping):
             if name == "error":  # an error event is an error even when its data is not the documented JSON
                 self.asm._provider_error(data, path)
@@ -1879,7 +1984,10 @@ class _AnthropicStream:
         if not raw.strip():
             # A tool without parameters may stream no JSON at all: its input is the one content_block_start gave.
             value = block.start_input if block.start_input is not None else {}
-            raw = json.dumps(value, ensure_ascii=False)
+            raw, problem = _dumps_arguments(value)
+            if problem is not None:
+                self._bad_json(block, cid, f"input is not valid JSON: {problem}")
+                return
         else:
             value, problem = _loads_object(raw)
             if problem is not None:

@@ -78,6 +78,8 @@ __all__ = [
     "to_model",
 ]
 
+DEFAULT_MAX_EVENT_SIZE = 64 << 20  # characters buffered for one SSE line / event / tool_use input (anthropic)
+
 TRUNCATED_MESSAGE = (
     "the response hit the output token limit, so tool call arguments may be truncated; re-issue the call"
 )
@@ -485,6 +487,9 @@ class ToolCallAssembler:
     call from `feed()` as soon as it is complete: sooner, but the response may still be cut off after it.
     An in-band provider error (an OpenAI `{"error": ...}` chunk, Anthropic's `event: error`) makes `feed()` raise
     `ProviderStreamError`; nothing still pending is released.
+    `max_event_size` (anthropic): the most characters (bytes, when fed bytes) buffered for one SSE line, one
+    event's `data`, or one `tool_use` block's streamed input; default `DEFAULT_MAX_EVENT_SIZE` (64 MiB). Past it
+    `feed()` raises `ToolCallError` naming the event, and the buffer is dropped.
     """
 
     def __init__(
@@ -495,7 +500,15 @@ class ToolCallAssembler:
         make_id: Callable[[int], str] | None = None,
         choice: int = 0,
         release: Release | str = Release.FINISH,
+        max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
     ) -> None:
+        if not isinstance(max_event_size, int) or isinstance(max_event_size, bool) or max_event_size < 1:
+            raise ToolCallError(
+                f"max_event_size must be a positive integer, got {max_event_size!r}",
+                path="max_event_size",
+                hint=f"pass a number of characters (default {DEFAULT_MAX_EVENT_SIZE})",
+            )
+        self.max_event_size = max_event_size
         try:
             self.format = ToolCallFormat(format)
         except ValueError:
@@ -815,6 +828,30 @@ class ToolCallAssembler:
             )
             self._reject(index, cid, name, err)
             return
+        earlier = next((c for c in (*self._calls, *self._held) if c.id == cid), None)
+        if earlier is not None:
+            # Two calls with one id: a tool result answers an id, so which call it answers is ambiguous. Refuse this
+            # one; a held earlier one is withdrawn too (an early-released one is already out).
+            hint = "every tool call of a response needs its own id; ask the model again"
+            if earlier in self._held:
+                self._held.remove(earlier)
+                self._fail(
+                    earlier.index,
+                    cid,
+                    earlier.name,
+                    f"tool_calls[{index}] has the same id {cid!r}; neither is released",
+                    path=f"tool_calls[{earlier.index}].id",
+                    hint=hint,
+                )
+            self._fail(
+                index,
+                cid,
+                name,
+                f"the id {cid!r} was already used by tool_calls[{earlier.index}]",
+                path=f"tool_calls[{index}].id",
+                hint=hint,
+            )
+            return
         ready = ToolCallReady(index=index, id=cid, name=name, arguments=arguments, raw_arguments=raw)
         if self.release is Release.EARLY:
             self._calls.append(ready)
@@ -832,12 +869,90 @@ def _sort_index(error: ToolCallError) -> int:
     return index if isinstance(index, int) else 1 << 30
 
 
-def _loads_object(text: str) -> tuple[Any, str | None]:
-    """json.loads, with the error as a message naming the character offset instead of an exception."""
+class _NotJSON(ValueError):
+    """Raised inside json.loads by the strict hooks: text json.loads accepts that RFC 8259 does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _NotJSON(f"duplicate object key {key!r}")
+        out[key] = value
+    return out
+
+
+_CONSTANT_AT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _constant_offset(text: str) -> int | None:
+    for m in _CONSTANT_AT.finditer(text):
+        if m.group(1):
+            return m.start(1)
+    return None
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The JSON path of the first string (or key) holding a lone surrogate, or of a non-finite float; iterative,
+    so a value json.loads managed to build is walked without recursion."""
+    stack: list[tuple[str, Any]] = [("$", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return f"a lone surrogate in the string at {path}"
+        elif isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                return f"a non-finite number ({node!r}) at {path}"
+        elif isinstance(node, dict):
+            for key, item in reversed(list(node.items())):
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return f"a lone surrogate in an object key at {path}"
+                stack.append((f"{path}[{json.dumps(key)}]", item))
+        elif isinstance(node, list | tuple):
+            for k in range(len(node) - 1, -1, -1):
+                stack.append((f"{path}[{k}]", node[k]))
+    return None
+
+
+def _loads_object(text: str, *, unicode: bool = True) -> tuple[Any, str | None]:
+    """Strict RFC 8259 json.loads, with the error as a message (naming the offset, key or path) instead of an
+    exception: no NaN/Infinity, no duplicate object keys, no lone surrogate (escaped or not), no integer longer
+    than Python converts (4,300 digits), no nesting deeper than the parser's recursion limit. Never raises.
+    `unicode=False` (a whole stream event, whose text deltas are passed through) skips the surrogate check."""
     try:
-        return json.loads(text), None
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         return None, f"{exc.msg} at char {exc.pos}"
+    except _NotJSON as exc:
+        at = _constant_offset(text) if "JSON number" in str(exc) else None
+        return None, f"{exc}" + (f" at char {at}" if at is not None else "") + " (RFC 8259 does not allow it)"
+    except RecursionError:
+        return None, "nested too deeply to parse"
+    except ValueError as exc:  # int_max_str_digits: "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, f"a number too long to convert ({str(exc).split(';')[0]})"
+    except MemoryError:
+        return None, "too large to parse"
+    problem = _lone_surrogate(value) if unicode else None
+    if problem is not None:
+        return None, f"{problem} (RFC 8259 text must be valid Unicode)"
+    return value, None
+
+
+def _dumps_arguments(value: Any) -> tuple[str, str | None]:
+    """Canonical JSON of already-parsed arguments, or the problem that keeps them from being JSON."""
+    problem = _lone_surrogate(value)
+    if problem is not None:
+        return "", problem
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False), None
+    except (TypeError, ValueError, RecursionError) as exc:
+        return "", f"not JSON-serialisable: {exc}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1179,7 +1294,17 @@ def _complete_named_object(asm: ToolCallAssembler, index: int, obj: Any, path: s
             )
             return
     else:
-        raw = json.dumps(args, ensure_ascii=False)
+        raw, problem = _dumps_arguments(args)
+        if problem is not None:
+            asm._fail(
+                index,
+                cid if cid is not None else asm._make_id(index),
+                name if isinstance(name, str) else None,
+                f"arguments are not valid JSON: {problem}",
+                path=f"{path}.arguments",
+                hint="send the arguments as a JSON object",
+            )
+            return
     asm._complete(index, cid, name, args, raw, f"{path}.name")
 
 
@@ -1261,7 +1386,18 @@ class _Qwen3CoderStream(_TaggedStream):
                 )
                 return
             args[pname] = _coerce_parameter(value, properties.get(pname))
-        self.asm._complete(index, None, name, args, json.dumps(args, ensure_ascii=False), f"{path}.name")
+        raw, problem = _dumps_arguments(args)
+        if problem is not None:
+            self.asm._fail(
+                index,
+                None,
+                name,
+                f"arguments are not valid JSON: {problem}",
+                path=f"tool_calls[{index}].arguments",
+                hint="write each parameter value as valid Unicode text",
+            )
+            return
+        self.asm._complete(index, None, name, args, raw, f"{path}.name")
 
 
 def _properties(schema: Any) -> dict[str, Any]:
@@ -1332,9 +1468,8 @@ def _convert(text: str, kind: str) -> Any:
         lowered = text.lower()
         return True if lowered == "true" else False if lowered == "false" else _NOT_CONVERTED
     if kind in ("integer", "number"):
-        try:
-            number = json.loads(text)
-        except json.JSONDecodeError:
+        number, problem = _loads_object(text)
+        if problem is not None:
             return _NOT_CONVERTED
         if isinstance(number, bool) or not isinstance(number, int | float):
             return _NOT_CONVERTED
@@ -1343,9 +1478,16 @@ def _convert(text: str, kind: str) -> Any:
         return number
     if kind in ("object", "array"):
         want = dict if kind == "object" else list
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
+        parsed, problem = _loads_object(text)
+        if problem is not None:
+            try:
+                json.loads(text)
+            except json.JSONDecodeError:
+                pass
+            except (ValueError, RecursionError):
+                return _NOT_CONVERTED
+            else:
+                return _NOT_CONVERTED  # JSON that strict RFC 8259 refuses (NaN, a duplicate key, a lone surrogate)
             # The template writes mappings with tojson, but models also write Python literals ({'a': 1}, True).
             try:
                 parsed = ast.literal_eval(text)
@@ -1578,8 +1720,12 @@ class _SSEReader:
     a blank line dispatches. An event without its blank line when the stream ends is discarded, as the standard
     says (and reported in `leftover`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_size: int = 1 << 62) -> None:
+        self.max_size = max_size  # cap on the pending line and on one event's data (characters)
         self.partial: list[str] = []  # the current line, not yet ended
+        self.partial_size = 0
+        self.data_size = 0
+        self.events = 0  # events dispatched
         self.skip_lf = False  # the last piece ended in CR: a LF at the start of the next one belongs to it
         self.started = False
         self.event = ""
@@ -1613,21 +1759,34 @@ class _SSEReader:
             if text[0] == "\ufeff":  # a byte-order mark at the start of the stream is not part of it
                 i = max(i, 1)
         for m in _EOL.finditer(text, i):
+            self._check(self.partial_size + m.start() - i, "line")
             line = "".join(self.partial) + text[i : m.start()] if self.partial else text[i : m.start()]
-            self.partial = []
+            self.partial, self.partial_size = [], 0
             self._line(line, out)
             i = m.end()
             if m.end() == len(text) and m.group() == "\r":
                 self.skip_lf = True
         if i < len(text):
+            self._check(self.partial_size + len(text) - i, "line")
             self.partial.append(text[i:])
+            self.partial_size += len(text) - i
         return out
+
+    def _check(self, size: int, what: str) -> None:
+        if size > self.max_size:
+            self.partial, self.partial_size, self.data, self.data_size = [], 0, [], 0
+            raise ToolCallError(
+                f"an SSE {what} longer than max_event_size={self.max_size} characters",
+                path=f"events[{self.events}] (stream char {self.fed})",
+                hint="the stream is not a sane SSE body (a missing newline?); raise max_event_size if it is real",
+            )
 
     def _line(self, line: str, out: list[tuple[str, str]]) -> None:
         if not line:
             if self.data:
                 out.append((self.event or "message", "\n".join(self.data)))
-            self.event, self.data = "", []
+                self.events += 1
+            self.event, self.data, self.data_size = "", [], 0
             return
         if line[0] == ":":
             return  # a comment (servers send them as keep-alives)
@@ -1637,7 +1796,9 @@ class _SSEReader:
         if name == "event":
             self.event = value
         elif name == "data":
+            self._check(self.data_size + len(value) + 1, "event's data")
             self.data.append(value)
+            self.data_size += len(value) + 1
         # id, retry and unknown fields do not matter here
 
     @property
@@ -1654,6 +1815,7 @@ class _Block:
     name: str | None = None
     start_input: Any = None
     parts: list[str] = field(default_factory=list)
+    size: int = 0  # characters in parts
 
 
 _TEXT_BLOCKS = {"text": "text", "tool_use": "tool_use", "thinking": "thinking"}
@@ -1677,7 +1839,7 @@ class _AnthropicStream:
 
     def __init__(self, asm: ToolCallAssembler, choice: int) -> None:
         self.asm = asm
-        self.sse = _SSEReader()
+        self.sse = _SSEReader(asm.max_event_size)
         self.mode: str | None = None  # "sse" or "events"
         self.count = 0  # events seen
         self.blocks: dict[int, _Block] = {}  # open content blocks by their index
@@ -1685,6 +1847,7 @@ class _AnthropicStream:
         self.started = False
         self.stopped = False  # message_stop seen
         self.stop_reason: str | None = None
+        self.inconsistent: str | None = None  # set when two message_deltas disagree on stop_reason
         self.ended: str | None = None  # how the stream ended when not with message_stop (for withheld calls)
         self.cut: list[tuple[_Block, str]] = []  # tool_use blocks that stopped with their JSON cut off
 
@@ -1721,7 +1884,7 @@ class _AnthropicStream:
     def _sse_event(self, name: str, data: str) -> None:
         path = f"events[{self.count}]"
         self.count += 1
-        event, problem = _loads_object(data)
+        event, problem = _loads_object(data, unicode=False)
         if problem is not None or not isinstance(event, Mapping):
             if name == "error":  # an error event is an error even when its data is not the documented JSON
                 self.asm._provider_error(data, path)
@@ -1769,6 +1932,17 @@ class _AnthropicStream:
             if reason is not None and not isinstance(reason, str):
                 raise ToolCallError(
                     "stop_reason must be a string", path=f"{path}.delta.stop_reason", hint="send a string or null"
+                )
+            if reason is not None and self.stop_reason is not None and reason != self.stop_reason:
+                earlier = self.stop_reason
+                if earlier in _NORMAL_STOPS:
+                    self.stop_reason = reason  # the earliest reason that is not a normal end wins
+                self.inconsistent = f"message_delta said stop_reason={earlier!r}, then {reason!r}"
+                raise ToolCallError(
+                    f"a second message_delta changes stop_reason from {earlier!r} to {reason!r}",
+                    path=f"{path}.delta.stop_reason",
+                    hint="a message has one stop_reason: the stream is inconsistent, no call from it is released;"
+                    " ask again",
                 )
             if reason is not None:
                 self.stop_reason = reason
@@ -1856,6 +2030,15 @@ class _AnthropicStream:
         elif block.kind == "thinking":
             self.asm._thinking.append(value)
         else:
+            block.size += len(value)
+            if block.size > self.asm.max_event_size:
+                block.parts, block.size = [], 0
+                raise ToolCallError(
+                    f"the input of tool_use content block {index} is longer than max_event_size="
+                    f"{self.asm.max_event_size} characters",
+                    path=f"{path}.delta.partial_json",
+                    hint="the call is not released; raise max_event_size if such input is real",
+                )
             block.parts.append(value)
 
     def _block_stop(self, event: Mapping[str, Any], path: str) -> None:
@@ -1875,11 +2058,26 @@ class _AnthropicStream:
     def _close(self, block: _Block) -> None:
         index = block.call
         cid = block.id if block.id is not None else self.asm._make_id(index)
+        if not self.started:
+            # Anthropic's documented flow starts with message_start (ping and error may come anywhere). A call
+            # from a stream without it is from no known message (a stream fed from its middle, a spliced one).
+            self.asm._fail(
+                index,
+                cid,
+                block.name,
+                "a tool_use block completed in a stream without message_start",
+                path=f"tool_calls[{index}]",
+                hint="feed the whole stream from its first event (message_start); this call was not released",
+            )
+            return
         raw = "".join(block.parts)
         if not raw.strip():
             # A tool without parameters may stream no JSON at all: its input is the one content_block_start gave.
             value = block.start_input if block.start_input is not None else {}
-            raw = json.dumps(value, ensure_ascii=False)
+            raw, problem = _dumps_arguments(value)
+            if problem is not None:
+                self._bad_json(block, cid, f"input is not valid JSON: {problem}")
+                return
         else:
             value, problem = _loads_object(raw)
             if problem is not None:
@@ -1907,8 +2105,13 @@ class _AnthropicStream:
     def finish(self, finish_reason: str | None) -> str | None:
         if self.sse.leftover:
             self.asm._note("the stream ended inside an SSE event (no blank line after it); it was discarded")
-        if finish_reason is not None:
-            reason: str | None = finish_reason
+        if self.inconsistent is not None:
+            # Refused in feed(); should the caller finish anyway, nothing is released: a non-normal reason if one
+            # was given, else an unknown end.
+            reason: str | None = self.stop_reason if self.stop_reason not in _NORMAL_STOPS else None
+            self.ended = f"the stream is inconsistent ({self.inconsistent})"
+        elif finish_reason is not None:
+            reason = finish_reason
         elif self.stopped:
             reason = self.stop_reason
         else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +10,7 @@ import typer
 from ..errors import ToolCallError
 from ..inputs import STDIN, decode_utf8, read_input
 from ..request import Request, parse_request
-from ..toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat
+from ..toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat, _loads_object
 from .files import read_json
 from .output import guarded, print_json
 
@@ -53,12 +52,12 @@ def _openai_chunks(text: str, label: str) -> list[Any]:
             line = line[5:].removeprefix(" ")
             if line.strip() == "[DONE]":
                 continue
-        try:
-            chunks.append(json.loads(line))
-        except json.JSONDecodeError as exc:
+        chunk, problem = _loads_object(line, unicode=False)
+        if problem is not None:
             raise ToolCallError(
-                f"not JSON: {exc}", path=f"{label} line {n}", hint="one chunk per line (JSONL) or the SSE body"
-            ) from None
+                f"not JSON: {problem}", path=f"{label} line {n}", hint="one chunk per line (JSONL) or the SSE body"
+            )
+        chunks.append(chunk)
     return chunks
 
 

@@ -920,7 +920,7 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
-def _loads_object(text: str, *, unicode: bool = True) -> tuple[Any, str | None]:
+def loads_object(text: str, *, unicode: bool = True) -> tuple[Any, str | None]:
     """Strict RFC 8259 json.loads, with the error as a message (naming the offset, key or path) instead of an
     exception: no NaN/Infinity, no duplicate object keys, no lone surrogate (escaped or not), no integer longer
     than Python converts (4,300 digits), no nesting deeper than the parser's recursion limit. Never raises.
@@ -1099,7 +1099,7 @@ class _OpenAIStream:
             self.closed_ids.add(call.id)
         raw = "".join(call.parts)
         cid = call.id if call.id is not None else self.asm._make_id(call.index)
-        value, problem = _loads_object(raw)
+        value, problem = loads_object(raw)
         if problem is not None:
             self.asm._fail(
                 call.index,
@@ -1239,7 +1239,7 @@ class _HermesStream(_TaggedStream):
 
     def _close(self, body: str) -> None:
         index = self.index
-        obj, problem = _loads_object(body)
+        obj, problem = loads_object(body)
         if problem is not None:
             self.asm._fail(
                 index,
@@ -1282,7 +1282,7 @@ def _complete_named_object(asm: ToolCallAssembler, index: int, obj: Any, path: s
     args = obj["arguments"]
     if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI's wire form does
         raw = args
-        args, problem = _loads_object(args)
+        args, problem = loads_object(args)
         if problem is not None:
             asm._fail(
                 index,
@@ -1468,7 +1468,7 @@ def _convert(text: str, kind: str) -> Any:
         lowered = text.lower()
         return True if lowered == "true" else False if lowered == "false" else _NOT_CONVERTED
     if kind in ("integer", "number"):
-        number, problem = _loads_object(text)
+        number, problem = loads_object(text)
         if problem is not None:
             return _NOT_CONVERTED
         if isinstance(number, bool) or not isinstance(number, int | float):
@@ -1478,7 +1478,7 @@ def _convert(text: str, kind: str) -> Any:
         return number
     if kind in ("object", "array"):
         want = dict if kind == "object" else list
-        parsed, problem = _loads_object(text)
+        parsed, problem = loads_object(text)
         if problem is not None:
             try:
                 json.loads(text)
@@ -1626,7 +1626,7 @@ class _MistralStream:
         raw = "".join(self.raw_parts)
         call_id = "".join(self.id_parts).strip() or None
         name = "".join(self.name_parts).strip()
-        value, problem = _loads_object(raw)
+        value, problem = loads_object(raw)
         if problem is not None:
             self.asm._fail(
                 index,
@@ -1642,7 +1642,7 @@ class _MistralStream:
     def _close_array(self) -> None:
         first = self.index
         raw = "".join(self.raw_parts)
-        value, problem = _loads_object(raw)
+        value, problem = loads_object(raw)
         if problem is not None or not isinstance(value, list):
             self.asm._fail(
                 first,
@@ -1884,7 +1884,7 @@ class _AnthropicStream:
     def _sse_event(self, name: str, data: str) -> None:
         path = f"events[{self.count}]"
         self.count += 1
-        event, problem = _loads_object(data, unicode=False)
+        event, problem = loads_object(data, unicode=False)
         if problem is not None or not isinstance(event, Mapping):
             if name == "error":  # an error event is an error even when its data is not the documented JSON
                 self.asm._provider_error(data, path)
@@ -2079,7 +2079,7 @@ class _AnthropicStream:
                 self._bad_json(block, cid, f"input is not valid JSON: {problem}")
                 return
         else:
-            value, problem = _loads_object(raw)
+            value, problem = loads_object(raw)
             if problem is not None:
                 if _looks_cut_off(raw):
                     # Input cut off mid-JSON: the output limit, most likely; the message's end says (finish).

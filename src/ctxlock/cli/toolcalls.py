@@ -10,7 +10,7 @@ import typer
 from ..errors import ToolCallError
 from ..inputs import STDIN, decode_utf8, read_input
 from ..request import Request, parse_request
-from ..toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat, _loads_object
+from ..toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat, loads_object
 from .files import read_json
 from .output import guarded, print_json
 
@@ -52,7 +52,7 @@ def _openai_chunks(text: str, label: str) -> list[Any]:
             line = line[5:].removeprefix(" ")
             if line.strip() == "[DONE]":
                 continue
-        chunk, problem = _loads_object(line, unicode=False)
+        chunk, problem = loads_object(line, unicode=False)
         if problem is not None:
             raise ToolCallError(
                 f"not JSON: {problem}", path=f"{label} line {n}", hint="one chunk per line (JSONL) or the SSE body"

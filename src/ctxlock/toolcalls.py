@@ -1283,28 +1283,18 @@ def _complete_named_object(asm: ToolCallAssembler, index: int, obj: Any, path: s
     if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI's wire form does
         raw = args
         args, problem = loads_object(args)
-        if problem is not None:
-            asm._fail(
-                index,
-                cid if cid is not None else asm._make_id(index),
-                name if isinstance(name, str) else None,
-                f"arguments are not valid JSON: {problem}",
-                path=f"{path}.arguments",
-                hint="send the arguments as a JSON object",
-            )
-            return
     else:
         raw, problem = _dumps_arguments(args)
-        if problem is not None:
-            asm._fail(
-                index,
-                cid if cid is not None else asm._make_id(index),
-                name if isinstance(name, str) else None,
-                f"arguments are not valid JSON: {problem}",
-                path=f"{path}.arguments",
-                hint="send the arguments as a JSON object",
-            )
-            return
+    if problem is not None:
+        asm._fail(
+            index,
+            cid if cid is not None else asm._make_id(index),
+            name if isinstance(name, str) else None,
+            f"arguments are not valid JSON: {problem}",
+            path=f"{path}.arguments",
+            hint="send the arguments as a JSON object",
+        )
+        return
     asm._complete(index, cid, name, args, raw, f"{path}.name")
 
 

@@ -509,20 +509,8 @@ class ToolCallAssembler:
                 hint=f"pass a number of characters (default {DEFAULT_MAX_EVENT_SIZE})",
             )
         self.max_event_size = max_event_size
-        try:
-            self.format = ToolCallFormat(format)
-        except ValueError:
-            known = ", ".join(f.value for f in ToolCallFormat)
-            raise ToolCallError(
-                f"unknown tool-call format {format!r}", path="format", hint=f"use one of: {known}"
-            ) from None
-        try:
-            self.release = Release(release)
-        except ValueError:
-            known = ", ".join(r.value for r in Release)
-            raise ToolCallError(
-                f"unknown release mode {release!r}", path="release", hint=f"use one of: {known}"
-            ) from None
+        self.format = _choice(ToolCallFormat, format, "tool-call format", "format")
+        self.release = _choice(Release, release, "release mode", "release")
         self._tools = _compile_tools(tools)
         self._make_id = make_id or _default_id
         self._events: list[Event] = []
@@ -918,6 +906,15 @@ def _lone_surrogate(value: Any) -> str | None:
             for k in range(len(node) - 1, -1, -1):
                 stack.append((f"{path}[{k}]", node[k]))
     return None
+
+
+def _choice(kind: Any, value: Any, noun: str, path: str) -> Any:
+    """`kind(value)` for an enum `kind`, or a ToolCallError naming the values it takes."""
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(k.value for k in kind)
+        raise ToolCallError(f"unknown {noun} {value!r}", path=path, hint=f"use one of: {known}") from None
 
 
 def loads_object(text: str, *, unicode: bool = True) -> tuple[Any, str | None]:

@@ -155,7 +155,7 @@ def test_invalid_utf8_json_error_object() -> None:
     proc = ctxlock("render", "--model", "book", "--json", "-", stdin=b'{"messages":[{"role":"user","content":"\xc3"}]}')
     assert proc.returncode != 0
     err = json.loads(proc.stdout)["error"]
-    assert err["type"] == "RequestEncodingError" and err["path"] == "byte 39"
+    assert err["type"] == "RequestEncodingError" and err["path"] == "stdin byte 39"
 
 
 def test_replace_policy_is_reported() -> None:

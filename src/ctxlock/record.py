@@ -384,9 +384,11 @@ class RunOptions:
     budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
     sampling: Mapping[str, Any] | None = None  # a SamplerConfig as a dict (processors and their order, seed)
     render_seed: int | None = None  # the template's random seed (None: 0), recorded in `dynamic.random.seed`
+    limits: Mapping[str, Any] | None = None  # RenderLimits.to_dict() when the caller changed them (None: defaults)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        # `limits` only when set: a run with the default limits keeps the record it always had.
+        return ({"limits": dict(self.limits)} if self.limits else {}) | {
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
             "chat_template_kwargs": dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,

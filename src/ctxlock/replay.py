@@ -66,6 +66,10 @@ def run_and_record(
         "template": template if template is not None else options.template_name,
         "seed": options.render_seed,
     }
+    if options.limits:
+        from .template import RenderLimits
+
+        kwargs["limits"] = RenderLimits.from_dict(options.limits)
     try:
         if options.budget:
             return _fit_and_record(model, request_bytes, options, kwargs)

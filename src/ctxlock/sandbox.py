@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -57,20 +57,79 @@ from .taint import Tainted
 
 @dataclass(frozen=True)
 class RenderLimits:
-    """Bounds on one render. Real templates need milliseconds and kilobytes; the defaults leave wide room.
+    """Bounds on one render: what a template may add beyond the size of its input. Real templates need milliseconds
+    and kilobytes over their input; the defaults leave wide room.
 
-    `max_output_chars` also bounds any one string or list a template builds; `max_created` bounds everything it
-    builds in one render (characters of new strings plus items of new lists), which is what bounds memory."""
+    Each bound is a fixed allowance plus a share proportional to the render's input (`input_chars`: the characters of
+    the strings in the messages, tools, documents and variables the template receives), so a 10 MB conversation
+    renders with the standard templates while a template still cannot turn a short request into gigabytes or minutes:
+    - output: `max_output_chars + output_per_input_char * input_chars` characters, which also bounds any one string
+      or list a template builds;
+    - everything a render builds (characters of new strings plus items of new lists), which is what bounds memory:
+      `max_created` (default 4 x the output bound) plus the same multiple of the output's input share;
+    - wall time: `max_seconds + seconds_per_input_mchar * input_chars / 1e6`.
+    Source size and compile time are fixed (they do not depend on the input). `scaled(input_chars)` gives the bounds
+    of one render as plain numbers."""
 
     max_seconds: float = 5.0
     max_output_chars: int = 8_000_000
     max_source_chars: int = 256_000  # the largest real chat templates are under 20 kB
     max_width: int = 65_536  # padding, format width and precision
     max_created: int | None = None  # default: 4 x max_output_chars
+    output_per_input_char: float = 4.0  # a template that prints each message twice, and its tools as JSON, fits
+    seconds_per_input_mchar: float = 5.0  # the standard templates take well under a second per million characters
 
     @property
     def created_budget(self) -> int:
         return self.max_created if self.max_created is not None else 4 * self.max_output_chars
+
+    def scaled(self, input_chars: int) -> RenderLimits:
+        """The bounds of one render whose input holds `input_chars` characters (the allowances added, the per-input
+        shares zeroed so that scaling twice changes nothing)."""
+        if input_chars <= 0:
+            return self
+        extra_output = int(self.output_per_input_char * input_chars)
+        return RenderLimits(
+            max_seconds=self.max_seconds + self.seconds_per_input_mchar * input_chars / 1e6,
+            max_output_chars=self.max_output_chars + extra_output,
+            max_source_chars=self.max_source_chars,
+            max_width=self.max_width,
+            max_created=self.created_budget + 4 * extra_output,
+            output_per_input_char=0.0,
+            seconds_per_input_mchar=0.0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_seconds": self.max_seconds,
+            "max_output_chars": self.max_output_chars,
+            "max_source_chars": self.max_source_chars,
+            "max_width": self.max_width,
+            "max_created": self.max_created,
+            "output_per_input_char": self.output_per_input_char,
+            "seconds_per_input_mchar": self.seconds_per_input_mchar,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RenderLimits:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if data.get(k) is not None})
+
+
+def input_chars(value: Any) -> int:
+    """The characters of every string in `value` (mappings, sequences and sets walked; keys counted): the size of
+    what a render receives, which its limits grow with. Other values count nothing."""
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, Mapping):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return total
 
 
 DEFAULT_LIMITS = RenderLimits()
@@ -1029,13 +1088,15 @@ def render_limited(
     seed: int = 0,
     draws: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
-    """Render within the limits; return the text and the spans of its request-derived characters.
+    """Render within the limits, scaled to the size of `context` (`RenderLimits.scaled`); return the text and the
+    spans of its request-derived characters.
 
     `seed` seeds the render's one random generator (the `random` filter, `lipsum`); each draw is appended to
     `draws` (a dict: what, template line, and the choice made)."""
     chunks: list[str] = []
     spans: list[taint.SpanT] = []
     size = 0
+    limits = limits.scaled(input_chars(context))
     limit = limits.max_output_chars
     append = chunks.append
     state_token = _STATE.set(_State(limits, compiled, seed, draws))
@@ -1076,6 +1137,7 @@ __all__ = [
     "check_printable",
     "clear_caches",
     "compile_source",
+    "input_chars",
     "new_environment",
     "render_limited",
     "running_line",

@@ -461,7 +461,9 @@ class Store:
                 ).fetchall()
         if not rows:
             raise ArtifactNotFoundError(
-                f"no record with id {prefix}", path=str(self.db_path), hint="`list_records` shows the stored ids"
+                f"no record with id {prefix}",
+                path=str(self.db_path),
+                hint="`ctxlock records list` shows the stored ids (Store.list_records() in Python)",
             )
         if len(rows) > 1:
             shown = ", ".join(row[0] for row in rows[:2]) + (", ..." if len(rows) > 2 else "")

@@ -245,7 +245,17 @@ def _compile_limits(limits: RenderLimits) -> RenderLimits:
 
 def compile_template(template: ChatTemplate, limits: RenderLimits = DEFAULT_LIMITS) -> None:
     """Compile now, so a syntax error (or a hostile source) surfaces at load time rather than at the first request."""
-    _compile(template.source, _compile_limits(limits))
+    _compile_named(template, limits)
+
+
+def _compile_named(template: ChatTemplate, limits: RenderLimits) -> jinja2.Template:
+    """`_compile` (cached by source, so its errors say `template`), with errors that name this template's file."""
+    try:
+        return _compile(template.source, _compile_limits(limits))
+    except (TemplateSyntaxError, TemplateLimitError) as exc:
+        where = template.origin or template.id
+        path = exc.path or "template"
+        raise type(exc)(exc.message, path=where + path.removeprefix("template"), hint=exc.hint) from None
 
 
 @lru_cache(maxsize=256)
@@ -273,7 +283,7 @@ def _run(
     draws: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render once; map every failure to a typed TemplateError that names the template line."""
-    compiled = _compile(template.source, _compile_limits(limits))
+    compiled = _compile_named(template, limits)
     try:
         return render_limited(compiled, context, limits, checker, seed=seed, draws=draws)
     except Nondeterministic as exc:
@@ -295,7 +305,9 @@ def _run(
         raise TemplateLimitError(
             exc.message,
             path=f"{template.id} line {line}" if line else template.id,
-            hint="the template is over ctxlock's render limits; it may be hostile, or raise the limits explicitly",
+            hint="the template went over ctxlock's render limits, which grow with the size of the request: it may be "
+            "hostile, or need more; raise them with `ctxlock render --template-timeout S --max-render-chars N` "
+            "(RenderLimits in Python)",
         ) from None
     except (RecursionError, MemoryError, OverflowError) as exc:
         # OverflowError: a number too big for what it is used as (a range over the sandbox's limit, a repeat count

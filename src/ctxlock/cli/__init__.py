@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import sys
 
 import typer
@@ -15,6 +18,7 @@ from . import inspect as inspect_cmds
 from . import records as records_cmds
 from . import render as render_cmds
 from . import toolcalls as toolcalls_cmds
+from .files import name_request_source
 
 app = typer.Typer(
     name="ctxlock",
@@ -35,9 +39,18 @@ constrain_cmds.register(app)
 toolcalls_cmds.register(app)
 
 
+# The exit statuses every command follows (the README's "Errors and exit statuses" lists them).
+EXIT_OK = 0
+EXIT_ERROR = 1  # a CtxlockError: a bad input, a failed check (diff: a layer diverged; toolcalls: a call not released)
+EXIT_USAGE = 2  # the command line itself: an unknown option, a missing or malformed option value
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the command line (`argv`, default sys.argv[1:]) and exit with its status: a CtxlockError is one line
-    `error: <Type>: <path>: <message> (<hint>)` on stderr and status 1, a usage error click's message and status 2."""
+    """Run the command line (`argv`, default sys.argv[1:]) and exit with its status. Every failure is one line on
+    stderr and never a traceback: a CtxlockError is `error: <Type>: <where>: <message> (<hint>)` and status 1; a
+    usage error (unknown option, bad or missing value) is `error: usage: <message> (see `ctxlock CMD --help`)` and
+    status 2, as POSIX utilities and click do."""
     try:
         # Without standalone mode, click returns (not raises) the code of a typer.Exit from a command.
         code = app(args=argv, standalone_mode=False)
@@ -45,16 +58,39 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(code)
     except CtxlockError as exc:
         # Commands that print JSON have already printed the error object; this line is for humans.
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+        name_request_source(exc)
+        print(one_line(f"error: {type(exc).__name__}: {exc}"), file=sys.stderr)
+        sys.exit(EXIT_ERROR)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # `ctxlock render ... | head`: the reader left; nothing more to say. Stop Python's flush at exit failing too.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed at exit)
+        sys.exit(EXIT_ERROR)
     except Exception as exc:
-        # Usage errors (typer.BadParameter and the rest of click's family, which typer vendors) show themselves.
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+        # click's family (typer vendors it in some versions): a usage error carries its exit code (2) and the
+        # context of the command it belongs to; any other click exception (exit code 1) is an input error.
+        exit_code = getattr(exc, "exit_code", None)
+        format_message = getattr(exc, "format_message", None)
+        if not (isinstance(exit_code, int) and callable(format_message)):
+            raise
+        ctx = getattr(exc, "ctx", None)
+        # command_path starts with the program name as invoked (`ctxlock`, `__main__.py`): name it ctxlock.
+        sub = (getattr(ctx, "command_path", None) or "").partition(" ")[2]
+        command = f"ctxlock {sub}" if sub else "ctxlock"
+        if exit_code == EXIT_USAGE:
+            # No command at all: click has printed the help (no_args_is_help) and has no message of its own.
+            message = format_message().strip() or "give a command"
+            print(one_line(f"error: usage: {message} (see `{command} --help`)"), file=sys.stderr)
+        else:
+            print(one_line(f"error: {format_message()}"), file=sys.stderr)
+        sys.exit(exit_code)
+
+
+def one_line(text: str) -> str:
+    """An error line stays one line whatever a message quotes (a template's own message, a file name)."""
+    return re.sub(r"[\r\n]+", " ", text)

@@ -8,11 +8,12 @@ import json
 import os
 import re
 import stat
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..artifacts import load_template_file
-from ..errors import ArtifactNotFoundError, CtxlockError, InputError
+from ..errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
 from ..inputs import STDIN, check_input_file, decode_utf8, read_input
 
 if TYPE_CHECKING:
@@ -20,8 +21,36 @@ if TYPE_CHECKING:
 
 
 def read_request(source: str, *, option: str = "REQUEST") -> bytes:
-    """A request's bytes, undecoded: the request parser reports bad UTF-8 itself, with its utf8 policy."""
-    return read_input(source, label="stdin" if source == STDIN else f"{option} {source}")
+    """A request's bytes, undecoded: the request parser reports bad UTF-8 itself, with its utf8 policy. The
+    request's label (`stdin`, `REQUEST path`) is kept for `name_request_source`; an empty request is refused here,
+    naming it."""
+    label = "stdin" if source == STDIN else f"{option} {source}"
+    data = read_input(source, label=label)
+    _REQUEST_LABEL.set(label)
+    if not data.strip():
+        raise RequestJSONError(
+            "is empty" if not data else "holds only whitespace", path=label, hint="pass a request JSON object"
+        )
+    return data
+
+
+# The label of the request the command read: the request parser knows lines and bytes, not where they came from.
+_REQUEST_LABEL: ContextVar[str | None] = ContextVar("ctxlock_cli_request_label", default=None)
+
+
+def name_request_source(exc: CtxlockError) -> None:
+    """Put the request's source in front of a JSON or UTF-8 error's position (`stdin line 1 column 5 (byte 4)`,
+    `REQUEST chat.json byte 41`), in place: the parser names the position, the CLI names the input."""
+    label = _REQUEST_LABEL.get()
+    if label is None or not isinstance(exc, RequestJSONError | RequestEncodingError) or exc.path is None:
+        return
+    # A position in the bytes (`line 2 column 1 (byte 2)`, `byte 41`) is named with its input; a JSON path
+    # (`messages[0]`, a duplicate key) is a place in the request, and stays as the parser gives it.
+    if exc.path.startswith(("line ", "byte ")):
+        exc.path = f"{label} {exc.path}"
+    if exc.hint:  # the parser's hint names the Python keyword; on the command line it is the option
+        exc.hint = exc.hint.replace("parse with utf8='replace'", "pass --utf8 replace")
+    exc.args = (str(exc),)
 
 
 def read_text(path: Path | str, *, option: str) -> str:
@@ -34,7 +63,6 @@ def decode_with_policy(data: bytes, *, label: str, utf8: str) -> tuple[str, tupl
     with an InputError naming the input and the byte offset; `replace` substitutes U+FFFD for each bad run, as
     `bytes.decode("utf-8", "replace")` does, and returns the offset of every replaced byte. The bytes are taken
     as they are: no newline translation, no BOM stripping."""
-    from ..errors import RequestEncodingError
     from ..request import Utf8Policy, _decode
 
     policy = _utf8_policy(utf8)
@@ -149,6 +177,7 @@ __all__ = [
     "check_scalar_values",
     "check_template_file",
     "decode_with_policy",
+    "name_request_source",
     "open_output",
     "read_json",
     "read_request",

@@ -21,9 +21,9 @@ from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
-from ..template import SpecialTokenPolicy, aware_clock
+from ..template import DEFAULT_LIMITS, RenderLimits, SpecialTokenPolicy, aware_clock
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
-from .output import console, guarded, print_json
+from .output import console, guarded, print_json, write_exact, write_ids
 
 ModelOpt = Annotated[
     str | None,
@@ -97,7 +97,7 @@ def _parse_vars(items: list[str]) -> dict[str, Any]:
         if not sep or not key.isidentifier():
             raise typer.BadParameter(f"expected NAME=JSON, got {item!r}", param_hint="--var")
         if key in RESERVED_TEMPLATE_KWARGS:
-            raise typer.BadParameter(f"{key!r} is set by ctxlock itself and cannot be overridden", param_hint="--var")
+            raise typer.BadParameter(_reserved_var(key), param_hint="--var")
         try:
             out[key] = json.loads(raw)
         except (ValueError, RecursionError):
@@ -105,6 +105,44 @@ def _parse_vars(items: list[str]) -> dict[str, Any]:
                 f"the value of {key} is not JSON: {raw!r} (quote strings: {key}='\"text\"')", param_hint="--var"
             ) from None
     return out
+
+
+# Why a --var name is refused, by what the name is to transformers' apply_chat_template.
+_CONVERSATION_VARS = {
+    "messages": "the request's messages",
+    "tools": "the request's tools",
+    "documents": "the request's documents",
+    "add_generation_prompt": "--no-generation-prompt",
+    "continue_final_message": "--continue-final-message",
+}
+_UNSUPPORTED_ARGS = {
+    "chat_template": "choose the template with --template FILE",
+    "tokenize": "ctxlock always renders and tokenizes; `ctxlock tokenize` encodes raw text",
+    "tokenizer": "choose the model with --model",
+    "padding": "ctxlock never pads a single request; the Python API's encode_batch pads a batch",
+    "truncation": "ctxlock never truncates a request; `ctxlock fit` drops whole turns to a token budget",
+    "max_length": "`ctxlock fit --max-input-tokens N` fits the request to a token budget",
+    "return_tensors": "`--json` prints input_ids, attention_mask and position_ids",
+    "return_dict": "`--json` prints input_ids, attention_mask and position_ids",
+    "return_assistant_tokens_mask": "ctxlock does not compute an assistant-token mask ({% generation %} blocks "
+    "render as their text); `--json`'s request_spans name the message each character came from",
+    "tokenizer_kwargs": "tokenizer options are not passed through; `ctxlock tokenize` has --add-special-tokens and "
+    "--parse-special",
+}
+
+
+def _reserved_var(key: str) -> str:
+    """Why --var cannot set `key` (one of request.RESERVED_TEMPLATE_KWARGS), and what to use instead."""
+    if key in _CONVERSATION_VARS:
+        return f"{key} is not a template variable: it comes from {_CONVERSATION_VARS[key]}"
+    if key in _UNSUPPORTED_ARGS:
+        return (
+            f"{key} is an argument of transformers' apply_chat_template, not a template variable, and ctxlock has "
+            f"no such option: {_UNSUPPORTED_ARGS[key]}"
+        )
+    if key.endswith("_token") or key == "additional_special_tokens":
+        return f"{key} is not a template variable: the template gets it from the model's special tokens"
+    return f"{key} is a name the template environment defines (a global or a jinja name); choose another name"
 
 
 def _parse_now(now: str | None) -> datetime | None:
@@ -159,7 +197,16 @@ def _run_kwargs(options: RunOptions) -> dict[str, Any]:
         "utf8": options.utf8,
         "seed": options.render_seed,
         "tool_arguments": options.tool_arguments,
+        "limits": RenderLimits.from_dict(options.limits) if options.limits else DEFAULT_LIMITS,
     }
+
+
+def _limits(timeout: float | None, max_chars: int | None) -> dict[str, Any] | None:
+    """The render limits the options ask for, as the record keeps them (None: the defaults, not recorded)."""
+    if timeout is None and max_chars is None:
+        return None
+    chosen = {"max_seconds": timeout, "max_output_chars": max_chars}
+    return {**DEFAULT_LIMITS.to_dict(), **{k: v for k, v in chosen.items() if v is not None}}
 
 
 def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
@@ -208,24 +255,22 @@ def _path_at(rendered: Any, offset: int) -> str:
     return next((s.path for s in rendered.request_spans if s.start <= offset < s.end), "")
 
 
+_CONTROL_SGR = "1;97;45"  # bold white on magenta, as the legend shows it
+_NEUTRALIZED_SGR = "1;4;31"  # bold red underline
+
+
 def _show(model: Model, run: Run) -> None:
     r, t = run.rendered, run.tokenized
     ids = run.model_input.input_ids[0].tolist()
     console.print(
         Rule(f"[bold]{escape(model.id)}[/] · template [cyan]{escape(r.template.id)}[/] · special tokens: {r.policy}")
     )
-    view = Text()
-    pos = 0
-    marks = [(m.start, m.end, "bold white on magenta") for m in t.control]
-    marks += [(m.start, m.end, "bold red underline") for m in t.neutralized]
-    for start, end, style in sorted(marks):
-        view.append(r.text[pos:start])
-        view.append(r.text[start:end], style=style)
-        pos = end
-    view.append(r.text[pos:])
-    console.print(view)
+    # The text exactly as rendered (never wrapped: a pipe gets the bytes), control tokens coloured on a terminal.
+    marks = [(m.start, m.end, _CONTROL_SGR) for m in t.control]
+    marks += [(m.start, m.end, _NEUTRALIZED_SGR) for m in t.neutralized]
+    write_exact(r.text, marks)
     console.print(Rule(f"{len(ids)} tokens"))
-    console.print(Text(json.dumps(ids)))
+    write_ids(ids)
     if t.neutralized:
         console.print(Rule("[bold red]injection neutralized[/]"))
         for m in t.neutralized:
@@ -334,6 +379,25 @@ def register(app: typer.Typer) -> None:
         store: Annotated[
             Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
         ] = None,
+        template_timeout: Annotated[
+            float | None,
+            typer.Option(
+                "--template-timeout",
+                min=0.001,
+                help=f"Seconds a render may take, plus {DEFAULT_LIMITS.seconds_per_input_mchar:g} s per million "
+                f"characters of request (default {DEFAULT_LIMITS.max_seconds:g}). Recorded.",
+            ),
+        ] = None,
+        max_render_chars: Annotated[
+            int | None,
+            typer.Option(
+                "--max-render-chars",
+                min=1,
+                help=f"Characters a render may output beyond {DEFAULT_LIMITS.output_per_input_char:g} per character of "
+                f"request (default {DEFAULT_LIMITS.max_output_chars:,}); it also bounds any one string or list the "
+                "template builds, and 4 times it everything the render builds. Recorded.",
+            ),
+        ] = None,
         tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
         as_json: JsonOpt = False,
     ) -> None:
@@ -358,6 +422,7 @@ def register(app: typer.Typer) -> None:
                 tool_arguments=str(tool_arguments),
                 sampling=_read_sampling(sampling),
                 render_seed=_parse_seed(render_seed),
+                limits=_limits(template_timeout, max_render_chars),
             )
             if record:
                 from ..replay import run_and_record, save
@@ -485,7 +550,7 @@ def register(app: typer.Typer) -> None:
                 }
             )
         else:
-            console.print(Text(json.dumps(ids)))
+            write_ids(ids)
             console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
             if replaced:
                 console.print(Text(_replaced_note(replaced)))

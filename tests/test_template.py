@@ -136,7 +136,7 @@ def test_continue_final_message_cuts_after_the_content() -> None:
 def test_syntax_error_names_the_line() -> None:
     with pytest.raises(TemplateSyntaxError) as info:
         _render("line one\n{% if %}")
-    assert info.value.path == "template line 2"
+    assert info.value.path == "t line 2"  # the template's name (its file path, for a file), then the line
 
 
 def test_undefined_attribute_is_a_typed_runtime_error() -> None:

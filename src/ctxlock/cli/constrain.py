@@ -28,6 +28,7 @@ from ..errors import ConstraintError, SamplerError
 from ..sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
 from .files import read_text
 from .output import err_console
+from .render import MODEL_HELP
 
 LOGITS = "i.i.d. uniform float32 in [-5, 5) over the vocabulary, one vector per step, numpy default_rng([seed, sample])"
 
@@ -148,8 +149,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--model",
                 "-m",
-                help="Built-in model name, HF model directory, .gguf file or org/name in the local HF cache. "
-                "Default: the embedded mistral-nemo (Tekken, 131K vocabulary).",
+                help=MODEL_HELP + " Default: the embedded mistral-nemo (Tekken, 131K vocabulary).",
             ),
         ] = None,
         samples: Annotated[int, typer.Option("--samples", "-n", min=1, help="How many outputs to sample.")] = 10,

@@ -49,6 +49,27 @@ def _detokenizer(tok: Tokenizer, prompt: list[int], stop: list[str], skip: bool)
         raise type(exc)(exc.message, path=path, hint=exc.hint) from None
 
 
+def _outcome(det: Detokenizer, ids: list[int], max_tokens: int | None) -> dict[str, Any]:
+    """Why the text ended, as a server reports it: `stop` (with the stop string and the character offset where it
+    starts), `length` (no stop matched and the ids reached --max-tokens), or None (no stop matched: the ids ran out,
+    which a server reports as the model's own end of sequence)."""
+    matched = det.matched
+    if matched is not None:
+        return {"finish_reason": "stop", "stop": {"string": matched.stop, "offset": matched.offset}}
+    if max_tokens is not None and len(ids) >= max_tokens:
+        return {"finish_reason": "length", "stop": None}
+    return {"finish_reason": None, "stop": None}
+
+
+def _outcome_line(where: str, outcome: dict[str, Any]) -> str:
+    stop = outcome["stop"]
+    if stop is not None:
+        return f"{where}: stop string {stop['string']!r} matched at character {stop['offset']}: finish_reason stop"
+    if outcome["finish_reason"] == "length":
+        return f"{where}: no stop string matched; the ids reached --max-tokens: finish_reason length"
+    return f"{where}: no stop string matched; the ids ran out: finish_reason none"
+
+
 def _pieces(det: Detokenizer, ids: list[int], where: str) -> list[str]:
     try:
         pieces = [det.push(i) for i in ids]
@@ -94,8 +115,29 @@ def register(app: typer.Typer) -> None:
         skip_special_tokens: Annotated[
             bool, typer.Option("--skip-special-tokens", help="Drop special tokens from the text, as decode does.")
         ] = False,
+        max_tokens: Annotated[
+            int | None,
+            typer.Option(
+                "--max-tokens",
+                min=1,
+                help="The generation's max_tokens: ids that reach it without a stop string end with finish_reason "
+                "`length` (without it: none, the ids ran out).",
+            ),
+        ] = None,
+        as_json: Annotated[
+            bool,
+            typer.Option(
+                "--json",
+                help='For each input, print one JSON object instead of the array: {"pieces", "text", '
+                '"finish_reason" ("stop", "length" or null), "stop" ({"string", "offset"} or null)}.',
+            ),
+        ] = False,
     ) -> None:
-        """Decode token ids incrementally, as a streaming server does: only final text, cut at stop strings."""
+        """Decode token ids incrementally, as a streaming server does: only final text, cut at stop strings.
+
+        Each input prints one JSON array of pieces (or, with --json, one object that also says why the text
+        ended). With --stop, stderr also gets one line per input saying which stop string matched and where, or
+        that none did, and the finish reason."""
         if (ids is None) == (not jsonl):
             raise typer.BadParameter("give exactly one of --jsonl or --ids")
         tok = load(model).tokenizer
@@ -116,8 +158,16 @@ def register(app: typer.Typer) -> None:
         _detokenizer(tok, prompt, stop, skip_special_tokens)  # check the prompt and the stops before any input
         out = sys.stdout.buffer
         for where, line_ids in sources:
-            pieces = _pieces(_detokenizer(tok, prompt, stop, skip_special_tokens), line_ids, where)
-            out.write(json.dumps(pieces, ensure_ascii=False).encode("utf-8") + b"\n")
+            det = _detokenizer(tok, prompt, stop, skip_special_tokens)
+            pieces = _pieces(det, line_ids, where)
+            outcome = _outcome(det, line_ids, max_tokens)
+            if as_json:
+                line: Any = {"pieces": pieces, "text": "".join(pieces), **outcome}
+            else:
+                line = pieces
+                if stop:
+                    print(_outcome_line(where, outcome), file=sys.stderr, flush=True)
+            out.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
             out.flush()
 
 

@@ -60,6 +60,32 @@ def _add_role_markers(m: Model, info: dict[str, Any]) -> None:
         entry["role_markers"] = {**found.to_dict(), "warning": found.warning(template)}
 
 
+def special_tokens_added(tok: Any) -> dict[str, Any]:
+    """What `add_special_tokens=True` (`tokenize --add-special-tokens`, transformers' default for `encode`) adds around
+    a text, found by encoding one: `bos` the ids before it, `eos` the ids after it, each [id, piece]. Measured, not
+    read from a config, so it is what this tokenizer does whatever the format (tokenizer.json's post-processor, the
+    class's add_bos_token/add_eos_token, a GGUF's add_bos_token/add_eos_token, Tekken's BOS)."""
+    probe = "a"
+    plain = tok.encode(probe)
+    full = tok.encode(probe, add_special_tokens=True)
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
+    if at is None:  # the post-processor changed the text's own ids: report the whole difference
+        return {"bos": [], "eos": [], "probe": probe, "plain": plain, "with_special_tokens": full}
+    return {
+        "bos": [[i, tok.id_to_token(i)] for i in full[:at]],
+        "eos": [[i, tok.id_to_token(i)] for i in full[at + len(plain) :]],
+    }
+
+
+def _added_line(added: dict[str, Any]) -> str:
+    def show(pairs: list[list[Any]]) -> str:
+        return ", ".join(f"{piece!r} ({i})" for i, piece in pairs) if pairs else "nothing"
+
+    if "probe" in added:
+        return f"{added['probe']!r} encodes as {added['plain']} plain and {added['with_special_tokens']} with them"
+    return f"BOS {show(added['bos'])} before the text, EOS {show(added['eos'])} after it"
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def inspect(
@@ -75,6 +101,7 @@ def register(app: typer.Typer) -> None:
         m = guarded(as_json, lambda: Model(load_artifacts(model, tokenizer_pipeline=pipeline)))
         m.warm_up()  # the engine checks, and fastokens built and checked: report their verdicts, not "building"
         info = m.artifacts.describe()
+        info["add_special_tokens"] = special_tokens_added(m.tokenizer)
         _add_role_markers(m, info)
         if as_json:
             print_json(info)
@@ -108,6 +135,11 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
             f"pad id {info['pad_id']}"
+        )
+        console.print(
+            "           add_special_tokens (tokenize --add-special-tokens) adds: "
+            + escape(_added_line(info["add_special_tokens"]))
+            + "; chat rendering adds none (the template writes its own)"
         )
         table = Table("variable", "content", "id", title="special-token variables")
         for k, v in info["special_tokens"].items():

@@ -22,6 +22,7 @@ from ..replay import load_record, replay, rerun
 from ..store import Store
 from .files import check_record_arg, check_template_file, open_output, store_dir
 from .output import console, guarded, print_json
+from .render import MODEL_HELP
 
 StoreOpt = Annotated[
     Path | None,
@@ -90,7 +91,9 @@ def register(app: typer.Typer) -> None:
     def list_(
         store: StoreOpt = None,
         limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 50,
-        model: Annotated[str | None, typer.Option("--model", help="Only records of this model.")] = None,
+        model: Annotated[
+            str | None, typer.Option("--model", help="Only records of this model (its id, as `records list` shows it).")
+        ] = None,
         as_json: JsonOpt = False,
     ) -> None:
         """List stored records, newest first."""
@@ -217,7 +220,8 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Argument(help="Second record; omit to re-run A under --model/--template.")
         ] = None,
         model: Annotated[
-            str | None, typer.Option("--model", "-m", help="Re-run A's request on this model and compare.")
+            str | None,
+            typer.Option("--model", "-m", help="Re-run A's request on this model and compare. " + MODEL_HELP),
         ] = None,
         template: Annotated[
             Path | None, typer.Option("--template", "-t", help="Re-run A's request with this template and compare.")

@@ -25,14 +25,16 @@ from ..template import DEFAULT_LIMITS, RenderLimits, SpecialTokenPolicy, aware_c
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json, write_exact, write_ids
 
+MODEL_HELP = (
+    "A built-in model name (see `ctxlock models`), an HF model directory, a .gguf file, or org/name (or "
+    "org/name@revision: a branch, tag or commit, which pins it) from the local HF hub cache."
+)
 ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
         "-m",
-        help="Built-in model name (see `ctxlock models`), HF model directory, .gguf file, or org/name (or "
-        "org/name@revision: a branch, tag or commit, which pins it) from the local HF hub cache. "
-        "Default: the embedded mistral-nemo.",
+        help=MODEL_HELP + " Default: the embedded mistral-nemo.",
     ),
 ]
 

@@ -7,12 +7,13 @@ PIP     = $(PY) -m pip
 
 .PHONY: demo test lint install install-test fetch clean
 
+# pip's output goes to $(VENV)/install.log, shown only when the install fails: the demo prints only the demo.
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
-	touch $@
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@{ $(PIP) install --upgrade pip && $(PIP) install -e . ; } > $(VENV)/install.log 2>&1 \
+		|| { cat $(VENV)/install.log; echo "pip install failed; its log is $(VENV)/install.log"; exit 1; }
+	@touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	# torch==2.13.0 is pinned so pip takes the CPU build, not a multi-GB CUDA one.
@@ -23,7 +24,7 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/ctxlock render examples/seed-sky-injection.json
+	@$(VENV)/bin/ctxlock render examples/seed-sky-injection.json
 
 fetch: $(VENV)/.installed-test
 	$(PY) scripts/fetch_artifacts.py

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     status 2, as POSIX utilities and click do."""
     try:
         # Without standalone mode, click returns (not raises) the code of a typer.Exit from a command.
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, prog_name="ctxlock", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except CtxlockError as exc:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
-from ..errors import InputError
+from ..errors import CtxlockError, InputError
 from ..inputs import open_regular, opened_input, stdin_stream
 from ..record import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
 from ..replay import load_record, replay, rerun
@@ -182,7 +182,13 @@ def register(app: typer.Typer) -> None:
         if ids is None:
             # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
             with opened_input(source, label=label) as fh:
-                ids = s.import_records(_Prefixed(head, fh), validate=validate)
+                try:
+                    ids = s.import_records(_Prefixed(head, fh), validate=validate)
+                except CtxlockError as exc:  # the store names the line; the command names the file it is in
+                    if exc.path is None or not exc.path.startswith(label):
+                        exc.path = f"{label} {exc.path}" if exc.path else label
+                        exc.args = (str(exc),)
+                    raise
         for i in ids:
             print(i)
         print(f"imported {len(ids)} record(s)", file=sys.stderr)

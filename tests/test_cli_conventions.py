@@ -337,6 +337,9 @@ def test_usage_errors_are_one_line_and_exit_2(argv: list[str]) -> None:
     assert code == 2, err
     (line,) = err.splitlines()
     assert line.startswith("error: usage: ") and re.search(r"\(see `ctxlock( [a-z-]+)? --help`\)$", line), line
+    code, out, err = run_main([*argv, "--json"])
+    assert code == 2 and err.count("\n") == 1
+    assert json.loads(out)["error"]["type"] == "UsageError"
 
 
 def test_the_readme_documents_the_exit_statuses_the_code_uses() -> None:

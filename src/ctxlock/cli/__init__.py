@@ -19,6 +19,7 @@ from . import records as records_cmds
 from . import render as render_cmds
 from . import toolcalls as toolcalls_cmds
 from .files import name_request_source
+from .output import print_json
 
 app = typer.Typer(
     name="ctxlock",
@@ -85,7 +86,10 @@ def main(argv: list[str] | None = None) -> None:
         if exit_code == EXIT_USAGE:
             # No command at all: click has printed the help (no_args_is_help) and has no message of its own.
             message = format_message().strip() or "give a command"
-            print(one_line(f"error: usage: {message} (see `{command} --help`)"), file=sys.stderr)
+            hint = f"see `{command} --help`"
+            if "--json" in (sys.argv[1:] if argv is None else argv):
+                print_json({"error": {"type": "UsageError", "message": message, "path": command, "hint": hint}})
+            print(one_line(f"error: usage: {message} ({hint})"), file=sys.stderr)
         else:
             print(one_line(f"error: {format_message()}"), file=sys.stderr)
         sys.exit(exit_code)

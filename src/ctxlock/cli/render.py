@@ -552,7 +552,7 @@ def register(app: typer.Typer) -> None:
                 }
             )
         else:
-            write_ids(ids)
+            write_ids(ids, limit=len(ids))  # every id: they are what tokenize is asked for
             console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
             if replaced:
                 console.print(Text(_replaced_note(replaced)))

@@ -65,6 +65,7 @@ def run_and_record(
         "tool_arguments": options.tool_arguments or "parsed",
         "template": template if template is not None else options.template_name,
         "seed": options.render_seed,
+        "content_format": options.content_format or "auto",
     }
     try:
         if options.budget:

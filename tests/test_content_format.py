@@ -237,6 +237,7 @@ def test_string_option_joins_for_a_template_that_reads_parts() -> None:
     assert "content_format='string' was asked" in asked.warnings[-1]["message"]
     auto = model.render(PARTS, template=template, now=FIXED_NOW, **PARTS_OPTIONS)
     assert auto.content_format == "openai" and not any(w["kind"] == "content_parts_joined" for w in auto.warnings)
+    assert asked.content_format_detected == auto.content_format_detected == "openai"
     with pytest.raises(TemplateError) as info:
         model.render(PARTS, template=template, content_format="strings")
     assert info.value.path == "content_format" and "'openai'" in info.value.hint
@@ -245,7 +246,7 @@ def test_string_option_joins_for_a_template_that_reads_parts() -> None:
 def test_nothing_to_decide_without_parts() -> None:
     model, template, _ = _qwen()
     rendered = model.render({"messages": [{"role": "user", "content": "hi"}]}, template=template)
-    assert rendered.content_format == "" and rendered.flattened == ()
+    assert rendered.content_format == rendered.content_format_detected == "" and rendered.flattened == ()
     assert not any(w["kind"] == "content_parts_joined" for w in rendered.warnings)
 
 
@@ -279,6 +280,7 @@ def test_the_choice_is_recorded_and_replays(tmp_path: Path) -> None:
     assert data["options"]["content_format"] == "auto"
     assert data["decisions"]["content_format"] == {
         "option": "auto",
+        "detected": "string",
         "used": "string",
         "flattened": ["system", "messages[0].content", "messages[1].content"],
     }
@@ -308,7 +310,7 @@ def test_cli_says_so_and_takes_the_option(tmp_path: Path) -> None:
     assert "warning" in human.stdout and "were joined with" in human.stdout
     out = json.loads(_cli(*common, "--json").stdout)
     flattened = ["system", "messages[0].content", "messages[1].content"]
-    assert out["content_format"] == {"used": "string", "flattened": flattened}
+    assert out["content_format"] == {"used": "string", "detected": "string", "flattened": flattened}
     assert [w["kind"] for w in out["warnings"]] == ["content_parts_joined"]
     off = _cli(*common, "--content-format", "openai")
     assert off.returncode == 1 and "Traceback" not in off.stderr

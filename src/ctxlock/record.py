@@ -530,6 +530,7 @@ def build_record(
     if rendered.content_format:  # some message held a content-part list: how it reached the template
         data["decisions"]["content_format"] = {
             "option": options.content_format,
+            "detected": rendered.content_format_detected,
             "used": rendered.content_format,
             "flattened": list(rendered.flattened),
         }

@@ -211,9 +211,11 @@ class Rendered:
     draws: tuple[FrozenDict, ...] = ()  # what the template drew from it, in order: what, line, choice
     warnings: tuple[FrozenDict, ...] = ()  # things the render did that a reader must know (see `role_markers`)
     # How content-part lists reached the template: "" when no message had one (nothing to decide), else "string"
-    # (text parts joined) or "openai" (as sent); `flattened` lists the JSON paths of the contents that were joined.
+    # (text parts joined) or "openai" (as sent); `content_format_detected` is what the template's syntax tree says
+    # (`content_format(source)`, whatever the option), `flattened` the JSON paths of the contents that were joined.
     content_format: str = ""
     flattened: tuple[str, ...] = ()
+    content_format_detected: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -226,6 +228,7 @@ class Rendered:
             "draws": [thaw(d) for d in self.draws],
             "warnings": [thaw(w) for w in self.warnings],
             "content_format": self.content_format,
+            "content_format_detected": self.content_format_detected,
             "flattened": list(self.flattened),
             "request_spans": [[s.start, s.end, s.path] for s in self.request_spans],
             "provenance_exact": self.provenance_exact,
@@ -702,7 +705,7 @@ def render(
         return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
 
     messages = _template_messages(request)
-    fmt, flattened = _resolve_content_format(template, request, fmt_option)
+    fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
     if flattened:
         messages = _flatten_contents(messages, request)
     if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
@@ -765,6 +768,7 @@ def render(
         + _flatten_warning(flattened, fmt_option),
         content_format=str(fmt),
         flattened=flattened,
+        content_format_detected=str(detected),
     )
 
 
@@ -789,14 +793,16 @@ def _content_path(message: Message) -> str:
 
 def _resolve_content_format(
     template: ChatTemplate, request: Request, option: ContentFormat
-) -> tuple[str, tuple[str, ...]]:
-    """The content format used ("" when no message holds a list), and the paths of the contents to join."""
+) -> tuple[str, str, tuple[str, ...]]:
+    """The content format used and the one detected ("" both when no message holds a list: nothing is parsed), and
+    the paths of the contents to join."""
     with_parts = [m for m in request.messages if isinstance(m.content, tuple)]
     if not with_parts:
-        return "", ()
-    fmt = content_format(template.source) if option is ContentFormat.AUTO else option
+        return "", "", ()
+    detected = content_format(template.source)
+    fmt = detected if option is ContentFormat.AUTO else option
     if fmt is ContentFormat.OPENAI:
-        return fmt, ()
+        return fmt, detected, ()
     for m in with_parts:
         for j, part in enumerate(m.content):  # type: ignore[arg-type]
             if part.get("type") != "text":
@@ -808,7 +814,7 @@ def _resolve_content_format(
                     hint="send text only, use a template that reads content parts, or content_format='openai' "
                     "(--content-format openai) to pass the parts as sent, as transformers does",
                 )
-    return fmt, tuple(_content_path(m) for m in with_parts)
+    return fmt, detected, tuple(_content_path(m) for m in with_parts)
 
 
 def _flatten_contents(messages: list[dict[str, Any]], request: Request) -> list[dict[str, Any]]:

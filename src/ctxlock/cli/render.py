@@ -193,7 +193,11 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
         "random": {"seed": r.seed, "draws": [thaw(d) for d in r.draws]},
         "hub": model.hub.to_dict() if model.hub is not None else None,
         "warnings": _warnings(model, r),
-        "content_format": {"used": r.content_format, "flattened": list(r.flattened)},
+        "content_format": {
+            "used": r.content_format,
+            "detected": r.content_format_detected,
+            "flattened": list(r.flattened),
+        },
         "provenance_exact": r.provenance_exact,
         "request_spans": [[s.start, s.end, s.path] for s in r.request_spans],
     }

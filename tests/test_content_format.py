@@ -316,3 +316,25 @@ def test_cli_says_so_and_takes_the_option(tmp_path: Path) -> None:
     assert off.returncode == 1 and "Traceback" not in off.stderr
     assert "can only concatenate str" in off.stderr and "--content-format string" in off.stderr
     assert "--content-format" in _cli("render", "--help").stdout
+
+
+LOOP = "{% for m in messages %}"
+DETECTION_FORMS = [
+    (LOOP + "{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}", "openai"),
+    (LOOP + "{% for p in m.content|selectattr('type', 'eq', 'text') %}{% endfor %}{% endfor %}", "openai"),
+    (
+        "{% set msgs = messages[1:] %}{% for m in msgs %}{% set c = m.get('content') %}"
+        "{% for p in c %}{% endfor %}{% endfor %}",
+        "openai",
+    ),
+    ("{% macro show(c) %}{% for p in c %}{% endfor %}{% endmacro %}{{ show(messages[0].content) }}", "openai"),
+    (LOOP + "{{ m.role }}: {{ m.content }}\n{% endfor %}", "string"),
+    (LOOP + "{% for x in m.tool_calls %}{% endfor %}{{ m['content'] | trim }}{% endfor %}", "string"),
+    ("{% for p in other %}{% endfor %}{{ messages[0].content }}", "string"),
+    ("{{ messages[0].content", "openai"),  # does not parse: nothing is joined, and the render reports it
+]
+
+
+@pytest.mark.parametrize(("source", "expected"), DETECTION_FORMS)
+def test_detection_forms(source: str, expected: str) -> None:
+    assert content_format(source) == expected

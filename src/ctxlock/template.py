@@ -56,6 +56,7 @@ from .sandbox import (
     new_environment,
     render_limited,
     template_line,
+    time_limit,
     where,
 )
 from .sandbox import clear_caches as clear_sandbox_caches
@@ -294,18 +295,19 @@ def _sha256(text: str) -> str:
 @lru_cache(maxsize=256)
 def content_format(source: str) -> ContentFormat:
     """What a template reads a message's content as, from its syntax tree (never by rendering it): `openai` when it
-    loops over a message's content (`{% for part in message['content'] %}`, through a filter such as
-    `selectattr`, a slice, or a variable set from it, for a message reached by looping over `messages` or an
-    alias of it, or by indexing it), else `string`. Templates that loop over parts also print a string content as
-    is (they test `content is string` first), so `openai` is the safe answer when in doubt; a source that does
-    not parse is `openai` too (its render fails on its own, unchanged). vLLM's `chat-template-content-format`
-    detection follows the same idea."""
+    loops over a message's content (`{% for part in message['content'] %}`; through a filter such as `selectattr`,
+    a slice, a variable set from it or a macro parameter it is passed to; for a message reached by looping over
+    `messages` or an alias of it, or by indexing it), else `string`. Templates that loop over parts also print a
+    string content as is (they test `content is string` first), so `openai` is the safe answer when in doubt; a
+    source that does not parse, or not within the compile limits, is `openai` too (its render fails on its own,
+    unchanged). vLLM's `--chat-template-content-format auto` follows the same idea."""
     if len(source) > DEFAULT_LIMITS.max_source_chars:
         return ContentFormat.OPENAI
     try:
-        tree = new_environment().parse(source)
-        return ContentFormat.OPENAI if _reads_parts(tree) else ContentFormat.STRING
-    except (jinja2.exceptions.TemplateError, RecursionError, MemoryError):
+        with time_limit(DEFAULT_LIMITS.max_seconds, every_frame=True):  # an untrusted source: bounded like a compile
+            tree = new_environment().parse(source)
+            return ContentFormat.OPENAI if _reads_parts(tree) else ContentFormat.STRING
+    except (jinja2.exceptions.TemplateError, Limit, RecursionError, MemoryError):
         return ContentFormat.OPENAI
 
 

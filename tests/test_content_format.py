@@ -26,7 +26,13 @@ import artifacts
 import ctxlock
 import reference
 from conformance import TEMPLATE_KWARGS, FixedClock, conversations, vocab_for, with_joined_content
-from ctxlock.errors import ContentFormatError, ControlTokenError, TemplateError, TemplateRuntimeError
+from ctxlock.errors import (
+    ContentFormatError,
+    ControlTokenError,
+    TemplateError,
+    TemplateRaisedError,
+    TemplateRuntimeError,
+)
 from ctxlock.record import RunOptions
 from ctxlock.replay import load_record, replay, run_and_record, save
 from ctxlock.store import Store
@@ -338,3 +344,26 @@ DETECTION_FORMS = [
 @pytest.mark.parametrize(("source", "expected"), DETECTION_FORMS)
 def test_detection_forms(source: str, expected: str) -> None:
     assert content_format(source) == expected
+
+
+def test_a_template_that_refuses_parts_gets_the_hint_too() -> None:
+    # Apertus raises on a content list (raise_exception); joined, it renders as transformers does on the joined text.
+    name = "Apertus-8B-Instruct.jinja"
+    model, _, _ = _qwen()
+    template = ChatTemplate(_source(name), id=name)
+    data = {"messages": PARTS["messages"][1:]}
+    with pytest.raises(TemplateRaisedError) as info:
+        model.render(data, template=template, now=FIXED_NOW, content_format="openai", **PARTS_OPTIONS)
+    kind, ref = _reference(_source(name), data["messages"], **PARTS_OPTIONS)
+    assert kind == "error" and info.value.message == str(ref)
+    assert "content_format='string'" in info.value.hint and "messages[0].content" in info.value.hint
+    joined = model.render(data, template=template, now=FIXED_NOW, **PARTS_OPTIONS)
+    special = dict(model.special_tokens)
+    ref = reference.reference_render(
+        _source(name), with_joined_content(data)["messages"], special_tokens=special, **PARTS_OPTIONS
+    )
+    assert joined.text == ref and joined.flattened == (
+        "messages[0].content",
+        "messages[1].content",
+        "messages[2].content",
+    )

@@ -724,10 +724,10 @@ def render(
     draws: list[dict[str, Any]] = []
     try:
         text, spans = _run(template, context, limits, checker, seed, draws)
-    except TemplateRuntimeError as exc:
+    except (TemplateRuntimeError, TemplateRaisedError) as exc:
         if fmt != ContentFormat.OPENAI:
             raise
-        raise TemplateRuntimeError(exc.message, path=exc.path, hint=_parts_hint(exc.hint, request)) from None
+        raise type(exc)(exc.message, path=exc.path, hint=_parts_hint(exc.hint, request)) from None
     if continue_final_message:
         text, spans = _cut_at_continue_tag(text, spans, messages)
 

@@ -177,6 +177,9 @@ def test_fit_cli_json_and_record(tmp_path) -> None:
     assert human.returncode == 0 and "dropped" in human.stdout and "record " in human.stdout
     too_small = subprocess.run([*args, "--max-input-tokens", "10"], capture_output=True, text=True, env=env)
     assert too_small.returncode == 1 and "BudgetExceeded" in too_small.stderr and "Traceback" not in too_small.stderr
+    assert "system 12, tools 0, current 12, generation prefix 3" in too_small.stderr  # real counts
+    recorded = subprocess.run([*args, "--max-input-tokens", "10", "--record"], capture_output=True, text=True, env=env)
+    assert recorded.returncode == 1 and "Traceback" not in recorded.stderr and "record " in recorded.stderr
 
 
 # -- the incremental counter on its own: edits anywhere, control tokens that are prefixes of one another ----------

@@ -523,9 +523,11 @@ def fit_context(
     decisions = _required_decisions(request, segs, counter, policy, options, total, counter.base_rendered)
     if total > budget:
         sizes = {d.segment: d.tokens for d in decisions if d.tokens is not None}
-        listing = ", ".join(
-            f"{d.segment} {d.tokens:,}" if d.tokens is not None else f"{d.segment} (in the next)" for d in decisions
-        )
+        parts, into = [], ""
+        for d in reversed(decisions):  # a segment counted with a later one names it
+            parts.append(f"{d.segment} {d.tokens:,}" if d.tokens is not None else f"{d.segment} (with {into})")
+            into = d.segment if d.tokens is not None else into
+        listing = ", ".join(reversed(parts))
         raise BudgetExceeded(
             f"the required segments alone take {total:,} tokens, over the budget of {budget:,} ({listing})",
             path="policy.max_input_tokens" if policy.max_input_tokens is not None else "policy.context_window",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -121,8 +122,14 @@ def register(app: typer.Typer) -> None:
                 from ..store import Store
 
                 opts = RunOptions(budget=pol, add_generation_prompt=agp, continue_final_message=continue_final_message)
-                fitted, rec, _ = run_and_record(m, data, opts, template=chosen)
-                rid = save(Store(store_path), m, rec, chosen or fitted.rendered.template)
+                fitted, rec, error = run_and_record(m, data, opts, template=chosen)
+                used = chosen or (fitted.rendered.template if fitted is not None else None)
+                if used is None and m.templates is not None:
+                    used = m.templates.select(None)
+                rid = save(Store(store_path), m, rec, used)
+                if error is not None:  # the failed run is recorded too, as `render --record` does
+                    print(f"record {rid}", file=sys.stderr)
+                    raise error
             else:
                 req = m.parse(data)
                 fitted = fit_context(

@@ -66,7 +66,8 @@ class BudgetPolicy:
     """How to fit: the token budget and the order in which optional segments are tried.
 
     `history`: "suffix" (default) keeps a contiguous most-recent run of history turns; "greedy" tries every turn
-    newest first and keeps each one that fits (the seed's loop; it can leave gaps). `generation_prefix`: "required"
+    newest first and keeps each one that fits (the seed's loop; it can leave gaps). Either way a history turn holding
+    the call of a result in the current turn is required, kept with it. `generation_prefix`: "required"
     (default) checks that the fitted input ends with exactly one assistant generation prefix; "none" is the caller's
     explicit opt-out for an input that is not a generation request (scoring, training), rendered with
     add_generation_prompt=False. `order` lists optional segment ids to try first, in that order: any segment with
@@ -586,9 +587,9 @@ def fit_context(
 
 _NO_PREFIX_HINT = (
     "fit_context fits a generation request: pass add_generation_prompt=True (the default), or "
-    "continue_final_message=True to continue a final assistant message (a prefill); for an input that is not a "
-    "generation request (scoring, training) opt out with BudgetPolicy(generation_prefix='none') "
-    "(ctxlock fit --no-generation-prompt)"
+    "continue_final_message=True (fit --continue-final-message) to continue a final assistant message (a prefill); "
+    "for an input that is not a generation request (scoring, training) opt out with "
+    "BudgetPolicy(generation_prefix='none') (fit --no-generation-prompt)"
 )
 
 
@@ -607,7 +608,8 @@ def _generation_options(request: Request, policy: BudgetPolicy, render_options: 
             raise BudgetError(
                 f"the policy says generation_prefix='none', but {which} opens an assistant turn",
                 path="policy.generation_prefix",
-                hint="pass add_generation_prompt=False for an input without one, or drop the opt-out",
+                hint="pass add_generation_prompt=False for an input without one (fit --no-generation-prompt alone), or "
+                "drop the opt-out",
             )
         return options
     if cfm and not agp:
@@ -700,7 +702,8 @@ def _required_decisions(
                 "the template has no generation prompt and the final message is an assistant one: the input would "
                 "end with a closed assistant turn, without a generation prefix",
                 path=final.source or f"messages[{len(request.messages) - 1}]",
-                hint="continue it with continue_final_message=True (a prefill), or end with a user or tool message",
+                hint="continue it with continue_final_message=True (fit --continue-final-message), a prefill, or end "
+                "with a user or tool message",
             )
         reason = f"required: implicit, the template opens the reply after the final {final.role} turn"
     rows.append(Decision(GENERATION, "generation", kept, total - running, reason, total))

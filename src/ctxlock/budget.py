@@ -162,8 +162,8 @@ class Decision:
     kind: str
     kept: bool
     # What the segment adds (or would have added) to the candidate; None where it was not measured: a history turn
-    # older than a dropped one under history="suffix" (never tried), or a required segment the template refuses to
-    # render without the next one (its tokens are in that one's row).
+    # older than a dropped one under history="suffix" (never tried), or a required segment the template renders only
+    # with a later one (its tokens are in that one's row).
     tokens: int | None
     reason: str
     total: int  # the candidate's token count after this decision

@@ -1,11 +1,13 @@
 """fit_context: the fast algorithm against the naive oracle, in one run, on a real tokenizer.
 
-    python benchmarks/bench_fit.py [--messages 2000] [--budget 32768] [--vocab qwen2]
+    python benchmarks/bench_fit.py [--messages 2000] [--budget 32768] [--vocab qwen2] [--history suffix|greedy]
 
 A long history (mixed message sizes, a third of the turns with a tool call and its result) is fitted to the
 budget with Qwen2.5's template. The naive oracle renders and tokenizes every candidate through the full pipeline;
 the fast path renders once per candidate without the provenance pass and tokenizes run by run with a cache.
-Both must give identical decisions and ids; the script checks, then prints the times and the ratio.
+Both must give identical decisions and ids; the script checks, then prints the times and the ratio. `--history`
+is the policy's history mode: "suffix" (the default, a contiguous most-recent history: the turns older than the
+first one that does not fit are not tried) or "greedy" (the seed's loop: every turn is tried, the heavier case).
 """
 
 from __future__ import annotations
@@ -59,12 +61,13 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32768)
     ap.add_argument("--vocab", default="qwen2")
     ap.add_argument("--fast-rounds", type=int, default=3)
+    ap.add_argument("--history", choices=("suffix", "greedy"), default="suffix")
     args = ap.parse_args()
     model = ctxlock.load(str(artifacts.hf_tokenizer_dir(args.vocab)))
     source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     template = ChatTemplate(source, id="qwen2.5")
     request = parse_request(history(args.messages))
-    policy = BudgetPolicy(max_input_tokens=args.budget)
+    policy = BudgetPolicy(max_input_tokens=args.budget, history=args.history)
     fast_times = []
     for _ in range(args.fast_rounds):  # the first round includes building the tokenizer's plain-text variant
         t0 = time.perf_counter()
@@ -77,7 +80,7 @@ def main() -> None:
     same = fast.decisions == naive.decisions and fast.ids == naive.ids
     kept = sum(1 for d in fast.decisions if d.kept)
     print(
-        f"{len(request.messages)} messages, {len(fast.decisions)} segments ({kept} kept), "
+        f"{len(request.messages)} messages, history {args.history}, {len(fast.decisions)} segments ({kept} kept), "
         f"{fast.input_tokens:,} / {args.budget:,} tokens; identical decisions and ids: {same}"
     )
     print(f"fast {t_fast:.2f} s (median of {len(fast_times)}), naive {t_naive:.2f} s, ratio {t_naive / t_fast:.1f}x")

@@ -81,3 +81,29 @@ def with_parsed_arguments(data: dict[str, Any]) -> dict[str, Any]:
             if isinstance(fn.get("arguments"), str):
                 fn["arguments"] = json.loads(fn["arguments"])
     return out
+
+
+def has_content_parts(data: dict[str, Any]) -> bool:
+    """Whether some message of a raw request sends its content as a list of parts."""
+    return any(isinstance(m.get("content"), list) for m in data.get("messages") or [])
+
+
+def with_joined_content(data: dict[str, Any]) -> dict[str, Any]:
+    """The raw request with every content-part list replaced by its text parts joined with "\n": what ctxlock
+    renders, by default, with a template whose content format is "string" (README, "Differences from the
+    references"); the lists must hold text parts only."""
+    out = copy.deepcopy(data)
+    for m in out.get("messages") or []:
+        if isinstance(m.get("content"), list):
+            assert all(p.get("type") == "text" for p in m["content"]), m["content"]
+            m["content"] = "\n".join(p["text"] for p in m["content"])
+    return out
+
+
+def only_text_parts(data: dict[str, Any]) -> bool:
+    return all(
+        p.get("type") == "text"
+        for m in data.get("messages") or []
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+    )

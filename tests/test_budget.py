@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -84,6 +87,11 @@ def test_invariants_and_the_naive_oracle(qwen, data: dict, budget: int) -> None:
     assert fast.rendered.text.endswith("<|im_start|>assistant\n")  # exactly one generation prefix, at the end
     assert fast.rendered.text.count("<|im_start|>assistant\n") == sum(1 for m in msgs if m.role == "assistant") + 1
     assert list(fast.model_input.input_ids[0]) == list(fast.ids)
+    # The default history is a contiguous most-recent suffix: every kept optional turn is newer than every dropped one.
+    history = [d for d in fast.decisions if d.kind == "history" and not d.reason.startswith("required")]
+    kept = [int(d.segment[8:].split(":")[0]) for d in history if d.kept]
+    dropped = [int(d.segment[8:].split(":")[0]) for d in history if not d.kept]
+    assert not kept or not dropped or min(kept) > max(dropped)
 
 
 def _required_only(request):
@@ -100,8 +108,9 @@ def test_required_overflow_is_rejected_with_sizes(qwen) -> None:
     )
     with pytest.raises(BudgetExceeded) as info:
         fit_context(request, model, BudgetPolicy(max_input_tokens=50), template=template)
-    assert set(info.value.sizes) == {"system", "current"} and info.value.sizes["system"] > 150
-    assert info.value.total > 50 and "nothing was dropped" in info.value.hint
+    sizes = info.value.sizes
+    assert set(sizes) == {"system", "current", "generation prefix"} and sizes["system"] > 200
+    assert sum(sizes.values()) == info.value.total > 50 and "nothing was dropped" in info.value.hint
 
 
 def test_decisions_log_and_policy_digest(qwen) -> None:
@@ -168,6 +177,9 @@ def test_fit_cli_json_and_record(tmp_path) -> None:
     assert human.returncode == 0 and "dropped" in human.stdout and "record " in human.stdout
     too_small = subprocess.run([*args, "--max-input-tokens", "10"], capture_output=True, text=True, env=env)
     assert too_small.returncode == 1 and "BudgetExceeded" in too_small.stderr and "Traceback" not in too_small.stderr
+    assert "system 12, tools 0, current 12, generation prefix 3" in too_small.stderr  # real counts
+    recorded = subprocess.run([*args, "--max-input-tokens", "10", "--record"], capture_output=True, text=True, env=env)
+    assert recorded.returncode == 1 and "Traceback" not in recorded.stderr and "record " in recorded.stderr
 
 
 # -- the incremental counter on its own: edits anywhere, control tokens that are prefixes of one another ----------
@@ -251,3 +263,188 @@ def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:
     assert fast.decisions == naive.decisions
     assert fast.ids == naive.ids
     assert fast.input_tokens <= budget
+
+
+# -- issue 16: a contiguous history, the fitted request, the generation prefix ------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "long-chat.json"
+
+
+def _fit_cli(*extra: str, cwd=None) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "fit", str(EXAMPLE), *extra, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _history_kept(decisions: list) -> list[tuple[int, int]]:
+    spans = []
+    for d in decisions:
+        if d["kind"] == "history" and d["kept"]:
+            a, b = d["segment"][len("history[") : -1].split(":")
+            spans.append((int(a), int(b)))
+    return sorted(spans)
+
+
+def test_history_is_a_contiguous_most_recent_suffix_by_default() -> None:
+    """Issue 16 item 3: at 625 tokens the seed's greedy loop kept history[9:11] after dropping [11:15] and [15:17]."""
+    out = _fit_cli("--max-input-tokens", "625")
+    kept = _history_kept(out["decisions"])
+    assert kept and kept[-1][1] == 33  # up to the current turn (messages[33])
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(kept))  # no gap between kept turns
+    dropped = [d for d in out["decisions"] if d["kind"] == "history" and not d["kept"]]
+    assert dropped and all(int(d["segment"][8:].split(":")[0]) < kept[0][0] for d in dropped)
+    assert out["policy"]["history"] == "suffix"
+    # The first dropped turn was measured; the older ones were never tried, and say why.
+    assert dropped[0]["tokens"] > 0 and "would make" in dropped[0]["reason"]
+    assert all(d["tokens"] is None and "contiguous" in d["reason"] for d in dropped[1:])
+    kept_messages = [m for m in out["request"]["messages"] if m["role"] != "system"]
+    assert len(kept_messages) == 33 - kept[0][0] + 1
+    # The seed's greedy order is an option, recorded in the policy: it keeps the small old turn after a gap.
+    greedy = _fit_cli("--max-input-tokens", "625", "--history", "greedy")
+    assert greedy["policy"]["history"] == "greedy"
+    assert (9, 11) in _history_kept(greedy["decisions"]) and (15, 17) not in _history_kept(greedy["decisions"])
+
+
+def test_suffix_and_greedy_in_python(qwen) -> None:
+    model, template = qwen
+    msgs = []
+    for i in range(6):
+        size = 60 if i == 3 else 4  # one large turn in the middle
+        msgs += [{"role": "user", "content": f"q{i} " * size}, {"role": "assistant", "content": f"a{i} " * 4}]
+    msgs.append({"role": "user", "content": "last"})
+    request = parse_request({"messages": msgs})
+    suffix = fit_context(request, model, BudgetPolicy(max_input_tokens=180), template=template)
+    greedy = fit_context(request, model, BudgetPolicy(max_input_tokens=180, history="greedy"), template=template)
+    assert suffix.request.messages[0].content == "q4 " * 4  # turns 4 and 5, then the current one
+    assert suffix.kept_messages == tuple(range(8, 13))
+    assert greedy.kept_messages == (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)  # the seed's loop leaves turn 3 out
+    assert suffix.input_tokens < greedy.input_tokens <= 180
+    assert BudgetPolicy.from_dict(greedy.policy.to_dict()) == greedy.policy
+    with pytest.raises(BudgetError) as info:
+        BudgetPolicy(max_input_tokens=10, order=("history[0:2]",))
+    assert "greedy" in info.value.hint
+    with pytest.raises(BudgetError):
+        BudgetPolicy(max_input_tokens=10, history="oldest")
+
+
+def test_fit_gives_the_request_to_send_and_real_required_counts(tmp_path) -> None:
+    """Issue 16 item 4: the fitted request in --json and --emit-request, and required segments with their tokens."""
+    import json
+
+    emitted = tmp_path / "fitted.json"
+    qwen_dir = str(artifacts.hf_tokenizer_dir("qwen2"))
+    out = _fit_cli("--model", qwen_dir, "--max-input-tokens", "600", "--emit-request", str(emitted))
+    original = json.loads(Path(EXAMPLE).read_text("utf-8"))
+    sent = out["request"]
+    assert json.loads(emitted.read_text("utf-8")) == sent
+    assert sent["tools"] == original["tools"] and sent["messages"][-1] == original["messages"][-1]
+    assert all(m in original["messages"] for m in sent["messages"])  # the caller's own message objects
+    # The request renders to exactly the ids fit reports.
+    model = ctxlock.load(qwen_dir)
+    assert list(model.encode(sent).input_ids[0]) == out["input_ids"]
+    required = [d for d in out["decisions"] if d["reason"].startswith("required")]
+    assert [d["segment"] for d in required] == ["system", "tools", "current", "generation prefix"]
+    assert required[0]["tokens"] > 0 and required[2]["tokens"] > 0 and required[3]["tokens"] == 3
+    assert sum(d["tokens"] or 0 for d in required) == required[-1]["total"]
+
+
+def test_the_fitted_request_keeps_the_anthropic_shape() -> None:
+    from ctxlock.budget import fitted_request_json
+
+    model = ctxlock.load()  # Mistral Nemo's template: list content, 9-character tool ids
+    raw = {
+        "system": "Be brief.",
+        "messages": [
+            {"role": "user", "content": "weather? " * 40},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "abcdefghi", "name": "w", "input": {"c": "x"}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "abcdefghi", "content": "sunny " * 60},
+                    {"type": "text", "text": "thanks, and tomorrow?"},
+                ],
+            },
+            {"role": "assistant", "content": "Rain."},
+            {"role": "user", "content": "ok"},
+        ],
+        "max_tokens": 100,
+        "model": "x",
+    }
+    request = parse_request(raw)
+    fitted = fit_context(request, model, BudgetPolicy(max_input_tokens=60))
+    sent = fitted_request_json(raw, request, fitted)
+    # The old turn (the call and its result) is dropped; the text block of the same user message is a newer turn.
+    assert sent["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "thanks, and tomorrow?"}]},
+        {"role": "assistant", "content": "Rain."},
+        {"role": "user", "content": "ok"},
+    ]
+    assert sent["system"] == "Be brief." and sent["max_tokens"] == 100 and sent["model"] == "x"
+    assert parse_request(sent) == fitted.request
+
+
+def test_exactly_one_generation_prefix_is_asserted(qwen) -> None:
+    """Issue 16 item 5: add_generation_prompt=False used to pass silently; the seed asserts one generation prefix."""
+    model, template = qwen
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]}
+    request = parse_request({"messages": [{"role": "user", "content": "hi"}]})
+    policy = BudgetPolicy(max_input_tokens=100)
+    with pytest.raises(BudgetError) as info:
+        fit_context(request, model, policy, template=template, add_generation_prompt=False)
+    assert info.value.path == "add_generation_prompt" and "generation_prefix='none'" in info.value.hint
+    fitted = fit_context(request, model, policy, template=template)
+    row = next(d for d in fitted.decisions if d.kind == "generation")
+    assert row.kept and row.tokens == 3 and "<|im_start|>assistant\\n" in row.reason
+    # The explicit opt-out is recorded in the policy and in the decisions.
+    none = BudgetPolicy(max_input_tokens=100, generation_prefix="none")
+    bare = fit_context(request, model, none, template=template)
+    row = next(d for d in bare.decisions if d.kind == "generation")
+    assert not row.kept and row.tokens == 0 and bare.policy.to_dict()["generation_prefix"] == "none"
+    assert bare.input_tokens == fitted.input_tokens - 3 and not bare.rendered.text.endswith("assistant\n")
+    with pytest.raises(BudgetError):
+        fit_context(request, model, none, template=template, add_generation_prompt=True)
+    # A prefill is the one generation prefix; continuing a user message is not one.
+    prefill = fit_context(parse_request(chat), model, policy, template=template, continue_final_message=True)
+    row = next(d for d in prefill.decisions if d.kind == "generation")
+    assert row.kept and "prefill" in row.reason and prefill.rendered.text.endswith("Hel")
+    with pytest.raises(BudgetError):
+        fit_context(request, model, policy, template=template, continue_final_message=True)
+    # A template with no generation prompt (Mistral's) opens the reply after a user turn, not after an assistant one.
+    nemo = ctxlock.load()
+    fit_context(request, nemo, policy)
+    with pytest.raises(BudgetError) as info:
+        fit_context(parse_request(chat), nemo, policy)
+    assert "prefill" in info.value.hint
+
+
+def test_fit_records_replay_identically(tmp_path) -> None:
+    import json
+
+    from ctxlock.record import RunOptions
+    from ctxlock.replay import replay, run_and_record, save
+    from ctxlock.store import Store
+
+    store = Store(tmp_path / "store")
+    model = ctxlock.load()
+    data = Path(EXAMPLE).read_bytes()
+    for history in ("suffix", "greedy"):
+        pol = BudgetPolicy(max_input_tokens=625, history=history).to_dict()
+        fitted, rec, err = run_and_record(model, data, RunOptions(budget=pol, now="2024-07-26T00:00:00+00:00"))
+        assert err is None
+        save(store, model, rec, fitted.rendered.template)
+        assert rec.data["decisions"]["budget"]["policy"]["history"] == history
+        result, _ = replay(rec, store)
+        assert result.identical
+    assert json.loads(data)["messages"]  # the example is a chat

@@ -480,7 +480,8 @@ def test_cli_compact_plan_json(tmp_path: Any, nemo: ctxlock.Model) -> None:
     out = json.loads(result.stdout)
     plan = plan_compaction(conv.request(), nemo, context_window=600, reserve_tokens=100, keep_recent_tokens=200)
     assert out["should_compact"] is True
-    assert {k: v for k, v in out.items() if k not in ("should_compact", "context_window")} == plan.to_dict()
+    extra = ("should_compact", "context_window", "helps", "problems")
+    assert {k: v for k, v in out.items() if k not in extra} == plan.to_dict()
 
     human = runner.invoke(app, [*args, "--keep-recent-tokens", "200"])
     assert human.exit_code == 0, human.output
@@ -491,3 +492,48 @@ def test_cli_compact_plan_json(tmp_path: Any, nemo: ctxlock.Model) -> None:
     failed = runner.invoke(app, ["compact-plan", str(bad), "--context-window", "600", "--json"])
     assert failed.exit_code != 0
     assert json.loads(failed.stdout)["error"]["type"] == "RequestValidationError"
+
+
+def test_cli_says_when_a_plan_does_not_help(nemo: ctxlock.Model) -> None:
+    """Issue 16 item 6: the README's example planned 1,094 -> 1,400 tokens in a 1,200-token window, silently."""
+    from pathlib import Path
+
+    app = typer.Typer()
+    register(app)
+
+    @app.command()
+    def noop() -> None:  # a second command, so typer keeps `compact-plan` as a subcommand
+        pass
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "long-chat.json"
+    args = ["compact-plan", str(example), "--context-window", "1200", "--reserve-tokens", "200"]
+    args += ["--keep-recent-tokens", "300"]
+    runner = CliRunner()
+    out = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert (out["tokens_before"], out["estimated_tokens_after"]) == (1094, 1400)
+    assert out["helps"] is False and len(out["problems"]) == 2
+    assert "does not shrink" in out["problems"][0] and "over the context window 1,200" in out["problems"][1]
+    human = runner.invoke(app, args)
+    assert human.exit_code == 0 and "does not help" in human.stdout and "1,400 >= tokens before 1,094" in human.stdout
+    checked = runner.invoke(app, [*args, "--check", "--json"])
+    assert checked.exit_code == 1 and json.loads(checked.stdout)["helps"] is False
+    # A summary small enough makes the same cut help: exit 0 under --check.
+    small = runner.invoke(app, [*args, "--summary-tokens", "200", "--check"])
+    assert small.exit_code == 0 and "the plan helps" in small.stdout
+    # Compaction due, nothing to summarize: that does not help either.
+    from ctxlock.compaction import plan_problems
+
+    req = json.loads(example.read_text("utf-8"))
+    plan = plan_compaction(req, nemo, context_window=1200, reserve_tokens=200, keep_recent_tokens=5000)
+    assert plan.summarizes_nothing and "nothing can be summarized" in plan_problems(plan, 1200)[0]
+    # Still over window - reserve after compacting, though smaller.
+    plan = plan_compaction(
+        req, nemo, context_window=1200, reserve_tokens=200, keep_recent_tokens=300, summary_tokens=650
+    )
+    assert plan.estimated_tokens_after < plan.tokens_before
+    assert plan_problems(plan, 1200) == (
+        f"estimated after {plan.estimated_tokens_after:,} is still over the compaction threshold 1,000 "
+        "(window 1,200 - reserve 200)",
+    )
+    not_due = plan_compaction(req, nemo, context_window=100_000, reserve_tokens=200, keep_recent_tokens=5000)
+    assert plan_problems(not_due, 100_000) == ()

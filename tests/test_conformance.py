@@ -7,6 +7,10 @@ normalization ctxlock makes). For every template and every conversation of the c
 - the default (`"parsed"`): identical too, except that string `arguments` are rendered as the object they hold
   (README, "Differences from the references"): the text is then transformers' on the raw request with exactly those
   strings parsed, and on every conversation without string arguments it is transformers' on the raw request.
+  The `"as-sent"` mode also passes `content_format="openai"` (content-part lists as sent, transformers); the default
+  mode keeps `content_format="auto"`, so a template whose content format is "string" gets each all-text list joined
+  with "\n": transformers' render of the request with those lists joined, and a `ContentFormatError` for an image
+  part (never a silent drop).
 
 Where transformers raises, ctxlock raises a typed TemplateError with transformers' own message. Then, for every
 template with its paired vocabulary, the ids equal `apply_chat_template(tokenize=True)` on the raw request (as-sent)
@@ -30,13 +34,16 @@ from conformance import (
     TEMPLATE_KWARGS,
     FixedClock,
     conversations,
+    has_content_parts,
+    only_text_parts,
     string_argument_paths,
     vocab_for,
+    with_joined_content,
     with_parsed_arguments,
 )
-from ctxlock.errors import CtxlockError, TemplateError
+from ctxlock.errors import ContentFormatError, CtxlockError, TemplateError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, render
+from ctxlock.template import ChatTemplate, content_format, render
 
 pytestmark = pytest.mark.reference
 
@@ -48,6 +55,8 @@ MODES = ("parsed", "as-sent")
 # (template, conversation) pairs where the parsed default renders differently from transformers on the raw request:
 # the documented difference, seen only where arguments are strings.
 DIFFERENCES: list[tuple[str, str]] = []
+# (template, conversation) pairs where the default joined content-part lists (a "string" content-format template).
+JOINED: list[tuple[str, str]] = []
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -101,22 +110,40 @@ def test_template_renders_like_transformers(path: Path) -> None:
     assert model.special_tokens == special  # the template sees the same variables as in transformers
     counts: Counter = Counter()
     failures = []
+    joins = content_format(source) == "string"
     for name, data, options in CORPUS:
         extra = TEMPLATE_KWARGS.get(path.name, {})
         raw_kind, raw_ref = _reference(source, *_raw(data), {**options, **extra}, special)
         strings = string_argument_paths(data)
         for mode in MODES:
             request = parse_request(data, tool_arguments=mode)
-            if mode == "parsed" and strings:
-                # The documented difference: transformers on the raw request with the string arguments parsed.
-                ref_kind, ref = _reference(source, *_raw(with_parsed_arguments(data)), {**options, **extra}, special)
+            fmt = "openai" if mode == "as-sent" else "auto"
+            flattens = mode == "parsed" and joins and has_content_parts(data)
+            if mode == "parsed" and (strings or flattens):
+                # The documented differences: transformers on the raw request with the string arguments parsed,
+                # and content-part lists joined for a template that reads content as a string.
+                shaped = with_parsed_arguments(data)
+                if flattens and only_text_parts(data):
+                    shaped = with_joined_content(shaped)
+                ref_kind, ref = _reference(source, *_raw(shaped), {**options, **extra}, special)
             else:
                 ref_kind, ref = raw_kind, raw_ref
-            our_kind, ours = _ours(request, template, {**options, "chat_template_kwargs": extra or None}, model)
+            opts = {**options, "chat_template_kwargs": extra or None, "content_format": fmt}
+            our_kind, ours = _ours(request, template, opts, model)
             where = f"{name} [{mode}]"
+            if flattens and not only_text_parts(data):
+                # An image part in a template that reads content as a string: a typed error naming the part.
+                if isinstance(ours, ContentFormatError) and ours.path.startswith("messages["):
+                    counts["same error"] += 1
+                else:
+                    failures.append(f"{where}: an image part should be a ContentFormatError, got {ours!r:.200}")
+                continue
             if ref_kind == "ok" and our_kind == "ok":
                 if ours.text == ref:
                     counts["identical"] += 1
+                    if flattens:
+                        assert ours.flattened and ours.content_format == "string"
+                        JOINED.append((path.name, name))
                     if mode == "parsed" and strings and raw_kind == "ok" and ours.text != raw_ref:
                         DIFFERENCES.append((path.name, name))
                 else:
@@ -151,11 +178,8 @@ def test_template_ids_equal_transformers(path: Path) -> None:
             expected = reference.reference_ids(tok_dir, source, messages, tools=tools, **options, **extra)
         except Exception:
             continue
-        ours = (
-            model.encode(request, template=template, now=FIXED_NOW, chat_template_kwargs=extra or None, **options)
-            .input_ids[0]
-            .tolist()
-        )
+        kwargs = {"now": FIXED_NOW, "chat_template_kwargs": extra or None, "content_format": "openai", **options}
+        ours = model.encode(request, template=template, **kwargs).input_ids[0].tolist()
         assert ours == expected, f"{name} with {vocab}: first difference at {_first_diff(ours, expected)}"
         compared += 1
     IDS_COMPARED[path.name] = compared
@@ -178,7 +202,9 @@ def test_zz_conformance_summary(capsys: pytest.CaptureFixture[str]) -> None:
             f"{total['identical']} identical renders, {total['same error']} identical errors; "
             f"ids identical on {sum(IDS_COMPARED.values())} (template, conversation) pairs over "
             f"{len(IDS_COMPARED)} templates; the parsed default differs from transformers on the raw request in "
-            f"{len(DIFFERENCES)} (template, conversation) pairs, all with string arguments"
+            f"{len(DIFFERENCES)} (template, conversation) pairs, all with string arguments; content-part lists were "
+            f"joined (string content format) in {len(JOINED)} pairs over {len({t for t, _ in JOINED})} templates, "
+            "each equal to transformers on the joined request"
         )
     if len(RESULTS) == len(TEMPLATES):
         assert len(full) >= 55

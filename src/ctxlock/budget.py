@@ -3,11 +3,23 @@
     keep all required segments atomically; render and tokenize them; reject if over budget
     for each optional segment in priority order:
         add it tentatively; render and tokenize the whole candidate; keep it only if it fits
+    assert: the current user message is present; every tool result keeps its call;
+            exactly one assistant generation prefix
 
 Required: system/developer messages, the tool schemas, the current turn (the last user message and everything
-after it), the generation prefix. Optional: earlier history, one unit per user message or per assistant message
-together with the tool results that answer its calls (a call and its results are kept or dropped together), and
-retrieved documents. Every decision is recorded: segment, kept or dropped, its tokens, the reason, the running total.
+after it), the generation prefix. Optional: earlier history, one unit per user turn (a user message and every
+assistant and tool message it triggers, so a call and its results are kept or dropped together), and retrieved
+documents. Every decision is recorded: segment, kept or dropped, its tokens, the reason, the running total. The
+required segments' tokens are measured by adding them one at a time in request order (the first one carries the
+template's fixed text), so the required rows add up to the required candidate's count.
+
+History is kept as a contiguous most-recent suffix by default (`BudgetPolicy.history="suffix"`, as mistral-common's
+truncation drops whole user turns from the oldest): turns are tried newest first, and the first one that does not
+fit closes the history, so every older turn is dropped too and the model never sees a gap. `history="greedy"` is the
+seed's literal loop: every turn is tried, and a small old turn can be kept after a newer one was dropped. Documents
+are always tried greedily. The generation prefix is checked, not assumed: the fitted input ends with exactly one
+assistant generation prefix (the template's, or the open final assistant message with `continue_final_message`),
+unless the policy says `generation_prefix="none"`.
 
 `fit_context` gives the same decisions and ids as the naive algorithm (re-render and re-tokenize the whole
 candidate each time), faster, and without approximation: each candidate is still rendered (the template is a
@@ -23,21 +35,23 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .errors import BudgetError, BudgetExceeded, TemplateError
 from .frozen import canonical_json
-from .request import Message, Request
+from .request import Message, Request, parse_request
 from .template import Rendered
 from .tensors import ModelInput, assemble
 from .tokenizer import Tokenizer
 from .tokenizer.runs import reference_path
 
 SegmentKind = Literal["system", "tools", "current", "history", "document"]
+HistoryMode = Literal["suffix", "greedy"]
+GenerationPrefix = Literal["required", "none"]
+GENERATION = "generation prefix"  # the decision row of the generation prefix (kind "generation")
 
 # What `tokenizers` strips next to an lstrip/rstrip added token: Rust's `char::is_whitespace` (Unicode White_Space).
 # Python's `str.isspace` also takes U+001C..U+001F, which the tokenizer keeps as text.
@@ -49,13 +63,23 @@ _STRIPPED_WHITESPACE = frozenset(
 
 @dataclass(frozen=True)
 class BudgetPolicy:
-    """How to fit: the token budget and the order in which optional segments are tried."""
+    """How to fit: the token budget and the order in which optional segments are tried.
+
+    `history`: "suffix" (default) keeps a contiguous most-recent run of history turns; "greedy" tries every turn
+    newest first and keeps each one that fits (the seed's loop; it can leave gaps). Either way a history turn holding
+    the call of a result in the current turn is required, kept with it. `generation_prefix`: "required"
+    (default) checks that the fitted input ends with exactly one assistant generation prefix; "none" is the caller's
+    explicit opt-out for an input that is not a generation request (scoring, training), rendered with
+    add_generation_prompt=False. `order` lists optional segment ids to try first, in that order: any segment with
+    history="greedy", documents only with "suffix" (a suffix is always tried newest first)."""
 
     max_input_tokens: int | None = None
     context_window: int | None = None
     reserve_output_tokens: int = 0
     optional_priority: tuple[str, ...] = ("history", "documents")  # which kind is tried first
     order: tuple[str, ...] | None = None  # a user-supplied order of optional segment ids (overrides the above)
+    history: HistoryMode = "suffix"
+    generation_prefix: GenerationPrefix = "required"
 
     def __post_init__(self) -> None:
         if (self.max_input_tokens is None) == (self.context_window is None):
@@ -68,6 +92,27 @@ class BudgetPolicy:
             raise BudgetError("token counts must be positive", path="policy")
         if set(self.optional_priority) - {"history", "documents"}:
             raise BudgetError("optional_priority lists 'history' and 'documents'", path="policy.optional_priority")
+        if self.history not in get_args(HistoryMode):
+            raise BudgetError(
+                f"unknown history mode {self.history!r}",
+                path="policy.history",
+                hint="use 'suffix' (a contiguous most-recent history, the default) or 'greedy' (the seed's loop)",
+            )
+        if self.generation_prefix not in get_args(GenerationPrefix):
+            raise BudgetError(
+                f"unknown generation_prefix {self.generation_prefix!r}",
+                path="policy.generation_prefix",
+                hint="use 'required' (the default) or 'none' (an input that is not a generation request)",
+            )
+        if self.history == "suffix" and self.order is not None:
+            named = [x for x in self.order if not x.startswith("documents[")]
+            if named:
+                raise BudgetError(
+                    f"policy.order names history segments {named}, but history='suffix' keeps a contiguous "
+                    "most-recent history, tried newest first",
+                    path="policy.order",
+                    hint='set "history": "greedy" (--history greedy) to try history in your own order',
+                )
 
     @property
     def budget(self) -> int:
@@ -83,6 +128,8 @@ class BudgetPolicy:
             "reserve_output_tokens": self.reserve_output_tokens,
             "optional_priority": list(self.optional_priority),
             "order": list(self.order) if self.order is not None else None,
+            "history": self.history,
+            "generation_prefix": self.generation_prefix,
             "tool_pairs_atomic": True,
         }
 
@@ -114,7 +161,10 @@ class Decision:
     segment: str
     kind: str
     kept: bool
-    tokens: int  # what the segment adds (or would have added) to the candidate
+    # What the segment adds (or would have added) to the candidate; None where it was not measured: a history turn
+    # older than a dropped one under history="suffix" (never tried), or a required segment the template renders only
+    # with a later one (its tokens are in that one's row).
+    tokens: int | None
     reason: str
     total: int  # the candidate's token count after this decision
 
@@ -131,6 +181,8 @@ class Fitted:
     decisions: tuple[Decision, ...]
     policy: BudgetPolicy
     budget: int
+    kept_messages: tuple[int, ...] = ()  # indexes into the original request's messages, in order
+    kept_documents: tuple[int, ...] = ()  # indexes into the original request's documents
 
     @property
     def input_tokens(self) -> int:
@@ -401,6 +453,7 @@ class _Counter:
         self.model = model
         self.options = dict(render_options)
         self.cache = _RunCache(model.tokenizer) if fast else None
+        self.base_rendered: Rendered | None = None
 
     def _render(self, req: Request) -> Rendered:
         return self.model.render(req, **self.options)
@@ -416,10 +469,14 @@ class _Counter:
             return len(self.model.run(req, **self.options).tokenized.ids)
 
     def base(self, req: Request) -> int:
-        """Count the first candidate (the required segments), and make it the base."""
+        """Count the first candidate (the required segments), and make it the base; its render is kept in
+        `base_rendered`."""
         if self.cache is None:
-            return self._naive(req)
-        rendered = self._render(req)
+            with reference_path():
+                run = self.model.run(req, **self.options)
+            self.base_rendered = run.rendered
+            return len(run.tokenized.ids)
+        rendered = self.base_rendered = self._render(req)
         n = self.cache.rebase(rendered)
         return n if n is not None else self._full(rendered)
 
@@ -434,44 +491,67 @@ class _Counter:
         if self.cache is not None and rendered is not None:
             self.cache.rebase(rendered)
 
+    def measure(self, req: Request, **overrides: Any) -> tuple[int, Rendered]:
+        """The full count of `req` rendered with `overrides` over the options; the base is left as is."""
+        options = {**self.options, **overrides}
+        if self.cache is None:
+            with reference_path():
+                run = self.model.run(req, **options)
+            return len(run.tokenized.ids), run.rendered
+        rendered = self.model.render(req, **options)
+        return self._full(rendered), rendered
+
 
 def fit_context(
     request: Request, model: Any, policy: BudgetPolicy, *, naive: bool = False, **render_options: Any
 ) -> Fitted:
     """Seed 000 §1.7's fit_context. `naive=True` re-renders and re-tokenizes through the full pipeline each step,
     on the reference path (no run cache, no fast engine): the oracle. The default gives identical decisions and
-    ids, faster."""
+    ids, faster.
+
+    `render_options` are `Model.render`'s. The fitted input must end with exactly one assistant generation prefix:
+    `add_generation_prompt` (the default) or `continue_final_message` on a final assistant message (a prefill);
+    `add_generation_prompt=False` alone raises BudgetError unless `policy.generation_prefix == "none"`."""
     budget = policy.budget
+    options = _generation_options(request, policy, render_options)
     segs = segments(request)
-    counter = _Counter(model, request, render_options, fast=not naive)
+    counter = _Counter(model, request, options, fast=not naive)
     kept: set[str] = set()
-    decisions: list[Decision] = []
 
     req = candidate(request, segs, kept)
     total = counter.base(req)
+    assert counter.base_rendered is not None
+    decisions = _required_decisions(request, segs, counter, policy, options, total, counter.base_rendered)
     if total > budget:
-        sizes = _required_sizes(request, segs, model)
-        listing = ", ".join(f"{sid} {n:,}" for sid, n in sizes.items())
+        sizes = {d.segment: d.tokens for d in decisions if d.tokens is not None}
+        parts, into = [], ""
+        for d in reversed(decisions):  # a segment counted with a later one names it
+            parts.append(f"{d.segment} {d.tokens:,}" if d.tokens is not None else f"{d.segment} (with {into})")
+            into = d.segment if d.tokens is not None else into
+        listing = ", ".join(reversed(parts))
         raise BudgetExceeded(
-            f"the required segments alone take {total:,} tokens, over the budget of {budget:,} "
-            f"(content tokens: {listing})",
+            f"the required segments alone take {total:,} tokens, over the budget of {budget:,} ({listing})",
             path="policy.max_input_tokens" if policy.max_input_tokens is not None else "policy.context_window",
             hint="raise the budget, or shorten the system prompt, tools or current message; nothing was dropped",
             sizes=sizes,
             total=total,
             budget=budget,
         )
-    for s in segs:
-        if s.required:
-            decisions.append(Decision(s.id, s.kind, True, 0, "required", total))
     best = req
+    closed: str | None = None  # history="suffix": the newest history turn that was dropped; older ones follow it
     for s in priority_order(segs, request, policy):
+        if closed is not None and s.kind == "history":
+            reason = f"older than {closed}, dropped: the history stays a contiguous suffix"
+            decisions.append(Decision(s.id, s.kind, False, None, reason, total))
+            continue
         trial = candidate(request, segs, kept | {s.id})
         try:
             n, t_rendered = counter.trial(trial)
         except TemplateError as exc:
             # The template refuses this candidate (e.g. roles must alternate): it cannot be what the model sees.
             decisions.append(Decision(s.id, s.kind, False, 0, f"the template rejects it: {exc.message}", total))
+            if policy.history == "suffix" and s.kind == "history":
+                closed = s.id
             continue
         added = n - total
         if n <= budget:
@@ -482,12 +562,16 @@ def fit_context(
             decisions.append(Decision(s.id, s.kind, True, added, "fits", total))
         else:
             decisions.append(Decision(s.id, s.kind, False, added, f"would make {n:,} > {budget:,}", total))
+            if policy.history == "suffix" and s.kind == "history":
+                closed = s.id
     _check_invariants(best, request)
     # The fitted request goes through the full stage once: the render and the tokenizer stage.
-    final_rendered = model.render(best, **render_options)
+    final_rendered = model.render(best, **options)
     final_ids = list(model.tokenize(final_rendered).ids)
     if len(final_ids) != total:
         raise AssertionError(f"fit_context counted {total} tokens but the pipeline gives {len(final_ids)}")
+    _check_generation_prefix(best, model, options, final_rendered)
+    messages, documents = _kept_indexes(segs, kept)
     return Fitted(
         request=best,
         rendered=final_rendered,
@@ -496,21 +580,175 @@ def fit_context(
         decisions=tuple(decisions),
         policy=policy,
         budget=budget,
+        kept_messages=messages,
+        kept_documents=documents,
     )
 
 
-def _required_sizes(request: Request, segs: Sequence[Segment], model: Any) -> dict[str, int]:
-    tok = model.tokenizer
-    sizes: dict[str, int] = {}
-    for s in segs:
-        if not s.required:
+_NO_PREFIX_HINT = (
+    "fit_context fits a generation request: pass add_generation_prompt=True (the default), or "
+    "continue_final_message=True (fit --continue-final-message) to continue a final assistant message (a prefill); "
+    "for an input that is not a generation request (scoring, training) opt out with "
+    "BudgetPolicy(generation_prefix='none') (fit --no-generation-prompt)"
+)
+
+
+def _generation_options(request: Request, policy: BudgetPolicy, render_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The render options with `add_generation_prompt` made explicit, after checking that they give the fitted input
+    exactly one assistant generation prefix (or, with policy generation_prefix="none", none)."""
+    options = dict(render_options)
+    cfm = bool(options.get("continue_final_message"))
+    agp = options.get("add_generation_prompt")
+    if agp is None:
+        agp = not cfm and policy.generation_prefix != "none"
+    options["add_generation_prompt"] = bool(agp)
+    if policy.generation_prefix == "none":
+        if agp or cfm:
+            which = "continue_final_message=True" if cfm else "add_generation_prompt=True"
+            raise BudgetError(
+                f"the policy says generation_prefix='none', but {which} opens an assistant turn",
+                path="policy.generation_prefix",
+                hint="pass add_generation_prompt=False for an input without one (fit --no-generation-prompt alone), or "
+                "drop the opt-out",
+            )
+        return options
+    if cfm and not agp:
+        last = request.messages[-1]
+        if last.role != "assistant":
+            raise BudgetError(
+                f"continue_final_message continues the final {last.role} message: the input would end without an "
+                "assistant generation prefix",
+                path=last.source or f"messages[{len(request.messages) - 1}]",
+                hint=_NO_PREFIX_HINT,
+            )
+    elif not agp:
+        raise BudgetError(
+            "add_generation_prompt=False: the fitted input would end without an assistant generation prefix "
+            "(seed 000 §1.7 asserts exactly one)",
+            path="add_generation_prompt",
+            hint=_NO_PREFIX_HINT,
+        )
+    return options
+
+
+def _subset(request: Request, segs: Sequence[Segment], ids: set[str]) -> Request:
+    """The request holding only the segments in `ids` (no documents)."""
+    keep = sorted(k for s in segs if s.id in ids for k in s.messages)
+    return dataclasses.replace(
+        request,
+        messages=tuple(request.messages[k] for k in keep),
+        tools=request.tools if "tools" in ids else None,
+        documents=None,
+    )
+
+
+def _required_decisions(
+    request: Request,
+    segs: Sequence[Segment],
+    counter: _Counter,
+    policy: BudgetPolicy,
+    options: Mapping[str, Any],
+    total: int,
+    base: Rendered,
+) -> list[Decision]:
+    """One row per required segment with the tokens it adds: the segments are added one at a time in request
+    order, rendered without a generation prefix (the first row carries the template's own text), then the
+    generation prefix row; the rows add up to `total`, the required candidate's count. A segment the template
+    refuses to render without the next one, or renders only with it, is counted with the next (tokens None).
+    The generation prefix is checked here, on the required candidate (`base`), and again on the fitted one."""
+    required = [s for s in segs if s.required]
+    cfm = bool(options.get("continue_final_message"))
+    rows: list[Decision] = []
+    running = 0
+    pending: list[Segment] = []
+    included: set[str] = set()
+    closed_text: str | None = None  # the required candidate without a generation prefix
+    for k, s in enumerate(required):
+        included.add(s.id)
+        pending.append(s)
+        last = k == len(required) - 1  # the current turn: the final message, the one a prefill continues
+        try:
+            n, rendered = counter.measure(
+                _subset(request, segs, included), add_generation_prompt=False, continue_final_message=cfm and last
+            )
+        except TemplateError:
             continue
-        if s.kind == "tools":
-            text = json.dumps(request.template_tools(), ensure_ascii=False)
-        else:
-            text = "".join(json.dumps(request.messages[k].to_template(), ensure_ascii=False) for k in s.messages)
-        sizes[s.id] = len(tok.encode(text))
-    return sizes
+        if last:
+            closed_text = rendered.text
+        elif not _shows(rendered, s, request):
+            continue  # the template places it with a later segment (Mistral's system prompt goes in the last turn)
+        for p in pending[:-1]:
+            rows.append(_folded(p, s.id, rendered, request, running, n))
+        first = not rows
+        rows.append(Decision(s.id, s.kind, True, n - running, "required" + (" (+ the template's own text)" * first), n))
+        running = n
+        pending = []
+    for p in pending:
+        rows.append(_folded(p, GENERATION, base, request, running, total))
+    kept = True
+    if policy.generation_prefix == "none":
+        kept, reason = False, "none: the policy opts out (generation_prefix 'none')"
+    elif cfm:
+        reason = "required: the final assistant message, left open (a prefill)"
+    elif base.template.features.generation_prompt:
+        if closed_text == base.text:
+            raise _no_prefix_added()
+        tail = base.text[_common_prefix(closed_text, base.text) :] if closed_text is not None else ""
+        reason = "required: exactly one, at the end" + (f": {tail!r}" if tail else "")
+    else:
+        final = request.messages[-1]
+        if final.role == "assistant":
+            raise BudgetError(
+                "the template has no generation prompt and the final message is an assistant one: the input would "
+                "end with a closed assistant turn, without a generation prefix",
+                path=final.source or f"messages[{len(request.messages) - 1}]",
+                hint="continue it with continue_final_message=True (fit --continue-final-message), a prefill, or end "
+                "with a user or tool message",
+            )
+        reason = f"required: implicit, the template opens the reply after the final {final.role} turn"
+    rows.append(Decision(GENERATION, "generation", kept, total - running, reason, total))
+    return rows
+
+
+def _folded(seg: Segment, into: str, rendered: Rendered, request: Request, before: int, after: int) -> Decision:
+    """The row of a required segment whose tokens are in a later row, or that the template does not render."""
+    if _shows(rendered, seg, request):
+        return Decision(seg.id, seg.kind, True, None, f"required; counted in {into}, rendered with it", after)
+    return Decision(seg.id, seg.kind, True, 0, "required; the template does not render it", before)
+
+
+def _shows(rendered: Rendered, seg: Segment, request: Request) -> bool:
+    """Whether the render holds text from the segment (by provenance); True when that cannot be told."""
+    prefixes = ["tools"] if seg.kind == "tools" else [request.messages[k].source for k in seg.messages]
+    if not rendered.provenance_exact or not all(prefixes):
+        return True
+    return any(
+        sp.path == p or sp.path.startswith((p + ".", p + "[")) for sp in rendered.request_spans for p in prefixes
+    )
+
+
+def _no_prefix_added() -> BudgetError:
+    return BudgetError(
+        "add_generation_prompt=True, but the template added no assistant generation prefix: the input ends as it "
+        "does without one",
+        path="add_generation_prompt",
+        hint="check how the template reads add_generation_prompt (ctxlock render --no-generation-prompt shows the "
+        "difference); to fit an input without one, set BudgetPolicy(generation_prefix='none')",
+    )
+
+
+def _check_generation_prefix(fitted: Request, model: Any, options: Mapping[str, Any], rendered: Rendered) -> None:
+    """Seed 000 §1.7's third assertion on the fitted input: the template's generation prompt appends text (the one
+    prefix) to the same conversation rendered without it. A prefill, a template with no generation prompt and the
+    opt-out were settled on the required candidate."""
+    if not options.get("add_generation_prompt") or not rendered.template.features.generation_prompt:
+        return
+    try:
+        closed = model.render(fitted, **{**options, "add_generation_prompt": False}).text
+    except TemplateError:
+        return  # the template renders this conversation only with its generation prompt: it is there
+    if closed == rendered.text:
+        raise _no_prefix_added()
 
 
 def _check_invariants(fitted: Request, original: Request) -> None:
@@ -528,6 +766,76 @@ def _check_invariants(fitted: Request, original: Request) -> None:
             answered = {r.tool_call_id for r in original.messages if r.role == "tool" and r.tool_call_id in own}
             if not answered <= results:
                 raise AssertionError("a tool call lost its result")
+
+
+def _kept_indexes(segs: Sequence[Segment], kept: set[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    messages = sorted(k for s in segs if s.required or s.id in kept for k in s.messages)
+    documents = sorted(s.document for s in segs if s.document is not None and s.id in kept)
+    return tuple(messages), tuple(documents)
+
+
+_MESSAGE_SOURCE = re.compile(r"messages\[(\d+)\](?:\.content\[(\d+)\])?")
+
+
+def fitted_request_json(raw: Mapping[str, Any], original: Request, fitted: Fitted) -> dict[str, Any]:
+    """The fitted request in the caller's own shape: `raw` (the JSON object `original` was parsed from, in either
+    dialect) without the messages and documents the fit dropped, every other key as sent. An Anthropic user message
+    whose tool_result blocks and text went to different turns keeps only the kept blocks. Checked: the result
+    parses to `fitted.request`."""
+    kept = set(fitted.kept_messages)
+    whole: set[int] = set()  # raw messages whose own canonical message is kept
+    results: dict[int, set[int]] = {}  # raw message -> kept blocks that became messages of their own
+    split: set[int] = set()  # raw messages some of whose blocks became messages of their own
+    for k, m in enumerate(original.messages):
+        found = _MESSAGE_SOURCE.fullmatch(m.source)
+        if found is None:
+            if m.source == "system" and original.dialect == "anthropic":
+                continue  # Anthropic's top-level system prompt: required, kept as sent
+            raise BudgetError(
+                f"message {k} has no JSON path into the request as sent",
+                path=f"messages[{k}]",
+                hint="use Fitted.request (the canonical fitted request) for a request not parsed from JSON",
+            )
+        i, j = int(found.group(1)), found.group(2)
+        if j is not None:
+            split.add(i)
+            if k in kept:
+                results.setdefault(i, set()).add(int(j))
+        elif k in kept:
+            whole.add(i)
+    messages: list[Any] = []
+    for i, msg in enumerate(raw.get("messages") or ()):
+        if i not in split:
+            if i in whole:
+                messages.append(msg)
+            continue
+        blocks = [
+            b
+            for j, b in enumerate(msg["content"])
+            if j in results.get(i, ()) or (i in whole and not _is_own_message(original, i, j))
+        ]
+        if blocks:
+            messages.append({**msg, "content": blocks})
+    out = {**raw, "messages": messages}
+    if raw.get("documents") is not None:
+        docs = [d for k, d in enumerate(raw["documents"]) if k in set(fitted.kept_documents)]
+        if docs:
+            out["documents"] = docs
+        else:
+            del out["documents"]
+    again = parse_request(out, dialect=original.dialect, tool_arguments=_arguments_mode(original))
+    if again != fitted.request:
+        raise AssertionError("the fitted request as sent does not parse to the fitted request")
+    return out
+
+
+def _is_own_message(original: Request, i: int, j: int) -> bool:
+    return any(m.source == f"messages[{i}].content[{j}]" for m in original.messages)
+
+
+def _arguments_mode(request: Request) -> str:
+    as_sent = any(isinstance(c.arguments, str) for m in request.messages for c in (m.tool_calls or ()))
+    return "as-sent" if as_sent else "parsed"
 
 
 def clamp_max_tokens(
@@ -564,6 +872,7 @@ __all__ = [
     "Segment",
     "clamp_max_tokens",
     "fit_context",
+    "fitted_request_json",
     "priority_order",
     "segments",
 ]

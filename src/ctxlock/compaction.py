@@ -55,6 +55,7 @@ __all__ = [
     "compaction_event",
     "message_tokens",
     "plan_compaction",
+    "plan_problems",
     "should_compact",
     "summary_message",
 ]
@@ -134,6 +135,40 @@ class CompactionPlan:
             "keep_recent_tokens": self.keep_recent_tokens,
             "reserve_tokens": self.reserve_tokens,
         }
+
+
+def plan_problems(plan: CompactionPlan, context_window: int) -> tuple[str, ...]:
+    """Why the plan would not help, in words (empty: it helps, or no compaction is due and none is planned).
+
+    A plan does not help when compaction is due (`should_compact`) but nothing can be summarized, when the compacted
+    request is estimated at no fewer tokens than the request as given (the assumed summary costs more than the
+    messages it replaces), or when it is still over the compaction threshold (`context_window - reserve_tokens`),
+    let alone over the window itself.
+    """
+    threshold = context_window - plan.reserve_tokens
+    before, after = plan.tokens_before, plan.estimated_tokens_after
+    due = should_compact(before, context_window, plan.reserve_tokens)
+    out: list[str] = []
+    if plan.summarizes_nothing:
+        if due:
+            out.append(
+                f"compaction is due ({before:,} > {threshold:,}) but nothing can be summarized: the newest "
+                f"keep_recent_tokens={plan.keep_recent_tokens:,} hold the whole conversation; keep fewer"
+            )
+        return tuple(out)
+    if after >= before:
+        out.append(
+            f"it does not shrink the context: estimated after {after:,} >= tokens before {before:,} (the assumed "
+            f"{plan.summary_tokens:,}-token summary costs more than the messages it replaces)"
+        )
+    if after > context_window:
+        out.append(f"estimated after {after:,} is over the context window {context_window:,} itself")
+    elif after > threshold:
+        out.append(
+            f"estimated after {after:,} is still over the compaction threshold {threshold:,} "
+            f"(window {context_window:,} - reserve {plan.reserve_tokens:,})"
+        )
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
     │   ├── RequestEncodingError     invalid UTF-8 (names the byte offset)
     │   ├── RequestJSONError         malformed JSON, duplicate keys (names the JSON path)
     │   └── RequestValidationError   schema: unknown role, orphan tool result, bad arguments, ...
+    ├── OptionError                  a keyword argument the API does not take (also a TypeError)
     ├── TemplateError                Request -> Rendered
     │   ├── TemplateNotFoundError    no template, or an unknown template name
     │   ├── TemplateSyntaxError      the template does not compile (names the line)
@@ -12,7 +13,8 @@
     │   ├── TemplateRuntimeError     the template failed while rendering
     │   ├── TemplateLimitError       the render went over its time or output budget
     │   ├── TemplateSecurityError    the sandbox refused an operation
-    │   └── TemplateDeterminismError the render would print a memory address (a function, a generator)
+    │   ├── TemplateDeterminismError the render would print a memory address (a function, a generator)
+    │   └── ContentFormatError       content parts a string-content template cannot take (an image)
     ├── ArtifactError                loading a model's files
     │   ├── ArtifactNotFoundError    a file or model that is not there
     │   ├── PathTraversalError       a config points outside its model directory
@@ -20,6 +22,7 @@
     ├── TokenizerError               text -> ids
     │   └── ControlTokenError        special-token policy `raise` met a control token in a request string
     ├── TensorError                  ids -> ModelInput (batching, padding)
+    │   └── TensorKeyError           a key a ModelInput does not have (also a KeyError)
     ├── BudgetError                  a context-budget policy that cannot be applied
     │   └── BudgetExceeded           required segments over the budget; no room left for output
     ├── ToolCallError                streamed tool calls (toolcalls): malformed, unknown tool, cut off, invalid
@@ -78,6 +81,12 @@ class RequestValidationError(RequestError):
     """The request is JSON, but not a valid chat request in its dialect."""
 
 
+class OptionError(CtxlockError, TypeError):
+    """A keyword argument that `Model.render/run/encode/encode_batch` do not take (`truncation=`, `max_length=`,
+    a typo). `path` names the option, `hint` says what to use instead. It is a TypeError too, as Python's own
+    error for an unexpected keyword argument is."""
+
+
 class TemplateError(CtxlockError):
     """The chat template could not be loaded or rendered."""
 
@@ -111,6 +120,12 @@ class TemplateDeterminismError(TemplateError):
     address: a function, a method, a generator or an object without a value of its own)."""
 
 
+class ContentFormatError(TemplateError):
+    """The template reads message content as a string (its content format is "string") and a message holds a
+    content part that is not text (an image): it cannot be joined into the string, and is never dropped silently.
+    `path` names the part."""
+
+
 class ArtifactError(CtxlockError):
     """A model artifact (tokenizer file, config, template file) is missing or malformed."""
 
@@ -137,6 +152,13 @@ class ControlTokenError(TokenizerError):
 
 class TensorError(CtxlockError):
     pass
+
+
+class TensorKeyError(TensorError, KeyError):
+    """A key a ModelInput (or TorchInput) does not have: a KeyError too, as the mapping protocol requires."""
+
+    def __str__(self) -> str:  # KeyError's own __str__ would print the repr of its argument
+        return CtxlockError.__str__(self)
 
 
 class RecordError(CtxlockError):

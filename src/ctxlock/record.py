@@ -384,6 +384,7 @@ class RunOptions:
     budget: Mapping[str, Any] | None = None  # a BudgetPolicy as a dict: the run was fitted with fit_context
     sampling: Mapping[str, Any] | None = None  # a SamplerConfig as a dict (processors and their order, seed)
     render_seed: int | None = None  # the template's random seed (None: 0), recorded in `dynamic.random.seed`
+    content_format: str = "auto"  # content-part lists: "auto" (detected), "string" (text parts joined) or "openai"
     limits: Mapping[str, Any] | None = None  # RenderLimits.to_dict() when the caller changed them (None: defaults)
 
     def to_dict(self) -> dict[str, Any]:
@@ -401,11 +402,14 @@ class RunOptions:
             "budget": dict(self.budget) if self.budget else None,
             "sampling": dict(self.sampling) if self.sampling else None,
             "render_seed": self.render_seed,
+            "content_format": self.content_format,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunOptions:
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
+        # A record made before `content_format` existed rendered content-part lists as sent: it replays that way.
+        legacy = {} if "content_format" in d else {"content_format": "openai"}
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d}, **legacy)
 
 
 def _hf_pipeline_fields(desc: Mapping[str, Any]) -> dict[str, Any]:
@@ -525,6 +529,13 @@ def build_record(
         "random": {"seed": rendered.seed, "draws": [thaw(d) for d in rendered.draws]},
     }
     data["warnings"] += [thaw(w) for w in rendered.warnings]
+    if rendered.content_format:  # some message held a content-part list: how it reached the template
+        data["decisions"]["content_format"] = {
+            "option": options.content_format,
+            "detected": rendered.content_format_detected,
+            "used": rendered.content_format,
+            "flattened": list(rendered.flattened),
+        }
     t = rendered.template
     data["template"] = {**_template_section(t), "variables": variables}
     data["replay"]["template_sha256"] = t.sha256

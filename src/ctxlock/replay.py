@@ -65,6 +65,7 @@ def run_and_record(
         "tool_arguments": options.tool_arguments or "parsed",
         "template": template if template is not None else options.template_name,
         "seed": options.render_seed,
+        "content_format": options.content_format or "auto",
     }
     if options.limits:
         from .template import RenderLimits
@@ -329,7 +330,11 @@ def replay(record: ExecutionRecord, store: Store) -> tuple[Diff, ExecutionRecord
     with materialized(record, store) as (model, template):
         _, again, _ = run_and_record(model, raw, options, template=template)
     original = _restore_options(record, comparable(record))
-    result = diff(original, _restore_options(record, comparable(again)))
+    replayed = _restore_options(record, comparable(again))
+    if "content_format" not in (record.data.get("options") or {}):
+        # A record from before the option: it rendered content-part lists as sent and logged no such decision.
+        (replayed.get("decisions") or {}).pop("content_format", None)
+    result = diff(original, replayed)
     return dataclasses.replace(result, fixture=fixture), again
 
 

@@ -32,6 +32,7 @@ import jinja2
 
 from . import mistral, taint
 from .errors import (
+    ContentFormatError,
     ControlTokenError,
     CtxlockError,
     TemplateDeterminismError,
@@ -52,8 +53,10 @@ from .sandbox import (
     Raised,
     RenderLimits,
     compile_source,
+    new_environment,
     render_limited,
     template_line,
+    time_limit,
     where,
 )
 from .sandbox import clear_caches as clear_sandbox_caches
@@ -66,6 +69,18 @@ class SpecialTokenPolicy(StrEnum):
     TEXT = "text"  # default: encode them as plain text, never as control ids
     KEEP = "keep"  # reference behaviour (transformers, vLLM, llama.cpp): unsafe, must be asked for
     RAISE = "raise"  # reject the request, naming the JSON path
+
+
+class ContentFormat(StrEnum):
+    """How content-part lists (`"content": [{"type": "text", "text": ...}]`) reach the template.
+
+    `openai`: as sent, a list of parts (transformers' behaviour); `string`: the text parts joined with "\n" into
+    one string (vLLM's flattening for templates that read content as a string); `auto`: whichever the template's
+    syntax tree says it reads (`content_format(source)`)."""
+
+    AUTO = "auto"
+    STRING = "string"
+    OPENAI = "openai"
 
 
 @dataclass(frozen=True)
@@ -196,6 +211,12 @@ class Rendered:
     seed: int = 0  # the seed of the render's random generator (the `random` filter, `lipsum`)
     draws: tuple[FrozenDict, ...] = ()  # what the template drew from it, in order: what, line, choice
     warnings: tuple[FrozenDict, ...] = ()  # things the render did that a reader must know (see `role_markers`)
+    # How content-part lists reached the template: "" when no message had one (nothing to decide), else "string"
+    # (text parts joined) or "openai" (as sent); `content_format_detected` is what the template's syntax tree says
+    # (`content_format(source)`, whatever the option), `flattened` the JSON paths of the contents that were joined.
+    content_format: str = ""
+    flattened: tuple[str, ...] = ()
+    content_format_detected: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -207,6 +228,9 @@ class Rendered:
             "seed": self.seed,
             "draws": [thaw(d) for d in self.draws],
             "warnings": [thaw(w) for w in self.warnings],
+            "content_format": self.content_format,
+            "content_format_detected": self.content_format_detected,
+            "flattened": list(self.flattened),
             "request_spans": [[s.start, s.end, s.path] for s in self.request_spans],
             "provenance_exact": self.provenance_exact,
         }
@@ -272,6 +296,116 @@ def _features(source: str) -> TemplateFeatures:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Content format: does the template read a message's content as a list of parts, or as a string?
+
+
+@lru_cache(maxsize=256)
+def content_format(source: str) -> ContentFormat:
+    """What a template reads a message's content as, from its syntax tree (never by rendering it): `openai` when it
+    loops over a message's content (`{% for part in message['content'] %}`; through a filter such as `selectattr`,
+    a slice, a variable set from it or a macro parameter it is passed to; for a message reached by looping over
+    `messages` or an alias of it, or by indexing it), else `string`. Templates that loop over parts also print a
+    string content as is (they test `content is string` first), so `openai` is the safe answer when in doubt; a
+    source that does not parse, or not within the compile limits, is `openai` too (its render fails on its own,
+    unchanged). vLLM's `--chat-template-content-format auto` follows the same idea."""
+    if len(source) > DEFAULT_LIMITS.max_source_chars:
+        return ContentFormat.OPENAI
+    try:
+        with time_limit(DEFAULT_LIMITS.max_seconds, every_frame=True):  # an untrusted source: bounded like a compile
+            tree = new_environment().parse(source)
+            return ContentFormat.OPENAI if _reads_parts(tree) else ContentFormat.STRING
+    except (jinja2.exceptions.TemplateError, Limit, RecursionError, MemoryError):
+        return ContentFormat.OPENAI
+
+
+def _base(node: Any) -> Any:
+    """The expression a value comes from, through filters, tests and slices (`x|selectattr(...)`, `x[1:]`)."""
+    while True:
+        wrapped = isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) and node.node is not None
+        if not (wrapped or (isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice))):
+            return node
+        node = node.node
+
+
+def _is_name(node: Any, names: set[str]) -> bool:
+    return isinstance(node, jinja2.nodes.Name) and node.name in names
+
+
+def _key(node: Any) -> Any:
+    """The constant key of `x.key` or `x['key']`, else None."""
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr
+    if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+        return node.arg.value
+    return None
+
+
+def _reads_parts(tree: jinja2.nodes.Template) -> bool:
+    """Whether the template reads content parts: it loops over a message's content. A message is a loop variable over
+    `messages` (or an alias, a slice, a filtered list) or `messages[i]`; content is `m.content`, `m['content']`,
+    `m.get('content')`, a variable set from one, or a macro parameter some call passes one to."""
+    name_of = jinja2.nodes.Name
+    assigns = [(a.target.name, a.node) for a in tree.find_all(jinja2.nodes.Assign) if isinstance(a.target, name_of)]
+    loops = list(tree.find_all(jinja2.nodes.For))
+    macros = {m.name: [a.name for a in m.args] for m in tree.find_all(jinja2.nodes.Macro)}
+    calls = [c for c in tree.find_all(jinja2.nodes.Call) if isinstance(c.node, name_of) and c.node.name in macros]
+    lists, items, contents = {"messages"}, set(), set()
+
+    def is_item(node: Any) -> bool:  # a message: a loop variable over the list, or the list indexed
+        node = _base(node)
+        if _is_name(node, items):
+            return True
+        return (
+            isinstance(node, jinja2.nodes.Getitem)
+            and not isinstance(node.arg, jinja2.nodes.Slice)
+            and _is_name(_base(node.node), lists)
+        )
+
+    def is_content(node: Any) -> bool:
+        node = _base(node)
+        if isinstance(node, (jinja2.nodes.Or, jinja2.nodes.And)):
+            return is_content(node.left) or is_content(node.right)
+        if isinstance(node, jinja2.nodes.CondExpr):
+            return is_content(node.expr1) or (node.expr2 is not None and is_content(node.expr2))
+        if _is_name(node, contents):
+            return True
+        if (  # m.get('content'), m.get('content', '')
+            isinstance(node, jinja2.nodes.Call)
+            and isinstance(node.node, jinja2.nodes.Getattr)
+            and node.node.attr == "get"
+            and node.args
+            and isinstance(node.args[0], jinja2.nodes.Const)
+            and node.args[0].value == "content"
+        ):
+            return is_item(node.node.node)
+        return _key(node) == "content" and is_item(node.node)
+
+    size = -1
+    while size != len(lists) + len(items) + len(contents):  # aliases of aliases: a fixpoint
+        size = len(lists) + len(items) + len(contents)
+        for name, value in assigns:
+            if _is_name(_base(value), lists):
+                lists.add(name)
+            elif is_content(value):
+                contents.add(name)
+            elif is_item(value):
+                items.add(name)
+        for loop in loops:
+            if isinstance(loop.target, name_of) and _is_name(_base(loop.iter), lists):
+                items.add(loop.target.name)
+        for call in calls:
+            params = macros[call.node.name]
+            passed = list(zip(params, call.args, strict=False))
+            passed += [(k.key, k.value) for k in call.kwargs if k.key in params]
+            for param, value in passed:
+                if is_content(value):
+                    contents.add(param)
+                elif is_item(value):
+                    items.add(param)
+    return any(is_content(loop.iter) for loop in loops)
 
 
 def _run(
@@ -508,6 +642,7 @@ def render(
     provenance: bool | None = True,
     seed: int | None = None,
     check_roles: bool = True,
+    content_format: ContentFormat | str = ContentFormat.AUTO,
 ) -> Rendered:
     """Render a request with a chat template, as transformers' `apply_chat_template(tokenize=False)` would.
 
@@ -525,8 +660,14 @@ def render(
 
     With `check_roles` (the default), a template whose role markers are plain text for this vocabulary (see
     `role_markers`) is reported in `Rendered.warnings`, with the template line.
+
+    `content_format` says how content-part lists reach the template (`ContentFormat`): with "auto" (the default),
+    a template that reads content as a string (`content_format(source)`) gets each all-text list joined with "\n"
+    (vLLM's flattening; transformers passes the list, which such a template cannot read), said in
+    `Rendered.warnings` and `Rendered.flattened`; a non-text part (an image) is then a `ContentFormatError`.
     """
     del provenance
+    fmt_option = _content_format_option(content_format)
     policy = SpecialTokenPolicy(policy)
     if continue_final_message and add_generation_prompt:
         raise TemplateError(
@@ -578,6 +719,9 @@ def render(
         return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
 
     messages = _template_messages(request)
+    fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
+    if flattened:
+        messages = _flatten_contents(messages, request)
     if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
         messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools)
     msgs = _tag_final_message(messages, template) if continue_final_message else messages
@@ -590,7 +734,12 @@ def render(
     }
     checker = taint.Checker(tokens.search, where, tokens)
     draws: list[dict[str, Any]] = []
-    text, spans = _run(template, context, limits, checker, seed, draws)
+    try:
+        text, spans = _run(template, context, limits, checker, seed, draws)
+    except (TemplateRuntimeError, TemplateRaisedError) as exc:
+        if fmt != ContentFormat.OPENAI:
+            raise
+        raise type(exc)(exc.message, path=exc.path, hint=_parts_hint(exc.hint, request)) from None
     if continue_final_message:
         text, spans = _cut_at_continue_tag(text, spans, messages)
 
@@ -629,8 +778,103 @@ def render(
         seed=seed,
         draws=tuple(freeze(d) for d in draws),
         warnings=(_role_warnings(template, special_tokens, tokens, limits) if check_roles else ())
-        + _reference_warnings(template, request, continue_final_message),
+        + _reference_warnings(template, request, continue_final_message)
+        + _flatten_warning(flattened, fmt_option),
+        content_format=str(fmt),
+        flattened=flattened,
+        content_format_detected=str(detected),
     )
+
+
+def _content_format_option(value: Any) -> ContentFormat:
+    try:
+        return ContentFormat(value)
+    except ValueError:
+        raise TemplateError(
+            f"unknown content format {value!r}",
+            path="content_format",
+            hint="use 'auto' (detect from the template), 'string' (join text parts) or 'openai' (parts as sent)",
+        ) from None
+
+
+def _content_path(message: Message) -> str:
+    """The JSON path of a message's content list (an Anthropic system list is `system` itself)."""
+    first = message.origins.get(".content[0].text")
+    if first is not None:
+        return re.sub(r"\[\d+\]\.text$", "", first)
+    return message.path_of(".content")
+
+
+def _resolve_content_format(
+    template: ChatTemplate, request: Request, option: ContentFormat
+) -> tuple[str, str, tuple[str, ...]]:
+    """The content format used and the one detected ("" both when no message holds a list: nothing is parsed), and
+    the paths of the contents to join."""
+    with_parts = [m for m in request.messages if isinstance(m.content, tuple)]
+    if not with_parts:
+        return "", "", ()
+    detected = content_format(template.source)
+    fmt = detected if option is ContentFormat.AUTO else option
+    if fmt is ContentFormat.OPENAI:
+        return fmt, detected, ()
+    for m in with_parts:
+        for j, part in enumerate(m.content):  # type: ignore[arg-type]
+            if part.get("type") != "text":
+                where = next((m.origins[k] for k in m.origins if k.startswith(f".content[{j}].")), None)
+                raise ContentFormatError(
+                    f"a content part of type {part.get('type')!r} cannot be joined into the string content this "
+                    "template reads (its content format is 'string'); ctxlock never drops a part silently",
+                    path=re.sub(r"\.(source|url|image_url)$", "", where) if where else f"{m.source}.content[{j}]",
+                    hint="send text only, use a template that reads content parts, or content_format='openai' "
+                    "(--content-format openai) to pass the parts as sent, as transformers does",
+                )
+    return fmt, detected, tuple(_content_path(m) for m in with_parts)
+
+
+def _flatten_contents(messages: list[dict[str, Any]], request: Request) -> list[dict[str, Any]]:
+    """Each content list joined into one string: its text parts with "\n" between them (vLLM's flattening), the
+    provenance of every character kept. Only called once every part is known to be text."""
+    out = []
+    for m, message in zip(messages, request.messages, strict=True):
+        content = m.get("content")
+        if isinstance(message.content, tuple) and isinstance(content, list):
+            m = {**m, "content": taint.join("\n", [part["text"] for part in content])}
+        out.append(m)
+    return out
+
+
+def _flatten_warning(flattened: tuple[str, ...], option: ContentFormat) -> tuple[FrozenDict, ...]:
+    if not flattened:
+        return ()
+    why = (
+        "content_format='string' was asked"
+        if option is ContentFormat.STRING
+        else "the template reads message content as a string (detected from its syntax tree)"
+    )
+    shown = ", ".join(flattened[:3]) + (f" and {len(flattened) - 3} more" if len(flattened) > 3 else "")
+    return (
+        freeze(
+            {
+                "kind": "content_parts_joined",
+                "message": f"{why}, so the text parts of {len(flattened)} message content(s) were joined with "
+                '"\\n" into one string, as vLLM does; transformers passes the list as sent, which this template '
+                "cannot read (to pass it as sent: content_format='openai', --content-format openai)",
+                "path": shown,
+            }
+        ),
+    )
+
+
+def _parts_hint(hint: str | None, request: Request) -> str:
+    """A failed render's hint, plus the content format option when the request holds content-part lists."""
+    with_parts = [_content_path(m) for m in request.messages if isinstance(m.content, tuple)]
+    if not with_parts:
+        return hint or ""
+    extra = (
+        f"{with_parts[0]} is a list of content parts, which this template may read as a string: "
+        "content_format='string' (--content-format string) joins their text parts"
+    )
+    return f"{hint}; {extra}" if hint else extra
 
 
 def _reference_warnings(template: ChatTemplate, request: Any, continue_final_message: bool) -> tuple[FrozenDict, ...]:
@@ -876,6 +1120,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "ROLE_PROBES",
     "ChatTemplate",
+    "ContentFormat",
     "RenderLimits",
     "Rendered",
     "RoleMarkers",
@@ -885,6 +1130,7 @@ __all__ = [
     "TemplateSet",
     "aware_clock",
     "compile_template",
+    "content_format",
     "line_endings",
     "render",
     "role_boundaries",

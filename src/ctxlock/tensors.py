@@ -40,19 +40,32 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctxlock.errors import TensorError
+from ctxlock.errors import TensorError, TensorKeyError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["ModelInput", "PaddingSide", "assemble", "assemble_batch"]
+__all__ = [
+    "KEYS",
+    "ModelInput",
+    "PaddingSide",
+    "TorchInput",
+    "assemble",
+    "assemble_batch",
+    "check_return_tensors",
+    "tensors_as",
+]
+
+# The mapping keys of a ModelInput, in this order: the keyword names of a transformers model's `forward`, so that
+# `model(**inputs)` works (BatchEncoding from `apply_chat_template(return_dict=True)` has the first two).
+KEYS = ("input_ids", "attention_mask", "position_ids")
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _TORCH_HINT = "pip install 'ctxlock[torch]'"
@@ -223,8 +236,14 @@ def _first_bad_row(ok_per_row: np.ndarray) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class ModelInput:
+class ModelInput(Mapping):
     """The exact input of one forward pass: ``[B, n]`` int64 arrays, read-only.
+
+    A read-only mapping, as transformers' ``BatchEncoding`` is: ``mi["input_ids"]``, ``mi.keys()`` (``input_ids``,
+    ``attention_mask``, ``position_ids``, in that order), ``len(mi)`` (3), ``in``, iteration, ``items()``,
+    ``dict(mi)`` and ``model(**mi.to("cpu"))``; attribute access (``mi.input_ids``) works too. The values are the
+    numpy arrays themselves (read-only; ``mi.data`` is a fresh dict of them). ``valid_lengths``, ``padding_side``
+    and ``pad_id`` are attributes, not keys. Unlike ``BatchEncoding``, nothing can be set or deleted.
 
     Invariants (checked on construction):
       * the three arrays have the same 2-D shape ``[B, n]`` with ``B >= 1``;
@@ -349,6 +368,42 @@ class ModelInput:
         start = 0 if self.padding_side is PaddingSide.RIGHT else n - length
         return self.input_ids[b, start : start + length].tolist()
 
+    # -- mapping (transformers' BatchEncoding) --------------------------------------------------------------------
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if isinstance(key, str) and key in KEYS:
+            return getattr(self, key)
+        raise TensorKeyError(
+            f"ModelInput has no key {key!r}",
+            path=f"ModelInput[{key!r}]",
+            hint=f"the keys are {', '.join(KEYS)}"
+            + (f"; {key} is an attribute: mi.{key}" if key in ("valid_lengths", "padding_side", "pad_id") else ""),
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(KEYS)
+
+    def __len__(self) -> int:
+        return len(KEYS)
+
+    def __contains__(self, key: object) -> bool:
+        return key in KEYS
+
+    @property
+    def data(self) -> dict[str, np.ndarray]:
+        """A fresh dict of the three arrays (``BatchEncoding.data``); the arrays are the read-only originals."""
+        return {k: getattr(self, k) for k in KEYS}
+
+    def to(self, device: Any, *, non_blocking: bool = False) -> TorchInput:
+        """The arrays as torch tensors on ``device`` (``BatchEncoding.to``). numpy arrays have no device, so this
+        returns a new `TorchInput` (the ModelInput is immutable): write ``inputs = mi.to("cuda")``."""
+        return self.as_tensors("pt").to(device, non_blocking=non_blocking)
+
+    def as_tensors(self, return_tensors: str | None) -> ModelInput | TorchInput:
+        """transformers' ``return_tensors``: None or "np" -> this ModelInput (numpy int64), "pt" -> a `TorchInput`
+        (``torch.long``); any other value is a TensorError naming it."""
+        return tensors_as(self, return_tensors)
+
     # -- conversion ----------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -389,15 +444,8 @@ class ModelInput:
         The keys are the keyword names of a transformers model's ``forward``, so ``model(**mi.to_torch())`` works.
         torch is imported here, never at module import.
         """
-        try:
-            import torch
-        except ImportError as exc:
-            raise TensorError("torch is not installed", path="to_torch", hint=_TORCH_HINT) from exc
-        return {
-            "input_ids": torch.tensor(self.input_ids, dtype=torch.long),
-            "attention_mask": torch.tensor(self.attention_mask, dtype=torch.long),
-            "position_ids": torch.tensor(self.position_ids, dtype=torch.long),
-        }
+        torch = _import_torch("to_torch")
+        return {k: torch.tensor(getattr(self, k), dtype=torch.long) for k in KEYS}
 
     # -- value semantics -----------------------------------------------------------------------------------------
 
@@ -433,6 +481,89 @@ class ModelInput:
             f"ModelInput(batch_size={self.batch_size}, seq_len={self.seq_len}, valid_lengths={self.valid_lengths}, "
             f"padding_side={self.padding_side.value!r}, pad_id={self.pad_id!r})"
         )
+
+
+class TorchInput(Mapping):
+    """`ModelInput` as torch tensors (``encode(..., return_tensors="pt")``): a read-only mapping of ``input_ids``,
+    ``attention_mask`` and ``position_ids`` (``torch.long``), with attribute access, like a ``BatchEncoding`` of
+    torch tensors. ``to(device)`` returns a new TorchInput on that device. ``model_input`` is the ModelInput it was
+    made from (``valid_lengths``, ``padding_side``, ``pad_id``, the numpy arrays)."""
+
+    __slots__ = ("_tensors", "model_input")
+
+    def __init__(self, tensors: Mapping[str, Any], model_input: ModelInput) -> None:
+        object.__setattr__(self, "_tensors", {k: tensors[k] for k in KEYS})
+        object.__setattr__(self, "model_input", model_input)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"TorchInput is read-only: cannot set {name!r}")
+
+    def __getitem__(self, key: str) -> Any:
+        if isinstance(key, str) and key in KEYS:
+            return self._tensors[key]
+        raise TensorKeyError(
+            f"TorchInput has no key {key!r}", path=f"TorchInput[{key!r}]", hint=f"the keys are {', '.join(KEYS)}"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name in KEYS:
+            return self._tensors[name]
+        raise AttributeError(f"TorchInput has no attribute {name!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(KEYS)
+
+    def __len__(self) -> int:
+        return len(KEYS)
+
+    def __contains__(self, key: object) -> bool:
+        return key in KEYS
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return dict(self._tensors)
+
+    def to(self, device: Any, *, non_blocking: bool = False) -> TorchInput:
+        """A new TorchInput with every tensor moved to ``device`` (``BatchEncoding.to``, without mutating)."""
+        return TorchInput(
+            {k: v.to(device=device, non_blocking=non_blocking) for k, v in self._tensors.items()}, self.model_input
+        )
+
+    def __repr__(self) -> str:
+        mi = self.model_input
+        return f"TorchInput(batch_size={mi.batch_size}, seq_len={mi.seq_len}, device={self.input_ids.device})"
+
+
+def _import_torch(path: str) -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise TensorError("torch is not installed", path=path, hint=_TORCH_HINT) from exc
+    return torch
+
+
+def tensors_as(model_input: ModelInput, return_tensors: str | None) -> ModelInput | TorchInput:
+    """transformers' ``return_tensors`` for a ModelInput: None or "np" keep it (numpy int64), "pt" gives a
+    `TorchInput` (torch imported here, on request); "tf", "jax", "mlx" or anything else is a TensorError."""
+    if check_return_tensors(return_tensors) is None:
+        return model_input
+    torch = _import_torch("return_tensors='pt'")
+    return TorchInput({k: torch.tensor(getattr(model_input, k), dtype=torch.long) for k in KEYS}, model_input)
+
+
+def check_return_tensors(return_tensors: object) -> str | None:
+    """None for numpy (None or "np"), "pt" for torch (checked to be importable); else a TensorError naming it."""
+    if return_tensors is None or return_tensors == "np":
+        return None
+    if return_tensors == "pt":
+        _import_torch("return_tensors='pt'")
+        return "pt"
+    raise TensorError(
+        f"return_tensors={return_tensors!r} is not supported",
+        path="return_tensors",
+        hint="use 'np' (numpy, the default) or 'pt' (torch, pip install 'ctxlock[torch]'); "
+        "for another framework convert the numpy arrays",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

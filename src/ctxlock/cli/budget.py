@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,16 +12,25 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from ..budget import BudgetPolicy, fit_context
+from ..budget import BudgetPolicy, fit_context, fitted_request_json
 from ..errors import BudgetError
 from ..model import load
 from ..record import RunOptions
-from .files import read_json, store_dir, template_file
+from .files import open_output, read_json, store_dir, template_file
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, _read_input
 
 
-def _policy(policy_file: Path | None, max_input: int | None, window: int | None, reserve: int | None) -> dict[str, Any]:
+def _policy(
+    policy_file: Path | None,
+    max_input: int | None,
+    window: int | None,
+    reserve: int | None,
+    history: str | None,
+    no_generation_prompt: bool,
+) -> dict[str, Any]:
+    """The policy as a complete dict (every field, defaults included), so a record states the history mode and the
+    generation prefix it was fitted with, whatever later versions default to."""
     data: dict[str, Any] = {}
     if policy_file is not None:
         data = read_json(policy_file, option="--policy", error=BudgetError)
@@ -31,8 +42,11 @@ def _policy(policy_file: Path | None, max_input: int | None, window: int | None,
         data["context_window"] = window
     if reserve is not None:
         data["reserve_output_tokens"] = reserve
-    BudgetPolicy.from_dict(data)  # validate now, with a typed error
-    return data
+    if history is not None:
+        data["history"] = history
+    if no_generation_prompt:
+        data["generation_prefix"] = "none"
+    return BudgetPolicy.from_dict(data).to_dict()  # validated now, with a typed error
 
 
 def register(app: typer.Typer) -> None:
@@ -49,36 +63,94 @@ def register(app: typer.Typer) -> None:
         reserve_output: Annotated[
             int | None, typer.Option("--reserve-output", help="Tokens kept for the answer: n_input + g <= N.")
         ] = None,
+        history: Annotated[
+            str | None,
+            typer.Option(
+                "--history",
+                help="suffix (default): keep a contiguous run of the newest turns, stopping at the first that does "
+                "not fit; greedy: try every turn, newest first, and keep each that fits (the seed's loop; it can "
+                "leave gaps in the conversation).",
+            ),
+        ] = None,
+        no_generation_prompt: Annotated[
+            bool,
+            typer.Option(
+                "--no-generation-prompt",
+                help="Fit an input that ends without an assistant generation prefix (not a generation request: "
+                "scoring, training). Recorded in the policy as generation_prefix 'none'.",
+            ),
+        ] = False,
+        continue_final_message: Annotated[
+            bool,
+            typer.Option(
+                "--continue-final-message",
+                help="Leave the final assistant message open, to be continued (a prefill): it is the generation "
+                "prefix.",
+            ),
+        ] = False,
         policy: Annotated[
-            Path | None, typer.Option("--policy", help="A BudgetPolicy JSON file (priority, order, budget).")
+            Path | None,
+            typer.Option("--policy", help="A BudgetPolicy JSON file (priority, order, history, budget)."),
         ] = None,
         template: Annotated[Path | None, typer.Option("--template", "-t", help="Use this .jinja template.")] = None,
+        emit_request: Annotated[
+            Path | None,
+            typer.Option(
+                "--emit-request",
+                help="Write the fitted request to this file: the request as given, in its own dialect, without the "
+                "dropped messages and documents (what to send to the API).",
+            ),
+        ] = None,
         record: Annotated[bool, typer.Option("--record", help="Store an execution record with the decisions.")] = False,
         store: Annotated[Path | None, typer.Option("--store", help="Record store directory.")] = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Keep the required segments (system, tools, current turn), then add history and documents by priority
-        while the whole rendered, tokenized candidate fits. A tool call and its results stay together."""
+        """Keep the required segments (system, tools, current turn, generation prefix), then add history (a
+        contiguous run of the newest turns, or greedily with --history greedy) and documents (greedily, by
+        priority) while the whole rendered, tokenized candidate fits. A tool call and its results stay together.
+        --json adds the fitted request as "request"; --emit-request writes it to a file."""
 
-        def go() -> tuple[Any, str | None]:
+        def go() -> tuple[Any, str | None, dict[str, Any]]:
             data = _read_input(request)
             store_path = store_dir(store) if record else None  # refused before the model loads and the run
-            pol = _policy(policy, max_input_tokens, context_window, reserve_output)
+            pol = _policy(policy, max_input_tokens, context_window, reserve_output, history, no_generation_prompt)
             m = load(model)
             chosen = template_file(template)
+            agp = False if no_generation_prompt or continue_final_message else None
             if record:
                 from ..replay import run_and_record, save
                 from ..store import Store
 
-                fitted, rec, _ = run_and_record(m, data, RunOptions(budget=pol), template=chosen)
-                rid = save(Store(store_path), m, rec, chosen or fitted.rendered.template)
-                return fitted, rid
-            req = m.parse(data)
-            return fit_context(req, m, BudgetPolicy.from_dict(pol), template=chosen), None
+                opts = RunOptions(budget=pol, add_generation_prompt=agp, continue_final_message=continue_final_message)
+                fitted, rec, error = run_and_record(m, data, opts, template=chosen)
+                used = chosen or (fitted.rendered.template if fitted is not None else None)
+                if used is None and m.templates is not None:
+                    used = m.templates.select(None)
+                rid = save(Store(store_path), m, rec, used)
+                if error is not None:  # the failed run is recorded too, as `render --record` does
+                    print(f"record {rid}", file=sys.stderr)
+                    raise error
+            else:
+                req = m.parse(data)
+                fitted = fit_context(
+                    req,
+                    m,
+                    BudgetPolicy.from_dict(pol),
+                    template=chosen,
+                    add_generation_prompt=agp,
+                    continue_final_message=continue_final_message,
+                )
+                rid = None
+            original = m.parse(data)
+            sent = fitted_request_json(json.loads(data), original, fitted)
+            if emit_request is not None:
+                with open_output(emit_request, option="--emit-request") as fh:
+                    fh.write((json.dumps(sent, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
+            return fitted, rid, sent
 
-        fitted, rid = guarded(as_json, go)
+        fitted, rid, sent = guarded(as_json, go)
         if as_json:
-            out = {**fitted.to_dict(), "input_ids": list(fitted.ids)}
+            out = {**fitted.to_dict(), "request": sent, "input_ids": list(fitted.ids)}
             if rid:
                 out["record_id"] = rid
             print_json(out)
@@ -89,16 +161,24 @@ def register(app: typer.Typer) -> None:
         console.print()
         table = Table("segment", "kind", "kept", "tokens", "total", "reason")
         for d in fitted.decisions:
+            if d.kind == "generation":
+                kept = "[green]yes[/]" if d.kept else "none"
+            else:
+                kept = "[green]kept[/]" if d.kept else "[red]dropped[/]"
             table.add_row(
                 escape(d.segment),
                 d.kind,
-                "[green]kept[/]" if d.kept else "[red]dropped[/]",
-                f"{d.tokens:,}" if d.reason != "required" else "",
+                kept,
+                f"{d.tokens:,}" if d.tokens is not None else "-",
                 f"{d.total:,}",
                 escape(d.reason),
             )
         console.print(table)
-        dropped = sum(1 for d in fitted.decisions if not d.kept)
-        console.print(f"{dropped} segment(s) dropped; policy sha256 {fitted.policy.sha256[:16]}…")
+        dropped = sum(1 for d in fitted.decisions if not d.kept and d.kind != "generation")
+        console.print(
+            f"{dropped} segment(s) dropped; history {fitted.policy.history}; policy sha256 {fitted.policy.sha256[:16]}…"
+        )
+        if emit_request is not None:
+            console.print(f"request    {escape(str(emit_request))} ({len(sent['messages'])} messages)")
         if rid:
             console.print(f"record     {rid}")

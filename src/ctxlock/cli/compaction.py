@@ -15,6 +15,7 @@ from ..compaction import (
     CompactionPlan,
     message_tokens,
     plan_compaction,
+    plan_problems,
     should_compact,
 )
 from ..model import Model, load
@@ -23,8 +24,23 @@ from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, _read_input
 
 
+def _verdict(problems: tuple[str, ...]) -> None:
+    if not problems:
+        console.print("verdict         [green]the plan helps[/]: fewer tokens, under window - reserve")
+        return
+    console.print("verdict         [bold red]this plan does not help[/]")
+    for p in problems:
+        console.print(f"  - {escape(p)}")
+
+
 def _show(
-    model: Model, plan: CompactionPlan, compact: bool, context_window: int, sizes: dict[int, int], req: Any
+    model: Model,
+    plan: CompactionPlan,
+    compact: bool,
+    context_window: int,
+    sizes: dict[int, int],
+    req: Any,
+    problems: tuple[str, ...],
 ) -> None:
     threshold = context_window - plan.reserve_tokens
     verdict = "[bold red]yes[/]" if compact else "[green]no[/]"
@@ -36,6 +52,8 @@ def _show(
             f"cut             none: the conversation fits in keep_recent_tokens={plan.keep_recent_tokens}, "
             "nothing to summarize"
         )
+        if problems:
+            _verdict(problems)
         return
     first = req.messages[plan.first_kept_index] if plan.first_kept_index < len(req.messages) else None
     role = first.role if first is not None else "-"
@@ -57,6 +75,7 @@ def _show(
     console.print(
         f"estimated after {plan.estimated_tokens_after}  (system + a {plan.summary_tokens}-token summary + kept)"
     )
+    _verdict(problems)
 
 
 def register(app: typer.Typer) -> None:
@@ -79,9 +98,18 @@ def register(app: typer.Typer) -> None:
         template: Annotated[
             Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
         ] = None,
+        check: Annotated[
+            bool,
+            typer.Option(
+                "--check",
+                help="Exit 1 when the plan does not help: compaction is due but nothing can be summarized, or the "
+                "estimate after is not below the tokens before, or is still over window - reserve.",
+            ),
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after. No LLM call."""
+        """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after, and whether
+        the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM call."""
 
         def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
             data = _read_input(request)
@@ -105,7 +133,18 @@ def register(app: typer.Typer) -> None:
             return m, req, plan, compact, sizes
 
         m, req, plan, compact, sizes = guarded(as_json, go)
+        problems = plan_problems(plan, context_window)
         if as_json:
-            print_json({**plan.to_dict(), "should_compact": compact, "context_window": context_window})
+            print_json(
+                {
+                    **plan.to_dict(),
+                    "should_compact": compact,
+                    "context_window": context_window,
+                    "helps": not problems,
+                    "problems": list(problems),
+                }
+            )
         else:
-            _show(m, plan, compact, context_window, sizes, req)
+            _show(m, plan, compact, context_window, sizes, req, problems)
+        if check and problems:
+            raise typer.Exit(1)

@@ -21,7 +21,7 @@ from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..record import RunOptions
 from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
-from ..template import DEFAULT_LIMITS, RenderLimits, SpecialTokenPolicy, aware_clock
+from ..template import DEFAULT_LIMITS, ContentFormat, RenderLimits, SpecialTokenPolicy, aware_clock
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json, write_exact, write_ids
 
@@ -200,6 +200,7 @@ def _run_kwargs(options: RunOptions) -> dict[str, Any]:
         "seed": options.render_seed,
         "tool_arguments": options.tool_arguments,
         "limits": RenderLimits.from_dict(options.limits) if options.limits else DEFAULT_LIMITS,
+        "content_format": options.content_format,
     }
 
 
@@ -241,6 +242,11 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
         "random": {"seed": r.seed, "draws": [thaw(d) for d in r.draws]},
         "hub": model.hub.to_dict() if model.hub is not None else None,
         "warnings": _warnings(model, r),
+        "content_format": {
+            "used": r.content_format,
+            "detected": r.content_format_detected,
+            "flattened": list(r.flattened),
+        },
         "provenance_exact": r.provenance_exact,
         "request_spans": [[s.start, s.end, s.path] for s in r.request_spans],
     }
@@ -366,6 +372,15 @@ def register(app: typer.Typer) -> None:
                 "default), `as-sent` renders the string byte for byte (transformers). Recorded.",
             ),
         ] = ToolArguments.PARSED,
+        content_format: Annotated[
+            ContentFormat,
+            typer.Option(
+                "--content-format",
+                help="Content-part lists ([{type: text, text: ...}]): `auto` joins their text parts with a newline "
+                "when the template reads content as a string (detected from its syntax tree, as vLLM does; a warning "
+                "says so), `string` always joins them, `openai` passes the list as sent (transformers). Recorded.",
+            ),
+        ] = ContentFormat.AUTO,
         record: Annotated[
             bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
         ] = False,
@@ -422,6 +437,7 @@ def register(app: typer.Typer) -> None:
                 dialect=dialect,
                 utf8=utf8,
                 tool_arguments=str(tool_arguments),
+                content_format=str(content_format),
                 sampling=_read_sampling(sampling),
                 render_seed=_parse_seed(render_seed),
                 limits=_limits(template_timeout, max_render_chars),

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from ..errors import CtxlockError
+from .files import name_request_source
 
 T = TypeVar("T")
 console = Console(highlight=False, soft_wrap=True)
@@ -66,8 +67,6 @@ def guarded(as_json: bool, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except CtxlockError as exc:
-        from .files import name_request_source
-
         name_request_source(exc)
         if as_json:
             print_json({"error": exc.to_dict()})

@@ -186,7 +186,12 @@ class HFTokenizer:
             inert=fast.inert if fast.verdict.normalizer else None,
             fallback=fallback,
         )
-        whole.accelerator = Accelerator(build, whole.reference_ids, lambda: probe_texts(fast.ranks, specials))
+        # The verdict on disk is keyed by the digest of the very text fastokens loads (not the source's digest: a
+        # GGUF's, or a tokenizer.json whose truncation/padding sections were dropped).
+        json_sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
+        whole.accelerator = Accelerator(
+            build, whole.reference_ids, lambda: probe_texts(fast.ranks, specials), json_sha256=json_sha256
+        )
         return whole
 
     @property

@@ -143,3 +143,41 @@ def test_failures_that_are_not_facts_about_the_file_are_not_kept(cache: Path) ->
     acc = Accelerator(build, lambda t: np.zeros(0, dtype=np.uint32), lambda: iter(["x"]), json_sha256=key)
     assert not acc.wait()
     assert accel.load_verdict(key) is None and _entries(cache) == []
+
+
+def test_a_tokenizer_json_seen_before_builds_tokenizers_on_first_use(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxlock.errors import ArtifactFormatError
+
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "0")  # (its probes would build `tokenizers` for their non-NFC texts)
+
+    text = _qwen_json()
+    first = HFTokenizer(text, id="qwen2")
+    assert "_tok" in first.__dict__  # never seen: built at load, so a bad file fails there
+    second = HFTokenizer(text, id="qwen2 (later)")
+    assert "_tok" not in second.__dict__  # seen: load skips it, and so do the engine choice and whole-text encoding
+    assert second.whole_text.encode(TEXT, cache=False).tolist() == first._tok.encode(TEXT).ids
+    assert second.engine == "tiktoken" and "_tok" not in second.__dict__
+    assert second.encode(TEXT, parse_special=True) == first._tok.encode(TEXT).ids  # built on first use
+    with pytest.raises(ArtifactFormatError, match=r"not a valid tokenizer\.json"):
+        HFTokenizer(json.dumps({"model": {"type": "BPE", "vocab": "not a map"}}), id="bad")
+
+
+def test_vocab_size_and_token_to_id_from_the_json_equal_tokenizers() -> None:
+    import tokenizers
+
+    from ctxlock.artifacts import load_artifacts
+
+    checked = 0
+    for name in artifacts.gguf_names():
+        tok = load_artifacts(str(artifacts.gguf_path(name))).tokenizer
+        if not isinstance(tok, HFTokenizer):
+            continue
+        ref = tokenizers.Tokenizer.from_str(tok._encode_json)
+        assert tok.vocab_size == ref.get_vocab_size(with_added_tokens=True), name
+        words = ["<|endoftext|>", "<unk>", "<s>", "</s>", "<pad>", "[PAD]", "hello", "Ġthe", "▁the", "the", "\x00"]
+        for word in [*words, *(t.content for t in tok.added_tokens)]:
+            assert tok.token_to_id(word) == ref.token_to_id(word), (name, word)
+        checked += 1
+    assert checked >= 10

@@ -154,7 +154,7 @@ def store_verdict(json_sha256: str, state: str, reason: str) -> None:
                 os.unlink(tmp)
 
 
-_CACHED_NOTE = "; proved in an earlier process (verdict read from the on-disk cache)"
+_CACHED_NOTE = ", proved in an earlier process: verdict read from the on-disk cache"
 
 # Build threads still running, and the flag that stops their probes when the interpreter exits.
 _RUNNING: set[threading.Thread] = set()

@@ -3,6 +3,7 @@
     python benchmarks/bench_pipeline.py single    [--requests 300] [--rounds 3]
                                                    [--scale 0.25] [--batch [--batch-size N]]
     python benchmarks/bench_pipeline.py multiturn [--conversations 20] [--turns 20] [--rounds 3] [--scale 0.25]
+    python benchmarks/bench_pipeline.py single|multiturn --fresh-process [--rounds 5] [--passes 3]
 
 `single`: a corpus of independent requests (mixed sizes, a third with tools; benchmarks/corpus.py), each
 encoded once. `multiturn`: chats replayed turn by turn, each request holding the whole history, as a chat server
@@ -19,6 +20,14 @@ of conversations, tokenized by `tokenizers`' parallel `encode_batch`). The model
 would at start-up (`Model.warm_up`: the engine check and fastokens built and checked); `CTXLOCK_FASTOKENS=0` keeps
 tiktoken for the whole-text calls. Rounds are interleaved (each round times
 every variant once), each ratio is the median of per-round ratios, and the per-round ratios are printed too.
+
+`--fresh-process` measures what a user gets instead: every round is a new Python process that imports and loads
+both sides (no `warm_up()`, nothing built beforehand but what earlier processes left in the on-disk caches) and times
+each side's first pass over the workload, then `--passes - 1` more passes of ctxlock (caches cleared before each,
+as above), so the figures show when the background build of fastokens takes over. Both sides run in the same
+process, one after the other; the side that goes first alternates between rounds. The ids of every request of the
+first passes are compared after timing. Printed: the medians of the import-and-load times and of the first passes,
+and the ratios (median of per-round ratios) of the first passes and of load plus first pass.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,12 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus
-from timing import side_by_side
 
-import ctxlock
+# ctxlock is imported inside the functions: a --fresh-process round times its import.
 
 
 def _once(fn) -> float:
+    import ctxlock
+
     ctxlock.clear_caches()  # every run starts cold: run cache, prefix cache, request memo, template caches
     t0 = time.perf_counter()
     fn()
@@ -62,6 +73,122 @@ def _ratio(theirs: list[float], ours: list[float]) -> float:
     return statistics.median(t / o for t, o in zip(theirs, ours, strict=True))
 
 
+def _requests(args: argparse.Namespace) -> list[dict]:
+    if args.mode == "single":
+        return corpus.single_shot(args.requests, scale=args.scale)
+    return [
+        r for c in range(args.conversations) for r in corpus.conversation(args.turns, seed=100 + c, scale=args.scale)
+    ]
+
+
+def _fresh_round(args: argparse.Namespace, theirs_first: bool) -> dict:
+    """One round of --fresh-process, in this (new) process: both sides imported, loaded and timed on a first pass."""
+    import artifacts
+
+    requests = _requests(args)
+    tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
+    source = (artifacts.templates_dir() / args.template).read_text("utf-8")
+    out: dict = {}
+
+    def ours() -> None:
+        t0 = time.perf_counter()
+        import ctxlock
+        from ctxlock.template import ChatTemplate
+
+        model = ctxlock.load(str(tok_dir))
+        template = ChatTemplate(source, id=args.template)
+        t1 = time.perf_counter()
+        ids = [model.encode(r, template=template).input_ids[0] for r in requests]
+        t2 = time.perf_counter()
+        out["ours_load"], out["ours_first"] = t1 - t0, t2 - t1
+        out["ours_ids"] = ids
+        out["engine_after_first"] = model.tokenizer.whole_text_engine
+        later = []
+        for _ in range(args.passes - 1):
+            later.append(_once(lambda: [model.encode(r, template=template) for r in requests]))
+        out["ours_later"] = later
+        out["engine_after_last"] = model.tokenizer.whole_text_engine
+
+    def theirs() -> None:
+        t0 = time.perf_counter()
+        import reference
+
+        hf = reference.reference_tokenizer(tok_dir)
+        t1 = time.perf_counter()
+        ids = [
+            hf.apply_chat_template(
+                r["messages"],
+                tools=r.get("tools"),
+                chat_template=source,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+            for r in requests
+        ]
+        t2 = time.perf_counter()
+        out["theirs_load"], out["theirs_first"] = t1 - t0, t2 - t1
+        out["theirs_ids"] = ids
+
+    for side in (theirs, ours) if theirs_first else (ours, theirs):
+        side()
+    mine, reference_ids = out.pop("ours_ids"), out.pop("theirs_ids")
+    out["identical"] = len(mine) == len(reference_ids) and all(
+        a.tolist() == list(b) for a, b in zip(mine, reference_ids, strict=True)
+    )
+    out["tokens"] = sum(len(b) for b in reference_ids)
+    out["requests"] = len(requests)
+    out["theirs_went_first"] = theirs_first
+    return out
+
+
+def fresh_process(args: argparse.Namespace) -> None:
+    """--fresh-process: every round in a new interpreter (see the module docstring)."""
+    rounds = []
+    for i in range(args.rounds):
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--round-in-this-process", str(i % 2)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"round {i} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not result["identical"]:
+            raise SystemExit(f"round {i}: ids differ from transformers")
+        rounds.append(result)
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    first = [r["theirs_first"] / r["ours_first"] for r in rounds]
+    total = [(r["theirs_load"] + r["theirs_first"]) / (r["ours_load"] + r["ours_first"]) for r in rounds]
+    r0 = rounds[0]
+    print(
+        f"{args.mode}, fresh process per round, no warm_up(): {r0['requests']} requests, {r0['tokens']:,} tokens "
+        f"(scale {args.scale:g}), identical ids on all"
+    )
+    print(f"transformers: import + load {med('theirs_load'):6.3f} s, first pass {med('theirs_first'):6.3f} s")
+    print(f"ctxlock:      import + load {med('ours_load'):6.3f} s, first pass {med('ours_first'):6.3f} s")
+    print(
+        f"first pass: ctxlock {statistics.median(first):.1f}x faster (per round: "
+        f"{', '.join(f'{x:.1f}' for x in sorted(first))})"
+    )
+    print(
+        f"import + load + first pass: ctxlock {statistics.median(total):.1f}x faster (per round: "
+        f"{', '.join(f'{x:.1f}' for x in sorted(total))})"
+    )
+    for k in range(args.passes - 1):
+        times = [r["ours_later"][k] for r in rounds]
+        ratios = [r["theirs_first"] / r["ours_later"][k] for r in rounds]
+        print(
+            f"ctxlock pass {k + 2} (caches cleared): {statistics.median(times):6.3f} s, "
+            f"{statistics.median(ratios):.1f}x transformers' first pass"
+        )
+    engines = sorted({r["engine_after_first"].split(":")[0] for r in rounds})
+    print(f"whole-text engine after the first pass: {'; '.join(engines)}")
+    engines = sorted({r["engine_after_last"].split(":")[0] for r in rounds})
+    print(f"after the last pass: {'; '.join(engines)}")
+    print(f"(medians of {args.rounds} processes; ratios: median of per-round ratios; the first side alternates)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=["single", "multiturn"])
@@ -79,19 +206,32 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=0, help="requests per encode_batch call (default: all at once)")
     ap.add_argument("--vocab", default="qwen2")
     ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
+    ap.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="time first passes in new processes, without warm_up(), both sides side by side (see above)",
+    )
+    ap.add_argument(
+        "--passes", type=int, default=3, help="--fresh-process: ctxlock passes per process, the first included"
+    )
+    ap.add_argument("--round-in-this-process", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    if args.round_in_this_process is not None:
+        print(json.dumps(_fresh_round(args, theirs_first=bool(args.round_in_this_process))))
+        return
+    if args.fresh_process:
+        fresh_process(args)
+        return
+
+    from timing import side_by_side
+
+    import ctxlock
 
     model, template, hf, source = side_by_side(args.vocab, args.template)
     engines = model.warm_up()  # already warm: what it says about the engines
 
-    if args.mode == "single":
-        requests = corpus.single_shot(args.requests, scale=args.scale)
-    else:
-        requests = [
-            r
-            for c in range(args.conversations)
-            for r in corpus.conversation(args.turns, seed=100 + c, scale=args.scale)
-        ]
+    requests = _requests(args)
 
     def theirs_one(r: dict) -> list[int]:
         return hf.apply_chat_template(

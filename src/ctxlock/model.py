@@ -287,9 +287,10 @@ class Model:
     def warm_up(self, *, wait: bool = True) -> dict[str, str]:
         """Make the first `encode` as fast as the rest: choose the tokenizer's engine (the load-time equivalence
         check, cached on disk) and build the whole-text encoder; with `wait`, also build fastokens and check it against
-        the exact path (about 2 s for a 150k vocabulary; without `wait` the first encode starts that on a daemon
-        thread, and tiktoken makes the calls meanwhile, with the same ids). A server calls this once at start-up.
-        Returns what `ctxlock inspect` prints about the engines."""
+        the exact path (about 2 s for a 150k vocabulary, about 1.2 s once an earlier process has left the check's
+        verdict on disk; without `wait` the first encode starts that on a daemon thread, and tiktoken makes the calls
+        meanwhile, with the same ids; an exiting interpreter waits for that thread). A server calls this once at
+        start-up. Returns what `ctxlock inspect` prints about the engines."""
         tok = self.tokenizer
         whole = getattr(tok, "whole_text", None)
         if whole is not None and whole.accelerator is not None and wait:

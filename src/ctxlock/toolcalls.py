@@ -55,15 +55,24 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
-
-import jsonschema
-import jsonschema.exceptions
-from jsonschema.validators import validator_for
+from typing import TYPE_CHECKING, Any
 
 from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.frozen import thaw
 from ctxlock.request import Request, join_path, json_type_name
+
+if TYPE_CHECKING:
+    import jsonschema.exceptions
+
+
+def _jsonschema() -> Any:
+    """jsonschema, imported on first use (about 50 ms at start-up, which commands without tools never need)."""
+    import jsonschema
+    import jsonschema.exceptions
+    import jsonschema.validators
+
+    return jsonschema
+
 
 __all__ = [
     "Event",
@@ -283,6 +292,7 @@ def _validator(schema: Any, path: str) -> Any:
         key = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ToolCallError(f"the schema is not JSON: {exc}", path=path, hint="pass plain JSON values") from None
+    js = _jsonschema()
     try:
         return _checked_validator(key)
     except _UnknownDialect as exc:
@@ -291,9 +301,9 @@ def _validator(schema: Any, path: str) -> Any:
             path=f"{path}.$schema",
             hint="use a JSON Schema draft jsonschema knows (draft 4, 6, 7, 2019-09, 2020-12) or omit $schema",
         ) from None
-    except jsonschema.exceptions.SchemaError as exc:
+    except js.exceptions.SchemaError as exc:
         where = path + exc.json_path[1:] if exc.json_path.startswith("$") else path
-        draft = validator_for(schema, default=jsonschema.Draft202012Validator).__name__.removesuffix("Validator")
+        draft = js.validators.validator_for(schema, default=js.Draft202012Validator).__name__.removesuffix("Validator")
         raise ToolCallError(
             f"not a valid JSON Schema: {exc.message}",
             path=where,
@@ -310,9 +320,11 @@ def _checked_validator(key: str) -> Any:
     """A validator for one schema (canonical JSON), metaschema-checked once: a server builds an assembler per
     request with the same tools, and check_schema costs far more than assembling a call."""
     schema = json.loads(key)  # a private copy: the caller may mutate theirs
+    js = _jsonschema()
+    validator_for = js.validators.validator_for
     if isinstance(schema, dict) and "$schema" in schema and validator_for(schema, default=None) is None:
         raise _UnknownDialect(schema["$schema"])
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = validator_for(schema, default=js.Draft202012Validator)
     cls.check_schema(schema)
     return cls(schema)
 

@@ -1,7 +1,8 @@
 """Read the tokenizer metadata of a GGUF file (llama.cpp, Ollama): vocabulary, merges, types, ids, template.
 
-The names and enums come from the `gguf` package (`gguf.Keys`, `gguf.GGUFValueType`, `gguf.TokenType`). The
-bytes are read here, by a strict reader over a memory map, because a GGUF file is untrusted input:
+The names and enums come from the `gguf` package (`gguf.Keys`, `gguf.GGUFValueType`, `gguf.TokenType`; read from
+its constants module alone by `gguf_constants`, without the package's costly `__init__`). The bytes are read here,
+by a strict reader over a memory map, because a GGUF file is untrusted input:
 - every length is checked against the bytes that remain before anything is allocated, so a declared array of
   2**60 items fails at once with a typed error instead of allocating or looping;
 - every failure is an ArtifactFormatError naming the file, the key and the byte offset;
@@ -21,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, Keys, TokenType
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, TemplateLimitError
 from ..sandbox import DEFAULT_LIMITS
+from .gguf_constants import GGUFValueType, Keys, TokenType
 
 GGUF_MAGIC = b"GGUF"
 MAX_KV = 1 << 20  # far above any real file; a bound on a corrupt count

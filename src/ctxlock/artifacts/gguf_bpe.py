@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gguf import TokenType
-
 from ..errors import ArtifactFormatError
 from ..frozen import FrozenDict, freeze, thaw
 from .gguf import GGUFVocab
+from .gguf_constants import TokenType
 
 __all__ = ["BPE_PRE_TOKENIZERS", "BPERecipe", "bpe_tokenizer_json"]
 

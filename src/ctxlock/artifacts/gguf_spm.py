@@ -32,10 +32,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-from gguf import Keys, TokenType
 
 from ..errors import ArtifactFormatError
 from .gguf import GGUFVocab
+from .gguf_constants import Keys, TokenType
 
 __all__ = [
     "gemma4_tokenizer_json",

@@ -22,16 +22,40 @@ vocabulary where whole-text encoding is taken (`tests/test_prefix.py`).
 
 `CTXLOCK_FASTOKENS=0` keeps tiktoken; `CTXLOCK_FASTOKENS=sync` builds and checks it in the calling thread, on first
 use (deterministic, for tests).
+
+**The verdict is kept on disk.** What step 2 proves is a fact about three things: the `tokenizer.json` bytes, the
+fastokens release and this module's probes (`CHECK_VERSION`; the exact path it compares with is tiktoken, whose
+release is in the key too). The verdict, admitted or refused on a probe, is written under the conversion cache's root
+(`<cache>/fastokens/<key>.json`, written atomically) with a key that hashes all of them, and a later process that
+builds fastokens for the same bytes takes the verdict instead of probing again. An entry that is unreadable, corrupt
+or names another digest or release counts as absent: the probes run and the entry is rewritten. Failures that are
+not facts about those inputs (fastokens not installed, a build that raises, an interpreter exiting mid-check) are
+never written. The reason says when a verdict came from the cache.
+
+**Exit.** A daemon thread that comes back from native code while the interpreter finalizes is killed with a forced
+unwind, which fastokens' and tiktoken's native frames turn into `FATAL: exception not rethrown` (exit code 134). So
+an `atexit` hook stops the probes at the next text and waits for the thread to leave the native call it is in
+(the build of a 150k vocabulary takes about 1.2 s), before finalization begins.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import hashlib
+import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+# Bump when what the check proves changes (the probes, how ids are compared): verdicts cached under another are unused.
+CHECK_VERSION = "accel-1"
+# The longest an exiting interpreter waits for a build or a probe in native code (a 150k vocabulary builds in ~1.2 s).
+EXIT_WAIT_SECONDS = 120.0
 
 # Whitespace, digits, case, contractions, scripts and symbols around which split regexes differ most.
 _MIXED = (
@@ -51,12 +75,104 @@ def setting() -> str:
 
 
 def fastokens_version() -> str | None:
+    return _library_version("fastokens")
+
+
+def _library_version(name: str) -> str | None:
     try:
         from importlib.metadata import version
 
-        return version("fastokens")
+        return version(name)
     except Exception:
         return None
+
+
+def verdict_key(json_sha256: str) -> str:
+    """The cache key of a verdict on the `tokenizer.json` with this sha256: it also hashes the fastokens and tiktoken
+    releases and `CHECK_VERSION`, so a changed file, library or check never reuses a verdict."""
+    parts = [json_sha256, fastokens_version() or "-", _library_version("tiktoken") or "-", CHECK_VERSION]
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+
+
+def _verdict_path(key: str) -> Any:
+    from ..artifacts.conversion_cache import cache_root
+
+    return cache_root() / "fastokens" / f"{key}.json"
+
+
+def load_verdict(json_sha256: str) -> tuple[str, str] | None:
+    """The cached (state, reason) for this `tokenizer.json` digest and the installed releases, or None (absent,
+    unreadable, corrupt, or written for other inputs)."""
+    key = verdict_key(json_sha256)
+    try:
+        data = json.loads(_verdict_path(key).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    expected = {
+        "key": key,
+        "json_sha256": json_sha256,
+        "fastokens": fastokens_version(),
+        "tiktoken": _library_version("tiktoken"),
+        "check_version": CHECK_VERSION,
+    }
+    if any(data.get(k) != v for k, v in expected.items()):
+        return None
+    state, reason = data.get("state"), data.get("reason")
+    if state not in ("ready", "refused") or not isinstance(reason, str) or not reason:
+        return None
+    return state, reason
+
+
+def store_verdict(json_sha256: str, state: str, reason: str) -> None:
+    """Write the verdict atomically (a temporary file renamed into place); a cache that cannot be written is not an
+    error (the next process checks again)."""
+    import tempfile
+
+    key = verdict_key(json_sha256)
+    path = _verdict_path(key)
+    data = {
+        "key": key,
+        "json_sha256": json_sha256,
+        "fastokens": fastokens_version(),
+        "tiktoken": _library_version("tiktoken"),
+        "check_version": CHECK_VERSION,
+        "state": state,
+        "reason": reason,
+    }
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, ensure_ascii=False)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+_CACHED_NOTE = ", proved in an earlier process: verdict read from the on-disk cache"
+
+# Build threads still running, and the flag that stops their probes when the interpreter exits.
+_RUNNING: set[threading.Thread] = set()
+_RUNNING_LOCK = threading.Lock()
+_EXITING = threading.Event()
+
+
+def _wait_at_exit() -> None:
+    """Run by `atexit`, before finalization: stop the probes and wait for every build thread to leave native code."""
+    _EXITING.set()
+    with _RUNNING_LOCK:
+        threads = list(_RUNNING)
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_wait_at_exit)
 
 
 def probe_texts(ranks: Mapping[bytes, int], added: Mapping[str, int], *, chunk: int = 1500) -> Iterator[str]:
@@ -90,9 +206,14 @@ class Accelerator:
         build: Callable[[], Any],
         reference: Callable[[str], np.ndarray | None],
         probes: Callable[[], Iterator[str]],
+        *,
+        json_sha256: str | None = None,
     ) -> None:
         """`build()`: the fastokens tokenizer; `reference(text)`: the exact ids (uint32) for a text, None to skip
-        it; `probes()`: the texts to compare them on."""
+        it; `probes()`: the texts to compare them on. `json_sha256`: the digest of the exact `tokenizer.json` text
+        `build` loads, which keys the verdict on disk (None: nothing is read or written)."""
+        self._json_sha256 = json_sha256
+        self.cached = False  # whether the verdict came from the on-disk cache
         self._build = build
         self._reference = reference
         self._probes = probes
@@ -124,9 +245,24 @@ class Accelerator:
     def start(self) -> None:
         """Build and check on a daemon thread, once (the first `encode` does this by default)."""
         if self._claim():
-            threading.Thread(target=self._run, name="ctxlock-fastokens", daemon=True).start()
+            thread = threading.Thread(target=self._run_tracked, name="ctxlock-fastokens", daemon=True)
+            with _RUNNING_LOCK:
+                _RUNNING.add(thread)
+            thread.start()
+
+    def _run_tracked(self) -> None:
+        try:
+            self._run()
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(threading.current_thread())
 
     def _run(self) -> None:
+        cached = load_verdict(self._json_sha256) if self._json_sha256 else None
+        if cached is not None and cached[0] == "refused":
+            self.cached = True
+            self._finish("refused", cached[1] + _CACHED_NOTE)
+            return
         try:
             engine = self._build()
         except ImportError:
@@ -135,9 +271,16 @@ class Accelerator:
         except Exception as exc:  # a tokenizer.json it cannot load
             self._finish("refused", f"fastokens could not load the tokenizer.json: {exc}")
             return
+        if cached is not None:
+            self.cached = True
+            self._finish("ready", cached[1] + _CACHED_NOTE, engine)
+            return
         checked = ids = 0
         try:
             for n, text in enumerate(self._probes()):
+                if _EXITING.is_set():
+                    self._finish("refused", "the interpreter exited before the check was done")
+                    return
                 expected = self._reference(text)
                 if expected is None:
                     continue
@@ -145,7 +288,7 @@ class Accelerator:
                 if got.shape != expected.shape or not np.array_equal(got, expected):
                     n_common = min(len(got), len(expected))
                     k = int(np.argmax(got[:n_common] != expected[:n_common])) if n_common else 0
-                    self._finish(
+                    self._verdict(
                         "refused",
                         f"fastokens differs from the exact path on probe text {n} at token {k} "
                         f"({len(got)} ids against {len(expected)})",
@@ -157,7 +300,13 @@ class Accelerator:
             self._finish("refused", f"fastokens failed on a probe text: {exc}")
             return
         version = fastokens_version() or "?"
-        self._finish("ready", f"{version}, ids equal to the exact path on {checked} probe texts ({ids:,} ids)", engine)
+        self._verdict("ready", f"{version}, ids equal to the exact path on {checked} probe texts ({ids:,} ids)", engine)
+
+    def _verdict(self, state: str, reason: str, engine: Any = None) -> None:
+        """Finish with what the probes proved, and keep it on disk for later processes."""
+        if self._json_sha256:
+            store_verdict(self._json_sha256, state, reason)
+        self._finish(state, reason, engine)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Build and check now if nothing has started them, else wait for them; True when admitted."""
@@ -200,4 +349,13 @@ def _ids(engine: Any, text: str) -> np.ndarray:
     return np.frombuffer(ids, dtype="<u4")
 
 
-__all__ = ["Accelerator", "fastokens_version", "probe_texts", "setting"]
+__all__ = [
+    "CHECK_VERSION",
+    "Accelerator",
+    "fastokens_version",
+    "load_verdict",
+    "probe_texts",
+    "setting",
+    "store_verdict",
+    "verdict_key",
+]

@@ -55,6 +55,31 @@ def _set_prepend_never(node: Any) -> bool:
     return changed
 
 
+def _loaded_marker(sha256: str) -> Path:
+    from ..artifacts.conversion_cache import cache_root
+
+    return cache_root() / "tokenizers-loaded" / f"{sha256}-{tokenizers.__version__}"
+
+
+def _loaded_before(sha256: str) -> bool:
+    """Whether `tokenizers` (this release) has built a pipeline from a JSON text with this sha256 before."""
+    try:
+        return _loaded_marker(sha256).is_file()
+    except OSError:
+        return False
+
+
+def _remember_loaded(sha256: str) -> None:
+    """An empty marker file; one that cannot be written is not an error (the next load builds eagerly again)."""
+    path = _loaded_marker(sha256)
+    try:
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    except OSError:
+        pass
+
+
 class HFTokenizer:
     format = "hf-tokenizers"
 
@@ -87,13 +112,14 @@ class HFTokenizer:
                 self._encode_json = json.dumps(self._data, ensure_ascii=False)
             else:
                 self._encode_json = json_text
-            self._tok = tokenizers.Tokenizer.from_str(self._encode_json)
-        except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-            raise ArtifactFormatError(
-                f"not a valid tokenizer.json: {exc}",
-                path=source or id,
-                hint="re-export it with tokenizers/transformers",
-            ) from None
+        except Exception as exc:
+            raise self._invalid(exc) from None
+        self._encode_sha256 = hashlib.sha256(self._encode_json.encode("utf-8")).hexdigest()
+        if not _loaded_before(self._encode_sha256):
+            # Never seen: build the `tokenizers` pipeline now, so a file it rejects fails at load, naming the file.
+            # Seen (an earlier process built it from these very bytes), it is built on first use: the whole-text
+            # path, `render` and the engine choice do not need it.
+            _ = self._tok
         self._added = tuple(
             AddedToken(
                 content=t["content"],
@@ -112,6 +138,23 @@ class HFTokenizer:
         self._engine_lock = threading.Lock()
         self._engine_choice: tuple[str, str, Any] | None = None
         self._whole_choice: tuple[WholeText | None, str] = (None, "not decided")
+
+    def _invalid(self, exc: Exception) -> ArtifactFormatError:
+        return ArtifactFormatError(
+            f"not a valid tokenizer.json: {exc}",
+            path=self.source or self.id,
+            hint="re-export it with tokenizers/transformers",
+        )
+
+    @cached_property
+    def _tok(self) -> tokenizers.Tokenizer:
+        """The reference pipeline (`tokenizers`), built from the JSON on first use (see `__init__`)."""
+        try:
+            tok = tokenizers.Tokenizer.from_str(self._encode_json)
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+            raise self._invalid(exc) from None
+        _remember_loaded(self._encode_sha256)
+        return tok
 
     # -- plain-text variants, built on first use
     @cached_property
@@ -142,13 +185,18 @@ class HFTokenizer:
                     self._engine_choice = ("tokenizers", verdict.reason, None)
                     self._whole_choice = (None, f"encode_text uses tokenizers ({verdict.reason})")
                 else:
-                    normalizer = self._tok.normalizer
+                    normalize = None
+                    if self._data.get("normalizer") is not None:
+
+                        def normalize(text: str) -> str:
+                            return self._tok.normalizer.normalize_str(text)  # built on the first text that needs it
+
                     refusal = whole_text_refusal(self._added)
                     fast = FastEncoder(
                         verdict,
                         ranks,
                         added=[(t["content"], int(t["id"]), bool(t.get("normalized", False))) for t in plain_added],
-                        normalize=normalizer.normalize_str if normalizer is not None else None,
+                        normalize=normalize,
                         name=f"ctxlock-{self.sha256[:12]}",
                         specials=None if refusal else {t.content: t.id for t in self._added},
                     )
@@ -186,7 +234,12 @@ class HFTokenizer:
             inert=fast.inert if fast.verdict.normalizer else None,
             fallback=fallback,
         )
-        whole.accelerator = Accelerator(build, whole.reference_ids, lambda: probe_texts(fast.ranks, specials))
+        # The verdict on disk is keyed by the digest of the very text fastokens loads (not the source's digest: a
+        # GGUF's, or a tokenizer.json whose truncation/padding sections were dropped).
+        json_sha256 = self._encode_sha256
+        whole.accelerator = Accelerator(
+            build, whole.reference_ids, lambda: probe_texts(fast.ranks, specials), json_sha256=json_sha256
+        )
         return whole
 
     @property
@@ -235,6 +288,12 @@ class HFTokenizer:
 
     @property
     def vocab_size(self) -> int:
+        # `tokenizers`' get_vocab_size(with_added_tokens=True) is the size of get_vocab(True): the model's tokens and
+        # the added tokens' contents, as one map. Read from the JSON when the vocabulary is a token -> id map.
+        model = self._data.get("model") or {}
+        vocab = model.get("vocab")
+        if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
+            return len(vocab.keys() | self._by_content.keys())
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     @property
@@ -379,7 +438,21 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
+        # What `tokenizers` does: the added tokens first, then the model's vocabulary; read from the JSON when the
+        # model's vocabulary is a token -> id map, so that a load (the pad token's id) does not build the pipeline.
+        added = self._by_content.get(token)
+        if added is not None:
+            return added
+        model = self._data.get("model") or {}
+        vocab = model.get("vocab")
+        if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
+            found = vocab.get(token)
+            return found if isinstance(found, int) else None
         return self._tok.token_to_id(token)
+
+    @cached_property
+    def _by_content(self) -> dict[str, int]:
+        return {t.content: t.id for t in self._added}
 
     def id_to_token(self, id: int) -> str | None:
         return self._tok.id_to_token(id)

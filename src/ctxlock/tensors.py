@@ -523,6 +523,22 @@ class TorchInput(Mapping):
     def data(self) -> dict[str, Any]:
         return dict(self._tensors)
 
+    # pickle, copy and deepcopy (a DataLoader worker pickles its batches): rebuilt through the constructor, since
+    # attribute assignment is refused.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TorchInput, (dict(self._tensors), self.model_input))
+
+    def __eq__(self, other: object) -> bool:
+        # Mapping's == compares the tensors with ==, which is elementwise (ambiguous as a bool): equal when the
+        # ModelInputs are, and every tensor is equal and on the same device.
+        if not isinstance(other, TorchInput):
+            return NotImplemented
+        return self.model_input == other.model_input and all(
+            a.device == b.device and a.equal(b) for a, b in zip(self.values(), other.values(), strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # torch tensors are mutable, as BatchEncoding's are
+
     def to(self, device: Any, *, non_blocking: bool = False) -> TorchInput:
         """A new TorchInput with every tensor moved to ``device`` (``BatchEncoding.to``, without mutating)."""
         return TorchInput(

@@ -10,7 +10,9 @@ import pytest
 
 import artifacts
 import ctxlock
-from conformance import FIXED_NOW
+import ctxlock.template
+from conformance import FIXED_NOW, TEMPLATE_KWARGS, vocab_for
+from ctxlock.errors import CtxlockError
 from ctxlock.template import ChatTemplate
 from ctxlock.tensors import TorchInput
 
@@ -52,3 +54,50 @@ def test_torch_input_pickles_copies_and_compares_like_batch_encoding(qwen, batch
     assert ti != other and ti != dict(ti)
     with pytest.raises(TypeError):
         hash(ti)  # torch tensors are mutable: unhashable, as a BatchEncoding is
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Content parts joined for a "string" template: every character of the joined string is the request's
+
+
+def _covered(rendered: Any, start: int, end: int, prefix: str) -> list[int]:
+    """The offsets in [start, end) that no request span of a path under `prefix` covers."""
+    inside = set()
+    for s in rendered.request_spans:
+        if s.path == prefix or s.path.startswith((prefix + ".", prefix + "[")):
+            inside.update(range(max(s.start, start), min(s.end, end)))
+    return [k for k in range(start, end) if k not in inside]
+
+
+def test_the_newlines_between_joined_parts_are_request_text_on_every_string_template() -> None:
+    """The "\\n" ctxlock puts between text parts came from no template: it was attributed to the template's own text,
+    so a client sending empty parts put runs of "trusted" newlines in the middle of its message (a control token made
+    of newlines would have been honoured), and request_spans had holes in the message. Every template of the set that
+    reads content as a string, with parts that are empty, newlines or text."""
+    models: dict[str, ctxlock.Model] = {}
+    shapes = [["alpha", "", "omega"], ["alpha", "", "", "\n", "omega"], ["alpha", "\n\n", "omega"], ["alpha", "omega"]]
+    checked = set()
+    for path in artifacts.template_paths():
+        source = path.read_text("utf-8")
+        if ctxlock.template.content_format(source) != "string":
+            continue
+        vocab = vocab_for(path.name)
+        model = models.setdefault(vocab, ctxlock.load(str(artifacts.hf_tokenizer_dir(vocab))))
+        template = ChatTemplate(source, id=path.name)
+        for texts in shapes:
+            parts = [{"type": "text", "text": t} for t in texts]
+            data = {"messages": [{"role": "user", "content": parts}]}
+            try:
+                extra = TEMPLATE_KWARGS.get(path.name)
+                rendered = model.render(data, template=template, now=FIXED_NOW, chat_template_kwargs=extra)
+            except CtxlockError:
+                continue  # a template that needs more than one user message: nothing to look at
+            joined = "\n".join(texts)
+            start = rendered.text.find(joined)
+            if start < 0:
+                continue  # the template changed the content (strip, ...): its spans are checked elsewhere
+            assert rendered.flattened == ("messages[0].content",)
+            gaps = _covered(rendered, start, start + len(joined), "messages[0].content")
+            assert not gaps, f"{path.name} {texts!r}: offsets {gaps} of the joined content are not request text"
+            checked.add(path.name)
+    assert len(checked) >= 30, sorted(checked)

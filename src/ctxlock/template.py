@@ -833,12 +833,16 @@ def _resolve_content_format(
 
 def _flatten_contents(messages: list[dict[str, Any]], request: Request) -> list[dict[str, Any]]:
     """Each content list joined into one string: its text parts with "\n" between them (vLLM's flattening), the
-    provenance of every character kept. Only called once every part is known to be text."""
+    provenance of every character kept. The newlines between parts belong to the request too (their path is the
+    content list's): the joined string is one request string, so no character of it, however many empty parts
+    a client sends, counts as the template's own text where a control token is matched. Only called once every
+    part is known to be text."""
     out = []
     for m, message in zip(messages, request.messages, strict=True):
         content = m.get("content")
         if isinstance(message.content, tuple) and isinstance(content, list):
-            m = {**m, "content": taint.join("\n", [part["text"] for part in content])}
+            sep = taint.leaf("\n", _content_path(message))
+            m = {**m, "content": taint.join(sep, [part["text"] for part in content])}
         out.append(m)
     return out
 

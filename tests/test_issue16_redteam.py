@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import json
 import pickle
+import sys
 from typing import Any
 
 import pytest
@@ -12,6 +16,7 @@ import artifacts
 import ctxlock
 import ctxlock.template
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, vocab_for
+from ctxlock.cli import main
 from ctxlock.errors import CtxlockError
 from ctxlock.template import ChatTemplate
 from ctxlock.tensors import TorchInput
@@ -101,3 +106,51 @@ def test_the_newlines_between_joined_parts_are_request_text_on_every_string_temp
             assert not gaps, f"{path.name} {texts!r}: offsets {gaps} of the joined content are not request text"
             checked.add(path.name)
     assert len(checked) >= 30, sorted(checked)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# detok --json: an error is a JSON object on stdout too, as every other command's --json
+
+
+def _main(argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
+    old = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.stdin = old
+    return code, *(s.buffer.getvalue().decode("utf-8") for s in (out, err))  # type: ignore[attr-defined]
+
+
+BAD_IDS = ["[1,", "null", "{}", '["a"]', "[1.5]", "[-1]", "[true]", "[99999999999999999999]", "[[1]]", ""]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_detok_json_errors_are_json_lines_on_stdout(bad: str) -> None:
+    """`detok --json` printed nothing on stdout for a bad input, where the README's convention (and every other
+    command) prints {"error": {...}} with --json. detok's output is one JSON object per line, so the error is one
+    line too, after the lines of the inputs before it."""
+    for argv, stdin in (
+        (["detok", "-m", "book", "--ids", bad, "--json"], b""),
+        (["detok", "-m", "book", "--jsonl", "--json"], b"[4, 5]\n" + bad.encode() + b"\n[4]\n"),
+    ):
+        code, out, err = _main(argv, stdin)
+        if bad == "" and "--jsonl" in argv:
+            assert code == 0  # blank lines are skipped
+            continue
+        assert code == 1, (argv, code, err)
+        assert len(err.splitlines()) == 1 and err.startswith("error: ")
+        lines = out.splitlines()
+        objects = [json.loads(line) for line in lines]  # every stdout line is one JSON object
+        error = objects[-1]["error"]
+        assert set(error) == {"type", "message", "path", "hint"}
+        assert error["type"] in err and error["path"] in err  # the same error as the stderr line
+        assert error["path"].startswith("stdin line 2" if "--jsonl" in argv else "--ids")
+        if "--jsonl" in argv:
+            assert objects[0]["text"] and len(objects) == 2  # the first line decoded; the third never read

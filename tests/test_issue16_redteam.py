@@ -15,6 +15,7 @@ import pytest
 import artifacts
 import ctxlock
 import ctxlock.template
+import reference
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, vocab_for
 from ctxlock.cli import main
 from ctxlock.errors import CtxlockError
@@ -154,3 +155,51 @@ def test_detok_json_errors_are_json_lines_on_stdout(bad: str) -> None:
         assert error["path"].startswith("stdin line 2" if "--jsonl" in argv else "--ids")
         if "--jsonl" in argv:
             assert objects[0]["text"] and len(objects) == 2  # the first line decoded; the third never read
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Content format detection: a template that reads parts without a for loop is not a "string" template
+
+PARTS_WITHOUT_A_LOOP = {
+    "map-attribute": "{% for m in messages %}[{{ m.role }}]{{ m.content | map(attribute='text') | join(' ') }}"
+    "{% endfor %}",
+    "index-attr": "{% for m in messages %}[{{ m.role }}]{{ m.content[0].text }}{% endfor %}",
+    "index-item": "{% for m in messages %}[{{ m['role'] }}]{{ m['content'][0]['text'] }}{% endfor %}",
+    "selectattr-first": "{% for m in messages %}[{{ m.role }}]"
+    "{{ (m.content | selectattr('type', 'equalto', 'text') | first).text }}{% endfor %}",
+    "first-filter": "{% for m in messages %}{{ (m.content | first)['text'] }}{% endfor %}",
+    "last-message": "{{ messages[-1].content[0].text }}",
+    "else-branch": "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+    "{{ m.content | map(attribute='text') | join(' ') }}{% endif %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", list(PARTS_WITHOUT_A_LOOP))
+def test_a_template_that_reads_parts_without_a_loop_gets_them_as_sent(name: str) -> None:
+    """The detection looked only for `{% for part in message.content %}`: a template that reads
+    `content[0].text` or `content|map(attribute='text')` was called "string", its parts were joined, and it then
+    rendered the message as nothing (a joined string has no `.text`): the user's text silently dropped, where
+    transformers renders it. Such a template reads parts ("openai"), and auto renders what transformers does."""
+    source = PARTS_WITHOUT_A_LOOP[name]
+    assert ctxlock.template.content_format(source) == "openai"
+    model = ctxlock.load("book")
+    parts = [{"type": "text", "text": "blue"}, {"type": "text", "text": "sky"}]
+    messages = [{"role": "user", "content": parts}]
+    expected = reference.reference_render(source, copy.deepcopy(messages))
+    assert "blue" in expected
+    rendered = model.render({"messages": messages}, template=ChatTemplate(source, id=name), add_generation_prompt=False)
+    assert rendered.text == expected
+    assert rendered.content_format == "openai" and rendered.flattened == ()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% for m in messages %}{{ m.content }}{% if m.content[0] == '/' %}!{% endif %}{% endfor %}",
+        "{% for m in messages %}{{ m.content | trim | first }}{{ m.content[-1] }}{% endfor %}",
+        "{% for m in messages %}{{ m['content'][:10] }}{{ m.text }}{{ (messages | first).content }}{% endfor %}",
+    ],
+    ids=["char-index", "first-char", "slice"],
+)
+def test_string_templates_that_index_characters_stay_string(source: str) -> None:
+    assert ctxlock.template.content_format(source) == "string"

@@ -203,3 +203,18 @@ def test_a_template_that_reads_parts_without_a_loop_gets_them_as_sent(name: str)
 )
 def test_string_templates_that_index_characters_stay_string(source: str) -> None:
     assert ctxlock.template.content_format(source) == "string"
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_model_input_stays_read_only_through_pickle_and_deepcopy(qwen, side: str) -> None:
+    """numpy unpickles and deep-copies arrays writable, so the "read-only", hashable ModelInput came back with
+    writable arrays: its ids could then change under its hash. Rebuilt through the constructor, it is frozen again."""
+    model, template = qwen
+    mi = model.encode_batch(REQUESTS, template=template, now=FIXED_NOW, padding_side=side)
+    for again in (pickle.loads(pickle.dumps(mi)), copy.deepcopy(mi), copy.copy(mi)):
+        assert again == mi and hash(again) == hash(mi)
+        assert (again.valid_lengths, again.padding_side, again.pad_id) == (mi.valid_lengths, mi.padding_side, mi.pad_id)
+        for key, array in again.items():
+            assert not array.flags.writeable, key
+            with pytest.raises(ValueError, match="read-only"):
+                array[0, 0] = 0

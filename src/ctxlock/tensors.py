@@ -462,6 +462,12 @@ class ModelInput(Mapping):
             and np.array_equal(self.position_ids, other.position_ids)
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and deepcopy rebuild through the constructor: numpy unpickles (and deep-copies) an array writable,
+        # and the constructor validates and freezes it again.
+        fields = (self.input_ids, self.attention_mask, self.position_ids, self.valid_lengths, self.padding_side)
+        return (ModelInput, (*fields, self.pad_id))
+
     def __hash__(self) -> int:
         # The arrays are read-only and int64, so their shape + bytes are a sound hash key.
         return hash(

@@ -8,6 +8,7 @@ import io
 import json
 import pickle
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -218,3 +219,36 @@ def test_a_model_input_stays_read_only_through_pickle_and_deepcopy(qwen, side: s
             assert not array.flags.writeable, key
             with pytest.raises(ValueError, match="read-only"):
                 array[0, 0] = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fit --policy: a field of the wrong JSON type is one error line naming it, never a traceback
+
+BAD_FIELD_VALUES: list[Any] = ["100", 1.5, 1e309, True, None, [1], {}, 10**30 + 0.5]
+POLICY_FIELDS = ["max_input_tokens", "reserve_output_tokens", "optional_priority", "order", "history"]
+
+
+@pytest.mark.parametrize("field", POLICY_FIELDS)
+def test_fit_policy_fields_of_the_wrong_type_are_one_line_naming_the_field(tmp_path, field: str) -> None:
+    """`fit --policy` with `"order": 5`, `"optional_priority": null` or `"max_input_tokens": "100"` escaped as a
+    TypeError or AttributeError traceback (issue 16, item 9: no input may produce one)."""
+    example = Path(__file__).parent.parent / "examples" / "long-chat.json"
+    policy = tmp_path / "policy.json"
+    checked = 0
+    for value in BAD_FIELD_VALUES:
+        data = {} if field == "max_input_tokens" else {"max_input_tokens": 2000}
+        if field == "history" and isinstance(value, str):
+            continue  # a string history is checked by name (unknown history mode)
+        if value is None and field in ("max_input_tokens", "order"):
+            continue  # null is allowed there (order: none; max_input_tokens: then context_window is needed)
+        data[field] = value
+        policy.write_text(json.dumps(data), "utf-8")
+        for extra in ([], ["--json"]):
+            code, out, err = _main(["fit", "-m", "book", "--policy", str(policy), str(example), *extra])
+            assert code == 1, (data, code, err)
+            assert len(err.splitlines()) == 1 and err.startswith("error: BudgetError: "), (data, err)
+            assert f"policy.{field}" in err, (data, err)
+            if extra:
+                assert json.loads(out)["error"]["path"] == f"policy.{field}"
+            checked += 1
+    assert checked >= 12

@@ -252,3 +252,17 @@ def test_fit_policy_fields_of_the_wrong_type_are_one_line_naming_the_field(tmp_p
                 assert json.loads(out)["error"]["path"] == f"policy.{field}"
             checked += 1
     assert checked >= 12
+
+
+@pytest.mark.parametrize("order", [5, 1.5, True, None, 10**30])
+def test_a_sampling_order_that_is_not_an_array_is_one_line(tmp_path, order: Any) -> None:
+    """`render --sampling` with `"order": 5` (or null, true) escaped as a TypeError traceback."""
+    sampling = tmp_path / "sampling.json"
+    sampling.write_text(json.dumps({"temperature": 0.7, "order": order}), "utf-8")
+    request = b'{"messages": [{"role": "user", "content": "blue sky"}]}'
+    for extra in ([], ["--json"]):
+        code, out, err = _main(["render", "-m", "book", "--sampling", str(sampling), "-", *extra], request)
+        assert code == 1, (order, code, err)
+        assert len(err.splitlines()) == 1 and err.startswith("error: SamplerError: ") and "order" in err, err
+        if extra:
+            assert json.loads(out)["error"]["type"] == "SamplerError"

@@ -266,3 +266,53 @@ def test_a_sampling_order_that_is_not_an_array_is_one_line(tmp_path, order: Any)
         assert len(err.splitlines()) == 1 and err.startswith("error: SamplerError: ") and "order" in err, err
         if extra:
             assert json.loads(out)["error"]["type"] == "SamplerError"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# replay and diff of an imported record whose fields have the wrong type: one line, never a traceback
+
+TAMPERED: list[tuple[tuple[Any, ...], Any]] = [
+    (("options", "chat_template_kwargs"), 5),
+    (("options", "special_tokens"), True),
+    (("options", "sampling"), True),
+    (("options", "now"), 5),
+    (("dynamic", "now"), 5),
+    (("request", "replaced_bytes"), True),
+    (("input_ids",), 1.5),
+    (("errors",), True),
+    (("template",), 5),
+]
+
+
+def test_replaying_a_tampered_imported_record_is_one_line(tmp_path) -> None:
+    """`records import` checks a record's form, not every field; `replay` (and `diff`) of an imported record with
+    `"options": {"chat_template_kwargs": 5}`, `"dynamic": {"now": 5}`, `"input_ids": 1.5`, ... escaped as a
+    TypeError, ValueError or KeyError traceback (found by mutating a real record's fields at random)."""
+    store = str(tmp_path / "store")
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"messages": [{"role": "user", "content": "blue sky"}]}), "utf-8")
+    code, out, _ = _main(["render", "-m", "book", "--record", "--store", store, "--json", str(request)])
+    rid = json.loads(out)["record_id"]
+    record = json.loads(_main(["records", "export", rid, "--store", store])[1].splitlines()[0])
+    checked = refused = 0
+    for path, value in TAMPERED:
+        data = copy.deepcopy(record)
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        line = tmp_path / "tampered.jsonl"
+        line.write_text(json.dumps(data) + "\n", "utf-8")
+        code, out, err = _main(["records", "import", str(line), "--store", store])
+        if code != 0:
+            continue  # import refused it: nothing to replay
+        tampered = out.split()[0]
+        for argv in (["replay", tampered], ["diff", tampered, rid], ["diff", rid, tampered]):
+            code, out, err = _main([*argv, "--store", store])
+            assert code in (0, 1, 3), (path, argv, code, err)
+            lines = err.splitlines()
+            if lines:  # an error (a diverging layer is a report on stdout, exit 1, no error line)
+                assert len(lines) == 1 and lines[0].startswith("error: "), (path, argv, err)
+                refused += "error: RecordFormatError: record " in lines[0]
+            checked += 1
+    assert checked >= 15 and refused >= 5

@@ -281,6 +281,8 @@ TAMPERED: list[tuple[tuple[Any, ...], Any]] = [
     (("input_ids",), 1.5),
     (("errors",), True),
     (("template",), 5),
+    (("tokenizer",), True),
+    (("replay", "tokenizer", "unk"), []),
 ]
 
 
@@ -304,8 +306,9 @@ def test_replaying_a_tampered_imported_record_is_one_line(tmp_path) -> None:
         line = tmp_path / "tampered.jsonl"
         line.write_text(json.dumps(data) + "\n", "utf-8")
         code, out, err = _main(["records", "import", str(line), "--store", store])
-        if code != 0:
-            continue  # import refused it: nothing to replay
+        if code != 0:  # import refused it, in one line: nothing to replay
+            assert code == 1 and len(err.splitlines()) == 1 and err.startswith("error: "), (path, err)
+            continue
         tampered = out.split()[0]
         for argv in (["replay", tampered], ["diff", tampered, rid], ["diff", rid, tampered]):
             code, out, err = _main([*argv, "--store", store])

@@ -82,6 +82,7 @@ class BudgetPolicy:
     generation_prefix: GenerationPrefix = "required"
 
     def __post_init__(self) -> None:
+        self._check_types()
         if (self.max_input_tokens is None) == (self.context_window is None):
             raise BudgetError(
                 "give exactly one of max_input_tokens or context_window (with reserve_output_tokens)",
@@ -112,6 +113,36 @@ class BudgetPolicy:
                     "most-recent history, tried newest first",
                     path="policy.order",
                     hint='set "history": "greedy" (--history greedy) to try history in your own order',
+                )
+
+    def _check_types(self) -> None:
+        """Each field of the JSON type it must have (a policy file is user input), as a BudgetError naming it."""
+        counts = {"max_input_tokens": True, "context_window": True, "reserve_output_tokens": False}
+        for name, optional in counts.items():
+            value = getattr(self, name)
+            if (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool)):
+                continue
+            raise BudgetError(
+                f"{name} must be an integer, got {_json_type(value)} {value!r:.40}",
+                path=f"policy.{name}",
+                hint="a token count, such as 4096",
+            )
+        for name, optional in (("optional_priority", False), ("order", True)):
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+                raise BudgetError(
+                    f"{name} must be an array of strings, got {_json_type(value)} {value!r:.40}",
+                    path=f"policy.{name}",
+                    hint='["history", "documents"]'
+                    if name == "optional_priority"
+                    else 'segment ids, such as ["documents[0]"]',
+                )
+        for name in ("history", "generation_prefix"):
+            if not isinstance(getattr(self, name), str):
+                raise BudgetError(
+                    f"{name} must be a string, got {_json_type(getattr(self, name))}", path=f"policy.{name}"
                 )
 
     @property
@@ -145,6 +176,20 @@ class BudgetPolicy:
             raise BudgetError(f"unknown policy field(s) {sorted(extra)}", path="policy")
         kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
         return cls(**kw)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "an object" if isinstance(value, Mapping) else type(value).__name__
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ def _check_tokenizer_manifest(spec: Any, files: Mapping[str, str], *, where: str
         known = set(vocab)
         if not all(c in known for c in _check_strings(spec.get("control"), path=f"{where}.control")):
             raise RecordFormatError("every control token must be in the vocab", path=f"{where}.control")
-        if spec.get("unk") not in known:
+        if not isinstance(spec.get("unk"), str) or spec["unk"] not in known:
             raise RecordFormatError("the unk token must be in the vocab", path=f"{where}.unk")
     elif fmt == "sentencepiece" and "control" in spec:
         _check_strings(spec["control"], path=f"{where}.control")
@@ -339,11 +339,16 @@ class ExecutionRecord:
         """The fields a store indexes records by."""
         d = self.data
         ids = d.get("input_ids")
+
+        def field(section: str, key: str) -> Any:  # a section that is not an object indexes as unknown
+            value = d.get(section)
+            return value.get(key) if isinstance(value, dict) else None
+
         return {
             "format": d["format"],
-            "model": (d.get("replay") or {}).get("model"),
-            "template_sha256": (d.get("template") or {}).get("sha256"),
-            "tokenizer_sha256": (d.get("tokenizer") or {}).get("sha256"),
+            "model": field("replay", "model"),
+            "template_sha256": field("template", "sha256"),
+            "tokenizer_sha256": field("tokenizer", "sha256"),
             "input_tokens": len(ids) if isinstance(ids, list) else None,
         }
 

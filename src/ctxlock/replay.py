@@ -322,19 +322,39 @@ def check_seed_fixture() -> dict[str, Any]:
     }
 
 
+@contextmanager
+def record_values(*records: ExecutionRecord) -> Iterator[None]:
+    """Turn a Python error raised while using the values of imported records (a field of the wrong type, a missing
+    key: a record can be imported from a file, and import checks its form, not every field) into a
+    RecordFormatError naming the records; a CtxlockError passes as it is."""
+    try:
+        yield
+    except CtxlockError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        ids = ", ".join(r.id[:12] for r in records)
+        raise RecordFormatError(
+            f"a value in the record cannot be used ({type(exc).__name__}: {exc})",
+            path=f"record {ids}",
+            hint="the record was altered or was not written by ctxlock; export it again from the store that "
+            "recorded it",
+        ) from None
+
+
 def replay(record: ExecutionRecord, store: Store) -> tuple[Diff, ExecutionRecord]:
     """Check the seed fixture, re-run the recorded request on the recorded artifacts, compare every layer with the
     record. The fixture's result is in `Diff.fixture`; a failed fixture is a FixtureCheckError, raised first."""
     fixture = check_seed_fixture()
-    raw, options = _recorded_options(record)
-    with materialized(record, store) as (model, template):
-        _, again, _ = run_and_record(model, raw, options, template=template)
-    original = _restore_options(record, comparable(record))
-    replayed = _restore_options(record, comparable(again))
-    if "content_format" not in (record.data.get("options") or {}):
-        # A record from before the option: it rendered content-part lists as sent and logged no such decision.
-        (replayed.get("decisions") or {}).pop("content_format", None)
-    result = diff(original, replayed)
+    with record_values(record):
+        raw, options = _recorded_options(record)
+        with materialized(record, store) as (model, template):
+            _, again, _ = run_and_record(model, raw, options, template=template)
+        original = _restore_options(record, comparable(record))
+        replayed = _restore_options(record, comparable(again))
+        if "content_format" not in (record.data.get("options") or {}):
+            # A record from before the option: it rendered content-part lists as sent and logged no such decision.
+            (replayed.get("decisions") or {}).pop("content_format", None)
+        result = diff(original, replayed)
     return dataclasses.replace(result, fixture=fixture), again
 
 

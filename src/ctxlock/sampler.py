@@ -177,6 +177,12 @@ class SamplerConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer) or self.seed < 0:
             raise SamplerError(f"seed must be an integer >= 0, got {self.seed!r}", path="seed")
         set_(self, "seed", int(self.seed))
+        if not isinstance(self.order, str | list | tuple):
+            raise SamplerError(
+                f"order must be an array of processor names, got {self.order!r:.40}",
+                path="order",
+                hint=f"for example {list(DEFAULT_ORDER)}",
+            )
         order = (self.order,) if isinstance(self.order, str) else tuple(self.order)
         for name in order:
             if name not in PROCESSORS:

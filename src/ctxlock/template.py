@@ -307,10 +307,12 @@ def content_format(source: str) -> ContentFormat:
     """What a template reads a message's content as, from its syntax tree (never by rendering it): `openai` when it
     loops over a message's content (`{% for part in message['content'] %}`; through a filter such as `selectattr`,
     a slice, a variable set from it or a macro parameter it is passed to; for a message reached by looping over
-    `messages` or an alias of it, or by indexing it), else `string`. Templates that loop over parts also print a
-    string content as is (they test `content is string` first), so `openai` is the safe answer when in doubt; a
-    source that does not parse, or not within the compile limits, is `openai` too (its render fails on its own,
-    unchanged). vLLM's `--chat-template-content-format auto` follows the same idea."""
+    `messages` or an alias of it, or by indexing it), or reads a part's key without a loop (`content[0].text`,
+    `(content|first)['type']`, `content|map(attribute='text')`, `content|selectattr('type', ...)`), else
+    `string`. Templates that read parts also print a string content as is (they test `content is string` first),
+    so `openai` is the safe answer when in doubt; a source that does not parse, or not within the compile limits,
+    is `openai` too (its render fails on its own, unchanged). vLLM's `--chat-template-content-format auto` follows
+    the same idea (with the loop alone)."""
     if len(source) > DEFAULT_LIMITS.max_source_chars:
         return ContentFormat.OPENAI
     try:
@@ -405,7 +407,38 @@ def _reads_parts(tree: jinja2.nodes.Template) -> bool:
                     contents.add(param)
                 elif is_item(value):
                     items.add(param)
-    return any(is_content(loop.iter) for loop in loops)
+    if any(is_content(loop.iter) for loop in loops):
+        return True
+    # Parts read without a loop: a part taken by index (`content[0].text`, `content[0]['text']`, `content|first`) or
+    # the parts mapped or filtered by a part's key (`content|map(attribute='text')`, `content|selectattr('type',
+    # ...)`); a joined string would give such a template one character, or nothing, in place of the text.
+    for node in tree.find_all(jinja2.nodes.Getattr):
+        if node.attr in _PART_KEYS and _part_of_content(node.node, is_content):
+            return True
+    for node in tree.find_all(jinja2.nodes.Getitem):
+        key = node.arg.value if isinstance(node.arg, jinja2.nodes.Const) else None
+        if key in _PART_KEYS and _part_of_content(node.node, is_content):
+            return True
+    for node in tree.find_all(jinja2.nodes.Filter):
+        by_key = node.name in ("map", "selectattr", "rejectattr", "groupby", "sort", "unique") and any(
+            isinstance(a, jinja2.nodes.Const) and a.value in _PART_KEYS
+            for a in [*node.args, *(k.value for k in node.kwargs)]
+        )
+        if by_key and node.node is not None and is_content(node.node):
+            return True
+    return False
+
+
+_PART_KEYS = frozenset({"type", "text", "image", "image_url", "input_audio", "video", "file", "thinking"})
+
+
+def _part_of_content(node: Any, is_content: Any) -> bool:
+    """Whether `node` is one part of a message's content: `content[i]` (not a slice) or `content|first|last`."""
+    if isinstance(node, jinja2.nodes.Getitem) and not isinstance(node.arg, jinja2.nodes.Slice):
+        return bool(is_content(node.node))
+    if isinstance(node, jinja2.nodes.Filter) and node.name in ("first", "last") and node.node is not None:
+        return bool(is_content(node.node))
+    return False
 
 
 def _run(
@@ -833,12 +866,16 @@ def _resolve_content_format(
 
 def _flatten_contents(messages: list[dict[str, Any]], request: Request) -> list[dict[str, Any]]:
     """Each content list joined into one string: its text parts with "\n" between them (vLLM's flattening), the
-    provenance of every character kept. Only called once every part is known to be text."""
+    provenance of every character kept. The newlines between parts belong to the request too (their path is the
+    content list's): the joined string is one request string, so no character of it, however many empty parts
+    a client sends, counts as the template's own text where a control token is matched. Only called once every
+    part is known to be text."""
     out = []
     for m, message in zip(messages, request.messages, strict=True):
         content = m.get("content")
         if isinstance(message.content, tuple) and isinstance(content, list):
-            m = {**m, "content": taint.join("\n", [part["text"] for part in content])}
+            sep = taint.leaf("\n", _content_path(message))
+            m = {**m, "content": taint.join(sep, [part["text"] for part in content])}
         out.append(m)
     return out
 

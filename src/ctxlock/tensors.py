@@ -462,6 +462,12 @@ class ModelInput(Mapping):
             and np.array_equal(self.position_ids, other.position_ids)
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and deepcopy rebuild through the constructor: numpy unpickles (and deep-copies) an array writable,
+        # and the constructor validates and freezes it again.
+        fields = (self.input_ids, self.attention_mask, self.position_ids, self.valid_lengths, self.padding_side)
+        return (ModelInput, (*fields, self.pad_id))
+
     def __hash__(self) -> int:
         # The arrays are read-only and int64, so their shape + bytes are a sound hash key.
         return hash(
@@ -522,6 +528,22 @@ class TorchInput(Mapping):
     @property
     def data(self) -> dict[str, Any]:
         return dict(self._tensors)
+
+    # pickle, copy and deepcopy (a DataLoader worker pickles its batches): rebuilt through the constructor, since
+    # attribute assignment is refused.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TorchInput, (dict(self._tensors), self.model_input))
+
+    def __eq__(self, other: object) -> bool:
+        # Mapping's == compares the tensors with ==, which is elementwise (ambiguous as a bool): equal when the
+        # ModelInputs are, and every tensor is equal and on the same device.
+        if not isinstance(other, TorchInput):
+            return NotImplemented
+        return self.model_input == other.model_input and all(
+            a.device == b.device and a.equal(b) for a, b in zip(self.values(), other.values(), strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # torch tensors are mutable, as BatchEncoding's are
 
     def to(self, device: Any, *, non_blocking: bool = False) -> TorchInput:
         """A new TorchInput with every tensor moved to ``device`` (``BatchEncoding.to``, without mutating)."""

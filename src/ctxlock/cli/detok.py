@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ..decode import Detokenizer
-from ..errors import DecodeError, IncompleteDecodeError
+from ..errors import CtxlockError, DecodeError, IncompleteDecodeError
 from ..inputs import iter_lines, stdin_stream
 from ..model import load
 from ..tokenizer import Tokenizer
@@ -129,7 +129,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--json",
                 help='For each input, print one JSON object instead of the array: {"pieces", "text", '
-                '"finish_reason" ("stop", "length" or null), "stop" ({"string", "offset"} or null)}.',
+                '"finish_reason" ("stop", "length" or null), "stop" ({"string", "offset"} or null)}; an error is one '
+                'more line, {"error": {"type", "message", "path", "hint"}}.',
             ),
         ] = False,
     ) -> None:
@@ -140,35 +141,45 @@ def register(app: typer.Typer) -> None:
         that none did, and the finish reason."""
         if (ids is None) == (not jsonl):
             raise typer.BadParameter("give exactly one of --jsonl or --ids")
-        tok = load(model).tokenizer
-        prompt: list[int] = []
-        if prompt_ids is not None:
-            try:
-                prompt = _ids(json.loads(prompt_ids), "--prompt-ids", tok.vocab_size)
-            except (ValueError, RecursionError) as exc:
-                raise DecodeError(f"not JSON: {exc}", path="--prompt-ids") from None
-        if ids is not None:
-            try:
-                parsed = _ids(json.loads(ids), "--ids", tok.vocab_size)
-            except (ValueError, RecursionError) as exc:
-                raise DecodeError(f"not JSON: {exc}", path="--ids") from None
-            sources: Iterator[tuple[str, list[int]]] = iter([("--ids", parsed)])
-        else:
-            sources = _stdin_ids(tok.vocab_size)
-        _detokenizer(tok, prompt, stop, skip_special_tokens)  # check the prompt and the stops before any input
         out = sys.stdout.buffer
-        for where, line_ids in sources:
-            det = _detokenizer(tok, prompt, stop, skip_special_tokens)
-            pieces = _pieces(det, line_ids, where)
-            outcome = _outcome(det, line_ids, max_tokens)
-            if as_json:
-                line: Any = {"pieces": pieces, "text": "".join(pieces), **outcome}
+
+        def go() -> None:
+            tok = load(model).tokenizer
+            prompt: list[int] = []
+            if prompt_ids is not None:
+                try:
+                    prompt = _ids(json.loads(prompt_ids), "--prompt-ids", tok.vocab_size)
+                except (ValueError, RecursionError) as exc:
+                    raise DecodeError(f"not JSON: {exc}", path="--prompt-ids") from None
+            if ids is not None:
+                try:
+                    parsed = _ids(json.loads(ids), "--ids", tok.vocab_size)
+                except (ValueError, RecursionError) as exc:
+                    raise DecodeError(f"not JSON: {exc}", path="--ids") from None
+                sources: Iterator[tuple[str, list[int]]] = iter([("--ids", parsed)])
             else:
-                line = pieces
-                if stop:
-                    print(_outcome_line(where, outcome), file=sys.stderr, flush=True)
-            out.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
-            out.flush()
+                sources = _stdin_ids(tok.vocab_size)
+            _detokenizer(tok, prompt, stop, skip_special_tokens)  # check the prompt and the stops before any input
+            for where, line_ids in sources:
+                det = _detokenizer(tok, prompt, stop, skip_special_tokens)
+                pieces = _pieces(det, line_ids, where)
+                outcome = _outcome(det, line_ids, max_tokens)
+                if as_json:
+                    line: Any = {"pieces": pieces, "text": "".join(pieces), **outcome}
+                else:
+                    line = pieces
+                    if stop:
+                        print(_outcome_line(where, outcome), file=sys.stderr, flush=True)
+                out.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
+                out.flush()
+
+        try:
+            go()
+        except CtxlockError as exc:
+            if as_json:  # the error as one more JSON line: the output stays one JSON object per line
+                out.write(json.dumps({"error": exc.to_dict()}, ensure_ascii=False).encode("utf-8") + b"\n")
+                out.flush()
+            raise
 
 
 def _stdin_ids(size: int) -> Iterator[tuple[str, list[int]]]:

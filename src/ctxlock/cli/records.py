@@ -18,7 +18,7 @@ from ..bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
 from ..errors import CtxlockError, InputError
 from ..inputs import open_regular, opened_input, stdin_stream
 from ..record import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
-from ..replay import load_record, replay, rerun
+from ..replay import load_record, record_values, replay, rerun
 from ..store import Store
 from .files import check_record_arg, check_template_file, open_output, store_dir
 from .output import console, guarded, print_json
@@ -248,11 +248,14 @@ def register(app: typer.Typer) -> None:
             if b is not None:
                 if model is not None or template is not None:
                     raise typer.BadParameter("give a second record or --model/--template, not both")
-                return diff(ra, record_at(b, s, option="B")), b
+                rb = record_at(b, s, option="B")
+                with record_values(ra, rb):
+                    return diff(ra, rb), b
             if model is None and template is None:
                 raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
             check_template_file(template)
-            return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
+            with record_values(ra):
+                return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
 
         result, _label = guarded(as_json, go)
         if as_json:

@@ -319,3 +319,31 @@ def test_replaying_a_tampered_imported_record_is_one_line(tmp_path) -> None:
                 refused += "error: RecordFormatError: record " in lines[0]
             checked += 1
     assert checked >= 15 and refused >= 5
+
+
+_PER_CHARACTER = """
+import resource, sys
+import ctxlock
+from ctxlock.sandbox import RenderLimits
+from ctxlock.template import ChatTemplate
+m = ctxlock.load("book")
+tpl = ChatTemplate("{% for c in messages[0].content %}{{ c }}|{% endfor %}", "per-char")
+m.render({"messages": [{"role": "user", "content": "a"}]}, template=tpl)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+n = int(sys.argv[1])
+r = m.render({"messages": [{"role": "user", "content": "a" * n}]}, template=tpl, limits=RenderLimits(max_seconds=600))
+assert len(r.text) == 2 * n
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+"""
+
+
+def test_a_template_printing_its_input_a_character_at_a_time_holds_no_object_per_character() -> None:
+    # Render limits grow with the input (issue 16 item 7), so a template that prints a long input one character at a
+    # time stays within them; what it may not do is hold one output object per character (about 750 bytes of memory
+    # per input character before the render joined its output as it went; about 265 now, most of it the spans).
+    import subprocess
+
+    n = 400_000
+    out = subprocess.run([sys.executable, "-c", _PER_CHARACTER, str(n)], capture_output=True, text=True, check=True)
+    grew = int(out.stdout.strip())
+    assert grew < 450 * n, f"the render grew the process by {grew:,} bytes for {n:,} input characters"

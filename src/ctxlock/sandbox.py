@@ -1078,6 +1078,9 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
 # Rendering
 
 
+_JOIN_EVERY = 4096
+
+
 def render_limited(
     compiled: jinja2.Template,
     context: dict[str, Any],
@@ -1093,12 +1096,15 @@ def render_limited(
 
     `seed` seeds the render's one random generator (the `random` filter, `lipsum`); each draw is appended to
     `draws` (a dict: what, template line, and the choice made)."""
+    # Chunks are joined every _JOIN_EVERY into one string: a template that prints a long input a character at a time
+    # would otherwise hold one object per character (hundreds of bytes each) until the end of the render.
     chunks: list[str] = []
+    pending: list[str] = []
     spans: list[taint.SpanT] = []
     size = 0
     limits = limits.scaled(input_chars(context))
     limit = limits.max_output_chars
-    append = chunks.append
+    append = pending.append
     state_token = _STATE.set(_State(limits, compiled, seed, draws))
     checker_token = taint.CHECKER.set(checker)
     try:
@@ -1111,9 +1117,13 @@ def render_limited(
                 if size > limit:
                     raise Limit(f"output exceeded {limit:,} characters")
                 append(chunk)
+                if len(pending) >= _JOIN_EVERY:
+                    chunks.append("".join(pending))
+                    pending.clear()
     finally:
         taint.CHECKER.reset(checker_token)
         _STATE.reset(state_token)
+    chunks.append("".join(pending))
     return "".join(chunks), spans
 
 

@@ -517,6 +517,8 @@ def test_cli_says_when_a_plan_does_not_help(nemo: ctxlock.Model) -> None:
     assert human.exit_code == 0 and "does not help" in human.stdout and "1,400 >= tokens before 1,094" in human.stdout
     checked = runner.invoke(app, [*args, "--check", "--json"])
     assert checked.exit_code == 1 and json.loads(checked.stdout)["helps"] is False
+    # The failed check is one line on stderr, as every failure is.
+    assert checked.stderr.startswith("error: check: the plan does not help: ") and checked.stderr.count("\n") == 1
     # A summary small enough makes the same cut help: exit 0 under --check.
     small = runner.invoke(app, [*args, "--summary-tokens", "200", "--check"])
     assert small.exit_code == 0 and "the plan helps" in small.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -147,4 +149,6 @@ def register(app: typer.Typer) -> None:
         else:
             _show(m, plan, compact, context_window, sizes, req, problems)
         if check and problems:
+            # A failed check is one line on stderr, as every failure is (README: Errors and exit statuses).
+            print(f"error: check: the plan does not help: {'; '.join(problems)}", file=sys.stderr)
             raise typer.Exit(1)

@@ -240,3 +240,10 @@ def test_padding_options_on_encode_point_to_encode_batch(qwen) -> None:
     # ... and they are encode_batch's own options, accepted there.
     batch = model.encode_batch([SHORT, REQUEST], template=template, padding_side="right", pad_to_multiple_of=8)
     assert batch.seq_len % 8 == 0
+
+
+def test_parse_refuses_a_typo_with_a_close_match(qwen) -> None:
+    model, *_ = qwen
+    with pytest.raises(OptionError) as info:
+        model.parse(SHORT, dialekt="openai")
+    assert info.value.path == "dialekt" and info.value.hint.startswith("did you mean 'dialect'?")

@@ -154,7 +154,10 @@ class Model:
         dialect: Dialect | str | None = None,
         utf8: Utf8Policy | str = "strict",
         tool_arguments: ToolArguments | str = ToolArguments.PARSED,
+        **unknown: Any,
     ) -> Request:
+        if unknown:
+            check_options(unknown, ("dialect", "utf8", "tool_arguments"), "parse")
         if isinstance(request, Request):
             return request
         return parse_request(request, dialect=dialect, utf8=utf8, tool_arguments=tool_arguments)

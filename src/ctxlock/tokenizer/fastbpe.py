@@ -403,9 +403,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def cached_check(
-    json_text: str, data: Mapping[str, Any], plain_added: Sequence[Mapping[str, Any]]
+    json_text: str, data: Callable[[], Mapping[str, Any]], plain_added: Sequence[Mapping[str, Any]]
 ) -> tuple[Verdict, dict[bytes, int]]:
-    """`check`, through the on-disk cache. A corrupt or unreadable entry counts as absent; a failed write is ignored."""
+    """`check`, through the on-disk cache. `data()`: the parsed `json_text`, called only on a miss. A corrupt or
+    unreadable entry counts as absent; a failed write is ignored."""
     h = hashlib.sha256(json_text.encode("utf-8"))
     h.update(json.dumps(sorted(int(t["id"]) for t in plain_added)).encode())
     key = h.hexdigest()
@@ -420,7 +421,7 @@ def cached_check(
             return verdict, _unpack(blob)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
-    verdict, ranks = check(data, plain_added)
+    verdict, ranks = check(data(), plain_added)
     try:
         meta_path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"check_version": CHECK_VERSION, **verdict.__dict__}

@@ -211,7 +211,9 @@ def test_a_tokenizer_json_seen_before_is_not_parsed_in_full_at_load(
     assert second.engine == first.engine == "tiktoken"
     assert second.whole_text.encode(TEXT, cache=False).tolist() == first._tok.encode(TEXT).ids
     assert "_data" not in second.__dict__  # the engine's verdict and ranks came from the fastbpe cache
-    assert _described(second) == _described(first)  # (its vocab_size reads the vocabulary)
+    assert _described(second) == _described(first)  # vocab_size included: kept with the head
+    assert second.vocab_size == first._tok.get_vocab_size(with_added_tokens=True)
+    assert "_data" not in second.__dict__
     # What needs the vocabulary parses it then, with the same answers.
     assert second.token_to_id("Ġthe") == first.token_to_id("Ġthe") == first._tok.token_to_id("Ġthe")
     assert second.vocab_size == first.vocab_size and "_data" in second.__dict__

@@ -71,7 +71,7 @@ def _loaded_before(sha256: str) -> bool:
         return False
 
 
-_HEAD_VERSION = 1
+_HEAD_VERSION = 2
 
 
 def _head_path(sha256: str) -> Path:
@@ -88,21 +88,31 @@ def _head_of(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "model": model}
 
 
-def _load_head(sha256: str) -> dict[str, Any] | None:
-    """The head (`_head_of`) that an earlier process kept for a JSON text with this sha256, or None: absent,
-    unreadable or corrupt (all the same: the text is parsed in full)."""
+def _map_vocab_size(data: dict[str, Any]) -> int | None:
+    """`tokenizers`' get_vocab_size(with_added_tokens=True) is the size of get_vocab(True): the model's tokens and
+    the added tokens' contents, as one map. Read from the JSON when the vocabulary is a token -> id map, else None."""
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
+        return len(vocab.keys() | {t["content"] for t in data.get("added_tokens", [])})
+    return None
+
+
+def _load_head(sha256: str) -> tuple[dict[str, Any], int | None] | None:
+    """The head (`_head_of`) and `_map_vocab_size` that an earlier process kept for a JSON text with this sha256,
+    or None: absent, unreadable or corrupt (all the same: the text is parsed in full)."""
     try:
         stored = json.loads(_head_path(sha256).read_text("utf-8"))
         if isinstance(stored, dict) and stored.get("sha256") == sha256 and isinstance(stored.get("head"), dict):
-            head = stored["head"]
-            if head.get("truncation") is None and head.get("padding") is None:
-                return head
+            head, size = stored["head"], stored.get("map_vocab_size", "absent")
+            if head.get("truncation") is None and head.get("padding") is None and (size is None or type(size) is int):
+                return head, size
     except (OSError, ValueError):
         pass
     return None
 
 
-def _store_head(sha256: str, head: dict[str, Any]) -> None:
+def _store_head(sha256: str, head: dict[str, Any], map_vocab_size: int | None) -> None:
     """Keep the head for later processes; a write that fails is not an error (they parse the text in full)."""
     path = _head_path(sha256)
     try:
@@ -110,7 +120,7 @@ def _store_head(sha256: str, head: dict[str, Any]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"sha256": sha256, "head": head}, fh, ensure_ascii=False)
+                json.dump({"sha256": sha256, "head": head, "map_vocab_size": map_vocab_size}, fh, ensure_ascii=False)
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -157,7 +167,7 @@ class HFTokenizer:
         # and the merges, which are parsed on first use (`_data`); a render and the whole-text path need neither.
         head = _load_head(text_sha256)
         if head is not None:
-            self._head = head
+            self._head, self._map_vocab_size = head
             self._truncation = self._padding = None  # a head is kept only for texts without these sections
             self._encode_json = json_text
         else:
@@ -173,10 +183,11 @@ class HFTokenizer:
                     self._encode_json = json_text
                 self._data = data
                 self._head = _head_of(data)
+                self._map_vocab_size = _map_vocab_size(data)
             except Exception as exc:
                 raise self._invalid(exc) from None
             if self._encode_json is json_text:
-                _store_head(text_sha256, self._head)
+                _store_head(text_sha256, self._head, self._map_vocab_size)
         self._encode_sha256 = (
             text_sha256
             if self._encode_json is json_text
@@ -365,12 +376,9 @@ class HFTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        # `tokenizers`' get_vocab_size(with_added_tokens=True) is the size of get_vocab(True): the model's tokens and
-        # the added tokens' contents, as one map. Read from the JSON when the vocabulary is a token -> id map.
-        model = self._data.get("model") or {}
-        vocab = model.get("vocab")
-        if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
-            return len(vocab.keys() | self._by_content.keys())
+        # Read from the JSON (or its head on disk) when the vocabulary is a token -> id map (`_map_vocab_size`).
+        if self._map_vocab_size is not None:
+            return self._map_vocab_size
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     @property

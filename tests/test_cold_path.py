@@ -181,3 +181,69 @@ def test_vocab_size_and_token_to_id_from_the_json_equal_tokenizers() -> None:
             assert tok.token_to_id(word) == ref.token_to_id(word), (name, word)
         checked += 1
     assert checked >= 10
+
+
+def _described(tok: HFTokenizer) -> dict:
+    return {k: v for k, v in tok.describe().items() if k != "id"}
+
+
+def _heads(cache: Path) -> list[Path]:
+    return sorted((cache / "tokenizer-json-head").glob("*.json"))
+
+
+def test_a_tokenizer_json_seen_before_is_not_parsed_in_full_at_load(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first load keeps the file's head (all but the vocabulary and merges) keyed by its digest; a later load
+    reads that instead of parsing 7 MB of JSON, and parses the rest only when something needs the vocabulary."""
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "0")
+    text = _qwen_json()
+    first = HFTokenizer(text, id="qwen2")
+    assert first.engine == "tiktoken"  # (the check's verdict and ranks go to their own cache)
+    [head] = _heads(cache)
+    assert head.name.startswith(hashlib.sha256(text.encode("utf-8")).hexdigest())
+    assert "vocab" not in json.loads(head.read_text("utf-8"))["head"]["model"]
+    assert head.stat().st_size < 100_000
+
+    second = HFTokenizer(text, id="qwen2 (later)")
+    assert "_data" not in second.__dict__ and "_tok" not in second.__dict__
+    assert second.added_tokens == first.added_tokens
+    assert second.engine == first.engine == "tiktoken"
+    assert second.whole_text.encode(TEXT, cache=False).tolist() == first._tok.encode(TEXT).ids
+    assert "_data" not in second.__dict__  # the engine's verdict and ranks came from the fastbpe cache
+    assert _described(second) == _described(first)  # vocab_size included: kept with the head
+    assert second.vocab_size == first._tok.get_vocab_size(with_added_tokens=True)
+    assert "_data" not in second.__dict__
+    # What needs the vocabulary parses it then, with the same answers.
+    assert second.token_to_id("Ġthe") == first.token_to_id("Ġthe") == first._tok.token_to_id("Ġthe")
+    assert second.vocab_size == first.vocab_size and "_data" in second.__dict__
+    assert second.encode(TEXT, parse_special=False) == first.encode(TEXT, parse_special=False)
+
+
+def test_a_corrupt_or_foreign_head_counts_as_absent(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "0")
+    text = _qwen_json()
+    reference = HFTokenizer(text, id="qwen2")
+    [head] = _heads(cache)
+    kept = head.read_text("utf-8")
+    other = json.dumps({**json.loads(kept), "sha256": "0" * 64})
+    for broken in ("", "{not json", "[]", json.dumps({"sha256": json.loads(kept)["sha256"]}), other):
+        head.write_text(broken, "utf-8")
+        tok = HFTokenizer(text, id="qwen2 (broken head)")
+        assert "_data" in tok.__dict__, broken[:20]  # parsed in full, as the first time
+        assert _described(tok) == _described(reference)
+        assert tok.whole_text.encode(TEXT, cache=False).tolist() == reference._tok.encode(TEXT).ids
+        assert head.read_text("utf-8") == kept  # and the head is written again
+
+
+def test_a_tokenizer_json_with_truncation_keeps_no_head(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Such a file's encode JSON is a rewrite without the sections: it is parsed in full every time."""
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "0")
+    data = json.loads(_qwen_json())
+    data["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
+    text = json.dumps(data, ensure_ascii=False)
+    first = HFTokenizer(text, id="qwen2 truncated")
+    assert _heads(cache) == []
+    second = HFTokenizer(text, id="qwen2 truncated (later)")
+    assert "_data" in second.__dict__ and _described(second) == _described(first)
+    assert second.describe()["truncation"]["max_length"] == 4

@@ -4,6 +4,7 @@ refused, the reason says which condition failed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import string
 from pathlib import Path
@@ -332,3 +333,40 @@ def test_verdict_is_cached_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert again.engine == "tiktoken"
     text = "Hello world, it's 12345 ünïcödé"
     assert again.encode_text(text, at_start=True) == first.encode_text(text, at_start=True) == reference(gpt2, text)
+
+
+def test_ranks_are_also_kept_as_a_marshal_dump_and_a_bad_one_counts_as_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16 item 1: the rank table is read back through `marshal` (faster than unpacking the packed form); a
+    dump that is damaged, foreign or of another type is never used: the packed form (checked by its digest) is,
+    and the dump is written again."""
+    import marshal
+
+    monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
+    qwen = TOKENIZERS["gguf:qwen2"]
+    text = "Hello world, it's 12345 ünïcödé 天空"
+    expected = reference(qwen, text)
+    first = HFTokenizer(qwen._json_text, id="qwen2-a")
+    assert first.encode_text(text, at_start=True) == expected
+    [dump] = (tmp_path / "fastbpe").glob("*.marshal*")
+    kept = dump.read_bytes()
+    magic = kept[: kept.index(b"\n") + 1]
+    payload = marshal.dumps([1, 2, 3])
+    bad = [
+        b"",
+        kept[:-1],  # truncated: its digest no longer matches
+        kept[:-1] + bytes([kept[-1] ^ 1]),
+        magic + hashlib.sha256(payload).digest() + payload,  # well-formed, but not a rank table
+    ]
+    for damaged in bad:
+        dump.write_bytes(damaged)
+        again = HFTokenizer(qwen._json_text, id="qwen2-b")
+        assert again.encode_text(text, at_start=True) == expected
+        rebuilt = dump.read_bytes()  # rebuilt from the packed form: the same table
+        assert rebuilt[: len(magic)] == magic
+        assert marshal.loads(rebuilt[len(magic) + 32 :]) == marshal.loads(kept[len(magic) + 32 :])
+    # Read back through the dump, the table is the one the check proved.
+    third = HFTokenizer(qwen._json_text, id="qwen2-c")
+    assert third.encode_text(text, at_start=True) == expected
+    assert first._choose_engine()[2].ranks == third._choose_engine()[2].ranks

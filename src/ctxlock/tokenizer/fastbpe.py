@@ -77,10 +77,13 @@ JSON, of the set of added tokens left out, and `CHECK_VERSION`, so a warm load s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import marshal
 import os
 import re
+import sys
 import tempfile
 import threading
 import unicodedata
@@ -391,6 +394,32 @@ def _unpack(blob: bytes) -> dict[bytes, int]:
     return ranks
 
 
+# The ranks again, as a `marshal` dump: its C loader builds the dict about twice as fast as `_unpack`. Its own file,
+# keyed by the marshal format and the Python release, and self-checked (a digest of the dump in its header), so a
+# process of another release, or one that predates this file, never misreads or invalidates it; corrupt = absent.
+_MARSHAL_MAGIC = b"ctxlock-ranks-marshal\n"
+
+
+def _marshal_path(ranks_path: Path) -> Path:
+    return ranks_path.with_name(
+        f"{ranks_path.stem}.marshal{marshal.version}-py{sys.version_info[0]}{sys.version_info[1]}"
+    )
+
+
+def _dump_marshal(ranks: Mapping[bytes, int]) -> bytes:
+    payload = marshal.dumps(dict(ranks))
+    return _MARSHAL_MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _load_marshal(blob: bytes) -> dict[bytes, int] | None:
+    head = len(_MARSHAL_MAGIC)
+    payload = blob[head + 32 :]
+    if blob[:head] != _MARSHAL_MAGIC or hashlib.sha256(payload).digest() != blob[head : head + 32]:
+        return None
+    ranks = marshal.loads(payload)
+    return ranks if type(ranks) is dict else None
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
@@ -403,9 +432,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def cached_check(
-    json_text: str, data: Mapping[str, Any], plain_added: Sequence[Mapping[str, Any]]
+    json_text: str, data: Callable[[], Mapping[str, Any]], plain_added: Sequence[Mapping[str, Any]]
 ) -> tuple[Verdict, dict[bytes, int]]:
-    """`check`, through the on-disk cache. A corrupt or unreadable entry counts as absent; a failed write is ignored."""
+    """`check`, through the on-disk cache. `data()`: the parsed `json_text`, called only on a miss. A corrupt or
+    unreadable entry counts as absent; a failed write is ignored."""
     h = hashlib.sha256(json_text.encode("utf-8"))
     h.update(json.dumps(sorted(int(t["id"]) for t in plain_added)).encode())
     key = h.hexdigest()
@@ -415,12 +445,21 @@ def cached_check(
         verdict = Verdict(meta["ok"], meta["reason"], meta["pattern"], meta["normalizer"])
         if not verdict.ok:
             return verdict, {}
+        try:
+            fast = _load_marshal(_marshal_path(ranks_path).read_bytes())
+        except (OSError, ValueError, EOFError, TypeError):
+            fast = None
+        if fast is not None:
+            return verdict, fast
         blob = ranks_path.read_bytes()
         if hashlib.sha256(blob).hexdigest() == meta["ranks_sha256"]:
-            return verdict, _unpack(blob)
+            ranks = _unpack(blob)
+            with contextlib.suppress(OSError):
+                _write_atomic(_marshal_path(ranks_path), _dump_marshal(ranks))
+            return verdict, ranks
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
-    verdict, ranks = check(data, plain_added)
+    verdict, ranks = check(data(), plain_added)
     try:
         meta_path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"check_version": CHECK_VERSION, **verdict.__dict__}
@@ -428,6 +467,7 @@ def cached_check(
             blob = _pack(ranks)
             meta["ranks_sha256"] = hashlib.sha256(blob).hexdigest()
             _write_atomic(ranks_path, blob)
+            _write_atomic(_marshal_path(ranks_path), _dump_marshal(ranks))
         _write_atomic(meta_path, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
     except OSError:
         pass

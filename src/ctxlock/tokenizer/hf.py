@@ -24,7 +24,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
+import tempfile
 import threading
 from collections.abc import Sequence
 from functools import cached_property
@@ -69,6 +71,63 @@ def _loaded_before(sha256: str) -> bool:
         return False
 
 
+_HEAD_VERSION = 2
+
+
+def _head_path(sha256: str) -> Path:
+    from ..artifacts.conversion_cache import cache_root
+
+    return cache_root() / "tokenizer-json-head" / f"{sha256}-{_HEAD_VERSION}.json"
+
+
+def _head_of(data: dict[str, Any]) -> dict[str, Any]:
+    """Everything of a parsed tokenizer.json but the model's vocabulary and merges (about 4 KB of a 7 MB file)."""
+    model = data.get("model")
+    if isinstance(model, dict):
+        model = {k: v for k, v in model.items() if k not in ("vocab", "merges")}
+    return {**data, "model": model}
+
+
+def _map_vocab_size(data: dict[str, Any]) -> int | None:
+    """`tokenizers`' get_vocab_size(with_added_tokens=True) is the size of get_vocab(True): the model's tokens and
+    the added tokens' contents, as one map. Read from the JSON when the vocabulary is a token -> id map, else None."""
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
+        return len(vocab.keys() | {t["content"] for t in data.get("added_tokens", [])})
+    return None
+
+
+def _load_head(sha256: str) -> tuple[dict[str, Any], int | None] | None:
+    """The head (`_head_of`) and `_map_vocab_size` that an earlier process kept for a JSON text with this sha256,
+    or None: absent, unreadable or corrupt (all the same: the text is parsed in full)."""
+    try:
+        stored = json.loads(_head_path(sha256).read_text("utf-8"))
+        if isinstance(stored, dict) and stored.get("sha256") == sha256 and isinstance(stored.get("head"), dict):
+            head, size = stored["head"], stored.get("map_vocab_size", "absent")
+            if head.get("truncation") is None and head.get("padding") is None and (size is None or type(size) is int):
+                return head, size
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _store_head(sha256: str, head: dict[str, Any], map_vocab_size: int | None) -> None:
+    """Keep the head for later processes; a write that fails is not an error (they parse the text in full)."""
+    path = _head_path(sha256)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"sha256": sha256, "head": head, "map_vocab_size": map_vocab_size}, fh, ensure_ascii=False)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
 def _remember_loaded(sha256: str) -> None:
     """An empty marker file; one that cannot be written is not an error (the next load builds eagerly again)."""
     path = _loaded_marker(sha256)
@@ -98,23 +157,42 @@ class HFTokenizer:
         self.id = id
         self.source = source
         self._json_text = json_text
-        self.sha256 = sha256 or hashlib.sha256(json_text.encode("utf-8")).hexdigest()
+        json_bytes = json_text.encode("utf-8")
+        text_sha256 = hashlib.sha256(json_bytes).hexdigest()
+        self.sha256 = sha256 or text_sha256
         if format is not None:
             self.format = format
         self._description = dict(description or {})
-        try:
-            self._data = json.loads(json_text)
-            self._truncation = self._data.get("truncation")
-            self._padding = self._data.get("padding")
-            if self._truncation is not None or self._padding is not None:
-                # Never applied to an encode (transformers turns both off for a chat): the pipeline runs without.
-                self._data = {**self._data, "truncation": None, "padding": None}
-                self._encode_json = json.dumps(self._data, ensure_ascii=False)
-            else:
-                self._encode_json = json_text
-        except Exception as exc:
-            raise self._invalid(exc) from None
-        self._encode_sha256 = hashlib.sha256(self._encode_json.encode("utf-8")).hexdigest()
+        # A text parsed by an earlier process (same sha256) left its head on disk: everything but the vocabulary
+        # and the merges, which are parsed on first use (`_data`); a render and the whole-text path need neither.
+        head = _load_head(text_sha256)
+        if head is not None:
+            self._head, self._map_vocab_size = head
+            self._truncation = self._padding = None  # a head is kept only for texts without these sections
+            self._encode_json = json_text
+        else:
+            try:
+                data = json.loads(json_text)
+                self._truncation = data.get("truncation")
+                self._padding = data.get("padding")
+                if self._truncation is not None or self._padding is not None:
+                    # Never applied to an encode (transformers turns both off for a chat): the pipeline runs without.
+                    data = {**data, "truncation": None, "padding": None}
+                    self._encode_json = json.dumps(data, ensure_ascii=False)
+                else:
+                    self._encode_json = json_text
+                self._data = data
+                self._head = _head_of(data)
+                self._map_vocab_size = _map_vocab_size(data)
+            except Exception as exc:
+                raise self._invalid(exc) from None
+            if self._encode_json is json_text:
+                _store_head(text_sha256, self._head, self._map_vocab_size)
+        self._encode_sha256 = (
+            text_sha256
+            if self._encode_json is json_text
+            else hashlib.sha256(self._encode_json.encode("utf-8")).hexdigest()
+        )
         if not _loaded_before(self._encode_sha256):
             # Never seen: build the `tokenizers` pipeline now, so a file it rejects fails at load, naming the file.
             # Seen (an earlier process built it from these very bytes), it is built on first use: the whole-text
@@ -130,7 +208,7 @@ class HFTokenizer:
                 single_word=bool(t.get("single_word", False)),
                 normalized=bool(t.get("normalized", False)),
             )
-            for t in self._data.get("added_tokens", [])
+            for t in self._head.get("added_tokens", [])
         )
         self._by_id = {t.id: t for t in self._added}
         self._control_ids = frozenset(t.id for t in self._added if t.control)
@@ -145,6 +223,15 @@ class HFTokenizer:
             path=self.source or self.id,
             hint="re-export it with tokenizers/transformers",
         )
+
+    @cached_property
+    def _data(self) -> dict[str, Any]:
+        """The parsed tokenizer.json (truncation and padding off), parsed here on first use when `__init__` read
+        its head from the cache: the same bytes an earlier process parsed."""
+        try:
+            return json.loads(self._encode_json)
+        except Exception as exc:
+            raise self._invalid(exc) from None
 
     @cached_property
     def _tok(self) -> tokenizers.Tokenizer:
@@ -179,14 +266,15 @@ class HFTokenizer:
             if self._engine_choice is None:
                 from .fastbpe import FastEncoder, cached_check
 
-                plain_added = [t for t in self._data.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
-                verdict, ranks = cached_check(self._encode_json, self._data, plain_added)
+                plain_added = [t for t in self._head.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
+                # The full parse (`_data`) only when the check's verdict is not on disk.
+                verdict, ranks = cached_check(self._encode_json, lambda: self._data, plain_added)
                 if not verdict.ok:
                     self._engine_choice = ("tokenizers", verdict.reason, None)
                     self._whole_choice = (None, f"encode_text uses tokenizers ({verdict.reason})")
                 else:
                     normalize = None
-                    if self._data.get("normalizer") is not None:
+                    if self._head.get("normalizer") is not None:
 
                         def normalize(text: str) -> str:
                             return self._tok.normalizer.normalize_str(text)  # built on the first text that needs it
@@ -288,12 +376,9 @@ class HFTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        # `tokenizers`' get_vocab_size(with_added_tokens=True) is the size of get_vocab(True): the model's tokens and
-        # the added tokens' contents, as one map. Read from the JSON when the vocabulary is a token -> id map.
-        model = self._data.get("model") or {}
-        vocab = model.get("vocab")
-        if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
-            return len(vocab.keys() | self._by_content.keys())
+        # Read from the JSON (or its head on disk) when the vocabulary is a token -> id map (`_map_vocab_size`).
+        if self._map_vocab_size is not None:
+            return self._map_vocab_size
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     @property
@@ -465,15 +550,15 @@ class HFTokenizer:
         return {"format": "hf-tokenizers", "file": "tokenizer.json"}, {"tokenizer.json": self._json_text.encode()}
 
     def describe(self) -> dict[str, Any]:
-        model = self._data.get("model") or {}
+        model = self._head.get("model") or {}
         return {
             "format": self.format,
             "id": self.id,
             "sha256": self.sha256,
             "model": model.get("type"),
-            "normalizer": (self._data.get("normalizer") or {}).get("type"),
-            "pre_tokenizer": (self._data.get("pre_tokenizer") or {}).get("type"),
-            "post_processor": (self._data.get("post_processor") or {}).get("type"),
+            "normalizer": (self._head.get("normalizer") or {}).get("type"),
+            "pre_tokenizer": (self._head.get("pre_tokenizer") or {}).get("type"),
+            "post_processor": (self._head.get("post_processor") or {}).get("type"),
             "vocab_size": self.vocab_size,
             "engine": self.engine,
             "engine_reason": self.engine_reason,

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 import artifacts
 import ctxlock
 from ctxlock.request import parse_request
+from ctxlock.settings import fast_enabled
 from ctxlock.template import ChatTemplate
-from ctxlock.tokenizer.runs import RUNS, RunCache, encode_run, fast_enabled
+from ctxlock.tokenizer.runs import RUNS, RunCache, encode_run
 
 
 @pytest.fixture(scope="module")

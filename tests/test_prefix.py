@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 import artifacts
 import ctxlock
+from ctxlock.settings import reference_path
 from ctxlock.template import ChatTemplate
 from ctxlock.tokenizer import encode_ids, tokenize
 from ctxlock.tokenizer.hf import HFTokenizer
 from ctxlock.tokenizer.prefix import WholeText, common_prefix, whole_text_refusal
-from ctxlock.tokenizer.runs import reference_path
 from vocabularies import ENGINES, hf_backend_tokenizers, native_engine
 
 MUST_BE_WHOLE = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")

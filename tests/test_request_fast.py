@@ -22,7 +22,7 @@ from ctxlock import request as R
 from ctxlock.errors import RequestEncodingError, RequestError, RequestJSONError, RequestValidationError
 from ctxlock.frozen import FrozenDict
 from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall, Utf8Policy, parse_request
-from ctxlock.tokenizer.runs import reference_path
+from ctxlock.settings import reference_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import corpus

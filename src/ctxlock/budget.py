@@ -43,10 +43,10 @@ from typing import Any, Literal, get_args
 from .errors import BudgetError, BudgetExceeded, TemplateError
 from .frozen import canonical_json
 from .request import Message, Request, parse_request
+from .settings import reference_path
 from .template import Rendered
 from .tensors import ModelInput, assemble
 from .tokenizer import Tokenizer
-from .tokenizer.runs import reference_path
 
 SegmentKind = Literal["system", "tools", "current", "history", "document"]
 HistoryMode = Literal["suffix", "greedy"]

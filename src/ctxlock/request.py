@@ -30,6 +30,7 @@ from typing import Any
 
 from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
 from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
+from ctxlock.settings import fast_enabled
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -1252,18 +1253,7 @@ def _compact_json(value: Any) -> str:
     return _COMPACT.encode(value) if _C_COMPACT is None else "".join(_C_COMPACT(value, 0))
 
 
-def _fast_enabled() -> bool:
-    global _FAST_ENABLED
-    if _FAST_ENABLED is None:
-        # Imported on first use, not at the top: the package ctxlock.tokenizer imports the template stage, which
-        # imports this module (ctxlock.tokenizer.runs itself imports only the standard library).
-        from ctxlock.tokenizer.runs import fast_enabled
-
-        _FAST_ENABLED = fast_enabled
-    return _FAST_ENABLED()
-
-
-_FAST_ENABLED: Callable[[], bool] | None = None
+_fast_enabled = fast_enabled
 
 
 class _GiveUp(Exception):

@@ -52,6 +52,7 @@ import jinja2.utils
 from jinja2.utils import _PassArg
 
 from . import taint
+from .settings import cache_root
 from .taint import Tainted
 
 
@@ -971,7 +972,6 @@ def _from_bytecode_cache(env: jinja2.Environment, source: str) -> jinja2.Templat
     generated one) then loads in milliseconds instead of a tenth of a second. The code object is the one
     `from_string` would compile (same source, same `<template>` file name); an unreadable cache compiles anew, and
     compiled code over 1 MiB is never written."""
-    from .artifacts.conversion_cache import cache_root
 
     try:
         directory = cache_root() / "jinja" / f"{jinja2.__version__}-{_BYTECODE_VERSION}"

@@ -31,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .. import diskcache
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..frozen import FrozenDict, freeze
 from ..inputs import decode_utf8, read_artifact
@@ -349,7 +350,6 @@ def _hf_pipeline(
     import tokenizers
 
     from ..tokenizer.hf_classes import PIPELINE_VERSION, Pipeline, build_pipeline
-    from . import conversion_cache
 
     key = hashlib.sha256(
         json.dumps(
@@ -361,7 +361,7 @@ def _hf_pipeline(
             default=str,  # ASCII: a config value may hold a lone surrogate (then refused below, with its key)
         ).encode("ascii")
     ).hexdigest()
-    cached = conversion_cache.load("hf-pipeline", key)
+    cached = diskcache.load("hf-pipeline", key)
     if cached is not None and isinstance(cached.get("pipeline"), dict):
         fields = dict(cached["pipeline"])
         if fields.get("json_text") is None and file_text is not None:
@@ -403,7 +403,7 @@ def _hf_pipeline(
     if not pipeline.changed:
         stored["json_text"] = None  # the file itself: not stored twice
     with contextlib.suppress(UnicodeError, ValueError):  # not cacheable as UTF-8 JSON: built again next time
-        conversion_cache.store("hf-pipeline", key, {"pipeline": stored})
+        diskcache.store("hf-pipeline", key, {"pipeline": stored})
     return pipeline
 
 
@@ -612,19 +612,18 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemp
     import mistral_common
 
     from ..mistral import patch_template
-    from . import conversion_cache
 
     # Generating builds mistral-common's tokenizer (about 1.5 s): cache the source by file digest and version.
     kind = f"mistral-template-mistral-common-{mistral_common.__version__}"
-    sha = conversion_cache.file_sha256(tokenizer_file)
-    cached = conversion_cache.load(kind, sha)
+    sha = diskcache.file_sha256(tokenizer_file)
+    cached = diskcache.load(kind, sha)
     if cached is not None:
         source = cached["source"]
     else:
         from mistral_common.integrations.chat_templates.chat_templates import convert_tokenizer_to_chat_template
 
         source = convert_tokenizer_to_chat_template(tokenizer_file)
-        conversion_cache.store(kind, sha, {"source": source})
+        diskcache.store(kind, sha, {"source": source})
     origin = f"mistral_common {mistral_common.__version__} template_generator({tokenizer_file.name})"
     # Patched where the generated template and mistral-common's encode_chat_completion disagree (ctxlock.mistral).
     template = ChatTemplate(
@@ -646,14 +645,13 @@ def _fingerprint(root: Path) -> tuple[tuple[str, int, int], ...]:
 def _load_gguf(path: Path) -> ModelArtifacts:
     """A GGUF file: its vocabulary converted natively (cached by sha256) and its embedded chat template(s)."""
     from ..tokenizer.hf import HFTokenizer
-    from . import conversion_cache
     from .gguf import conversion, read_vocab
 
-    sha = conversion_cache.file_sha256(path)
-    data = conversion_cache.load("gguf", sha)
+    sha = diskcache.file_sha256(path)
+    data = diskcache.load("gguf", sha)
     if data is None:
         data = conversion(read_vocab(path))
-        conversion_cache.store("gguf", sha, data)
+        diskcache.store("gguf", sha, data)
     tokenizer = HFTokenizer(
         data["tokenizer_json"],
         id=path.name,

@@ -26,9 +26,10 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import ControlTokenError
+from ..settings import fast_enabled
 from ..template import Rendered, Span, SpecialTokenPolicy
 from ..trie import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
-from .runs import encode_run, fast_enabled, prefetch_runs, run_encoder
+from .runs import encode_run, prefetch_runs, run_encoder
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from ..settings import cache_root
+
 # Bump when what the check proves changes (the probes, how ids are compared): verdicts cached under another are unused.
 CHECK_VERSION = "accel-1"
 # The longest an exiting interpreter waits for a build or a probe in native code (a 150k vocabulary builds in ~1.2 s).
@@ -95,7 +97,6 @@ def verdict_key(json_sha256: str) -> str:
 
 
 def _verdict_path(key: str) -> Any:
-    from ..artifacts.conversion_cache import cache_root
 
     return cache_root() / "fastokens" / f"{key}.json"
 

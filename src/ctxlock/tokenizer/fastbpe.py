@@ -96,6 +96,7 @@ from typing import Any
 
 import tiktoken
 
+from ..settings import cache_root
 from ..trie import longest_first
 
 CHECK_VERSION = "fastbpe-2"
@@ -366,7 +367,6 @@ def check(data: Mapping[str, Any], plain_added: Sequence[Mapping[str, Any]]) -> 
 
 
 def _cache_paths(key: str) -> tuple[Path, Path]:
-    from ..artifacts.conversion_cache import cache_root
 
     base = cache_root() / "fastbpe" / f"{key}-{CHECK_VERSION}"
     return base.with_suffix(".json"), base.with_suffix(".ranks")
@@ -488,7 +488,6 @@ def _not_inert_pattern() -> re.Pattern[str]:
     with _INERT_LOCK:
         if _NOT_INERT is not None:
             return _NOT_INERT
-        from ..artifacts.conversion_cache import cache_root
 
         path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
         spans: list[list[int]] | None = None

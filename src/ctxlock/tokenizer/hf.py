@@ -37,10 +37,10 @@ import numpy as np
 import tokenizers
 
 from ..errors import ArtifactFormatError
+from ..settings import cache_root, fast_enabled
 from . import AddedToken, ControlMatch, longest_first
 from .accel import Accelerator, probe_texts
 from .prefix import WholeText, prefix_cache_bytes, split_runs, whole_text_refusal
-from .runs import fast_enabled
 
 
 def _set_prepend_never(node: Any) -> bool:
@@ -58,7 +58,6 @@ def _set_prepend_never(node: Any) -> bool:
 
 
 def _loaded_marker(sha256: str) -> Path:
-    from ..artifacts.conversion_cache import cache_root
 
     return cache_root() / "tokenizers-loaded" / f"{sha256}-{tokenizers.__version__}"
 
@@ -75,7 +74,6 @@ _HEAD_VERSION = 2
 
 
 def _head_path(sha256: str) -> Path:
-    from ..artifacts.conversion_cache import cache_root
 
     return cache_root() / "tokenizer-json-head" / f"{sha256}-{_HEAD_VERSION}.json"
 

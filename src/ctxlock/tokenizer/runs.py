@@ -16,34 +16,12 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..settings import fast_enabled
+
 _KEY_OVERHEAD = 200  # the key tuple, the dict slot, the ids tuple header: a flat estimate per entry
-
-
-_REFERENCE: ContextVar[bool] = ContextVar("ctxlock_reference_path", default=False)
-
-
-def fast_enabled() -> bool:
-    """False when `CTXLOCK_FAST=0` (or `false`/`off`/`no`), or inside `reference_path()`: every fast path falls back
-    to the reference path."""
-    if _REFERENCE.get():
-        return False
-    return os.environ.get("CTXLOCK_FAST", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-@contextmanager
-def reference_path() -> Iterator[None]:
-    """Run the enclosed code on the reference path only (as with `CTXLOCK_FAST=0`), in this thread or task: what
-    oracles (fit_context's naive algorithm) and equivalence tests use."""
-    token = _REFERENCE.set(True)
-    try:
-        yield
-    finally:
-        _REFERENCE.reset(token)
 
 
 class RunCache:
@@ -147,4 +125,4 @@ def prefetch_runs(tokenizer: Any, runs: Iterable[tuple[str, bool]]) -> int:
     return len(missing)
 
 
-__all__ = ["RUNS", "RunCache", "encode_run", "fast_enabled", "prefetch_runs", "reference_path", "run_encoder"]
+__all__ = ["RUNS", "RunCache", "encode_run", "prefetch_runs", "run_encoder"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import tiktoken
 
+from .. import diskcache
 from ..errors import ArtifactFormatError
 from . import AddedToken, ControlMatch, encode_between, longest_first
 
@@ -138,10 +139,8 @@ def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
     mistral-common's version, with the ranks as one blob; a warm load only rebuilds the dict."""
     import mistral_common
 
-    from ..artifacts import conversion_cache
-
     kind = f"tekken-mistral-common-{mistral_common.__version__}"
-    cached = conversion_cache.load(kind, sha256)
+    cached = diskcache.load(kind, sha256)
     if cached is not None:
         blob = a2b_base64(cached["blob"])
         ranks: dict[bytes, int] = {}
@@ -166,7 +165,7 @@ def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
     tokens = [a2b_base64(t["token_bytes"]) for t in vocab[:n_vocab]]
     ranks = {b: i for i, b in enumerate(tokens)}
     out = {"pattern": pattern, "version": config.get("version"), "specials": specials}
-    conversion_cache.store(
+    diskcache.store(
         kind,
         sha256,
         {**out, "blob": b2a_base64(b"".join(tokens), newline=False).decode("ascii"), "lengths": list(map(len, tokens))},

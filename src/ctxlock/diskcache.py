@@ -5,7 +5,7 @@ facts the model needs (special-token ids, templates, flags) from here, without p
 the sha256 of the source bytes plus the converter version, so a changed file is never served stale, and a
 converter fix invalidates old entries. Writes are atomic (a temporary file renamed into place).
 
-Location: `$CTXLOCK_CACHE_DIR`, else `$XDG_CACHE_HOME/ctxlock`, else `~/.cache/ctxlock`.
+Location: `settings.cache_root()`. A bottom-layer module: it imports only `settings`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .settings import cache_root
+
 CONVERTER_VERSION = "1"
-
-
-def cache_root() -> Path:
-    if os.environ.get("CTXLOCK_CACHE_DIR"):
-        return Path(os.environ["CTXLOCK_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "ctxlock"
 
 
 def file_sha256(path: Path) -> str:

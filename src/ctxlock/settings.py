@@ -1,0 +1,46 @@
+"""Process settings every layer may read: whether the fast paths are on, and where the on-disk cache lives.
+
+This module is at the bottom of the layer order (with `errors`, `frozen` and `caches`): it imports nothing from
+ctxlock, so any stage module can ask it without creating a cycle.
+
+- `CTXLOCK_FAST=0` (or `false`/`off`/`no`) turns every fast path off; `reference_path()` does the same for the
+  enclosed code in this thread or task. Each fast path checks `fast_enabled()` and falls back to its reference path.
+- `cache_root()` is `$CTXLOCK_CACHE_DIR`, else `$XDG_CACHE_HOME/ctxlock`, else `~/.cache/ctxlock`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+_REFERENCE: ContextVar[bool] = ContextVar("ctxlock_reference_path", default=False)
+
+
+def fast_enabled() -> bool:
+    """False when `CTXLOCK_FAST=0` (or `false`/`off`/`no`), or inside `reference_path()`: every fast path falls back
+    to the reference path."""
+    if _REFERENCE.get():
+        return False
+    return os.environ.get("CTXLOCK_FAST", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+@contextmanager
+def reference_path() -> Iterator[None]:
+    """Run the enclosed code on the reference path only (as with `CTXLOCK_FAST=0`), in this thread or task: what
+    oracles (fit_context's naive algorithm) and equivalence tests use."""
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
+
+
+def cache_root() -> Path:
+    """The directory of ctxlock's on-disk caches (converted tokenizers, compiled templates, probe verdicts)."""
+    if os.environ.get("CTXLOCK_CACHE_DIR"):
+        return Path(os.environ["CTXLOCK_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "ctxlock"

@@ -32,10 +32,15 @@ fetch: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check --select SLF001 src
 
 test: $(VENV)/.installed-test fetch
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	# The layers (pyproject.toml [tool.importlinter]) and no reads of another module's private attributes.
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check --select SLF001 src
 	$(PY) -m pytest -q
 	# The conformance, injection and mistral-common suites again with every fast path off (the reference path).
 	CTXLOCK_FAST=0 $(PY) -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_injection.py \

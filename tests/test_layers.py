@@ -1,0 +1,111 @@
+"""The structure the architecture promises (docs/architecture.md), checked on the source as it is.
+
+- the import-linter layer contract in pyproject.toml is kept (imports inside functions count);
+- the import graph of src/ctxlock, function-level imports included, has no cycle;
+- a ctxlock module is imported inside a function only in the CLI (start-up laziness), each with a reason comment;
+- no module reads another module's or a library's private attributes (ruff SLF001);
+- no module is over 700 lines and no function over 80, unless a `# size:` comment at its top says why.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "ctxlock"
+BIN = Path(sys.executable).parent
+
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+assert _spec is not None and _spec.loader is not None
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
+
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 80
+
+
+def _sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_layer_contract_is_kept() -> None:
+    out = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
+
+
+def test_import_graph_has_no_cycle() -> None:
+    edges, _ = import_graph.graph()
+    assert len(edges) > 40  # the graph covers the package, not an empty directory
+    assert import_graph.cycles(edges) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert import_graph.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+def test_function_level_imports_only_in_the_cli_with_a_reason() -> None:
+    _, inner = import_graph.graph()
+    bad = []
+    for mod, line, target in inner:
+        if not mod.startswith("ctxlock.cli"):
+            bad.append(f"{mod}:{line} imports {target} inside a function")
+            continue
+        path = SRC.parent / (mod.replace(".", "/") + ".py")
+        if not path.exists():
+            path = SRC.parent / mod.replace(".", "/") / "__init__.py"
+        lines = path.read_text("utf-8").splitlines()
+        here, above = lines[line - 1], lines[line - 2] if line >= 2 else ""
+        if "#" not in here and not above.strip().startswith("#"):
+            bad.append(f"{mod}:{line} imports {target} inside a function with no reason comment")
+    assert bad == []
+
+
+def test_no_private_attribute_reads_across_modules() -> None:
+    out = subprocess.run(
+        [str(BIN / "ruff"), "check", "--select", "SLF001", "--output-format", "concise", str(SRC)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-4000:]
+
+
+def _long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text("utf-8"))
+    lines = path.read_text("utf-8").splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length <= MAX_FUNCTION_LINES:
+                continue
+            body_start = node.body[0].lineno
+            head = lines[node.lineno - 1 : body_start + 3]
+            if not any("# size:" in h for h in head):
+                found.append(f"{path.name}:{node.lineno} {node.name} is {length} lines")
+    return found
+
+
+def test_module_and_function_sizes() -> None:
+    too_long = []
+    for path in _sources():
+        n = len(path.read_text("utf-8").splitlines())
+        if n > MAX_MODULE_LINES and "# size:" not in path.read_text("utf-8")[:4000]:
+            too_long.append(f"{path.relative_to(SRC.parent)} is {n} lines")
+        too_long += _long_functions(path)
+    assert too_long == []
+
+
+def test_the_size_check_sees_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(90))
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n", "utf-8")
+    assert len(_long_functions(tmp_path / "m.py")) == 1
+    (tmp_path / "m.py").write_text(f"def f():\n    # size: a table, one line per entry\n{body}\n", "utf-8")
+    assert _long_functions(tmp_path / "m.py") == []

@@ -29,6 +29,8 @@
     │   ├── ToolCallTruncatedError   the response hit the output token limit
     │   ├── ToolCallValidationError  arguments that do not match the tool's JSON Schema
     │   └── ProviderStreamError      the provider reported an error inside a started stream (after HTTP 200)
+    ├── UsageError                   a provider's usage object that is malformed or breaks its own invariants
+    ├── PriceError                   a price table that is malformed, or has no price for what was used
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
@@ -309,3 +311,12 @@ class UnsupportedSchemaError(ConstraintError):
 
 class SamplerError(CtxlockError):
     """Sampling parameters or logits that cannot be used as given."""
+
+
+class UsageError(CtxlockError):
+    """A provider usage object that is malformed, of an unknown shape, or breaks an invariant of its format (cached
+    tokens more than the prompt, reasoning more than the output, a total that is not the sum of its parts)."""
+
+
+class PriceError(CtxlockError):
+    """A price table that cannot be read, a model it has no entry for, or no price for a kind of token used."""

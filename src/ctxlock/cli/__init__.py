@@ -18,6 +18,7 @@ from . import inspect as inspect_cmds
 from . import records as records_cmds
 from . import render as render_cmds
 from . import toolcalls as toolcalls_cmds
+from . import usage as usage_cmds
 from .files import name_request_source
 from .output import print_json
 
@@ -38,6 +39,7 @@ compaction_cmds.register(app)
 detok_cmds.register(app)
 constrain_cmds.register(app)
 toolcalls_cmds.register(app)
+usage_cmds.register(app)
 
 
 # The exit statuses every command follows (the README's "Errors and exit statuses" lists them).

@@ -1,0 +1,133 @@
+"""`ctxlock usage`: provider usage objects normalized to one shape, summed without double counting, and priced."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from ..errors import UsageError
+from ..inputs import decode_utf8, read_input
+from ..usage import FORMATS, PriceTable, Usage, price_usage, read_usage, sum_usage
+from .output import console, guarded, print_json
+
+FilesArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="Files of usage objects: provider responses or their `usage`, one JSON per line, a JSON array, an "
+        "Anthropic SSE event stream as JSON lines, or a Pi `--mode json` event stream. - reads stdin."
+    ),
+]
+PricesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--prices",
+        help="A price table: LiteLLM's model_prices_and_context_window.json format (per-token prices, "
+        "*_above_200k_tokens tiers), as JSON or TOML. Without it only provider-reported costs are shown.",
+    ),
+]
+ModelNameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model", help="The price entry to use, when the responses do not name their model (or to override)."
+    ),
+]
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="The usage objects' provider format: " + "|".join(FORMATS) + " (auto: detected from the keys).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+
+
+def _priced(usages: list[Usage], table: PriceTable | None, model: str | None) -> list[tuple[Usage, Any]]:
+    """Each usage with its estimate under the table. A provider's own cost stays the usage's cost; without one,
+    the estimate becomes it (total_from_provider false)."""
+    out = []
+    for u in usages:
+        estimate = price_usage(u, table, model) if table is not None else None
+        if u.cost is None and estimate is not None:
+            u = Usage(**{**_fields(u), "cost": estimate})
+        out.append((u, estimate))
+    return out
+
+
+def _fields(u: Usage) -> dict[str, Any]:
+    return {f: getattr(u, f) for f in Usage.__dataclass_fields__}
+
+
+def _money(value: Decimal | None) -> str:
+    return "-" if value is None else format(value.normalize(), "f") if value else "0"
+
+
+def _line(u: Usage) -> str:
+    reasoning = "" if u.reasoning is None else f" (reasoning {u.reasoning:,})"
+    hour = f" (1h {u.cache_write_1h:,})" if u.cache_write_1h else ""
+    if u.cost is None:
+        cost = "no price"
+    else:
+        cost = _money(u.cost.total) + (" (provider)" if u.cost.total_from_provider else " (estimate)")
+    return (
+        f"input {u.input:,} · cache read {u.cache_read:,} · cache write {u.cache_write:,}{hour} · "
+        f"output {u.output:,}{reasoning} · total {u.total_tokens:,} · cost {cost}"
+    )
+
+
+def _show(rows: list[tuple[Usage, Any]], total: Usage, table: PriceTable | None) -> None:
+    for n, (u, _) in enumerate(rows, 1):
+        where = (u.where or "").removesuffix(" $")
+        console.print(f"[bold]#{n}[/] {escape(where)}  {u.source}  {escape(u.model or '(no model named)')}")
+        console.print(f"   {escape(_line(u))}")
+    console.print(f"[bold]sum of {total.calls}[/]")
+    console.print(f"   {escape(_line(total))}")
+    if table is not None:
+        console.print(f"prices: {escape(table.name)} (sha256 {table.sha256})")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("usage")
+    def usage(
+        files: FilesArg,
+        prices: PricesOpt = None,
+        model: ModelNameOpt = None,
+        format: FormatOpt = "auto",
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Normalize provider usage objects (OpenAI Chat Completions and Responses, Anthropic Messages and its
+        stream, Gemini, Pi) to one shape: input (uncached), cache read, cache write (1-hour part), output
+        (reasoning part), total. Sum them without counting cached or reasoning tokens twice, and price them with
+        a price table in exact decimals, naming the entry and the table's sha256."""
+
+        def go() -> tuple[list[tuple[Usage, Any]], Usage, PriceTable | None]:
+            if format not in FORMATS:
+                raise UsageError(f"unknown format {format!r}", path="--format", hint="one of " + ", ".join(FORMATS))
+            table = None
+            if prices is not None:
+                table = PriceTable.parse(read_input(prices, label=f"--prices {prices}"), str(prices))
+            usages: list[Usage] = []
+            for f in files:
+                label = "stdin" if f == "-" else f
+                text = decode_utf8(read_input(f, label=label), label=label)
+                usages += read_usage(text, label, format=format)  # type: ignore[arg-type]
+            rows = _priced(usages, table, model)
+            return rows, sum_usage(u for u, _ in rows), table
+
+        rows, total, table = guarded(as_json, go)
+        if as_json:
+            print_json(
+                {
+                    "usages": [
+                        {"from": u.where, **u.to_dict(), "estimate": None if e is None else e.to_dict()}
+                        for u, e in rows
+                    ],
+                    "sum": total.to_dict(),
+                    "prices": None if table is None else {"file": table.name, "sha256": table.sha256},
+                }
+            )
+        else:
+            _show(rows, total, table)

@@ -13,6 +13,7 @@ from ..errors import CtxlockError
 from . import budget as budget_cmds
 from . import compaction as compaction_cmds
 from . import constrain as constrain_cmds
+from . import count as count_cmds
 from . import detok as detok_cmds
 from . import inspect as inspect_cmds
 from . import records as records_cmds
@@ -40,6 +41,7 @@ detok_cmds.register(app)
 constrain_cmds.register(app)
 toolcalls_cmds.register(app)
 usage_cmds.register(app)
+count_cmds.register(app)
 
 
 # The exit statuses every command follows (the README's "Errors and exit statuses" lists them).

@@ -1,0 +1,86 @@
+"""`ctxlock count`: the request's exact token count, attributed part by part, with each part's marginal cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from ..accounting import Counts, count, count_format
+from ..model import load
+from .files import read_request, template_file
+from .output import console, guarded, print_json
+from .render import JsonOpt, ModelOpt
+
+_BAR = 30
+
+
+def _show(counts: Counts, model_id: str) -> None:
+    console.print(f"[bold]{escape(model_id)}[/] · {counts.total:,} tokens · request {counts.request_bytes:,} bytes")
+    width = max((len(p.part) for p in counts.parts), default=8)
+    for p in counts.parts:
+        share = p.tokens / counts.total if counts.total else 0.0
+        bar = "█" * round(share * _BAR)
+        marginal = ""
+        if counts.marginal:
+            marginal = f"  marginal {p.marginal:+,}" if p.marginal is not None else f"  marginal -  ({p.marginal_note})"
+        console.print(f"{escape(p.part):<{width}}  {p.tokens:>8,}  {share:6.1%}  {bar:<{_BAR}}{escape(marginal)}")
+    for path in counts.unseen:
+        console.print(f"[yellow]unseen[/]  {escape(path)}: the template wrote no byte of it; the model never sees it")
+    for note in counts.notes:
+        console.print(f"[yellow]note[/]    {escape(note)}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("count")
+    def count_cmd(
+        request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
+        model: ModelOpt = None,
+        template: Annotated[
+            Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
+        ] = None,
+        marginal: Annotated[
+            bool,
+            typer.Option(
+                "--marginal",
+                help="Also give each part's marginal cost: the total minus the total of the request without that "
+                "part, rendered and tokenized in full (one more render per part).",
+            ),
+        ] = False,
+        no_generation_prompt: Annotated[
+            bool, typer.Option("--no-generation-prompt", help="Count without opening an assistant turn.")
+        ] = False,
+        format: Annotated[
+            str | None,
+            typer.Option(
+                "--format",
+                help='Print only the total in a provider\'s count-tokens shape: anthropic ({"input_tokens": N}) or '
+                'openai ({"object": "response.input_tokens", "input_tokens": N}).',
+            ),
+        ] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
+        message, each document and the generation prompt, summing to len(input_ids). Names every request part
+        the template never wrote (the model never sees it)."""
+
+        def go() -> tuple[Counts, str]:
+            data = read_request(request)
+            m = load(model)
+            options: dict = {"template": template_file(template)} if template is not None else {}
+            if no_generation_prompt:
+                options["add_generation_prompt"] = False
+            counts = count(m, data, marginal=marginal, **options)
+            if format is not None:
+                count_format(counts, format)  # an unknown format fails here, inside the JSON error handling
+            return counts, m.id
+
+        counts, model_id = guarded(as_json or format is not None, go)
+        if format is not None:
+            print_json(count_format(counts, format))
+        elif as_json:
+            print_json(counts.to_dict())
+        else:
+            _show(counts, model_id)

@@ -68,6 +68,8 @@ def test_parts_sum_to_len_input_ids_on_every_template(path: Path) -> None:
         except CtxlockError:
             continue  # the template refuses this conversation (test_conformance checks that transformers does too)
         counts = count(model, data, template=template, **kwargs)
+        with reference_path():  # the run-by-run lay and the second render without the generation prompt
+            assert count(model, data, template=template, **kwargs) == counts, name
         assert counts.total == len(ids), name
         assert sum(p.tokens for p in counts.parts) == counts.total, name
         assert all(p.tokens >= 0 for p in counts.parts)

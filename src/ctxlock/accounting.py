@@ -41,9 +41,11 @@ import numpy as np
 
 from .caches import LRU
 from .errors import CtxlockError, RequestError
-from .model import Model, RequestLike, Run
+from .model import RENDER_OPTIONS, Model, RequestLike, check_options
 from .request import Request
 from .settings import fast_enabled
+from .template import Rendered
+from .tokenizer import ControlMatch, control_matches, encode_ids
 from .tokenizer.runs import run_encoder
 from .tokenizer.token_bytes import token_bytes
 
@@ -98,6 +100,17 @@ class Counts:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One request through the pipeline, as counting needs it: the ids come from `encode_ids` (the fast whole-text
+    path when it applies), the control tokens' positions from `control_matches`."""
+
+    request: Request
+    rendered: Rendered
+    ids: np.ndarray
+    control: tuple[ControlMatch, ...]
+
+
 # -- owners of the rendered text's bytes -----------------------------------------------------------------------
 
 
@@ -119,7 +132,7 @@ def part_of(path: str) -> str:
     return m.group(1) if m else path.split(".", 1)[0]
 
 
-def _owners(run: Run, gen_start: int | None, offsets: np.ndarray) -> tuple[np.ndarray, list[str]]:
+def _owners(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """The owner index of every byte of the rendered text, and the owners' names (0 = template)."""
     names = [TEMPLATE]
     index = {TEMPLATE: 0}
@@ -142,19 +155,32 @@ def _owners(run: Run, gen_start: int | None, offsets: np.ndarray) -> tuple[np.nd
 _PIECES: LRU[str, Any] = LRU("accounting.token_bytes", max_items=8, scope="artifact")
 
 
+class _Pieces:
+    """A vocabulary's bytes per id, and their lengths as an array (one lookup per id, in numpy)."""
+
+    __slots__ = ("lengths", "pieces")
+
+    def __init__(self, pieces: tuple[bytes, ...]) -> None:
+        self.pieces = pieces
+        self.lengths = np.fromiter((len(b) for b in pieces), dtype=np.int64, count=len(pieces))
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.pieces[i]
+
+
 def _pieces(model: Model) -> Any:
     tok = model.tokenizer
     hit = _PIECES.get(tok.sha256)
     if hit is None:
         try:
-            hit = token_bytes(tok).pieces
+            hit = _Pieces(token_bytes(tok).pieces)
         except CtxlockError:
             hit = False  # no per-token bytes (WordPiece): spread in proportion
         _PIECES.put(tok.sha256, hit)
     return hit
 
 
-def _token_ranges(model: Model, run: Run, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+def _token_ranges(model: Model, run: _Pass, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """Each token's [start, end) in the rendered text's bytes, and whether every run was laid exactly: in one pass
     over the ids when their bytes spell the text between the control tokens (byte-level BPE, tiktoken, Tekken),
     else run by run (`_replay_runs`, the reference path: `CTXLOCK_FAST=0` takes it always)."""
@@ -166,46 +192,55 @@ def _token_ranges(model: Model, run: Run, offsets: np.ndarray) -> tuple[np.ndarr
     return _replay_runs(model, run, offsets, pieces)
 
 
-def _walk(run: Run, offsets: np.ndarray, pieces: Any) -> tuple[np.ndarray, np.ndarray] | None:
+def _walk(run: _Pass, offsets: np.ndarray, pieces: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """Lay every token's bytes end to end, each control token over its own match (which may be longer than its
     content: lstrip/rstrip take whitespace), without encoding anything again. None when the bytes do not line up
-    with the text (a normalizer, a dummy prefix): the run-by-run replay then takes over."""
-    ids = run.tokenized.ids
+    with the text (a normalizer, a dummy prefix): the run-by-run replay then takes over.
+
+    The k-th control token's match starts at byte s_k of the text; laid end to end, the tokens before it cover
+    s_k - shift_k bytes, where shift_k sums (match length - content length) over the control tokens before it. So
+    its position is where the cumulative lengths reach s_k - shift_k, and its id must be there."""
+    ids = np.asarray(run.ids, dtype=np.int64)
     n = len(ids)
-    lengths = np.fromiter((len(pieces[i]) for i in ids), dtype=np.int64, count=n)
+    lengths = pieces.lengths[ids]
     cum = np.concatenate(([0], np.cumsum(lengths)))
-    delta = np.zeros(n + 1, dtype=np.int64)  # what the matches so far added to the offsets of later tokens
-    shift, after = 0, 0
-    for m in run.tokenized.control:
-        start, end = int(offsets[m.start]), int(offsets[m.end])
-        p = int(np.searchsorted(cum, start - shift, side="left"))
-        while p < n and cum[p] == start - shift and ids[p] != m.id:
-            p += 1
-        if p >= n or cum[p] != start - shift or ids[p] != m.id or p < after:
+    if run.control:
+        starts = offsets[[m.start for m in run.control]]
+        ends = offsets[[m.end for m in run.control]]
+        control_ids = np.fromiter((m.id for m in run.control), dtype=np.int64, count=len(run.control))
+        extra = (ends - starts) - pieces.lengths[control_ids]
+        shifts = np.concatenate(([0], np.cumsum(extra)))
+        pos = np.searchsorted(cum, starts - shifts[:-1], side="left")
+        if pos.max() >= n or not (ids[pos] == control_ids).all() or (np.diff(pos) <= 0).any():
+            return None  # an empty token before a control token, or bytes that do not line up
+        if not (cum[pos] == starts - shifts[:-1]).all():
             return None
-        delta[after : p + 1] = shift
-        shift += (end - start) - int(lengths[p])
-        after = p + 1
-    delta[after:] = shift
-    if cum[n] + shift != offsets[-1]:
+        # the shift in force at each position: control k's extra applies from the token after it
+        delta = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(delta, pos + 1, extra)
+        delta = np.cumsum(delta)
+        total_shift = int(shifts[-1])
+    else:
+        delta = np.zeros(n + 1, dtype=np.int64)
+        total_shift = 0
+    if cum[n] + total_shift != offsets[-1]:
         return None
-    # a token ends where the next begins: a control token's end is its match's end, since the shift it adds
-    # applies from the token after it
+    # a token ends where the next begins: a control token's end is its match's end
     return cum[:-1] + delta[:-1], cum[1:] + delta[1:]
 
 
-def _replay_runs(model: Model, run: Run, offsets: np.ndarray, pieces: Any) -> tuple[np.ndarray, np.ndarray, bool]:
-    text, ids = run.rendered.text, run.tokenized.ids
+def _replay_runs(model: Model, run: _Pass, offsets: np.ndarray, pieces: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+    text, ids = run.rendered.text, run.ids
     encode = run_encoder(model.tokenizer)
     starts = np.zeros(len(ids), dtype=np.int64)
     ends = np.zeros(len(ids), dtype=np.int64)
     k, pos, exact = 0, 0, True
-    for m in [*run.tokenized.control, None]:
+    for m in [*run.control, None]:
         stop = len(text) if m is None else m.start
         if stop > pos:
             run_ids = encode(text[pos:stop], pos == 0)
             n = len(run_ids)
-            if tuple(ids[k : k + n]) != tuple(run_ids):
+            if tuple(ids[k : k + n].tolist()) != tuple(run_ids):
                 raise _Unaligned
             lay = _lay(run_ids, pieces, text[pos:stop])
             exact &= lay[1]
@@ -235,7 +270,7 @@ def _lay(run_ids: Sequence[int], pieces: Any, run_text: str) -> tuple[np.ndarray
     size = len(run_text.encode("utf-8", "surrogatepass"))
     if pieces is False:
         return _spread(np.ones(len(run_ids), dtype=np.int64), size), False
-    lengths = np.fromiter((len(pieces[i]) for i in run_ids), dtype=np.int64, count=len(run_ids))
+    lengths = pieces.lengths[np.asarray(run_ids, dtype=np.int64)]
     laid = _lay_over(lengths, run_ids, pieces, run_text, size)
     if laid is not None:
         return laid, True
@@ -319,27 +354,66 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     # a token is mixed when a change point falls strictly inside it
     first_after = np.searchsorted(change, starts, side="right")
     mixed = np.flatnonzero((first_after < len(change)) & (change[np.minimum(first_after, len(change) - 1)] < ends))
-    for t in mixed:
-        seg = owner[starts[t] : ends[t]]
-        values, first_seen, counts = np.unique(seg, return_index=True, return_counts=True)
-        best = max(range(len(values)), key=lambda i: (counts[i], -first_seen[i]))
-        result[t] = values[best]
+    for t in mixed.tolist():
+        tally: dict[int, int] = {}  # insertion order is the order met
+        for v in owner[starts[t] : ends[t]].tolist():
+            tally[v] = tally.get(v, 0) + 1
+        result[t] = max(tally, key=tally.__getitem__)  # max keeps the first of equal counts
     return result
 
 
 # -- the generation prompt -------------------------------------------------------------------------------------
 
 
-def _generation_start(model: Model, req: Request, run: Run, options: Mapping[str, Any]) -> int | None:
+def _generation_start(model: Model, req: Request, run: _Pass, options: Mapping[str, Any]) -> int | None:
     """Where the generation prompt starts in the rendered text: the text without it is a prefix of the text with
-    it (every template ctxlock has met); None when no generation prompt was asked for or it added nothing."""
+    it (every template ctxlock has met); None when no generation prompt was asked for or it added nothing.
+
+    The reference renders the request again without the generation prompt. The fast path uses the template's
+    generation suffix, probed once per template and options on two small conversations (one turn, three turns):
+    when both give the same suffix and the text ends with it, outside every request string, that is where it
+    starts; otherwise the request is rendered again."""
     if options.get("add_generation_prompt", True) is False or options.get("continue_final_message"):
         return None
-    without = model.render(req, **{**options, "add_generation_prompt": False}).text
     text = run.rendered.text
+    if fast_enabled():
+        suffix = _probed_suffix(model, run.rendered, options)
+        last = max((sp.end for sp in run.rendered.request_spans), default=0)
+        if suffix and text.endswith(suffix) and last <= len(text) - len(suffix):
+            return len(text) - len(suffix)
+    without = model.render(req, **{**options, "add_generation_prompt": False}).text
     if len(without) < len(text) and text.startswith(without):
         return len(without)
     return None
+
+
+_SUFFIXES: LRU[str, str] = LRU("accounting.generation_suffix", max_items=256, scope="artifact")
+_PROBES = (
+    ({"role": "user", "content": "x"},),
+    ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}),
+)
+
+
+def _probed_suffix(model: Model, rendered: Rendered, options: Mapping[str, Any]) -> str:
+    """The text `add_generation_prompt` appends, when it is the same for both probe conversations; else ""."""
+    rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
+    key = json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
+    hit = _SUFFIXES.get(key)
+    if hit is not None:
+        return hit
+    found: set[str] = set()
+    for messages in _PROBES:
+        probe = {"messages": list(messages)}
+        try:
+            with_prompt = model.render(probe, **{**options, "add_generation_prompt": True}).text
+            without = model.render(probe, **{**options, "add_generation_prompt": False}).text
+        except CtxlockError:
+            found.add("")
+            continue
+        found.add(with_prompt[len(without) :] if with_prompt.startswith(without) else "")
+    suffix = found.pop() if len(found) == 1 else ""
+    _SUFFIXES.put(key, suffix)
+    return suffix
 
 
 # -- unseen parts ----------------------------------------------------------------------------------------------
@@ -372,13 +446,18 @@ def _expected(req: Request) -> list[str]:
     return out
 
 
-def _unseen(req: Request, run: Run) -> tuple[str, ...]:
-    seen = [s.path for s in run.rendered.request_spans]
-
-    def written(path: str) -> bool:
-        return any(p == path or p.startswith((f"{path}.", f"{path}[")) for p in seen)
-
-    return tuple(p for p in _expected(req) if not written(p))
+def _unseen(req: Request, run: _Pass) -> tuple[str, ...]:
+    """The expected paths no span path equals or lies under."""
+    written: set[str] = set()
+    for span in run.rendered.request_spans:
+        path = span.path
+        if path in written:
+            continue
+        written.add(path)
+        for k, ch in enumerate(path):
+            if ch in ".[":
+                written.add(path[:k])
+    return tuple(p for p in _expected(req) if p not in written)
 
 
 # -- counting --------------------------------------------------------------------------------------------------
@@ -404,9 +483,13 @@ def _order(name: str) -> tuple[int, int]:
 def count(model: Model, request: RequestLike, *, marginal: bool = False, **options: Any) -> Counts:
     """Attribute every token of the request's `input_ids` to one part (see the module docstring). Takes `render`'s
     options. `marginal=True` also renders and tokenizes the request once without each part."""
-    run = model.run(request, **options)
-    render_options = {k: v for k, v in options.items() if k not in ("dialect", "utf8", "tool_arguments")}
-    text = run.rendered.text
+    check_options(options, RENDER_OPTIONS, "count")
+    parse_options = {k: options[k] for k in ("dialect", "utf8", "tool_arguments") if k in options}
+    render_options = {k: v for k, v in options.items() if k not in parse_options}
+    req = model.parse(request, **parse_options)
+    rendered = model.render(req, **render_options)
+    run = _Pass(req, rendered, encode_ids(rendered, model.tokenizer), control_matches(rendered, model.tokenizer))
+    text = rendered.text
     offsets = _char_to_byte(text)
     gen = _generation_start(model, run.request, run, render_options)
     owner, names = _owners(run, gen, offsets)
@@ -414,7 +497,7 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
     try:
         starts, ends, exact = _token_ranges(model, run, offsets)
     except _Unaligned:
-        lay = _spread(np.ones(len(run.tokenized.ids), dtype=np.int64), int(offsets[-1]))
+        lay = _spread(np.ones(len(run.ids), dtype=np.int64), int(offsets[-1]))
         starts, ends, exact = lay[:-1], lay[1:], False
     if not exact:
         notes.append("token bytes were spread in proportion over some runs: per-part counts are approximate")
@@ -428,7 +511,7 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         if name not in seen_parts:
             parts.append(Part(name, 0))
     parts.sort(key=lambda p: _order(p.part))
-    total = len(run.tokenized.ids)
+    total = len(run.ids)
     if marginal:
         parts = [_with_marginal(model, request, p, total, options) for p in parts]
     return Counts(

@@ -300,6 +300,19 @@ def encode_ids_batch(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list
     return rows
 
 
+def control_matches(rendered: Rendered, tokenizer: Tokenizer) -> tuple[ControlMatch, ...]:
+    """`tokenize(rendered, tokenizer).control` without encoding the text between the matches: the template's own
+    control tokens, in text order (for callers that have the ids from `encode_ids` and need their positions)."""
+    text = rendered.text
+    matches = _split(tokenizer, text)
+    if matches is None:
+        return tuple(tokenize(rendered, tokenizer).control)
+    if rendered.policy is SpecialTokenPolicy.KEEP or not rendered.untrusted:
+        return tuple(matches)
+    spans = _Spans(rendered.untrusted)
+    return tuple(m for m in matches if spans.overlap(m) is None)
+
+
 def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     """Encode a rendered chat so that only the template's own control tokens become control ids."""
     text = rendered.text
@@ -360,6 +373,7 @@ __all__ = [
     "AddedToken",
     "ControlMatch",
     "Tokenized",
+    "control_matches",
     "Tokenizer",
     "encode_between",
     "encode_ids",

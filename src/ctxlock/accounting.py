@@ -30,11 +30,15 @@ path, so `count`, `render` and `fit` can say so instead of reporting a silent 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import tempfile
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,7 +47,7 @@ from .caches import LRU
 from .errors import CtxlockError, RequestError
 from .model import RENDER_OPTIONS, Model, RequestLike, check_options
 from .request import Request
-from .settings import fast_enabled
+from .settings import cache_root, fast_enabled
 from .template import Rendered
 from .tokenizer import ControlMatch, control_matches, encode_ids
 from .tokenizer.runs import run_encoder
@@ -156,16 +160,52 @@ _PIECES: LRU[str, Any] = LRU("accounting.token_bytes", max_items=8, scope="artif
 
 
 class _Pieces:
-    """A vocabulary's bytes per id, and their lengths as an array (one lookup per id, in numpy)."""
+    """A vocabulary's bytes per id, built on first use, and their lengths as an array (one lookup per id, in
+    numpy). The lengths are all the one-pass lay needs, so they are kept on disk by the tokenizer's digest
+    (`<cache>/token-lengths/`): a later process lays tokens without building the vocabulary's bytes (about 4 s
+    for a 150k-token `tokenizer.json`). A missing, unreadable or mismatched file counts as absent."""
 
-    __slots__ = ("lengths", "pieces")
+    __slots__ = ("_pieces", "lengths", "tokenizer")
 
-    def __init__(self, pieces: tuple[bytes, ...]) -> None:
-        self.pieces = pieces
-        self.lengths = np.fromiter((len(b) for b in pieces), dtype=np.int64, count=len(pieces))
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._pieces: tuple[bytes, ...] | None = None
+        path = _lengths_path(tokenizer.sha256)
+        lengths = None
+        with contextlib.suppress(OSError, ValueError):
+            lengths = np.load(path, allow_pickle=False)
+        if lengths is None or lengths.dtype != np.int64 or lengths.shape != (tokenizer.vocab_size,):
+            lengths = np.fromiter((len(b) for b in self.pieces), dtype=np.int64, count=len(self.pieces))
+            _store_lengths(path, lengths)
+        self.lengths = lengths
+
+    @property
+    def pieces(self) -> tuple[bytes, ...]:
+        if self._pieces is None:
+            self._pieces = token_bytes(self.tokenizer).pieces
+        return self._pieces
 
     def __getitem__(self, i: int) -> bytes:
         return self.pieces[i]
+
+
+_LENGTHS_VERSION = "1"
+
+
+def _lengths_path(sha256: str) -> Path:
+    return cache_root() / "token-lengths" / f"{sha256}-{_LENGTHS_VERSION}.npy"
+
+
+def _store_lengths(path: Path, lengths: np.ndarray) -> None:
+    """Write atomically; a cache that cannot be written is not an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npy", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, lengths, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:
+        return
 
 
 def _pieces(model: Model) -> Any:
@@ -173,7 +213,7 @@ def _pieces(model: Model) -> Any:
     hit = _PIECES.get(tok.sha256)
     if hit is None:
         try:
-            hit = _Pieces(token_bytes(tok).pieces)
+            hit = _Pieces(tok)
         except CtxlockError:
             hit = False  # no per-token bytes (WordPiece): spread in proportion
         _PIECES.put(tok.sha256, hit)
@@ -480,25 +520,52 @@ def _order(name: str) -> tuple[int, int]:
     return rank.get(head, 6), num
 
 
-def count(model: Model, request: RequestLike, *, marginal: bool = False, **options: Any) -> Counts:
-    """Attribute every token of the request's `input_ids` to one part (see the module docstring). Takes `render`'s
-    options. `marginal=True` also renders and tokenizes the request once without each part."""
-    check_options(options, RENDER_OPTIONS, "count")
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One request's tokens laid over its rendered text: token t covers bytes [starts[t], ends[t]) of the text,
+    and `offsets[c]` is the byte offset of character c."""
+
+    request: Request
+    rendered: Rendered
+    ids: np.ndarray
+    control: tuple[ControlMatch, ...]
+    offsets: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    exact: bool
+
+    def tokens_before(self, char: int) -> int:
+        """How many tokens lie wholly before character `char`: the token prefix that ends there."""
+        return int(np.searchsorted(self.ends, self.offsets[char], side="right"))
+
+
+def layout(model: Model, request: RequestLike, **options: Any) -> Layout:
+    """Render and encode a request (the ids of `encode`) and lay its tokens over the rendered text."""
+    check_options(options, RENDER_OPTIONS, "layout")
     parse_options = {k: options[k] for k in ("dialect", "utf8", "tool_arguments") if k in options}
     render_options = {k: v for k, v in options.items() if k not in parse_options}
     req = model.parse(request, **parse_options)
     rendered = model.render(req, **render_options)
     run = _Pass(req, rendered, encode_ids(rendered, model.tokenizer), control_matches(rendered, model.tokenizer))
-    text = rendered.text
-    offsets = _char_to_byte(text)
-    gen = _generation_start(model, run.request, run, render_options)
-    owner, names = _owners(run, gen, offsets)
-    notes: list[str] = []
+    offsets = _char_to_byte(rendered.text)
     try:
         starts, ends, exact = _token_ranges(model, run, offsets)
     except _Unaligned:
         lay = _spread(np.ones(len(run.ids), dtype=np.int64), int(offsets[-1]))
         starts, ends, exact = lay[:-1], lay[1:], False
+    return Layout(req, rendered, run.ids, run.control, offsets, starts, ends, exact)
+
+
+def count(model: Model, request: RequestLike, *, marginal: bool = False, **options: Any) -> Counts:
+    """Attribute every token of the request's `input_ids` to one part (see the module docstring). Takes `render`'s
+    options. `marginal=True` also renders and tokenizes the request once without each part."""
+    lay = layout(model, request, **options)
+    render_options = {k: v for k, v in options.items() if k not in ("dialect", "utf8", "tool_arguments")}
+    run = _Pass(lay.request, lay.rendered, lay.ids, lay.control)
+    gen = _generation_start(model, run.request, run, render_options)
+    owner, names = _owners(run, gen, lay.offsets)
+    starts, ends, exact = lay.starts, lay.ends, lay.exact
+    notes: list[str] = []
     if not exact:
         notes.append("token bytes were spread in proportion over some runs: per-part counts are approximate")
     if not run.rendered.provenance_exact:

@@ -11,6 +11,7 @@ import typer
 
 from ..errors import CtxlockError
 from . import budget as budget_cmds
+from . import cachereport as cachereport_cmds
 from . import compaction as compaction_cmds
 from . import constrain as constrain_cmds
 from . import count as count_cmds
@@ -42,6 +43,7 @@ constrain_cmds.register(app)
 toolcalls_cmds.register(app)
 usage_cmds.register(app)
 count_cmds.register(app)
+cachereport_cmds.register(app)
 
 
 # The exit statuses every command follows (the README's "Errors and exit statuses" lists them).

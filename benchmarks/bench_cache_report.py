@@ -1,0 +1,106 @@
+"""`cache-report` on a long session against the naive method, in one process, with identical figures.
+
+    python benchmarks/bench_cache_report.py [--turns 200] [--provider vllm|openai]
+
+The session is a support chat (a fixed ~520-token system prompt, two tools, one question and one answer per turn),
+replayed turn by turn as a chat server receives it: every request holds the whole history. ctxlock's report
+encodes each request through the prefix-reusing encoder (only the new turn's bytes reach the tokenizer) and finds
+the longest earlier prefix by chained 16-token block hashes. The naive method tokenizes every request from scratch
+(the reference path, no caches) and compares its ids with every earlier request's, token by token. Both give each
+turn's common prefix and cache split; the script checks they are identical, then prints both times and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import artifacts
+import ctxlock
+from ctxlock.cli.cachereport import build_turns
+from ctxlock.promptcache import cached_split, session_report
+from ctxlock.settings import reference_path
+from ctxlock.template import ChatTemplate
+
+TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
+FIXED = (
+    "You are the support assistant of a hardware shop. Answer precisely, cite the order number when the customer "
+    "gives one, never invent stock levels, and ask one question at a time when something is missing. "
+) * 12
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name} tool.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    }
+    for name in ("search", "weather")
+]
+
+
+def session(turns: int) -> list[tuple[dict, None, float]]:
+    out = []
+    msgs: list[dict] = [{"role": "system", "content": FIXED}]
+    for t in range(turns):
+        msgs.append(
+            {"role": "user", "content": f"Question {t}: is item {t * 7} in stock, and what about its spare parts?"}
+        )
+        out.append(({"messages": list(msgs), "tools": TOOLS}, None, 10.0 * t))
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"Item {t * 7} is in stock with {t % 9 + 1} left; spares ship in {t % 4 + 2} days.",
+            }
+        )
+    return out
+
+
+def naive(model: ctxlock.Model, template: ChatTemplate, sess: list, provider: str) -> list[tuple[int, object]]:
+    out = []
+    earlier: list[list[int]] = []
+    with reference_path():
+        for request, _, _ in sess:
+            ids = model.encode(request, template=template)["input_ids"][0].tolist()
+            common = 0
+            for prev in earlier:
+                n = 0
+                for a, b in zip(ids, prev, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                common = max(common, n)
+            earlier.append(ids)
+            out.append((common, cached_split(provider, len(ids), common)))  # type: ignore[arg-type]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--provider", default="vllm", choices=["vllm", "openai"])
+    args = ap.parse_args()
+    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model.warm_up()
+    template = ChatTemplate((artifacts.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)
+    sess = session(args.turns)
+    ctxlock.clear_caches()  # the request caches start empty (the scope argument comes with the cache registry)
+    t0 = time.perf_counter()
+    reports = session_report(build_turns(model, sess, {"template": template}), args.provider, ttl=None)  # type: ignore[arg-type]
+    ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reference = naive(model, template, sess, args.provider)
+    slow = time.perf_counter() - t0
+    assert [(r.common_prefix, r.split) for r in reports] == reference, "the two methods disagree"
+    tokens = sum(r.input_tokens for r in reports)
+    print(f"{args.turns} turns, {tokens:,} input tokens in all ({args.provider}); identical figures")
+    print(f"  cache-report {ours:.3f} s   naive {slow:.3f} s   ratio {slow / ours:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

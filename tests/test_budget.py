@@ -14,7 +14,8 @@ import ctxlock
 from ctxlock.budget import BudgetPolicy, clamp_max_tokens, fit_context, segments
 from ctxlock.errors import BudgetError, BudgetExceeded
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate
+from ctxlock.settings import reference_path
+from ctxlock.template import ChatTemplate, SpecialTokenPolicy
 
 WORDS = ["the", "sky", "is", "blue", "天空", "为什么", "code", "def", "x", "Rayleigh", "😀", "\n"]
 
@@ -231,17 +232,25 @@ def edits(draw) -> tuple[str, str]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pair=edits())
 def test_incremental_count_equals_a_full_tokenization(llama_tok, pair: tuple[str, str]) -> None:
+    # The counting service fit_context and plan_compaction count through: counted against a base text (the last
+    # kept candidate), a text gives the full tokenization's count, as on the reference path.
     from types import SimpleNamespace
 
-    from ctxlock.budget import _RunCache
+    from ctxlock._counting import TokenCounter, splittable
 
     base, cand = pair
-    cache = _RunCache(llama_tok)
-    assert cache.plain
-    cache.rebase(SimpleNamespace(text=base, untrusted=()))
+    assert splittable(llama_tok.added_tokens)
+
+    def rendered(text: str) -> SimpleNamespace:
+        return SimpleNamespace(text=text, untrusted=(), policy=SpecialTokenPolicy.TEXT)
+
     expected = len(llama_tok.encode(cand, parse_special=True))
-    assert len(cache.encode(SimpleNamespace(text=cand, untrusted=()))) == expected
-    assert cache.count(SimpleNamespace(text=cand, untrusted=())) == expected
+    assert TokenCounter(llama_tok).count(rendered(cand)) == expected
+    counter = TokenCounter(llama_tok)
+    assert counter.rebase(rendered(base)) == len(llama_tok.encode(base, parse_special=True))
+    assert counter.count(rendered(cand)) == expected
+    with reference_path():
+        assert TokenCounter(llama_tok).count(rendered(cand)) == expected
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

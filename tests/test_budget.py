@@ -253,6 +253,37 @@ def test_incremental_count_equals_a_full_tokenization(llama_tok, pair: tuple[str
         assert TokenCounter(llama_tok).count(rendered(cand)) == expected
 
 
+@st.composite
+def chains(draw) -> list[str]:
+    texts = [draw(st.lists(st.sampled_from(PIECES), max_size=40))]
+    for _ in range(draw(st.integers(1, 4))):
+        cand = list(texts[-1])
+        for _ in range(draw(st.integers(1, 2))):
+            i = draw(st.integers(0, len(cand)))
+            j = draw(st.integers(i, min(len(cand), i + 4)))
+            cand[i:j] = draw(st.lists(st.sampled_from(PIECES), max_size=6))
+        texts.append(cand)
+    return ["".join(t) for t in texts]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=chains())
+def test_counts_along_a_chain_of_kept_texts(llama_tok, texts: list[str]) -> None:
+    # As fit_context keeps candidate after candidate: each text is counted against the last kept one, then kept
+    # (the base is spliced from the count, not scanned again); every count is the full tokenization's.
+    from types import SimpleNamespace
+
+    from ctxlock._counting import TokenCounter
+
+    counter = TokenCounter(llama_tok)
+    for k, text in enumerate(texts):
+        rendered = SimpleNamespace(text=text, untrusted=(), policy=SpecialTokenPolicy.TEXT)
+        expected = len(llama_tok.encode(text, parse_special=True))
+        assert counter.count(rendered) == expected
+        if k % 2 == 0 or k == 1:
+            assert counter.rebase(rendered) == expected
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=conversations(), budget=st.integers(40, 900))
 def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:

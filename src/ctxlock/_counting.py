@@ -33,8 +33,9 @@ request-sourced control strings (`rendered.untrusted`), the count is the tokeniz
 from __future__ import annotations
 
 import bisect
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +72,31 @@ class _Base:
 
     text: str
     starts: list[int]
-    ends: list[int]  # parallel to starts
+    ends: list[int]  # parallel to starts, increasing
     cum: list[int]  # parallel to starts
-    cum_at_end: dict[int, int]  # control-token end offset -> tokens up to and including that control token
     total: int
+
+    def spliced(self, text: str, k: int, scanned: _Scanned, j: int | None, shift: int, total: int) -> _Base:
+        """The split of `text`, which shares this one's control tokens up to k, then has the `scanned` ones, then
+        (when the scan came back in step at this one's control token j) this one's after j, moved by `shift`."""
+        starts = self.starts[: k + 1] + scanned.starts
+        ends = self.ends[: k + 1] + scanned.ends
+        cum = self.cum[: k + 1] + scanned.cum
+        if j is not None:
+            delta = total - self.total
+            starts += [x + shift for x in self.starts[j + 1 :]]
+            ends += [x + shift for x in self.ends[j + 1 :]]
+            cum += [x + delta for x in self.cum[j + 1 :]]
+        return _Base(text, starts, ends, cum, total)
+
+
+@dataclass
+class _Scanned:
+    """The control tokens a count scanned past the shared part: where each starts and ends, and the running count."""
+
+    starts: list[int]
+    ends: list[int]
+    cum: list[int]
 
 
 class TokenCounter:
@@ -84,38 +106,54 @@ class TokenCounter:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._base: _Base | None = None
+        # The last rendered text counted, its count, and how to make it the base without scanning it again.
+        self._last: tuple[Rendered, int, Callable[[], _Base] | None] | None = None
         self._regex: re.Pattern[str] | None = None
-        self._ids: dict[str, int] = {}
         self._longest = 0
         # None: every count is the tokenizer stage's (the reference path, or a split this module cannot prove).
         self._encode: Any = None
         if fast_enabled() and splittable(tokenizer.added_tokens):
             controls = [t for t in tokenizer.added_tokens if t.control]
             self._regex = longest_first(t.content for t in controls)
-            self._ids = {t.content: t.id for t in controls}
             self._longest = max((len(t.content) for t in controls), default=0)
             self._encode = run_encoder(tokenizer)
 
     def count(self, rendered: Rendered) -> int:
         """`len(tokenize(rendered, tokenizer).ids)`, looking only at what differs from the base when there is one."""
+        text = rendered.text
+        build: Callable[[], _Base] | None = None
         if self._encode is None or rendered.untrusted:
-            return len(tokenize(rendered, self.tokenizer).ids)
-        if self._base is not None and self._regex is not None:
-            return self._against_base(rendered.text, self._base)
-        return self._scan(rendered.text, 0, 0)
+            n = len(tokenize(rendered, self.tokenizer).ids)
+        elif self._base is not None:
+            n, build = self._against_base(text, self._base)
+        else:
+            split = self._split(text)
+            n = split.total
+            if self._regex is not None:
+                build = functools.partial(_unchanged, split)
+        self._last = (rendered, n, build)
+        return n
 
     def rebase(self, rendered: Rendered) -> int:
-        """Count `rendered` and make it the text later counts are compared with."""
-        self._base = None
-        if self._encode is None or rendered.untrusted or self._regex is None:
-            return self.count(rendered)
-        text = rendered.text
+        """Count `rendered` and make it the text later counts are compared with (the text counted last is not
+        counted again)."""
+        last = self._last
+        if last is None or last[0] is not rendered:
+            self.count(rendered)
+            last = self._last
+            assert last is not None
+        n, build = last[1], last[2]
+        self._base = None if rendered.untrusted or build is None else build()
+        return n
+
+    def _split(self, text: str) -> _Base:
+        """`text` scanned from its start: its control tokens and its count, run by run."""
         starts: list[int] = []
         ends: list[int] = []
         cum: list[int] = []
         n = 0
         pos = 0
-        for m in self._regex.finditer(text):
+        for m in self._regex.finditer(text) if self._regex is not None else ():
             if m.start() > pos:
                 n += len(self._encode(text[pos : m.start()], pos == 0))
             n += 1
@@ -125,22 +163,10 @@ class TokenCounter:
             pos = m.end()
         if pos < len(text):
             n += len(self._encode(text[pos:], pos == 0))
-        self._base = _Base(text, starts, ends, cum, dict(zip(ends, cum, strict=True)), n)
-        return n
+        return _Base(text, starts, ends, cum, n)
 
-    def _scan(self, text: str, pos: int, n: int) -> int:
-        """`n` plus the tokens of `text[pos:]`, where `pos` is 0 or the end of a control token."""
-        if self._regex is not None:
-            for m in self._regex.finditer(text, pos):
-                if m.start() > pos:
-                    n += len(self._encode(text[pos : m.start()], pos == 0))
-                n += 1
-                pos = m.end()
-        if pos < len(text):
-            n += len(self._encode(text[pos:], pos == 0))
-        return n
-
-    def _against_base(self, text: str, base: _Base) -> int:
+    def _against_base(self, text: str, base: _Base) -> tuple[int, Callable[[], _Base]]:
+        """The count of `text` from the base's, and how to make `text` the base."""
         assert self._regex is not None
         old = base.text
         p = common_prefix(old, text)
@@ -151,18 +177,28 @@ class TokenCounter:
         n = base.cum[k] if k >= 0 else 0
         shift = len(text) - len(old)
         tail = len(text) - q
+        scanned = _Scanned([], [], [])
         for m in self._regex.finditer(text, pos):
             if m.start() > pos:
                 n += len(self._encode(text[pos : m.start()], pos == 0))
             n += 1
             pos = m.end()
+            scanned.starts.append(m.start())
+            scanned.ends.append(pos)
+            scanned.cum.append(n)
             if pos >= tail:
-                synced = base.cum_at_end.get(pos - shift)
-                if synced is not None:
-                    return n + base.total - synced
+                # Back in step with the base where the base also ends a control token: the rest is the base's.
+                j = bisect.bisect_left(base.ends, pos - shift)
+                if j < len(base.ends) and base.ends[j] == pos - shift:
+                    total = n + base.total - base.cum[j]
+                    return total, functools.partial(base.spliced, text, k, scanned, j, shift, total)
         if pos < len(text):
             n += len(self._encode(text[pos:], pos == 0))
-        return n
+        return n, functools.partial(base.spliced, text, k, scanned, None, shift, n)
+
+
+def _unchanged(base: _Base) -> _Base:
+    return base
 
 
 def common_prefix(a: str, b: str) -> int:

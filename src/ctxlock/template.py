@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 
 from . import mistral, taint
-from .caches import memoize
+from .caches import memoize, register
 from .errors import (
     ContentFormatError,
     ControlTokenError,
@@ -994,6 +994,7 @@ def role_markers(
 
 
 _ROLE_WARNINGS: dict[tuple[Any, ...], tuple[FrozenDict, ...]] = {}
+register("template.role_warnings", size=_ROLE_WARNINGS.__len__, clear=_ROLE_WARNINGS.clear, scope="artifact")
 
 
 def _role_warnings(

@@ -352,6 +352,28 @@ def test_plans_are_the_same_on_the_reference_path(qwen: Any, nemo: ctxlock.Model
         assert message_tokens(req, model, template=template) == sizes
 
 
+def test_sizes_on_a_vocabulary_with_stripping_control_tokens() -> None:
+    # Phi-3's rstrip control tokens take the whitespace after them: the counting service widens its split the same
+    # way, and the sizes are the reference path's.
+    model = ctxlock.load(str(artifacts.gguf_path("phi-3")))
+    assert any(t.rstrip for t in model.tokenizer.added_tokens if t.control)
+    conv = {
+        "messages": [
+            {"role": "user", "content": "  Why is the sky blue?\n"},
+            {"role": "assistant", "content": "\n Rayleigh scattering. "},
+            {"role": "user", "content": "\tAnd at sunset? "},
+            {"role": "assistant", "content": "Longer paths."},
+            {"role": "user", "content": " Thanks "},
+        ]
+    }
+    fast = plan_compaction(conv, model, context_window=4096, keep_recent_tokens=12)
+    sizes = message_tokens(conv, model)
+    with reference_path():
+        assert plan_compaction(conv, model, context_window=4096, keep_recent_tokens=12) == fast
+        assert message_tokens(conv, model) == sizes
+    assert fast.tokens_before == len(model.run(conv).tokenized.ids)
+
+
 # ------------------------------------------------------------------------------------------------ applying
 
 

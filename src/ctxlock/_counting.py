@@ -24,10 +24,13 @@ common suffix at an offset where the base also ends one. The rest is the base's 
 base (compaction's T(i)) costs the scan of its last run or two; a candidate with one more history turn (budget)
 costs the runs of that turn.
 
-The split is done here only when it provably finds what the tokenizer extracts (as `HFTokenizer.split_controls`
-proves it): every control token is matched on raw text as it is (no `normalized`, `lstrip`, `rstrip`,
-`single_word`), no two share a string, and no other added token can overlap one. Otherwise, and for a text holding
-request-sourced control strings (`rendered.untrusted`), the count is the tokenizer stage's.
+The split is done here only when it finds what the tokenizer extracts (`splittable`, the argument of
+`HFTokenizer.split_controls`): every control token is matched on raw text (no `normalized`, `single_word`), no two
+share a string, and no other added token can overlap one. An `lstrip`/`rstrip` control token takes the whitespace
+beside it (Rust's `char::is_whitespace`, as `tokenizers` strips; `tests/security/test_sec_strip_tokens.py` checks
+the counts against transformers); such a vocabulary is counted run by run without a base, since a stripping match
+is not its literal string. Otherwise, and for a text holding request-sourced control strings (`rendered.untrusted`),
+the count is the tokenizer stage's.
 """
 
 from __future__ import annotations
@@ -45,12 +48,20 @@ from .tokenizer import AddedToken, Tokenizer, tokenize
 from .tokenizer.runs import run_encoder
 from .trie import longest_first
 
+# What `tokenizers` strips next to an lstrip/rstrip added token: Rust's `char::is_whitespace` (Unicode White_Space).
+# Python's `str.isspace` also takes U+001C..U+001F, which the tokenizer keeps as text.
+_STRIPPED_WHITESPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+
 
 def splittable(added: Sequence[AddedToken]) -> bool:
-    """Whether a leftmost-longest alternation of the control tokens among `added` finds exactly the control tokens
-    the tokenizer extracts, with the other added tokens left to `encode_text` inside each run."""
+    """Whether a leftmost-longest alternation of the control tokens among `added` (each widened by the whitespace an
+    lstrip/rstrip token takes) finds exactly the control tokens the tokenizer extracts, with the other added tokens
+    left to `encode_text` inside each run."""
     controls = [t for t in added if t.control]
-    if any(t.normalized or t.lstrip or t.rstrip or t.single_word for t in controls):
+    if any(t.normalized or t.single_word for t in controls):
         return False
     contents = [t.content for t in controls]
     if len(set(contents)) != len(contents):
@@ -112,11 +123,15 @@ class TokenCounter:
         self._longest = 0
         # None: every count is the tokenizer stage's (the reference path, or a split this module cannot prove).
         self._encode: Any = None
+        self._stripping: dict[str, AddedToken] = {}  # lstrip/rstrip control tokens by content
         if fast_enabled() and splittable(tokenizer.added_tokens):
             controls = [t for t in tokenizer.added_tokens if t.control]
             self._regex = longest_first(t.content for t in controls)
             self._longest = max((len(t.content) for t in controls), default=0)
+            self._stripping = {t.content: t for t in controls if t.lstrip or t.rstrip}
             self._encode = run_encoder(tokenizer)
+        # Counting against a base needs each control token to be exactly its match.
+        self._incremental = self._regex is not None and not self._stripping
 
     def count(self, rendered: Rendered) -> int:
         """`len(tokenize(rendered, tokenizer).ids)`, looking only at what differs from the base when there is one."""
@@ -129,7 +144,7 @@ class TokenCounter:
         else:
             split = self._split(text)
             n = split.total
-            if self._regex is not None:
+            if self._incremental:
                 build = functools.partial(_unchanged, split)
         self._last = (rendered, n, build)
         return n
@@ -154,16 +169,31 @@ class TokenCounter:
         n = 0
         pos = 0
         for m in self._regex.finditer(text) if self._regex is not None else ():
-            if m.start() > pos:
-                n += len(self._encode(text[pos : m.start()], pos == 0))
+            start, end = m.start(), m.end()
+            if self._stripping:
+                start, end = self._widened(text, m.group(0), start, end, pos)
+            if start > pos:
+                n += len(self._encode(text[pos:start], pos == 0))
             n += 1
-            starts.append(m.start())
-            ends.append(m.end())
+            starts.append(start)
+            ends.append(end)
             cum.append(n)
-            pos = m.end()
+            pos = end
         if pos < len(text):
             n += len(self._encode(text[pos:], pos == 0))
         return _Base(text, starts, ends, cum, n)
+
+    def _widened(self, text: str, content: str, start: int, end: int, pos: int) -> tuple[int, int]:
+        """A match with the whitespace its token strips (back to `pos` at most, the end of the previous one)."""
+        token = self._stripping.get(content)
+        if token is not None:
+            if token.lstrip:
+                while start > pos and text[start - 1] in _STRIPPED_WHITESPACE:
+                    start -= 1
+            if token.rstrip:
+                while end < len(text) and text[end] in _STRIPPED_WHITESPACE:
+                    end += 1
+        return start, end
 
     def _against_base(self, text: str, base: _Base) -> tuple[int, Callable[[], _Base]]:
         """The count of `text` from the base's, and how to make `text` the base."""

@@ -11,10 +11,11 @@ sees them. transformers runs `apply_chat_template(tokenize=True)`; ctxlock runs 
 render with injection marking, tokenize, tensors). Both use the Qwen2 vocabulary (transformers' conversion of
 llama.cpp's GGUF, fetched by scripts/fetch_artifacts.py) and Qwen2.5's template.
 
-Every round starts with `ctxlock.clear_caches()` (run cache, prefix cache, request memo, per-request template
-caches), so `single` measures cold requests and `multiturn` measures what a server gains within one pass. The ids
-of every request are compared before timing. ctxlock is also timed with `CTXLOCK_FAST=0` (the reference path:
-`tokenizers` engine, no caches, provenance always). `--batch` also times `Model.encode_batch` (both cores: a worker
+Every round starts with `ctxlock.clear_caches("request")` (run cache, prefix cache, request memo, per-request
+template caches; compiled templates and loaded vocabularies stay), so `single` measures cold requests and
+`multiturn` measures what a server gains within one pass. The ids of every request are compared before timing.
+ctxlock is also timed with `CTXLOCK_FAST=0` (the reference path: `tokenizers` engine, no caches, provenance
+always). `--batch` also times `Model.encode_batch` (both cores: a worker
 thread makes the native calls) and, for comparison, transformers' own batch form (`apply_chat_template` on a list
 of conversations, tokenized by `tokenizers`' parallel `encode_batch`). The model is warmed up first, as a server
 would at start-up (`Model.warm_up`: the engine check and fastokens built and checked); `CTXLOCK_FASTOKENS=0` keeps
@@ -52,7 +53,7 @@ import corpus
 def _once(fn) -> float:
     import ctxlock
 
-    ctxlock.clear_caches()  # every run starts cold: run cache, prefix cache, request memo, template caches
+    ctxlock.clear_caches("request")  # every run starts cold: run cache, prefix cache, request memo, template caches
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -247,7 +248,7 @@ def main() -> None:
         return model.encode(r, template=template).input_ids[0]
 
     # Identical ids on every request, with the fast paths on and off.
-    ctxlock.clear_caches()
+    ctxlock.clear_caches("request")
     tokens = 0
     for r in requests:
         expected = list(theirs_one(r))

@@ -14,7 +14,8 @@ import ctxlock
 from ctxlock.budget import BudgetPolicy, clamp_max_tokens, fit_context, segments
 from ctxlock.errors import BudgetError, BudgetExceeded
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate
+from ctxlock.settings import reference_path
+from ctxlock.template import ChatTemplate, SpecialTokenPolicy
 
 WORDS = ["the", "sky", "is", "blue", "天空", "为什么", "code", "def", "x", "Rayleigh", "😀", "\n"]
 
@@ -231,17 +232,56 @@ def edits(draw) -> tuple[str, str]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pair=edits())
 def test_incremental_count_equals_a_full_tokenization(llama_tok, pair: tuple[str, str]) -> None:
+    # The counting service fit_context and plan_compaction count through: counted against a base text (the last
+    # kept candidate), a text gives the full tokenization's count, as on the reference path.
     from types import SimpleNamespace
 
-    from ctxlock.budget import _RunCache
+    from ctxlock._counting import TokenCounter, splittable
 
     base, cand = pair
-    cache = _RunCache(llama_tok)
-    assert cache.plain
-    cache.rebase(SimpleNamespace(text=base, untrusted=()))
+    assert splittable(llama_tok.added_tokens)
+
+    def rendered(text: str) -> SimpleNamespace:
+        return SimpleNamespace(text=text, untrusted=(), policy=SpecialTokenPolicy.TEXT)
+
     expected = len(llama_tok.encode(cand, parse_special=True))
-    assert len(cache.encode(SimpleNamespace(text=cand, untrusted=()))) == expected
-    assert cache.count(SimpleNamespace(text=cand, untrusted=())) == expected
+    assert TokenCounter(llama_tok).count(rendered(cand)) == expected
+    counter = TokenCounter(llama_tok)
+    assert counter.rebase(rendered(base)) == len(llama_tok.encode(base, parse_special=True))
+    assert counter.count(rendered(cand)) == expected
+    with reference_path():
+        assert TokenCounter(llama_tok).count(rendered(cand)) == expected
+
+
+@st.composite
+def chains(draw) -> list[str]:
+    texts = [draw(st.lists(st.sampled_from(PIECES), max_size=40))]
+    for _ in range(draw(st.integers(1, 4))):
+        cand = list(texts[-1])
+        for _ in range(draw(st.integers(1, 2))):
+            i = draw(st.integers(0, len(cand)))
+            j = draw(st.integers(i, min(len(cand), i + 4)))
+            cand[i:j] = draw(st.lists(st.sampled_from(PIECES), max_size=6))
+        texts.append(cand)
+    return ["".join(t) for t in texts]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=chains())
+def test_counts_along_a_chain_of_kept_texts(llama_tok, texts: list[str]) -> None:
+    # As fit_context keeps candidate after candidate: each text is counted against the last kept one, then kept
+    # (the base is spliced from the count, not scanned again); every count is the full tokenization's.
+    from types import SimpleNamespace
+
+    from ctxlock._counting import TokenCounter
+
+    counter = TokenCounter(llama_tok)
+    for k, text in enumerate(texts):
+        rendered = SimpleNamespace(text=text, untrusted=(), policy=SpecialTokenPolicy.TEXT)
+        expected = len(llama_tok.encode(text, parse_special=True))
+        assert counter.count(rendered) == expected
+        if k % 2 == 0 or k == 1:
+            assert counter.rebase(rendered) == expected
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -35,6 +35,7 @@ from ctxlock.compaction import (
 )
 from ctxlock.errors import BudgetError
 from ctxlock.request import Request
+from ctxlock.settings import reference_path
 from ctxlock.template import ChatTemplate
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
@@ -325,6 +326,52 @@ def test_random_conversations_cut_at_valid_points(qwen: Any, data: st.DataObject
         out = apply_compaction(req, plan, first, turn_prefix_summary=second)
         exact = len(model.run(out, template=template).tokenized.ids)
         assert abs(exact - plan.estimated_tokens_after) <= SUMMARY_TOKENS_TOLERANCE
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_plans_are_the_same_on_the_reference_path(qwen: Any, nemo: ctxlock.Model, data: st.DataObject) -> None:
+    # The counting service against the tokenizer stage itself (CTXLOCK_FAST=0): the same plan and sizes, on Qwen's
+    # template (prefixes of the full render) and on Mistral's (prefixes that are not).
+    use_qwen = data.draw(st.booleans(), label="qwen")
+    model, template = qwen if use_qwen else (nemo, None)
+    conv = Conversation(system=data.draw(st.sampled_from([None, "sys"])))
+    for _ in range(data.draw(st.integers(1, 4))):
+        conv.user(data.draw(st.integers(1, 60)))
+        for _ in range(data.draw(st.integers(0, 2 if use_qwen else 1))):  # Mistral's roles alternate
+            if use_qwen and data.draw(st.booleans()):
+                conv.tools(*data.draw(st.lists(st.integers(1, 80), min_size=1, max_size=2)))
+            else:
+                conv.say(data.draw(st.integers(1, 40)))
+    req = conv.request()
+    keep = data.draw(st.integers(0, 400))
+    fast = plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, template=template)
+    sizes = message_tokens(req, model, template=template)
+    with reference_path():
+        assert plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, template=template) == fast
+        assert message_tokens(req, model, template=template) == sizes
+
+
+def test_sizes_on_a_vocabulary_with_stripping_control_tokens() -> None:
+    # Phi-3's rstrip control tokens take the whitespace after them: the counting service widens its split the same
+    # way, and the sizes are the reference path's.
+    model = ctxlock.load(str(artifacts.gguf_path("phi-3")))
+    assert any(t.rstrip for t in model.tokenizer.added_tokens if t.control)
+    conv = {
+        "messages": [
+            {"role": "user", "content": "  Why is the sky blue?\n"},
+            {"role": "assistant", "content": "\n Rayleigh scattering. "},
+            {"role": "user", "content": "\tAnd at sunset? "},
+            {"role": "assistant", "content": "Longer paths."},
+            {"role": "user", "content": " Thanks "},
+        ]
+    }
+    fast = plan_compaction(conv, model, context_window=4096, keep_recent_tokens=12)
+    sizes = message_tokens(conv, model)
+    with reference_path():
+        assert plan_compaction(conv, model, context_window=4096, keep_recent_tokens=12) == fast
+        assert message_tokens(conv, model) == sizes
+    assert fast.tokens_before == len(model.run(conv).tokenized.ids)
 
 
 # ------------------------------------------------------------------------------------------------ applying

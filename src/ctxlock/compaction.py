@@ -22,12 +22,12 @@ call and its results are kept or summarized together. System and developer messa
 Sizes are exact for the model: message i costs T(i+1) - T(i), where T(i) is the token count of
 `messages[:i]` rendered with the model's template (no generation prompt) and tokenized (T(0) = 0). T is measured
 on demand, not for every prefix: the walk back gallops (1, 2, 4, ... messages from the end) and then bisects, so a
-plan costs O(log n) prefix renders, plus one render and tokenization of the whole request. A prefix's count needs
-no tokenization when its text is a prefix of the full render ending at a trusted control token: the tokenizer
-stage splits there and the runs between control tokens are independent (ARCHITECTURE, "Safety"), so the count is
-the full tokenization's id index at that control token. Any other prefix is tokenized in full, so counts are exact
-either way. The bisection assumes T grows with i (true when a template appends turns); a template that rewrites
-earlier turns when a message is added (dropping past reasoning, say) still gets a valid crossing point.
+plan costs O(log n) prefix renders, plus one render and count of the whole request. Counts go through the counting
+service (`_counting.TokenCounter`), measured against the whole request's render: the runs between control tokens
+are tokenized independently, so a prefix's count needs only its last runs looked at (through the shared run
+cache); on the reference path (`CTXLOCK_FAST=0`) every count is the tokenizer stage's. Counts are exact either way.
+The bisection assumes T grows with i (true when a template appends turns); a template that rewrites earlier turns
+when a message is added (dropping past reasoning, say) still gets a valid crossing point.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._counting import TokenCounter
 from .errors import BudgetError
 from .model import Model, RequestLike
 from .request import Message, Request
-from .template import aware_clock
+from .template import Rendered, aware_clock
 
 __all__ = [
     "COMPACTION_REASONS",
@@ -178,50 +179,21 @@ def plan_problems(plan: CompactionPlan, context_window: int) -> tuple[str, ...]:
 class _PrefixTokens:
     """T(i): exact token counts of the conversation prefixes `messages[:i]`, measured on demand and memoized.
 
-    `full` is the tokenized render of the whole request with the caller's options. Each trusted control token of it
-    gives a point where the tokenizer splits, with the number of ids before it; a prefix whose text is `full`'s
-    text up to such a point has that many ids, with no tokenization.
+    Each prefix is rendered and counted by the counting service against the render of the whole request with the
+    caller's options (`full`): a prefix's text shares all of its beginning with it, so only its last runs are looked
+    at (`_counting`), and the count is the tokenizer stage's either way.
     """
 
-    def __init__(self, model: Model, request: Request, options: dict[str, Any], full_text: str, ids: Any) -> None:
+    def __init__(self, model: Model, request: Request, options: dict[str, Any], full: Rendered) -> None:
         self.model, self.request, self.options = model, request, options
-        self.full_text = full_text
+        self.tokens = TokenCounter(model.tokenizer)
+        self.total = self.tokens.rebase(full)  # the whole request's count, with the caller's options
         self.counts: dict[int, int] = {0: 0}
-        self.renders = 0
-        self.tokenizations = 0
-        self.splits = self._split_points(full_text, ids)
-
-    def _split_points(self, text: str, tokenized: Any) -> dict[int, int]:
-        ids = tokenized.ids
-        points = {len(text): len(ids)}
-        added = {t.id: t for t in self.model.tokenizer.added_tokens}
-        wanted = {m.id for m in tokenized.control}
-        positions = [p for p, i in enumerate(ids) if i in wanted]
-        # Each trusted match is one id; if the ids do not line up one to one, use no shortcut at all.
-        if len(positions) != len(tokenized.control) or any(
-            ids[p] != m.id for p, m in zip(positions, tokenized.control, strict=True)
-        ):
-            return points
-        for p, m in zip(positions, tokenized.control, strict=True):
-            token = added.get(m.id)
-            # An lstrip/rstrip token absorbs neighbouring whitespace, so the text beside it is not a separate run.
-            if token is None or not token.lstrip:
-                points.setdefault(m.start, p)
-            if token is None or not token.rstrip:
-                points.setdefault(m.end, p + 1)
-        return points
 
     def __call__(self, i: int) -> int:
         if i not in self.counts:
             prefix = dataclasses.replace(self.request, messages=self.request.messages[:i])
-            rendered = self.model.render(prefix, **self.options)
-            self.renders += 1
-            n = len(rendered.text)
-            if self.full_text.startswith(rendered.text) and n in self.splits:
-                self.counts[i] = self.splits[n]
-            else:
-                self.tokenizations += 1
-                self.counts[i] = len(self.model.tokenize(rendered).ids)
+            self.counts[i] = self.tokens.count(self.model.render(prefix, **self.options))
         return self.counts[i]
 
     def size(self, i: int) -> int:
@@ -250,9 +222,7 @@ def _prepare(
 
 
 def _counter(model: Model, req: Request, options: dict[str, Any], prefix_options: dict[str, Any]) -> _PrefixTokens:
-    rendered = model.render(req, **options)
-    tokenized = model.tokenize(rendered)
-    return _PrefixTokens(model, req, prefix_options, rendered.text, tokenized)
+    return _PrefixTokens(model, req, prefix_options, model.render(req, **options))
 
 
 def message_tokens(
@@ -265,8 +235,8 @@ def message_tokens(
 ) -> dict[int, int]:
     """Exact tokens of each message (all, or those in `indexes`): T(i+1) - T(i), as `plan_compaction` measures.
 
-    Costs one prefix render per message asked for (plus one), and a tokenization only where the shortcut does not
-    apply; meant for showing a plan, not for planning.
+    Costs one prefix render per message asked for (plus one), each counted where it differs from the request's
+    render; meant for showing a plan, not for planning.
     """
     req, options, prefix_options = _prepare(request, model, template, render_options)
     count = _counter(model, req, options, prefix_options)
@@ -331,6 +301,31 @@ def _walk_back(count: _PrefixTokens, first: int, n: int, keep: int) -> int | Non
     return above
 
 
+def _cut_point(
+    count: _PrefixTokens, messages: tuple[Message, ...], first: int, i: int, keep: int
+) -> tuple[int, int, bool]:
+    """Where to cut, given i, the message at which the walk back reached `keep` tokens: (the cut, the start of the
+    turn holding i, whether the cut is plain history, at a user message or before the first one)."""
+    roles = [m.role for m in messages]
+    n = len(messages)
+    breaks = _unit_breaks(messages)
+
+    def valid(c: int) -> bool:
+        return roles[c] in _CUT_ROLES and c not in breaks
+
+    user_start = next((k for k in range(i, first - 1, -1) if roles[k] == "user" and valid(k)), None)
+    start = first if user_start is None else user_start
+    end = next((k for k in range(i + 1, n) if roles[k] == "user" and valid(k)), n)
+    if count(end) - count(start) <= keep:
+        cut = start
+    else:
+        # The turn alone is over keep_recent_tokens: cut inside it, at or after i when a valid point exists there.
+        after_i = [c for c in range(max(i, start + 1), end) if valid(c)]
+        before_i = [c for c in range(start + 1, i) if valid(c)]
+        cut = after_i[0] if after_i else (before_i[-1] if before_i else start)
+    return cut, start, cut == start or user_start is None
+
+
 def plan_compaction(
     request: RequestLike,
     model: Model,
@@ -348,8 +343,8 @@ def plan_compaction(
     to `tokens_before` and `estimated_tokens_after`; prefixes are always measured without a generation prompt.
     `estimated_tokens_after` is the exact count of the compacted request with a one-word stand-in summary, less the
     stand-in, plus `summary_tokens`; see `SUMMARY_TOKENS_TOLERANCE`. Cost: one render and tokenization of the
-    request, O(log n) prefix renders (tokenized only when the shortcut does not apply), and one render and
-    tokenization of the compacted request. `context_window` is validated here and used by
+    request, O(log n) prefix renders (each counted where it differs from the request's render), and one render and
+    count of the compacted request. `context_window` is validated here and used by
     `should_compact(plan.tokens_before, context_window, plan.reserve_tokens)`.
     """
     _check_counts(
@@ -362,7 +357,7 @@ def plan_compaction(
         raise BudgetError("context_window must be positive", path="context_window", hint="pass the model's window")
     req, options, prefix_options = _prepare(request, model, template, render_options)
     count = _counter(model, req, options, prefix_options)
-    tokens_before = count.splits[len(count.full_text)]
+    tokens_before = count.total
     messages = req.messages
     n = len(messages)
     roles = [m.role for m in messages]
@@ -389,7 +384,7 @@ def plan_compaction(
         # apart.)
         stand_in = len(model.tokenizer.encode(_STAND_IN)) * (2 if split else 1)
         compacted = _compacted(req, cut, summary_message(_STAND_IN, _STAND_IN if split else None))
-        after = len(model.tokenize(model.render(compacted, **options)).ids) - stand_in + summary_tokens
+        after = count.tokens.count(model.render(compacted, **options)) - stand_in + summary_tokens
         return dataclasses.replace(base, estimated_tokens_after=after)
 
     if not conversation:
@@ -399,22 +394,8 @@ def plan_compaction(
     if i is None:
         return plan(first, [], [], False)
 
-    breaks = _unit_breaks(messages)
-
-    def valid(c: int) -> bool:
-        return roles[c] in _CUT_ROLES and c not in breaks
-
-    user_start = next((k for k in range(i, first - 1, -1) if roles[k] == "user" and valid(k)), None)
-    start = first if user_start is None else user_start
-    end = next((k for k in range(i + 1, n) if roles[k] == "user" and valid(k)), n)
-    if count(end) - count(start) <= keep_recent_tokens:
-        cut = start
-    else:
-        # The turn alone is over keep_recent_tokens: cut inside it, at or after i when a valid point exists there.
-        after_i = [c for c in range(max(i, start + 1), end) if valid(c)]
-        before_i = [c for c in range(start + 1, i) if valid(c)]
-        cut = after_i[0] if after_i else (before_i[-1] if before_i else start)
-    if cut == start or user_start is None:
+    cut, start, plain = _cut_point(count, messages, first, i, keep_recent_tokens)
+    if plain:
         # A cut at a user message, or inside the messages before the first user message (no turn to split: Pi
         # summarizes them as plain history).
         return plan(cut, [k for k in conversation if k < cut], [], False)

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from . import caches
 from .artifacts import ModelArtifacts, load_artifacts
 from .errors import OptionError, TemplateNotFoundError
-from .request import Dialect, Request, ToolArguments, Utf8Policy, clear_request_memo, parse_request
+from .request import Dialect, Request, ToolArguments, Utf8Policy, parse_request
 from .template import (
     DEFAULT_LIMITS,
     ChatTemplate,
@@ -19,7 +20,6 @@ from .template import (
     RenderLimits,
     SpecialTokenPolicy,
     TemplateSet,
-    clear_request_caches,
     render,
 )
 from .tensors import (
@@ -32,8 +32,6 @@ from .tensors import (
     tensors_as,
 )
 from .tokenizer import Tokenized, Tokenizer, encode_ids, encode_ids_batch, tokenize
-from .tokenizer.prefix import clear_prefix_caches
-from .tokenizer.runs import RUNS
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -304,14 +302,12 @@ class Model:
         }
 
 
-def clear_caches() -> None:
-    """Empty every process-wide cache of ctxlock's fast paths: the token-run cache, each tokenizer's prefix cache,
-    the request memo and the per-request template caches (compiled templates and loaded models stay). Results never
-    depend on these caches; benchmarks call this so that each round starts cold."""
-    RUNS.clear()
-    clear_prefix_caches()
-    clear_request_caches()
-    clear_request_memo()
+def clear_caches(scope: caches.Scope | None = None) -> None:
+    """Empty every registered in-process cache of ctxlock (`ctxlock.caches`): results never depend on them. With
+    `scope="request"`, only the caches of values derived from requests (token runs, prefixes, the request memo,
+    converted messages and tools), keeping compiled templates and loaded vocabularies: what the benchmarks call
+    before each cold round. `scope="artifact"` empties only the latter."""
+    caches.clear_caches(scope)
 
 
 def load(model: str | None = None, *, tokenizer_pipeline: str = "class") -> Model:

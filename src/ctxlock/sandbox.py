@@ -52,6 +52,7 @@ import jinja2.utils
 from jinja2.utils import _PassArg
 
 from . import taint
+from .caches import LRU
 from .settings import cache_root
 from .taint import Tainted
 
@@ -369,13 +370,13 @@ class _TemplateNamespace(jinja2.utils.Namespace):
             )
 
 
-_TOJSON_MEMO: dict[tuple[Any, ...], tuple[Any, str]] = {}
+# A chat's tools are the same (memoized, immutable) dicts every turn: their JSON is kept by identity (an entry holds
+# the object, so its id cannot be reused) and by the control-token set that decided its provenance.
+_TOJSON_MEMO: LRU[tuple[Any, ...], tuple[Any, str]] = LRU("sandbox.tojson", max_items=4096)
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
-    # Matches transformers' tojson: no HTML escaping, and the json.dumps options exposed. A chat's tools are the same
-    # (memoized, immutable) dicts every turn: their JSON is kept by identity (the memo holds the object, so its id
-    # cannot be reused) and by the control-token set that decided its provenance.
+    # Matches transformers' tojson: no HTML escaping, and the json.dumps options exposed.
     checker = taint.CHECKER.get()
     key = None
     if isinstance(x, (dict, list)) and isinstance(indent, (int, type(None))) and checker is not None:
@@ -385,15 +386,8 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: 
             return hit[1]
     out = _tojson_uncached(x, ensure_ascii, indent, separators, sort_keys)
     if key is not None:
-        if len(_TOJSON_MEMO) >= 4096:
-            _TOJSON_MEMO.clear()
-        _TOJSON_MEMO[key] = (x, out)
+        _TOJSON_MEMO.put(key, (x, out))
     return out
-
-
-def clear_caches() -> None:
-    """Forget the JSON kept per tool list (`ctxlock.clear_caches`, for cold benchmark rounds)."""
-    _TOJSON_MEMO.clear()
 
 
 def _tojson_uncached(x: Any, ensure_ascii: bool, indent: Any, separators: Any, sort_keys: bool) -> str:
@@ -1145,7 +1139,6 @@ __all__ = [
     "Raised",
     "RenderLimits",
     "check_printable",
-    "clear_caches",
     "compile_source",
     "input_chars",
     "new_environment",

@@ -25,12 +25,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any
 
 import jinja2
 
 from . import mistral, taint
+from .caches import memoize, register
 from .errors import (
     ContentFormatError,
     ControlTokenError,
@@ -59,7 +59,6 @@ from .sandbox import (
     time_limit,
     where,
 )
-from .sandbox import clear_caches as clear_sandbox_caches
 from .trie import longest_first
 
 
@@ -240,7 +239,7 @@ class Rendered:
 # Compiling and running
 
 
-@lru_cache(maxsize=256)
+@memoize("template.compiled", 256, scope="artifact")
 def _compile(source: str, limits: RenderLimits = DEFAULT_LIMITS) -> jinja2.Template:
     try:
         return compile_source(source, limits)
@@ -282,7 +281,7 @@ def _compile_named(template: ChatTemplate, limits: RenderLimits) -> jinja2.Templ
         raise type(exc)(exc.message, path=where + path.removeprefix("template"), hint=exc.hint) from None
 
 
-@lru_cache(maxsize=256)
+@memoize("template.features", 256, scope="artifact")
 def _features(source: str) -> TemplateFeatures:
     return TemplateFeatures(
         tools="tools" in source,
@@ -302,7 +301,7 @@ def _sha256(text: str) -> str:
 # Content format: does the template read a message's content as a list of parts, or as a string?
 
 
-@lru_cache(maxsize=256)
+@memoize("template.content_format", 256, scope="artifact")
 def content_format(source: str) -> ContentFormat:
     """What a template reads a message's content as, from its syntax tree (never by rendering it): `openai` when it
     loops over a message's content (`{% for part in message['content'] %}`; through a filter such as `selectattr`,
@@ -517,7 +516,7 @@ class _TokenSet:
         return self.regex is not None and any(f in s for f in self.firsts) and self.regex.search(s) is not None
 
 
-@lru_cache(maxsize=64)
+@memoize("template.token_set", 64, scope="artifact")
 def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
     tokens = sorted(t for t in all_tokens if t and not t.isspace())
     if not tokens:
@@ -581,7 +580,7 @@ def _template_messages(request: Request) -> list[dict[str, Any]]:
     return [_template_message(m, m.source) for m in request.messages]
 
 
-@lru_cache(maxsize=8192)
+@memoize("template.message", 8192)
 def _template_message(message: Message, source: str) -> dict[str, Any]:
     """A message as templates see it. Memoized (per message and its place in the request): the sandbox is
     immutable, so a template cannot change the dict, and a long chat re-rendered turn after turn (or candidate after
@@ -620,7 +619,7 @@ def _tool_call(tc: dict[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
-@lru_cache(maxsize=256)
+@memoize("template.tools", 256)
 def _template_tools(tools: tuple[Any, ...], dialect: Dialect) -> tuple[dict[str, Any], ...]:
     """A request's tools as templates see them, converted once per distinct tool list: the sandbox is immutable, so
     templates cannot change the shared dicts, and a chat sends the same tools every turn."""
@@ -644,14 +643,6 @@ def _template_tools(tools: tuple[Any, ...], dialect: Dialect) -> tuple[dict[str,
                 t[key] = _tainted(value, join_path(f"tools[{k}]", key))
         out.append(t)
     return tuple(out)
-
-
-def clear_request_caches() -> None:
-    """Forget what was memoized per request value (converted messages and tools), keeping compiled templates:
-    `ctxlock.clear_caches` uses it so that benchmarks start each round cold."""
-    for cached in (_template_tools, _template_message):
-        cached.cache_clear()
-    clear_sandbox_caches()
 
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -1003,6 +994,7 @@ def role_markers(
 
 
 _ROLE_WARNINGS: dict[tuple[Any, ...], tuple[FrozenDict, ...]] = {}
+register("template.role_warnings", size=_ROLE_WARNINGS.__len__, clear=_ROLE_WARNINGS.clear, scope="artifact")
 
 
 def _role_warnings(
@@ -1020,7 +1012,7 @@ def _role_warnings(
     return hit
 
 
-@lru_cache(maxsize=256)
+@memoize("template.role_markers", 256, scope="artifact")
 def _role_markers(
     template: ChatTemplate, special_tokens: FrozenDict, tokens: _TokenSet, limits: RenderLimits = DEFAULT_LIMITS
 ) -> RoleMarkers:

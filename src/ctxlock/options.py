@@ -268,12 +268,10 @@ class RenderOptions:
 
     def to_kwargs(self, *, parse: bool = True) -> dict[str, Any]:
         """The keyword form `Model.render` (and `budget.fit_context`) takes; without the parse options when
-        `parse` is False (for a request already parsed). Default limits are left out."""
+        `parse` is False (for a request already parsed). Tools, documents and limits only when set."""
         out: dict[str, Any] = {
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
-            "tools": thaw(self.tools) if self.tools is not None else None,
-            "documents": thaw(self.documents) if self.documents is not None else None,
             "chat_template_kwargs": self.template_variables() or None,
             "template": self.template,
             "injection": self.injection,
@@ -281,6 +279,10 @@ class RenderOptions:
             "content_format": self.content_format,
             "seed": self.seed,
         }
+        if self.tools is not None:
+            out["tools"] = thaw(self.tools)
+        if self.documents is not None:
+            out["documents"] = thaw(self.documents)
         if self.limits is not None:
             out["limits"] = self.limits
         if parse:
@@ -301,10 +303,10 @@ class RenderOptions:
             continue_final_message=options.get("continue_final_message", False),
             chat_template_kwargs=kwargs if kwargs else None,
             template=template if template is not None else options.get("template_name"),
-            injection=options.get("special_tokens") or SpecialTokenPolicy.TEXT,
+            injection=options.get("special_tokens", SpecialTokenPolicy.TEXT),
             now=datetime.fromisoformat(now) if now else None,
             dialect=options.get("dialect"),
-            utf8=options.get("utf8") or Utf8Policy.STRICT,
+            utf8=options.get("utf8", Utf8Policy.STRICT),
             tool_arguments=options.get("tool_arguments") or ToolArguments.PARSED,
             content_format=options.get("content_format") or ContentFormat.AUTO,
             limits=RenderLimits.from_dict(limits) if limits else None,

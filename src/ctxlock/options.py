@@ -168,7 +168,15 @@ class RenderOptions:
     template layer above this one). `injection` is the policy for control-token strings in request text (the
     CLI's `--special-tokens`). `limits=None` is `DEFAULT_LIMITS`, and is not recorded; a value, even equal to the
     defaults, is (as `--template-timeout` asks). Tools, documents and template variables are stored frozen and
-    reach the template as fresh plain values (`thaw`)."""
+    reach the template as fresh plain values (`thaw`).
+
+    The clock is timezone-aware: `now` (default: the local wall clock, with the local zone; a naive `now` is taken
+    as local time) is recorded with its offset, and `strftime_now` formats its wall time without a zone, as
+    transformers' `datetime.now().strftime(fmt)` does on a machine in that zone at that instant. `seed` (default
+    0) seeds the one random generator a template can draw from (jinja's `random` filter and `lipsum`), so the same
+    inputs give the same text. `content_format` says how content-part lists reach the template (`ContentFormat`):
+    with "auto", a template that reads content as a string gets each all-text list joined with "\n" (vLLM's
+    flattening; transformers passes the list, which such a template cannot read)."""
 
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
@@ -267,26 +275,16 @@ class RenderOptions:
         return dataclasses.replace(base, **changes)
 
     def to_kwargs(self, *, parse: bool = True) -> dict[str, Any]:
-        """The keyword form `Model.render` (and `budget.fit_context`) takes; without the parse options when
-        `parse` is False (for a request already parsed). Tools, documents and limits only when set."""
-        out: dict[str, Any] = {
-            "add_generation_prompt": self.add_generation_prompt,
-            "continue_final_message": self.continue_final_message,
-            "chat_template_kwargs": self.template_variables() or None,
-            "template": self.template,
-            "injection": self.injection,
-            "now": self.now,
-            "content_format": self.content_format,
-            "seed": self.seed,
-        }
-        if self.tools is not None:
-            out["tools"] = thaw(self.tools)
-        if self.documents is not None:
-            out["documents"] = thaw(self.documents)
-        if self.limits is not None:
-            out["limits"] = self.limits
-        if parse:
-            out.update(dialect=self.dialect, utf8=self.utf8, tool_arguments=self.tool_arguments)
+        """The keyword arguments `Model.render` (and `budget.fit_context`) takes for these options: the fields that
+        differ from the defaults, plain (tools, documents and variables thawed); without the parse options when
+        `parse` is False (for a request already parsed)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (not parse and f.name in PARSE_OPTIONS) or value is getattr(_DEFAULT, f.name):
+                continue
+            if value is None or value != getattr(_DEFAULT, f.name):
+                out[f.name] = thaw(value) if isinstance(value, FrozenDict | tuple) else value
         return out
 
     # -- the recorded form (ctxlock.record.RunOptions, whose fields these are)

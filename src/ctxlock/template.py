@@ -355,26 +355,16 @@ def render(
     """Render a request with a chat template, as transformers' `apply_chat_template(tokenize=False)` would.
 
     `options` (`RenderOptions`) is what the caller chose: generation prompt, continuation, tools, documents and
-    template variables (added to those of the request; the caller is trusted), the injection policy, the clock,
-    the seed, the content format and the limits. `template.render`'s keyword form is accepted too
-    (`add_generation_prompt=`, `policy=` for the injection policy, `template_name=`, `now=`, `limits=`, ...).
-    `special_tokens` are the template variables from the tokenizer config (`bos_token`, `eos_token`, ...).
-    `control_tokens` are the vocabulary's added/special token strings: request text may never become one.
-    Provenance is tracked in the one render, per character.
-
-    The clock is timezone-aware: `now` (default: the local wall clock, with the local zone; a naive `now` is taken
-    as local time) is recorded with its offset, and `strftime_now` formats its wall time without a zone, as
-    transformers' `datetime.now().strftime(fmt)` does on a machine in that zone at that instant. `seed` (default 0)
-    seeds the one random generator a template can draw from (jinja's `random` filter and `lipsum`), so the same
-    inputs give the same text; the draws are listed in `Rendered.draws`.
-
-    With `check_roles` (the default), a template whose role markers are plain text for this vocabulary (see
-    `role_markers`) is reported in `Rendered.warnings`, with the template line.
-
-    `content_format` says how content-part lists reach the template (`ContentFormat`): with "auto" (the default),
-    a template that reads content as a string (`content_format(source)`) gets each all-text list joined with "\n"
-    (vLLM's flattening; transformers passes the list, which such a template cannot read), said in
-    `Rendered.warnings` and `Rendered.flattened`; a non-text part (an image) is then a `ContentFormatError`.
+    template variables (added to the request's; the caller is trusted), the injection policy, the clock (`now`;
+    `strftime_now` formats its wall time, and it is recorded with its offset), the seed of the template's one
+    random generator (draws listed in `Rendered.draws`), the content format and the limits. The keyword form
+    (`add_generation_prompt=`, `policy=` for the injection policy, `template_name=`, `now=`, `limits=`, ...) is
+    accepted too. `special_tokens` are the template variables from the tokenizer config (`bos_token`, ...);
+    `control_tokens` the vocabulary's added/special token strings, which request text may never become.
+    Provenance is tracked per character. With `check_roles`, a template whose role markers are plain text for this
+    vocabulary (`role_markers`) is reported in `Rendered.warnings`. Content-part lists reach a template that reads
+    content as a string (`content_format(source)`, option "auto") joined with "\n" (vLLM's flattening), said in
+    `Rendered.warnings` and `Rendered.flattened`; a non-text part is then a `ContentFormatError`.
     """
     opts = _keyword_options(options, keywords) if keywords else options or _DEFAULT_OPTIONS
     fmt_option = content_format_option(opts.content_format)
@@ -395,13 +385,7 @@ def render(
     if policy is SpecialTokenPolicy.RAISE and tokens.regex is not None:
         _refuse_control_tokens(request, tokens)
 
-    clock_calls: list[str] = []
-    wall = clock.replace(tzinfo=None)  # transformers formats a naive local time: %z and %Z are empty
-
-    def strftime_now(fmt: str) -> str:
-        clock_calls.append(fmt)
-        return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
-
+    strftime_now, clock_calls = _strftime_now(clock)
     messages = _template_messages(request)
     fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
     if flattened:
@@ -434,6 +418,18 @@ def render(
         flattened=flattened,
         content_format_detected=str(detected),
     )
+
+
+def _strftime_now(clock: datetime) -> tuple[Any, list[str]]:
+    """The template's `strftime_now`, reading `clock`, and the list of the formats it is called with."""
+    clock_calls: list[str] = []
+    wall = clock.replace(tzinfo=None)  # transformers formats a naive local time: %z and %Z are empty
+
+    def strftime_now(fmt: str) -> str:
+        clock_calls.append(fmt)
+        return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
+
+    return strftime_now, clock_calls
 
 
 _DEFAULT_OPTIONS = RenderOptions()

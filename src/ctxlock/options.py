@@ -194,16 +194,22 @@ class RenderOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # Built on every keyword call of a Model method: the common case (members, nothing to freeze) is checks only.
         set_ = object.__setattr__
-        for name in ("tools", "documents", "chat_template_kwargs"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, FrozenDict | tuple):
-                set_(self, name, freeze(value))
-        set_(self, "injection", _member(SpecialTokenPolicy, self.injection))
-        set_(self, "content_format", _member(ContentFormat, self.content_format))
-        set_(self, "utf8", _member(Utf8Policy, self.utf8))
-        set_(self, "tool_arguments", _member(ToolArguments, self.tool_arguments))
-        if self.dialect is not None:
+        if self.tools is not None or self.documents is not None or self.chat_template_kwargs is not None:
+            for name in ("tools", "documents", "chat_template_kwargs"):
+                value = getattr(self, name)
+                if value is not None and not isinstance(value, FrozenDict | tuple):
+                    set_(self, name, freeze(value))
+        if type(self.injection) is not SpecialTokenPolicy:
+            set_(self, "injection", _member(SpecialTokenPolicy, self.injection))
+        if type(self.content_format) is not ContentFormat:
+            set_(self, "content_format", _member(ContentFormat, self.content_format))
+        if type(self.utf8) is not Utf8Policy:
+            set_(self, "utf8", _member(Utf8Policy, self.utf8))
+        if type(self.tool_arguments) is not ToolArguments:
+            set_(self, "tool_arguments", _member(ToolArguments, self.tool_arguments))
+        if self.dialect is not None and type(self.dialect) is not Dialect:
             set_(self, "dialect", _member(Dialect, self.dialect))
 
     # -- what the stages read
@@ -251,9 +257,8 @@ class RenderOptions:
         """The options `Model.<method>(..., **kwargs)` asks for, over `base` (default: all defaults). A name not in
         `accepted` is an OptionError; `provenance` is accepted and ignored; `special_tokens` (the old name of
         `injection`) is accepted with a DeprecationWarning."""
-        base = _DEFAULT if base is None else base
         if not kwargs:
-            return base
+            return _DEFAULT if base is None else base
         check_options(kwargs, accepted, method)
         changes = dict(kwargs)
         changes.pop("provenance", None)
@@ -272,7 +277,7 @@ class RenderOptions:
                     hint="pass injection= only",
                 )
             changes.setdefault("injection", old)
-        return dataclasses.replace(base, **changes)
+        return cls(**changes) if base is None else dataclasses.replace(base, **changes)
 
     def to_kwargs(self, *, parse: bool = True) -> dict[str, Any]:
         """The keyword arguments `Model.render` (and `budget.fit_context`) takes for these options: the fields that

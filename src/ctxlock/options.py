@@ -154,10 +154,6 @@ def _member(enum: type[StrEnum], value: Any) -> Any:
         return value
 
 
-def _frozen(value: Any) -> Any:
-    return value if value is None or isinstance(value, FrozenDict | tuple) else freeze(value)
-
-
 @dataclass(frozen=True)
 class RenderOptions:
     """What the caller chose for one render (and for reading its request). Every field has the default
@@ -200,7 +196,9 @@ class RenderOptions:
             for name in ("tools", "documents", "chat_template_kwargs"):
                 value = getattr(self, name)
                 if value is not None and not isinstance(value, FrozenDict | tuple):
-                    set_(self, name, freeze(value))
+                    value = freeze(value)
+                # An empty list or mapping renders as None does (nothing added): one value for both.
+                set_(self, name, None if isinstance(value, FrozenDict | tuple) and not value else value)
         if type(self.injection) is not SpecialTokenPolicy:
             set_(self, "injection", _member(SpecialTokenPolicy, self.injection))
         if type(self.content_format) is not ContentFormat:

@@ -15,6 +15,10 @@ What ctxlock adds:
   its characters came from the template's own text (or the tokenizer config's special tokens). Where a template
   mixes request text with a control token of its own in an operation whose output cannot be mapped back, and a
   control token comes out of it, the render is refused (`ControlTokenError`) unless the policy is `keep`.
+
+What the caller chose is one `ctxlock.options.RenderOptions`. The stage's values are in `template_values`, the
+syntax-tree analysis in `template_ast`, what a template sees (tainted messages, joined content parts, the
+continuation tag) in `template_inputs`, and the role-marker probe's parts in `template_roles`.
 """
 
 from __future__ import annotations

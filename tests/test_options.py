@@ -167,6 +167,8 @@ def test_model_methods_take_the_value_or_its_keywords(book: ctxlock.Model) -> No
         book.render(REQUEST, options, add_generation_prompt=False).text
         == book.render(REQUEST, options.replace(add_generation_prompt=False)).text
     )
+    with pytest.raises(TypeError, match="RenderOptions"):
+        book.render(REQUEST, {"seed": 3})  # type: ignore[arg-type]
     with pytest.warns(DeprecationWarning):
         deprecated = book.render(REQUEST, now=options.now, seed=3, special_tokens="keep")
     assert deprecated == by_value.rendered

@@ -340,6 +340,8 @@ def render_options(
     options: RenderOptions | None, kwargs: Mapping[str, Any], accepted: Sequence[str], method: str
 ) -> RenderOptions:
     """What a Model method runs with: `options` (or the defaults) with the keyword arguments over it."""
+    if options is not None and not isinstance(options, RenderOptions):
+        raise TypeError(f"{method}() takes options as a RenderOptions, not {type(options).__name__}")
     return RenderOptions.from_kwargs(kwargs, base=options, accepted=accepted, method=method)
 
 

@@ -33,13 +33,14 @@ when a message is added (dropping past reasoning, say) still gets a valid crossi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from ._counting import TokenCounter
 from .errors import BudgetError
 from .model import Model, RequestLike
+from .options import RENDER_OPTIONS, RenderKwargs, RenderOptions
 from .request import Message, Request
 from .template import Rendered, aware_clock
 
@@ -184,7 +185,7 @@ class _PrefixTokens:
     at (`_counting`), and the count is the tokenizer stage's either way.
     """
 
-    def __init__(self, model: Model, request: Request, options: dict[str, Any], full: Rendered) -> None:
+    def __init__(self, model: Model, request: Request, options: RenderOptions, full: Rendered) -> None:
         self.model, self.request, self.options = model, request, options
         self.tokens = TokenCounter(model.tokenizer)
         self.total = self.tokens.rebase(full)  # the whole request's count, with the caller's options
@@ -193,7 +194,7 @@ class _PrefixTokens:
     def __call__(self, i: int) -> int:
         if i not in self.counts:
             prefix = dataclasses.replace(self.request, messages=self.request.messages[:i])
-            self.counts[i] = self.tokens.count(self.model.render(prefix, **self.options))
+            self.counts[i] = self.tokens.count(self.model.render(prefix, self.options))
         return self.counts[i]
 
     def size(self, i: int) -> int:
@@ -202,27 +203,24 @@ class _PrefixTokens:
 
 
 def _prepare(
-    request: RequestLike, model: Model, template: Any, render_options: dict[str, Any]
-) -> tuple[Request, dict[str, Any], dict[str, Any]]:
-    """The parsed request, the caller's render options (clock fixed), and the options for prefix renders."""
-    options = dict(render_options)
-    dialect = options.pop("dialect", None)
-    utf8 = options.pop("utf8", "strict")
-    req = model.parse(request, dialect=dialect, utf8=utf8, tool_arguments=options.pop("tool_arguments", "parsed"))
+    request: RequestLike,
+    model: Model,
+    template: Any,
+    options: RenderOptions | None,
+    render_options: Mapping[str, Any],
+) -> tuple[Request, RenderOptions, RenderOptions]:
+    """The parsed request, the caller's render options (`options` with the keyword ones over it; clock fixed),
+    and the options for prefix renders. A `template` given here wins over the options' template."""
+    opts = RenderOptions.from_kwargs(render_options, base=options, accepted=RENDER_OPTIONS, method="render")
+    req = opts.parse(request)
     # One clock for every render, so a template that prints the date sees the same one in each prefix.
     # Timezone-aware, like the render's own clock (`template.aware_clock`): the zone is recorded with it.
-    options["now"] = aware_clock(options.get("now"))
-    options["template"] = template
-    prefix_options = {
-        **options,
-        "add_generation_prompt": False,
-        "continue_final_message": False,
-    }
-    return req, options, prefix_options
+    opts = opts.replace(now=aware_clock(opts.now), template=template if template is not None else opts.template)
+    return req, opts, opts.replace(add_generation_prompt=False, continue_final_message=False)
 
 
-def _counter(model: Model, req: Request, options: dict[str, Any], prefix_options: dict[str, Any]) -> _PrefixTokens:
-    return _PrefixTokens(model, req, prefix_options, model.render(req, **options))
+def _counter(model: Model, req: Request, options: RenderOptions, prefix_options: RenderOptions) -> _PrefixTokens:
+    return _PrefixTokens(model, req, prefix_options, model.render(req, options))
 
 
 def message_tokens(
@@ -231,15 +229,17 @@ def message_tokens(
     indexes: Iterable[int] | None = None,
     *,
     template: Any = None,
-    **render_options: Any,
+    options: RenderOptions | None = None,
+    **render_options: Unpack[RenderKwargs],
 ) -> dict[int, int]:
     """Exact tokens of each message (all, or those in `indexes`): T(i+1) - T(i), as `plan_compaction` measures.
+    Takes `plan_compaction`'s render options.
 
     Costs one prefix render per message asked for (plus one), each counted where it differs from the request's
     render; meant for showing a plan, not for planning.
     """
-    req, options, prefix_options = _prepare(request, model, template, render_options)
-    count = _counter(model, req, options, prefix_options)
+    req, opts, prefix_options = _prepare(request, model, template, options, render_options)
+    count = _counter(model, req, opts, prefix_options)
     wanted = range(len(req.messages)) if indexes is None else indexes
     return {i: count.size(i) for i in wanted}
 
@@ -335,12 +335,14 @@ def plan_compaction(
     keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS,
     summary_tokens: int = 1000,
     template: Any = None,
-    **render_options: Any,
+    options: RenderOptions | None = None,
+    **render_options: Unpack[RenderKwargs],
 ) -> CompactionPlan:
     """Plan a compaction of `request` for `model` (see the module docstring for the cut rules).
 
-    `render_options` are `Model.render`'s (`add_generation_prompt`, `chat_template_kwargs`, `now`, ...) and apply
-    to `tokens_before` and `estimated_tokens_after`; prefixes are always measured without a generation prompt.
+    `options` (a `RenderOptions`) and the keyword `render_options` over it are `Model.render`'s
+    (`add_generation_prompt`, `chat_template_kwargs`, `now`, ...) and apply to `tokens_before` and
+    `estimated_tokens_after`; prefixes are always measured without a generation prompt.
     `estimated_tokens_after` is the exact count of the compacted request with a one-word stand-in summary, less the
     stand-in, plus `summary_tokens`; see `SUMMARY_TOKENS_TOLERANCE`. Cost: one render and tokenization of the
     request, O(log n) prefix renders (each counted where it differs from the request's render), and one render and
@@ -355,8 +357,8 @@ def plan_compaction(
     )
     if context_window <= 0:
         raise BudgetError("context_window must be positive", path="context_window", hint="pass the model's window")
-    req, options, prefix_options = _prepare(request, model, template, render_options)
-    count = _counter(model, req, options, prefix_options)
+    req, opts, prefix_options = _prepare(request, model, template, options, render_options)
+    count = _counter(model, req, opts, prefix_options)
     tokens_before = count.total
     messages = req.messages
     n = len(messages)
@@ -384,7 +386,7 @@ def plan_compaction(
         # apart.)
         stand_in = len(model.tokenizer.encode(_STAND_IN)) * (2 if split else 1)
         compacted = _compacted(req, cut, summary_message(_STAND_IN, _STAND_IN if split else None))
-        after = count.tokens.count(model.render(compacted, **options)) - stand_in + summary_tokens
+        after = count.tokens.count(model.render(compacted, opts)) - stand_in + summary_tokens
         return dataclasses.replace(base, estimated_tokens_after=after)
 
     if not conversation:

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from . import caches
 from .artifacts import ModelArtifacts, load_artifacts
-from .errors import OptionError, TemplateNotFoundError
-from .request import Dialect, Request, ToolArguments, Utf8Policy, parse_request
-from .template import (
-    DEFAULT_LIMITS,
-    ChatTemplate,
-    ContentFormat,
-    Rendered,
-    RenderLimits,
-    SpecialTokenPolicy,
-    TemplateSet,
-    render,
+from .errors import TemplateNotFoundError
+from .options import (
+    BATCH_OPTIONS,
+    ENCODE_OPTIONS,
+    RENDER_OPTIONS,
+    RenderKwargs,
+    RenderOptions,
+    check_options,
+    render_options,
 )
+from .request import Dialect, Request, ToolArguments, Utf8Policy, parse_request
+from .template import ChatTemplate, Rendered, TemplateSet, render
 from .tensors import (
     ModelInput,
     PaddingSide,
@@ -34,71 +32,6 @@ from .tensors import (
 from .tokenizer import Tokenized, Tokenizer, encode_ids, encode_ids_batch, tokenize
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
-
-# The keyword arguments each method takes (render's own, then what encode and encode_batch add).
-RENDER_OPTIONS = (
-    "add_generation_prompt",
-    "continue_final_message",
-    "tools",
-    "documents",
-    "chat_template_kwargs",
-    "template",
-    "special_tokens",
-    "now",
-    "dialect",
-    "utf8",
-    "tool_arguments",
-    "content_format",
-    "limits",
-    "provenance",
-    "seed",
-)
-ENCODE_OPTIONS = (*RENDER_OPTIONS, "return_tensors")
-BATCH_OPTIONS = (*ENCODE_OPTIONS, "padding_side", "pad_to_multiple_of")
-
-_FIT = (
-    "ctxlock never cuts a conversation silently: fit it to a token budget with "
-    "ctxlock.budget.fit_context(request, model, BudgetPolicy(max_input_tokens=N)) (CLI: ctxlock fit "
-    "--max-input-tokens N), which keeps whole turns and lists what it dropped"
-)
-_PADDING = "padding is encode_batch's: encode_batch([...], padding_side='left'|'right', pad_to_multiple_of=N)"
-# transformers' apply_chat_template / tokenizer options, and what to use in ctxlock instead.
-_INSTEAD = {
-    "truncation": _FIT,
-    "max_length": _FIT,
-    "padding": "encode_batch pads every row to the longest (padding_side=, pad_to_multiple_of=); "
-    "encode returns one unpadded row",
-    "padding_side": _PADDING,
-    "pad_to_multiple_of": _PADDING,
-    "return_assistant_tokens_mask": "not supported: ctxlock computes no assistant-token mask ({% generation %} "
-    "renders its body unchanged); run(...).rendered.request_spans maps rendered text to the request paths "
-    "(messages[i].content) it came from",
-    "return_dict": "not needed: encode/encode_batch return a ModelInput, a mapping of input_ids, attention_mask "
-    "and position_ids (what return_dict=True gives); render returns a Rendered (.text)",
-    "tokenize": "render() is tokenize=False (Rendered.text); encode() is tokenize=True (a ModelInput of ids)",
-    "return_tensors": "return_tensors is encode's and encode_batch's ('np' or 'pt'); "
-    "run(...).model_input.as_tensors('pt') converts a run's",
-    "chat_template": "pass template=: a name of the model's template set, or a ctxlock.ChatTemplate",
-    "tokenizer_kwargs": "the rendered text is encoded as it is, with control tokens only from the template; "
-    "model.tokenizer.encode(text, ...) takes the tokenizer's own options",
-    "add_special_tokens": "the chat template writes BOS/EOS itself and ctxlock adds none to a rendered chat; "
-    "model.tokenizer.encode(text, add_special_tokens=True) is for raw text",
-    "return_attention_mask": "encode always returns attention_mask (and position_ids) in the ModelInput",
-}
-
-
-def check_options(options: Mapping[str, Any], accepted: Sequence[str], method: str) -> None:
-    """Refuse a keyword argument `method` does not take with an OptionError naming it and saying what to use
-    instead (a transformers option ctxlock does otherwise, or a close match for a typo)."""
-    for name in options:
-        if name in accepted:
-            continue
-        if name in _INSTEAD:
-            hint = _INSTEAD[name]
-        else:
-            close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
-            hint = (f"did you mean {close[0]!r}? " if close else "") + f"{method} takes: {', '.join(accepted)}"
-        raise OptionError(f"{method}() got an unexpected keyword argument {name!r}", path=name, hint=hint)
 
 
 @dataclass(frozen=True)
@@ -161,31 +94,16 @@ class Model:
         return parse_request(request, dialect=dialect, utf8=utf8, tool_arguments=tool_arguments)
 
     def render(
-        self,
-        request: RequestLike,
-        *,
-        add_generation_prompt: bool | None = None,
-        continue_final_message: bool = False,
-        tools: list[dict] | None = None,
-        documents: list[dict] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        template: str | ChatTemplate | None = None,
-        special_tokens: SpecialTokenPolicy | str = SpecialTokenPolicy.TEXT,
-        now: datetime | None = None,
-        dialect: Dialect | str | None = None,
-        utf8: Utf8Policy | str = "strict",
-        tool_arguments: ToolArguments | str = ToolArguments.PARSED,
-        content_format: ContentFormat | str = ContentFormat.AUTO,
-        limits: RenderLimits = DEFAULT_LIMITS,
-        provenance: bool | None = None,
-        seed: int | None = None,
-        **unknown: Any,
+        self, request: RequestLike, options: RenderOptions | None = None, **kwargs: Unpack[RenderKwargs]
     ) -> Rendered:
-        """Render with the model's chat template. Options carry transformers' names.
+        """Render with the model's chat template: `options` (a `RenderOptions`), or its fields as keyword
+        arguments (over `options` when both are given), with transformers' names.
 
         Unlike transformers, `add_generation_prompt` defaults to True (what a model receives at inference),
-        and to False when `continue_final_message` is set. `provenance` is accepted and ignored: provenance is kept
-        per character in the one render (it once chose whether a second render located request strings).
+        and to False when `continue_final_message` is set. `injection` ("text", "keep", "raise") is the policy for
+        control-token strings in request text (`special_tokens=`, its old name, still works, with a
+        DeprecationWarning). `provenance` is accepted and ignored: provenance is kept per character in the one
+        render (it once chose whether a second render located request strings).
         `seed` (default 0) seeds the template's `random` filter and `lipsum`; `now` may carry a UTC offset.
         `tool_arguments="as-sent"` renders string tool-call arguments as sent (transformers) instead of parsed (vLLM).
         `content_format` ("auto", "string", "openai") says whether content-part lists reach the template as sent
@@ -193,58 +111,47 @@ class Model:
         "auto" detects what the template reads from its syntax tree (see `ctxlock.template.content_format`).
         A keyword argument not listed here is an `OptionError` naming it and what to use instead.
         """
-        if unknown:
-            check_options(unknown, RENDER_OPTIONS, "render")
-        req = self.parse(request, dialect=dialect, utf8=utf8, tool_arguments=tool_arguments)
-        if isinstance(template, ChatTemplate):
-            templates: TemplateSet | ChatTemplate = template
-            name = None
+        opts = render_options(options, kwargs, RENDER_OPTIONS, "render")
+        return self._render(opts.parse(request), opts)
+
+    def _render(self, request: Request, opts: RenderOptions) -> Rendered:
+        if isinstance(opts.template, ChatTemplate):
+            templates: TemplateSet | ChatTemplate = opts.template
+        elif self.templates is None:
+            raise TemplateNotFoundError(
+                f"model {self.id!r} has no chat template",
+                path=self.artifacts.source,
+                hint="pass one with --template FILE (or template=ChatTemplate(...))",
+            )
         else:
-            if self.templates is None:
-                raise TemplateNotFoundError(
-                    f"model {self.id!r} has no chat template",
-                    path=self.artifacts.source,
-                    hint="pass one with --template FILE (or template=ChatTemplate(...))",
-                )
-            templates, name = self.templates, template
-        if add_generation_prompt is None:
-            add_generation_prompt = not continue_final_message
+            templates = self.templates
         return render(
-            req,
+            request,
             templates,
-            template_name=name,
+            opts,
             special_tokens=self.artifacts.special_tokens,
             control_tokens=self.tokenizer.control_tokens,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tools=tools,
-            documents=documents,
-            chat_template_kwargs=chat_template_kwargs,
-            policy=special_tokens,
-            now=now,
-            limits=limits,
-            provenance=provenance,
-            seed=seed,
-            content_format=content_format,
         )
 
     def tokenize(self, rendered: Rendered) -> Tokenized:
         return tokenize(rendered, self.tokenizer)
 
-    def run(self, request: RequestLike, **options: Any) -> Run:
+    def run(self, request: RequestLike, options: RenderOptions | None = None, **kwargs: Unpack[RenderKwargs]) -> Run:
         """Every stage's value for one request: the parsed Request, the Rendered text, the Tokenized ids and the
         ModelInput. Takes `render`'s options."""
-        check_options(options, RENDER_OPTIONS, "run")
-        dialect = options.pop("dialect", None)
-        utf8 = options.pop("utf8", "strict")
-        args = options.pop("tool_arguments", ToolArguments.PARSED)
-        req = self.parse(request, dialect=dialect, utf8=utf8, tool_arguments=args)
-        rendered = self.render(req, **options)
+        opts = render_options(options, kwargs, RENDER_OPTIONS, "run")
+        req = opts.parse(request)
+        rendered = self._render(req, opts)
         tokenized = self.tokenize(rendered)
         return Run(req, rendered, tokenized, _assemble_own(tokenized.ids))
 
     def encode(
-        self, request: RequestLike, *, return_tensors: str | None = None, **options: Any
+        self,
+        request: RequestLike,
+        options: RenderOptions | None = None,
+        *,
+        return_tensors: str | None = None,
+        **kwargs: Unpack[RenderKwargs],
     ) -> ModelInput | TorchInput:
         """Request -> ModelInput (batch of one): the ids, mask and positions the model receives; a read-only mapping
         like transformers' BatchEncoding. Takes `render`'s options, and `return_tensors` as transformers does:
@@ -252,33 +159,26 @@ class Model:
 
         Only ids are returned, so they come from `encode_ids` (equal to `run(...).tokenized.ids`, without the list
         of control matches)."""
-        check_options(options, ENCODE_OPTIONS, "encode")
+        opts = render_options(options, kwargs, ENCODE_OPTIONS, "encode")
         check_return_tensors(return_tensors)  # an unsupported value (or no torch) fails before any work
-        dialect = options.pop("dialect", None)
-        utf8 = options.pop("utf8", "strict")
-        args = options.pop("tool_arguments", ToolArguments.PARSED)
-        rendered = self.render(self.parse(request, dialect=dialect, utf8=utf8, tool_arguments=args), **options)
+        rendered = self._render(opts.parse(request), opts)
         return tensors_as(_assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
 
     def encode_batch(
         self,
         requests: Sequence[RequestLike],
+        options: RenderOptions | None = None,
         *,
         padding_side: PaddingSide | str = PaddingSide.LEFT,
         pad_to_multiple_of: int | None = None,
         return_tensors: str | None = None,
-        **options: Any,
+        **kwargs: Unpack[RenderKwargs],
     ) -> ModelInput | TorchInput:
         """Several requests padded into one batch; the pad id comes from the tokenizer config's pad_token.
         `return_tensors` as in `encode`."""
-        check_options(options, BATCH_OPTIONS, "encode_batch")
+        opts = render_options(options, kwargs, BATCH_OPTIONS, "encode_batch")
         check_return_tensors(return_tensors)
-        dialect = options.pop("dialect", None)
-        utf8 = options.pop("utf8", "strict")
-        args = options.pop("tool_arguments", ToolArguments.PARSED)
-        rendered = (
-            self.render(self.parse(r, dialect=dialect, utf8=utf8, tool_arguments=args), **options) for r in requests
-        )
+        rendered = (self._render(opts.parse(r), opts) for r in requests)
         rows = encode_ids_batch(rendered, self.tokenizer)
         batch = assemble_batch(
             rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of

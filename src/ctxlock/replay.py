@@ -8,6 +8,7 @@ where each file is created new, never opened through or in place of an existing 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -17,11 +18,11 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from .artifacts import load_artifacts, load_template_file
+from .budget import BudgetPolicy, fit_context
 from .errors import (
     ArtifactNotFoundError,
     CtxlockError,
@@ -30,7 +31,8 @@ from .errors import (
     RecordFormatError,
     RecordNotFoundError,
 )
-from .model import Model, load
+from .model import Model, Run, load
+from .options import RenderOptions
 from .record import (
     REPLAY_MANIFEST,
     REPLAY_TEMPLATE,
@@ -53,28 +55,15 @@ def run_and_record(
     *,
     template: ChatTemplate | None = None,
 ) -> tuple[Any | None, ExecutionRecord, CtxlockError | None]:
-    """Run the pipeline and build its record; a CtxlockError is recorded too (and returned, not raised)."""
-    kwargs: dict[str, Any] = {
-        "add_generation_prompt": options.add_generation_prompt,
-        "continue_final_message": options.continue_final_message,
-        "chat_template_kwargs": dict(options.chat_template_kwargs) if options.chat_template_kwargs else None,
-        "special_tokens": options.special_tokens,
-        "now": datetime.fromisoformat(options.now) if options.now else None,
-        "dialect": options.dialect,
-        "utf8": options.utf8,
-        "tool_arguments": options.tool_arguments or "parsed",
-        "template": template if template is not None else options.template_name,
-        "seed": options.render_seed,
-        "content_format": options.content_format or "auto",
-    }
-    if options.limits:
-        from .template import RenderLimits
+    """Run the pipeline and build its record; a CtxlockError is recorded too (and returned, not raised).
 
-        kwargs["limits"] = RenderLimits.from_dict(options.limits)
+    `options` is what the record keeps; the run reads them as `RenderOptions` (`template`, a ChatTemplate given
+    beside the record, wins over the recorded template name)."""
+    render = RenderOptions.from_record(options.to_dict(), template=template)
     try:
         if options.budget:
-            return _fit_and_record(model, request_bytes, options, kwargs)
-        run = model.run(request_bytes, **kwargs)
+            return _fit_and_record(model, request_bytes, options, render)
+        run = model.run(request_bytes, render)
     except CtxlockError as exc:
         chosen = template
         if chosen is None and model.templates is not None:
@@ -88,14 +77,11 @@ def run_and_record(
 
 
 def _fit_and_record(
-    model: Model, request_bytes: bytes, options: RunOptions, kwargs: dict[str, Any]
+    model: Model, request_bytes: bytes, options: RunOptions, render: RenderOptions
 ) -> tuple[Any, ExecutionRecord, None]:
-    from .budget import BudgetPolicy, fit_context
-    from .model import Run
-
-    dialect, utf8, args = kwargs.pop("dialect"), kwargs.pop("utf8"), kwargs.pop("tool_arguments")
-    original = model.parse(request_bytes, dialect=dialect, utf8=utf8, tool_arguments=args)
-    fitted = fit_context(original, model, BudgetPolicy.from_dict(options.budget or {}), **kwargs)
+    original = render.parse(request_bytes)
+    policy = BudgetPolicy.from_dict(options.budget or {})
+    fitted = fit_context(original, model, policy, **render.to_kwargs(parse=False))
     tokenized = model.tokenize(fitted.rendered)
     run = Run(fitted.request, fitted.rendered, tokenized, fitted.model_input)
     record = build_record(
@@ -273,8 +259,6 @@ def _exists(target: Path) -> RecordError:
 
 
 def _recorded_options(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
-    import base64
-
     data = record.data
     try:
         raw = base64.b64decode(data["request"]["bytes_b64"], validate=True)

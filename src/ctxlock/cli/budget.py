@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,13 +11,14 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from ..budget import BudgetPolicy, fit_context, fitted_request_json
+from ..budget import BudgetPolicy, Fitted, fit_context, fitted_request_json
 from ..errors import BudgetError
 from ..model import load
+from ..options import RenderOptions
 from ..record import RunOptions
 from .files import open_output, read_json, store_dir, template_file
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, _read_input
+from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, _read_input, run_recorded
 
 
 def _policy(
@@ -49,136 +49,138 @@ def _policy(
     return BudgetPolicy.from_dict(data).to_dict()  # validated now, with a typed error
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def fit(
-        request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
-        model: ModelOpt = None,
-        max_input_tokens: Annotated[
-            int | None, typer.Option("--max-input-tokens", help="Budget for the whole input, in tokens.")
-        ] = None,
-        context_window: Annotated[
-            int | None, typer.Option("--context-window", help="The model's window N (with --reserve-output g).")
-        ] = None,
-        reserve_output: Annotated[
-            int | None, typer.Option("--reserve-output", help="Tokens kept for the answer: n_input + g <= N.")
-        ] = None,
-        history: Annotated[
-            str | None,
-            typer.Option(
-                "--history",
-                help="suffix (default): keep a contiguous run of the newest turns, stopping at the first that does "
-                "not fit; greedy: try every turn, newest first, and keep each that fits (the seed's loop; it can "
-                "leave gaps in the conversation).",
-            ),
-        ] = None,
-        no_generation_prompt: Annotated[
-            bool,
-            typer.Option(
-                "--no-generation-prompt",
-                help="Fit an input that ends without an assistant generation prefix (not a generation request: "
-                "scoring, training). Recorded in the policy as generation_prefix 'none'.",
-            ),
-        ] = False,
-        continue_final_message: Annotated[
-            bool,
-            typer.Option(
-                "--continue-final-message",
-                help="Leave the final assistant message open, to be continued (a prefill): it is the generation "
-                "prefix.",
-            ),
-        ] = False,
-        policy: Annotated[
-            Path | None,
-            typer.Option("--policy", help="A BudgetPolicy JSON file (priority, order, history, budget)."),
-        ] = None,
-        template: Annotated[Path | None, typer.Option("--template", "-t", help="Use this .jinja template.")] = None,
-        emit_request: Annotated[
-            Path | None,
-            typer.Option(
-                "--emit-request",
-                help="Write the fitted request to this file: the request as given, in its own dialect, without the "
-                "dropped messages and documents (what to send to the API).",
-            ),
-        ] = None,
-        record: Annotated[bool, typer.Option("--record", help="Store an execution record with the decisions.")] = False,
-        store: Annotated[Path | None, typer.Option("--store", help="Record store directory.")] = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Keep the required segments (system, tools, current turn, generation prefix), then add history (a
-        contiguous run of the newest turns, or greedily with --history greedy) and documents (greedily, by
-        priority) while the whole rendered, tokenized candidate fits. A tool call and its results stay together.
-        --json adds the fitted request as "request"; --emit-request writes it to a file."""
+MaxInputTokensOpt = Annotated[
+    int | None, typer.Option("--max-input-tokens", help="Budget for the whole input, in tokens.")
+]
+ContextWindowOpt = Annotated[
+    int | None, typer.Option("--context-window", help="The model's window N (with --reserve-output g).")
+]
+ReserveOutputOpt = Annotated[
+    int | None, typer.Option("--reserve-output", help="Tokens kept for the answer: n_input + g <= N.")
+]
+HistoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--history",
+        help="suffix (default): keep a contiguous run of the newest turns, stopping at the first that does "
+        "not fit; greedy: try every turn, newest first, and keep each that fits (the seed's loop; it can "
+        "leave gaps in the conversation).",
+    ),
+]
+FitNoGenerationPromptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-generation-prompt",
+        help="Fit an input that ends without an assistant generation prefix (not a generation request: "
+        "scoring, training). Recorded in the policy as generation_prefix 'none'.",
+    ),
+]
+FitContinueFinalMessageOpt = Annotated[
+    bool,
+    typer.Option(
+        "--continue-final-message",
+        help="Leave the final assistant message open, to be continued (a prefill): it is the generation prefix.",
+    ),
+]
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option("--policy", help="A BudgetPolicy JSON file (priority, order, history, budget)."),
+]
+EmitRequestOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--emit-request",
+        help="Write the fitted request to this file: the request as given, in its own dialect, without the "
+        "dropped messages and documents (what to send to the API).",
+    ),
+]
+FitRecordOpt = Annotated[bool, typer.Option("--record", help="Store an execution record with the decisions.")]
 
-        def go() -> tuple[Any, str | None, dict[str, Any]]:
-            data = _read_input(request)
-            store_path = store_dir(store) if record else None  # refused before the model loads and the run
-            pol = _policy(policy, max_input_tokens, context_window, reserve_output, history, no_generation_prompt)
-            m = load(model)
-            chosen = template_file(template)
-            agp = False if no_generation_prompt or continue_final_message else None
-            if record:
-                from ..replay import run_and_record, save
-                from ..store import Store
 
-                opts = RunOptions(budget=pol, add_generation_prompt=agp, continue_final_message=continue_final_message)
-                fitted, rec, error = run_and_record(m, data, opts, template=chosen)
-                used = chosen or (fitted.rendered.template if fitted is not None else None)
-                if used is None and m.templates is not None:
-                    used = m.templates.select(None)
-                rid = save(Store(store_path), m, rec, used)
-                if error is not None:  # the failed run is recorded too, as `render --record` does
-                    print(f"record {rid}", file=sys.stderr)
-                    raise error
-            else:
-                req = m.parse(data)
-                fitted = fit_context(
-                    req,
-                    m,
-                    BudgetPolicy.from_dict(pol),
-                    template=chosen,
-                    add_generation_prompt=agp,
-                    continue_final_message=continue_final_message,
-                )
-                rid = None
-            original = m.parse(data)
-            sent = fitted_request_json(json.loads(data), original, fitted)
-            if emit_request is not None:
-                with open_output(emit_request, option="--emit-request") as fh:
-                    fh.write((json.dumps(sent, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
-            return fitted, rid, sent
+def fit(
+    request: RequestArg = "-",
+    model: ModelOpt = None,
+    max_input_tokens: MaxInputTokensOpt = None,
+    context_window: ContextWindowOpt = None,
+    reserve_output: ReserveOutputOpt = None,
+    history: HistoryOpt = None,
+    no_generation_prompt: FitNoGenerationPromptOpt = False,
+    continue_final_message: FitContinueFinalMessageOpt = False,
+    policy: PolicyOpt = None,
+    template: TemplateOpt = None,
+    emit_request: EmitRequestOpt = None,
+    record: FitRecordOpt = False,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Keep the required segments (system, tools, current turn, generation prefix), then add history (a
+    contiguous run of the newest turns, or greedily with --history greedy) and documents (greedily, by
+    priority) while the whole rendered, tokenized candidate fits. A tool call and its results stay together.
+    --json adds the fitted request as "request"; --emit-request writes it to a file."""
 
-        fitted, rid, sent = guarded(as_json, go)
-        if as_json:
-            out = {**fitted.to_dict(), "request": sent, "input_ids": list(fitted.ids)}
-            if rid:
-                out["record_id"] = rid
-            print_json(out)
-            return
-        used, budget = fitted.input_tokens, fitted.budget
-        console.print(f"[bold]{used:,}[/] / {budget:,} input tokens ({used / budget:.0%} of the budget)")
-        console.print(ProgressBar(total=budget, completed=used, width=60))
-        console.print()
-        table = Table("segment", "kind", "kept", "tokens", "total", "reason")
-        for d in fitted.decisions:
-            if d.kind == "generation":
-                kept = "[green]yes[/]" if d.kept else "none"
-            else:
-                kept = "[green]kept[/]" if d.kept else "[red]dropped[/]"
-            table.add_row(
-                escape(d.segment),
-                d.kind,
-                kept,
-                f"{d.tokens:,}" if d.tokens is not None else "-",
-                f"{d.total:,}",
-                escape(d.reason),
-            )
-        console.print(table)
-        dropped = sum(1 for d in fitted.decisions if not d.kept and d.kind != "generation")
-        console.print(
-            f"{dropped} segment(s) dropped; history {fitted.policy.history}; policy sha256 {fitted.policy.sha256[:16]}…"
+    def go() -> tuple[Any, str | None, dict[str, Any]]:
+        data = _read_input(request)
+        store_path = store_dir(store) if record else None  # refused before the model loads and the run
+        pol = _policy(policy, max_input_tokens, context_window, reserve_output, history, no_generation_prompt)
+        m = load(model)
+        chosen = template_file(template)
+        options = RenderOptions(
+            add_generation_prompt=False if no_generation_prompt or continue_final_message else None,
+            continue_final_message=continue_final_message,
+            template=chosen,
         )
+        if record:
+            fitted, rid = run_recorded(m, data, RunOptions(**options.to_record(), budget=pol), chosen, store_path)
+        else:
+            req = options.parse(data)
+            fitted = fit_context(req, m, BudgetPolicy.from_dict(pol), **options.to_kwargs(parse=False))
+            rid = None
+        original = options.parse(data)
+        sent = fitted_request_json(json.loads(data), original, fitted)
         if emit_request is not None:
-            console.print(f"request    {escape(str(emit_request))} ({len(sent['messages'])} messages)")
+            with open_output(emit_request, option="--emit-request") as fh:
+                fh.write((json.dumps(sent, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
+        return fitted, rid, sent
+
+    fitted, rid, sent = guarded(as_json, go)
+    if as_json:
+        out = {**fitted.to_dict(), "request": sent, "input_ids": list(fitted.ids)}
         if rid:
-            console.print(f"record     {rid}")
+            out["record_id"] = rid
+        print_json(out)
+        return
+    _show(fitted, sent, emit_request, rid)
+
+
+def _show(fitted: Fitted, sent: dict[str, Any], emit_request: Path | None, rid: str | None) -> None:
+    used, budget = fitted.input_tokens, fitted.budget
+    console.print(f"[bold]{used:,}[/] / {budget:,} input tokens ({used / budget:.0%} of the budget)")
+    console.print(ProgressBar(total=budget, completed=used, width=60))
+    console.print()
+    table = Table("segment", "kind", "kept", "tokens", "total", "reason")
+    for d in fitted.decisions:
+        if d.kind == "generation":
+            kept = "[green]yes[/]" if d.kept else "none"
+        else:
+            kept = "[green]kept[/]" if d.kept else "[red]dropped[/]"
+        table.add_row(
+            escape(d.segment),
+            d.kind,
+            kept,
+            f"{d.tokens:,}" if d.tokens is not None else "-",
+            f"{d.total:,}",
+            escape(d.reason),
+        )
+    console.print(table)
+    dropped = sum(1 for d in fitted.decisions if not d.kept and d.kind != "generation")
+    console.print(
+        f"{dropped} segment(s) dropped; history {fitted.policy.history}; policy sha256 {fitted.policy.sha256[:16]}…"
+    )
+    if emit_request is not None:
+        console.print(f"request    {escape(str(emit_request))} ({len(sent['messages'])} messages)")
+    if rid:
+        console.print(f"record     {rid}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(fit)

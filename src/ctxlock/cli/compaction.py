@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,9 +19,10 @@ from ..compaction import (
     should_compact,
 )
 from ..model import Model, load
+from ..options import RenderOptions
 from .files import template_file
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, _read_input
+from .render import JsonOpt, ModelOpt, RequestArg, TemplateOpt, _read_input
 
 
 def _verdict(problems: tuple[str, ...]) -> None:
@@ -79,75 +79,80 @@ def _show(
     _verdict(problems)
 
 
+WindowOpt = Annotated[int, typer.Option("--context-window", min=1, help="The model's context window, in tokens.")]
+ReserveTokensOpt = Annotated[
+    int, typer.Option("--reserve-tokens", min=0, help="Compact when tokens > window - reserve (Pi's default).")
+]
+KeepRecentTokensOpt = Annotated[
+    int, typer.Option("--keep-recent-tokens", min=0, help="Recent tokens kept verbatim (Pi's default).")
+]
+SummaryTokensOpt = Annotated[
+    int, typer.Option("--summary-tokens", min=0, help="Summary size assumed by the estimate after.")
+]
+CheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        help="Exit 1 when the plan does not help: compaction is due but nothing can be summarized, or the "
+        "estimate after is not below the tokens before, or is still over window - reserve.",
+    ),
+]
+
+
+def compact_plan(
+    context_window: WindowOpt,
+    request: RequestArg = "-",
+    model: ModelOpt = None,
+    reserve_tokens: ReserveTokensOpt = DEFAULT_RESERVE_TOKENS,
+    keep_recent_tokens: KeepRecentTokensOpt = DEFAULT_KEEP_RECENT_TOKENS,
+    summary_tokens: SummaryTokensOpt = 1000,
+    template: TemplateOpt = None,
+    check: CheckOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after, and whether
+    the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM call."""
+
+    def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
+        data = _read_input(request)
+        m = load(model)
+        options = RenderOptions(template=template_file(template))
+        req = options.parse(data)
+        plan = plan_compaction(
+            req,
+            m,
+            context_window=context_window,
+            reserve_tokens=reserve_tokens,
+            keep_recent_tokens=keep_recent_tokens,
+            summary_tokens=summary_tokens,
+            options=options,
+        )
+        compact = should_compact(plan.tokens_before, context_window, reserve_tokens)
+        sizes: dict[int, int] = {}
+        if not as_json and not plan.summarizes_nothing:
+            wanted = (*plan.messages_to_summarize, *plan.turn_prefix_to_summarize)
+            sizes = message_tokens(req, m, wanted, options=options)
+        return m, req, plan, compact, sizes
+
+    m, req, plan, compact, sizes = guarded(as_json, go)
+    problems = plan_problems(plan, context_window)
+    if as_json:
+        print_json(
+            {
+                **plan.to_dict(),
+                "should_compact": compact,
+                "context_window": context_window,
+                "helps": not problems,
+                "problems": list(problems),
+            }
+        )
+    else:
+        _show(m, plan, compact, context_window, sizes, req, problems)
+    if check and problems:
+        # A failed check is one line on stderr, as every failure is (README: Errors and exit statuses).
+        print(f"error: check: the plan does not help: {'; '.join(problems)}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("compact-plan")
-    def compact_plan(
-        context_window: Annotated[
-            int, typer.Option("--context-window", min=1, help="The model's context window, in tokens.")
-        ],
-        request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
-        model: ModelOpt = None,
-        reserve_tokens: Annotated[
-            int, typer.Option("--reserve-tokens", min=0, help="Compact when tokens > window - reserve (Pi's default).")
-        ] = DEFAULT_RESERVE_TOKENS,
-        keep_recent_tokens: Annotated[
-            int, typer.Option("--keep-recent-tokens", min=0, help="Recent tokens kept verbatim (Pi's default).")
-        ] = DEFAULT_KEEP_RECENT_TOKENS,
-        summary_tokens: Annotated[
-            int, typer.Option("--summary-tokens", min=0, help="Summary size assumed by the estimate after.")
-        ] = 1000,
-        template: Annotated[
-            Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
-        ] = None,
-        check: Annotated[
-            bool,
-            typer.Option(
-                "--check",
-                help="Exit 1 when the plan does not help: compaction is due but nothing can be summarized, or the "
-                "estimate after is not below the tokens before, or is still over window - reserve.",
-            ),
-        ] = False,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after, and whether
-        the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM call."""
-
-        def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
-            data = _read_input(request)
-            m = load(model)
-            chosen = template_file(template)
-            req = m.parse(data)
-            plan = plan_compaction(
-                req,
-                m,
-                context_window=context_window,
-                reserve_tokens=reserve_tokens,
-                keep_recent_tokens=keep_recent_tokens,
-                summary_tokens=summary_tokens,
-                template=chosen,
-            )
-            compact = should_compact(plan.tokens_before, context_window, reserve_tokens)
-            sizes: dict[int, int] = {}
-            if not as_json and not plan.summarizes_nothing:
-                wanted = (*plan.messages_to_summarize, *plan.turn_prefix_to_summarize)
-                sizes = message_tokens(req, m, wanted, template=chosen)
-            return m, req, plan, compact, sizes
-
-        m, req, plan, compact, sizes = guarded(as_json, go)
-        problems = plan_problems(plan, context_window)
-        if as_json:
-            print_json(
-                {
-                    **plan.to_dict(),
-                    "should_compact": compact,
-                    "context_window": context_window,
-                    "helps": not problems,
-                    "problems": list(problems),
-                }
-            )
-        else:
-            _show(m, plan, compact, context_window, sizes, req, problems)
-        if check and problems:
-            # A failed check is one line on stderr, as every failure is (README: Errors and exit statuses).
-            print(f"error: check: the plan does not help: {'; '.join(problems)}", file=sys.stderr)
-            raise typer.Exit(1)
+    app.command("compact-plan")(compact_plan)

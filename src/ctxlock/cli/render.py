@@ -1,8 +1,13 @@
-"""`ctxlock render` and `ctxlock tokenize`."""
+"""`ctxlock render` and `ctxlock tokenize`, and the options other commands share (`ModelOpt`, `RequestArg`, ...).
+
+The render flags become one `RenderOptions` (`render_options`): the command runs with it, and `--record` records
+it (`RenderOptions.to_record`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -15,13 +20,18 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
+from ..artifacts import load_artifacts
 from ..errors import InputError, SamplerError, TokenizerError
 from ..frozen import thaw
 from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
-from ..record import RunOptions
+from ..options import ContentFormat, RenderOptions, SpecialTokenPolicy
+from ..record import RunOptions, model_warnings
+from ..replay import run_and_record, save
 from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
-from ..template import DEFAULT_LIMITS, ContentFormat, RenderLimits, SpecialTokenPolicy, aware_clock
+from ..sampler import SamplerConfig
+from ..store import Store
+from ..template import DEFAULT_LIMITS, ChatTemplate, RenderLimits, aware_clock
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json, write_exact, write_ids
 
@@ -56,6 +66,103 @@ TokenizerPipelineOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+RequestArg = Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")]
+TemplateOpt = Annotated[
+    Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
+]
+StoreOpt = Annotated[
+    Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
+]
+
+# `ctxlock render`'s render options (each becomes a field of RenderOptions).
+VarOpt = Annotated[
+    list[str],
+    typer.Option("--var", help="Extra template variable NAME=JSON (repeatable), e.g. --var enable_thinking=false."),
+]
+NoGenerationPromptOpt = Annotated[
+    bool, typer.Option("--no-generation-prompt", help="Do not open an assistant turn at the end.")
+]
+ContinueFinalMessageOpt = Annotated[
+    bool, typer.Option("--continue-final-message", help="Leave the final message open, to be continued.")
+]
+SpecialTokensOpt = Annotated[
+    SpecialTokenPolicy,
+    typer.Option(
+        "--special-tokens",
+        help="Control-token strings inside request text: `text` encodes them "
+        "as plain text (safe default), `keep` lets them act as control tokens (what transformers, "
+        "vLLM and llama.cpp do), `raise` rejects the request naming the JSON path.",
+    ),
+]
+NowOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--now",
+        help="The clock strftime_now reads, ISO 8601, with an offset (2026-01-02T03:04:05+09:00) or "
+        "without (local time). Default: the local clock. Recorded with its zone either way.",
+    ),
+]
+RenderSeedOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--render-seed",
+        help="Seed of the template's random filter and lipsum (default 0, so renders repeat); `random` "
+        "draws a fresh seed per run, as unseeded transformers would vary. Recorded either way.",
+    ),
+]
+DialectOpt = Annotated[str | None, typer.Option("--dialect", help="openai or anthropic (default: detected).")]
+Utf8Opt = Annotated[
+    str,
+    typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, reported)."),
+]
+ToolArgumentsOpt = Annotated[
+    ToolArguments,
+    typer.Option(
+        "--tool-arguments",
+        help="Tool-call arguments sent as a JSON string: `parsed` renders the parsed object (vLLM, the "
+        "default), `as-sent` renders the string byte for byte (transformers). Recorded.",
+    ),
+]
+ContentFormatOpt = Annotated[
+    ContentFormat,
+    typer.Option(
+        "--content-format",
+        help="Content-part lists ([{type: text, text: ...}]): `auto` joins their text parts with a newline "
+        "when the template reads content as a string (detected from its syntax tree, as vLLM does; a warning "
+        "says so), `string` always joins them, `openai` passes the list as sent (transformers). Recorded.",
+    ),
+]
+TemplateTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--template-timeout",
+        min=0.001,
+        help=f"Seconds a render may take, plus {DEFAULT_LIMITS.seconds_per_input_mchar:g} s per million "
+        f"characters of request (default {DEFAULT_LIMITS.max_seconds:g}). Recorded.",
+    ),
+]
+MaxRenderCharsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-render-chars",
+        min=1,
+        help=f"Characters a render may output beyond {DEFAULT_LIMITS.output_per_input_char:g} per character of "
+        f"request (default {DEFAULT_LIMITS.max_output_chars:,}); it also bounds any one string or list the "
+        "template builds, and 4 times it everything the render builds. Recorded.",
+    ),
+]
+RecordOpt = Annotated[
+    bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
+]
+SamplingOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--sampling",
+        help="A sampler config JSON (temperature, top_k, top_p, min_p, repetition_penalty, seed, order) "
+        "that the output will be sampled with. It is validated and, with --record, stored in the record, "
+        "where `ctxlock diff` compares it (processor order included) at the policy layer.",
+    ),
+]
 
 
 def _read_input(source: str) -> bytes:
@@ -83,8 +190,6 @@ def _jsonl_strings(utf8: str = "strict") -> Iterator[tuple[str, str, tuple[int, 
 def _argv_text(text: str, utf8: str) -> tuple[str, tuple[int, ...]]:
     """--text as the bytes the shell passed: Python keeps an argv byte that is not UTF-8 as a lone surrogate
     (U+DC80..U+DCFF, PEP 383), which `os.fsencode` turns back into that byte before the UTF-8 policy applies."""
-    import os
-
     try:
         data = os.fsencode(text)
     except UnicodeEncodeError:  # a surrogate the file system encoding cannot carry back
@@ -165,8 +270,6 @@ def _parse_seed(seed: str | None) -> int | None:
     if seed is None:
         return None
     if seed == "random":
-        import secrets
-
         return secrets.randbits(63)
     try:
         value = int(seed)
@@ -182,26 +285,8 @@ def _parse_seed(seed: str | None) -> int | None:
 def _read_sampling(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
-    from ..sampler import SamplerConfig
-
     data = read_json(path, option="--sampling", error=SamplerError)
     return SamplerConfig.from_dict(data).to_dict()
-
-
-def _run_kwargs(options: RunOptions) -> dict[str, Any]:
-    return {
-        "add_generation_prompt": options.add_generation_prompt,
-        "continue_final_message": options.continue_final_message,
-        "chat_template_kwargs": options.chat_template_kwargs,
-        "special_tokens": options.special_tokens,
-        "now": datetime.fromisoformat(options.now) if options.now else None,
-        "dialect": options.dialect,
-        "utf8": options.utf8,
-        "seed": options.render_seed,
-        "tool_arguments": options.tool_arguments,
-        "limits": RenderLimits.from_dict(options.limits) if options.limits else DEFAULT_LIMITS,
-        "content_format": options.content_format,
-    }
 
 
 def _limits(timeout: float | None, max_chars: int | None) -> dict[str, Any] | None:
@@ -254,8 +339,6 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
 
 def _warnings(model: Model, rendered: Any) -> list[dict[str, Any]]:
     """What the record's `warnings` holds for this run: a rolling hub revision, and the render's own."""
-    from ..record import model_warnings
-
     return model_warnings(model) + [thaw(w) for w in rendered.warnings]
 
 
@@ -312,276 +395,262 @@ def _show(model: Model, run: Run) -> None:
     )
 
 
+def render_options(
+    chosen: ChatTemplate | None,
+    *,
+    var: list[str] | None = None,
+    no_generation_prompt: bool = False,
+    continue_final_message: bool = False,
+    special_tokens: SpecialTokenPolicy | str = SpecialTokenPolicy.TEXT,
+    now: str | None = None,
+    render_seed: str | None = None,
+    dialect: str | None = None,
+    utf8: str = "strict",
+    tool_arguments: ToolArguments | str = ToolArguments.PARSED,
+    content_format: ContentFormat | str = ContentFormat.AUTO,
+    template_timeout: float | None = None,
+    max_render_chars: int | None = None,
+    sampling: Path | None = None,
+) -> tuple[RenderOptions, dict[str, Any] | None]:
+    """`ctxlock render`'s flags as one RenderOptions (`chosen`: the --template file's template), and the
+    --sampling config for the record. The flags are checked in the order the command always checked them:
+    --now, --var, --sampling, --render-seed."""
+    parsed_now = _parse_now(now)
+    variables = _parse_vars(var or [])
+    sampler = _read_sampling(sampling)
+    seed = _parse_seed(render_seed)
+    limits = _limits(template_timeout, max_render_chars)
+    options = RenderOptions(
+        add_generation_prompt=not (no_generation_prompt or continue_final_message),
+        continue_final_message=continue_final_message,
+        chat_template_kwargs=variables or None,
+        template=chosen,
+        injection=special_tokens,
+        now=parsed_now,
+        dialect=dialect,
+        utf8=utf8,
+        tool_arguments=tool_arguments,
+        content_format=content_format,
+        limits=RenderLimits.from_dict(limits) if limits else None,
+        seed=seed,
+    )
+    return options, sampler
+
+
+def run_recorded(
+    model: Model, data: bytes, options: RunOptions, chosen: ChatTemplate | None, store_path: Path | None
+) -> tuple[Any, str]:
+    """Run with `options`, and store the record (with the template used) in the store at `store_path`; a failed
+    run is recorded too, its id printed on stderr, and its error raised. Returns the run and the record id."""
+    result, rec, error = run_and_record(model, data, options, template=chosen)
+    used = chosen or (result.rendered.template if result is not None else None)
+    if used is None and model.templates is not None:
+        used = model.templates.select(None)
+    rid = save(Store(store_path), model, rec, used)
+    if error is not None:
+        print(f"record {rid}", file=sys.stderr)
+        raise error
+    return result, rid
+
+
+def render(
+    request: RequestArg = "-",
+    model: ModelOpt = None,
+    template: TemplateOpt = None,
+    var: VarOpt = [],  # noqa: B006 (typer reads the default)
+    no_generation_prompt: NoGenerationPromptOpt = False,
+    continue_final_message: ContinueFinalMessageOpt = False,
+    special_tokens: SpecialTokensOpt = SpecialTokenPolicy.TEXT,
+    now: NowOpt = None,
+    render_seed: RenderSeedOpt = None,
+    dialect: DialectOpt = None,
+    utf8: Utf8Opt = "strict",
+    tool_arguments: ToolArgumentsOpt = ToolArguments.PARSED,
+    content_format: ContentFormatOpt = ContentFormat.AUTO,
+    record: RecordOpt = False,
+    sampling: SamplingOpt = None,
+    store: StoreOpt = None,
+    template_timeout: TemplateTimeoutOpt = None,
+    max_render_chars: MaxRenderCharsOpt = None,
+    tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
+    as_json: JsonOpt = False,
+) -> None:
+    """Render a chat request exactly as the model receives it: text, control tokens, ids, digests.
+
+    Inputs are regular files (or - for stdin) of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB)."""
+
+    def go() -> tuple[Model, Run, str | None]:
+        data = _read_input(request)
+        store_path = store_dir(store) if record else None  # refused before the model loads and the run
+        m = load(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value)
+        chosen = template_file(template)
+        options, sampler = render_options(
+            chosen,
+            var=var,
+            no_generation_prompt=no_generation_prompt,
+            continue_final_message=continue_final_message,
+            special_tokens=special_tokens,
+            now=now,
+            render_seed=render_seed,
+            dialect=dialect,
+            utf8=utf8,
+            tool_arguments=tool_arguments,
+            content_format=content_format,
+            template_timeout=template_timeout,
+            max_render_chars=max_render_chars,
+            sampling=sampling,
+        )
+        if record:
+            recorded = RunOptions(**options.to_record(), sampling=sampler)
+            return m, *run_recorded(m, data, recorded, chosen, store_path)
+        return m, m.run(data, options), None
+
+    m, result, rid = guarded(as_json, go)
+    if as_json:
+        print_json({**run_to_dict(m, result), **({"record_id": rid} if rid else {})})
+    else:
+        _show(m, result)
+        if rid:
+            console.print(f"record     {rid}  (ctxlock replay {rid[:12]})")
+
+
+# `ctxlock tokenize`'s options.
+TextOpt = Annotated[str | None, typer.Option("--text", help="The text to encode.")]
+FileOpt = Annotated[
+    Path | None,
+    typer.Option("--file", help="Encode this file's bytes as UTF-8 text, exactly (CRLF stays CRLF)."),
+]
+JsonlOpt = Annotated[
+    bool,
+    typer.Option("--jsonl", help="Read stdin lines, each a JSON string; print one JSON id array per line."),
+]
+ParseSpecialOpt = Annotated[
+    bool, typer.Option("--parse-special", help="Let special-token strings in the text become control ids.")
+]
+AddSpecialTokensOpt = Annotated[
+    bool, typer.Option("--add-special-tokens", help="Apply the tokenizer's post-processor (BOS/EOS).")
+]
+TextUtf8Opt = Annotated[
+    str,
+    typer.Option(
+        "--utf8",
+        help="Invalid UTF-8 (in --file, --text or a --jsonl line) and lone surrogate escapes: strict "
+        "(reject, naming the byte) or replace (U+FFFD, reported), as for requests.",
+    ),
+]
+TruncateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--truncate",
+        help="Apply the truncation section of the model's tokenizer.json (never applied otherwise; padding "
+        "never is). The output says what was cut.",
+    ),
+]
+
+
+def tokenize(
+    model: ModelOpt = None,
+    text: TextOpt = None,
+    file: FileOpt = None,
+    jsonl: JsonlOpt = False,
+    parse_special: ParseSpecialOpt = False,
+    add_special_tokens: AddSpecialTokensOpt = False,
+    utf8: TextUtf8Opt = "strict",
+    truncate: TruncateOpt = False,
+    tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
+    as_json: JsonOpt = False,
+) -> None:
+    """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default.
+
+    The text is taken byte for byte: a --file is read in binary (CRLF stays CRLF, a BOM stays U+FEFF), and
+    --jsonl lines end at LF only. --file is a regular file of at most $CTXLOCK_MAX_INPUT_BYTES (default
+    64 MiB); so is each --jsonl line."""
+    if sum(x is not None and x is not False for x in (text, file, jsonl)) != 1:
+        raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
+    m, source, replaced = guarded(
+        as_json, lambda: _tokenize_input(model, text, file, utf8, truncate, TokenizerPipeline(tokenizer_pipeline))
+    )
+    tok = m.tokenizer
+    section = getattr(tok, "truncation", None)
+
+    def encode(line: str) -> tuple[list[int], dict[str, Any] | None]:
+        if truncate:
+            return tok.encode_truncated(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+        ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
+        return ids, None
+
+    if jsonl:
+
+        def lines() -> None:
+            for where, line, line_replaced in _jsonl_strings(utf8):
+                if line_replaced:
+                    print(f"{where}: {_replaced_note(line_replaced)}", file=sys.stderr)
+                sys.stdout.write(json.dumps(encode(line)[0]) + "\n")
+
+        guarded(as_json, lines)
+        return
+    assert source is not None
+    ids, cut = encode(source)
+    # What happened to tokenizer.json's truncation section: applied (with what it dropped), or not applied.
+    truncation = None if section is None else {"applied": truncate, "section": section, **(cut or {})}
+    if as_json:
+        print_json(
+            {
+                "ids": ids,
+                "count": len(ids),
+                "tokenizer": {"id": tok.id, "sha256": tok.sha256},
+                "utf8_policy": utf8,
+                "replaced_bytes": list(replaced),
+                "truncation": truncation,
+            }
+        )
+    else:
+        _show_ids(tok, ids, replaced, cut, section)
+
+
+def _tokenize_input(
+    model: str | None, text: str | None, file: Path | None, utf8: str, truncate: bool, pipeline: TokenizerPipeline
+) -> tuple[Model, str | None, tuple[int, ...]]:
+    # The input is read before the model loads: a bad --file fails fast, and with --json as an error object.
+    source, replaced = None, ()
+    if file is not None:
+        label = f"--file {file}"
+        source, replaced = decode_with_policy(read_input(file, label=label), label=label, utf8=utf8)
+    elif text is not None:
+        source, replaced = _argv_text(text, utf8)
+    else:
+        decode_with_policy(b"", label="--utf8", utf8=utf8)  # an unknown policy fails before the model loads
+    m = Model(load_artifacts(model, tokenizer_pipeline=pipeline.value))
+    section = getattr(m.tokenizer, "truncation", None)
+    if truncate and section is None:
+        raise TokenizerError(
+            "--truncate: the tokenizer has no truncation section",
+            path=m.tokenizer.id,
+            hint="only an HF tokenizer.json carries one; drop --truncate",
+        )
+    return m, source, replaced
+
+
+def _show_ids(tok: Any, ids: list[int], replaced: tuple[int, ...], cut: dict[str, Any] | None, section: Any) -> None:
+    write_ids(ids, limit=len(ids))  # every id: they are what tokenize is asked for
+    console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
+    if replaced:
+        console.print(Text(_replaced_note(replaced)))
+    if cut is not None:
+        console.print(
+            f"truncated by tokenizer.json: {cut['ids_before']} → {cut['ids_after']} ids "
+            f"(max_length {cut['max_length']}, {cut['direction']}, {cut['dropped']} dropped)"
+        )
+    elif section is not None:
+        console.print(
+            f"tokenizer.json's truncation (max_length {section.get('max_length')}) was not applied; "
+            "--truncate applies it"
+        )
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def render(
-        request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
-        model: ModelOpt = None,
-        template: Annotated[
-            Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
-        ] = None,
-        var: Annotated[
-            list[str],
-            typer.Option(
-                "--var", help="Extra template variable NAME=JSON (repeatable), e.g. --var enable_thinking=false."
-            ),
-        ] = [],  # noqa: B006 (typer reads the default)
-        no_generation_prompt: Annotated[
-            bool, typer.Option("--no-generation-prompt", help="Do not open an assistant turn at the end.")
-        ] = False,
-        continue_final_message: Annotated[
-            bool, typer.Option("--continue-final-message", help="Leave the final message open, to be continued.")
-        ] = False,
-        special_tokens: Annotated[
-            SpecialTokenPolicy,
-            typer.Option(
-                "--special-tokens",
-                help="Control-token strings inside request text: `text` encodes them "
-                "as plain text (safe default), `keep` lets them act as control tokens (what transformers, "
-                "vLLM and llama.cpp do), `raise` rejects the request naming the JSON path.",
-            ),
-        ] = SpecialTokenPolicy.TEXT,
-        now: Annotated[
-            str | None,
-            typer.Option(
-                "--now",
-                help="The clock strftime_now reads, ISO 8601, with an offset (2026-01-02T03:04:05+09:00) or "
-                "without (local time). Default: the local clock. Recorded with its zone either way.",
-            ),
-        ] = None,
-        render_seed: Annotated[
-            str | None,
-            typer.Option(
-                "--render-seed",
-                help="Seed of the template's random filter and lipsum (default 0, so renders repeat); `random` "
-                "draws a fresh seed per run, as unseeded transformers would vary. Recorded either way.",
-            ),
-        ] = None,
-        dialect: Annotated[
-            str | None, typer.Option("--dialect", help="openai or anthropic (default: detected).")
-        ] = None,
-        utf8: Annotated[
-            str,
-            typer.Option("--utf8", help="Invalid UTF-8 in the request: strict (reject) or replace (U+FFFD, reported)."),
-        ] = "strict",
-        tool_arguments: Annotated[
-            ToolArguments,
-            typer.Option(
-                "--tool-arguments",
-                help="Tool-call arguments sent as a JSON string: `parsed` renders the parsed object (vLLM, the "
-                "default), `as-sent` renders the string byte for byte (transformers). Recorded.",
-            ),
-        ] = ToolArguments.PARSED,
-        content_format: Annotated[
-            ContentFormat,
-            typer.Option(
-                "--content-format",
-                help="Content-part lists ([{type: text, text: ...}]): `auto` joins their text parts with a newline "
-                "when the template reads content as a string (detected from its syntax tree, as vLLM does; a warning "
-                "says so), `string` always joins them, `openai` passes the list as sent (transformers). Recorded.",
-            ),
-        ] = ContentFormat.AUTO,
-        record: Annotated[
-            bool, typer.Option("--record", help="Store an execution record (replayable, diffable) and print its id.")
-        ] = False,
-        sampling: Annotated[
-            Path | None,
-            typer.Option(
-                "--sampling",
-                help="A sampler config JSON (temperature, top_k, top_p, min_p, repetition_penalty, seed, order) "
-                "that the output will be sampled with. It is validated and, with --record, stored in the record, "
-                "where `ctxlock diff` compares it (processor order included) at the policy layer.",
-            ),
-        ] = None,
-        store: Annotated[
-            Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
-        ] = None,
-        template_timeout: Annotated[
-            float | None,
-            typer.Option(
-                "--template-timeout",
-                min=0.001,
-                help=f"Seconds a render may take, plus {DEFAULT_LIMITS.seconds_per_input_mchar:g} s per million "
-                f"characters of request (default {DEFAULT_LIMITS.max_seconds:g}). Recorded.",
-            ),
-        ] = None,
-        max_render_chars: Annotated[
-            int | None,
-            typer.Option(
-                "--max-render-chars",
-                min=1,
-                help=f"Characters a render may output beyond {DEFAULT_LIMITS.output_per_input_char:g} per character of "
-                f"request (default {DEFAULT_LIMITS.max_output_chars:,}); it also bounds any one string or list the "
-                "template builds, and 4 times it everything the render builds. Recorded.",
-            ),
-        ] = None,
-        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Render a chat request exactly as the model receives it: text, control tokens, ids, digests.
-
-        Inputs are regular files (or - for stdin) of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB)."""
-
-        def go() -> tuple[Model, Run, str | None]:
-            data = _read_input(request)
-            store_path = store_dir(store) if record else None  # refused before the model loads and the run
-            m = load(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value)
-            chosen = template_file(template)
-            parsed_now = _parse_now(now)
-            options = RunOptions(
-                add_generation_prompt=not (no_generation_prompt or continue_final_message),
-                continue_final_message=continue_final_message,
-                chat_template_kwargs=_parse_vars(var) or None,
-                special_tokens=str(special_tokens),
-                now=parsed_now.isoformat() if parsed_now else None,
-                dialect=dialect,
-                utf8=utf8,
-                tool_arguments=str(tool_arguments),
-                content_format=str(content_format),
-                sampling=_read_sampling(sampling),
-                render_seed=_parse_seed(render_seed),
-                limits=_limits(template_timeout, max_render_chars),
-            )
-            if record:
-                from ..replay import run_and_record, save
-                from ..store import Store
-
-                result, rec, error = run_and_record(m, data, options, template=chosen)
-                used = chosen or (result.rendered.template if result else None)
-                if used is None and m.templates is not None:
-                    used = m.templates.select(None)
-                rid = save(Store(store_path), m, rec, used)
-                if error is not None:
-                    print(f"record {rid}", file=sys.stderr)
-                    raise error
-                return m, result, rid
-            return m, m.run(data, **{**_run_kwargs(options), "template": chosen}), None
-
-        m, result, rid = guarded(as_json, go)
-        if as_json:
-            print_json({**run_to_dict(m, result), **({"record_id": rid} if rid else {})})
-        else:
-            _show(m, result)
-            if rid:
-                console.print(f"record     {rid}  (ctxlock replay {rid[:12]})")
-
-    @app.command()
-    def tokenize(
-        model: ModelOpt = None,
-        text: Annotated[str | None, typer.Option("--text", help="The text to encode.")] = None,
-        file: Annotated[
-            Path | None,
-            typer.Option("--file", help="Encode this file's bytes as UTF-8 text, exactly (CRLF stays CRLF)."),
-        ] = None,
-        jsonl: Annotated[
-            bool,
-            typer.Option("--jsonl", help="Read stdin lines, each a JSON string; print one JSON id array per line."),
-        ] = False,
-        parse_special: Annotated[
-            bool, typer.Option("--parse-special", help="Let special-token strings in the text become control ids.")
-        ] = False,
-        add_special_tokens: Annotated[
-            bool, typer.Option("--add-special-tokens", help="Apply the tokenizer's post-processor (BOS/EOS).")
-        ] = False,
-        utf8: Annotated[
-            str,
-            typer.Option(
-                "--utf8",
-                help="Invalid UTF-8 (in --file, --text or a --jsonl line) and lone surrogate escapes: strict "
-                "(reject, naming the byte) or replace (U+FFFD, reported), as for requests.",
-            ),
-        ] = "strict",
-        truncate: Annotated[
-            bool,
-            typer.Option(
-                "--truncate",
-                help="Apply the truncation section of the model's tokenizer.json (never applied otherwise; padding "
-                "never is). The output says what was cut.",
-            ),
-        ] = False,
-        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Encode raw text with a model's tokenizer (no chat template). Special-token strings are text by default.
-
-        The text is taken byte for byte: a --file is read in binary (CRLF stays CRLF, a BOM stays U+FEFF), and
-        --jsonl lines end at LF only. --file is a regular file of at most $CTXLOCK_MAX_INPUT_BYTES (default
-        64 MiB); so is each --jsonl line."""
-        if sum(x is not None and x is not False for x in (text, file, jsonl)) != 1:
-            raise typer.BadParameter("give exactly one of --text, --file, --jsonl")
-
-        def go() -> tuple[Model, str | None, tuple[int, ...]]:
-            from ..artifacts import load_artifacts
-
-            # The input is read before the model loads: a bad --file fails fast, and with --json as an error object.
-            source, replaced = None, ()
-            if file is not None:
-                label = f"--file {file}"
-                source, replaced = decode_with_policy(read_input(file, label=label), label=label, utf8=utf8)
-            elif text is not None:
-                source, replaced = _argv_text(text, utf8)
-            else:
-                decode_with_policy(b"", label="--utf8", utf8=utf8)  # an unknown policy fails before the model loads
-            m = Model(load_artifacts(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value))
-            section = getattr(m.tokenizer, "truncation", None)
-            if truncate and section is None:
-                raise TokenizerError(
-                    "--truncate: the tokenizer has no truncation section",
-                    path=m.tokenizer.id,
-                    hint="only an HF tokenizer.json carries one; drop --truncate",
-                )
-            return m, source, replaced
-
-        m, source, replaced = guarded(as_json, go)
-        tok = m.tokenizer
-        section = getattr(tok, "truncation", None)
-
-        def encode(line: str) -> tuple[list[int], dict[str, Any] | None]:
-            if truncate:
-                return tok.encode_truncated(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
-            ids = tok.encode(line, parse_special=parse_special, add_special_tokens=add_special_tokens)
-            return ids, None
-
-        if jsonl:
-
-            def lines() -> None:
-                for where, line, line_replaced in _jsonl_strings(utf8):
-                    if line_replaced:
-                        print(f"{where}: {_replaced_note(line_replaced)}", file=sys.stderr)
-                    sys.stdout.write(json.dumps(encode(line)[0]) + "\n")
-
-            guarded(as_json, lines)
-            return
-        assert source is not None
-        ids, cut = encode(source)
-        # What happened to tokenizer.json's truncation section: applied (with what it dropped), or not applied.
-        truncation = None if section is None else {"applied": truncate, "section": section, **(cut or {})}
-        if as_json:
-            print_json(
-                {
-                    "ids": ids,
-                    "count": len(ids),
-                    "tokenizer": {"id": tok.id, "sha256": tok.sha256},
-                    "utf8_policy": utf8,
-                    "replaced_bytes": list(replaced),
-                    "truncation": truncation,
-                }
-            )
-        else:
-            write_ids(ids, limit=len(ids))  # every id: they are what tokenize is asked for
-            console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
-            if replaced:
-                console.print(Text(_replaced_note(replaced)))
-            if cut is not None:
-                console.print(
-                    f"truncated by tokenizer.json: {cut['ids_before']} → {cut['ids_after']} ids "
-                    f"(max_length {cut['max_length']}, {cut['direction']}, {cut['dropped']} dropped)"
-                )
-            elif section is not None:
-                console.print(
-                    f"tokenizer.json's truncation (max_length {section.get('max_length')}) was not applied; "
-                    "--truncate applies it"
-                )
+    app.command()(render)
+    app.command()(tokenize)
 
 
 def _replaced_note(replaced: tuple[int, ...]) -> str:

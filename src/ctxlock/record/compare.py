@@ -333,7 +333,7 @@ def _compare_tensors(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence
 
 
 # Each layer's comparer, in LAYERS order (the pipeline's): `diff` reports the first layer whose comparer finds a
-# difference. `reads` names the record sections the comparer looks at (tests/test_record.py checks the coverage).
+# difference. `reads` names the record sections the comparer reads (tests/test_record_compare.py checks coverage).
 COMPARERS: dict[str, Comparer] = {
     c.layer: c
     for c in (

@@ -94,7 +94,7 @@ def _table(k: Mapping[str, Any]) -> tuple[Any, ...]:
     return k.get("vocab_size"), special
 
 
-def pipeline_of(k: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+def _pipeline_of(k: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
     # A record made before `pipeline` was recorded has only the component types: compare like with like.
     if isinstance(k.get("pipeline"), dict) and isinstance(other.get("pipeline"), dict):
         return k["pipeline"]
@@ -129,7 +129,7 @@ def _ids_relevant(value: Any) -> Any:
 def pipeline_difference(ka: Mapping[str, Any], kb: Mapping[str, Any]) -> str | None:
     """'the normalizer differs: NFC vs none', or None when the recorded normalizer and pre-tokenizer agree (on every
     setting that can change an id)."""
-    pa, pb = pipeline_of(ka, kb), pipeline_of(kb, ka)
+    pa, pb = _pipeline_of(ka, kb), _pipeline_of(kb, ka)
     for part, name in (("normalizer", "normalizer"), ("pre_tokenizer", "pre-tokenizer")):
         x, y = _ids_relevant(pa.get(part)), _ids_relevant(pb.get(part))
         if x == y:
@@ -286,8 +286,8 @@ def _compare_tokenizer(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergen
         return Divergence(
             "tokenizer",
             f"{where}: pipeline",
-            pipeline_of(ka, kb),
-            pipeline_of(kb, ka),
+            _pipeline_of(ka, kb),
+            _pipeline_of(kb, ka),
             f"the same tokenizer file ({digests}), but {pipeline}: ctxlock built it differently (compare the "
             "environments' ctxlock versions)",
         )

@@ -98,6 +98,9 @@ class ToolCallAssembler:
     `max_event_size` (anthropic): the most characters (bytes, when fed bytes) buffered for one SSE line, one
     event's `data`, or one `tool_use` block's streamed input; default `DEFAULT_MAX_EVENT_SIZE` (64 MiB). Past it
     `feed()` raises `ToolCallError` naming the event, and the buffer is dropped.
+
+    The assembler is also the `ToolCallSink` its format's parser reports to (`emit_text`, `complete`, `fail`, ...:
+    see sink.py); those methods are the parsers' side of the protocol, not something a caller needs.
     """
 
     def __init__(

@@ -5,7 +5,7 @@
     <root>/artifacts/.tmp/             where blobs are written before the atomic rename into place
 
 Records are opaque here: a record is its canonical JSON bytes (one line, ending in "\\n") and its id is the sha256
-of those bytes. The index columns (model, digests, token count, format) are passed in by record.py, never parsed
+of those bytes. The index columns (model, digests, token count, format) are passed in by ctxlock.record, never parsed
 from the body, so this module does not depend on the record format.
 
 The schema evolves by numbered migrations, as in simonw/llm: `m001_initial`, `m002_indexes`, ... run in order, each

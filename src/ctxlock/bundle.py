@@ -252,6 +252,26 @@ def import_bundle(store: Store, source: BinaryIO, *, label: str = "bundle", size
     """Check a bundle (see the module docstring) and store its records and artifacts; returns the record ids.
 
     `size` is the bundle's length when known (a regular file): it must equal what the header declares."""
+    entries = _read_header(source, label=label, size=size)
+    records, needed = _read_records(source, entries, label=label)
+    artifacts = _carried_artifacts(entries, needed, label=label)
+    with store.staging() as staged:
+        for n, entry in artifacts:
+            at = _entry_label(label, n, entry)
+            actual, got = staged.add(source, entry["size"], entry["sha256"])
+            if got < entry["size"]:
+                raise BundleError(f"truncated: {got:,} of {entry['size']:,} bytes", path=at, hint=_TAMPERED)
+            if actual != entry["sha256"]:
+                raise BundleError(
+                    f"its bytes hash to {actual[:12]}…, not to its declared sha256", path=at, hint=_TAMPERED
+                )
+        if source.read(1):
+            raise BundleError("bytes follow the last entry", path=label, hint=_TAMPERED)
+    return store.put_records((rec.body, rec.index()) for rec in records)
+
+
+def _read_header(source: BinaryIO, *, label: str, size: int | None) -> list[dict[str, Any]]:
+    """The magic line and the header's entries, with the sizes checked against the limit and the file's size."""
     limit = max_bundle_bytes()
     if size is not None and size > limit:
         raise BundleError(
@@ -285,9 +305,16 @@ def import_bundle(store: Store, source: BinaryIO, *, label: str = "bundle", size
             path=label,
             hint=_TAMPERED,
         )
+    return entries
 
+
+def _read_records(
+    source: BinaryIO, entries: list[dict[str, Any]], *, label: str
+) -> tuple[list[ExecutionRecord], dict[str, tuple[str, str]]]:
+    """The record entries (they come first), each checked, and what their artifacts are: sha256 -> (record id,
+    what the record uses it as)."""
     records: list[ExecutionRecord] = []
-    needed: dict[str, tuple[str, str]] = {}  # sha256 -> (record id, what it is used as)
+    needed: dict[str, tuple[str, str]] = {}
     for n, entry in enumerate(entries):
         if entry["kind"] != "record":
             break
@@ -308,7 +335,13 @@ def import_bundle(store: Store, source: BinaryIO, *, label: str = "bundle", size
         records.append(rec)
         for sha, role in needed_artifacts(rec).items():
             needed.setdefault(sha, (rec.id, role))
+    return records, needed
 
+
+def _carried_artifacts(
+    entries: list[dict[str, Any]], needed: Mapping[str, tuple[str, str]], *, label: str
+) -> list[tuple[int, dict[str, Any]]]:
+    """The artifact entries, once they are known to be exactly the ones the records name."""
     artifacts = [(n, e) for n, e in enumerate(entries) if e["kind"] == "artifact"]
     carried = {e["sha256"] for _, e in artifacts}
     for n, entry in artifacts:
@@ -325,17 +358,4 @@ def import_bundle(store: Store, source: BinaryIO, *, label: str = "bundle", size
                 path=label,
                 hint=_NOT_A_BUNDLE,
             )
-
-    with store.staging() as staged:
-        for n, entry in artifacts:
-            at = _entry_label(label, n, entry)
-            actual, got = staged.add(source, entry["size"], entry["sha256"])
-            if got < entry["size"]:
-                raise BundleError(f"truncated: {got:,} of {entry['size']:,} bytes", path=at, hint=_TAMPERED)
-            if actual != entry["sha256"]:
-                raise BundleError(
-                    f"its bytes hash to {actual[:12]}…, not to its declared sha256", path=at, hint=_TAMPERED
-                )
-        if source.read(1):
-            raise BundleError("bytes follow the last entry", path=label, hint=_TAMPERED)
-    return store.put_records((rec.body, rec.index()) for rec in records)
+    return artifacts

@@ -5,11 +5,13 @@
     <root>/artifacts/.tmp/             where blobs are written before the atomic rename into place
 
 Records are opaque here: a record is its canonical JSON bytes (one line, ending in "\\n") and its id is the sha256
-of those bytes. The index columns (model, digests, token count, format) are passed in by record.py, never parsed
+of those bytes. The index columns (model, digests, token count, format) are passed in by ctxlock.record, never parsed
 from the body, so this module does not depend on the record format.
 
 The schema evolves by numbered migrations, as in simonw/llm: `m001_initial`, `m002_indexes`, ... run in order, each
 once, in its own write transaction, and each applied name is recorded in `_migrations`.
+
+The artifact blobs are `BlobStore`'s (blobs.py); `Store` puts and gets them under its own names (`put_artifact`, ...).
 
 Root: `Store(root)`, else `$CTXLOCK_DATA_DIR`, else `$XDG_DATA_HOME/ctxlock`, else `~/.local/share/ctxlock`.
 """
@@ -20,22 +22,24 @@ import hashlib
 import os
 import re
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import closing, contextmanager, suppress
+from contextlib import AbstractContextManager, closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import ArtifactError, ArtifactFormatError, ArtifactNotFoundError, CtxlockError, RecordFormatError
+from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, CtxlockError, RecordFormatError
+
+from .blobs import ArtifactStaging, BlobStore
 
 __all__ = [
     "INDEX_FIELDS",
     "MAX_RECORD_BYTES",
     "MIGRATIONS",
     "ArtifactStaging",
+    "BlobStore",
     "Store",
     "default_store_path",
     "max_record_bytes",
@@ -57,20 +61,11 @@ MAX_RECORD_BYTES_ENV = "CTXLOCK_MAX_RECORD_BYTES"
 # A record id prefix shorter than this is too likely to be ambiguous to be worth looking up (git uses 7).
 MIN_PREFIX_LEN = 8
 
-_CHUNK = 1 << 20
 _HEX_PREFIX = re.compile(r"[0-9a-f]{1,64}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-# Blobs whose content hash was checked by this process, keyed by (path, inode, size, mtime_ns): a blob is hashed
-# once per process, and again only if the file was replaced or rewritten since.
-_VERIFIED_BLOBS: set[tuple[str, int, int, int]] = set()
 
 # Connections a forked child inherited from its parent. They are kept referenced, never used or closed: closing
 # one in the child could touch the parent's locks and WAL state (SQLite: "do not carry a connection across fork").
 _INHERITED_CONNECTIONS: list[sqlite3.Connection] = []
-
-# A temporary blob file untouched for this long was left by a killed writer (an active copy rewrites it constantly).
-_STALE_TMP_S = 3600.0
 
 
 def default_store_path() -> Path:
@@ -211,12 +206,12 @@ class Store:
         self.root = Path(root).expanduser() if root is not None else default_store_path()
         self.db_path = self.root / "records.db"
         self.artifacts_dir = self.root / "artifacts"
+        self.blobs = BlobStore(self.artifacts_dir)
         self._ready = False
         self._lock = threading.Lock()
         self._local = threading.local()
         self._connections: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._pid = os.getpid()
-        self._swept_tmp = False
 
     def __enter__(self) -> Store:
         return self
@@ -352,90 +347,27 @@ class Store:
         return [record_id for record_id, _, _ in rows]
 
     # ----------------------------------------------------------------------------------------- artifacts
+    # The blobs live in `BlobStore` (blobs.py); these are the Store's names for them.
 
     def put_artifact(self, data: bytes) -> str:
         """Store a blob once under its sha256; returns the digest. A stored blob of the wrong size is replaced."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise ArtifactFormatError(f"artifact data must be bytes, got {type(data).__name__}", path="data")
-        data = bytes(data)
-        sha256 = hashlib.sha256(data).hexdigest()
-        if self._blob_size(sha256) == len(data):
-            return sha256
-        with self._tmp_blob() as (tmp, fh):
-            fh.write(data)
-            self._install_blob(tmp, fh, sha256)
-        return sha256
+        return self.blobs.put(data)
 
     def put_artifact_file(self, path: Path | str) -> str:
         """Store a file (GGUF files run to GBs) by hashing it while copying to a temporary file; returns the digest."""
-        src = Path(path)
-        try:
-            src_fh = src.open("rb")
-        except FileNotFoundError as exc:
-            raise ArtifactNotFoundError("artifact file not found", path=str(src)) from exc
-        except IsADirectoryError as exc:
-            raise ArtifactFormatError("artifact path is a directory, not a file", path=str(src)) from exc
-        except OSError as exc:
-            raise ArtifactError(f"cannot read artifact file: {exc.strerror}", path=str(src)) from exc
-        with src_fh, self._tmp_blob() as (tmp, fh):
-            digest = hashlib.sha256()
-            buf = bytearray(_CHUNK)
-            view = memoryview(buf)
-            size = 0
-            while True:
-                try:
-                    n = src_fh.readinto(buf)
-                except OSError as exc:
-                    raise ArtifactError(f"cannot read artifact file: {exc.strerror}", path=str(src)) from exc
-                if not n:
-                    break
-                digest.update(view[:n])
-                fh.write(view[:n])
-                size += n
-            sha256 = digest.hexdigest()
-            if self._blob_size(sha256) != size:
-                self._install_blob(tmp, fh, sha256)
-        return sha256
+        return self.blobs.put_file(path)
 
     def get_artifact_path(self, sha256: str) -> Path:
         """The path of a stored blob; its content is hashed on first use in this process to catch corruption."""
-        sha256 = _check_sha256(sha256)
-        blob = self._blob_path(sha256)
-        try:
-            st = blob.stat()
-        except FileNotFoundError as exc:
-            raise ArtifactNotFoundError(
-                f"artifact {sha256} is not in the store",
-                path=str(blob),
-                hint="on the machine that made the record, run `ctxlock records export --bundle RECORD_ID -o FILE`; "
-                "then `ctxlock records import FILE` here",
-            ) from exc
-        key = (str(blob), st.st_ino, st.st_size, st.st_mtime_ns)
-        if key in _VERIFIED_BLOBS:
-            return blob
-        actual = _file_sha256(blob)
-        if actual != sha256:
-            raise ArtifactFormatError(
-                f"artifact blob is corrupt: its content hashes to {actual}",
-                path=str(blob),
-                hint="delete the blob and store the artifact again",
-            )
-        _VERIFIED_BLOBS.add(key)
-        return blob
+        return self.blobs.get_path(sha256)
 
     def has_artifact(self, sha256: str) -> bool:
-        return self._blob_path(_check_sha256(sha256)).is_file()
+        return self.blobs.has(sha256)
 
-    @contextmanager
-    def staging(self) -> Iterator[ArtifactStaging]:
+    def staging(self) -> AbstractContextManager[ArtifactStaging]:
         """Blobs copied in from a stream are held in temporary files and installed together when the block ends
         without an error; on an error none is installed and every temporary file is removed."""
-        staged = ArtifactStaging(self)
-        try:
-            yield staged
-            staged.install()
-        finally:
-            staged.discard()
+        return self.blobs.staging()
 
     # ----------------------------------------------------------------------------------------- internals
 
@@ -578,109 +510,6 @@ class Store:
                     db.execute("ROLLBACK")
                 raise
 
-    def _blob_path(self, sha256: str) -> Path:
-        return self.artifacts_dir / sha256[:2] / sha256
-
-    def _blob_size(self, sha256: str) -> int | None:
-        try:
-            return self._blob_path(sha256).stat().st_size
-        except FileNotFoundError:
-            return None
-
-    @contextmanager
-    def _tmp_blob(self) -> Iterator[tuple[Path, BinaryIO]]:
-        """A temporary file on the store's filesystem (so the final rename is atomic), removed unless installed."""
-        tmp_dir = self.artifacts_dir / ".tmp"
-        try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            if not self._swept_tmp:
-                _remove_stale_files(tmp_dir)
-                self._swept_tmp = True
-            fd, name = tempfile.mkstemp(prefix="blob-", dir=tmp_dir)
-        except OSError as exc:
-            raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=str(tmp_dir)) from exc
-        tmp = Path(name)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                yield tmp, fh
-        except OSError as exc:
-            raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=str(tmp)) from exc
-        finally:
-            with suppress(FileNotFoundError):
-                tmp.unlink()
-
-    def _install_blob(self, tmp: Path, fh: BinaryIO, sha256: str) -> None:
-        """fsync the temporary file, then rename it over `artifacts/<aa>/<sha256>`. Concurrent writers of the same
-        blob each rename identical bytes into place, so readers only ever see a complete blob."""
-        fh.flush()
-        os.fsync(fh.fileno())
-        os.chmod(tmp, 0o444)  # blobs are immutable
-        blob = self._blob_path(sha256)
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, blob)
-        _fsync_dir(blob.parent)
-
-
-class ArtifactStaging:
-    """Blobs read from an untrusted stream (a bundle), checked before any of them enters the store (`Store.staging`).
-
-    `add` copies exactly `size` bytes into a temporary file while hashing them; a blob is kept for installation
-    only when its bytes hash to the digest it was declared under."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._files: list[tuple[Path, BinaryIO]] = []
-        self._staged: dict[str, tuple[Path, BinaryIO]] = {}
-
-    def add(self, source: BinaryIO, size: int, sha256: str) -> tuple[str, int]:
-        """Copy `size` bytes of `source`; returns (their sha256, how many were read: fewer means truncated)."""
-        expected = _check_sha256(sha256)
-        tmp_dir = self._store.artifacts_dir / ".tmp"
-        try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix="bundle-", dir=tmp_dir)
-        except OSError as exc:
-            raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=str(tmp_dir)) from exc
-        fh = os.fdopen(fd, "wb")
-        entry = (Path(name), fh)
-        self._files.append(entry)
-        digest = hashlib.sha256()
-        left = size
-        while left > 0:
-            chunk = source.read(min(_CHUNK, left))  # a read error is the source's own, raised as it is
-            if not chunk:
-                break
-            digest.update(chunk)
-            try:
-                fh.write(chunk)
-            except OSError as exc:
-                raise CtxlockError(f"cannot write to the artifact store: {exc.strerror}", path=name) from exc
-            left -= len(chunk)
-        actual = digest.hexdigest()
-        if left == 0 and actual == expected:
-            self._staged.setdefault(expected, entry)
-        return actual, size - left
-
-    def install(self) -> list[str]:
-        """Move every checked blob into place (atomic renames); returns their digests."""
-        installed = []
-        for sha256, (tmp, fh) in self._staged.items():
-            self._store._install_blob(tmp, fh, sha256)
-            fh.close()
-            # Renamed into place: its temporary name is no longer this staging's to remove.
-            self._files = [entry for entry in self._files if entry[0] != tmp]
-            installed.append(sha256)
-        self._staged = {}
-        return installed
-
-    def discard(self) -> None:
-        for tmp, fh in self._files:
-            with suppress(OSError):
-                fh.close()
-            with suppress(FileNotFoundError):
-                tmp.unlink()
-        self._files, self._staged = [], {}
-
 
 def _enable_wal(db: sqlite3.Connection) -> None:
     # journal_mode is stored in the database file; switching needs a moment with no other connection, so a
@@ -698,29 +527,6 @@ def _enable_wal(db: sqlite3.Connection) -> None:
         if time.monotonic() > deadline:
             raise CtxlockError("cannot switch the record store to WAL mode", hint="is it on a network filesystem?")
         time.sleep(0.05)
-
-
-def _remove_stale_files(tmp_dir: Path) -> None:
-    """Remove temporary blobs left behind by writers that were killed before their rename."""
-    cutoff = time.time() - _STALE_TMP_S
-    for entry in os.scandir(tmp_dir):
-        with suppress(OSError):  # another process may be removing it too
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                os.unlink(entry.path)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory, and that is not an error.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _record_body(body: object, *, path: str) -> bytes:
@@ -774,18 +580,3 @@ def _at_line(exc: CtxlockError, where: str) -> CtxlockError:
     except TypeError:  # a subclass with its own constructor: annotate the original instead
         exc.path = path
         return exc
-
-
-def _check_sha256(sha256: str) -> str:
-    value = sha256.lower() if isinstance(sha256, str) else ""
-    if not _SHA256.fullmatch(value):
-        raise ArtifactFormatError(f"not a sha256 hex digest: {sha256!r}", path="sha256")
-    return value
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

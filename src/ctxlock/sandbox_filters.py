@@ -118,7 +118,7 @@ _BUILDING_FILTERS = frozenset(
 _STRINGIFYING = (_BUILDING_FILTERS - {"join", "list", "reverse", "tojson"}) | {"wordcount"}
 # How many output characters a filter can make per input character, where it is more than one.
 _GROWTH = {"urlencode": 12, "escape": 6, "e": 6, "forceescape": 6, "xmlattr": 6, "urlize": 12, "upper": 3}
-PCT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[diouxXeEfFgGcrsa%]")
+_PCT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[diouxXeEfFgGcrsa%]")
 _DIGITS = re.compile(r"\d+")
 _METHOD_WIDTH = frozenset({"ljust", "rjust", "center", "zfill"})
 
@@ -188,7 +188,7 @@ def check_method(receiver: str, name: str, args: tuple[Any, ...], state: RenderS
 def percent(fmt: str, args: Any, state: RenderState) -> Any:
     """`fmt % args` with bounded widths; a plain format of `%s` fields keeps each argument's provenance."""
     plain_s = True
-    for m in PCT.finditer(fmt):
+    for m in _PCT.finditer(fmt):
         width, precision = m.group(1), m.group(2)
         for w in (width, precision):
             if w and w != "*":
@@ -206,7 +206,7 @@ def percent(fmt: str, args: Any, state: RenderState) -> Any:
         pieces: list[str] = []
         k = 0
         pos = 0
-        for m in PCT.finditer(fmt):
+        for m in _PCT.finditer(fmt):
             pieces.append(fmt[pos : m.start()])
             if m.group(0) == "%%":
                 pieces.append("%")
@@ -275,7 +275,7 @@ def _check_filter(
             state.charge(len(value) + (str.count(value, "\n") + 1) * pad, "|indent")
     elif name == "format":
         if isinstance(value, str):
-            for m in PCT.finditer(value):
+            for m in _PCT.finditer(value):
                 for w in (m.group(1), m.group(2)):
                     if w and w != "*":
                         state.width(int(w), "a '%' width or precision")
@@ -311,7 +311,8 @@ def _join_filter(context: Any, value: Any, d: str = "", attribute: Any = None) -
     return taint.join(sep, parts)
 
 
-# jinja's filters that the sandbox replaces outright (every other filter goes through `wrap_filter`).
+# jinja's filters that the sandbox replaces outright (every other filter goes through `wrap_filter`), and the
+# `lipsum` global. The functions keep their underscore names: Python's messages for a bad call quote them.
 LIMITED_FILTERS: dict[str, Callable[..., Any]] = {
     "join": _join_filter,
     "attr": wrap_filter("attr", _attr_filter),
@@ -319,4 +320,4 @@ LIMITED_FILTERS: dict[str, Callable[..., Any]] = {
 }
 lipsum = _lipsum
 
-__all__ = ["LIMITED_FILTERS", "PCT", "BoundedFormatter", "check_method", "lipsum", "percent", "wrap_filter"]
+__all__ = ["LIMITED_FILTERS", "BoundedFormatter", "check_method", "lipsum", "percent", "wrap_filter"]

@@ -22,7 +22,6 @@ import jinja2.constants
 import jinja2.filters
 import jinja2.sandbox
 import jinja2.utils
-from jinja2.utils import _PassArg
 
 from . import taint
 from .sandbox_limits import RenderState, check_printable, current_state, deep_size, running_line
@@ -222,10 +221,20 @@ def percent(fmt: str, args: Any, state: RenderState) -> Any:
     return taint.derived(out, (fmt, args), "'%'")
 
 
+def _mark(decorator: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+    """The mark (`jinja_pass_arg`) one of jinja's public decorators puts on a function."""
+    return decorator(lambda: None).jinja_pass_arg  # type: ignore[attr-defined]
+
+
+_PASS_CONTEXT = _mark(jinja2.pass_context)
+_PASS_EVAL_CONTEXT = _mark(jinja2.pass_eval_context)
+_PASS_ENVIRONMENT = _mark(jinja2.pass_environment)
+
+
 def wrap_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
     """A filter that keeps provenance and respects the limits. Marked `pass_context`, so that jinja never calls it
     at compile time (a constant filter expression is evaluated at render time, under the limits)."""
-    pass_arg = _PassArg.from_obj(f)
+    pass_arg = getattr(f, "jinja_pass_arg", None)  # what jinja passes it first, as jinja reads it
     builds = name in _BUILDING_FILTERS
     prints = name in _STRINGIFYING
     growth = _GROWTH.get(name, 1)
@@ -234,11 +243,11 @@ def wrap_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
         state = current_state()
         if builds:
             _check_filter(name, value, args, kwargs, growth, state)
-        if pass_arg is _PassArg.context:
+        if pass_arg is _PASS_CONTEXT:
             out = f(context, value, *args, **kwargs)
-        elif pass_arg is _PassArg.eval_context:
+        elif pass_arg is _PASS_EVAL_CONTEXT:
             out = f(context.eval_ctx, value, *args, **kwargs)
-        elif pass_arg is _PassArg.environment:
+        elif pass_arg is _PASS_ENVIRONMENT:
             out = f(context.environment, value, *args, **kwargs)
         else:
             out = f(value, *args, **kwargs)
@@ -256,7 +265,7 @@ def wrap_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
             state.items(len(out), f"|{name}")
         return out
 
-    filt.jinja_pass_arg = _PassArg.context  # type: ignore[attr-defined]
+    jinja2.pass_context(filt)
     filt.__name__ = getattr(f, "__name__", name)
     return filt
 

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_runner import run_cli
 
 NOW = "2024-07-26T10:00:00"
 BOOK = {"messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]}
 
 
 def run(*args: str, store: Path, stdin: bytes | str | None = None) -> subprocess.CompletedProcess[str]:
-    data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-    env = {**os.environ, "CTXLOCK_DATA_DIR": str(store), "COLUMNS": "200", "NO_COLOR": "1"}
-    p = subprocess.run([sys.executable, "-m", "ctxlock", *args], input=data, capture_output=True, env=env, timeout=120)
-    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
+    """`ctxlock ARGS` in a child process whose record store is `store`."""
+    return run_cli(*args, stdin=stdin, env={"CTXLOCK_DATA_DIR": str(store)})
 
 
 @pytest.fixture

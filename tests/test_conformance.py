@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +50,26 @@ pytestmark = pytest.mark.reference
 
 TEMPLATES = artifacts.template_paths()
 CORPUS = conversations()
-RESULTS: dict[str, Counter] = {}
-IDS_COMPARED: dict[str, int] = {}
 MODES = ("parsed", "as-sent")
-# (template, conversation) pairs where the parsed default renders differently from transformers on the raw request:
-# the documented difference, seen only where arguments are strings.
-DIFFERENCES: list[tuple[str, str]] = []
-# (template, conversation) pairs where the default joined content-part lists (a "string" content-format template).
-JOINED: list[tuple[str, str]] = []
+
+
+@dataclass
+class Renders:
+    """One template's render comparison over the corpus, in both modes."""
+
+    counts: Counter = field(default_factory=Counter)  # "identical" renders, "same error"s
+    failures: list[str] = field(default_factory=list)
+    # Conversations where the parsed default renders differently from transformers on the raw request: the
+    # documented difference, seen only where arguments are strings.
+    differences: list[str] = field(default_factory=list)
+    # Conversations where the default joined content-part lists (a "string" content-format template).
+    joined: list[str] = field(default_factory=list)
+
+
+# Each template is compared once per session, by whichever test asks first (its own test or the summary): the
+# summary is computed over every template, whatever ran before it, in whatever order.
+RENDERS: dict[str, Renders] = {}
+IDS: dict[str, tuple[int, str | None]] = {}  # template -> (conversations compared, the first difference or None)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -101,18 +114,19 @@ def _raw(data: dict[str, Any]) -> tuple[list[dict], Any]:
     return raw["messages"], raw.get("tools")
 
 
-@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
-def test_template_renders_like_transformers(path: Path) -> None:
+def renders(path: Path) -> Renders:
+    """`path`'s renders against transformers over the corpus, in both modes (computed once per session)."""
+    if path.name in RENDERS:
+        return RENDERS[path.name]
     source = path.read_text("utf-8")
     template = ChatTemplate(source, id=path.name)
     model = _model(vocab_for(path.name))
     special = reference.reference_special_tokens(artifacts.hf_tokenizer_dir(vocab_for(path.name)))
     assert model.special_tokens == special  # the template sees the same variables as in transformers
-    counts: Counter = Counter()
-    failures = []
+    out = Renders()
     joins = content_format(source) == "string"
+    extra = TEMPLATE_KWARGS.get(path.name, {})
     for name, data, options in CORPUS:
-        extra = TEMPLATE_KWARGS.get(path.name, {})
         raw_kind, raw_ref = _reference(source, *_raw(data), {**options, **extra}, special)
         strings = string_argument_paths(data)
         for mode in MODES:
@@ -134,42 +148,44 @@ def test_template_renders_like_transformers(path: Path) -> None:
             if flattens and not only_text_parts(data):
                 # An image part in a template that reads content as a string: a typed error naming the part.
                 if isinstance(ours, ContentFormatError) and ours.path.startswith("messages["):
-                    counts["same error"] += 1
+                    out.counts["same error"] += 1
                 else:
-                    failures.append(f"{where}: an image part should be a ContentFormatError, got {ours!r:.200}")
+                    out.failures.append(f"{where}: an image part should be a ContentFormatError, got {ours!r:.200}")
                 continue
             if ref_kind == "ok" and our_kind == "ok":
                 if ours.text == ref:
-                    counts["identical"] += 1
+                    out.counts["identical"] += 1
                     if flattens:
                         assert ours.flattened and ours.content_format == "string"
-                        JOINED.append((path.name, name))
+                        out.joined.append(name)
                     if mode == "parsed" and strings and raw_kind == "ok" and ours.text != raw_ref:
-                        DIFFERENCES.append((path.name, name))
+                        out.differences.append(name)
                 else:
-                    failures.append(f"{where}: text differs\n  ours {ours.text!r:.300}\n  ref  {ref!r:.300}")
+                    out.failures.append(f"{where}: text differs\n  ours {ours.text!r:.300}\n  ref  {ref!r:.300}")
             elif ref_kind == "error" and our_kind == "error":
                 if isinstance(ours, TemplateError) and ours.message == str(ref):
-                    counts["same error"] += 1
+                    out.counts["same error"] += 1
                 else:
-                    failures.append(f"{where}: errors differ\n  ours {type(ours).__name__}: {ours}\n  ref  {ref!r}")
+                    out.failures.append(f"{where}: errors differ\n  ours {type(ours).__name__}: {ours}\n  ref  {ref!r}")
             elif ref_kind == "ok":
-                failures.append(f"{where}: transformers renders, ctxlock raised {type(ours).__name__}: {ours}")
+                out.failures.append(f"{where}: transformers renders, ctxlock raised {type(ours).__name__}: {ours}")
             else:
-                failures.append(f"{where}: transformers raised {ref!r:.200}, ctxlock rendered")
-    RESULTS[path.name] = counts
-    assert not failures, "\n".join(failures)
+                out.failures.append(f"{where}: transformers raised {ref!r:.200}, ctxlock rendered")
+    RENDERS[path.name] = out
+    return out
 
 
-@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
-def test_template_ids_equal_transformers(path: Path) -> None:
-    """Ids for every conversation the template accepts, with its paired vocabulary, against tokenize=True."""
+def ids_compared(path: Path) -> tuple[int, str | None]:
+    """How many conversations `path` accepts whose ids were compared with `tokenize=True`, and the first difference
+    (None when every one is equal); computed once per session."""
+    if path.name in IDS:
+        return IDS[path.name]
     source = path.read_text("utf-8")
     vocab = vocab_for(path.name)
     tok_dir = artifacts.hf_tokenizer_dir(vocab)
     model = _model(vocab)
     template = ChatTemplate(source, id=path.name)
-    compared = 0
+    compared, difference = 0, None
     for name, data, options in CORPUS:
         request = parse_request(data, tool_arguments="as-sent")
         messages, tools = _raw(data)
@@ -180,9 +196,25 @@ def test_template_ids_equal_transformers(path: Path) -> None:
             continue
         kwargs = {"now": FIXED_NOW, "chat_template_kwargs": extra or None, "content_format": "openai", **options}
         ours = model.encode(request, template=template, **kwargs).input_ids[0].tolist()
-        assert ours == expected, f"{name} with {vocab}: first difference at {_first_diff(ours, expected)}"
+        if ours != expected:
+            difference = f"{name} with {vocab}: first difference at {_first_diff(ours, expected)}"
+            break
         compared += 1
-    IDS_COMPARED[path.name] = compared
+    IDS[path.name] = (compared, difference)
+    return IDS[path.name]
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
+def test_template_renders_like_transformers(path: Path) -> None:
+    failures = renders(path).failures
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
+def test_template_ids_equal_transformers(path: Path) -> None:
+    """Ids for every conversation the template accepts, with its paired vocabulary, against tokenize=True."""
+    compared, difference = ids_compared(path)
+    assert difference is None, difference
     assert compared > 0, f"{path.name} rendered no conversation at all"
 
 
@@ -191,20 +223,25 @@ def _first_diff(a: list[int], b: list[int]) -> int:
 
 
 def test_zz_conformance_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    """Print the counts (the closing note quotes them); require ≥ 55 fully conformant templates."""
-    full = [n for n, c in RESULTS.items() if sum(c.values()) == len(CORPUS) * len(MODES)]
-    total = Counter()
-    for c in RESULTS.values():
-        total.update(c)
+    """Print the counts (the closing note quotes them), computed here over every template whatever ran before;
+    require ≥ 55 fully conformant templates."""
+    results = {p.name: renders(p) for p in TEMPLATES}
+    ids = {p.name: ids_compared(p) for p in TEMPLATES}
+    full = [n for n, r in results.items() if sum(r.counts.values()) == len(CORPUS) * len(MODES)]
+    total: Counter = Counter()
+    for r in results.values():
+        total.update(r.counts)
+    equal = {n: compared for n, (compared, difference) in ids.items() if difference is None}
+    differences = sum(len(r.differences) for r in results.values())
+    joined = {n: len(r.joined) for n, r in results.items() if r.joined}
     with capsys.disabled():
         print(
             f"\nconformance: {len(full)}/{len(TEMPLATES)} templates conform on all {len(CORPUS)} conversations; "
             f"{total['identical']} identical renders, {total['same error']} identical errors; "
-            f"ids identical on {sum(IDS_COMPARED.values())} (template, conversation) pairs over "
-            f"{len(IDS_COMPARED)} templates; the parsed default differs from transformers on the raw request in "
-            f"{len(DIFFERENCES)} (template, conversation) pairs, all with string arguments; content-part lists were "
-            f"joined (string content format) in {len(JOINED)} pairs over {len({t for t, _ in JOINED})} templates, "
+            f"ids identical on {sum(equal.values())} (template, conversation) pairs over "
+            f"{len(equal)} templates; the parsed default differs from transformers on the raw request in "
+            f"{differences} (template, conversation) pairs, all with string arguments; content-part lists were "
+            f"joined (string content format) in {sum(joined.values())} pairs over {len(joined)} templates, "
             "each equal to transformers on the joined request"
         )
-    if len(RESULTS) == len(TEMPLATES):
-        assert len(full) >= 55
+    assert len(full) >= 55

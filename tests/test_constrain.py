@@ -22,12 +22,11 @@ import llguidance
 import mistral_common
 import numpy as np
 import pytest
-import typer
 from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
-from typer.testing import CliRunner
 
 import artifacts
+from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import constrain as constrain_cmds
 from ctxlock.constrain import JsonSchemaMask, default_eos_id, guidance_vocab
@@ -399,19 +398,8 @@ def test_vocabulary_conversion_is_cached_and_timed(tekken) -> None:
 # ------------------------------------------------------------------------------------------- the CLI
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    constrain_cmds.register(app)
-
-    @app.callback()
-    def _root() -> None:
-        """ctxlock (test harness)"""
-
-    return app
-
-
 def _run(*args: str) -> tuple[list[dict], dict, object]:
-    result = CliRunner().invoke(_app(), ["constrain", *args])
+    result = invoke(constrain_cmds.register, "constrain", *args)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     samples = [line for line in lines if "summary" not in line]
     summary = next((line["summary"] for line in lines if "summary" in line), None)

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import mistral_common
 import pytest
-import typer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers.pre_tokenizers import ByteLevel
-from typer.testing import CliRunner
 
 import artifacts
+from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import detok as detok_cli
 from ctxlock.decode import IncrementalDecoder, byte_level_table, decode_stream
@@ -368,24 +367,13 @@ def test_work_per_token_is_bounded(toks: dict[str, Tokenizer], monkeypatch: pyte
 QWEN2 = str(artifacts.gguf_path("qwen2"))
 
 
-def cli() -> typer.Typer:
-    app = typer.Typer(pretty_exceptions_enable=False)
-    detok_cli.register(app)
-
-    @app.command()
-    def _unused() -> None:  # a second command, so typer keeps `detok` as a named subcommand
-        pass
-
-    return app
-
-
 def run(*args: str, stdin: str = "") -> tuple[int, str, BaseException | None]:
-    result = CliRunner().invoke(cli(), ["detok", *args], input=stdin)
+    result = invoke(detok_cli.register, "detok", *args, stdin=stdin)
     return result.exit_code, result.stdout, result.exception
 
 
 def run_output(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli(), ["detok", *args])
+    result = invoke(detok_cli.register, "detok", *args)
     return result.exit_code, result.output
 
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from hypothesis import strategies as st
 
 import artifacts
 import ctxlock
+from cli_runner import run_cli
 from ctxlock.record import ExecutionRecord, RunOptions, diff
 from ctxlock.replay import run_and_record, save
 from ctxlock.store import Store
@@ -143,10 +142,9 @@ def test_cli_gives_same_ids_its_own_exit_code_and_json_kind(
     ra, rb = _record(hf, ASCII, template), _record(gguf, ASCII, template)
     a, b = save(store, hf, ra, template), save(store, gguf, rb, template)
     store.close()
-    env = {**os.environ, "CTXLOCK_DATA_DIR": str(store.root), "NO_COLOR": "1", "COLUMNS": "200"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ctxlock", *args], capture_output=True, text=True, env=env)
+        return run_cli(*args, env={"CTXLOCK_DATA_DIR": str(store.root)})
 
     human = run("diff", a, b)
     assert human.returncode == 3, human.stdout + human.stderr

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import types
 from pathlib import Path
@@ -24,6 +23,7 @@ import artifacts
 import ctxlock
 import ctxlock.errors
 import ctxlock.replay
+from cli_runner import run_cli
 from ctxlock.errors import ArtifactNotFoundError
 from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes
 from ctxlock.replay import load_record, replay, run_and_record, save
@@ -54,9 +54,8 @@ def cli(*args: str, data_dir: Path, home: Path, stdin: bytes | None = None) -> s
         for k, v in os.environ.items()
         if not k.startswith(("CTXLOCK_", "XDG_", "HF_")) or k in ("CTXLOCK_TEST_CACHE",)
     }
-    env.update(CTXLOCK_DATA_DIR=str(data_dir), HOME=str(home), HF_HUB_OFFLINE="1", NO_COLOR="1", COLUMNS="200")
-    p = subprocess.run([sys.executable, "-m", "ctxlock", *args], input=stdin, capture_output=True, env=env, timeout=300)
-    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
+    own = {"CTXLOCK_DATA_DIR": str(data_dir), "HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    return run_cli(*args, stdin=stdin, base_env=env, env=own, timeout=300)
 
 
 def _model_dir(kind: str, where: Path) -> tuple[Path, list[str]]:

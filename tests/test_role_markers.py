@@ -21,9 +21,9 @@ import pytest
 import artifacts
 import ctxlock
 import reference
+from cli_runner import run_cli
 from conformance import vocab_for
 from ctxlock.template import ChatTemplate
-from test_cli import ctxlock as run_cli
 
 TEMPLATES = artifacts.template_paths()
 RWKV = "llama-cpp-rwkv-world.jinja"  # "User: " / "Assistant: ": plain text with any vocabulary

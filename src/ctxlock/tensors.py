@@ -67,6 +67,8 @@ __all__ = [
 # `model(**inputs)` works (BatchEncoding from `apply_chat_template(return_dict=True)` has the first two).
 KEYS = ("input_ids", "attention_mask", "position_ids")
 
+# The fields of a ModelInput, in order (`to_dict` keys).
+_FIELDS = ("input_ids", "attention_mask", "position_ids", "valid_lengths", "padding_side", "pad_id")
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _TORCH_HINT = "pip install 'ctxlock[torch]'"
 _PAD_HINT = "set pad_token in the tokenizer config, or pass pad_id= explicitly"
@@ -230,13 +232,127 @@ def _first_bad_row(ok_per_row: np.ndarray) -> int:
     return int(np.flatnonzero(~ok_per_row)[0])
 
 
+def _check_shapes(ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> None:
+    """The three arrays have the same ``[B, n]`` shape, with ``B >= 1``."""
+    for name, arr in (("attention_mask", mask), ("position_ids", pos)):
+        if arr.shape != ids.shape:
+            raise TensorError(
+                f"{name} has shape {arr.shape}, input_ids has {ids.shape}",
+                path=name,
+                hint="all three arrays must be [batch, seq]",
+            )
+    if ids.shape[0] < 1:
+        raise TensorError("a ModelInput needs at least one row", path="input_ids", hint="pass a non-empty batch")
+
+
+def _valid_lengths(raw_lengths: object, batch: int, n: int) -> tuple[int, ...]:
+    """One int in ``0..n`` per row, as a tuple."""
+    if isinstance(raw_lengths, (str, bytes)) or not isinstance(raw_lengths, (Sequence, np.ndarray)):
+        raise TensorError("valid_lengths must be a sequence of ints", path="valid_lengths", hint="one length per row")
+    if len(raw_lengths) != batch:
+        raise TensorError(
+            f"valid_lengths has {len(raw_lengths)} entries for {batch} rows",
+            path="valid_lengths",
+            hint="one length per row",
+        )
+    for b, v in enumerate(raw_lengths):
+        if not _is_int(v) or not 0 <= int(v) <= n:
+            raise TensorError(
+                f"valid length {v!r} is not an int in 0..{n}",
+                path=f"valid_lengths[{b}]",
+                hint="a valid length counts the real tokens of its row",
+            )
+    return tuple(int(v) for v in raw_lengths)
+
+
+def _check_mask_and_positions(mask: np.ndarray, pos: np.ndarray, lengths: tuple[int, ...], side: PaddingSide) -> None:
+    """The mask is 0/1, contiguous on ``side`` with ``lengths`` ones per row, and the positions are transformers'."""
+    n = mask.shape[1]
+    if mask.size and not np.isin(mask, (0, 1)).all():
+        b = _first_bad_row(np.isin(mask, (0, 1)).all(axis=1))
+        raise TensorError("attention_mask must be 0/1", path=f"attention_mask[{b}]", hint="1 = real, 0 = pad")
+    lens = np.asarray(lengths, dtype=np.int64)[:, None]
+    cols = np.arange(n, dtype=np.int64)[None, :]
+    expected_mask = (cols < lens) if side is PaddingSide.RIGHT else (cols >= n - lens)
+    rows_ok = (mask == expected_mask.astype(np.int64)).all(axis=1)
+    if not rows_ok.all():
+        b = _first_bad_row(rows_ok)
+        raise TensorError(
+            f"attention_mask row does not match {side.value} padding with valid length {lengths[b]}",
+            path=f"attention_mask[{b}]",
+            hint=f"{side.value} padding puts {'real tokens first' if side is PaddingSide.RIGHT else 'pads first'}",
+        )
+    pos_ok = (pos == _hf_position_ids(mask)).all(axis=1)
+    if not pos_ok.all():
+        b = _first_bad_row(pos_ok)
+        raise TensorError(
+            "position_ids must be 0..len-1 on real tokens and 1 on padding (transformers' convention)",
+            path=f"position_ids[{b}]",
+            hint="build ModelInput with assemble_batch()",
+        )
+
+
+def _check_ids(ids: np.ndarray, mask: np.ndarray, pad_id: int | None) -> None:
+    """Real ids are non-negative; every padding slot holds ``pad_id`` (and there is none when it is None)."""
+    real = mask == 1
+    if (ids[real] < 0).any():
+        b = _first_bad_row(~((ids < 0) & real).any(axis=1))
+        raise TensorError("negative token id", path=f"input_ids[{b}]", hint="token ids are non-negative")
+    padding = ~real
+    if padding.any():
+        if pad_id is None:
+            b = _first_bad_row(~padding.any(axis=1))
+            raise TensorError(f"row {b} has padding but pad_id is None", path="pad_id", hint=_PAD_HINT)
+        pad_ok = ~((ids != pad_id) & padding).any(axis=1)
+        if not pad_ok.all():
+            b = _first_bad_row(pad_ok)
+            raise TensorError(
+                f"a padding slot does not hold pad_id {pad_id}",
+                path=f"input_ids[{b}]",
+                hint="padding slots must hold pad_id",
+            )
+
+
+class _KeyedInput(Mapping):
+    """The read-only mapping of the three `KEYS` that `ModelInput` and `TorchInput` are, as transformers'
+    ``BatchEncoding`` is one; any other key is a TensorKeyError. A subclass gives a key's value (`_value`)."""
+
+    __slots__ = ()
+    _kind = "input"  # the type's name in messages
+    _attributes: tuple[str, ...] = ()  # names that are attributes, not keys (a hint says so)
+
+    def _value(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        if isinstance(key, str) and key in KEYS:
+            return self._value(key)
+        attribute = f"; {key} is an attribute: mi.{key}" if key in self._attributes else ""
+        hint = f"the keys are {', '.join(KEYS)}" + attribute
+        raise TensorKeyError(f"{self._kind} has no key {key!r}", path=f"{self._kind}[{key!r}]", hint=hint)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(KEYS)
+
+    def __len__(self) -> int:
+        return len(KEYS)
+
+    def __contains__(self, key: object) -> bool:
+        return key in KEYS
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """A fresh dict of the three values (``BatchEncoding.data``): the originals, for a ModelInput read-only."""
+        return {k: self._value(k) for k in KEYS}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # ModelInput
 # ---------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
-class ModelInput(Mapping):
+class ModelInput(_KeyedInput):
     """The exact input of one forward pass: ``[B, n]`` int64 arrays, read-only.
 
     A read-only mapping, as transformers' ``BatchEncoding`` is: ``mi["input_ids"]``, ``mi.keys()`` (``input_ids``,
@@ -267,83 +383,11 @@ class ModelInput(Mapping):
         pos = _frozen_int64(self.position_ids, "position_ids")
         side = _padding_side(self.padding_side)
         pad_id = _pad_id(self.pad_id)
-        for name, arr in (("attention_mask", mask), ("position_ids", pos)):
-            if arr.shape != ids.shape:
-                raise TensorError(
-                    f"{name} has shape {arr.shape}, input_ids has {ids.shape}",
-                    path=name,
-                    hint="all three arrays must be [batch, seq]",
-                )
-        batch, n = ids.shape
-        if batch < 1:
-            raise TensorError("a ModelInput needs at least one row", path="input_ids", hint="pass a non-empty batch")
-
-        raw_lengths = self.valid_lengths
-        if isinstance(raw_lengths, (str, bytes)) or not isinstance(raw_lengths, (Sequence, np.ndarray)):
-            raise TensorError(
-                "valid_lengths must be a sequence of ints", path="valid_lengths", hint="one length per row"
-            )
-        if len(raw_lengths) != batch:
-            raise TensorError(
-                f"valid_lengths has {len(raw_lengths)} entries for {batch} rows",
-                path="valid_lengths",
-                hint="one length per row",
-            )
-        for b, v in enumerate(raw_lengths):
-            if not _is_int(v) or not 0 <= int(v) <= n:
-                raise TensorError(
-                    f"valid length {v!r} is not an int in 0..{n}",
-                    path=f"valid_lengths[{b}]",
-                    hint="a valid length counts the real tokens of its row",
-                )
-        lengths = tuple(int(v) for v in raw_lengths)
-
-        if mask.size and not np.isin(mask, (0, 1)).all():
-            b = _first_bad_row(np.isin(mask, (0, 1)).all(axis=1))
-            raise TensorError("attention_mask must be 0/1", path=f"attention_mask[{b}]", hint="1 = real, 0 = pad")
-        lens = np.asarray(lengths, dtype=np.int64)[:, None]
-        cols = np.arange(n, dtype=np.int64)[None, :]
-        expected_mask = (cols < lens) if side is PaddingSide.RIGHT else (cols >= n - lens)
-        rows_ok = (mask == expected_mask.astype(np.int64)).all(axis=1)
-        if not rows_ok.all():
-            b = _first_bad_row(rows_ok)
-            raise TensorError(
-                f"attention_mask row does not match {side.value} padding with valid length {lengths[b]}",
-                path=f"attention_mask[{b}]",
-                hint=f"{side.value} padding puts {'real tokens first' if side is PaddingSide.RIGHT else 'pads first'}",
-            )
-        pos_ok = (pos == _hf_position_ids(mask)).all(axis=1)
-        if not pos_ok.all():
-            b = _first_bad_row(pos_ok)
-            raise TensorError(
-                "position_ids must be 0..len-1 on real tokens and 1 on padding (transformers' convention)",
-                path=f"position_ids[{b}]",
-                hint="build ModelInput with assemble_batch()",
-            )
-        real = mask == 1
-        if (ids[real] < 0).any():
-            b = _first_bad_row(~((ids < 0) & real).any(axis=1))
-            raise TensorError("negative token id", path=f"input_ids[{b}]", hint="token ids are non-negative")
-        padding = ~real
-        if padding.any():
-            if pad_id is None:
-                b = _first_bad_row(~padding.any(axis=1))
-                raise TensorError(f"row {b} has padding but pad_id is None", path="pad_id", hint=_PAD_HINT)
-            pad_ok = ~((ids != pad_id) & padding).any(axis=1)
-            if not pad_ok.all():
-                b = _first_bad_row(pad_ok)
-                raise TensorError(
-                    f"a padding slot does not hold pad_id {pad_id}",
-                    path=f"input_ids[{b}]",
-                    hint="padding slots must hold pad_id",
-                )
-
-        object.__setattr__(self, "input_ids", ids)
-        object.__setattr__(self, "attention_mask", mask)
-        object.__setattr__(self, "position_ids", pos)
-        object.__setattr__(self, "valid_lengths", lengths)
-        object.__setattr__(self, "padding_side", side)
-        object.__setattr__(self, "pad_id", pad_id)
+        _check_shapes(ids, mask, pos)
+        lengths = _valid_lengths(self.valid_lengths, *ids.shape)
+        _check_mask_and_positions(mask, pos, lengths, side)
+        _check_ids(ids, mask, pad_id)
+        _set_fields(self, ids, mask, pos, lengths, side, pad_id)
 
     # -- shape -------------------------------------------------------------------------------------------------
 
@@ -370,29 +414,11 @@ class ModelInput(Mapping):
 
     # -- mapping (transformers' BatchEncoding) --------------------------------------------------------------------
 
-    def __getitem__(self, key: str) -> np.ndarray:
-        if isinstance(key, str) and key in KEYS:
-            return getattr(self, key)
-        raise TensorKeyError(
-            f"ModelInput has no key {key!r}",
-            path=f"ModelInput[{key!r}]",
-            hint=f"the keys are {', '.join(KEYS)}"
-            + (f"; {key} is an attribute: mi.{key}" if key in ("valid_lengths", "padding_side", "pad_id") else ""),
-        )
+    _kind = "ModelInput"
+    _attributes = ("valid_lengths", "padding_side", "pad_id")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(KEYS)
-
-    def __len__(self) -> int:
-        return len(KEYS)
-
-    def __contains__(self, key: object) -> bool:
-        return key in KEYS
-
-    @property
-    def data(self) -> dict[str, np.ndarray]:
-        """A fresh dict of the three arrays (``BatchEncoding.data``); the arrays are the read-only originals."""
-        return {k: getattr(self, k) for k in KEYS}
+    def _value(self, key: str) -> np.ndarray:
+        return getattr(self, key)
 
     def to(self, device: Any, *, non_blocking: bool = False) -> TorchInput:
         """The arrays as torch tensors on ``device`` (``BatchEncoding.to``). numpy arrays have no device, so this
@@ -424,8 +450,7 @@ class ModelInput(Mapping):
             raise TensorError(
                 f"expected a mapping, got {type(data).__name__}", path="model_input", hint="pass to_dict() output"
             )
-        keys = ("input_ids", "attention_mask", "position_ids", "valid_lengths", "padding_side", "pad_id")
-        missing = [k for k in keys if k not in data]
+        missing = [k for k in _FIELDS if k not in data]
         if missing:
             raise TensorError(f"missing key {missing[0]!r}", path=missing[0], hint="pass to_dict() output")
         vl = data["valid_lengths"]
@@ -489,7 +514,7 @@ class ModelInput(Mapping):
         )
 
 
-class TorchInput(Mapping):
+class TorchInput(_KeyedInput):
     """`ModelInput` as torch tensors (``encode(..., return_tensors="pt")``): a read-only mapping of ``input_ids``,
     ``attention_mask`` and ``position_ids`` (``torch.long``), with attribute access, like a ``BatchEncoding`` of
     torch tensors. ``to(device)`` returns a new TorchInput on that device. ``model_input`` is the ModelInput it was
@@ -504,30 +529,15 @@ class TorchInput(Mapping):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"TorchInput is read-only: cannot set {name!r}")
 
-    def __getitem__(self, key: str) -> Any:
-        if isinstance(key, str) and key in KEYS:
-            return self._tensors[key]
-        raise TensorKeyError(
-            f"TorchInput has no key {key!r}", path=f"TorchInput[{key!r}]", hint=f"the keys are {', '.join(KEYS)}"
-        )
+    _kind = "TorchInput"
+
+    def _value(self, key: str) -> Any:
+        return self._tensors[key]
 
     def __getattr__(self, name: str) -> Any:
         if name in KEYS:
             return self._tensors[name]
         raise AttributeError(f"TorchInput has no attribute {name!r}")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(KEYS)
-
-    def __len__(self) -> int:
-        return len(KEYS)
-
-    def __contains__(self, key: object) -> bool:
-        return key in KEYS
-
-    @property
-    def data(self) -> dict[str, Any]:
-        return dict(self._tensors)
 
     # pickle, copy and deepcopy (a DataLoader worker pickles its batches): rebuilt through the constructor, since
     # attribute assignment is refused.
@@ -679,14 +689,11 @@ def _frozen_input(
     # Built to the invariants by construction (the rows are validated, the mask and positions derived), so the
     # constructor's re-validation is skipped; tests/test_tensors.py checks that it would accept every such value.
     out = object.__new__(ModelInput)
-    fields = {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "position_ids": pos,
-        "valid_lengths": lengths,
-        "padding_side": side,
-        "pad_id": pad_id,
-    }
-    for name, value in fields.items():
-        object.__setattr__(out, name, value)
+    _set_fields(out, ids, mask, pos, lengths, side, pad_id)
     return out
+
+
+def _set_fields(out: ModelInput, *values: Any) -> None:
+    """Set the (frozen) fields of `out`, in `_FIELDS` order."""
+    for name, value in zip(_FIELDS, values, strict=True):
+        object.__setattr__(out, name, value)

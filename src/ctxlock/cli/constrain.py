@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from ..artifacts import ModelArtifacts, load_artifacts
 from ..constrain import WHITESPACE_MODES, JsonSchemaMask
 from ..errors import ConstraintError, SamplerError
 from ..sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
@@ -138,157 +139,205 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 4)
 
 
+SchemaOpt = Annotated[Path, typer.Option("--schema", "-s", help="JSON Schema file the outputs must validate against.")]
+ConstrainModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help=MODEL_HELP + " Default: the embedded mistral-nemo (Tekken, 131K vocabulary).",
+    ),
+]
+SamplesOpt = Annotated[int, typer.Option("--samples", "-n", min=1, help="How many outputs to sample.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seeds the logits and the sampler.")]
+MaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        min=1,
+        help="Tokens per sample, EOS included. A sample cut here is 'length': incomplete, never valid.",
+    ),
+]
+TemperatureOpt = Annotated[float, typer.Option(help="Sampler temperature; 0 = greedy (lowest id on ties).")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off.")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass to keep; 1 = off.")]
+MinPOpt = Annotated[float, typer.Option("--min-p", help="Keep p >= min_p * p_max; 0 = off.")]
+RepetitionPenaltyOpt = Annotated[
+    float, typer.Option("--repetition-penalty", help="CTRL penalty on ids already sampled; 1 = off.")
+]
+OrderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--order",
+        help=f"Processor order, comma-separated (default: {','.join(DEFAULT_ORDER)}, transformers' order; "
+        f"known: {', '.join(PROCESSORS)}).",
+    ),
+]
+WhitespaceOpt = Annotated[
+    str,
+    typer.Option(
+        "--whitespace",
+        help="compact: one canonical spelling, no layout tokens (default); flexible: any JSON whitespace "
+        "(with random logits, whitespace runs make samples long).",
+    ),
+]
+EosOpt = Annotated[
+    str | None, typer.Option("--eos", help="End-of-sequence token string (default: the model's eos_token).")
+]
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def constrain(
-        schema: Annotated[
-            Path, typer.Option("--schema", "-s", help="JSON Schema file the outputs must validate against.")
-        ],
-        model: Annotated[
-            str | None,
-            typer.Option(
-                "--model",
-                "-m",
-                help=MODEL_HELP + " Default: the embedded mistral-nemo (Tekken, 131K vocabulary).",
-            ),
-        ] = None,
-        samples: Annotated[int, typer.Option("--samples", "-n", min=1, help="How many outputs to sample.")] = 10,
-        seed: Annotated[int, typer.Option("--seed", min=0, help="Seeds the logits and the sampler.")] = 0,
-        max_tokens: Annotated[
-            int,
-            typer.Option(
-                "--max-tokens",
-                min=1,
-                help="Tokens per sample, EOS included. A sample cut here is 'length': incomplete, never valid.",
-            ),
-        ] = 256,
-        temperature: Annotated[float, typer.Option(help="Sampler temperature; 0 = greedy (lowest id on ties).")] = 1.0,
-        top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off.")] = 0,
-        top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass to keep; 1 = off.")] = 1.0,
-        min_p: Annotated[float, typer.Option("--min-p", help="Keep p >= min_p * p_max; 0 = off.")] = 0.0,
-        repetition_penalty: Annotated[
-            float, typer.Option("--repetition-penalty", help="CTRL penalty on ids already sampled; 1 = off.")
-        ] = 1.0,
-        order: Annotated[
-            str | None,
-            typer.Option(
-                "--order",
-                help=f"Processor order, comma-separated (default: {','.join(DEFAULT_ORDER)}, transformers' order; "
-                f"known: {', '.join(PROCESSORS)}).",
-            ),
-        ] = None,
-        whitespace: Annotated[
-            str,
-            typer.Option(
-                "--whitespace",
-                help="compact: one canonical spelling, no layout tokens (default); flexible: any JSON whitespace "
-                "(with random logits, whitespace runs make samples long).",
-            ),
-        ] = "compact",
-        eos: Annotated[
-            str | None, typer.Option("--eos", help="End-of-sequence token string (default: the model's eos_token).")
-        ] = None,
-    ) -> None:
-        """Sample JSON under a JSON-Schema token mask (llguidance over ctxlock's own tokenizer) from seeded random
-        logits, and validate every output with jsonschema.
+    app.command()(constrain)
 
-        Prints one JSON line per sample: {"index", "text", "finish_reason", "tokens", "complete", "valid"}, then a
-        {"summary": ...} line with the sampler config (processor order, digest), the counts and the timings
-        (compile, mask median/p99 per token). Exits 1 if a completed sample does not validate."""
-        import jsonschema
 
-        from ..artifacts import load_artifacts
+def constrain(
+    schema: SchemaOpt,
+    model: ConstrainModelOpt = None,
+    samples: SamplesOpt = 10,
+    seed: SeedOpt = 0,
+    max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 1.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    min_p: MinPOpt = 0.0,
+    repetition_penalty: RepetitionPenaltyOpt = 1.0,
+    order: OrderOpt = None,
+    whitespace: WhitespaceOpt = "compact",
+    eos: EosOpt = None,
+) -> None:
+    """Sample JSON under a JSON-Schema token mask (llguidance over ctxlock's own tokenizer) from seeded random
+    logits, and validate every output with jsonschema.
 
-        if whitespace not in WHITESPACE_MODES:
-            raise typer.BadParameter(f"use one of {', '.join(WHITESPACE_MODES)}", param_hint="--whitespace")
-        try:
-            config = SamplerConfig(
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                repetition_penalty=repetition_penalty,
-                seed=seed,
-                order=_parse_order(order),
-            )
-        except SamplerError as exc:
-            raise typer.BadParameter(str(exc), param_hint=f"--{(exc.path or 'order').replace('_', '-')}") from None
-        schema_text = read_text(schema, option="--schema")
-        arts = load_artifacts(model)
-        tokenizer = arts.tokenizer
-        eos_id = None
-        if eos is not None:
-            eos_id = tokenizer.token_to_id(eos)
-            if eos_id is None:
-                raise ConstraintError(f"{eos!r} is not a token of this vocabulary", path="--eos")
-        mask = JsonSchemaMask(
-            tokenizer,
-            schema_text,
-            eos_id=eos_id,
-            special_tokens=arts.special_tokens,
-            whitespace=whitespace,
-            source=str(schema),
+    Prints one JSON line per sample: {"index", "text", "finish_reason", "tokens", "complete", "valid"}, then a
+    {"summary": ...} line with the sampler config (processor order, digest), the counts and the timings
+    (compile, mask median/p99 per token). Exits 1 if a completed sample does not validate."""
+    import jsonschema  # a third-party import only this command needs
+
+    if whitespace not in WHITESPACE_MODES:
+        raise typer.BadParameter(f"use one of {', '.join(WHITESPACE_MODES)}", param_hint="--whitespace")
+    try:
+        config = SamplerConfig(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+            order=_parse_order(order),
         )
-        validator_cls = jsonschema.validators.validator_for(mask.schema)
-        validator = validator_cls(mask.schema, format_checker=validator_cls.FORMAT_CHECKER)
+    except SamplerError as exc:
+        raise typer.BadParameter(str(exc), param_hint=f"--{(exc.path or 'order').replace('_', '-')}") from None
+    schema_text = read_text(schema, option="--schema")
+    arts = load_artifacts(model)
+    mask = _schema_mask(arts, schema_text, eos, whitespace, source=str(schema))
+    validator_cls = jsonschema.validators.validator_for(mask.schema)
+    validator = validator_cls(mask.schema, format_checker=validator_cls.FORMAT_CHECKER)
+    run = _Run.sample(mask, config, samples=samples, seed=seed, max_tokens=max_tokens, validator=validator)
+    stats = mask.stats()
+    settings = {
+        "schema": str(schema),
+        "schema_sha256": mask.schema_sha256,
+        "whitespace": whitespace,
+        "samples": samples,
+        "seed": seed,
+        "max_tokens": max_tokens,
+    }
+    summary = _summary(arts, mask, config, settings, run, stats)
+    sys.stdout.write(json.dumps({"summary": summary}, ensure_ascii=False) + "\n")
+    err_console.print(
+        f"{samples} samples: {run.counts['stop']} stop ({run.valid} valid), {run.counts['length']} length; "
+        f"compile {stats.compile_seconds * 1000:.2f} ms (vocabulary {stats.tokenizer_seconds:.2f} s"
+        f"{', cached' if stats.tokenizer_cached else ''}); mask median {stats.mask_median_seconds * 1000:.3f} ms, "
+        f"p99 {stats.mask_p99_seconds * 1000:.3f} ms per token; sampler order {','.join(config.order)}",
+        soft_wrap=True,
+    )
+    if run.invalid:
+        err_console.print(f"[red]{run.invalid} completed sample(s) do not validate against the schema[/]")
+        raise typer.Exit(1)
 
+
+def _schema_mask(
+    arts: ModelArtifacts, schema_text: str, eos: str | None, whitespace: str, *, source: str
+) -> JsonSchemaMask:
+    """The schema's token mask over the model's tokenizer, ending at --eos (default: the model's eos_token)."""
+    tokenizer = arts.tokenizer
+    eos_id = None
+    if eos is not None:
+        eos_id = tokenizer.token_to_id(eos)
+        if eos_id is None:
+            raise ConstraintError(f"{eos!r} is not a token of this vocabulary", path="--eos")
+    return JsonSchemaMask(
+        tokenizer,
+        schema_text,
+        eos_id=eos_id,
+        special_tokens=arts.special_tokens,
+        whitespace=whitespace,
+        source=source,
+    )
+
+
+@dataclass
+class _Run:
+    """The samples of one `constrain` run, as printed (one JSON line each), counted."""
+
+    counts: dict[str, int]
+    valid: int
+    invalid: int
+    lengths: list[int]
+    sample_times: list[float]
+    wall: float
+
+    @classmethod
+    def sample(
+        cls, mask: JsonSchemaMask, config: SamplerConfig, *, samples: int, seed: int, max_tokens: int, validator: Any
+    ) -> _Run:
+        """Sample and print each result as it comes (one JSON line, flushed)."""
         t0 = time.perf_counter()
-        counts = {"stop": 0, "length": 0}
-        valid = invalid = 0
-        lengths: list[int] = []
-        sample_times: list[float] = []
+        run = cls({"stop": 0, "length": 0}, 0, 0, [], [], 0.0)
         out = sys.stdout
         for result in generate(mask, config, samples=samples, seed=seed, max_tokens=max_tokens, validator=validator):
-            counts[result.finish_reason] += 1
-            valid += result.valid
-            invalid += result.finish_reason == "stop" and not result.valid
-            lengths.append(len(result.ids))
-            sample_times.extend(result.sample_seconds)
+            run.counts[result.finish_reason] += 1
+            run.valid += result.valid
+            run.invalid += result.finish_reason == "stop" and not result.valid
+            run.lengths.append(len(result.ids))
+            run.sample_times.extend(result.sample_seconds)
             out.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
             out.flush()
-        wall = time.perf_counter() - t0
-        stats = mask.stats()
-        summary = {
-            "model": arts.id,
-            "tokenizer": {
-                "id": tokenizer.id,
-                "format": tokenizer.format,
-                "sha256": tokenizer.sha256,
-                "vocab_size": mask.vocab_size,
-            },
-            "eos_id": mask.eos_id,
-            "schema": str(schema),
-            "schema_sha256": mask.schema_sha256,
-            "whitespace": whitespace,
-            "samples": samples,
-            "seed": seed,
-            "max_tokens": max_tokens,
-            "logits": LOGITS,
-            "sampler": {**config.to_dict(), "digest": config.digest, "stream": "the sample index"},
-            "finish_reason": counts,
-            "valid": valid,
-            "invalid_stops": invalid,
-            "tokens": {"total": sum(lengths), "median": statistics.median(lengths), "max": max(lengths)},
-            "timings": {
-                "tokenizer_seconds": round(stats.tokenizer_seconds, 6),
-                "tokenizer_cached": stats.tokenizer_cached,
-                "compile_seconds": round(stats.compile_seconds, 6),
-                "mask_calls": stats.mask_calls,
-                "mask_median_ms": _ms(stats.mask_median_seconds),
-                "mask_p99_ms": _ms(stats.mask_p99_seconds),
-                "mask_max_ms": _ms(stats.mask_max_seconds),
-                "sample_median_ms": _ms(statistics.median(sample_times)) if sample_times else 0.0,
-                "wall_seconds": round(wall, 3),
-            },
-        }
-        out.write(json.dumps({"summary": summary}, ensure_ascii=False) + "\n")
-        err_console.print(
-            f"{samples} samples: {counts['stop']} stop ({valid} valid), {counts['length']} length; "
-            f"compile {stats.compile_seconds * 1000:.2f} ms (vocabulary {stats.tokenizer_seconds:.2f} s"
-            f"{', cached' if stats.tokenizer_cached else ''}); mask median {stats.mask_median_seconds * 1000:.3f} ms, "
-            f"p99 {stats.mask_p99_seconds * 1000:.3f} ms per token; sampler order {','.join(config.order)}",
-            soft_wrap=True,
-        )
-        if invalid:
-            err_console.print(f"[red]{invalid} completed sample(s) do not validate against the schema[/]")
-            raise typer.Exit(1)
+        run.wall = time.perf_counter() - t0
+        return run
+
+
+def _summary(
+    arts: ModelArtifacts, mask: JsonSchemaMask, config: SamplerConfig, settings: dict[str, Any], run: _Run, stats: Any
+) -> dict[str, Any]:
+    """The {"summary": ...} line: the model, the settings, the sampler, the counts and the timings."""
+    tokenizer = arts.tokenizer
+    lengths, sample_times = run.lengths, run.sample_times
+    return {
+        "model": arts.id,
+        "tokenizer": {
+            "id": tokenizer.id,
+            "format": tokenizer.format,
+            "sha256": tokenizer.sha256,
+            "vocab_size": mask.vocab_size,
+        },
+        "eos_id": mask.eos_id,
+        **settings,
+        "logits": LOGITS,
+        "sampler": {**config.to_dict(), "digest": config.digest, "stream": "the sample index"},
+        "finish_reason": run.counts,
+        "valid": run.valid,
+        "invalid_stops": run.invalid,
+        "tokens": {"total": sum(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+        "timings": {
+            "tokenizer_seconds": round(stats.tokenizer_seconds, 6),
+            "tokenizer_cached": stats.tokenizer_cached,
+            "compile_seconds": round(stats.compile_seconds, 6),
+            "mask_calls": stats.mask_calls,
+            "mask_median_ms": _ms(stats.mask_median_seconds),
+            "mask_p99_ms": _ms(stats.mask_p99_seconds),
+            "mask_max_ms": _ms(stats.mask_max_seconds),
+            "sample_median_ms": _ms(statistics.median(sample_times)) if sample_times else 0.0,
+            "wall_seconds": round(run.wall, 3),
+        },
+    }

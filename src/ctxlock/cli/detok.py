@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 
@@ -82,104 +82,115 @@ def _pieces(det: Detokenizer, ids: list[int], where: str) -> list[str]:
     return pieces
 
 
+JsonlOpt = Annotated[
+    bool,
+    typer.Option(
+        "--jsonl",
+        help="Read stdin lines, each a JSON array of generated token ids; for each, print one JSON array: "
+        'the piece each id emitted (often "" mid-character), then the piece finish() returned.',
+    ),
+]
+IdsOpt = Annotated[str | None, typer.Option("--ids", help="One JSON array of token ids (instead of --jsonl).")]
+PromptIdsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prompt-ids",
+        help="JSON array of the prompt's ids: the first generated token then decodes as it does after the "
+        "prompt (SentencePiece drops the leading space of a text's first token, not of a continuation).",
+    ),
+]
+StopOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--stop",
+        help="Stop string (repeatable). The text ends before the first one; no part of it is printed.",
+    ),
+]
+SkipSpecialTokensOpt = Annotated[
+    bool, typer.Option("--skip-special-tokens", help="Drop special tokens from the text, as decode does.")
+]
+MaxTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tokens",
+        min=1,
+        help="The generation's max_tokens: ids that reach it without a stop string end with finish_reason "
+        "`length` (without it: none, the ids ran out).",
+    ),
+]
+DetokJsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help='For each input, print one JSON object instead of the array: {"pieces", "text", '
+        '"finish_reason" ("stop", "length" or null), "stop" ({"string", "offset"} or null)}; an error is one '
+        'more line, {"error": {"type", "message", "path", "hint"}}.',
+    ),
+]
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def detok(
-        model: ModelOpt = None,
-        jsonl: Annotated[
-            bool,
-            typer.Option(
-                "--jsonl",
-                help="Read stdin lines, each a JSON array of generated token ids; for each, print one JSON array: "
-                'the piece each id emitted (often "" mid-character), then the piece finish() returned.',
-            ),
-        ] = False,
-        ids: Annotated[
-            str | None, typer.Option("--ids", help="One JSON array of token ids (instead of --jsonl).")
-        ] = None,
-        prompt_ids: Annotated[
-            str | None,
-            typer.Option(
-                "--prompt-ids",
-                help="JSON array of the prompt's ids: the first generated token then decodes as it does after the "
-                "prompt (SentencePiece drops the leading space of a text's first token, not of a continuation).",
-            ),
-        ] = None,
-        stop: Annotated[
-            list[str],
-            typer.Option(
-                "--stop",
-                help="Stop string (repeatable). The text ends before the first one; no part of it is printed.",
-            ),
-        ] = [],  # noqa: B006 (typer reads the default)
-        skip_special_tokens: Annotated[
-            bool, typer.Option("--skip-special-tokens", help="Drop special tokens from the text, as decode does.")
-        ] = False,
-        max_tokens: Annotated[
-            int | None,
-            typer.Option(
-                "--max-tokens",
-                min=1,
-                help="The generation's max_tokens: ids that reach it without a stop string end with finish_reason "
-                "`length` (without it: none, the ids ran out).",
-            ),
-        ] = None,
-        as_json: Annotated[
-            bool,
-            typer.Option(
-                "--json",
-                help='For each input, print one JSON object instead of the array: {"pieces", "text", '
-                '"finish_reason" ("stop", "length" or null), "stop" ({"string", "offset"} or null)}; an error is one '
-                'more line, {"error": {"type", "message", "path", "hint"}}.',
-            ),
-        ] = False,
-    ) -> None:
-        """Decode token ids incrementally, as a streaming server does: only final text, cut at stop strings.
+    app.command()(detok)
 
-        Each input prints one JSON array of pieces (or, with --json, one object that also says why the text
-        ended). With --stop, stderr also gets one line per input saying which stop string matched and where, or
-        that none did, and the finish reason."""
-        if (ids is None) == (not jsonl):
-            raise typer.BadParameter("give exactly one of --jsonl or --ids")
-        out = sys.stdout.buffer
 
-        def go() -> None:
-            tok = load(model).tokenizer
-            prompt: list[int] = []
-            if prompt_ids is not None:
-                try:
-                    prompt = _ids(json.loads(prompt_ids), "--prompt-ids", tok.vocab_size)
-                except (ValueError, RecursionError) as exc:
-                    raise DecodeError(f"not JSON: {exc}", path="--prompt-ids") from None
-            if ids is not None:
-                try:
-                    parsed = _ids(json.loads(ids), "--ids", tok.vocab_size)
-                except (ValueError, RecursionError) as exc:
-                    raise DecodeError(f"not JSON: {exc}", path="--ids") from None
-                sources: Iterator[tuple[str, list[int]]] = iter([("--ids", parsed)])
-            else:
-                sources = _stdin_ids(tok.vocab_size)
-            _detokenizer(tok, prompt, stop, skip_special_tokens)  # check the prompt and the stops before any input
-            for where, line_ids in sources:
-                det = _detokenizer(tok, prompt, stop, skip_special_tokens)
-                pieces = _pieces(det, line_ids, where)
-                outcome = _outcome(det, line_ids, max_tokens)
-                if as_json:
-                    line: Any = {"pieces": pieces, "text": "".join(pieces), **outcome}
-                else:
-                    line = pieces
-                    if stop:
-                        print(_outcome_line(where, outcome), file=sys.stderr, flush=True)
-                out.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
-                out.flush()
+def detok(
+    model: ModelOpt = None,
+    jsonl: JsonlOpt = False,
+    ids: IdsOpt = None,
+    prompt_ids: PromptIdsOpt = None,
+    stop: StopOpt = [],  # noqa: B006 (typer reads the default)
+    skip_special_tokens: SkipSpecialTokensOpt = False,
+    max_tokens: MaxTokensOpt = None,
+    as_json: DetokJsonOpt = False,
+) -> None:
+    """Decode token ids incrementally, as a streaming server does: only final text, cut at stop strings.
 
-        try:
-            go()
-        except CtxlockError as exc:
-            if as_json:  # the error as one more JSON line: the output stays one JSON object per line
-                out.write(json.dumps({"error": exc.to_dict()}, ensure_ascii=False).encode("utf-8") + b"\n")
-                out.flush()
-            raise
+    Each input prints one JSON array of pieces (or, with --json, one object that also says why the text
+    ended). With --stop, stderr also gets one line per input saying which stop string matched and where, or
+    that none did, and the finish reason."""
+    if (ids is None) == (not jsonl):
+        raise typer.BadParameter("give exactly one of --jsonl or --ids")
+    out = sys.stdout.buffer
+    try:
+        tok = load(model).tokenizer
+        prompt = [] if prompt_ids is None else _json_ids(prompt_ids, "--prompt-ids", tok.vocab_size)
+        if ids is not None:
+            sources: Iterator[tuple[str, list[int]]] = iter([("--ids", _json_ids(ids, "--ids", tok.vocab_size))])
+        else:
+            sources = _stdin_ids(tok.vocab_size)
+        _detokenizer(tok, prompt, stop, skip_special_tokens)  # check the prompt and the stops before any input
+        for where, line_ids in sources:
+            det = _detokenizer(tok, prompt, stop, skip_special_tokens)
+            _write_line(out, det, line_ids, where, max_tokens=max_tokens, as_json=as_json, stop=stop)
+    except CtxlockError as exc:
+        if as_json:  # the error as one more JSON line: the output stays one JSON object per line
+            out.write(json.dumps({"error": exc.to_dict()}, ensure_ascii=False).encode("utf-8") + b"\n")
+            out.flush()
+        raise
+
+
+def _json_ids(text: str, option: str, size: int) -> list[int]:
+    """The ids of a JSON-array option (--ids, --prompt-ids)."""
+    try:
+        return _ids(json.loads(text), option, size)
+    except (ValueError, RecursionError) as exc:
+        raise DecodeError(f"not JSON: {exc}", path=option) from None
+
+
+def _write_line(
+    out: BinaryIO, det: Detokenizer, ids: list[int], where: str, *, max_tokens: int | None, as_json: bool, stop: list
+) -> None:
+    """One input's output line: the pieces (and, with --stop, the outcome on stderr), or with --json one object."""
+    pieces = _pieces(det, ids, where)
+    outcome = _outcome(det, ids, max_tokens)
+    if as_json:
+        line: Any = {"pieces": pieces, "text": "".join(pieces), **outcome}
+    else:
+        line = pieces
+        if stop:
+            print(_outcome_line(where, outcome), file=sys.stderr, flush=True)
+    out.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
+    out.flush()
 
 
 def _stdin_ids(size: int) -> Iterator[tuple[str, list[int]]]:

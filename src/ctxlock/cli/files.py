@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..artifacts import load_template_file
 from ..errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
 from ..inputs import STDIN, check_input_file, decode_utf8, read_input
+from ..request import Utf8Policy
+from ..request import _decode as decode_with_runs  # parse_request's byte decoder (no public name yet)
 
 if TYPE_CHECKING:
     from ..template import ChatTemplate
@@ -63,11 +65,9 @@ def decode_with_policy(data: bytes, *, label: str, utf8: str) -> tuple[str, tupl
     with an InputError naming the input and the byte offset; `replace` substitutes U+FFFD for each bad run, as
     `bytes.decode("utf-8", "replace")` does, and returns the offset of every replaced byte. The bytes are taken
     as they are: no newline translation, no BOM stripping."""
-    from ..request import Utf8Policy, _decode
-
     policy = _utf8_policy(utf8)
     try:
-        text, runs = _decode(data, policy)
+        text, runs = decode_with_runs(data, policy)
     except RequestEncodingError as exc:
         raise InputError(
             f"{exc.message} at {exc.path}", path=label, hint="pass UTF-8 text, or --utf8 replace to substitute U+FFFD"
@@ -79,8 +79,6 @@ def check_scalar_values(text: str, *, label: str, utf8: str) -> str:
     """A str that may hold lone surrogates (a JSON `\\ud800` escape, an argv byte that was not UTF-8, which
     Python keeps as U+DC80..U+DCFF): no tokenizer can encode one, so `strict` refuses it and `replace` writes
     U+FFFD for each, as a request's strings are treated."""
-    from ..request import Utf8Policy
-
     match = _LONE_SURROGATE.search(text)
     if match is None:
         return text
@@ -94,8 +92,6 @@ def check_scalar_values(text: str, *, label: str, utf8: str) -> str:
 
 
 def _utf8_policy(utf8: str) -> Any:
-    from ..request import Utf8Policy
-
     try:
         return Utf8Policy(utf8)
     except ValueError:

@@ -87,92 +87,105 @@ def _added_line(added: dict[str, Any]) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def inspect(
-        model: ModelOpt = None,
-        tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features.
+    app.command()(inspect)
+    app.command()(models)
 
-        For an HF directory: the transformers tokenizer class, where its pipeline and tokenizer.json disagree and
-        which is used, and the file's truncation/padding sections (never applied)."""
-        pipeline = TokenizerPipeline(tokenizer_pipeline).value
-        m = guarded(as_json, lambda: Model(load_artifacts(model, tokenizer_pipeline=pipeline)))
-        m.warm_up()  # the engine checks, and fastokens built and checked: report their verdicts, not "building"
-        info = m.artifacts.describe()
-        info["add_special_tokens"] = special_tokens_added(m.tokenizer)
-        _add_role_markers(m, info)
-        if as_json:
-            print_json(info)
-            return
-        console.print(f"[bold]{info['id']}[/]  {info['source']}")
-        if info.get("hub"):
-            pin = info["hub"]
-            kind = "a rolling reference the hub can move" if pin["rolling"] else "a pinned commit"
+
+def inspect(
+    model: ModelOpt = None,
+    tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features.
+
+    For an HF directory: the transformers tokenizer class, where its pipeline and tokenizer.json disagree and
+    which is used, and the file's truncation/padding sections (never applied)."""
+    pipeline = TokenizerPipeline(tokenizer_pipeline).value
+    m = guarded(as_json, lambda: Model(load_artifacts(model, tokenizer_pipeline=pipeline)))
+    m.warm_up()  # the engine checks, and fastokens built and checked: report their verdicts, not "building"
+    info = m.artifacts.describe()
+    info["add_special_tokens"] = special_tokens_added(m.tokenizer)
+    _add_role_markers(m, info)
+    if as_json:
+        print_json(info)
+        return
+    console.print(f"[bold]{info['id']}[/]  {info['source']}")
+    if info.get("hub"):
+        pin = info["hub"]
+        kind = "a rolling reference the hub can move" if pin["rolling"] else "a pinned commit"
+        console.print(
+            f"revision   {escape(pin['repo_id'])}@{escape(pin['revision'])} -> {pin['commit']} "
+            f"(via {escape(pin['resolved_via'])}, {kind})"
+        )
+    if info["description"]:
+        console.print(info["description"])
+    _show_tokenizer(info)
+    table = Table("variable", "content", "id", title="special-token variables")
+    for k, v in info["special_tokens"].items():
+        table.add_row(k, repr(v["content"]), str(v["id"]))
+    console.print(table)
+    _show_templates(info["templates"])
+
+
+def _show_tokenizer(info: dict[str, Any]) -> None:
+    """The tokenizer lines of `inspect`: format, digest, pipeline, engine, added and control tokens."""
+    tok = info["tokenizer"]
+    console.print(
+        f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}"
+    )
+    console.print(f"           normalizer {tok.get('normalizer')} · pre-tokenizer {tok.get('pre_tokenizer')}")
+    _hf_pipeline(tok)
+    if tok.get("engine"):
+        # Which engine encodes text runs, and the check that chose it (or refused the fast one).
+        console.print(f"           engine {tok['engine']}: {escape(str(tok.get('engine_reason')))}")
+    if "whole_text" in tok:
+        # Whether Model.encode may encode a rendered text in one native call, with prefix reuse across texts.
+        taken = "one native call per text, prefix reuse" if tok["whole_text"] else "refused"
+        console.print(f"       whole-text {taken}: {escape(str(tok.get('whole_text_reason')))}")
+        if tok.get("whole_text_engine"):
+            # Which library makes that native call: fastokens once it matched the exact path on the vocabulary.
+            console.print(f"      native call {escape(str(tok['whole_text_engine']))}")
+    console.print(
+        f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
+        f"pad id {info['pad_id']}"
+    )
+    console.print(
+        "           add_special_tokens (tokenize --add-special-tokens) adds: "
+        + escape(_added_line(info["add_special_tokens"]))
+        + "; chat rendering adds none (the template writes its own)"
+    )
+
+
+def _show_templates(templates: list[dict[str, Any]]) -> None:
+    """One block per template: id, digest, features, line endings, the role-marker verdict."""
+    for t in templates:
+        feats = ", ".join(k for k, v in t["features"].items() if v) or "none"
+        console.print(f"template   {t['name']}: {t['id']} · sha256 {t['sha256']} · features: {feats}")
+        if t.get("line_endings") in ("crlf", "cr", "mixed"):
+            # Rendered as transformers reads the file (universal newlines): the source is not the file's bytes.
             console.print(
-                f"revision   {escape(pin['repo_id'])}@{escape(pin['revision'])} -> {pin['commit']} "
-                f"(via {escape(pin['resolved_via'])}, {kind})"
+                f"           {t['line_endings'].upper()} line endings in the file (sha256 {t['file_sha256']}), "
+                "read as LF as transformers reads it: the template sha256 is of the LF text"
             )
-        if info["description"]:
-            console.print(info["description"])
-        tok = info["tokenizer"]
-        console.print(
-            f"tokenizer  {tok['format']} · {tok.get('model')} · vocab {tok['vocab_size']:,} · sha256 {tok['sha256']}"
-        )
-        console.print(f"           normalizer {tok.get('normalizer')} · pre-tokenizer {tok.get('pre_tokenizer')}")
-        _hf_pipeline(tok)
-        if tok.get("engine"):
-            # Which engine encodes text runs, and the check that chose it (or refused the fast one).
-            console.print(f"           engine {tok['engine']}: {escape(str(tok.get('engine_reason')))}")
-        if "whole_text" in tok:
-            # Whether Model.encode may encode a rendered text in one native call, with prefix reuse across texts.
-            taken = "one native call per text, prefix reuse" if tok["whole_text"] else "refused"
-            console.print(f"       whole-text {taken}: {escape(str(tok.get('whole_text_reason')))}")
-            if tok.get("whole_text_engine"):
-                # Which library makes that native call: fastokens once it matched the exact path on the vocabulary.
-                console.print(f"      native call {escape(str(tok['whole_text_engine']))}")
-        console.print(
-            f"           {info['added_tokens']} added tokens, {info['control_tokens']} treated as control; "
-            f"pad id {info['pad_id']}"
-        )
-        console.print(
-            "           add_special_tokens (tokenize --add-special-tokens) adds: "
-            + escape(_added_line(info["add_special_tokens"]))
-            + "; chat rendering adds none (the template writes its own)"
-        )
-        table = Table("variable", "content", "id", title="special-token variables")
-        for k, v in info["special_tokens"].items():
-            table.add_row(k, repr(v["content"]), str(v["id"]))
-        console.print(table)
-        for t in info["templates"]:
-            feats = ", ".join(k for k, v in t["features"].items() if v) or "none"
-            console.print(f"template   {t['name']}: {t['id']} · sha256 {t['sha256']} · features: {feats}")
-            if t.get("line_endings") in ("crlf", "cr", "mixed"):
-                # Rendered as transformers reads the file (universal newlines): the source is not the file's bytes.
-                console.print(
-                    f"           {t['line_endings'].upper()} line endings in the file (sha256 {t['file_sha256']}), "
-                    "read as LF as transformers reads it: the template sha256 is of the LF text"
-                )
-            markers = t["role_markers"]
-            if not markers["checked"]:
-                console.print(f"           role markers not checked: {escape(markers['reason'])}")
-            elif markers["warning"]:
-                w = markers["warning"]
-                console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(w['path'])})")
-            else:
-                console.print("           role markers are control tokens at every turn boundary")
-        if not info["templates"]:
-            console.print("template   none (pass --template FILE to render)")
+        markers = t["role_markers"]
+        if not markers["checked"]:
+            console.print(f"           role markers not checked: {escape(markers['reason'])}")
+        elif markers["warning"]:
+            w = markers["warning"]
+            console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(w['path'])})")
+        else:
+            console.print("           role markers are control tokens at every turn boundary")
+    if not templates:
+        console.print("template   none (pass --template FILE to render)")
 
-    @app.command()
-    def models(as_json: JsonOpt = False) -> None:
-        """List the built-in models (the default is used when --model is omitted)."""
-        rows = builtin_models()
-        if as_json:
-            print_json([{"name": n, "description": d, "default": n == DEFAULT_MODEL} for n, d in rows])
-            return
-        table = Table("name", "description")
-        for n, d in rows:
-            table.add_row(n + (" (default)" if n == DEFAULT_MODEL else ""), d)
-        console.print(table)
+
+def models(as_json: JsonOpt = False) -> None:
+    """List the built-in models (the default is used when --model is omitted)."""
+    rows = builtin_models()
+    if as_json:
+        print_json([{"name": n, "description": d, "default": n == DEFAULT_MODEL} for n, d in rows])
+        return
+    table = Table("name", "description")
+    for n, d in rows:
+        table.add_row(n + (" (default)" if n == DEFAULT_MODEL else ""), d)
+    console.print(table)

@@ -86,183 +86,187 @@ def show_diff(result: Diff, *, label_a: str, label_b: str) -> None:
 def register(app: typer.Typer) -> None:
     records_app = typer.Typer(help="List, show, export and import execution records.", no_args_is_help=True)
     app.add_typer(records_app, name="records")
+    records_app.command("list")(list_)
+    records_app.command("show")(show)
+    records_app.command("export")(export)
+    records_app.command("import")(import_)
+    app.command("replay")(replay_cmd)
+    app.command("diff")(diff_cmd)
 
-    @records_app.command("list")
-    def list_(
-        store: StoreOpt = None,
-        limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 50,
-        model: Annotated[
-            str | None, typer.Option("--model", help="Only records of this model (its id, as `records list` shows it).")
-        ] = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """List stored records, newest first."""
-        rows = guarded(as_json, lambda: open_store(store).list_records(limit=limit, model=model))
-        if as_json:
-            print_json(rows)
-            return
-        table = Table("id", "created", "model", "tokens", "template", "tokenizer")
-        for r in rows:
-            table.add_row(
-                r["id"][:12],
-                str(r.get("created_at", "")),
-                str(r.get("model")),
-                str(r.get("input_tokens")),
-                str(r.get("template_sha256") or "")[:12],
-                str(r.get("tokenizer_sha256") or "")[:12],
+
+def list_(
+    store: StoreOpt = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 50,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Only records of this model (its id, as `records list` shows it).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List stored records, newest first."""
+    rows = guarded(as_json, lambda: open_store(store).list_records(limit=limit, model=model))
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "created", "model", "tokens", "template", "tokenizer")
+    for r in rows:
+        table.add_row(
+            r["id"][:12],
+            str(r.get("created_at", "")),
+            str(r.get("model")),
+            str(r.get("input_tokens")),
+            str(r.get("template_sha256") or "")[:12],
+            str(r.get("tokenizer_sha256") or "")[:12],
+        )
+    console.print(table)
+
+
+def show(
+    record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
+    store: StoreOpt = None,
+) -> None:
+    """Print a record as canonical JSON."""
+    rec = record_at(record, open_store(store))
+    sys.stdout.write(json.dumps(rec.data, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+
+
+def export(
+    ids: Annotated[list[str] | None, typer.Argument(help="Record ids to export (default: all).")] = None,
+    store: StoreOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file (default: stdout).")] = None,
+    bundle: Annotated[
+        bool,
+        typer.Option(
+            "--bundle",
+            help="Write one bundle file (ctxlock.bundle/1) with the records and every template and tokenizer "
+            "file they replay from, so that `records import` + `replay` work on a machine without the model.",
+        ),
+    ] = False,
+) -> None:
+    """Export records as JSON lines (one canonical record per line), or with --bundle as one self-contained file."""
+    s = open_store(store)
+    if bundle:
+        if out is None and sys.stdout.isatty():
+            raise InputError(
+                "a bundle is binary, not for a terminal",
+                path="--bundle",
+                hint="pass --out FILE, or redirect stdout",
             )
-        console.print(table)
+        plan = prepare_bundle(s, ids or None)  # every artifact found and checked before the file is created
+        with open_output(out) if out is not None else nullcontext(sys.stdout.buffer) as fh:
+            summary = plan.write(fh)
+        print(
+            f"exported {len(summary.records)} record(s) and {len(summary.artifacts)} artifact(s), "
+            f"{summary.size:,} bytes",
+            file=sys.stderr,
+        )
+        return
+    if out is None:
+        n = s.export_records(ids or None, sys.stdout.buffer)
+    else:
+        with open_output(out) as fh:
+            n = s.export_records(ids or None, fh)
+    print(f"exported {n} record(s)", file=sys.stderr)
 
-    @records_app.command("show")
-    def show(
-        record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
-        store: StoreOpt = None,
-    ) -> None:
-        """Print a record as canonical JSON."""
-        rec = record_at(record, open_store(store))
-        sys.stdout.write(json.dumps(rec.data, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
 
-    @records_app.command("export")
-    def export(
-        ids: Annotated[list[str] | None, typer.Argument(help="Record ids to export (default: all).")] = None,
-        store: StoreOpt = None,
-        out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file (default: stdout).")] = None,
-        bundle: Annotated[
-            bool,
-            typer.Option(
-                "--bundle",
-                help="Write one bundle file (ctxlock.bundle/1) with the records and every template and tokenizer "
-                "file they replay from, so that `records import` + `replay` work on a machine without the model.",
-            ),
-        ] = False,
-    ) -> None:
-        """Export records as JSON lines (one canonical record per line), or with --bundle as one self-contained file."""
+def import_(
+    source: Annotated[
+        Path, typer.Argument(help="A JSON-lines file or a bundle from `records export` (or - for stdin).")
+    ],
+    store: StoreOpt = None,
+) -> None:
+    """Import records (all or nothing); each is checked, a corrupt line is a typed error naming it.
+
+    A bundle (`records export --bundle`) is recognized by its first line: every entry's digest is checked, and
+    its records and artifacts are stored only when all of them are intact (a BundleError names the entry)."""
+
+    def validate(line: bytes) -> Any:
+        return ExecutionRecord.from_bytes(line).index()
+
+    s = open_store(store)
+    label = "stdin" if str(source) == "-" else f"SOURCE {source}"
+    ids, head = _import_bundle_if_one(s, source, label)
+    if ids is None:
+        # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
+        with opened_input(source, label=label) as fh:
+            try:
+                ids = s.import_records(_Prefixed(head, fh), validate=validate)
+            except CtxlockError as exc:  # the store names the line; the command names the file it is in
+                if exc.path is None or not exc.path.startswith(label):
+                    exc.path = f"{label} {exc.path}" if exc.path else label
+                    exc.args = (str(exc),)
+                raise
+    for i in ids:
+        print(i)
+    print(f"imported {len(ids)} record(s)", file=sys.stderr)
+
+
+def replay_cmd(
+    record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-run a record's whole pipeline from its own stored artifacts and check every layer.
+
+    First runs the seed 000 §1.6 fixture (the book model must give its 12 ids) and reports it; if it fails,
+    nothing is compared. Exits 0 when every layer is identical, 1 with a report of the first divergence, 3 when
+    only the tokenizer layer differs and the ids are the same. A missing artifact names the commands that bring
+    it (`records export --bundle`, then `records import`)."""
+
+    def go() -> Diff:
         s = open_store(store)
-        if bundle:
-            if out is None and sys.stdout.isatty():
-                raise InputError(
-                    "a bundle is binary, not for a terminal",
-                    path="--bundle",
-                    hint="pass --out FILE, or redirect stdout",
-                )
-            plan = prepare_bundle(s, ids or None)  # every artifact found and checked before the file is created
-            with open_output(out) if out is not None else nullcontext(sys.stdout.buffer) as fh:
-                summary = plan.write(fh)
-            print(
-                f"exported {len(summary.records)} record(s) and {len(summary.artifacts)} artifact(s), "
-                f"{summary.size:,} bytes",
-                file=sys.stderr,
-            )
-            return
-        if out is None:
-            n = s.export_records(ids or None, sys.stdout.buffer)
-        else:
-            with open_output(out) as fh:
-                n = s.export_records(ids or None, fh)
-        print(f"exported {n} record(s)", file=sys.stderr)
+        result, _ = replay(record_at(record, s), s)
+        return result
 
-    @records_app.command("import")
-    def import_(
-        source: Annotated[
-            Path, typer.Argument(help="A JSON-lines file or a bundle from `records export` (or - for stdin).")
-        ],
-        store: StoreOpt = None,
-    ) -> None:
-        """Import records (all or nothing); each is checked, a corrupt line is a typed error naming it.
+    result = guarded(as_json, go)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        show_fixture(result.fixture)
+        show_diff(result, label_a="recorded", label_b="replayed")
+    raise typer.Exit(EXIT_CODES[result.kind])
 
-        A bundle (`records export --bundle`) is recognized by its first line: every entry's digest is checked, and
-        its records and artifacts are stored only when all of them are intact (a BundleError names the entry)."""
 
-        def validate(line: bytes) -> Any:
-            return ExecutionRecord.from_bytes(line).index()
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="Record id/prefix or file.")],
+    b: Annotated[str | None, typer.Argument(help="Second record; omit to re-run A under --model/--template.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="Re-run A's request on this model and compare. " + MODEL_HELP),
+    ] = None,
+    template: Annotated[
+        Path | None, typer.Option("--template", "-t", help="Re-run A's request with this template and compare.")
+    ] = None,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
+    tokenizer, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal. Exits 0 if
+    identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer layer differs,
+    the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
 
+    The policy layer covers the context-budget decisions and the sampler config (processor order included)."""
+
+    def go() -> tuple[Diff, str]:
         s = open_store(store)
-        label = "stdin" if str(source) == "-" else f"SOURCE {source}"
-        ids, head = _import_bundle_if_one(s, source, label)
-        if ids is None:
-            # A regular file or stdin, capped as a whole at $CTXLOCK_MAX_INPUT_BYTES: /dev/zero or a FIFO is refused.
-            with opened_input(source, label=label) as fh:
-                try:
-                    ids = s.import_records(_Prefixed(head, fh), validate=validate)
-                except CtxlockError as exc:  # the store names the line; the command names the file it is in
-                    if exc.path is None or not exc.path.startswith(label):
-                        exc.path = f"{label} {exc.path}" if exc.path else label
-                        exc.args = (str(exc),)
-                    raise
-        for i in ids:
-            print(i)
-        print(f"imported {len(ids)} record(s)", file=sys.stderr)
+        ra = record_at(a, s, option="A")
+        if b is not None:
+            if model is not None or template is not None:
+                raise typer.BadParameter("give a second record or --model/--template, not both")
+            rb = record_at(b, s, option="B")
+            with record_values(ra, rb):
+                return diff(ra, rb), b
+        if model is None and template is None:
+            raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
+        check_template_file(template)
+        with record_values(ra):
+            return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
 
-    @app.command("replay")
-    def replay_cmd(
-        record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
-        store: StoreOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Re-run a record's whole pipeline from its own stored artifacts and check every layer.
-
-        First runs the seed 000 §1.6 fixture (the book model must give its 12 ids) and reports it; if it fails,
-        nothing is compared. Exits 0 when every layer is identical, 1 with a report of the first divergence, 3 when
-        only the tokenizer layer differs and the ids are the same. A missing artifact names the commands that bring
-        it (`records export --bundle`, then `records import`)."""
-
-        def go() -> Diff:
-            s = open_store(store)
-            result, _ = replay(record_at(record, s), s)
-            return result
-
-        result = guarded(as_json, go)
-        if as_json:
-            print_json(result.to_dict())
-        else:
-            show_fixture(result.fixture)
-            show_diff(result, label_a="recorded", label_b="replayed")
-        raise typer.Exit(EXIT_CODES[result.kind])
-
-    @app.command("diff")
-    def diff_cmd(
-        a: Annotated[str, typer.Argument(help="Record id/prefix or file.")],
-        b: Annotated[
-            str | None, typer.Argument(help="Second record; omit to re-run A under --model/--template.")
-        ] = None,
-        model: Annotated[
-            str | None,
-            typer.Option("--model", "-m", help="Re-run A's request on this model and compare. " + MODEL_HELP),
-        ] = None,
-        template: Annotated[
-            Path | None, typer.Option("--template", "-t", help="Re-run A's request with this template and compare.")
-        ] = None,
-        store: StoreOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
-        tokenizer, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal. Exits 0 if
-        identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer layer differs,
-        the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
-
-        The policy layer covers the context-budget decisions and the sampler config (processor order included)."""
-
-        def go() -> tuple[Diff, str]:
-            s = open_store(store)
-            ra = record_at(a, s, option="A")
-            if b is not None:
-                if model is not None or template is not None:
-                    raise typer.BadParameter("give a second record or --model/--template, not both")
-                rb = record_at(b, s, option="B")
-                with record_values(ra, rb):
-                    return diff(ra, rb), b
-            if model is None and template is None:
-                raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
-            check_template_file(template)
-            with record_values(ra):
-                return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
-
-        result, _label = guarded(as_json, go)
-        if as_json:
-            print_json(result.to_dict())
-        else:
-            show_diff(result, label_a="a", label_b="b")
-        raise typer.Exit(EXIT_CODES[result.kind])
+    result, _label = guarded(as_json, go)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        show_diff(result, label_a="a", label_b="b")
+    raise typer.Exit(EXIT_CODES[result.kind])
 
 
 class _Prefixed:

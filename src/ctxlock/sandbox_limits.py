@@ -1,0 +1,387 @@
+"""The bounds of a sandboxed render (`ctxlock.sandbox`): what a template may build, how long it may run, and what
+it may print.
+
+- `RenderLimits`: the bounds of one render, a fixed allowance plus a share that grows with the render's input
+  (`input_chars`); `DEFAULT_LIMITS` are wide enough for every real template.
+- `RenderState`: the per-render budget (characters of new strings, items of new lists) and the seeded random
+  generator, in a context variable (`current_state()`; outside a render an unbounded state answers). Every hook that
+  builds a string or a list charges it here before or after it runs (`Limit` when over).
+- `check_printable` and `FixedOrderSet`: a value whose text would differ between processes (a memory address, a set
+  in hash order) is refused (`Nondeterministic`) or printed in one fixed order.
+- `time_limit`: the wall clock, an interval timer on the main thread or a line tracer elsewhere.
+- `running_line` / `where`: the template line that is running, for messages.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import CodeType, FrameType
+from typing import Any
+
+import jinja2
+import jinja2.runtime
+import jinja2.utils
+
+from .taint import Tainted
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """Bounds on one render: what a template may add beyond the size of its input. Real templates need milliseconds
+    and kilobytes over their input; the defaults leave wide room.
+
+    Each bound is a fixed allowance plus a share proportional to the render's input (`input_chars`: the characters of
+    the strings in the messages, tools, documents and variables the template receives), so a 10 MB conversation
+    renders with the standard templates while a template still cannot turn a short request into gigabytes or minutes:
+    - output: `max_output_chars + output_per_input_char * input_chars` characters, which also bounds any one string
+      or list a template builds;
+    - everything a render builds (characters of new strings plus items of new lists), which is what bounds memory:
+      `max_created` (default 4 x the output bound) plus the same multiple of the output's input share;
+    - wall time: `max_seconds + seconds_per_input_mchar * input_chars / 1e6`.
+    Source size and compile time are fixed (they do not depend on the input). `scaled(input_chars)` gives the bounds
+    of one render as plain numbers."""
+
+    max_seconds: float = 5.0
+    max_output_chars: int = 8_000_000
+    max_source_chars: int = 256_000  # the largest real chat templates are under 20 kB
+    max_width: int = 65_536  # padding, format width and precision
+    max_created: int | None = None  # default: 4 x max_output_chars
+    output_per_input_char: float = 4.0  # a template that prints each message twice, and its tools as JSON, fits
+    seconds_per_input_mchar: float = 5.0  # the standard templates take well under a second per million characters
+
+    @property
+    def created_budget(self) -> int:
+        return self.max_created if self.max_created is not None else 4 * self.max_output_chars
+
+    def scaled(self, input_chars: int) -> RenderLimits:
+        """The bounds of one render whose input holds `input_chars` characters (the allowances added, the per-input
+        shares zeroed so that scaling twice changes nothing)."""
+        if input_chars <= 0:
+            return self
+        extra_output = int(self.output_per_input_char * input_chars)
+        return RenderLimits(
+            max_seconds=self.max_seconds + self.seconds_per_input_mchar * input_chars / 1e6,
+            max_output_chars=self.max_output_chars + extra_output,
+            max_source_chars=self.max_source_chars,
+            max_width=self.max_width,
+            max_created=self.created_budget + 4 * extra_output,
+            output_per_input_char=0.0,
+            seconds_per_input_mchar=0.0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_seconds": self.max_seconds,
+            "max_output_chars": self.max_output_chars,
+            "max_source_chars": self.max_source_chars,
+            "max_width": self.max_width,
+            "max_created": self.max_created,
+            "output_per_input_char": self.output_per_input_char,
+            "seconds_per_input_mchar": self.seconds_per_input_mchar,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RenderLimits:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if data.get(k) is not None})
+
+
+def input_chars(value: Any) -> int:
+    """The characters of every string in `value` (mappings, sequences and sets walked; keys counted): the size of
+    what a render receives, which its limits grow with. Other values count nothing."""
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, Mapping):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return total
+
+
+DEFAULT_LIMITS = RenderLimits()
+MAX_INT_BITS = 1 << 20  # `*` and `**` on integers: a million bits (315,000 digits) is far past any real template
+
+
+class Limit(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-render state: the budget, the limits, and what the provenance rule asks of the render.
+
+
+class RenderState:
+    __slots__ = ("_rng", "created", "draws", "limits", "max_items", "max_single", "seed", "template")
+
+    def __init__(
+        self, limits: RenderLimits, template: jinja2.Template | None, seed: int = 0, draws: list | None = None
+    ) -> None:
+        self.limits = limits
+        self.max_single = limits.max_output_chars
+        self.max_items = max(1024, limits.max_output_chars // 8)
+        self.created = 0
+        self.template = template
+        # The one source of randomness a template has (the `random` filter, `lipsum`): seeded per render, so the
+        # same inputs and seed give the same text in every process; every draw is logged in `draws`. Built at the
+        # first draw (seeding a Mersenne Twister costs more than a short render).
+        self.seed = seed
+        self._rng: random.Random | None = None
+        self.draws = draws if draws is not None else []
+
+    @property
+    def rng(self) -> random.Random:
+        if self._rng is None:
+            self._rng = random.Random(self.seed)
+        return self._rng
+
+    def charge(self, n: int, what: str) -> None:
+        """A new string of n characters."""
+        if n > self.max_single:
+            raise Limit(f"{what} would build {n:,} characters (limit {self.max_single:,})")
+        self._count(n)
+
+    def items(self, n: int, what: str) -> None:
+        """A new list of n items."""
+        if n > self.max_items:
+            raise Limit(f"{what} would build a list of {n:,} items (limit {self.max_items:,})")
+        self._count(n)
+
+    def _count(self, n: int) -> None:
+        self.created += n
+        if self.created > self.limits.created_budget:
+            raise Limit(f"the render built more than {self.limits.created_budget:,} characters and items")
+
+    def width(self, n: Any, what: str) -> None:
+        if isinstance(n, int) and n > self.limits.max_width:
+            raise Limit(f"{what} of {n:,} is over the limit of {self.limits.max_width:,}")
+
+
+STATE: ContextVar[RenderState | None] = ContextVar("ctxlock_render_state", default=None)
+_UNBOUNDED = RenderState(RenderLimits(max_created=1 << 62), None)
+
+
+def current_state() -> RenderState:
+    return STATE.get() or _UNBOUNDED
+
+
+def where() -> str:
+    """`line N` of the template frame that is running (for messages), or ""."""
+    line = running_line()
+    return f"at template line {line}" if line is not None else ""
+
+
+def running_line() -> int | None:
+    """The template line that is running (the innermost template frame), or None outside a render."""
+    state = STATE.get()
+    frame: FrameType | None = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_filename == "<template>":
+            line = frame.f_lineno
+            if state is not None and state.template is not None:
+                with suppress(Exception):
+                    line = state.template.get_corresponding_lineno(line)
+            return line
+        frame = frame.f_back
+    return None
+
+
+class Nondeterministic(Exception):
+    """The render would print a memory address (different in every process): refused, with the template line."""
+
+    def __init__(self, message: str, line: int | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_VALUE_TYPES = (str, int, float, type(None), jinja2.Undefined)
+
+
+def _set_key(x: Any) -> tuple[str, str]:
+    return (type(x).__name__, repr(x))
+
+
+class FixedOrderSet(set):
+    """A set a template built (`d.keys() - [...]`, `a.items() - b.items()`, a set method) that iterates and prints in
+    one fixed order, sorted by (type name, repr). A plain set of strings iterates in an order that changes with
+    PYTHONHASHSEED, so `{{ d.keys() - [] }}` or `|join` over it would give another text in every process; this is
+    one of the orders transformers could print, the same in every run (README: Differences from the references)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Any:
+        return iter(sorted(set.__iter__(self), key=_set_key))
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(repr(x) for x in self) + "}" if self else "set()"
+
+    __str__ = __repr__
+
+
+def fixed_order(value: Any) -> Any:
+    return FixedOrderSet(value) if isinstance(value, (set, frozenset)) and type(value) is not FixedOrderSet else value
+
+
+def check_printable(value: Any, what: str) -> None:
+    """Refuse to turn into text a value whose text is a memory address (`<function f at 0x7f...>`, a method, a
+    generator from `map`/`select`, a cycler or joiner object): jinja prints it as Python's repr, which differs in
+    every process, so the render would not be reproducible. Containers are walked; values are never printed."""
+    t = type(value)
+    if t is str or t is Tainted or t is int or t is bool or value is None:
+        return
+    stack = [value]
+    seen = 0
+    while stack and seen < 100_000:
+        v = stack.pop()
+        seen += 1
+        if isinstance(v, _VALUE_TYPES):
+            continue
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+        elif isinstance(v, jinja2.utils.Namespace):
+            stack.extend(getattr(v, "_Namespace__attrs", {}).values())
+        elif not isinstance(v, (type, jinja2.runtime.Macro)):
+            # A class prints as its name and a macro as `<Macro 'name'>`; a function, a method (in transformers,
+            # `<built-in method upper of str object at 0x...>`) or an object without a repr of its own prints
+            # its address.
+            shown = repr(v)
+            if _ADDRESS.search(shown) or callable(v):
+                kind = type(v).__name__
+                shown = _ADDRESS.sub(" at 0x…", shown).replace("Tainted.", "str.")
+                raise Nondeterministic(
+                    f"{what} would print a {kind} as {shown[:80]!r}, which is not a value: its text is a memory "
+                    "address that differs in every run",
+                    running_line(),
+                )
+
+
+def deep_size(value: Any, limit: int) -> int:
+    """About the length of `str(value)` or `json.dumps(value)`: string lengths plus a few characters per item, counted
+    until `limit` is passed."""
+    total = 0
+    stack = [value]
+    while stack and total <= limit:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v) + 4
+        elif isinstance(v, dict):
+            total += 2 * len(v) + 2
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            total += 2 * len(v) + 2
+            stack.extend(v)
+        else:
+            total += 24
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Wall time: an interval timer (SIGALRM) on the main thread, or a line tracer elsewhere.
+
+
+class _Deadline:
+    def __init__(self, seconds: float, every_frame: bool) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.ticks = 0
+        self.armed = True
+        self.every_frame = every_frame
+
+    def expired(self) -> Limit:
+        return Limit(f"the template took longer than {self.seconds:g} s")
+
+    def local(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+        self.ticks += 1
+        if self.ticks & 0xFF == 0 and time.monotonic() > self.deadline:
+            raise self.expired()
+        return self.local
+
+    def global_(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+        # Rendering: only the compiled template's code is traced, jinja's runtime and our filters run at full speed.
+        # Compiling: jinja's lexer, parser and code generator are the work, so every frame is.
+        code: CodeType = frame.f_code
+        if self.every_frame or code.co_filename == "<template>":
+            return self.local
+        return None
+
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            raise self.expired()
+
+
+def _alarm_free() -> bool:
+    """SIGALRM is ours to use: main thread, no handler installed by the host, no interval timer running."""
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
+
+
+@contextmanager
+def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> Iterator[_Deadline]:
+    """Stop work that runs past `seconds`. On the main thread an interval timer raises from the signal handler,
+    which costs nothing per template line; the timer keeps firing every 50 ms after the deadline, so an exception
+    swallowed by a broad `except` inside jinja is raised again. Elsewhere (worker threads, or a host that owns
+    SIGALRM) a line tracer checks the clock every 256 lines."""
+    deadline = _Deadline(seconds, every_frame)
+    if tracer is None:
+        tracer = not _alarm_free()
+    if tracer:
+        previous_trace = sys.gettrace()
+        sys.settrace(deadline.global_)
+        try:
+            yield deadline
+        finally:
+            sys.settrace(previous_trace)
+        return
+    previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    try:
+        yield deadline
+    finally:
+        deadline.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "MAX_INT_BITS",
+    "STATE",
+    "FixedOrderSet",
+    "Limit",
+    "Nondeterministic",
+    "RenderLimits",
+    "RenderState",
+    "check_printable",
+    "current_state",
+    "deep_size",
+    "fixed_order",
+    "input_chars",
+    "running_line",
+    "time_limit",
+    "where",
+]

@@ -63,11 +63,11 @@ def decode_with_policy(data: bytes, *, label: str, utf8: str) -> tuple[str, tupl
     with an InputError naming the input and the byte offset; `replace` substitutes U+FFFD for each bad run, as
     `bytes.decode("utf-8", "replace")` does, and returns the offset of every replaced byte. The bytes are taken
     as they are: no newline translation, no BOM stripping."""
-    from ..request import Utf8Policy, _decode
+    from ..request import Utf8Policy, decode_bytes
 
     policy = _utf8_policy(utf8)
     try:
-        text, runs = _decode(data, policy)
+        text, runs = decode_bytes(data, policy)
     except RequestEncodingError as exc:
         raise InputError(
             f"{exc.message} at {exc.path}", path=label, hint="pass UTF-8 text, or --utf8 replace to substitute U+FFFD"

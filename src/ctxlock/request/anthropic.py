@@ -35,6 +35,7 @@ _CC = "cache_control"
 
 
 def parse_system(raw: Any) -> Message:
+    """The top-level `system` (a string or text blocks) as a system message."""
     if isinstance(raw, str):
         return Message(role="system", content=raw, source="system", origins=FrozenDict({".content": "system"}))
     blocks = as_array(raw, "system", "a string or an array of text blocks")
@@ -56,6 +57,7 @@ def _text(raw: Any, path: str) -> FrozenDict:
 
 
 def parse_messages(raw: Any) -> list[Message]:
+    """The user and assistant turns as canonical messages (a tool_result becomes a tool message of its own)."""
     messages = as_array(raw, "messages", "a non-empty array of messages")
     if not messages:
         raise fail("messages", "messages is empty", "send at least one message")
@@ -209,6 +211,7 @@ def _tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> Messag
 
 
 def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
+    """Client tools `{name, description, input_schema}` in the OpenAI function-tool form."""
     tools = as_array(raw, "tools", "an array of tools")
     out = []
     for k, tool in enumerate(tools):

@@ -47,6 +47,7 @@ _ONE_OF_ROLES = "one of: " + ", ".join(_OPENAI_ROLES)
 
 
 def parse_messages(raw: Any, policy: Utf8Policy, as_sent: bool = False) -> tuple[Message, ...]:
+    """The `messages` array as canonical Messages; a tool message must answer an earlier assistant tool call."""
     messages = as_array(raw, "messages", "a non-empty array of messages")
     if not messages:
         raise fail("messages", "messages is empty", "send at least one message")
@@ -55,6 +56,7 @@ def parse_messages(raw: Any, policy: Utf8Policy, as_sent: bool = False) -> tuple
 
 
 def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, as_sent: bool = False) -> Message:
+    """One message at `path`, given the tool-call ids of the messages before it (updated with its own)."""
     m = as_object(raw, path, "a message object")
     role = as_str(required(m, "role", path, _ONE_OF_ROLES), join_path(path, "role"))
     if role not in _OPENAI_ROLES:
@@ -210,6 +212,7 @@ def _parse_arguments(text: str, path: str, policy: Utf8Policy) -> Any:
 
 
 def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
+    """The `tools` array, checked and kept verbatim (key order of schemas is data: templates render it)."""
     tools = as_array(raw, "tools", "an array of tools")
     out = []
     for k, tool in enumerate(tools):

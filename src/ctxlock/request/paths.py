@@ -25,6 +25,7 @@ LinkedPath = str | tuple[Any, str | int]
 
 
 def render_path(path: LinkedPath) -> str:
+    """The JSON path a `LinkedPath` stands for."""
     keys: list[str | int] = []
     while isinstance(path, tuple):
         path, key = path

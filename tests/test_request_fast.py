@@ -43,7 +43,10 @@ import corpus
 
 
 @pytest.fixture(autouse=True)
-def cold_memo() -> None:
+def cold_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with an empty memo, and with the fast paths on even in a `CTXLOCK_FAST=0` run of the
+    suite: these tests are about the memo, each compared with the reference path."""
+    monkeypatch.setenv("CTXLOCK_FAST", "1")
     clear_request_memo()
 
 

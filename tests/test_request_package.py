@@ -64,7 +64,10 @@ ANTHROPIC = {
 
 
 @pytest.fixture(autouse=True)
-def cold_memo() -> None:
+def cold_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty memo, and the fast paths on even in a `CTXLOCK_FAST=0` run (the memo is compared with
+    `reference_path()`)."""
+    monkeypatch.setenv("CTXLOCK_FAST", "1")
     clear_request_memo()
 
 

@@ -1,6 +1,9 @@
-"""The incremental Mapping path of parse_request: the same Request, field for field, as the full path.
+"""The request memo (the incremental Mapping path of parse_request): the same Request, field for field, as the
+full path.
 
-Every test compares against the full path run inside `reference_path()`, which never reads or writes the memo.
+Every test compares against the full path run inside `reference_path()`, which never reads or writes the memo,
+through public functions only: `parse_request`, `clear_request_memo`, and the memo's entries in the cache
+registry (`ctxlock.caches.cache_info()`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxlock import request as R
+import ctxlock.request.openai
+from ctxlock import caches
 from ctxlock.errors import RequestEncodingError, RequestError, RequestJSONError, RequestValidationError
 from ctxlock.frozen import FrozenDict
-from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall, Utf8Policy, parse_request
+from ctxlock.request import (
+    MAX_JSON_DEPTH,
+    RESERVED_TEMPLATE_KWARGS,
+    Dialect,
+    Message,
+    Request,
+    ToolCall,
+    Utf8Policy,
+    clear_request_memo,
+    parse_request,
+)
 from ctxlock.settings import reference_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -29,8 +43,20 @@ import corpus
 
 
 @pytest.fixture(autouse=True)
-def cold_memo() -> None:
-    R.clear_request_memo()
+def cold_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with an empty memo, and with the fast paths on even in a `CTXLOCK_FAST=0` run of the
+    suite: these tests are about the memo, each compared with the reference path."""
+    monkeypatch.setenv("CTXLOCK_FAST", "1")
+    clear_request_memo()
+
+
+def memoized_requests() -> int:
+    """How many requests' messages the memo holds (its entry in the cache registry)."""
+    return caches.cache_info()["request.memo.messages"].size
+
+
+def memoized_frames() -> int:
+    return caches.cache_info()["request.memo.frames"].size
 
 
 def reference(data: Any, **kwargs: Any) -> Request:
@@ -62,14 +88,14 @@ def check(data: Any, *, served: bool = False, **kwargs: Any) -> Request:
     """Parse on the fast path and on the reference path; assert identical results. Returns the fast one.
 
     `served`: also assert that the incremental path produced the result itself, without giving up (a give-up
-    falls back to the full path and would hide a fast path that is correct only because it is never used).
+    falls back to the full path and would hide a fast path that is correct only because it is never used). Only
+    the memo stores what it parsed, and only it gives back the very Message objects of an earlier parse (the full
+    path builds new ones every time), so parsing the same request again must return the same objects.
     """
+    fast = parse_request(data, **kwargs)
     if served:
-        forced = kwargs.get("dialect")
-        fast = R._parse_mapping_fast(data, forced and Dialect(forced), Utf8Policy(kwargs.get("utf8", "strict")))
-        assert fast is not None, "the incremental path gave up"
-    else:
-        fast = parse_request(data, **kwargs)
+        again = parse_request(data, **kwargs)
+        assert all(a is b for a, b in zip(fast.messages, again.messages, strict=True)), "the memo gave up"
     assert_identical(fast, reference(data, **kwargs))
     assert fast == reference(data, **kwargs)
     return fast
@@ -93,6 +119,10 @@ def call(id_: str, name: str = "search", arguments: Any = None) -> dict[str, Any
     return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
 
 
+def assistant_call(arguments: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [call("c9", arguments=arguments)]}
+
+
 HISTORY: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse. 简洁 🚀"},
     {"role": "user", "content": "What is the weather in Paris?", "name": "ann"},
@@ -109,7 +139,7 @@ def warm(tools: bool = True) -> dict[str, Any]:
     if tools:
         req["tools"] = copy.deepcopy(corpus.TOOLS)
     check(req, served=True)
-    assert R._REQUESTS.data, "the valid history was memoized"
+    assert memoized_requests(), "the valid history was memoized"
     return req
 
 
@@ -129,7 +159,7 @@ def test_benchmark_corpus_is_identical_to_the_reference_path() -> None:
         if previous is not None and fast.messages[0] == previous.messages[0]:  # the same conversation
             assert fast.messages[0] is previous.messages[0]
         previous = fast
-    assert len(R._REQUESTS.data) <= R._MEMO_REQUESTS
+    assert memoized_requests() <= 64  # the memo's bound
 
 
 def test_single_shot_corpus_and_fresh_objects_per_request() -> None:
@@ -155,7 +185,7 @@ _JSON = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_TEXT, inner, max_size=3)),
     max_leaves=8,
 )
-_IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True).filter(lambda k: k not in R.RESERVED_TEMPLATE_KWARGS)
+_IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True).filter(lambda k: k not in RESERVED_TEMPLATE_KWARGS)
 
 
 @st.composite
@@ -229,7 +259,7 @@ def top_levels(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
 def test_generated_conversations_are_identical_to_the_reference_path(
     conv: tuple[list[dict[str, Any]], list[int]], top: tuple[dict[str, Any], dict[str, Any]], objects: str, utf8: str
 ) -> None:
-    R.clear_request_memo()
+    clear_request_memo()
     messages, cuts = conv
     before, after = top
     for cut in cuts:
@@ -242,11 +272,15 @@ def test_generated_conversations_are_identical_to_the_reference_path(
         assert fast.dialect is Dialect.OPENAI
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_JSON)
-def test_compact_json_is_json_dumps(value: Any) -> None:
-    assert R._C_COMPACT is not None  # the C encoder is in use on CPython
-    assert R._compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def test_the_memos_serialization_is_json_dumps(value: Any) -> None:
+    # The memo serializes each top-level value and each message itself; source_sha256 is the digest of
+    # json.dumps of the whole request, so an identical digest (checked by `check`) means identical bytes.
+    clear_request_memo()
+    check({"messages": [{"role": "user", "content": "x"}], "metadata": value}, served=True)
+    args = {"v": value}
+    check({"messages": [{"role": "user", "content": "x"}, assistant_call(args)]}, served=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -257,13 +291,13 @@ def test_later_turns_build_only_the_new_messages(monkeypatch: pytest.MonkeyPatch
     req = warm()
     first = parse_request(req)
     built: list[str] = []
-    real = R._openai_message
+    real = ctxlock.request.openai.parse_message
 
-    def counting(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy) -> Message:
+    def counting(raw: Any, path: str, *args: Any) -> Message:
         built.append(path)
-        return real(raw, path, seen_ids, policy)
+        return real(raw, path, *args)
 
-    monkeypatch.setattr(R, "_openai_message", counting)
+    monkeypatch.setattr(ctxlock.request.openai, "parse_message", counting)
     nxt = extended(req, {"role": "user", "content": "And tomorrow?"})
     second = parse_request(nxt)
     n = len(req["messages"])
@@ -315,13 +349,13 @@ def test_fast_path_off_and_reference_path_leave_the_memo_alone(monkeypatch: pyte
     req = {"messages": copy.deepcopy(HISTORY)}
     with reference_path():
         parse_request(req)
-    assert not R._REQUESTS.data
+    assert not memoized_requests()
     monkeypatch.setenv("CTXLOCK_FAST", "0")
     a = parse_request(req)
-    assert not R._REQUESTS.data
+    assert not memoized_requests()
     monkeypatch.setenv("CTXLOCK_FAST", "1")
     assert_identical(parse_request(req), a)
-    assert R._REQUESTS.data
+    assert memoized_requests()
 
 
 def test_inputs_left_to_the_full_path_are_not_memoized() -> None:
@@ -338,7 +372,7 @@ def test_inputs_left_to_the_full_path_are_not_memoized() -> None:
     check(OrderedDict(messages=[{"role": "user", "content": "x"}]))  # a Mapping that is not a dict
     check(json.dumps({"messages": [{"role": "user", "content": "x"}]}))  # str and bytes
     check(json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode())
-    assert not R._REQUESTS.data
+    assert not memoized_requests()
 
 
 def test_an_explicit_openai_dialect_keeps_system_in_extra() -> None:
@@ -347,10 +381,24 @@ def test_an_explicit_openai_dialect_keeps_system_in_extra() -> None:
 
 
 def test_the_memo_is_bounded() -> None:
-    for k in range(R._MEMO_REQUESTS + 20):
+    sizes = []
+    for k in range(120):
         check({"messages": [{"role": "user", "content": f"conversation {k}"}], "n": k})
-    assert len(R._REQUESTS.data) == R._MEMO_REQUESTS
-    assert len(R._FRAMES.data) <= R._MEMO_FRAMES
+        sizes.append((memoized_requests(), memoized_frames()))
+    requests, frames = zip(*sizes, strict=True)
+    assert requests[-1] == max(requests) == requests[-30] < 120  # full, and evicting the oldest
+    assert frames[-1] == max(frames) == frames[-30] < 120
+    assert requests[-1] == 64 and frames[-1] == 32  # the memo's bounds
+
+
+def test_clear_caches_empties_the_memo() -> None:
+    warm()
+    assert memoized_requests() and memoized_frames()
+    caches.clear_caches("request")
+    assert memoized_requests() == memoized_frames() == 0
+    warm()
+    caches.clear_caches()
+    assert memoized_requests() == memoized_frames() == 0
 
 
 def test_parallel_parses_are_identical_to_the_reference_path() -> None:

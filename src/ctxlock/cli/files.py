@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..artifacts import load_template_file
 from ..errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
 from ..inputs import STDIN, check_input_file, decode_utf8, read_input
-from ..request import Utf8Policy
-from ..request import _decode as decode_with_runs  # parse_request's byte decoder (no public name yet)
+from ..request import Utf8Policy, decode_bytes
 
 if TYPE_CHECKING:
     from ..template import ChatTemplate
@@ -67,7 +66,7 @@ def decode_with_policy(data: bytes, *, label: str, utf8: str) -> tuple[str, tupl
     as they are: no newline translation, no BOM stripping."""
     policy = _utf8_policy(utf8)
     try:
-        text, runs = decode_with_runs(data, policy)
+        text, runs = decode_bytes(data, policy)
     except RequestEncodingError as exc:
         raise InputError(
             f"{exc.message} at {exc.path}", path=label, hint="pass UTF-8 text, or --utf8 replace to substitute U+FFFD"

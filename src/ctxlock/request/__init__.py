@@ -1,0 +1,49 @@
+"""Request stage: bytes -> canonical frozen `Request`.
+
+A pure stage (no I/O). The input is decoded under a UTF-8 policy, parsed with the stdlib JSON parser (duplicate
+keys, NaN and Infinity rejected), validated in one of two dialects (OpenAI Chat Completions or Anthropic
+Messages) and normalized to one canonical form, so the same conversation gives `==` Requests whatever dialect
+it came in. Every error is a `RequestError` subclass whose `path` names the location: `byte N` for encoding,
+`line L column C (byte B)` for JSON syntax, or a JSON path such as `messages[3].tool_calls[0].function.arguments`.
+
+The package, one job per module: `values` (the frozen Request, Message and ToolCall, and the enums), `paths`
+(JSON paths), `jsonread` (the strict JSON reader), `checks` (validation helpers), `openai` and `anthropic` (one
+module per dialect), `build` (dialect detection and the Request), `parse` (`parse_request`, the stage), and
+`_memo` (the request memo, a fast path: a Mapping in the OpenAI dialect is parsed incrementally across calls,
+and the Request is the reference path's in every field, errors included). `CTXLOCK_FAST=0` and
+`reference_path()` turn the memo off; `clear_request_memo()` or `ctxlock.caches.clear_caches()` empties it.
+"""
+
+from __future__ import annotations
+
+from ctxlock.request._memo import clear_request_memo
+from ctxlock.request.checks import json_type_name
+from ctxlock.request.jsonread import decode_bytes
+from ctxlock.request.parse import parse_request
+from ctxlock.request.paths import join_path
+from ctxlock.request.values import (
+    MAX_JSON_DEPTH,
+    RESERVED_TEMPLATE_KWARGS,
+    Dialect,
+    Message,
+    Request,
+    ToolArguments,
+    ToolCall,
+    Utf8Policy,
+)
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "RESERVED_TEMPLATE_KWARGS",
+    "Dialect",
+    "Message",
+    "Request",
+    "ToolArguments",
+    "ToolCall",
+    "Utf8Policy",
+    "clear_request_memo",
+    "decode_bytes",
+    "join_path",
+    "json_type_name",
+    "parse_request",
+]

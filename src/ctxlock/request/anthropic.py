@@ -1,0 +1,234 @@
+"""The Anthropic Messages dialect, made canonical (the OpenAI form every later stage reads).
+
+`parse_system` turns the top-level `system` into a system message; `parse_messages` validates the user and
+assistant turns: text, image, tool_use, tool_result and thinking blocks are reshaped into canonical messages (a
+tool_result becomes a tool message), each string keeping the JSON path the client sent it at (`Message.origins`).
+`parse_tools` turns `{name, description, input_schema}` tools into the OpenAI function-tool form.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.request.checks import (
+    as_array,
+    as_object,
+    as_str,
+    check_tool_function,
+    fail,
+    image_part,
+    no_tool_call,
+    only_keys,
+    part_type,
+    required,
+    text_part,
+)
+from ctxlock.request.paths import join_path
+from ctxlock.request.values import Message, ToolCall
+
+_ANTHROPIC_ROLES = ("user", "assistant")
+# `cache_control` is a prompt-caching hint to Anthropic's servers and never reaches the model's input: accepted
+# on every block and dropped.
+_CC = "cache_control"
+
+
+def parse_system(raw: Any) -> Message:
+    """The top-level `system` (a string or text blocks) as a system message."""
+    if isinstance(raw, str):
+        return Message(role="system", content=raw, source="system", origins=FrozenDict({".content": "system"}))
+    blocks = as_array(raw, "system", "a string or an array of text blocks")
+    parts, origins = [], {}
+    for j, block in enumerate(blocks):
+        path = f"system[{j}]"
+        parts.append(_text(block, path))
+        origins[f".content[{j}].text"] = f"{path}.text"
+    return Message(role="system", content=tuple(parts), source="system", origins=FrozenDict(origins))
+
+
+def _text(raw: Any, path: str) -> FrozenDict:
+    block = as_object(raw, path, 'a text block {"type": "text", "text": ...}')
+    kind = part_type(block, path)
+    if kind != "text":
+        raise fail(join_path(path, "type"), f"expected a text block, got {json.dumps(kind)}", 'use "type": "text"')
+    only_keys(block, ("type", "text", _CC), path, "a text block")
+    return text_part(as_str(required(block, "text", path, "the text"), join_path(path, "text")))
+
+
+def parse_messages(raw: Any) -> list[Message]:
+    """The user and assistant turns as canonical messages (a tool_result becomes a tool message of its own)."""
+    messages = as_array(raw, "messages", "a non-empty array of messages")
+    if not messages:
+        raise fail("messages", "messages is empty", "send at least one message")
+    seen_ids: set[str] = set()
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        path = f"messages[{i}]"
+        m = as_object(m, path, "a message object")
+        only_keys(m, ("role", "content"), path, "an Anthropic message")
+        role = as_str(required(m, "role", path, "user or assistant"), join_path(path, "role"))
+        if role not in _ANTHROPIC_ROLES:
+            raise fail(
+                join_path(path, "role"),
+                f"unknown role {json.dumps(role, ensure_ascii=False)}",
+                'allowed roles: user, assistant (the system prompt goes in the top-level "system")',
+            )
+        content = required(m, "content", path, "a string or an array of content blocks")
+        if isinstance(content, str):
+            out.append(Message(role=role, content=content, source=path))
+            continue
+        blocks = as_array(content, join_path(path, "content"), "a string or an array of content blocks")
+        if role == "assistant":
+            out.append(_assistant(blocks, path, seen_ids))
+        else:
+            out.extend(_user(blocks, path, seen_ids))
+    return out
+
+
+def _assistant(blocks: list[Any], path: str, seen_ids: set[str]) -> Message:
+    parts: list[FrozenDict] = []
+    calls: list[ToolCall] = []
+    thinking: list[str] = []
+    origins: dict[str, str] = {}
+    for j, raw in enumerate(blocks):
+        bpath = f"{path}.content[{j}]"
+        block = as_object(raw, bpath, "a content block object")
+        kind = part_type(block, bpath)
+        if kind == "text":
+            origins[f".content[{len(parts)}].text"] = f"{bpath}.text"
+            parts.append(_text(block, bpath))
+        elif kind == "tool_use":
+            only_keys(block, ("type", "id", "name", "input", _CC), bpath, "a tool_use block")
+            call_id = as_str(required(block, "id", bpath, "the tool_use id"), f"{bpath}.id", nonempty=True)
+            name = as_str(required(block, "name", bpath, "the tool name"), f"{bpath}.name", nonempty=True)
+            args = as_object(required(block, "input", bpath, "the input object"), f"{bpath}.input", "a JSON object")
+            k = len(calls)
+            origins.update(
+                {
+                    f".tool_calls[{k}].id": f"{bpath}.id",
+                    f".tool_calls[{k}].function.name": f"{bpath}.name",
+                    f".tool_calls[{k}].function.arguments": f"{bpath}.input",
+                }
+            )
+            calls.append(ToolCall(name=name, arguments=freeze(args), id=call_id, source=bpath))
+        elif kind == "thinking":
+            only_keys(block, ("type", "thinking", "signature"), bpath, "a thinking block")
+            # The signature authenticates the thinking to Anthropic's API; it is not model input.
+            thinking.append(as_str(required(block, "thinking", bpath, "the thinking text"), f"{bpath}.thinking"))
+            origins.setdefault(".reasoning_content", f"{bpath}.thinking")
+        elif kind == "redacted_thinking":
+            raise fail(
+                f"{bpath}.type",
+                "redacted_thinking holds encrypted reasoning ctxlock cannot render",
+                "drop the block, or send the thinking text in a thinking block",
+            )
+        else:
+            raise fail(
+                f"{bpath}.type",
+                f"unsupported assistant content block type {json.dumps(kind)}",
+                "allowed: text, tool_use, thinking",
+            )
+    if len(thinking) > 1:
+        # Several thinking blocks are concatenated as is (no separator is added): the path names the whole list.
+        origins[".reasoning_content"] = f"{path}.content"
+    seen_ids.update(c.id for c in calls if c.id is not None)
+    return Message(
+        role="assistant",
+        content=tuple(parts) if parts else None,
+        tool_calls=tuple(calls) if calls else None,
+        reasoning_content="".join(thinking) if thinking else None,
+        source=path,
+        origins=FrozenDict(origins),
+    )
+
+
+def _user(blocks: list[Any], path: str, seen_ids: set[str]) -> list[Message]:
+    """A user turn: each tool_result becomes a canonical tool message, emitted before the turn's text/images."""
+    results: list[Message] = []
+    parts: list[FrozenDict] = []
+    origins: dict[str, str] = {}
+    for j, raw in enumerate(blocks):
+        bpath = f"{path}.content[{j}]"
+        block = as_object(raw, bpath, "a content block object")
+        kind = part_type(block, bpath)
+        if kind == "text":
+            origins[f".content[{len(parts)}].text"] = f"{bpath}.text"
+            parts.append(_text(block, bpath))
+        elif kind == "image":
+            origins[f".content[{len(parts)}].url"] = f"{bpath}.source"
+            parts.append(_image(block, bpath))
+        elif kind == "tool_result":
+            results.append(_tool_result(block, bpath, seen_ids))
+        else:
+            raise fail(
+                f"{bpath}.type",
+                f"unsupported user content block type {json.dumps(kind)}",
+                "allowed: text, image, tool_result",
+            )
+    if results and not parts:
+        return results
+    return [*results, Message(role="user", content=tuple(parts), source=path, origins=FrozenDict(origins))]
+
+
+def _image(block: dict[str, Any], path: str) -> FrozenDict:
+    only_keys(block, ("type", "source", _CC), path, "an image block")
+    spath = join_path(path, "source")
+    source = as_object(required(block, "source", path, "an image source"), spath)
+    kind = part_type(source, spath)
+    if kind == "base64":
+        only_keys(source, ("type", "media_type", "data"), spath, "a base64 image source")
+        media = as_str(required(source, "media_type", spath, "the media type, e.g. image/png"), f"{spath}.media_type")
+        data = as_str(required(source, "data", spath, "the base64 data"), f"{spath}.data")
+        return image_part(f"data:{media};base64,{data}")
+    if kind == "url":
+        only_keys(source, ("type", "url"), spath, "a url image source")
+        return image_part(as_str(required(source, "url", spath, "the image URL"), f"{spath}.url"))
+    raise fail(f"{spath}.type", f"unsupported image source type {json.dumps(kind)}", "allowed: base64, url")
+
+
+def _tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> Message:
+    # is_error has no place in the canonical (OpenAI) tool message, and chat templates never read it; it is
+    # validated and dropped, as vLLM's Anthropic endpoint does. Put the error in the content if the model needs it.
+    only_keys(block, ("type", "tool_use_id", "content", "is_error", _CC), path, "a tool_result block")
+    id_path = f"{path}.tool_use_id"
+    call_id = as_str(required(block, "tool_use_id", path, "the id of the tool_use this answers"), id_path)
+    if call_id not in seen_ids:
+        raise no_tool_call(call_id, seen_ids, id_path, "tool_result")
+    if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+        raise fail(f"{path}.is_error", "is_error must be a boolean", "send true or false")
+    raw = block.get("content")
+    origins = {".tool_call_id": id_path}
+    content: str | tuple[FrozenDict, ...]
+    if raw is None:
+        content = ""  # Anthropic allows a result with no content; the canonical tool message needs one
+    elif isinstance(raw, str):
+        content = raw
+    else:
+        items = as_array(raw, f"{path}.content", "a string or an array of text blocks")
+        content = tuple(_text(b, f"{path}.content[{j}]") for j, b in enumerate(items))
+    return Message(role="tool", content=content, tool_call_id=call_id, source=path, origins=FrozenDict(origins))
+
+
+def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
+    """Client tools `{name, description, input_schema}` in the OpenAI function-tool form."""
+    tools = as_array(raw, "tools", "an array of tools")
+    out = []
+    for k, tool in enumerate(tools):
+        path = f"tools[{k}]"
+        tool = as_object(tool, path, 'a tool object {"name", "description", "input_schema"}')
+        only_keys(tool, ("type", "name", "description", "input_schema", _CC), path, "a tool")
+        if tool.get("type") not in (None, "custom"):
+            raise fail(
+                f"{path}.type",
+                f"unsupported tool type {json.dumps(tool['type'])} (server tools run on Anthropic's side)",
+                'send client tools: omit "type" or use "custom"',
+            )
+        required(tool, "input_schema", path, "the input JSON schema")
+        check_tool_function(tool, path, schema_key="input_schema")
+        fn: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        fn["parameters"] = tool["input_schema"]
+        out.append(freeze({"type": "function", "function": fn}))
+    return tuple(out)

@@ -1,0 +1,211 @@
+"""The strict JSON reader: bytes -> text under a UTF-8 policy, text -> JSON with every check at its path.
+
+- `decode_bytes` decodes UTF-8 strictly (an error names the first bad byte) or replaces bad bytes with U+FFFD
+  and records every replaced byte offset; `byte_offset` maps a character position back to its byte.
+- `loads_strict` is the stdlib parser with duplicate keys, NaN/Infinity, numbers that overflow, lone surrogates
+  and nesting deeper than MAX_JSON_DEPTH rejected, each naming its JSON path.
+- `to_plain` turns a caller's Mapping into plain JSON values under the same depth rule, refusing cycles and
+  non-JSON types.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+import re
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
+from ctxlock.request.paths import LinkedPath, render_path
+from ctxlock.request.values import MAX_JSON_DEPTH, Utf8Policy
+
+# Offsets replaced by the `ctxlock.replace` codec error handler during the current decode. A ContextVar keeps
+# concurrent parses (threads, asyncio tasks) apart; the handler is the only global, and it is named for ctxlock.
+_REPLACED_RUNS: ContextVar[list[tuple[int, int]] | None] = ContextVar("ctxlock_replaced_runs", default=None)
+
+
+def _replace_and_record(exc: UnicodeError) -> tuple[str, int]:
+    runs = _REPLACED_RUNS.get()
+    if not isinstance(exc, UnicodeDecodeError) or runs is None:
+        raise exc
+    # Called with the same (start, end) ranges as the builtin "replace" handler, so the text is identical to
+    # bytes.decode("utf-8", "replace") and the recorded offsets are exactly the bytes behind each U+FFFD.
+    runs.append((exc.start, exc.end))
+    return "\ufffd", exc.end
+
+
+codecs.register_error("ctxlock.replace", _replace_and_record)
+
+
+def decode_bytes(data: bytes, policy: Utf8Policy) -> tuple[str, list[tuple[int, int]]]:
+    """Decode UTF-8 under the policy; return the text and the replaced byte ranges."""
+    if policy is Utf8Policy.STRICT:
+        try:
+            return data.decode("utf-8"), []
+        except UnicodeDecodeError as exc:
+            bad = data[exc.start : exc.end]
+            raise RequestEncodingError(
+                f"invalid UTF-8: byte{'s' if len(bad) > 1 else ''} {bad.hex(' ')} ({exc.reason})",
+                path=f"byte {exc.start}",
+                hint="send the request encoded as UTF-8, or parse with utf8='replace' to substitute U+FFFD",
+            ) from None
+    runs: list[tuple[int, int]] = []
+    token = _REPLACED_RUNS.set(runs)
+    try:
+        text = data.decode("utf-8", "ctxlock.replace")
+    finally:
+        _REPLACED_RUNS.reset(token)
+    return text, runs
+
+
+def byte_offset(data: bytes, runs: list[tuple[int, int]], text: str, pos: int) -> int:
+    """The byte offset in `data` of character `pos` of `text` (its decoding, with replaced runs)."""
+    char = byte = 0
+    for start, end in runs:
+        # Between replaced runs the bytes decoded strictly, one U+FFFD stands for each run.
+        seg_chars = len(data[byte:start].decode("utf-8"))
+        if pos < char + seg_chars:
+            break
+        char += seg_chars
+        if pos == char:
+            return start
+        char, byte = char + 1, end
+    return byte + len(text[char:pos].encode("utf-8"))
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """What object_pairs_hook returns: an object's pairs, before the top-down pass checks duplicates.
+
+    The hook runs bottom-up and cannot know where it is; `_build` walks down afterwards and knows the path.
+    """
+
+    __slots__ = ()
+
+
+class _BadNumber:
+    """A parsed NaN, Infinity, or a number that overflows to infinity, reported by `_build` with its path."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _parse_float(literal: str) -> float | _BadNumber:
+    value = float(literal)
+    return value if math.isfinite(value) else _BadNumber(literal)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_depth(path: LinkedPath, depth: int) -> None:
+    """Refuse a container at nesting `depth` >= MAX_JSON_DEPTH (the root is at depth 0), naming its path."""
+    if depth >= MAX_JSON_DEPTH:
+        raise RequestJSONError(
+            f"JSON nested deeper than {MAX_JSON_DEPTH} levels",
+            path=render_path(path),
+            hint="flatten the structure",
+        )
+
+
+class _Builder:
+    """Top-down pass over parsed JSON: duplicate keys, non-finite numbers, lone surrogates, depth, with paths."""
+
+    def __init__(self, policy: Utf8Policy) -> None:
+        self.policy = policy
+
+    def build(self, value: Any, path: LinkedPath, depth: int = 0) -> Any:
+        if isinstance(value, _Pairs):
+            check_depth(path, depth)
+            out: dict[str, Any] = {}
+            for key, item in value:
+                key = self._string(key, path)
+                if key in out:
+                    raise RequestJSONError(
+                        f"duplicate key {json.dumps(key, ensure_ascii=False)}",
+                        path=render_path(path),
+                        hint="each key may appear once per object; JSON parsers disagree on which duplicate wins",
+                    )
+                out[key] = self.build(item, (path, key), depth + 1)
+            return out
+        if isinstance(value, list):
+            check_depth(path, depth)
+            return [self.build(item, (path, i), depth + 1) for i, item in enumerate(value)]
+        if isinstance(value, str):
+            return self._string(value, path)
+        if isinstance(value, _BadNumber):
+            raise RequestJSONError(
+                f"{value.literal} is not a finite JSON number",
+                path=render_path(path),
+                hint="JSON has no NaN or Infinity; send a finite number, a string or null",
+            )
+        return value
+
+    def _string(self, value: str, path: LinkedPath) -> str:
+        # JSON escapes can spell a lone surrogate (\ud800) that is not a Unicode scalar value and cannot be encoded
+        # as UTF-8 later; it is an encoding error like a bad byte, and REPLACE substitutes U+FFFD for it likewise.
+        match = _SURROGATE.search(value)
+        if match is None:
+            return value
+        if self.policy is Utf8Policy.REPLACE:
+            return _SURROGATE.sub("\ufffd", value)
+        raise RequestEncodingError(
+            f"string holds a lone surrogate \\u{ord(match.group()):04x} at character {match.start()}",
+            path=render_path(path),
+            hint="escape characters outside the BMP as a surrogate pair, or parse with utf8='replace'",
+        )
+
+
+def loads_strict(text: str, path: str, policy: Utf8Policy) -> Any:
+    """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is."""
+    try:
+        raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=_parse_float)
+    except RecursionError:
+        raise RequestJSONError(
+            f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=path, hint="flatten the structure"
+        ) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # e.g. an integer longer than sys.get_int_max_str_digits()
+        raise RequestJSONError(f"invalid JSON value: {exc}", path=path, hint="send numbers that fit") from None
+    return _Builder(policy).build(raw, path)
+
+
+def to_plain(value: Any, path: LinkedPath, depth: int = 0, open_: set[int] | None = None) -> Any:
+    """A Mapping given by a caller -> plain JSON values, rejecting what JSON cannot hold (with its path).
+
+    Nesting is checked by the rule bytes are (`_Builder`): a container at depth MAX_JSON_DEPTH is refused with the
+    same error, before Python's recursion limit is near. A container inside itself (`d["x"] = d`) is refused as a
+    cycle, naming the path where it comes round; `open_` holds the ids of the containers being converted."""
+    if isinstance(value, Mapping | list | tuple):
+        open_ = set() if open_ is None else open_
+        if id(value) in open_:
+            raise RequestValidationError(
+                "this value contains itself (a reference cycle)",
+                path=render_path(path),
+                hint="JSON is a tree: pass a copy instead of a reference to an enclosing object or list",
+            )
+        check_depth(path, depth)
+        open_.add(id(value))  # an error ends the whole conversion, so only success needs to take it out again
+        out: Any
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise RequestValidationError(
+                        f"key {key!r} is not a string", path=render_path(path), hint="JSON object keys are strings"
+                    )
+                out[key] = to_plain(item, (path, key), depth + 1, open_)
+        else:
+            out = [to_plain(item, (path, i), depth + 1, open_) for i, item in enumerate(value)]
+        open_.discard(id(value))
+        return out
+    if value is None or isinstance(value, str | int | float):  # bool is an int
+        return value
+    raise RequestValidationError(
+        f"{type(value).__name__} is not a JSON value", path=render_path(path), hint="send JSON types only"
+    )

@@ -1,0 +1,230 @@
+"""The OpenAI Chat Completions dialect: messages and tools, validated and made canonical.
+
+`parse_messages` validates the `messages` array (roles, the keys each role may carry, content parts, tool calls
+and the ids tool messages answer) into `Message` values; `parse_message` does one message, given the tool-call
+ids seen before it; `parse_tools` validates `tools`, kept verbatim. A tool call's `arguments` sent as a JSON
+string goes through the request's own strict JSON reader.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.request.checks import (
+    as_array,
+    as_object,
+    as_str,
+    check_tool_function,
+    fail,
+    json_type_name,
+    no_tool_call,
+    only_keys,
+    opt_str,
+    part_type,
+    required,
+    text_part,
+)
+from ctxlock.request.jsonread import loads_strict
+from ctxlock.request.paths import join_path
+from ctxlock.request.values import Message, ToolCall, Utf8Policy
+
+_OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Per role, the keys that may carry a value. Every key of the union may be null in any message (SDKs dump their
+# models with every field, e.g. an assistant reply echoed back with "function_call": null).
+_OPENAI_KEYS: dict[str, tuple[str, ...]] = {
+    "system": ("role", "content", "name"),
+    "developer": ("role", "content", "name"),
+    "user": ("role", "content", "name"),
+    "assistant": ("role", "content", "name", "tool_calls", "reasoning_content", "reasoning"),
+    "tool": ("role", "content", "name", "tool_call_id"),
+}
+_OPENAI_NULL_ONLY = ("refusal", "audio", "annotations", "function_call")
+_OPENAI_ALL_KEYS = (*dict.fromkeys(k for keys in _OPENAI_KEYS.values() for k in keys), *_OPENAI_NULL_ONLY)
+_IMAGE_DETAILS = ("auto", "low", "high")
+_ONE_OF_ROLES = "one of: " + ", ".join(_OPENAI_ROLES)
+
+
+def parse_messages(raw: Any, policy: Utf8Policy, as_sent: bool = False) -> tuple[Message, ...]:
+    """The `messages` array as canonical Messages; a tool message must answer an earlier assistant tool call."""
+    messages = as_array(raw, "messages", "a non-empty array of messages")
+    if not messages:
+        raise fail("messages", "messages is empty", "send at least one message")
+    seen_ids: set[str] = set()
+    return tuple(parse_message(m, f"messages[{i}]", seen_ids, policy, as_sent) for i, m in enumerate(messages))
+
+
+def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, as_sent: bool = False) -> Message:
+    """One message at `path`, given the tool-call ids of the messages before it (updated with its own)."""
+    m = as_object(raw, path, "a message object")
+    role = as_str(required(m, "role", path, _ONE_OF_ROLES), join_path(path, "role"))
+    if role not in _OPENAI_ROLES:
+        raise fail(
+            join_path(path, "role"),
+            f"unknown role {json.dumps(role, ensure_ascii=False)}",
+            f"allowed roles: {', '.join(_OPENAI_ROLES)}",
+        )
+    allowed = _OPENAI_KEYS[role]
+    for key, value in m.items():
+        if key in allowed:
+            continue
+        kpath = join_path(path, key)
+        if key not in _OPENAI_ALL_KEYS:
+            raise fail(
+                kpath,
+                f"unknown key {json.dumps(key, ensure_ascii=False)} in a {role} message",
+                f"allowed keys: {', '.join(allowed)}",
+            )
+        if value is None:
+            continue  # harmless: null is what "absent" looks like when an SDK dumps every field
+        if key == "function_call":
+            raise fail(kpath, "function_call is deprecated and not supported", 'send "tool_calls" instead')
+        if key in _OPENAI_NULL_ONLY:
+            raise fail(kpath, f"ctxlock does not support {key}", f"drop {key} or set it to null")
+        raise fail(kpath, f"{key} is not allowed in a {role} message", f"allowed keys: {', '.join(allowed)}")
+
+    tool_calls: tuple[ToolCall, ...] | None = None
+    if m.get("tool_calls") is not None:
+        calls = as_array(m["tool_calls"], join_path(path, "tool_calls"), "an array of tool calls")
+        tool_calls = tuple(_tool_call(c, f"{path}.tool_calls[{j}]", policy, as_sent) for j, c in enumerate(calls))
+
+    reasoning = opt_str(m, "reasoning_content", path)
+    if m.get("reasoning") is not None:
+        if reasoning is not None:
+            raise fail(
+                join_path(path, "reasoning"),
+                "both reasoning and reasoning_content are set",
+                "send one of them; reasoning is an alias of reasoning_content",
+            )
+        reasoning = as_str(m["reasoning"], join_path(path, "reasoning"))
+
+    tool_call_id: str | None = None
+    if role == "tool":
+        tool_call_id = as_str(
+            required(m, "tool_call_id", path, "the id of the tool call this answers"), join_path(path, "tool_call_id")
+        )
+        if tool_call_id not in seen_ids:
+            raise no_tool_call(tool_call_id, seen_ids, join_path(path, "tool_call_id"), "tool message")
+
+    content = _content(m.get("content"), join_path(path, "content"), role)
+    if content is None and not (role == "assistant" and tool_calls):
+        raise fail(
+            join_path(path, "content"),
+            f"content is required in a {role} message",
+            "only an assistant message with tool_calls may omit content",
+        )
+
+    # Ids become visible only after the whole message: a tool message answers an EARLIER assistant message.
+    if tool_calls:
+        seen_ids.update(tc.id for tc in tool_calls if tc.id is not None)
+    return Message(
+        role=role,
+        content=content,
+        name=opt_str(m, "name", path),
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        reasoning_content=reasoning,
+        source=path,
+    )
+
+
+def _content(raw: Any, path: str, role: str) -> str | tuple[FrozenDict, ...] | None:
+    if raw is None or isinstance(raw, str):
+        return raw
+    parts = as_array(raw, path, "a string or an array of content parts")
+    return tuple(_part(p, f"{path}[{j}]", role) for j, p in enumerate(parts))
+
+
+def _part(raw: Any, path: str, role: str) -> FrozenDict:
+    part = as_object(raw, path, "a content part object")
+    kind = part_type(part, path)
+    if kind == "text":
+        only_keys(part, ("type", "text"), path, "a text part")
+        return text_part(as_str(required(part, "text", path, "the text"), join_path(path, "text")))
+    if kind == "image_url":
+        if role != "user":
+            raise fail(join_path(path, "type"), f"a {role} message cannot hold images", "send images in user messages")
+        only_keys(part, ("type", "image_url"), path, "an image_url part")
+        image = required(part, "image_url", path, 'an "image_url" object with a "url"')
+        ipath = join_path(path, "image_url")
+        # Kept as sent, after the checks: templates read `image_url` parts themselves, as under transformers.
+        if isinstance(image, str):  # accepted by vLLM and several clients
+            return freeze(part)
+        image = as_object(image, ipath, 'an object {"url": ...} or a URL string')
+        only_keys(image, ("url", "detail"), ipath, "image_url")
+        as_str(required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
+        detail = opt_str(image, "detail", ipath)
+        if detail is not None and detail not in _IMAGE_DETAILS:
+            raise fail(
+                join_path(ipath, "detail"),
+                f"unknown detail {json.dumps(detail, ensure_ascii=False)}",
+                f"allowed: {', '.join(_IMAGE_DETAILS)}",
+            )
+        return freeze(part)
+    allowed = "text, image_url" if role == "user" else "text"
+    raise fail(
+        join_path(path, "type"),
+        f"unknown content part type {json.dumps(kind, ensure_ascii=False)}",
+        f"allowed: {allowed}",
+    )
+
+
+def _tool_call(raw: Any, path: str, policy: Utf8Policy, as_sent: bool = False) -> ToolCall:
+    call = as_object(raw, path, "a tool call object")
+    only_keys(call, ("id", "type", "function"), path, "a tool call")
+    kind = call.get("type")
+    if kind is not None and kind != "function":
+        raise fail(join_path(path, "type"), f"unsupported tool call type {json.dumps(kind)}", 'use "function"')
+    fpath = join_path(path, "function")
+    fn = as_object(required(call, "function", path, 'a "function" object with name and arguments'), fpath)
+    only_keys(fn, ("name", "arguments"), fpath, "a tool call function")
+    name = as_str(required(fn, "name", fpath, "the function name"), join_path(fpath, "name"), nonempty=True)
+    apath = join_path(fpath, "arguments")
+    args = required(fn, "arguments", fpath, 'the arguments as a JSON object or a JSON string, e.g. "{}"')
+    sent = args
+    if isinstance(args, str):
+        args = _parse_arguments(args, apath, policy)
+    if not isinstance(args, dict):
+        raise fail(
+            apath,
+            f"arguments must decode to a JSON object, got {json_type_name(args)}",
+            'wrap the arguments in an object, e.g. {"value": ...}',
+        )
+    # as-sent keeps the string: it passed the request's own string checks, and it holds a JSON object.
+    kept = sent if as_sent and isinstance(sent, str) else freeze(args)
+    return ToolCall(name=name, arguments=kept, id=opt_str(call, "id", path), type=kind, source=path)
+
+
+def _parse_arguments(text: str, path: str, policy: Utf8Policy) -> Any:
+    """Parse an OpenAI JSON-string `arguments` (as vLLM does); invalid JSON is an error, never a silent {}.
+
+    The same strict parser as the request: duplicate keys, NaN and lone surrogates are errors, with their path.
+    """
+    try:
+        return loads_strict(text, path, policy)
+    except json.JSONDecodeError as exc:
+        raise fail(
+            path,
+            f"arguments is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
+            'send the arguments as a JSON object encoded in a string, e.g. "{\\"city\\": \\"Paris\\"}" or "{}"',
+        ) from None
+
+
+def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
+    """The `tools` array, checked and kept verbatim (key order of schemas is data: templates render it)."""
+    tools = as_array(raw, "tools", "an array of tools")
+    out = []
+    for k, tool in enumerate(tools):
+        path = f"tools[{k}]"
+        tool = as_object(tool, path, 'a tool object {"type": "function", "function": {...}}')
+        only_keys(tool, ("type", "function"), path, "a tool")
+        kind = required(tool, "type", path, '"type": "function"')
+        if kind != "function":
+            raise fail(join_path(path, "type"), f"unsupported tool type {json.dumps(kind)}", 'use "function"')
+        fpath = join_path(path, "function")
+        fn = as_object(required(tool, "function", path, 'a "function" object with a name'), fpath)
+        only_keys(fn, ("name", "description", "parameters", "strict"), fpath, "a tool function")
+        check_tool_function(fn, fpath)
+        out.append(freeze(tool))  # kept verbatim: key order of schemas is data, templates render it
+    return tuple(out)

@@ -210,3 +210,28 @@ def test_read_session_errors() -> None:
         read_session('{"messages": []}\n{bad\n', "s.jsonl")
     with pytest.raises(ctxlock.CtxlockError, match="not a time"):
         read_session('{"request": {"messages": []}, "timestamp": "yesterday"}\n', "s.jsonl")
+
+
+def test_cache_control_survives_into_the_request_and_the_record() -> None:
+    from ctxlock.record import RunOptions
+    from ctxlock.replay import run_and_record
+
+    request = _anthropic_session("after")[3][0]
+    request["tools"] = [
+        {"name": "search", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    ]
+    model = _model()
+    parsed = model.parse(request)
+    assert [dict(c) for c in parsed.cache_control] == [
+        {"path": "tools[0]", "type": "ephemeral", "ttl": "1h"},
+        {"path": "system[0]", "type": "ephemeral", "ttl": "5m"},
+    ]
+    raw = json.dumps(request).encode()
+    _, record, error = run_and_record(model, raw, RunOptions(), template=_template("Qwen-Qwen2.5-7B-Instruct.jinja"))
+    assert error is None
+    assert record.data["request"]["cache_control"] == [dict(c) for c in parsed.cache_control]
+    # the breakpoints the report uses are those of the canonical request
+    (turn,) = build_turns(model, [(request, None, None)], {"template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")})
+    # Qwen2.5's template writes the system prompt before the tools: the 1-hour breakpoint (the tool) ends later
+    assert [b.ttl for b in turn.breakpoints] == ["1h", "5m"]
+    assert 0 < turn.breakpoints[1].end < turn.breakpoints[0].end < len(turn.ids)

@@ -61,43 +61,19 @@ def _seconds(stamp: Any, path: str) -> float | None:
     raise RequestError(f"not a time: {stamp!r}", path=path, hint="ISO 8601 or seconds since the epoch")
 
 
-def _marked(raw: dict[str, Any]) -> list[tuple[str, str]]:
-    """(path, ttl) of every block an Anthropic request marks with cache_control, in the provider's prefix order:
-    tools, then system, then messages."""
-    marks: list[tuple[str, str]] = []
-
-    def ttl(block: Any) -> str | None:
-        cc = block.get("cache_control") if isinstance(block, dict) else None
-        return None if not isinstance(cc, dict) else ("1h" if cc.get("ttl") == "1h" else "5m")
-
-    for i, tool in enumerate(raw.get("tools") or []):
-        if (t := ttl(tool)) is not None:
-            marks.append((f"tools[{i}]", t))
-    system = raw.get("system")
-    if isinstance(system, list):
-        for j, block in enumerate(system):
-            if (t := ttl(block)) is not None:
-                marks.append((f"system[{j}]", t))
-    for k, message in enumerate(raw.get("messages") or []):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for m, block in enumerate(content):
-                if (t := ttl(block)) is not None:
-                    marks.append((f"messages[{k}].content[{m}]", t))
-    return marks
-
-
-def _breakpoints(raw: dict[str, Any], lay: Any) -> tuple[Breakpoint, ...]:
-    """Each cache_control block's prefix, in tokens: up to the end of the last rendered character of the block."""
+def _breakpoints(lay: Any) -> tuple[Breakpoint, ...]:
+    """Each cache_control block's prefix (`Request.cache_control`, in the provider's order: tools, system,
+    messages), in tokens: up to the end of the block's last rendered character. A block the template never wrote
+    has no breakpoint."""
     out = []
-    for path, ttl in _marked(raw):
-        ends = [
-            sp.end
-            for sp in lay.rendered.request_spans
-            if sp.path == path or sp.path.startswith((path + ".", path + "["))
-        ]
+    for mark in lay.request.cache_control:
+        if mark.get("type") != "ephemeral":
+            continue  # not a cache breakpoint Anthropic knows
+        path = mark["path"]
+        under = (path + ".", path + "[")
+        ends = [sp.end for sp in lay.rendered.request_spans if sp.path == path or sp.path.startswith(under)]
         if ends:
-            out.append(Breakpoint(lay.tokens_before(max(ends)), ttl))  # type: ignore[arg-type]
+            out.append(Breakpoint(lay.tokens_before(max(ends)), "1h" if mark["ttl"] == "1h" else "5m"))
     return tuple(out)
 
 
@@ -107,9 +83,7 @@ def build_turns(model: Model, session: Session, options: dict) -> list[TurnData]
         lay = layout(model, request, **options)
         parsed = parse_usage(usage, path=f"turn {i} $.usage") if usage is not None else None
         turns.append(
-            TurnData(
-                lay.ids, lay.rendered.text, lay.rendered.request_spans, request, _breakpoints(request, lay), at, parsed
-            )
+            TurnData(lay.ids, lay.rendered.text, lay.rendered.request_spans, request, _breakpoints(lay), at, parsed)
         )
     return turns
 

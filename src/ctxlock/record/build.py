@@ -221,6 +221,8 @@ def _add_run(
         canonical=json.loads(source.to_json()),
         extra=thaw(source.extra),
     )
+    if source.cache_control:  # Anthropic prompt-caching breakpoints: never rendered, kept for cache economics
+        data["request"]["cache_control"] = [thaw(c) for c in source.cache_control]
     data["messages"] = req.template_messages()
     variables = thaw(rendered.variables)
     data["dynamic"] = _dynamic_section(model, req, rendered, variables)

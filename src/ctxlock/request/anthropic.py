@@ -9,6 +9,7 @@ tool_result becomes a tool message), each string keeping the JSON path the clien
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, freeze
@@ -30,7 +31,7 @@ from ctxlock.request.values import Message, ToolCall
 
 _ANTHROPIC_ROLES = ("user", "assistant")
 # `cache_control` is a prompt-caching hint to Anthropic's servers and never reaches the model's input: accepted
-# on every block and dropped.
+# on every block, kept apart in `Request.cache_control` (`cache_breakpoints`), never rendered.
 _CC = "cache_control"
 
 
@@ -232,3 +233,32 @@ def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
         fn["parameters"] = tool["input_schema"]
         out.append(freeze({"type": "function", "function": fn}))
     return tuple(out)
+
+
+def cache_breakpoints(obj: Mapping[str, Any]) -> tuple[FrozenDict, ...]:
+    """Every block marked with `cache_control`, in Anthropic's prefix order (tools, system, messages), as
+    {"path", "type", "ttl"} with the type and TTL as sent (Anthropic's defaults, "ephemeral" and "5m", when absent).
+    A `cache_control` that is not an object is kept as {"path", "value"}: ctxlock does not validate what only the
+    provider reads, but it does not drop it either."""
+    marks: list[FrozenDict] = []
+
+    def mark(block: Any, path: str) -> None:
+        if not isinstance(block, Mapping) or block.get(_CC) is None:
+            return
+        cc = block[_CC]
+        if isinstance(cc, Mapping):
+            marks.append(FrozenDict({"path": path, "type": cc.get("type", "ephemeral"), "ttl": cc.get("ttl", "5m")}))
+        else:
+            marks.append(FrozenDict({"path": path, "value": freeze(cc)}))
+
+    for i, tool in enumerate(obj.get("tools") or ()):
+        mark(tool, f"tools[{i}]")
+    if isinstance(obj.get("system"), list):
+        for j, block in enumerate(obj["system"]):
+            mark(block, f"system[{j}]")
+    for k, message in enumerate(obj.get("messages") or ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            for m, block in enumerate(content):
+                mark(block, f"messages[{k}].content[{m}]")
+    return tuple(marks)

@@ -106,4 +106,5 @@ def build_request(
         source_sha256=sha,
         utf8_policy=policy,
         replaced_bytes=tuple(b for start, end in runs for b in range(start, end)),
+        cache_control=anthropic.cache_breakpoints(obj) if dialect is Dialect.ANTHROPIC else (),
     )

@@ -191,6 +191,9 @@ class Request:
     source_sha256: str = field(default="", compare=False)
     utf8_policy: Utf8Policy = field(default=Utf8Policy.STRICT, compare=False)
     replaced_bytes: tuple[int, ...] = field(default=(), compare=False)
+    # Anthropic prompt-caching breakpoints, in request order: {"path": "system[0]", "type": "ephemeral", "ttl":
+    # "5m" | "1h"}. They never reach the model's input (so they are not compared), but cache economics need them.
+    cache_control: tuple[FrozenDict, ...] = field(default=(), compare=False)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Fresh plain message dicts, as a chat template sees them."""

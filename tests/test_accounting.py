@@ -121,7 +121,7 @@ def test_one_tool_definition_costs_hundreds_of_tokens_by_both_methods() -> None:
     model, template = _qwen()
     bare = {"messages": [{"role": "user", "content": "Hi"}]}
     with_tool = {**bare, "tools": [WEATHER_TOOL]}
-    counts = count(model, with_tool, template=template, marginal=True)
+    counts = model.count(with_tool, template=template, marginal=True)
     (tool,) = [p for p in counts.parts if p.part == "tools[0]"]
     direct = len(model.encode(with_tool, template=template)["input_ids"][0]) - len(
         model.encode(bare, template=template)["input_ids"][0]

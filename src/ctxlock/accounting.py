@@ -39,19 +39,35 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .caches import LRU
 from .errors import CtxlockError, RequestError
-from .model import RENDER_OPTIONS, Model, RequestLike, check_options
+from .options import RENDER_OPTIONS, check_options
 from .request import Request
 from .settings import cache_root, fast_enabled
 from .template import Rendered
 from .tokenizer import ControlMatch, control_matches, encode_ids
 from .tokenizer.runs import run_encoder
 from .tokenizer.token_bytes import token_bytes
+
+RequestLike = Request | Mapping[str, Any] | str | bytes
+
+
+class Model(Protocol):
+    """What counting needs of a model: `ctxlock.Model` is one (its `count` method calls `count` here). A protocol,
+    so that this stage sits below the facade in the layer order."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    def parse(self, request: Any, **options: Any) -> Request: ...
+    def render(self, request: Any, *args: Any, **options: Any) -> Rendered: ...
+    def encode(self, request: Any, *args: Any, **options: Any) -> Any: ...
+
 
 TEMPLATE = "template"
 GENERATION_PROMPT = "generation_prompt"

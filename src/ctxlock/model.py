@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
 
-from . import caches
+from . import accounting, caches
 from .artifacts import ModelArtifacts, load_artifacts
 from .errors import TemplateNotFoundError
 from .options import (
@@ -184,6 +184,13 @@ class Model:
             rows, pad_id=self.pad_id, padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of
         )
         return tensors_as(batch, return_tensors)
+
+    def count(self, request: RequestLike, *, marginal: bool = False, **options: Any) -> accounting.Counts:
+        """Every token of the request's `input_ids` attributed to one part (`template`, `system`, `tools[i]`,
+        `messages[j]`, `documents[k]`, `generation_prompt`), the parts summing to the total; `marginal=True` also
+        gives each part's marginal cost; `unseen` names the parts the template never wrote. Takes `render`'s
+        options (see `ctxlock.accounting`)."""
+        return accounting.count(self, request, marginal=marginal, **options)
 
     def warm_up(self, *, wait: bool = True) -> dict[str, str]:
         """Make the first `encode` as fast as the rest: choose the tokenizer's engine (the load-time equivalence

@@ -284,3 +284,32 @@ def test_cli_count(tmp_path: Path) -> None:
     assert out.exit_code == 0 and "messages[0]" in out.output and f"{n} tokens" in out.output
     out = runner.invoke(app, ["count", str(req), "--model", "book", "--format", "gemini"])
     assert out.exit_code != 0 and json.loads(out.output)["error"]["path"] == "--format"
+
+
+def test_render_and_fit_name_unseen_parts(tmp_path: Path) -> None:
+    """The default model's template ignores `documents`: render (human view and --json) and fit (--json) say so,
+    and a record keeps it among its warnings."""
+    req = tmp_path / "req.json"
+    req.write_text(
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "What do my notes say?"}],
+                "documents": [{"title": "notes", "text": "The meeting moved to Tuesday."}],
+            }
+        )
+    )
+    runner = CliRunner()
+    out = runner.invoke(app, ["render", str(req)])
+    assert out.exit_code == 0, out.output
+    assert "the template wrote no byte of documents[0]: the model never sees it" in out.output
+    data = json.loads(runner.invoke(app, ["render", str(req), "--json"]).output)
+    assert {"kind": "unseen", "path": "documents[0]"}.items() <= next(
+        w for w in data["warnings"] if w["kind"] == "unseen"
+    ).items()
+    fit = json.loads(runner.invoke(app, ["fit", str(req), "--max-input-tokens", "4000", "--json"]).output)
+    assert fit["unseen"] == ["documents[0]"]
+    store = tmp_path / "store"
+    out = runner.invoke(app, ["render", str(req), "--record", "--store", str(store), "--json"])
+    rid = json.loads(out.output)["record_id"]
+    shown = json.loads(runner.invoke(app, ["records", "show", rid, "--store", str(store)]).output)
+    assert any(w.get("kind") == "unseen" and w.get("path") == "documents[0]" for w in shown["warnings"])

@@ -516,6 +516,26 @@ def _unseen(req: Request, run: _Pass) -> tuple[str, ...]:
     return tuple(p for p in _expected(req) if p not in written)
 
 
+def unseen_parts(request: Request, rendered: Rendered) -> tuple[str, ...]:
+    """The request parts a render never wrote (by their path in the request as sent): the model never sees them.
+    Empty when the render's provenance is inexact (then nothing can be said either way)."""
+    if not rendered.provenance_exact:
+        return ()
+    return _unseen(request, _Pass(request, rendered, np.zeros(0, dtype=np.int64), ()))
+
+
+def unseen_warnings(request: Request, rendered: Rendered) -> list[dict[str, str]]:
+    """`unseen_parts` as the warnings `render`, `fit` and records carry."""
+    return [
+        {
+            "kind": "unseen",
+            "message": f"the template wrote no byte of {path}: the model never sees it",
+            "path": path,
+        }
+        for path in unseen_parts(request, rendered)
+    ]
+
+
 # -- counting --------------------------------------------------------------------------------------------------
 
 
@@ -669,10 +689,14 @@ __all__ = [
     "GENERATION_PROMPT",
     "TEMPLATE",
     "Counts",
+    "Layout",
     "Part",
     "assign_owners",
     "count",
     "count_format",
+    "layout",
     "part_of",
+    "unseen_parts",
+    "unseen_warnings",
     "without",
 ]

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from ..accounting import unseen_parts
 from ..budget import BudgetPolicy, Fitted, fit_context, fitted_request_json
 from ..errors import BudgetError
 from ..model import load
@@ -144,7 +145,8 @@ def fit(
 
     fitted, rid, sent = guarded(as_json, go)
     if as_json:
-        out = {**fitted.to_dict(), "request": sent, "input_ids": list(fitted.ids)}
+        unseen = list(unseen_parts(fitted.request, fitted.rendered))
+        out = {**fitted.to_dict(), "request": sent, "input_ids": list(fitted.ids), "unseen": unseen}
         if rid:
             out["record_id"] = rid
         print_json(out)
@@ -176,6 +178,10 @@ def _show(fitted: Fitted, sent: dict[str, Any], emit_request: Path | None, rid: 
     console.print(
         f"{dropped} segment(s) dropped; history {fitted.policy.history}; policy sha256 {fitted.policy.sha256[:16]}…"
     )
+    for path in unseen_parts(fitted.request, fitted.rendered):
+        console.print(
+            f"[yellow]unseen[/]     {escape(path)}: kept, but the template wrote no byte of it: the model never sees it"
+        )
     if emit_request is not None:
         console.print(f"request    {escape(str(emit_request))} ({len(sent['messages'])} messages)")
     if rid:

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
+from ..accounting import unseen_warnings
 from ..artifacts import load_artifacts
 from ..errors import InputError, SamplerError, TokenizerError
 from ..frozen import thaw
@@ -326,7 +327,7 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
         "clock_used": r.clock_used,
         "random": {"seed": r.seed, "draws": [thaw(d) for d in r.draws]},
         "hub": model.hub.to_dict() if model.hub is not None else None,
-        "warnings": _warnings(model, r),
+        "warnings": _warnings(model, r, run.request),
         "content_format": {
             "used": r.content_format,
             "detected": r.content_format_detected,
@@ -337,9 +338,10 @@ def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
     }
 
 
-def _warnings(model: Model, rendered: Any) -> list[dict[str, Any]]:
-    """What the record's `warnings` holds for this run: a rolling hub revision, and the render's own."""
-    return model_warnings(model) + [thaw(w) for w in rendered.warnings]
+def _warnings(model: Model, rendered: Any, request: Any) -> list[dict[str, Any]]:
+    """What the record's `warnings` holds for this run: a rolling hub revision, the render's own, and every request
+    part the template never wrote."""
+    return model_warnings(model) + [thaw(w) for w in rendered.warnings] + unseen_warnings(request, rendered)
 
 
 def _path_at(rendered: Any, offset: int) -> str:
@@ -387,7 +389,7 @@ def _show(model: Model, run: Run) -> None:
         console.print(
             f"revision   {escape(pin.repo_id)}@{escape(pin.revision)} -> {pin.commit} (via {escape(pin.via)})"
         )
-    for w in _warnings(model, r):
+    for w in _warnings(model, r, run.request):
         console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(str(w.get('path') or ''))})")
     console.print(
         "legend: [bold white on magenta] control token from the template [/]  "

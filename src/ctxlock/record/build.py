@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from ctxlock.accounting import unseen_warnings
 from ctxlock.errors import CtxlockError
 from ctxlock.frozen import thaw
 
@@ -226,7 +227,7 @@ def _add_run(
     data["messages"] = req.template_messages()
     variables = thaw(rendered.variables)
     data["dynamic"] = _dynamic_section(model, req, rendered, variables)
-    data["warnings"] += [thaw(w) for w in rendered.warnings]
+    data["warnings"] += [thaw(w) for w in rendered.warnings] + unseen_warnings(req, rendered)
     if rendered.content_format:  # some message held a content-part list: how it reached the template
         data["decisions"]["content_format"] = {
             "option": options.content_format,

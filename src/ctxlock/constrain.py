@@ -1,7 +1,7 @@
 """Constrained decoding: a per-step mask of the token ids that keep the output inside a JSON Schema (seed 003 §2.5).
 
 `JsonSchemaMask(tokenizer, schema)` compiles the schema with llguidance over *ctxlock's own* tokenizer: the
-vocabulary is handed to llguidance as `id -> bytes` (`tokenizer/token_bytes.py`), with the control tokens marked
+vocabulary is handed to llguidance as `id -> bytes` (`Tokenizer.token_bytes()`), with the control tokens marked
 special, so the mask is exact for whichever backend produced the ids (HF / GGUF, SentencePiece, Tekken, tiktoken)
 and a control token can never appear inside JSON text. Only the EOS id is allowed, once the grammar accepts.
 
@@ -33,17 +33,16 @@ import re
 import statistics
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import caches
 from .errors import ConstraintError, UnsupportedSchemaError
 from .request import join_path
-from .tokenizer import Tokenizer
-from .tokenizer.token_bytes import TokenBytes, token_bytes
+from .tokenizer import TokenBytes, Tokenizer
 
 __all__ = ["GuidanceVocab", "JsonSchemaMask", "MaskStats", "default_eos_id", "guidance_vocab"]
 
@@ -95,8 +94,10 @@ class _Encoder:
         return list(self.ll_tokenizer.greedy_tokenize(decoded))
 
 
-_vocab_lock = threading.Lock()
-_vocabs: OrderedDict[tuple[Any, ...], GuidanceVocab] = OrderedDict()
+_vocab_lock = threading.Lock()  # one conversion at a time: a second caller waits and takes the cached one
+_vocabs: caches.LRU[tuple[Any, ...], GuidanceVocab] = caches.LRU(
+    "constrain.vocabs", max_items=_VOCAB_CACHE_SIZE, scope="artifact"
+)
 
 
 def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bool]:
@@ -107,10 +108,9 @@ def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bo
     with _vocab_lock:
         hit = _vocabs.get(key)
         if hit is not None:
-            _vocabs.move_to_end(key)
             return hit, True
         t0 = time.perf_counter()
-        vocab = token_bytes(tokenizer)
+        vocab = tokenizer.token_bytes()
         if not 0 <= eos_id < len(vocab):
             raise ConstraintError(
                 f"the EOS id {eos_id} is outside the vocabulary (0..{len(vocab) - 1})",
@@ -129,9 +129,7 @@ def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bo
         ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(encoder))
         encoder.ll_tokenizer = ll_tokenizer
         built = GuidanceVocab(ll_tokenizer, vocab, eos_id, time.perf_counter() - t0)
-        _vocabs[key] = built
-        while len(_vocabs) > _VOCAB_CACHE_SIZE:
-            _vocabs.popitem(last=False)
+        _vocabs.put(key, built)
         return built, False
 
 
@@ -142,13 +140,9 @@ def default_eos_id(tokenizer: Tokenizer, special_tokens: Mapping[str, str] | Non
         found = tokenizer.token_to_id(special_tokens["eos_token"])
         if found is not None:
             return found
-    eos = getattr(tokenizer, "eos_id", None)
+    eos = tokenizer.eos_id
     if isinstance(eos, int) and eos >= 0:
         return eos
-    if tokenizer.format == "tekken":
-        found = tokenizer.token_to_id("</s>")
-        if found is not None:
-            return found
     raise ConstraintError(
         "cannot tell this tokenizer's end-of-sequence id",
         path=tokenizer.id,

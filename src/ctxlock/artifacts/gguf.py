@@ -13,7 +13,6 @@ by a strict reader over a memory map, because a GGUF file is untrusted input:
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import struct
 from collections.abc import Mapping
@@ -317,64 +316,3 @@ def _flag(meta: GGUFMetadata, key: str) -> bool | None:
     if not isinstance(value, bool):
         raise ArtifactFormatError(f"expected a bool, got {type(value).__name__}", path=f"{meta.path}:{key}")
     return value
-
-
-def tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
-    """The `tokenizers` pipeline equivalent to this GGUF vocabulary, by model type."""
-    if vocab.model == "gpt2":
-        from .gguf_bpe import bpe_tokenizer_json
-
-        return bpe_tokenizer_json(vocab)
-    if vocab.model == "llama":
-        from .gguf_spm import spm_tokenizer_json
-
-        return spm_tokenizer_json(vocab)
-    if vocab.model == "bert":
-        from .gguf_spm import wordpiece_tokenizer_json
-
-        return wordpiece_tokenizer_json(vocab)
-    if vocab.model == "t5":
-        from .gguf_spm import unigram_tokenizer_json
-
-        return unigram_tokenizer_json(vocab)
-    if vocab.model == "gemma4":
-        from .gguf_spm import gemma4_tokenizer_json
-
-        return gemma4_tokenizer_json(vocab)
-    raise ArtifactFormatError(
-        f"tokenizer model {vocab.model!r} is not supported",
-        path=f"{vocab.path}:{Keys.Tokenizer.MODEL}",
-        hint="supported: gpt2 (byte-level BPE), llama (SentencePiece BPE), bert (WordPiece), t5 (Unigram), gemma4",
-    )
-
-
-_TEMPLATE_VARIABLES = {
-    "bos": "bos_token",
-    "eos": "eos_token",
-    "unk": "unk_token",
-    "pad": "pad_token",
-    "sep": "sep_token",
-    "cls": "cls_token",
-    "mask": "mask_token",
-}
-
-
-def conversion(vocab: GGUFVocab) -> dict[str, Any]:
-    """Everything a model needs from a GGUF file, as JSON-ready data for the conversion cache."""
-    return {
-        "tokenizer_json": json.dumps(tokenizer_json(vocab), ensure_ascii=False),
-        "architecture": vocab.architecture,
-        "model": vocab.model,
-        "pre": vocab.pre,
-        "n_tokens": len(vocab.tokens),
-        "special_ids": dict(vocab.special_ids),
-        "special_tokens": {
-            var: vocab.tokens[vocab.special_ids[name]]
-            for name, var in _TEMPLATE_VARIABLES.items()
-            if name in vocab.special_ids
-        },
-        "add_bos": vocab.add_bos,
-        "add_eos": vocab.add_eos,
-        "add_space_prefix": vocab.add_space_prefix,
-        "chat_templates": dict(vocab.chat_templates),
-    }

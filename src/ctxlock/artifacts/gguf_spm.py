@@ -71,7 +71,7 @@ def _expect_model(vocab: GGUFVocab, model: str, function: str) -> None:
             f"{function} converts tokenizer model {model!r}, not {vocab.model!r}",
             hint=_SUPPORTED
             if vocab.model not in ("llama", "bert", "t5", "gemma4")
-            else "ctxlock.artifacts.gguf.tokenizer_json picks the builder for each model",
+            else "ctxlock.artifacts.gguf_load.tokenizer_json picks the builder for each model",
         )
 
 

@@ -94,8 +94,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tiktoken
-
 from ..settings import cache_root
 from ..trie import longest_first
 
@@ -310,6 +308,8 @@ def _check_regex(split_regex: str) -> str:
     if width <= 0:
         raise Refusal("split regex can match the empty string")
     pattern = tiktoken_pattern(split_regex)
+    import tiktoken  # imported on first use: `import ctxlock` does not load it
+
     try:
         tiktoken.Encoding(name="ctxlock-regex-check", pat_str=pattern, mergeable_ranks={b"a": 0}, special_tokens={})
     except Exception as exc:  # tiktoken raises ValueError for a bad regex
@@ -561,6 +561,8 @@ class FastEncoder:
         self.verdict = verdict
         self.ranks = ranks
         self.specials = dict(specials or {})
+        import tiktoken
+
         self._enc = tiktoken.Encoding(
             name=name, pat_str=verdict.pattern, mergeable_ranks=ranks, special_tokens=self.specials
         )

@@ -281,6 +281,30 @@ def _load_schema(schema: Any, source: str | None) -> Any:
     return schema
 
 
+def _check_schema(schema: Any, prefix: str) -> None:
+    """A valid JSON Schema that accepts something and carries no llguidance options of its own."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConstraintError(
+            f"not a valid JSON Schema: {exc.message}",
+            path=prefix + _schema_error_path(exc),
+            hint="fix the schema so that it validates against its meta-schema",
+        ) from None
+    if schema is False:
+        raise UnsupportedSchemaError(
+            "the schema `false` accepts no value, so nothing can be generated", path=prefix + "$"
+        )
+    if isinstance(schema, dict) and "x-guidance" in schema:
+        raise ConstraintError(
+            "the schema carries llguidance options (x-guidance); ctxlock sets them itself",
+            path=prefix + '$["x-guidance"]',
+            hint="remove x-guidance and pass whitespace='compact' or 'flexible'; lenient mode is never allowed",
+        )
+
+
 class JsonSchemaMask:
     """The allowed token ids at each step of generating JSON that validates against `schema`.
 
@@ -300,8 +324,6 @@ class JsonSchemaMask:
     ) -> None:
         """`special_tokens` (a model's table: `eos_token`, ...) picks the EOS id when `eos_id` is not given.
         `source` names the schema in error paths (`schemas/x.json:properties.tags.uniqueItems`)."""
-        import jsonschema
-        import llguidance
         from llguidance.numpy import allocate_token_bitmask
 
         if whitespace not in WHITESPACE_MODES:
@@ -315,40 +337,31 @@ class JsonSchemaMask:
         self.schema_sha256 = hashlib.sha256(
             json.dumps(self.schema, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         ).hexdigest()
-
         prefix = f"{source}:" if source else ""
-        try:
-            jsonschema.validators.validator_for(self.schema).check_schema(self.schema)
-        except jsonschema.SchemaError as exc:
-            raise ConstraintError(
-                f"not a valid JSON Schema: {exc.message}",
-                path=prefix + _schema_error_path(exc),
-                hint="fix the schema so that it validates against its meta-schema",
-            ) from None
-
-        if self.schema is False:
-            raise UnsupportedSchemaError(
-                "the schema `false` accepts no value, so nothing can be generated", path=prefix + "$"
-            )
-        if isinstance(self.schema, dict) and "x-guidance" in self.schema:
-            raise ConstraintError(
-                "the schema carries llguidance options (x-guidance); ctxlock sets them itself",
-                path=prefix + '$["x-guidance"]',
-                hint="remove x-guidance and pass whitespace='compact' or 'flexible'; lenient mode is never allowed",
-            )
+        _check_schema(self.schema, prefix)
         eos = default_eos_id(tokenizer, special_tokens) if eos_id is None else eos_id
         if isinstance(eos, bool) or not isinstance(eos, int | np.integer):
             raise ConstraintError(f"eos_id must be an integer, got {eos!r}", path="eos_id")
         self.vocab, self.tokenizer_cached = guidance_vocab(tokenizer, int(eos))
         self.eos_id = self.vocab.eos_id
         self.vocab_size = self.vocab.vocab_size
+        t0 = time.perf_counter()
+        self._matcher, self.grammar = self._compile(prefix)
+        self.compile_seconds = time.perf_counter() - t0
+        self._bitmask = allocate_token_bitmask(1, self.vocab_size)
+        self._allowed: np.ndarray | None = None
+        self._ids: list[int] = []
+        self._mask_seconds: list[float] = []
+
+    def _compile(self, prefix: str) -> tuple[Any, Any]:
+        """llguidance's matcher and grammar for the schema, or an `UnsupportedSchemaError` naming the keyword."""
+        import llguidance
 
         # lenient off: an unimplemented keyword is an error, never a silently weaker grammar. Passed as overrides,
         # the last of llguidance's layers (defaults -> the schema's x-guidance, refused above -> overrides).
-        options: dict[str, Any] = {"lenient": False, "whitespace_flexible": whitespace == "flexible"}
-        if whitespace == "compact":
+        options: dict[str, Any] = {"lenient": False, "whitespace_flexible": self.whitespace == "flexible"}
+        if self.whitespace == "compact":
             options.update(item_separator=",", key_separator=":")
-        t0 = time.perf_counter()
         try:
             body = {} if self.schema is True else self.schema  # `true` accepts any JSON value, as `{}` does
             grammar = llguidance.LLMatcher.grammar_from_json_schema(body, overrides=options)
@@ -357,7 +370,6 @@ class JsonSchemaMask:
                 f"llguidance cannot read the schema: {exc}", path=prefix + "$", hint="pass a JSON Schema object"
             ) from None
         matcher = llguidance.LLMatcher(self.vocab.ll_tokenizer, grammar, log_level=0)
-        self.compile_seconds = time.perf_counter() - t0
         problem = matcher.get_error() if matcher.is_error() else ""
         warnings = [] if problem else list(matcher.get_grammar_warnings())
         if problem or warnings:
@@ -369,12 +381,7 @@ class JsonSchemaMask:
                 hint="remove or restate that keyword (enum, pattern, anyOf, min/max bounds are supported); "
                 "ctxlock never ignores a keyword it cannot enforce",
             )
-        self._matcher = matcher
-        self.grammar = grammar
-        self._bitmask = allocate_token_bitmask(1, self.vocab_size)
-        self._allowed: np.ndarray | None = None
-        self._ids: list[int] = []
-        self._mask_seconds: list[float] = []
+        return matcher, grammar
 
     # -- state
 

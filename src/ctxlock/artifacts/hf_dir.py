@@ -21,7 +21,8 @@ from ..errors import ArtifactFormatError, ArtifactNotFoundError
 from ..inputs import read_artifact
 from ..template import TemplateSet
 from ..tokenizer.hf import HFTokenizer
-from ..tokenizer.hf_classes import PIPELINE_VERSION, SPM_NOTE, Pipeline, bare_bpe, build_pipeline, spm_bpe
+from ..tokenizer.hf_classes import PIPELINE_VERSION, SPM_NOTE, Pipeline, bare_bpe, spm_bpe
+from ..tokenizer.hf_pipeline import build_pipeline
 from ..tokenizer.sentencepiece import read_model_info
 from .common import (
     SPECIAL_TOKEN_NAMES,

@@ -523,7 +523,7 @@ def register(app: typer.Typer) -> None:
             else:
                 decode_with_policy(b"", label="--utf8", utf8=utf8)  # an unknown policy fails before the model loads
             m = Model(load_artifacts(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value))
-            section = getattr(m.tokenizer, "truncation", None)
+            section = m.tokenizer.truncation
             if truncate and section is None:
                 raise TokenizerError(
                     "--truncate: the tokenizer has no truncation section",
@@ -534,7 +534,7 @@ def register(app: typer.Typer) -> None:
 
         m, source, replaced = guarded(as_json, go)
         tok = m.tokenizer
-        section = getattr(tok, "truncation", None)
+        section = tok.truncation
 
         def encode(line: str) -> tuple[list[int], dict[str, Any] | None]:
             if truncate:

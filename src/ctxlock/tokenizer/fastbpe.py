@@ -539,6 +539,8 @@ def _inert_spans() -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ the encoder
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: a text holding one is left to `tokenizers`
+
 
 class FastEncoder:
     """tiktoken over a checked vocabulary, with the added-token split and the normalizer of the plain variant."""
@@ -566,8 +568,8 @@ class FastEncoder:
         self._enc = tiktoken.Encoding(
             name=name, pat_str=verdict.pattern, mergeable_ranks=ranks, special_tokens=self.specials
         )
-        self._core = self._enc._core_bpe
-        self.core = self._core
+        self.core = self._enc  # the tiktoken Encoding, with `specials` as its special tokens (`prefix.WholeText`)
+        self._ordinary = self._enc.encode_ordinary
         self._normalize = normalize if verdict.normalizer else None
         raw = [(c, i) for c, i, n in added if not n]
         norm = [(normalize(c) if self._normalize else c, i) for c, i, n in added if n]
@@ -585,20 +587,23 @@ class FastEncoder:
         if not self.inert(text):
             text = self._normalize(text)  # type: ignore[misc]
         if self._norm_re is None:
-            out += self._core.encode_ordinary(text)
+            out += self._ordinary(text)
             return
         pos = 0
         for m in self._norm_re.finditer(text):
             if m.start() > pos:
-                out += self._core.encode_ordinary(text[pos : m.start()])
+                out += self._ordinary(text[pos : m.start()])
             out.append(self._norm_ids[m.group(0)])
             pos = m.end()
         if pos < len(text):
-            out += self._core.encode_ordinary(text[pos:])
+            out += self._ordinary(text[pos:])
 
     def encode(self, text: str) -> list[int] | None:
         """The plain variant's ids for `text`, or None when the text is not UTF-8 (lone surrogates): the caller then
         uses `tokenizers`."""
+        if not text.isascii() and _SURROGATE.search(text) is not None:
+            # tiktoken's `encode_ordinary` would replace a lone surrogate with U+FFFD: `tokenizers` decides instead.
+            return None
         out: list[int] = []
         try:
             if self._raw_re is None:

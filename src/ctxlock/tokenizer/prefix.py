@@ -109,7 +109,7 @@ class WholeText:
         inert: Callable[[str], bool] | None = None,
         fallback: Callable[[str], tuple[list[int], list[int], list[int]]] | None = None,
     ) -> None:
-        """`core`: a tiktoken CoreBPE whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
+        """`core`: a tiktoken Encoding whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
         UTF-8 length of every id's bytes (added tokens included), indexed by id. With a normalizer, `inert(text)`
         says whether it leaves `text` unchanged (then tiktoken may see the text as it is); other text goes to
         `fallback(text)`, the run-by-run encoding that normalizes each run (`split_runs`; None: the caller's
@@ -205,7 +205,7 @@ class WholeText:
         return self._tiktoken(suffix)
 
     def _tiktoken(self, text: str) -> np.ndarray:
-        return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, self._allowed), dtype=np.uint32)
+        return self._core.encode_to_numpy(text, allowed_special=self._allowed, disallowed_special=())
 
     def reference_ids(self, text: str) -> np.ndarray | None:
         """`text`'s ids without the accelerator (tiktoken, or the run-by-run fallback for text that needs

@@ -85,7 +85,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 import unicodedata
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -94,6 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import caches
 from ..settings import cache_root
 from ..trie import longest_first
 
@@ -477,34 +477,25 @@ def cached_check(
 # ------------------------------------------------------------------------------------------------ NFC
 
 
-_INERT_LOCK = threading.Lock()
-_NOT_INERT: re.Pattern[str] | None = None
-
-
+@caches.memoize("tokenizer.nfc_inert_pattern", 1, scope="artifact")
 def _not_inert_pattern() -> re.Pattern[str]:
     """A regex matching any character that is not NFC-inert by Python's Unicode data (see the module docstring).
     Built once per process (about 0.2 s) and cached on disk per Unicode version."""
-    global _NOT_INERT
-    with _INERT_LOCK:
-        if _NOT_INERT is not None:
-            return _NOT_INERT
-
-        path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
-        spans: list[list[int]] | None = None
+    path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
+    spans: list[list[int]] | None = None
+    try:
+        spans = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        spans = None
+    if spans is None:
+        spans = _inert_spans()
         try:
-            spans = json.loads(path.read_text("utf-8"))
-        except (OSError, ValueError):
-            spans = None
-        if spans is None:
-            spans = _inert_spans()
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _write_atomic(path, json.dumps(spans).encode())
-            except OSError:
-                pass
-        cls = "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
-        _NOT_INERT = re.compile(f"[^{cls}]")
-        return _NOT_INERT
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(path, json.dumps(spans).encode())
+        except OSError:
+            pass
+    cls = "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
+    return re.compile(f"[^{cls}]")
 
 
 def _inert_spans() -> list[list[int]]:

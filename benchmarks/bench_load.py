@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from timing import median_seconds
 
 import artifacts
-from ctxlock.artifacts import _load_gguf
+from ctxlock.artifacts import load_gguf as _load_gguf
 
 SAMPLE = "Hello world! 天空为什么是蓝色？ def f(x): return x ** 2  🦙"
 

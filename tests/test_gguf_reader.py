@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import artifacts
-from ctxlock.artifacts import _load_gguf
+from ctxlock.artifacts import load_gguf as _load_gguf
 from ctxlock.artifacts.gguf import read_metadata, read_vocab
 from ctxlock.errors import ArtifactFormatError, CtxlockError
 

@@ -1,7 +1,7 @@
 """Constrained decoding: a per-step mask of the token ids that keep the output inside a JSON Schema (seed 003 §2.5).
 
 `JsonSchemaMask(tokenizer, schema)` compiles the schema with llguidance over *ctxlock's own* tokenizer: the
-vocabulary is handed to llguidance as `id -> bytes` (`tokenizer/token_bytes.py`), with the control tokens marked
+vocabulary is handed to llguidance as `id -> bytes` (`Tokenizer.token_bytes()`), with the control tokens marked
 special, so the mask is exact for whichever backend produced the ids (HF / GGUF, SentencePiece, Tekken, tiktoken)
 and a control token can never appear inside JSON text. Only the EOS id is allowed, once the grammar accepts.
 
@@ -33,17 +33,16 @@ import re
 import statistics
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import caches
 from .errors import ConstraintError, UnsupportedSchemaError
 from .request import join_path
-from .tokenizer import Tokenizer
-from .tokenizer.token_bytes import TokenBytes, token_bytes
+from .tokenizer import TokenBytes, Tokenizer
 
 __all__ = ["GuidanceVocab", "JsonSchemaMask", "MaskStats", "default_eos_id", "guidance_vocab"]
 
@@ -95,8 +94,10 @@ class _Encoder:
         return list(self.ll_tokenizer.greedy_tokenize(decoded))
 
 
-_vocab_lock = threading.Lock()
-_vocabs: OrderedDict[tuple[Any, ...], GuidanceVocab] = OrderedDict()
+_vocab_lock = threading.Lock()  # one conversion at a time: a second caller waits and takes the cached one
+_vocabs: caches.LRU[tuple[Any, ...], GuidanceVocab] = caches.LRU(
+    "constrain.vocabs", max_items=_VOCAB_CACHE_SIZE, scope="artifact"
+)
 
 
 def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bool]:
@@ -107,10 +108,9 @@ def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bo
     with _vocab_lock:
         hit = _vocabs.get(key)
         if hit is not None:
-            _vocabs.move_to_end(key)
             return hit, True
         t0 = time.perf_counter()
-        vocab = token_bytes(tokenizer)
+        vocab = tokenizer.token_bytes()
         if not 0 <= eos_id < len(vocab):
             raise ConstraintError(
                 f"the EOS id {eos_id} is outside the vocabulary (0..{len(vocab) - 1})",
@@ -129,9 +129,7 @@ def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bo
         ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(encoder))
         encoder.ll_tokenizer = ll_tokenizer
         built = GuidanceVocab(ll_tokenizer, vocab, eos_id, time.perf_counter() - t0)
-        _vocabs[key] = built
-        while len(_vocabs) > _VOCAB_CACHE_SIZE:
-            _vocabs.popitem(last=False)
+        _vocabs.put(key, built)
         return built, False
 
 
@@ -142,13 +140,9 @@ def default_eos_id(tokenizer: Tokenizer, special_tokens: Mapping[str, str] | Non
         found = tokenizer.token_to_id(special_tokens["eos_token"])
         if found is not None:
             return found
-    eos = getattr(tokenizer, "eos_id", None)
+    eos = tokenizer.eos_id
     if isinstance(eos, int) and eos >= 0:
         return eos
-    if tokenizer.format == "tekken":
-        found = tokenizer.token_to_id("</s>")
-        if found is not None:
-            return found
     raise ConstraintError(
         "cannot tell this tokenizer's end-of-sequence id",
         path=tokenizer.id,
@@ -287,6 +281,30 @@ def _load_schema(schema: Any, source: str | None) -> Any:
     return schema
 
 
+def _check_schema(schema: Any, prefix: str) -> None:
+    """A valid JSON Schema that accepts something and carries no llguidance options of its own."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConstraintError(
+            f"not a valid JSON Schema: {exc.message}",
+            path=prefix + _schema_error_path(exc),
+            hint="fix the schema so that it validates against its meta-schema",
+        ) from None
+    if schema is False:
+        raise UnsupportedSchemaError(
+            "the schema `false` accepts no value, so nothing can be generated", path=prefix + "$"
+        )
+    if isinstance(schema, dict) and "x-guidance" in schema:
+        raise ConstraintError(
+            "the schema carries llguidance options (x-guidance); ctxlock sets them itself",
+            path=prefix + '$["x-guidance"]',
+            hint="remove x-guidance and pass whitespace='compact' or 'flexible'; lenient mode is never allowed",
+        )
+
+
 class JsonSchemaMask:
     """The allowed token ids at each step of generating JSON that validates against `schema`.
 
@@ -306,8 +324,6 @@ class JsonSchemaMask:
     ) -> None:
         """`special_tokens` (a model's table: `eos_token`, ...) picks the EOS id when `eos_id` is not given.
         `source` names the schema in error paths (`schemas/x.json:properties.tags.uniqueItems`)."""
-        import jsonschema
-        import llguidance
         from llguidance.numpy import allocate_token_bitmask
 
         if whitespace not in WHITESPACE_MODES:
@@ -321,40 +337,31 @@ class JsonSchemaMask:
         self.schema_sha256 = hashlib.sha256(
             json.dumps(self.schema, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         ).hexdigest()
-
         prefix = f"{source}:" if source else ""
-        try:
-            jsonschema.validators.validator_for(self.schema).check_schema(self.schema)
-        except jsonschema.SchemaError as exc:
-            raise ConstraintError(
-                f"not a valid JSON Schema: {exc.message}",
-                path=prefix + _schema_error_path(exc),
-                hint="fix the schema so that it validates against its meta-schema",
-            ) from None
-
-        if self.schema is False:
-            raise UnsupportedSchemaError(
-                "the schema `false` accepts no value, so nothing can be generated", path=prefix + "$"
-            )
-        if isinstance(self.schema, dict) and "x-guidance" in self.schema:
-            raise ConstraintError(
-                "the schema carries llguidance options (x-guidance); ctxlock sets them itself",
-                path=prefix + '$["x-guidance"]',
-                hint="remove x-guidance and pass whitespace='compact' or 'flexible'; lenient mode is never allowed",
-            )
+        _check_schema(self.schema, prefix)
         eos = default_eos_id(tokenizer, special_tokens) if eos_id is None else eos_id
         if isinstance(eos, bool) or not isinstance(eos, int | np.integer):
             raise ConstraintError(f"eos_id must be an integer, got {eos!r}", path="eos_id")
         self.vocab, self.tokenizer_cached = guidance_vocab(tokenizer, int(eos))
         self.eos_id = self.vocab.eos_id
         self.vocab_size = self.vocab.vocab_size
+        t0 = time.perf_counter()
+        self._matcher, self.grammar = self._compile(prefix)
+        self.compile_seconds = time.perf_counter() - t0
+        self._bitmask = allocate_token_bitmask(1, self.vocab_size)
+        self._allowed: np.ndarray | None = None
+        self._ids: list[int] = []
+        self._mask_seconds: list[float] = []
+
+    def _compile(self, prefix: str) -> tuple[Any, Any]:
+        """llguidance's matcher and grammar for the schema, or an `UnsupportedSchemaError` naming the keyword."""
+        import llguidance
 
         # lenient off: an unimplemented keyword is an error, never a silently weaker grammar. Passed as overrides,
         # the last of llguidance's layers (defaults -> the schema's x-guidance, refused above -> overrides).
-        options: dict[str, Any] = {"lenient": False, "whitespace_flexible": whitespace == "flexible"}
-        if whitespace == "compact":
+        options: dict[str, Any] = {"lenient": False, "whitespace_flexible": self.whitespace == "flexible"}
+        if self.whitespace == "compact":
             options.update(item_separator=",", key_separator=":")
-        t0 = time.perf_counter()
         try:
             body = {} if self.schema is True else self.schema  # `true` accepts any JSON value, as `{}` does
             grammar = llguidance.LLMatcher.grammar_from_json_schema(body, overrides=options)
@@ -363,7 +370,6 @@ class JsonSchemaMask:
                 f"llguidance cannot read the schema: {exc}", path=prefix + "$", hint="pass a JSON Schema object"
             ) from None
         matcher = llguidance.LLMatcher(self.vocab.ll_tokenizer, grammar, log_level=0)
-        self.compile_seconds = time.perf_counter() - t0
         problem = matcher.get_error() if matcher.is_error() else ""
         warnings = [] if problem else list(matcher.get_grammar_warnings())
         if problem or warnings:
@@ -375,12 +381,7 @@ class JsonSchemaMask:
                 hint="remove or restate that keyword (enum, pattern, anyOf, min/max bounds are supported); "
                 "ctxlock never ignores a keyword it cannot enforce",
             )
-        self._matcher = matcher
-        self.grammar = grammar
-        self._bitmask = allocate_token_bitmask(1, self.vocab_size)
-        self._allowed: np.ndarray | None = None
-        self._ids: list[int] = []
-        self._mask_seconds: list[float] = []
+        return matcher, grammar
 
     # -- state
 

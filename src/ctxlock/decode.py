@@ -48,29 +48,21 @@ from __future__ import annotations
 import codecs
 import copy
 import operator
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import DecodeError, IncompleteDecodeError
-from .tokenizer import Tokenizer
+from .tokenizer import Piece, Tokenizer
 from .tokenizer.token_bytes import byte_level_decoder_table as byte_level_table
 
 FinishReason = Literal["stop"]
 
-# ------------------------------------------------------------------------------------- per-backend byte view
+# ----------------------------------------------------------------------------------------- each id's bytes
 
-# What one id adds, as far as completeness goes:
-#   data        the bytes it adds to the stream (b"" for a special token that skip_special_tokens drops);
-#   visible     the decoder sees it (False: a skipped special token);
-#   byte_token  an HF ByteFallback `<0xNN>` token, which decodes as part of a run;
-#   breaks      the backend decodes the text on either side of it separately (Tekken / SentencePiece control
-#               ids, non-byte tokens under ByteFallback), so a UTF-8 sequence open before it is finished for good.
-_Piece = tuple[bytes, bool, bool, bool]
-
-_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-_SUPPORTED_HF_DECODERS = {"ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip", "WordPiece"}
+# Each backend says what one id adds (`Tokenizer.decode_pieces`, a `Piece` per id: its bytes, whether the decoder
+# sees it, whether it is a ByteFallback byte token, whether the backend decodes either side of it separately).
+_Piece = Piece
 
 
 class _Vocab:
@@ -103,148 +95,9 @@ class _Vocab:
         return i, found
 
 
-def _hf_decoder_kinds(node: Any, where: str) -> set[str]:
-    if node is None:
-        return set()  # no decoder: HF joins the tokens with spaces, which is local
-    kind = node.get("type")
-    if kind == "Sequence":
-        kinds: set[str] = set()
-        for sub in node.get("decoders", []):
-            kinds |= _hf_decoder_kinds(sub, where)
-        return kinds
-    why = None
-    if kind not in _SUPPORTED_HF_DECODERS:
-        why = f"the {kind} decoder"
-    elif kind == "Strip" and node.get("stop", 0):
-        why = "a Strip decoder that trims the end of the text"
-    elif kind == "WordPiece" and node.get("cleanup", True):
-        why = "a WordPiece decoder with cleanup (it rewrites ' .' and ' do not' across tokens)"
-    elif kind == "Replace" and "String" not in (node.get("pattern") or {}):
-        why = "a regex Replace decoder"
-    if why is not None:
-        raise DecodeError(
-            f"{why} is not supported for incremental decoding: a token's text would depend on later tokens",
-            path=where,
-            hint="decode the whole sequence with tokenizer.decode instead",
-        )
-    return {kind}
-
-
-def _hf_vocab(tok: Any, skip: bool) -> _Vocab:
-    # HFTokenizer keeps the parsed tokenizer.json as `_data`; the decoder section is not part of the protocol.
-    kinds = _hf_decoder_kinds((getattr(tok, "_data", None) or {}).get("decoder"), f"{tok.id}: decoder")
-    special = {t.id for t in tok.added_tokens if t.special}
-    byte_level = "ByteLevel" in kinds
-    byte_fallback = "ByteFallback" in kinds and not byte_level
-    table = byte_level_table() if byte_level else {}
-
-    def lookup(i: int) -> _Piece | None:
-        token = tok.id_to_token(i)
-        if token is None:
-            return None
-        if skip and i in special:
-            return b"", False, False, False
-        if byte_level:
-            # As tokenizers' ByteLevel decoder: map every character through the table, or, if one is not in
-            # it (an added token such as "\n\n"), take the token's own UTF-8.
-            try:
-                return bytes(table[c] for c in token), True, False, False
-            except KeyError:
-                return token.encode("utf-8"), True, False, False
-        if byte_fallback:
-            m = _BYTE_PIECE.fullmatch(token)
-            if m:
-                return bytes([int(m.group(1), 16)]), True, True, False
-            return token.replace("\u2581", " ").encode("utf-8"), True, False, True
-        return token.replace("\u2581", " ").encode("utf-8"), True, False, False
-
-    return _Vocab(tok.vocab_size, lookup, groups_bytes=byte_fallback)
-
-
-def _tiktoken_vocab(tok: Any, skip: bool) -> _Vocab:
-    enc = tok._enc  # the tiktoken.Encoding: exact bytes per rank (id_to_token is lossy for partial UTF-8)
-    specials = {t.id: t.content for t in tok.added_tokens}
-
-    def lookup(i: int) -> _Piece | None:
-        if i in specials:
-            return (b"", False, False, False) if skip else (specials[i].encode("utf-8"), True, False, False)
-        try:
-            return enc.decode_single_token_bytes(i), True, False, False
-        except (KeyError, ValueError, OverflowError):
-            return None
-
-    return _Vocab(tok.vocab_size, lookup)
-
-
-def _tekken_vocab(tok: Any, skip: bool) -> _Vocab:
-    enc, n_special = tok._enc, tok.num_special
-    specials = {t.id: t.content for t in tok.added_tokens}
-
-    def lookup(i: int) -> _Piece | None:
-        if i < n_special:
-            # TekkenTokenizer.decode decodes the text runs between special tokens separately.
-            return (b"", False, False, True) if skip else (specials[i].encode("utf-8"), True, False, True)
-        try:
-            return enc.decode_single_token_bytes(i - n_special), True, False, False
-        except (KeyError, ValueError, OverflowError):
-            return None
-
-    return _Vocab(tok.vocab_size, lookup)
-
-
-def _sentencepiece_vocab(tok: Any, skip: bool) -> _Vocab:
-    sp = tok._sp  # the SentencePieceProcessor: piece types (control, byte, unknown) are not in the protocol
-
-    def lookup(i: int) -> _Piece | None:
-        piece = sp.id_to_piece(i)
-        if sp.IsControl(i):
-            # SentencePieceTokenizer.decode decodes the runs between control ids separately.
-            return (b"", False, False, True) if skip else (piece.encode("utf-8"), True, False, True)
-        if sp.IsByte(i):
-            m = _BYTE_PIECE.fullmatch(piece)
-            if m:
-                return bytes([int(m.group(1), 16)]), True, False, False
-        if sp.IsUnknown(i):
-            return " \u2047 ".encode(), True, False, False
-        return piece.replace("\u2581", " ").encode("utf-8"), True, False, False
-
-    return _Vocab(tok.vocab_size, lookup)
-
-
-def _book_vocab(tok: Any, skip: bool) -> _Vocab:
-    def lookup(i: int) -> _Piece | None:
-        token = tok.id_to_token(i)
-        if token is None:
-            return None
-        if skip and token in tok.control_tokens:
-            return b"", False, False, False
-        return token.encode("utf-8"), True, False, False
-
-    return _Vocab(tok.vocab_size, lookup)
-
-
 def _vocab_for(tokenizer: Tokenizer, skip: bool) -> _Vocab:
-    from .tokenizer.book import BookTokenizer
-    from .tokenizer.hf import HFTokenizer
-    from .tokenizer.sentencepiece import SentencePieceTokenizer
-    from .tokenizer.tekken import TekkenTokenizer
-    from .tokenizer.tiktoken_file import TiktokenTokenizer
-
-    builders: list[tuple[type, Callable[[Any, bool], _Vocab]]] = [
-        (HFTokenizer, _hf_vocab),
-        (TiktokenTokenizer, _tiktoken_vocab),
-        (TekkenTokenizer, _tekken_vocab),
-        (SentencePieceTokenizer, _sentencepiece_vocab),
-        (BookTokenizer, _book_vocab),
-    ]
-    for cls, build in builders:
-        if isinstance(tokenizer, cls):
-            return build(tokenizer, skip)
-    raise DecodeError(
-        f"no incremental decoder for tokenizer format {getattr(tokenizer, 'format', type(tokenizer).__name__)!r}",
-        path=getattr(tokenizer, "id", None),
-        hint="supported: hf-tokenizers, gguf, tiktoken, tekken, sentencepiece, book",
-    )
+    view = tokenizer.decode_pieces(skip_special_tokens=skip)
+    return _Vocab(tokenizer.vocab_size, view.lookup, groups_bytes=view.groups_bytes)
 
 
 # ----------------------------------------------------------------------------------------------- decoder

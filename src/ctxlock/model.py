@@ -200,13 +200,10 @@ class Model:
         meanwhile, with the same ids; an exiting interpreter waits for that thread). A server calls this once at
         start-up. Returns what `ctxlock inspect` prints about the engines."""
         tok = self.tokenizer
-        whole = getattr(tok, "whole_text", None)
+        whole = tok.whole_text
         if whole is not None and whole.accelerator is not None and wait:
             whole.accelerator.wait()
-        return {
-            "engine": str(getattr(tok, "engine", "")),
-            "whole_text_engine": str(getattr(tok, "whole_text_engine", "")),
-        }
+        return {"engine": tok.engine, "whole_text_engine": tok.whole_text_engine}
 
 
 def clear_caches(scope: caches.Scope | None = None) -> None:

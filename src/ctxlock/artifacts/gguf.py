@@ -13,7 +13,6 @@ by a strict reader over a memory map, because a GGUF file is untrusted input:
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import struct
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import caches
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, TemplateLimitError
 from ..sandbox import DEFAULT_LIMITS
 from .gguf_constants import GGUFValueType, Keys, TokenType
@@ -30,32 +30,38 @@ from .gguf_constants import GGUFValueType, Keys, TokenType
 GGUF_MAGIC = b"GGUF"
 MAX_KV = 1 << 20  # far above any real file; a bound on a corrupt count
 
-_SCALARS: dict[int, tuple[str, int]] = {
-    GGUFValueType.UINT8: ("B", 1),
-    GGUFValueType.INT8: ("b", 1),
-    GGUFValueType.UINT16: ("H", 2),
-    GGUFValueType.INT16: ("h", 2),
-    GGUFValueType.UINT32: ("I", 4),
-    GGUFValueType.INT32: ("i", 4),
-    GGUFValueType.FLOAT32: ("f", 4),
-    GGUFValueType.BOOL: ("?", 1),
-    GGUFValueType.UINT64: ("Q", 8),
-    GGUFValueType.INT64: ("q", 8),
-    GGUFValueType.FLOAT64: ("d", 8),
-}
-_NUMPY: dict[int, str] = {
-    GGUFValueType.UINT8: "u1",
-    GGUFValueType.INT8: "i1",
-    GGUFValueType.UINT16: "u2",
-    GGUFValueType.INT16: "i2",
-    GGUFValueType.UINT32: "u4",
-    GGUFValueType.INT32: "i4",
-    GGUFValueType.FLOAT32: "f4",
-    GGUFValueType.BOOL: "u1",
-    GGUFValueType.UINT64: "u8",
-    GGUFValueType.INT64: "i8",
-    GGUFValueType.FLOAT64: "f8",
-}
+
+@caches.memoize("artifacts.gguf_value_types", 1, scope="artifact")
+def _value_types() -> tuple[dict[int, tuple[str, int]], dict[int, str]]:
+    """(struct format and size, numpy dtype) of each numeric GGUF value type (built on first use: see
+    `gguf_constants`)."""
+    scalars: dict[int, tuple[str, int]] = {
+        GGUFValueType.UINT8: ("B", 1),
+        GGUFValueType.INT8: ("b", 1),
+        GGUFValueType.UINT16: ("H", 2),
+        GGUFValueType.INT16: ("h", 2),
+        GGUFValueType.UINT32: ("I", 4),
+        GGUFValueType.INT32: ("i", 4),
+        GGUFValueType.FLOAT32: ("f", 4),
+        GGUFValueType.BOOL: ("?", 1),
+        GGUFValueType.UINT64: ("Q", 8),
+        GGUFValueType.INT64: ("q", 8),
+        GGUFValueType.FLOAT64: ("d", 8),
+    }
+    numpy_types: dict[int, str] = {
+        GGUFValueType.UINT8: "u1",
+        GGUFValueType.INT8: "i1",
+        GGUFValueType.UINT16: "u2",
+        GGUFValueType.INT16: "i2",
+        GGUFValueType.UINT32: "u4",
+        GGUFValueType.INT32: "i4",
+        GGUFValueType.FLOAT32: "f4",
+        GGUFValueType.BOOL: "u1",
+        GGUFValueType.UINT64: "u8",
+        GGUFValueType.INT64: "i8",
+        GGUFValueType.FLOAT64: "f8",
+    }
+    return scalars, numpy_types
 
 
 class _Reader:
@@ -78,7 +84,7 @@ class _Reader:
             raise self.fail(f"needs {n:,} more bytes but only {len(self.buf) - self.pos:,} remain")
 
     def scalar(self, vtype: int) -> Any:
-        fmt, size = _SCALARS[vtype]
+        fmt, size = _value_types()[0][vtype]
         self.need(size)
         (value,) = struct.unpack_from(self.endian + fmt, self.buf, self.pos)
         self.pos += size
@@ -102,18 +108,18 @@ class _Reader:
             raise self.fail(f"string is not UTF-8 ({exc.reason} at string byte {exc.start})") from None
 
     def value(self, vtype: int) -> Any:
-        if vtype in _SCALARS:
+        if vtype in _value_types()[0]:
             return self.scalar(vtype)
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
             etype = self.u32()
             count = self.u64()
-            if etype in _NUMPY:
-                size = _SCALARS[etype][1]
+            if etype in _value_types()[1]:
+                size = _value_types()[0][etype][1]
                 if count > (len(self.buf) - self.pos) // size:
                     raise self.fail(f"array declares {count:,} items of {size} bytes; the file is shorter")
-                dtype = np.dtype(_NUMPY[etype]).newbyteorder(self.endian)
+                dtype = np.dtype(_value_types()[1][etype]).newbyteorder(self.endian)
                 # Copied at once: a view would pin the memory map, which must close even when parsing fails.
                 arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
                 self.pos += size * count
@@ -216,17 +222,19 @@ class GGUFVocab:
         return int(self.token_types[i]) if self.token_types is not None else int(TokenType.NORMAL)
 
 
-_ID_KEYS = {
-    "bos": Keys.Tokenizer.BOS_ID,
-    "eos": Keys.Tokenizer.EOS_ID,
-    "unk": Keys.Tokenizer.UNK_ID,
-    "pad": Keys.Tokenizer.PAD_ID,
-    "sep": Keys.Tokenizer.SEP_ID,
-    "cls": "tokenizer.ggml.cls_token_id",  # not in gguf.Keys; written by llama.cpp for BERT vocabs
-    "mask": Keys.Tokenizer.MASK_ID,
-    "eot": Keys.Tokenizer.EOT_ID,
-    "eom": Keys.Tokenizer.EOM_ID,
-}
+def _id_keys() -> dict[str, str]:
+    """The special-token id keys, by the name the template variables use (read on first use: `gguf_constants`)."""
+    return {
+        "bos": Keys.Tokenizer.BOS_ID,
+        "eos": Keys.Tokenizer.EOS_ID,
+        "unk": Keys.Tokenizer.UNK_ID,
+        "pad": Keys.Tokenizer.PAD_ID,
+        "sep": Keys.Tokenizer.SEP_ID,
+        "cls": "tokenizer.ggml.cls_token_id",  # not in gguf.Keys; written by llama.cpp for BERT vocabs
+        "mask": Keys.Tokenizer.MASK_ID,
+        "eot": Keys.Tokenizer.EOT_ID,
+        "eom": Keys.Tokenizer.EOM_ID,
+    }
 
 
 def read_vocab(path: str | Path) -> GGUFVocab:
@@ -266,7 +274,7 @@ def read_vocab(path: str | Path) -> GGUFVocab:
                     hint="the merges do not belong to this vocabulary",
                 )
     special_ids: dict[str, int] = {}
-    for name, key in _ID_KEYS.items():
+    for name, key in _id_keys().items():
         value = meta.get(key)
         if value is None:
             continue
@@ -317,64 +325,3 @@ def _flag(meta: GGUFMetadata, key: str) -> bool | None:
     if not isinstance(value, bool):
         raise ArtifactFormatError(f"expected a bool, got {type(value).__name__}", path=f"{meta.path}:{key}")
     return value
-
-
-def tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
-    """The `tokenizers` pipeline equivalent to this GGUF vocabulary, by model type."""
-    if vocab.model == "gpt2":
-        from .gguf_bpe import bpe_tokenizer_json
-
-        return bpe_tokenizer_json(vocab)
-    if vocab.model == "llama":
-        from .gguf_spm import spm_tokenizer_json
-
-        return spm_tokenizer_json(vocab)
-    if vocab.model == "bert":
-        from .gguf_spm import wordpiece_tokenizer_json
-
-        return wordpiece_tokenizer_json(vocab)
-    if vocab.model == "t5":
-        from .gguf_spm import unigram_tokenizer_json
-
-        return unigram_tokenizer_json(vocab)
-    if vocab.model == "gemma4":
-        from .gguf_spm import gemma4_tokenizer_json
-
-        return gemma4_tokenizer_json(vocab)
-    raise ArtifactFormatError(
-        f"tokenizer model {vocab.model!r} is not supported",
-        path=f"{vocab.path}:{Keys.Tokenizer.MODEL}",
-        hint="supported: gpt2 (byte-level BPE), llama (SentencePiece BPE), bert (WordPiece), t5 (Unigram), gemma4",
-    )
-
-
-_TEMPLATE_VARIABLES = {
-    "bos": "bos_token",
-    "eos": "eos_token",
-    "unk": "unk_token",
-    "pad": "pad_token",
-    "sep": "sep_token",
-    "cls": "cls_token",
-    "mask": "mask_token",
-}
-
-
-def conversion(vocab: GGUFVocab) -> dict[str, Any]:
-    """Everything a model needs from a GGUF file, as JSON-ready data for the conversion cache."""
-    return {
-        "tokenizer_json": json.dumps(tokenizer_json(vocab), ensure_ascii=False),
-        "architecture": vocab.architecture,
-        "model": vocab.model,
-        "pre": vocab.pre,
-        "n_tokens": len(vocab.tokens),
-        "special_ids": dict(vocab.special_ids),
-        "special_tokens": {
-            var: vocab.tokens[vocab.special_ids[name]]
-            for name, var in _TEMPLATE_VARIABLES.items()
-            if name in vocab.special_ids
-        },
-        "add_bos": vocab.add_bos,
-        "add_eos": vocab.add_eos,
-        "add_space_prefix": vocab.add_space_prefix,
-        "chat_templates": dict(vocab.chat_templates),
-    }

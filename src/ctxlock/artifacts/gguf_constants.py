@@ -5,6 +5,9 @@ importing the package.
 jsonschema: about 0.3 s at every start for three enums. `gguf/constants.py` imports only the standard library, so
 it is loaded from the installed package on its own (the same file, the same values). Where `gguf` is imported
 already, its own module is used; where the file cannot be loaded on its own, the package is imported.
+
+Even that file costs about 30 ms to run, so it is loaded on first use: `Keys`, `GGUFValueType` and `TokenType` are
+stand-ins that load it when one of their attributes is first read (`import ctxlock` does not read a GGUF file).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def _constants() -> ModuleType:
@@ -39,9 +43,23 @@ def _constants() -> ModuleType:
         return gguf.constants
 
 
-_C = _constants()
-GGUFValueType = _C.GGUFValueType
-Keys = _C.Keys
-TokenType = _C.TokenType
+class _OnFirstUse:
+    """One of the module's namespaces (an enum, or `Keys`), loaded when an attribute of it is first read."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(vars(_constants())[self.name], attr)
+
+    def __repr__(self) -> str:
+        return f"<gguf.constants.{self.name}, loaded on first use>"
+
+
+GGUFValueType: Any = _OnFirstUse("GGUFValueType")
+Keys: Any = _OnFirstUse("Keys")
+TokenType: Any = _OnFirstUse("TokenType")
 
 __all__ = ["GGUFValueType", "Keys", "TokenType"]

@@ -49,19 +49,12 @@ _SUPPORTED = "supported here: llama (SentencePiece BPE), bert (WordPiece), t5 (U
 # A Unigram score no segmentation prefers over known pieces, or over unknown characters (min score - 10).
 _NEVER = -1e9
 
-_NORMAL = int(TokenType.NORMAL)
-_UNKNOWN = int(TokenType.UNKNOWN)
-_CONTROL = int(TokenType.CONTROL)
-_USER_DEFINED = int(TokenType.USER_DEFINED)
-_UNUSED = int(TokenType.UNUSED)
-_BYTE = int(TokenType.BYTE)
-
 
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _fail(vocab: GGUFVocab, message: str, *, key: str = Keys.Tokenizer.MODEL, hint: str | None = None) -> NoReturn:
-    raise ArtifactFormatError(message, path=f"{vocab.path}:{key}", hint=hint)
+def _fail(vocab: GGUFVocab, message: str, *, key: str | None = None, hint: str | None = None) -> NoReturn:
+    raise ArtifactFormatError(message, path=f"{vocab.path}:{key or Keys.Tokenizer.MODEL}", hint=hint)
 
 
 def _expect_model(vocab: GGUFVocab, model: str, function: str) -> None:
@@ -71,13 +64,13 @@ def _expect_model(vocab: GGUFVocab, model: str, function: str) -> None:
             f"{function} converts tokenizer model {model!r}, not {vocab.model!r}",
             hint=_SUPPORTED
             if vocab.model not in ("llama", "bert", "t5", "gemma4")
-            else "ctxlock.artifacts.gguf.tokenizer_json picks the builder for each model",
+            else "ctxlock.artifacts.gguf_load.tokenizer_json picks the builder for each model",
         )
 
 
 def _types(vocab: GGUFVocab) -> np.ndarray:
     if vocab.token_types is None:
-        return np.full(len(vocab.tokens), _NORMAL, dtype=np.int32)
+        return np.full(len(vocab.tokens), int(TokenType.NORMAL), dtype=np.int32)
     return np.asarray(vocab.token_types, dtype=np.int32)
 
 
@@ -115,14 +108,14 @@ def _vocab_dict(vocab: GGUFVocab, pieces: Sequence[str]) -> dict[str, int]:
 def _unk_id(vocab: GGUFVocab, types: np.ndarray) -> int | None:
     unk = vocab.special_ids.get("unk")
     if unk is None:
-        unknown = _ids_of(types, _UNKNOWN)
+        unknown = _ids_of(types, int(TokenType.UNKNOWN))
         unk = unknown[0] if len(unknown) == 1 else None
     return unk
 
 
 def _byte_fallback(vocab: GGUFVocab, types: np.ndarray) -> bool:
     """True when the vocabulary has the 256 byte pieces ``<0x00>`` .. ``<0xFF>``; raises if it has only some."""
-    byte_ids = _ids_of(types, _BYTE)
+    byte_ids = _ids_of(types, int(TokenType.BYTE))
     if not byte_ids:
         return False
     found = {vocab.tokens[i] for i in byte_ids}
@@ -145,14 +138,14 @@ def _strip_flags(vocab: GGUFVocab, types: np.ndarray) -> dict[int, tuple[bool, b
     architecture ``phi3`` with a SentencePiece vocabulary is Phi-3 (Phi-4 uses a byte-level BPE vocabulary).
     """
     flags: dict[int, tuple[bool, bool]] = {}
-    ids = {t: i for i, t in enumerate(vocab.tokens) if types[i] != _NORMAL}
+    ids = {t: i for i, t in enumerate(vocab.tokens) if types[i] != int(TokenType.NORMAL)}
     arch = vocab.architecture or ""
     pre = vocab.pre or ""
     if arch in ("nomic-bert-moe", "jina-bert-v3") or pre in ("jina-v2-de", "jina-v2-es", "jina-v2-code"):
         if "<mask>" in ids:
             flags[ids["<mask>"]] = (True, False)
     elif arch == "phi3" or "phi-3" in arch:
-        for i in _ids_of(types, _CONTROL, _USER_DEFINED, _UNKNOWN):
+        for i in _ids_of(types, int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN)):
             flags[i] = (False, True)
         for token in ("<unk>", "<s>", "<|endoftext|>"):
             if token in ids:
@@ -170,11 +163,11 @@ def _added_tokens(
     extra_special: Iterable[int] = (),
 ) -> list[dict[str, Any]]:
     """CONTROL, the unk token and ``extra_special`` -> special added tokens; USER_DEFINED -> non-special ones."""
-    special = set(_ids_of(types, _CONTROL)) | set(extra_special)
+    special = set(_ids_of(types, int(TokenType.CONTROL))) | set(extra_special)
     unk = _unk_id(vocab, types)
     if unk is not None:
         special.add(unk)
-    user = set(_ids_of(types, _USER_DEFINED)) - special
+    user = set(_ids_of(types, int(TokenType.USER_DEFINED))) - special
     strip = _strip_flags(vocab, types)
     out = []
     for i in sorted(special | user):
@@ -305,7 +298,7 @@ def _spm_merges(tokens: Sequence[str], scores: np.ndarray, types: np.ndarray) ->
     transformers' ``generate_merges`` (a stable sort by score over the vocabulary in id order, the splits of one
     piece sorted by the ids of their halves).
     """
-    index = {tokens[i]: i for i in _ids_of(types, _NORMAL)}
+    index = {tokens[i]: i for i in _ids_of(types, int(TokenType.NORMAL))}
     ranked: list[tuple[float, int, int, int]] = []
     for piece, i in index.items():
         for cut in range(1, len(piece)):
@@ -367,7 +360,7 @@ def _wordpiece_pieces(vocab: GGUFVocab, types: np.ndarray) -> list[str]:
     """
     pieces = []
     for token, kind in zip(vocab.tokens, types.tolist(), strict=True):
-        if kind == _CONTROL:
+        if kind == int(TokenType.CONTROL):
             pieces.append(token)
         elif token.startswith(SPIECE_UNDERLINE):
             pieces.append(token[1:])
@@ -389,7 +382,7 @@ def wordpiece_tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
         _fail(vocab, "a WordPiece vocabulary needs an unknown token, and this one has none", key=Keys.Tokenizer.UNK_ID)
     # llama.cpp's WPM tokenizer always lowercases and strips accents. The original HF tokenizer does so when its
     # vocabulary is uncased (bert-base-uncased, bge): an uncased vocabulary has no piece that lowercasing changes.
-    lowercase = all(pieces[i] == pieces[i].lower() for i in _ids_of(types, _NORMAL))
+    lowercase = all(pieces[i] == pieces[i].lower() for i in _ids_of(types, int(TokenType.NORMAL)))
 
     cls_id = vocab.special_ids.get("cls", vocab.special_ids.get("bos"))
     sep_id = vocab.special_ids.get("sep", vocab.special_ids.get("eos"))
@@ -433,7 +426,7 @@ def unigram_tokenizer_json(vocab: GGUFVocab) -> dict[str, Any]:
         _fail(vocab, "a Unigram vocabulary needs an unknown token, and this one has none", key=Keys.Tokenizer.UNK_ID)
     # Control, unused and padding pieces keep their ids but no segmentation of text may use them (SentencePiece
     # never emits them for text; a control piece that text could produce would forge a control token).
-    never = set(_ids_of(types, _CONTROL, _UNUSED, _UNKNOWN)) - {unk_id}
+    never = set(_ids_of(types, int(TokenType.CONTROL), int(TokenType.UNUSED), int(TokenType.UNKNOWN))) - {unk_id}
     pieces = [[token, _NEVER if i in never else float(scores[i])] for i, token in enumerate(vocab.tokens)]
     add_prefix = _flag(vocab.add_space_prefix, True)
 

@@ -573,7 +573,7 @@ def tokenize(
         as_json, lambda: _tokenize_input(model, text, file, utf8, truncate, TokenizerPipeline(tokenizer_pipeline))
     )
     tok = m.tokenizer
-    section = getattr(tok, "truncation", None)
+    section = tok.truncation
 
     def encode(line: str) -> tuple[list[int], dict[str, Any] | None]:
         if truncate:
@@ -623,7 +623,7 @@ def _tokenize_input(
     else:
         decode_with_policy(b"", label="--utf8", utf8=utf8)  # an unknown policy fails before the model loads
     m = Model(load_artifacts(model, tokenizer_pipeline=pipeline.value))
-    section = getattr(m.tokenizer, "truncation", None)
+    section = m.tokenizer.truncation
     if truncate and section is None:
         raise TokenizerError(
             "--truncate: the tokenizer has no truncation section",

@@ -304,7 +304,7 @@ def _template_section(t: Any) -> dict[str, Any]:
 
 def _pipeline_identity(tok: Any, desc: Mapping[str, Any]) -> dict[str, Any]:
     """{"normalizer", "pre_tokenizer"}: their JSON where the backend has one (`tokenizers`), else as described."""
-    pipeline = getattr(tok, "pipeline", None)
+    pipeline = tok.pipeline
     if callable(pipeline):
         return dict(pipeline())
     return {"normalizer": desc.get("normalizer"), "pre_tokenizer": desc.get("pre_tokenizer")}

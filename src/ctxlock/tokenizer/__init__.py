@@ -1,6 +1,7 @@
 """Tokenizer stage: Rendered -> ids, splitting only at *trusted* control tokens.
 
-Every backend implements the `Tokenizer` protocol. `tokenize()` is the stage function:
+Every backend implements the `Tokenizer` protocol (`base`: backends subclass `TokenizerBase`, which declares the
+optional capabilities). `tokenize()` is the stage function:
 1. the backend encodes the way the reference does and reports where control tokens matched (`encode_matched`);
 2. a match that overlaps a range the template stage marked untrusted came from a request string;
 3. with no such match the whole text is encoded the reference way, so benign requests give the reference ids;
@@ -20,8 +21,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -29,73 +29,17 @@ from ..errors import ControlTokenError
 from ..settings import fast_enabled
 from ..template import Rendered, Span, SpecialTokenPolicy
 from ..trie import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
+from .base import (
+    AddedToken,
+    ControlMatch,
+    ManifestFiles,
+    Piece,
+    PieceView,
+    TokenBytes,
+    Tokenizer,
+    TokenizerBase,
+)
 from .runs import encode_run, prefetch_runs, run_encoder
-
-
-@dataclass(frozen=True)
-class AddedToken:
-    """A token matched on the raw text before the vocabulary model runs (HF `added_tokens`, tiktoken specials)."""
-
-    content: str
-    id: int
-    special: bool = True
-    lstrip: bool = False
-    rstrip: bool = False
-    single_word: bool = False
-    normalized: bool = False
-
-    @property
-    def control(self) -> bool:
-        # Whitespace-only added tokens (Gemma's tab and space runs) are ordinary text pieces, not control tokens.
-        return not self.content.isspace()
-
-
-class ControlMatch(NamedTuple):
-    """A control token in a text: its character range and id. A named tuple: chats hold thousands of them.
-
-    The range is what the reference consumed, and the runs between matches are the rest of the text. An HF added
-    token with `lstrip`/`rstrip` takes the whitespace next to it into its match (`lead` characters before its own,
-    `trail` after them); that whitespace may come from a request string, as it does in the reference on benign
-    input. Whether a match is the template's is decided on its own characters, `core_start:core_end`."""
-
-    start: int
-    end: int
-    id: int
-    lead: int = 0  # whitespace consumed before the token's own characters (lstrip)
-    trail: int = 0  # whitespace consumed after them (rstrip)
-
-    @property
-    def core_start(self) -> int:
-        return self.start + self.lead
-
-    @property
-    def core_end(self) -> int:
-        return self.end - self.trail
-
-
-@runtime_checkable
-class Tokenizer(Protocol):
-    id: str
-    format: str
-    sha256: str
-
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def added_tokens(self) -> tuple[AddedToken, ...]: ...
-    @property
-    def control_tokens(self) -> frozenset[str]: ...
-
-    def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]: ...
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
-    def token_to_id(self, token: str) -> int | None: ...
-    def id_to_token(self, id: int) -> str | None: ...
-    def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]: ...
-    def encode_text(self, text: str, *, at_start: bool) -> list[int]: ...
-    def describe(self) -> dict[str, Any]: ...
-    def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
-        """A `ctxlock.json` tokenizer entry and the files it names, enough to rebuild this tokenizer elsewhere."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +51,7 @@ class Tokenized:
     neutralized: tuple[ControlMatch, ...]  # control-token strings from the request, encoded as plain text
 
 
-def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Any) -> list[int]:
+def encode_between(text: str, matches: Sequence[ControlMatch], tokenizer: Tokenizer) -> list[int]:
     """The control ids at their matches, and the text between them encoded on its own (through the run cache): how
     mistral-common builds a chat, and how tiktoken and SentencePiece backends honour special tokens."""
     encode = run_encoder(tokenizer)
@@ -156,10 +100,9 @@ def _split(tokenizer: Tokenizer, text: str) -> list[ControlMatch] | None:
     """The control-token matches, when the backend can say that the runs between them are encoded independently
     (`split_controls`; None from it means it cannot for this tokenizer). The reference ids are then the control ids
     and the runs' ids, and every run goes through the run cache."""
-    split = getattr(tokenizer, "split_controls", None)
-    if split is None or not fast_enabled():
+    if not fast_enabled():
         return None
-    return split(text)
+    return tokenizer.split_controls(text)
 
 
 def tokenize_batch(rendered: Sequence[Rendered], tokenizer: Tokenizer) -> list[Tokenized]:
@@ -186,7 +129,7 @@ def whole_text_encoder(rendered: Rendered, tokenizer: Tokenizer) -> Any:
     a control-token position, or the policy keeps control tokens as they are)."""
     if rendered.untrusted and rendered.policy is not SpecialTokenPolicy.KEEP:
         return None
-    return getattr(tokenizer, "whole_text", None)
+    return tokenizer.whole_text
 
 
 def encode_ids(rendered: Rendered, tokenizer: Tokenizer) -> np.ndarray:
@@ -240,7 +183,7 @@ def encode_ids_batch(rendered: Iterable[Rendered], tokenizer: Tokenizer) -> list
     Same ids: the same `WholeText.plan` and `encode_prepared` as `encode_ids`; the worker only makes the native
     call on the text `encode_prepared` would have passed to it, and whatever the whole-text call cannot take goes
     through `encode_ids` itself."""
-    whole_text = getattr(tokenizer, "whole_text", None)
+    whole_text = tokenizer.whole_text
     if whole_text is None:
         return [t.ids for t in tokenize_batch(list(rendered), tokenizer)]
     if whole_text.accelerated:
@@ -372,8 +315,13 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
 __all__ = [
     "AddedToken",
     "ControlMatch",
+    "ManifestFiles",
+    "Piece",
+    "PieceView",
+    "TokenBytes",
     "Tokenized",
     "Tokenizer",
+    "TokenizerBase",
     "control_matches",
     "encode_between",
     "encode_ids",

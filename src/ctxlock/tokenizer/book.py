@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import AddedToken, ControlMatch
+from ..errors import ArtifactFormatError
+from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON escapes can spell a lone surrogate, which is not a character
 
 
-class BookTokenizer:
+class BookTokenizer(TokenizerBase):
     format = "book"
 
     def __init__(self, vocab: Sequence[str], *, control: Sequence[str], unk: str, id: str = "book") -> None:
@@ -79,6 +83,42 @@ class BookTokenizer:
 
     def id_to_token(self, id: int) -> str | None:
         return self._vocab[id] if 0 <= id < len(self._vocab) else None
+
+    def token_bytes(self) -> TokenBytes:
+        pieces = tuple(t.encode("utf-8") for t in self._vocab)
+        return TokenBytes(pieces, frozenset(i for i, t in enumerate(self._vocab) if t in self._control), "book")
+
+    def decode_pieces(self, *, skip_special_tokens: bool) -> PieceView:
+        vocab, control, skip = self._vocab, self._control, skip_special_tokens
+
+        def lookup(i: int) -> Piece | None:
+            token = vocab[i] if 0 <= i < len(vocab) else None
+            if token is None:
+                return None
+            if skip and token in control:
+                return b"", False, False, False
+            return token.encode("utf-8"), True, False, False
+
+        return PieceView(lookup)
+
+    @classmethod
+    def from_manifest(cls, spec: Mapping[str, Any], files: ManifestFiles, model_id: str) -> BookTokenizer:
+        """`{"format": "book", "vocab": [...], "control": [...], "unk": "<unk>"}`: the vocabulary is in the manifest
+        itself. Checked: lists of non-empty strings, and unk one of the vocab."""
+        where = f"{files.manifest}:tokenizer"
+
+        def strings(key: str) -> list[str]:
+            value = spec.get(key)
+            if not isinstance(value, list) or not all(
+                isinstance(t, str) and t and not _SURROGATE.search(t) for t in value
+            ):
+                raise ArtifactFormatError(f"{key} must be a list of non-empty strings", path=f"{where}.{key}")
+            return value
+
+        vocab, control, unk = strings("vocab"), strings("control"), spec.get("unk")
+        if not isinstance(unk, str) or unk not in vocab:
+            raise ArtifactFormatError("unk must be one of the vocab's strings", path=f"{where}.unk")
+        return cls(vocab, control=control, unk=unk, id=model_id)
 
     def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
         spec = {"format": "book", "vocab": self._vocab, "control": sorted(self._control), "unk": self._unk_token}

@@ -85,7 +85,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 import unicodedata
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -94,8 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tiktoken
-
+from .. import caches
 from ..settings import cache_root
 from ..trie import longest_first
 
@@ -310,6 +308,8 @@ def _check_regex(split_regex: str) -> str:
     if width <= 0:
         raise Refusal("split regex can match the empty string")
     pattern = tiktoken_pattern(split_regex)
+    import tiktoken  # imported on first use: `import ctxlock` does not load it
+
     try:
         tiktoken.Encoding(name="ctxlock-regex-check", pat_str=pattern, mergeable_ranks={b"a": 0}, special_tokens={})
     except Exception as exc:  # tiktoken raises ValueError for a bad regex
@@ -477,34 +477,25 @@ def cached_check(
 # ------------------------------------------------------------------------------------------------ NFC
 
 
-_INERT_LOCK = threading.Lock()
-_NOT_INERT: re.Pattern[str] | None = None
-
-
+@caches.memoize("tokenizer.nfc_inert_pattern", 1, scope="artifact")
 def _not_inert_pattern() -> re.Pattern[str]:
     """A regex matching any character that is not NFC-inert by Python's Unicode data (see the module docstring).
     Built once per process (about 0.2 s) and cached on disk per Unicode version."""
-    global _NOT_INERT
-    with _INERT_LOCK:
-        if _NOT_INERT is not None:
-            return _NOT_INERT
-
-        path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
-        spans: list[list[int]] | None = None
+    path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
+    spans: list[list[int]] | None = None
+    try:
+        spans = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        spans = None
+    if spans is None:
+        spans = _inert_spans()
         try:
-            spans = json.loads(path.read_text("utf-8"))
-        except (OSError, ValueError):
-            spans = None
-        if spans is None:
-            spans = _inert_spans()
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _write_atomic(path, json.dumps(spans).encode())
-            except OSError:
-                pass
-        cls = "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
-        _NOT_INERT = re.compile(f"[^{cls}]")
-        return _NOT_INERT
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(path, json.dumps(spans).encode())
+        except OSError:
+            pass
+    cls = "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
+    return re.compile(f"[^{cls}]")
 
 
 def _inert_spans() -> list[list[int]]:
@@ -539,6 +530,8 @@ def _inert_spans() -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ the encoder
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: a text holding one is left to `tokenizers`
+
 
 class FastEncoder:
     """tiktoken over a checked vocabulary, with the added-token split and the normalizer of the plain variant."""
@@ -561,11 +554,13 @@ class FastEncoder:
         self.verdict = verdict
         self.ranks = ranks
         self.specials = dict(specials or {})
+        import tiktoken
+
         self._enc = tiktoken.Encoding(
             name=name, pat_str=verdict.pattern, mergeable_ranks=ranks, special_tokens=self.specials
         )
-        self._core = self._enc._core_bpe
-        self.core = self._core
+        self.core = self._enc  # the tiktoken Encoding, with `specials` as its special tokens (`prefix.WholeText`)
+        self._ordinary = self._enc.encode_ordinary
         self._normalize = normalize if verdict.normalizer else None
         raw = [(c, i) for c, i, n in added if not n]
         norm = [(normalize(c) if self._normalize else c, i) for c, i, n in added if n]
@@ -583,20 +578,23 @@ class FastEncoder:
         if not self.inert(text):
             text = self._normalize(text)  # type: ignore[misc]
         if self._norm_re is None:
-            out += self._core.encode_ordinary(text)
+            out += self._ordinary(text)
             return
         pos = 0
         for m in self._norm_re.finditer(text):
             if m.start() > pos:
-                out += self._core.encode_ordinary(text[pos : m.start()])
+                out += self._ordinary(text[pos : m.start()])
             out.append(self._norm_ids[m.group(0)])
             pos = m.end()
         if pos < len(text):
-            out += self._core.encode_ordinary(text[pos:])
+            out += self._ordinary(text[pos:])
 
     def encode(self, text: str) -> list[int] | None:
         """The plain variant's ids for `text`, or None when the text is not UTF-8 (lone surrogates): the caller then
         uses `tokenizers`."""
+        if not text.isascii() and _SURROGATE.search(text) is not None:
+            # tiktoken's `encode_ordinary` would replace a lone surrogate with U+FFFD: `tokenizers` decides instead.
+            return None
         out: list[int] = []
         try:
             if self._raw_re is None:

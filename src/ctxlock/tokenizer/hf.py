@@ -28,19 +28,24 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tokenizers
 
 from ..errors import ArtifactFormatError
 from ..settings import cache_root, fast_enabled
-from . import AddedToken, ControlMatch, longest_first
+from ..trie import longest_first
 from .accel import Accelerator, probe_texts
+from .base import AddedToken, ControlMatch, ManifestFiles, PieceView, TokenBytes, TokenizerBase
+from .fastbpe import FastEncoder, cached_check
+from .hf_bytes import hf_decode_pieces, hf_token_bytes
 from .prefix import WholeText, prefix_cache_bytes, split_runs, whole_text_refusal
+
+if TYPE_CHECKING:
+    import tokenizers  # imported on first use: `import ctxlock` does not load it
 
 
 def _set_prepend_never(node: Any) -> bool:
@@ -58,6 +63,7 @@ def _set_prepend_never(node: Any) -> bool:
 
 
 def _loaded_marker(sha256: str) -> Path:
+    import tokenizers
 
     return cache_root() / "tokenizers-loaded" / f"{sha256}-{tokenizers.__version__}"
 
@@ -74,7 +80,6 @@ _HEAD_VERSION = 2
 
 
 def _head_path(sha256: str) -> Path:
-
     return cache_root() / "tokenizer-json-head" / f"{sha256}-{_HEAD_VERSION}.json"
 
 
@@ -137,7 +142,7 @@ def _remember_loaded(sha256: str) -> None:
         pass
 
 
-class HFTokenizer:
+class HFTokenizer(TokenizerBase):
     format = "hf-tokenizers"
 
     def __init__(
@@ -147,19 +152,16 @@ class HFTokenizer:
         id: str,
         source: str = "",
         sha256: str | None = None,
-        format: str | None = None,
         description: dict[str, Any] | None = None,
     ) -> None:
-        """`sha256`/`format`/`description` describe the source artifact when the JSON was converted from another
-        format (a GGUF file): the digest is then the source file's, not the converted JSON's."""
+        """`sha256`/`description` describe the source artifact when the JSON was converted from another format (a
+        GGUF file, `artifacts.gguf_load.GGUFTokenizer`): the digest is then the source file's, not the JSON's."""
         self.id = id
         self.source = source
         self._json_text = json_text
         json_bytes = json_text.encode("utf-8")
         text_sha256 = hashlib.sha256(json_bytes).hexdigest()
         self.sha256 = sha256 or text_sha256
-        if format is not None:
-            self.format = format
         self._description = dict(description or {})
         # A text parsed by an earlier process (same sha256) left its head on disk: everything but the vocabulary
         # and the merges, which are parsed on first use (`_data`); a render and the whole-text path need neither.
@@ -234,6 +236,8 @@ class HFTokenizer:
     @cached_property
     def _tok(self) -> tokenizers.Tokenizer:
         """The reference pipeline (`tokenizers`), built from the JSON on first use (see `__init__`)."""
+        import tokenizers
+
         try:
             tok = tokenizers.Tokenizer.from_str(self._encode_json)
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
@@ -245,6 +249,8 @@ class HFTokenizer:
     @cached_property
     def _plain(self) -> tuple[tokenizers.Tokenizer, tokenizers.Tokenizer]:
         # A shallow copy: only the added tokens and the pre-tokenizer change (deep-copying a 150k vocab takes seconds).
+        import tokenizers
+
         data = dict(self._data)
         data["added_tokens"] = [t for t in data.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
         first = tokenizers.Tokenizer.from_str(json.dumps(data))
@@ -262,8 +268,6 @@ class HFTokenizer:
             return choice
         with self._engine_lock:
             if self._engine_choice is None:
-                from .fastbpe import FastEncoder, cached_check
-
                 plain_added = [t for t in self._head.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
                 # The full parse (`_data`) only when the check's verdict is not on disk.
                 verdict, ranks = cached_check(self._encode_json, lambda: self._data, plain_added)
@@ -411,6 +415,8 @@ class HFTokenizer:
         ids_after, dropped}. Padding is never applied. Raises ValueError when the file has no truncation section."""
         if self._truncation is None:
             raise ValueError("tokenizer.json has no truncation section")
+        import tokenizers
+
         full = self.encode(text, parse_special=parse_special, add_special_tokens=add_special_tokens)
         base = self._tok if parse_special else self._plain[0]
         variant = tokenizers.Tokenizer.from_str(base.to_str())
@@ -540,11 +546,22 @@ class HFTokenizer:
     def id_to_token(self, id: int) -> str | None:
         return self._tok.id_to_token(id)
 
+    def token_bytes(self) -> TokenBytes:
+        return hf_token_bytes(self._data, self.source or self.id, self._added, self.vocab_size, self.id_to_token)
+
+    def decode_pieces(self, *, skip_special_tokens: bool) -> PieceView:
+        where = f"{self.id}: decoder"
+        return hf_decode_pieces(
+            self._data.get("decoder"), where, self._added, self.id_to_token, skip=skip_special_tokens
+        )
+
+    @classmethod
+    def from_manifest(cls, spec: Mapping[str, Any], files: ManifestFiles, model_id: str) -> HFTokenizer:
+        """`{"format": "hf-tokenizers", "file": "tokenizer.json"}`."""
+        path, text = files.text()
+        return cls(text, id=f"{model_id}/{path.name}", source=str(path))
+
     def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
-        if self.format == "gguf":
-            # Converted from a GGUF file: the file itself is the artifact (its digest is this tokenizer's).
-            name = Path(self.source).name
-            return {"format": "gguf", "file": name}, {name: Path(self.source)}
         return {"format": "hf-tokenizers", "file": "tokenizer.json"}, {"tokenizer.json": self._json_text.encode()}
 
     def describe(self) -> dict[str, Any]:
@@ -573,8 +590,6 @@ class HFTokenizer:
     def pipeline(self) -> dict[str, Any]:
         """The normalizer and pre-tokenizer the `tokenizers` engine was built with, as their JSON (null when there
         is none): their identity, which records keep so that `diff` can name one that differs."""
-        out: dict[str, Any] = {}
-        for part in ("normalizer", "pre_tokenizer"):
-            component = getattr(self._tok, part)
-            out[part] = None if component is None else json.loads(component.__getstate__())
-        return out
+        tok = self._tok
+        components = {"normalizer": tok.normalizer, "pre_tokenizer": tok.pre_tokenizer}
+        return {k: None if c is None else json.loads(c.__getstate__()) for k, c in components.items()}

@@ -9,9 +9,9 @@ normalizer). The file's post-processor, truncation and padding are carried over.
 assembled from `tokenizer_config.json`'s `added_tokens_decoder` (or, without it, `added_tokens.json` and the
 file's own `added_tokens`), and every named special token that is not an added token yet becomes one.
 
-`build_pipeline` does the same with the `tokenizers` library (the calls transformers makes), for the classes this
-module models (`CLASSES`); it returns the `tokenizer.json` the reference runs, what the file and the class
-disagree on, and which of them is used. `pipeline="file"` keeps the file's components as written (the added tokens
+`hf_pipeline.build_pipeline` does the same with the `tokenizers` library (the calls transformers makes), for the
+classes this module models (`CLASSES`); it returns the `tokenizer.json` the reference runs, what the file and the
+class disagree on, and which of them is used. `pipeline="file"` keeps the file's components as written (the added tokens
 are still assembled, as every class does). A class this module does not model is reported as such, and the file's
 components are used.
 
@@ -25,16 +25,9 @@ The file's `truncation` and `padding` sections are kept in the pipeline's JSON a
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import tokenizers
-from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
-
-from ..errors import ArtifactFormatError
 
 PIPELINES = ("class", "file")
 PIPELINE_VERSION = "8"  # bump when what build_pipeline produces changes (the loader caches its result)
@@ -162,14 +155,16 @@ _QWEN35_SPLIT = (
 )
 
 
-def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
+def flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
     value = config.get(key)
     return default if value is None else bool(value)
 
 
 def _qwen(name: str, split: str) -> Callable[[Mapping[str, Any]], ClassSpec]:
     def spec(config: Mapping[str, Any]) -> ClassSpec:
-        prefix = _flag(config, "add_prefix_space", False)
+        from tokenizers import Regex, decoders, normalizers, pre_tokenizers  # heavy: on first use
+
+        prefix = flag(config, "add_prefix_space", False)
         return ClassSpec(
             name=name,
             bpe={**_BYTE_BPE, "unk_token": None, "byte_fallback": False},
@@ -191,13 +186,17 @@ def _qwen(name: str, split: str) -> Callable[[Mapping[str, Any]], ClassSpec]:
 
 
 def _metaspace_decoder(strip: bool) -> Any:
+    from tokenizers import decoders  # heavy: on first use
+
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     return decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1)] if strip else []))
 
 
 def _llama(config: Mapping[str, Any]) -> ClassSpec:
-    prefix = _flag(config, "add_prefix_space", True)
-    legacy = _flag(config, "legacy", False)
+    from tokenizers import pre_tokenizers  # heavy: on first use
+
+    prefix = flag(config, "add_prefix_space", True)
+    legacy = flag(config, "legacy", False)
     scheme = ("first" if not legacy else "always") if prefix else "never"
     return ClassSpec(
         name="LlamaTokenizer",
@@ -211,11 +210,13 @@ def _llama(config: Mapping[str, Any]) -> ClassSpec:
 
 
 def _code_llama(config: Mapping[str, Any]) -> ClassSpec:
-    prefix = _flag(config, "add_prefix_space", True)
+    from tokenizers import pre_tokenizers  # heavy: on first use
+
+    prefix = flag(config, "add_prefix_space", True)
     unk = config.get("unk_token", "<unk>")
     return ClassSpec(
         name="CodeLlamaTokenizer",
-        bpe={"fuse_unk": True, "byte_fallback": True, "dropout": None, "unk_token": _content(unk) or "None"},
+        bpe={"fuse_unk": True, "byte_fallback": True, "dropout": None, "unk_token": content(unk) or "None"},
         normalizer=None,
         pre_tokenizer=pre_tokenizers.Metaspace(
             replacement="▁", prepend_scheme="first" if prefix else "never", split=False
@@ -231,10 +232,12 @@ def _code_llama(config: Mapping[str, Any]) -> ClassSpec:
 
 
 def _gemma(config: Mapping[str, Any]) -> ClassSpec:
+    from tokenizers import normalizers, pre_tokenizers  # heavy: on first use
+
     unk = config.get("unk_token", "<unk>")
     return ClassSpec(
         name="GemmaTokenizer",
-        bpe={"fuse_unk": True, "unk_token": _content(unk) or "None", "dropout": None, "byte_fallback": True},
+        bpe={"fuse_unk": True, "unk_token": content(unk) or "None", "dropout": None, "byte_fallback": True},
         normalizer=normalizers.Replace(" ", "▁"),
         pre_tokenizer=pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False),
         decoder=_metaspace_decoder(False),
@@ -245,11 +248,13 @@ def _gemma(config: Mapping[str, Any]) -> ClassSpec:
 
 
 def _gpt2(config: Mapping[str, Any]) -> ClassSpec:
+    from tokenizers import decoders, pre_tokenizers  # heavy: on first use
+
     return ClassSpec(
         name="GPT2Tokenizer",
         bpe=dict(_BYTE_BPE),
         normalizer=None,
-        pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=_flag(config, "add_prefix_space", False)),
+        pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=flag(config, "add_prefix_space", False)),
         decoder=decoders.ByteLevel(),
         defaults={"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
         reads_slow_bpe=True,
@@ -257,13 +262,15 @@ def _gpt2(config: Mapping[str, Any]) -> ClassSpec:
 
 
 def _gpt_neox(config: Mapping[str, Any]) -> ClassSpec:
+    from tokenizers import decoders, normalizers, pre_tokenizers  # heavy: on first use
+
     return ClassSpec(
         name="GPTNeoXTokenizer",
         bpe=dict(_BYTE_BPE),
         normalizer=normalizers.NFC(),
         pre_tokenizer=pre_tokenizers.ByteLevel(
-            add_prefix_space=_flag(config, "add_prefix_space", False),
-            trim_offsets=_flag(config, "trim_offsets", True),
+            add_prefix_space=flag(config, "add_prefix_space", False),
+            trim_offsets=flag(config, "trim_offsets", True),
         ),
         decoder=decoders.ByteLevel(),
         defaults={"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
@@ -274,7 +281,9 @@ def _gpt_neox(config: Mapping[str, Any]) -> ClassSpec:
 
 
 def _cohere(config: Mapping[str, Any]) -> ClassSpec:
-    prefix = _flag(config, "add_prefix_space", False)
+    from tokenizers import decoders, normalizers, pre_tokenizers  # heavy: on first use
+
+    prefix = flag(config, "add_prefix_space", False)
     return ClassSpec(
         name="CohereTokenizer",
         bpe=dict(_BYTE_BPE),
@@ -367,7 +376,7 @@ class Pipeline:
         }
 
 
-def _content(value: Any) -> str | None:
+def content(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
@@ -410,48 +419,6 @@ def resolve_class(config: Mapping[str, Any], model_config: Mapping[str, Any], fi
     if model_type is not None:
         return registered or "TokenizersBackend", f"config.json:model_type {model_type!r}"
     return "TokenizersBackend", "no tokenizer_class or model_type: the file as written"
-
-
-def _added(value: Any) -> AddedToken | None:
-    """An AddedToken from a config value: a string (special), or a {content, ...} object."""
-    if isinstance(value, AddedToken):
-        return value
-    if isinstance(value, str):
-        return None
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        flags = {k: bool(value[k]) for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in value}
-        return AddedToken(value["content"], **flags)
-    return None
-
-
-def _state(token: AddedToken) -> tuple[Any, ...]:
-    return (token.content, token.single_word, token.lstrip, token.rstrip, token.normalized, token.special)
-
-
-def _canonical(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The file's components as `tokenizers` reads them back (defaults filled in), on a one-token vocabulary."""
-    model = {k: v for k, v in (data.get("model") or {}).items() if k not in ("vocab", "merges")}
-    if model.get("type") == "BPE":
-        model.update(vocab={}, merges=[])
-    elif model.get("type") == "Unigram":
-        model.update(vocab=[["<unk>", 0.0]], unk_id=0)
-    elif model.get("type") in ("WordPiece", "WordLevel"):
-        model.update(vocab={str(model.get("unk_token", "[UNK]")): 0})
-    tiny = {**dict(data), "model": model, "added_tokens": [], "truncation": None, "padding": None}
-    out = json.loads(tokenizers.Tokenizer.from_str(json.dumps(tiny)).to_str())
-    out["model"] = {k: v for k, v in out["model"].items() if k not in ("vocab", "merges")}
-    return out
-
-
-def _template_post_processor(bos: tuple[str, int] | None, eos: tuple[str, int] | None) -> dict[str, Any]:
-    """The TemplateProcessing transformers' `update_post_processor` sets."""
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    single = f"{f'{bos[0]}:0 ' if bos else ''}$A:0{f' {eos[0]}:0' if eos else ''}"
-    pair = f"{single}{f' {bos[0]}:1' if bos else ''} $B:1{f' {eos[0]}:1' if eos else ''}"
-    tok.post_processor = tokenizers.processors.TemplateProcessing(
-        single=single, pair=pair, special_tokens=[t for t in (bos, eos) if t is not None]
-    )
-    return json.loads(tok.to_str())["post_processor"]
 
 
 SPM_NOTE = (
@@ -505,333 +472,3 @@ def spm_bpe(pieces: Sequence[tuple[str, int]]) -> tuple[dict[str, Any], list[dic
         if kind in (3, 4)
     ]
     return data, specials
-
-
-def _class_components(spec: ClassSpec) -> dict[str, Any]:
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={}, merges=[], **spec.bpe))
-    tok.normalizer = spec.normalizer
-    tok.pre_tokenizer = spec.pre_tokenizer
-    tok.decoder = spec.decoder
-    out = json.loads(tok.to_str())
-    out["model"] = {k: v for k, v in out["model"].items() if k not in ("vocab", "merges")}
-    return out
-
-
-def differences(a: Any, b: Any, at: str = "") -> list[str]:
-    """Where two component JSONs differ, one line per leaf: `path: file X, class Y`."""
-    if isinstance(a, dict) and isinstance(b, dict) and a.get("type") == b.get("type"):
-        out: list[str] = []
-        for k in [*a, *(k for k in b if k not in a)]:
-            out += differences(a.get(k), b.get(k), f"{at}.{k}" if at else k)
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [line for i, (x, y) in enumerate(zip(a, b, strict=True)) for line in differences(x, y, f"{at}[{i}]")]
-    if a == b:
-        return []
-    return [f"{at or '(whole)'}: file {json.dumps(a, ensure_ascii=False)}, class {json.dumps(b, ensure_ascii=False)}"]
-
-
-def _shown(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in ("vocab", "merges")}
-    return value
-
-
-def build_pipeline(
-    file_data: Mapping[str, Any],
-    *,
-    config: Mapping[str, Any],
-    model_config: Mapping[str, Any] | None = None,
-    file_text: str | None = None,
-    added_tokens_json: Mapping[str, Any] | None = None,
-    special_tokens_map: Mapping[str, Any] | None = None,
-    has_tokenizer_file: bool = True,
-    pipeline: str = "class",
-    source: str = "tokenizer.json",
-    spm_specials: Sequence[Mapping[str, Any]] | None = None,
-) -> Pipeline:
-    """The tokenizer transformers builds for a directory holding `file_data` (a tokenizer.json, or one assembled
-    from slow files) and these configs; `pipeline="file"` keeps the file's components as written.
-
-    `spm_specials` (with `has_tokenizer_file=False`) says `file_data` came from a SentencePiece tokenizer.model
-    (`spm_bpe`): they are its control and user-defined pieces, which transformers' extractor passes to the class as
-    `additional_special_tokens` in place of the config's."""
-    if pipeline not in PIPELINES:
-        raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
-    model_config = model_config or {}
-    cls, cls_source = resolve_class(config, model_config, file_text if has_tokenizer_file else None)
-    make = CLASSES.get(cls)
-    modeled = make is not None or cls in GENERIC_CLASSES
-    notes: list[str] = []
-    if not modeled:
-        notes.append(
-            f"transformers' {cls} builds its own pipeline, which ctxlock does not model: the file's components are "
-            "used as written and may differ from AutoTokenizer"
-        )
-    data = dict(file_data)
-    spec = make(config) if make is not None else None
-    model = data.get("model") or {}
-    if spec is not None and model.get("type") != "BPE":
-        notes.append(f"{cls} builds a BPE model and tokenizer.json holds {model.get('type')}: the file is used")
-        spec = None
-    spm = spm_specials is not None and not has_tokenizer_file
-    if spm and (spec is None or not spec.reads_spm):
-        # transformers 5.24 builds every class from a tokenizer.model, each its own way (the generic backend
-        # follows the model's normalizer spec and piece scores, T5/XLM-R their converters, byte-level classes
-        # read the pieces as byte-level): ctxlock models the SentencePiece BPE classes only, and refuses the others.
-        readers = sorted(n for n, make in CLASSES.items() if make({}).reads_spm)
-        raise ArtifactFormatError(
-            f"tokenizer class {cls} ({cls_source}) builds its tokenizer from tokenizer.model in a way ctxlock does "
-            "not model",
-            path=source,
-            hint=f"export tokenizer.json with save_pretrained, or name a class ctxlock builds from tokenizer.model: "
-            f"{', '.join(readers)}",
-        )
-    if spm:
-        notes.append(SPM_NOTE)
-        if "additional_special_tokens" not in config:  # the config's own list replaces the extractor's
-            config = {**config, "additional_special_tokens": [dict(t) for t in spm_specials or []]}
-    if not has_tokenizer_file and not spm and (spec is None or not spec.reads_slow_bpe):
-        # transformers 5.24 builds a tokenizer from vocab.json + merges.txt only in the classes whose files name
-        # them; the generic backend refuses such a directory, and Llama/Qwen3.5/Gemma load an empty vocabulary.
-        readers = sorted(n for n, make in CLASSES.items() if make({}).reads_slow_bpe)
-        raise ArtifactFormatError(
-            f"tokenizer class {cls} ({cls_source}) does not read vocab.json + merges.txt in transformers 5.24",
-            path=source,
-            hint=f"export tokenizer.json with save_pretrained, or name a class that reads them: {', '.join(readers)}",
-        )
-
-    disagreements: list[dict[str, Any]] = []
-    use_class = spec is not None and (pipeline == "class" or not has_tokenizer_file)
-    if spec is not None:
-        built = _class_components(spec)
-        file_canon = _canonical(data) if has_tokenizer_file else {}
-        for comp in ("model", "normalizer", "pre_tokenizer", "decoder"):
-            theirs = built.get(comp)
-            ours = file_canon.get(comp) if has_tokenizer_file else None
-            if has_tokenizer_file and ours == theirs:
-                continue
-            disagreements.append(
-                {
-                    "component": comp,
-                    "file": _shown(ours) if has_tokenizer_file else "(no tokenizer.json)",
-                    "class": _shown(theirs),
-                    "used": "class" if use_class else "file",
-                    "differences": differences(_shown(ours), _shown(theirs)) if has_tokenizer_file else [],
-                }
-            )
-        if use_class:
-            merges = model.get("merges") or []
-            data["model"] = {**built["model"], "vocab": model.get("vocab") or {}, "merges": merges}
-            for comp in ("normalizer", "pre_tokenizer", "decoder"):
-                data[comp] = built.get(comp)
-            data["added_tokens"] = []  # the class starts from an empty added vocabulary
-    if not has_tokenizer_file:
-        data["added_tokens"] = []
-
-    # -- the special-token map, as transformers' `_from_pretrained` and the class's __init__ assemble it
-    values: dict[str, Any] = dict(spec.defaults if spec is not None else {})
-    decoder_cfg = config.get("added_tokens_decoder")
-    for key, value in config.items():
-        # A model-specific `*_token` counts when it is a string or a serialized AddedToken (`"__type"`), as the
-        # values transformers' `convert_added_tokens` turns into AddedTokens.
-        typed = isinstance(value, Mapping) and value.get("__type") == "AddedToken" and _added(value) is not None
-        if key in SPECIAL_TOKEN_ATTRIBUTES or (key.endswith("_token") and (isinstance(value, str) or typed)):
-            values[key] = value
-    if not isinstance(decoder_cfg, Mapping) and isinstance(special_tokens_map, Mapping):
-        for key, value in special_tokens_map.items():
-            if key in SPECIAL_TOKEN_ATTRIBUTES or key.endswith("_token"):
-                values[key] = value
-    extras: list[Any] = []
-    for key in ("extra_special_tokens", "additional_special_tokens"):
-        if isinstance(config.get(key), list):
-            extras = list(config[key])
-            break
-        if isinstance(config.get(key), dict):
-            values.update(config[key])
-            break
-    if spec is not None:
-        extras = extras + [values[k] for k in spec.extra_defaults if values.get(k) is not None]
-
-    # -- added_tokens_decoder: the config's, else added_tokens.json and the file's own added_tokens
-    decoder: dict[int, AddedToken] = {}
-    if isinstance(decoder_cfg, Mapping):
-        for idx, value in decoder_cfg.items():
-            token = _added(value)
-            if token is None or not token.content:
-                raise ArtifactFormatError(
-                    "added_tokens_decoder holds {content, ...} objects", path=f"tokenizer_config.json:{idx}"
-                )
-            try:
-                decoder[int(idx)] = token
-            except ValueError:
-                raise ArtifactFormatError(
-                    "added_tokens_decoder is keyed by token id", path="tokenizer_config.json:added_tokens_decoder"
-                ) from None
-    else:
-        if isinstance(added_tokens_json, Mapping):
-            specials = {c for v in values.values() if (c := _content(v)) is not None} | {
-                c for v in extras if (c := _content(v)) is not None
-            }
-            for content, idx in added_tokens_json.items():
-                if not content:
-                    continue
-                special = content in specials
-                decoder[int(idx)] = AddedToken(content, normalized=not special, special=special)
-        if has_tokenizer_file:
-            for t in file_data.get("added_tokens") or []:
-                flags = {k: bool(t.get(k, False)) for k in _FLAG_KEYS}
-                decoder[int(t["id"])] = AddedToken(t["content"], **flags)
-    by_content = {str(t.content): t for t in decoder.values()}
-    named: dict[str, AddedToken | str] = {}
-    for key, value in values.items():
-        token = _added(value) or (by_content.get(value) if isinstance(value, str) else None)
-        chosen = token if token is not None else _content(value)
-        _no_surrogate(chosen, f"tokenizer_config.json:{key}")
-        if chosen is not None and (chosen if isinstance(chosen, str) else chosen.content):
-            named[key] = chosen  # a None, empty or non-string value names no token (transformers skips it too)
-    extras = [(_added(v) or by_content.get(_content(v) or "") or _content(v)) for v in extras]
-    extras = [v for v in extras if v is not None and (v if isinstance(v, str) else v.content)]
-    for v in extras:
-        _no_surrogate(v, "tokenizer_config.json:extra_special_tokens")
-    for idx, t in decoder.items():
-        _no_surrogate(t, f"added_tokens_decoder.{idx}")
-
-    file_added = [] if use_class or not has_tokenizer_file else list(file_data.get("added_tokens") or [])
-    existing = {(str(t["content"]), *(bool(t.get(k, False)) for k in _FLAG_KEYS)) for t in file_added}
-    to_add: list[Any] = [t for _, t in sorted(decoder.items()) if _state(t) not in existing]
-    encoder = {str(t["content"]) for t in file_added} | {str(t.content) for t in to_add}
-    for value in [*named.values(), *extras]:
-        content = value if isinstance(value, str) else value.content
-        if content not in encoder:
-            to_add.append(value)
-            encoder.add(content)
-    named_contents = {v if isinstance(v, str) else v.content for v in named.values()}
-    special_tokens = tuple((k, v if isinstance(v, str) else v.content) for k, v in named.items())
-    final: list[AddedToken] = []
-    for value in to_add:
-        if isinstance(value, str):
-            value = AddedToken(value, special=True)
-        elif not value.special and value.content in named_contents:
-            value = AddedToken(value.content, **_flags(value), special=True)
-        final.append(value)
-
-    # -- the post-processor: the file's, or rebuilt from add_bos_token/add_eos_token (which transformers reads
-    # from tokenizer_config.json only when there is no tokenizer.json)
-    rebuild = None
-    if spec is not None and use_class and spec.post_processor != "file":
-        rebuild = spec.post_processor
-    elif data.get("post_processor") is None:
-        rebuild = "config" if not has_tokenizer_file else "plain"
-    if spec is not None and use_class and spec.post_processor != "file" and not has_tokenizer_file:
-        rebuild = "config" if spec.post_processor == "plain" else "config-bos"
-
-    changed = bool(use_class or final or rebuild or not has_tokenizer_file)
-    if not changed:
-        return Pipeline(
-            json_text=file_text if file_text is not None else json.dumps(dict(file_data), ensure_ascii=False),
-            tokenizer_class=cls,
-            class_source=cls_source,
-            used="file",
-            modeled=modeled,
-            disagreements=tuple(disagreements),
-            notes=tuple(notes),
-            changed=False,
-            special_tokens=special_tokens,
-        )
-
-    tok = tokenizers.Tokenizer.from_str(json.dumps(data))
-    before = {i: _state(t) for i, t in tok.get_added_tokens_decoder().items()}
-    if final:
-        tok.add_tokens(final)
-    all_special = list(dict.fromkeys(v if isinstance(v, str) else v.content for v in [*named.values(), *extras]))
-    if spec is not None and spec.readd_specials and use_class:
-        tok.add_tokens([AddedToken(t, special=True) for t in all_special])
-    if spec is not None and spec.post_init and use_class:
-        tok.add_special_tokens(
-            [v if isinstance(v, AddedToken) else AddedToken(v, special=True, normalized=False) for v in named.values()]
-            + [v if isinstance(v, AddedToken) else AddedToken(v, special=True, normalized=False) for v in extras]
-        )
-    out = json.loads(tok.to_str())
-    if rebuild is not None:
-
-        def special(key: str, flag: str, default: bool) -> tuple[str, int] | None:
-            value = named.get(key)
-            content = value if isinstance(value, str) else value.content if value is not None else None
-            wanted = default if rebuild.startswith("config") is False else _flag(config, flag, default)
-            tid = tok.token_to_id(content) if content is not None else None
-            return (content, tid) if wanted and content is not None and tid is not None else None
-
-        bos = special("bos_token", "add_bos_token", rebuild in ("bos", "config-bos"))
-        eos = special("eos_token", "add_eos_token", False)
-        out["post_processor"] = _template_post_processor(bos, eos)
-        if has_tokenizer_file and data.get("post_processor") is not None:
-            theirs = _canonical(file_data).get("post_processor")
-            if theirs != out["post_processor"]:
-                disagreements.append(
-                    {
-                        "component": "post_processor",
-                        "file": theirs,
-                        "class": out["post_processor"],
-                        "used": "class",
-                        "differences": differences(theirs, out["post_processor"]),
-                    }
-                )
-
-    if has_tokenizer_file and file_text is not None and out == file_data:
-        # The class builds exactly the file (a directory transformers itself saved): the file is the pipeline.
-        return Pipeline(
-            json_text=file_text,
-            tokenizer_class=cls,
-            class_source=cls_source,
-            used="class" if use_class else "file",
-            modeled=modeled,
-            disagreements=tuple(disagreements),
-            notes=tuple(notes),
-            changed=False,
-            special_tokens=special_tokens,
-        )
-    file_ids = (
-        {(int(t["id"]), str(t["content"])) for t in file_data.get("added_tokens") or []}
-        if has_tokenizer_file
-        else set()
-    )
-    added_beyond = [
-        {"content": t.content, "id": i, "special": t.special}
-        for i, t in sorted(tok.get_added_tokens_decoder().items())
-        if (i, t.content) not in file_ids and before.get(i) != _state(t)
-    ]
-    return Pipeline(
-        json_text=json.dumps(out, ensure_ascii=False),
-        tokenizer_class=cls,
-        class_source=cls_source,
-        used="class" if use_class else "file",
-        modeled=modeled,
-        disagreements=tuple(disagreements),
-        added_tokens=tuple(added_beyond),
-        notes=tuple(notes),
-        changed=True,
-        special_tokens=special_tokens,
-    )
-
-
-_FLAG_KEYS = ("single_word", "lstrip", "rstrip", "normalized", "special")
-
-
-def _no_surrogate(value: AddedToken | str | None, where: str) -> None:
-    content = value if isinstance(value, str) or value is None else value.content
-    if content is not None and re.search("[\ud800-\udfff]", content):
-        raise ArtifactFormatError(
-            "a special token holds a lone surrogate, which is not a character",
-            path=where,
-            hint="escape characters outside the BMP as a surrogate pair",
-        )
-
-
-def _flags(token: AddedToken) -> dict[str, bool]:
-    return {
-        "single_word": token.single_word,
-        "lstrip": token.lstrip,
-        "rstrip": token.rstrip,
-        "normalized": token.normalized,
-    }

@@ -30,7 +30,8 @@ last such e (found with a binary search over the byte offsets of A's added token
 the encoder: a chat server re-sent the whole history every turn encodes each turn once.
 
 Entries are kept in a byte-bounded LRU per encoder (`CTXLOCK_PREFIX_CACHE_MB`, default 128), bucketed by their first
-bytes so a lookup compares against a handful of recent texts. `CTXLOCK_FAST=0` bypasses all of it.
+bytes so a lookup compares against a handful of recent texts; each encoder's cache is registered in `ctxlock.caches`
+as "tokenizer.prefix". `CTXLOCK_FAST=0` bypasses all of it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import caches
 from ..trie import longest_first
 from .accel import Accelerator
 
@@ -78,20 +80,20 @@ def common_prefix(a: bytes, b: bytes) -> int:
 class _Entry:
     """A text seen before: its UTF-8 bytes, its ids, and where its added tokens end (computed on first use)."""
 
-    __slots__ = ("_cuts", "data", "ids", "size")
+    __slots__ = ("data", "ids", "known_cuts", "size")
 
     def __init__(self, data: bytes, ids: np.ndarray, cuts: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.data = data
         self.ids = ids  # int64, read-only
         # (indices in ids of the added tokens, byte offset just after each); None: every id's byte length adds up
         # to the text (no run was normalized), so they follow from the ids when first needed.
-        self._cuts = cuts
+        self.known_cuts = cuts
         self.size = len(data) + 2 * ids.nbytes + 200
 
     def cuts(self, whole: WholeText) -> tuple[np.ndarray, np.ndarray]:
-        if self._cuts is None:
-            self._cuts = whole._cuts_of(self.ids, 0)
-        return self._cuts
+        if self.known_cuts is None:
+            self.known_cuts = whole.cuts_of(self.ids, 0)
+        return self.known_cuts
 
 
 class WholeText:
@@ -107,7 +109,7 @@ class WholeText:
         inert: Callable[[str], bool] | None = None,
         fallback: Callable[[str], tuple[list[int], list[int], list[int]]] | None = None,
     ) -> None:
-        """`core`: a tiktoken CoreBPE whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
+        """`core`: a tiktoken Encoding whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
         UTF-8 length of every id's bytes (added tokens included), indexed by id. With a normalizer, `inert(text)`
         says whether it leaves `text` unchanged (then tiktoken may see the text as it is); other text goes to
         `fallback(text)`, the run-by-run encoding that normalizes each run (`split_runs`; None: the caller's
@@ -134,6 +136,7 @@ class WholeText:
         self._buckets: OrderedDict[bytes, list[_Entry]] = OrderedDict()
         self._lock = threading.Lock()
         _ALL.add(self)
+        caches.register_instance("tokenizer.prefix", self)
 
     # -- encoding
     def _native(self, text: str) -> np.ndarray:
@@ -202,7 +205,7 @@ class WholeText:
         return self._tiktoken(suffix)
 
     def _tiktoken(self, text: str) -> np.ndarray:
-        return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, self._allowed), dtype=np.uint32)
+        return self._core.encode_to_numpy(text, allowed_special=self._allowed, disallowed_special=())
 
     def reference_ids(self, text: str) -> np.ndarray | None:
         """`text`'s ids without the accelerator (tiktoken, or the run-by-run fallback for text that needs
@@ -246,7 +249,7 @@ class WholeText:
         return ids
 
     # -- the cache
-    def _cuts_of(self, ids: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    def cuts_of(self, ids: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         """The added tokens among `ids` (encoded from byte `start`, no run normalized): index, byte end."""
         added_at = np.flatnonzero(self._is_added[ids])
         return added_at, start + np.cumsum(self._lengths[ids])[added_at]
@@ -261,10 +264,10 @@ class WholeText:
         new: np.ndarray,
         cuts: tuple[np.ndarray, np.ndarray] | None,
     ) -> None:
-        if entry is not None and keep and (cuts is not None or entry._cuts is not None):
+        if entry is not None and keep and (cuts is not None or entry.known_cuts is not None):
             # Part of this text's cut points are not plain byte-length sums: splice them now.
             old_ids, old_bytes = entry.cuts(self)
-            new_ids, new_bytes = cuts if cuts is not None else self._cuts_of(new, start)
+            new_ids, new_bytes = cuts if cuts is not None else self.cuts_of(new, start)
             j = int(np.searchsorted(old_ids, keep - 1, side="right"))
             cuts = np.concatenate((old_ids[:j], keep + new_ids)), np.concatenate((old_bytes[:j], new_bytes))
         item = _Entry(data, ids, cuts)
@@ -291,6 +294,10 @@ class WholeText:
             while self.bytes > self.max_bytes and self._buckets:
                 _, evicted = self._buckets.popitem(last=False)
                 self.bytes -= sum(e.size for e in evicted)
+
+    def __len__(self) -> int:
+        """The texts held."""
+        return sum(len(b) for b in list(self._buckets.values()))
 
     def clear(self) -> None:
         with self._lock:
@@ -344,8 +351,9 @@ def whole_text_refusal(added: Sequence[Any]) -> str:
     tiktoken matches them on the raw text, leftmost, taking the first alternative; `tokenizers` matches them
     leftmost-longest (normalized ones after normalizing, in a second pass), and honours lstrip/rstrip/single_word."""
     for t in added:
-        for flag in ("normalized", "lstrip", "rstrip", "single_word"):
-            if getattr(t, flag):
+        flags = {"normalized": t.normalized, "lstrip": t.lstrip, "rstrip": t.rstrip, "single_word": t.single_word}
+        for flag, on in flags.items():
+            if on:
                 return f"added token {t.content!r} is {flag}: tiktoken matches added tokens on raw text as they are"
         if not t.content:
             return f"added token {t.id} is empty"

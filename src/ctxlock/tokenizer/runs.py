@@ -14,65 +14,37 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
+from .. import caches
 from ..settings import fast_enabled
+
+if TYPE_CHECKING:
+    from .base import Tokenizer
 
 _KEY_OVERHEAD = 200  # the key tuple, the dict slot, the ids tuple header: a flat estimate per entry
 
 
-class RunCache:
-    """A byte-bounded LRU of run ids. Thread-safe; lookups of hot runs cost one dict access and a move."""
+RunKey = tuple[str, str, str, bool]  # (tokenizer digest, engine, run text, at_start)
+
+
+def _run_size(key: RunKey, ids: tuple[int, ...]) -> int:
+    return sys.getsizeof(key[2]) + 8 * len(ids) + _KEY_OVERHEAD
+
+
+class RunCache(caches.LRU[RunKey, tuple[int, ...]]):
+    """A byte-bounded LRU of run ids (`caches.LRU`, registered as "tokenizer.runs"). Thread-safe; lookups of hot
+    runs cost one dict access and a move."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._data: OrderedDict[tuple[str, str, str, bool], tuple[tuple[int, ...], int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str, bool]) -> tuple[int, ...] | None:
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._data.move_to_end(key)
-            self.hits += 1
-            return entry[0]
-
-    def put(self, key: tuple[str, str, str, bool], ids: tuple[int, ...]) -> None:
-        size = sys.getsizeof(key[2]) + 8 * len(ids) + _KEY_OVERHEAD
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self.bytes -= old[1]
-            self._data[key] = (ids, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, evicted) = self._data.popitem(last=False)
-                self.bytes -= evicted
-
-    def __contains__(self, key: tuple[str, str, str, bool]) -> bool:
-        return key in self._data
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self.bytes = 0
-            self.hits = self.misses = 0
+        super().__init__("tokenizer.runs", max_bytes=max_bytes, sizeof=_run_size, per_instance=True)
 
     def stats(self) -> dict[str, int]:
         return {
-            "entries": len(self._data),
+            "entries": len(self),
             "bytes": self.bytes,
-            "max_bytes": self.max_bytes,
+            "max_bytes": self.max_bytes or 0,
             "hits": self.hits,
             "misses": self.misses,
         }
@@ -81,11 +53,11 @@ class RunCache:
 RUNS = RunCache(int(float(os.environ.get("CTXLOCK_RUN_CACHE_MB", "256")) * 1024 * 1024))
 
 
-def _identity(tokenizer: Any) -> tuple[str, str]:
-    return str(getattr(tokenizer, "sha256", "") or f"object:{id(tokenizer)}"), str(getattr(tokenizer, "engine", ""))
+def _identity(tokenizer: Tokenizer) -> tuple[str, str]:
+    return str(tokenizer.sha256 or f"object:{id(tokenizer)}"), str(tokenizer.engine)
 
 
-def run_encoder(tokenizer: Any) -> Callable[[str, bool], tuple[int, ...] | list[int]]:
+def run_encoder(tokenizer: Tokenizer) -> Callable[[str, bool], tuple[int, ...] | list[int]]:
     """`encode(text, at_start)` for many runs of one text: the fast-path switch and the cache key are read once."""
     if not fast_enabled():
         return lambda text, at_start: tokenizer.encode_text(text, at_start=at_start)
@@ -103,23 +75,22 @@ def run_encoder(tokenizer: Any) -> Callable[[str, bool], tuple[int, ...] | list[
     return encode
 
 
-def encode_run(tokenizer: Any, text: str, *, at_start: bool) -> tuple[int, ...]:
+def encode_run(tokenizer: Tokenizer, text: str, *, at_start: bool) -> tuple[int, ...]:
     """`tokenizer.encode_text(text, at_start=at_start)`, through the run cache when fast paths are on."""
     return tuple(run_encoder(tokenizer)(text, at_start)) if text else ()
 
 
-def prefetch_runs(tokenizer: Any, runs: Iterable[tuple[str, bool]]) -> int:
+def prefetch_runs(tokenizer: Tokenizer, runs: Iterable[tuple[str, bool]]) -> int:
     """Encode the runs the cache does not hold yet in one batch call, so an engine that releases the GIL
     (tiktoken, `tokenizers`) spreads them over the cores; returns how many were encoded. Results are the same as
     encoding each run on its own: the batch call is the same encoder, run by run."""
-    batch = getattr(tokenizer, "encode_text_batch", None)
-    if batch is None or not fast_enabled():
+    if not fast_enabled():
         return 0
     digest, engine = _identity(tokenizer)
     missing = sorted({(t, a) for t, a in runs if t and (digest, engine, t, a) not in RUNS})
     if len(missing) < 2:
         return 0
-    encoded = batch([t for t, _ in missing], [a for _, a in missing])
+    encoded = tokenizer.encode_text_batch([t for t, _ in missing], [a for _, a in missing])
     for (t, a), ids in zip(missing, encoded, strict=True):
         RUNS.put((digest, engine, t, a), tuple(ids))
     return len(missing)

@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, TokenizerError
-from . import AddedToken, ControlMatch, encode_between, longest_first
+from ..trie import longest_first
+from . import encode_between
+from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
+from .token_bytes import SPIECE_UNDERLINE, byte_piece
 
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -154,7 +157,7 @@ def read_model_info(raw: bytes, *, source: str) -> ModelInfo:
     )
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(TokenizerBase):
     format = "sentencepiece"
 
     def __init__(self, path: Path, *, id: str, control: Iterable[str] | None = None) -> None:
@@ -290,6 +293,47 @@ class SentencePieceTokenizer:
         if isinstance(id, bool) or not isinstance(id, int) or not 0 <= id < self._n:
             return None
         return self._sp.id_to_piece(id)
+
+    def token_bytes(self) -> TokenBytes:
+        pieces: list[bytes] = []
+        special: set[int] = {t.id for t in self._added if t.control}
+        for i, (piece, kind) in enumerate(self.info.pieces):
+            if kind == BYTE:
+                pieces.append(byte_piece(piece) or b"")
+            elif kind in (NORMAL, USER_DEFINED):
+                pieces.append(piece.replace(SPIECE_UNDERLINE, " ").encode("utf-8"))
+            elif kind in (CONTROL, UNKNOWN):
+                pieces.append(piece.encode("utf-8"))
+                special.add(i)  # <s>, </s>, <unk>: never text
+            else:
+                assert kind == UNUSED
+                pieces.append(b"")
+        return TokenBytes(tuple(pieces), frozenset(special), "sentencepiece")
+
+    def decode_pieces(self, *, skip_special_tokens: bool) -> PieceView:
+        sp, skip = self._sp, skip_special_tokens  # piece types (control, byte, unknown) come from the processor
+
+        def lookup(i: int) -> Piece | None:
+            piece = sp.id_to_piece(i)
+            if sp.IsControl(i):
+                # `decode` decodes the runs between control ids separately.
+                return (b"", False, False, True) if skip else (piece.encode("utf-8"), True, False, True)
+            if sp.IsByte(i):
+                raw = byte_piece(piece)
+                if raw is not None:
+                    return raw, True, False, False
+            if sp.IsUnknown(i):
+                return " \u2047 ".encode(), True, False, False
+            return piece.replace(SPIECE_UNDERLINE, " ").encode("utf-8"), True, False, False
+
+        return PieceView(lookup)
+
+    @classmethod
+    def from_manifest(cls, spec: Mapping[str, Any], files: ManifestFiles, model_id: str) -> SentencePieceTokenizer:
+        """`{"format": "sentencepiece", "file": "tokenizer.model.v3"}` (see the module's `from_manifest`), or a
+        `package` + `resource` naming a packaged file."""
+        path = files.file(packaged=True)
+        return from_manifest(spec, path, f"{model_id}/{path.name}", manifest=files.manifest)
 
     def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
         name = Path(self.source).name

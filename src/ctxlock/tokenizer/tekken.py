@@ -1,8 +1,9 @@
 """Tekken backend: mistral-common's tiktoken-format tokenizer (`tekken_*.json`), through tiktoken.
 
 Ids follow mistral-common: the first `num_special_tokens` ids are control tokens, and a vocabulary rank r has id
-`r + num_special_tokens`. The special-token table comes from mistral-common itself (old Tekken files do not list
-their specials; mistral-common supplies them), so it cannot drift from the reference.
+`r + num_special_tokens`. The special-token table comes from mistral-common itself, through its public API
+(`id_to_piece`, `get_special_token`): old Tekken files do not list their specials, mistral-common supplies them, so
+the table cannot drift from the reference.
 """
 
 from __future__ import annotations
@@ -11,19 +12,19 @@ import hashlib
 import json
 import re
 from binascii import a2b_base64, b2a_base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import tiktoken
-
 from .. import diskcache
 from ..errors import ArtifactFormatError
-from . import AddedToken, ControlMatch, encode_between, longest_first
+from ..trie import longest_first
+from . import encode_between
+from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
 
 
-class TekkenTokenizer:
+class TekkenTokenizer(TokenizerBase):
     format = "tekken"
 
     def __init__(self, path: Path, *, id: str) -> None:
@@ -34,6 +35,8 @@ class TekkenTokenizer:
         parts = _parts(path, raw, self.sha256)
         specials, pattern, ranks = parts["specials"], parts["pattern"], parts["ranks"]
         self.num_special = len(specials)
+        import tiktoken  # imported on first use: `import ctxlock` does not load it
+
         self._enc = tiktoken.Encoding(
             name=f"ctxlock-tekken-{self.sha256[:12]}",
             pat_str=pattern,
@@ -46,6 +49,7 @@ class TekkenTokenizer:
         self._n_words = self.num_special + parts["n_vocab"]
         self.version = parts["version"]
         self.pattern = pattern
+        self.eos_id = self.token_to_id("</s>")  # mistral-common's end-of-sequence token
 
     @property
     def vocab_size(self) -> int:
@@ -114,6 +118,32 @@ class TekkenTokenizer:
         except KeyError:
             return None
 
+    def token_bytes(self) -> TokenBytes:
+        # The tiktoken Encoding holds the vocabulary ranks; id = rank + num_special.
+        pieces = [t.content.encode("utf-8") for t in self._specials]
+        pieces += [self._enc.decode_single_token_bytes(r) for r in range(self.vocab_size - self.num_special)]
+        return TokenBytes(tuple(pieces), frozenset(range(self.num_special)), "tiktoken")
+
+    def decode_pieces(self, *, skip_special_tokens: bool) -> PieceView:
+        enc, n_special, skip = self._enc, self.num_special, skip_special_tokens
+        specials = {t.id: t.content for t in self._specials}
+
+        def lookup(i: int) -> Piece | None:
+            if i < n_special:
+                # `decode` decodes the text runs between special tokens separately.
+                return (b"", False, False, True) if skip else (specials[i].encode("utf-8"), True, False, True)
+            try:
+                return enc.decode_single_token_bytes(i - n_special), True, False, False
+            except (KeyError, ValueError, OverflowError):
+                return None
+
+        return PieceView(lookup)
+
+    @classmethod
+    def from_manifest(cls, spec: Mapping[str, Any], files: ManifestFiles, model_id: str) -> TekkenTokenizer:
+        """`{"format": "tekken", "file": "tekken.json"}`, or a `package` + `resource` naming a packaged file."""
+        return cls(files.file(packaged=True), id=f"{model_id}/tekken")
+
     def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
         name = Path(self.source).name
         return {"format": "tekken", "file": name}, {name: Path(self.source)}
@@ -159,8 +189,14 @@ def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
     tek = Tekkenizer.from_file(str(path))
-    table = sorted(tek._all_special_tokens, key=lambda t: t["rank"])
-    specials = [str(getattr(t["token_str"], "value", t["token_str"])) for t in table]
+    # The special-token table through mistral-common's public API: id i < num_special_tokens is the special token
+    # `id_to_piece(i)`, and `get_special_token` maps it back to i.
+    specials = [tek.id_to_piece(i) for i in range(tek.num_special_tokens)]
+    for i, s in enumerate(specials):
+        if tek.get_special_token(s) != i:
+            raise ArtifactFormatError(
+                f"special token {s!r} has two ids ({i} and {tek.get_special_token(s)})", path=str(path)
+            )
     n_vocab = int(config.get("default_vocab_size", len(vocab) + len(specials))) - len(specials)
     tokens = [a2b_base64(t["token_bytes"]) for t in vocab[:n_vocab]]
     ranks = {b: i for i, b in enumerate(tokens)}

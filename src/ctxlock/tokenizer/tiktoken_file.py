@@ -37,10 +37,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import tiktoken
-
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, TokenizerError
-from . import AddedToken, ControlMatch, encode_between, longest_first
+from ..trie import longest_first
+from . import encode_between
+from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -124,7 +124,7 @@ def parse_ranks(raw: bytes, *, source: str) -> dict[bytes, int]:
     return ranks
 
 
-class TiktokenTokenizer:
+class TiktokenTokenizer(TokenizerBase):
     format = "tiktoken"
 
     def __init__(
@@ -167,6 +167,8 @@ class TiktokenTokenizer:
         self.sha256 = hashlib.sha256(
             json.dumps(config, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         ).hexdigest()
+        import tiktoken  # imported on first use: `import ctxlock` does not load it
+
         try:
             self._enc = tiktoken.Encoding(
                 name=f"ctxlock-tiktoken-{self.sha256[:12]}",
@@ -294,6 +296,40 @@ class TiktokenTokenizer:
             return self._enc.decode_single_token_bytes(id).decode("utf-8", "backslashreplace")
         except (KeyError, ValueError, OverflowError, TypeError):
             return None
+
+    def token_bytes(self) -> TokenBytes:
+        specials = {t.id: t for t in self._specials}
+        pieces: list[bytes] = []
+        for i in range(self.vocab_size):
+            if i in specials:
+                pieces.append(specials[i].content.encode("utf-8"))
+                continue
+            try:
+                pieces.append(self._enc.decode_single_token_bytes(i))
+            except KeyError:
+                pieces.append(b"")  # a gap between the last rank and the first special id
+        return TokenBytes(tuple(pieces), frozenset(t.id for t in self._specials if t.control), "tiktoken")
+
+    def decode_pieces(self, *, skip_special_tokens: bool) -> PieceView:
+        enc = self._enc  # exact bytes per rank (id_to_token is lossy for partial UTF-8)
+        specials = {t.id: t.content for t in self._specials}
+        skip = skip_special_tokens
+
+        def lookup(i: int) -> Piece | None:
+            if i in specials:
+                return (b"", False, False, False) if skip else (specials[i].encode("utf-8"), True, False, False)
+            try:
+                return enc.decode_single_token_bytes(i), True, False, False
+            except (KeyError, ValueError, OverflowError):
+                return None
+
+        return PieceView(lookup)
+
+    @classmethod
+    def from_manifest(cls, spec: Mapping[str, Any], files: ManifestFiles, model_id: str) -> TiktokenTokenizer:
+        """`{"format": "tiktoken", "file": ..., "preset": "qwen"}` (see the module's `from_manifest`)."""
+        path = files.file()
+        return from_manifest(spec, path, f"{model_id}/{path.name}", manifest=files.manifest)
 
     def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
         name = Path(self.source).name

@@ -1,0 +1,282 @@
+"""Where each token of a rendered text lies in its bytes: the lay `ctxlock.accounting` attributes tokens with.
+
+A token covers the bytes of its piece (`token_bytes`): laid end to end over the text, each control token over its
+own match, they spell the text exactly for byte-level BPE, tiktoken and Tekken vocabularies. `token_ranges` does
+that in one pass when it can (`_walk`, which needs only each id's byte length, kept on disk by the tokenizer's
+digest), and otherwise replays the tokenizer run by run (the reference path, which `CTXLOCK_FAST=0` always takes),
+laying a SentencePiece dummy-prefix space or a Unicode normalization back onto the text. `assign_owners` gives each
+token the owner of most of its bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .caches import LRU
+from .errors import CtxlockError
+from .settings import cache_root, fast_enabled
+from .tokenizer import ControlMatch
+from .tokenizer.runs import run_encoder
+from .tokenizer.token_bytes import token_bytes
+
+# -- token byte ranges -----------------------------------------------------------------------------------------
+
+_PIECES: LRU[str, Any] = LRU("accounting.token_bytes", max_items=8, scope="artifact")
+
+
+class _Pieces:
+    """A vocabulary's bytes per id, built on first use, and their lengths as an array (one lookup per id, in
+    numpy). The lengths are all the one-pass lay needs, so they are kept on disk by the tokenizer's digest
+    (`<cache>/token-lengths/`): a later process lays tokens without building the vocabulary's bytes (about 4 s
+    for a 150k-token `tokenizer.json`). A missing, unreadable or mismatched file counts as absent."""
+
+    __slots__ = ("_pieces", "lengths", "tokenizer")
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._pieces: tuple[bytes, ...] | None = None
+        path = _lengths_path(tokenizer.sha256)
+        lengths = None
+        with contextlib.suppress(OSError, ValueError):
+            lengths = np.load(path, allow_pickle=False)
+        if lengths is None or lengths.dtype != np.int64 or lengths.shape != (tokenizer.vocab_size,):
+            lengths = np.fromiter((len(b) for b in self.pieces), dtype=np.int64, count=len(self.pieces))
+            _store_lengths(path, lengths)
+        self.lengths = lengths
+
+    @property
+    def pieces(self) -> tuple[bytes, ...]:
+        if self._pieces is None:
+            self._pieces = token_bytes(self.tokenizer).pieces
+        return self._pieces
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.pieces[i]
+
+
+_LENGTHS_VERSION = "1"
+
+
+def _lengths_path(sha256: str) -> Path:
+    return cache_root() / "token-lengths" / f"{sha256}-{_LENGTHS_VERSION}.npy"
+
+
+def _store_lengths(path: Path, lengths: np.ndarray) -> None:
+    """Write atomically; a cache that cannot be written is not an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npy", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, lengths, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def _pieces(tok: Any) -> Any:
+    hit = _PIECES.get(tok.sha256)
+    if hit is None:
+        try:
+            hit = _Pieces(tok)
+        except CtxlockError:
+            hit = False  # no per-token bytes (WordPiece): spread in proportion
+        _PIECES.put(tok.sha256, hit)
+    return hit
+
+
+def token_ranges(
+    tokenizer: Any, text: str, ids: np.ndarray, control: Sequence[ControlMatch], offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Each token's [start, end) in the rendered text's bytes, and whether every run was laid exactly: in one pass
+    over the ids when their bytes spell the text between the control tokens (byte-level BPE, tiktoken, Tekken),
+    else run by run (`_replay_runs`, the reference path: `CTXLOCK_FAST=0` takes it always)."""
+    pieces = _pieces(tokenizer)
+    if pieces is not False and fast_enabled():
+        laid = _walk(ids, control, offsets, pieces)
+        if laid is not None:
+            return laid[0], laid[1], True
+    return _replay_runs(tokenizer, text, ids, control, offsets, pieces)
+
+
+def _walk(
+    ids_in: np.ndarray, control: Sequence[ControlMatch], offsets: np.ndarray, pieces: Any
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Lay every token's bytes end to end, each control token over its own match (which may be longer than its
+    content: lstrip/rstrip take whitespace), without encoding anything again. None when the bytes do not line up
+    with the text (a normalizer, a dummy prefix): the run-by-run replay then takes over.
+
+    The k-th control token's match starts at byte s_k of the text; laid end to end, the tokens before it cover
+    s_k - shift_k bytes, where shift_k sums (match length - content length) over the control tokens before it. So
+    its position is where the cumulative lengths reach s_k - shift_k, and its id must be there."""
+    ids = np.asarray(ids_in, dtype=np.int64)
+    n = len(ids)
+    lengths = pieces.lengths[ids]
+    cum = np.concatenate(([0], np.cumsum(lengths)))
+    if control:
+        starts = offsets[[m.start for m in control]]
+        ends = offsets[[m.end for m in control]]
+        control_ids = np.fromiter((m.id for m in control), dtype=np.int64, count=len(control))
+        extra = (ends - starts) - pieces.lengths[control_ids]
+        shifts = np.concatenate(([0], np.cumsum(extra)))
+        pos = np.searchsorted(cum, starts - shifts[:-1], side="left")
+        if pos.max() >= n or not (ids[pos] == control_ids).all() or (np.diff(pos) <= 0).any():
+            return None  # an empty token before a control token, or bytes that do not line up
+        if not (cum[pos] == starts - shifts[:-1]).all():
+            return None
+        # the shift in force at each position: control k's extra applies from the token after it
+        delta = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(delta, pos + 1, extra)
+        delta = np.cumsum(delta)
+        total_shift = int(shifts[-1])
+    else:
+        delta = np.zeros(n + 1, dtype=np.int64)
+        total_shift = 0
+    if cum[n] + total_shift != offsets[-1]:
+        return None
+    # a token ends where the next begins: a control token's end is its match's end
+    return cum[:-1] + delta[:-1], cum[1:] + delta[1:]
+
+
+def _replay_runs(
+    tokenizer: Any, text: str, ids: np.ndarray, control: Sequence[ControlMatch], offsets: np.ndarray, pieces: Any
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    encode = run_encoder(tokenizer)
+    starts = np.zeros(len(ids), dtype=np.int64)
+    ends = np.zeros(len(ids), dtype=np.int64)
+    k, pos, exact = 0, 0, True
+    for m in [*control, None]:
+        stop = len(text) if m is None else m.start
+        if stop > pos:
+            run_ids = encode(text[pos:stop], pos == 0)
+            n = len(run_ids)
+            if tuple(ids[k : k + n].tolist()) != tuple(run_ids):
+                raise Unaligned
+            lay = _lay(run_ids, pieces, text[pos:stop])
+            exact &= lay[1]
+            base = offsets[pos]
+            starts[k : k + n] = base + lay[0][:-1]
+            ends[k : k + n] = base + lay[0][1:]
+            k += n
+        if m is not None:
+            starts[k], ends[k] = offsets[m.start], offsets[m.end]
+            k += 1
+            pos = m.end
+    if k != len(ids):
+        raise Unaligned
+    return starts, ends, exact
+
+
+class Unaligned(Exception):
+    """The run-by-run replay does not give the tokenized ids: fall back to spreading the whole text."""
+
+
+def _lay(run_ids: Sequence[int], pieces: Any, run_text: str) -> tuple[np.ndarray, bool]:
+    """Cumulative byte offsets of a run's tokens within the run (n + 1 values), and whether they are exact.
+
+    The tokens' bytes are laid over the run as they are; or over the run without SentencePiece's dummy-prefix space;
+    or over the run's Unicode normalization (NFC, NFKC, NFD, NFKD: what normalizers such as Qwen2's NFC do), mapped
+    back to the run's own bytes one normalization chunk at a time (a starter and the marks that follow it)."""
+    size = len(run_text.encode("utf-8", "surrogatepass"))
+    if pieces is False:
+        return spread(np.ones(len(run_ids), dtype=np.int64), size), False
+    lengths = pieces.lengths[np.asarray(run_ids, dtype=np.int64)]
+    laid = _lay_over(lengths, run_ids, pieces, run_text, size)
+    if laid is not None:
+        return laid, True
+    for form in ("NFC", "NFKC", "NFD", "NFKD"):
+        chunks = _chunks(run_text, form)
+        if chunks is None:
+            continue
+        normalized = sum(n for _, n in chunks)
+        laid = _lay_over(lengths.copy(), run_ids, pieces, None, normalized)
+        if laid is not None:
+            return _map_back(laid, chunks), True
+    return spread(lengths, size), False
+
+
+def _lay_over(
+    lengths: np.ndarray, run_ids: Sequence[int], pieces: Any, run_text: str | None, size: int
+) -> np.ndarray | None:
+    total = int(lengths.sum())
+    if total == size:
+        return np.concatenate(([0], np.cumsum(lengths)))
+    extra = total - size
+    # SentencePiece's dummy prefix: one space the text does not have, in front of the run's first token.
+    starts_with_space = run_text is not None and run_text.startswith(" ")
+    if (
+        len(run_ids)
+        and 0 < extra <= lengths[0]
+        and pieces[run_ids[0]][:extra] == b" " * extra
+        and not starts_with_space
+    ):
+        lengths[0] -= extra
+        return np.concatenate(([0], np.cumsum(lengths)))
+    return None
+
+
+def _chunks(text: str, form: str) -> list[tuple[int, int]] | None:
+    """(bytes in the text, bytes once normalized) per normalization chunk, or None when the form changes nothing or
+    the chunks do not normalize independently."""
+    whole = unicodedata.normalize(form, text)
+    if whole == text:
+        return None
+    chunks: list[tuple[int, int]] = []
+    pieces: list[str] = []
+    start = 0
+    for i in range(1, len(text) + 1):
+        if i == len(text) or unicodedata.combining(text[i]) == 0:
+            chunk = text[start:i]
+            norm = unicodedata.normalize(form, chunk)
+            pieces.append(norm)
+            chunks.append((len(chunk.encode("utf-8", "surrogatepass")), len(norm.encode("utf-8", "surrogatepass"))))
+            start = i
+    return chunks if "".join(pieces) == whole else None
+
+
+def _map_back(laid: np.ndarray, chunks: list[tuple[int, int]]) -> np.ndarray:
+    """Offsets in the normalized bytes -> offsets in the original bytes: a boundary inside a chunk's normalized
+    bytes moves to the end of that chunk's original bytes (a chunk is one character and its marks)."""
+    orig = np.concatenate(([0], np.cumsum([c[0] for c in chunks])))
+    norm = np.concatenate(([0], np.cumsum([c[1] for c in chunks])))
+    k = np.searchsorted(norm, laid, side="left")
+    return orig[np.minimum(k, len(orig) - 1)]
+
+
+def spread(lengths: np.ndarray, size: int) -> np.ndarray:
+    weights = np.maximum(lengths, 1).astype(np.float64)
+    cum = np.concatenate(([0.0], np.cumsum(weights)))
+    return np.floor(cum / cum[-1] * size + 0.5).astype(np.int64)
+
+
+def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The owner of most of each token's bytes; ties to the owner met first. A token with no bytes (a control
+    token that consumed nothing, an empty piece) takes the owner of the byte it sits at."""
+    n = len(starts)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    size = len(owner)
+    at = np.clip(starts, 0, max(size - 1, 0))
+    result = owner[at] if size else np.zeros(n, dtype=np.int32)
+    if size == 0:
+        return result
+    change = np.flatnonzero(np.diff(owner)) + 1  # byte offsets where the owner changes
+    # a token is mixed when a change point falls strictly inside it
+    first_after = np.searchsorted(change, starts, side="right")
+    mixed = np.flatnonzero((first_after < len(change)) & (change[np.minimum(first_after, len(change) - 1)] < ends))
+    for t in mixed.tolist():
+        tally: dict[int, int] = {}  # insertion order is the order met
+        for v in owner[starts[t] : ends[t]].tolist():
+            tally[v] = tally.get(v, 0) + 1
+        result[t] = max(tally, key=tally.__getitem__)  # max keeps the first of equal counts
+    return result
+
+
+__all__ = ["Unaligned", "assign_owners", "spread", "token_ranges"]

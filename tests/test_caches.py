@@ -102,7 +102,8 @@ def cache_sites(path: Path, root: Path = SRC.parent) -> list[str]:
         elif isinstance(node, ast.Attribute) and _name(node) in ("functools.lru_cache", "functools.cache"):
             site(node, f"{_name(node)}")
         elif isinstance(node, ast.ClassDef) and _CACHE_CLASS.search(node.name):
-            bases = {_name(b).split(".")[-1] for b in node.bases}
+            # a base may be subscripted: `caches.LRU[Key, Value]`
+            bases = {_name(b.value if isinstance(b, ast.Subscript) else b).split(".")[-1] for b in node.bases}
             if "LRU" not in bases and not _registers(node) and node.name not in instances:
                 site(node, f"class {node.name} is not built on caches.LRU nor registered")
     for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.cli.cachereport import build_turns
 from ctxlock.promptcache import cached_split, session_report
 from ctxlock.settings import reference_path
@@ -85,9 +85,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=200)
     ap.add_argument("--provider", default="vllm", choices=["vllm", "openai"])
     args = ap.parse_args()
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     model.warm_up()
-    template = ChatTemplate((artifacts.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)
+    template = ChatTemplate((fetched.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)
     sess = session(args.turns)
     ctxlock.clear_caches()  # the request caches start empty (the scope argument comes with the cache registry)
     t0 = time.perf_counter()

@@ -52,11 +52,11 @@ def main() -> None:
 
     requests = corpus.single_shot(args.requests, scale=args.scale)
     if args.first_pass:
-        import artifacts
+        import fetched
         from ctxlock.template import ChatTemplate
 
-        model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-        template = ChatTemplate((artifacts.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)
+        model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+        template = ChatTemplate((fetched.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)
         order = [
             ("encode", lambda r: model.encode(r, template=template)),
             ("count", lambda r: count(model, r, template=template)),

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.budget import BudgetPolicy, fit_context
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--fast-rounds", type=int, default=3)
     ap.add_argument("--history", choices=("suffix", "greedy"), default="suffix")
     args = ap.parse_args()
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir(args.vocab)))
-    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir(args.vocab)))
+    source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     template = ChatTemplate(source, id="qwen2.5")
     request = parse_request(history(args.messages))
     policy = BudgetPolicy(max_input_tokens=args.budget, history=args.history)

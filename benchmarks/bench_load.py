@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from timing import median_seconds
 
-import artifacts
+import fetched
 from ctxlock.artifacts import load_gguf as _load_gguf
 
 SAMPLE = "Hello world! 天空为什么是蓝色？ def f(x): return x ** 2  🦙"
@@ -35,7 +35,7 @@ def main() -> None:
 
     print(f"{'vocab':12s} {'ctxlock cold s':>15s} {'transformers s':>15s} {'ratio':>7s} {'ctxlock warm s':>15s}")
     for vocab in args.vocab or ["qwen2", "llama-spm"]:
-        path = artifacts.gguf_path(vocab)
+        path = fetched.gguf_path(vocab)
 
         def cold(path: Path = path) -> None:
             os.environ["CTXLOCK_CACHE_DIR"] = tempfile.mkdtemp(prefix="ctxlock-bench-")

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from timing import median_seconds
 
-import artifacts
 import ctxlock.constrain as constrain_mod
+import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli.constrain import generate
 from ctxlock.constrain import JsonSchemaMask, default_eos_id, guidance_vocab
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    arts = load_artifacts(artifacts.gguf_path(args.vocab))
+    arts = load_artifacts(fetched.gguf_path(args.vocab))
     tok = arts.tokenizer
     eos = default_eos_id(tok, arts.special_tokens)
 
@@ -62,7 +62,7 @@ def main() -> None:
 
     t_convert = median_seconds(convert, args.rounds)
     t_bytes = median_seconds(lambda: token_bytes(tok), args.rounds)
-    hf_json = artifacts.hf_tokenizer_dir(args.vocab) / "tokenizer.json"
+    hf_json = fetched.hf_tokenizer_dir(args.vocab) / "tokenizer.json"
     t_llg_own = median_seconds(lambda: llguidance.LLTokenizer(str(hf_json)), args.rounds)
     vocab = guidance_vocab(tok, eos)[0]
 

@@ -84,11 +84,11 @@ def _requests(args: argparse.Namespace) -> list[dict]:
 
 def _fresh_round(args: argparse.Namespace, theirs_first: bool) -> dict:
     """One round of --fresh-process, in this (new) process: both sides imported, loaded and timed on a first pass."""
-    import artifacts
+    import fetched
 
     requests = _requests(args)
-    tok_dir = artifacts.hf_tokenizer_dir(args.vocab)
-    source = (artifacts.templates_dir() / args.template).read_text("utf-8")
+    tok_dir = fetched.hf_tokenizer_dir(args.vocab)
+    source = (fetched.templates_dir() / args.template).read_text("utf-8")
     out: dict = {}
 
     def ours() -> None:

@@ -25,13 +25,13 @@ def side_by_side(vocab: str, template_file: str) -> tuple[Any, Any, Any, str]:
     as transformers converts llama.cpp's GGUF, and a chat template file, both fetched by scripts/fetch_artifacts.py.
     The model is warmed up as a server would be at start-up (`Model.warm_up`: the engine check, fastokens built and
     checked), so no timed round pays for it."""
-    import artifacts
     import ctxlock
+    import fetched
     import reference
     from ctxlock.template import ChatTemplate
 
-    tok_dir = artifacts.hf_tokenizer_dir(vocab)
-    source = (artifacts.templates_dir() / template_file).read_text("utf-8")
+    tok_dir = fetched.hf_tokenizer_dir(vocab)
+    source = (fetched.templates_dir() / template_file).read_text("utf-8")
     model = ctxlock.load(str(tok_dir))
     model.warm_up()
     return model, ChatTemplate(source, id=template_file), reference.reference_tokenizer(tok_dir), source

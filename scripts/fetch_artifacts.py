@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetch the pinned real artifacts the tests use (see tests/artifacts.py for the manifest and cache layout).
+"""Fetch the pinned real artifacts the tests use (see tests/fetched.py for the manifest and cache layout).
 
     python scripts/fetch_artifacts.py                  fetch what is missing, verify every file's sha256
     python scripts/fetch_artifacts.py --check          verify only: no network, non-zero exit if missing/damaged
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import artifacts
+import fetched
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        paths = artifacts.check_all() if args.check else artifacts.ensure_all(verify=True)
+        paths = fetched.check_all() if args.check else fetched.ensure_all(verify=True)
         for name, path in paths.items():
             print(f"ok  {name:<28} {path}")
         for vocab in args.hf:
-            print(f"ok  hf:{vocab:<25} {artifacts.hf_tokenizer_dir(vocab)}")
-    except (artifacts.ArtifactError, FileNotFoundError) as exc:
+            print(f"ok  hf:{vocab:<25} {fetched.hf_tokenizer_dir(vocab)}")
+    except (fetched.ArtifactError, FileNotFoundError) as exc:
         print(f"fetch_artifacts: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,11 +1,11 @@
 """Shared pytest setup for ctxlock's tests.
 
-Real artifacts (tests/artifacts.py) are fetched before collection, so test modules may parametrize over them
-at import time (``artifacts.template_paths()``, ``artifacts.vector_vocabs()``). If they cannot be fetched or
+Real artifacts (tests/fetched.py) are fetched before collection, so test modules may parametrize over them
+at import time (``fetched.template_paths()``, ``fetched.vector_vocabs()``). If they cannot be fetched or
 verified, the run stops with exit status 1 and the reason: nothing is skipped.
 
 Test helpers are plain modules next to this file, imported by their top-level names:
-``import artifacts`` (pinned artifacts, cache) and ``import reference`` (the transformers oracle).
+``import fetched`` (the pinned real artifacts, their cache) and ``import reference`` (the transformers oracle).
 This file must not import ctxlock.
 """
 
@@ -21,7 +21,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # pytest's default "prepend" import mode does this already; other modes do not
     sys.path.insert(0, _TESTS_DIR)
 
-import artifacts  # noqa: E402
+import fetched  # noqa: E402
 
 # fastokens (whole-text encoding's native call once checked against tiktoken) is built and checked on first use, in
 # the test's own thread, rather than on a daemon thread racing the tests: which engine a test exercises is then
@@ -33,17 +33,17 @@ os.environ.setdefault("CTXLOCK_FASTOKENS", "sync")
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     try:
-        artifacts.ensure_all()
-    except artifacts.ArtifactError as exc:
+        fetched.ensure_all()
+    except fetched.ArtifactError as exc:
         pytest.exit(
-            f"cannot fetch the pinned test artifacts into {artifacts.cache_dir()}:\n{exc}\n"
-            f"(run `python scripts/fetch_artifacts.py` to retry; set ${artifacts.CACHE_ENV} to use another cache)",
+            f"cannot fetch the pinned test artifacts into {fetched.cache_dir()}:\n{exc}\n"
+            f"(run `python scripts/fetch_artifacts.py` to retry; set ${fetched.CACHE_ENV} to use another cache)",
             returncode=1,
         )
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"ctxlock test artifacts: {artifacts.cache_dir()}"
+    return f"ctxlock test artifacts: {fetched.cache_dir()}"
 
 
 # ---------------------------------------------------------------------------------- artifact fixtures
@@ -52,10 +52,10 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def llama_models_dir() -> Path:
     """``<cache>/llama-cpp-python-0.3.36/models``: ggml-vocab-*.gguf, *.gguf.inp/.out, templates/."""
-    return artifacts.llama_models_dir()
+    return fetched.llama_models_dir()
 
 
 @pytest.fixture(scope="session")
 def template_paths() -> list[Path]:
     """llama.cpp's real chat templates, ``templates/*.jinja``, sorted."""
-    return artifacts.template_paths()
+    return fetched.template_paths()

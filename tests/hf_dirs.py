@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import artifacts
+import fetched
 
 # One transformers class per cached vocabulary that class is used with.
 CLASS_VOCABS: dict[str, str] = {
@@ -51,14 +51,14 @@ def gguf_tokenizer_json(vocab: str) -> str:
     """ctxlock's conversion of `ggml-vocab-<vocab>.gguf` to a tokenizer.json (cached by its digest)."""
     from ctxlock.artifacts import load_artifacts
 
-    return load_artifacts(artifacts.gguf_path(vocab)).tokenizer._json_text
+    return load_artifacts(fetched.gguf_path(vocab)).tokenizer._json_text
 
 
 @functools.cache
 def gguf_special_tokens(vocab: str) -> dict[str, str]:
     from ctxlock.artifacts import load_artifacts
 
-    return dict(load_artifacts(artifacts.gguf_path(vocab)).special_tokens)
+    return dict(load_artifacts(fetched.gguf_path(vocab)).special_tokens)
 
 
 def build_dir(

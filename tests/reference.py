@@ -6,7 +6,7 @@ ctxlock is never imported here. Errors are not caught or translated: whatever tr
 can compare ctxlock's messages with the reference's.
 
 - ``reference_render``: rendered text without any tokenizer (special tokens given explicitly).
-- ``reference_ids``: ids from a saved HF tokenizer dir (e.g. ``artifacts.hf_tokenizer_dir("qwen2")``).
+- ``reference_ids``: ids from a saved HF tokenizer dir (e.g. ``fetched.hf_tokenizer_dir("qwen2")``).
 - ``reference_encode``, ``reference_special_tokens``, ``reference_tokenizer``: the tokenizer's own view.
 """
 

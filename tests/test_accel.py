@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.template import ChatTemplate
 from ctxlock.tokenizer.accel import Accelerator, probe_texts
 from ctxlock.tokenizer.hf import HFTokenizer
@@ -23,7 +23,7 @@ MUST_BE_ADMITTED = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "h
 
 def _fresh(name: str = "qwen2") -> HFTokenizer:
     """A tokenizer of its own (not the shared ones), so that its accelerator starts from nothing."""
-    text = artifacts.hf_tokenizer_dir(name).joinpath("tokenizer.json").read_text("utf-8")
+    text = fetched.hf_tokenizer_dir(name).joinpath("tokenizer.json").read_text("utf-8")
     return HFTokenizer(text, id=f"{name} (fresh)")
 
 
@@ -58,7 +58,7 @@ def test_a_fastokens_that_disagrees_is_refused_with_the_probe_and_token() -> Non
     # A real fastokens tokenizer, of another vocabulary (Llama 3's), checked against Qwen2's exact path.
     qwen = hf_backend_tokenizers()["hf:qwen2"]
     fast = qwen._fast()
-    llama_json = artifacts.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8")
+    llama_json = fetched.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8")
 
     def build():
         import fastokens
@@ -124,7 +124,7 @@ def test_ctxlock_fastokens_0_keeps_tiktoken(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_warm_up_and_describe_name_the_engines() -> None:
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     engines = model.warm_up()
     assert engines["engine"] == "tiktoken"
     assert engines["whole_text_engine"].startswith("fastokens (ready: ")
@@ -141,8 +141,8 @@ def test_chat_requests_give_the_same_ids_with_either_engine() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import corpus
 
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     template = ChatTemplate(source, id="qwen2.5")
     requests = corpus.single_shot(40, seed=11, scale=0.2) + corpus.conversation(8, seed=12, scale=0.2)
     rows = {}
@@ -162,11 +162,11 @@ def test_inspect_prints_the_native_engine() -> None:
 
     from ctxlock.cli import app
 
-    result = CliRunner().invoke(app, ["inspect", "--model", str(artifacts.hf_tokenizer_dir("qwen2")), "--json"])
+    result = CliRunner().invoke(app, ["inspect", "--model", str(fetched.hf_tokenizer_dir("qwen2")), "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     assert info["tokenizer"]["whole_text_engine"].startswith("fastokens (ready: ")
-    result = CliRunner().invoke(app, ["inspect", "--model", str(artifacts.hf_tokenizer_dir("qwen2"))])
+    result = CliRunner().invoke(app, ["inspect", "--model", str(fetched.hf_tokenizer_dir("qwen2"))])
     assert result.exit_code == 0, result.output
     assert "native call fastokens (ready: " in " ".join(result.output.split())
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import artifacts
 import ctxlock
+import fetched
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, conversations, vocab_for
 from ctxlock.accounting import GENERATION_PROMPT, TEMPLATE, assign_owners, count, count_format, part_of, without
 from ctxlock.cli import app
@@ -22,7 +22,7 @@ from ctxlock.errors import CtxlockError
 from ctxlock.settings import reference_path
 from ctxlock.template import ChatTemplate
 
-TEMPLATES = artifacts.template_paths()
+TEMPLATES = fetched.template_paths()
 CORPUS = conversations()
 _MODELS: dict[str, ctxlock.Model] = {}
 
@@ -45,12 +45,12 @@ WEATHER_TOOL = {
 
 def _model(vocab: str) -> ctxlock.Model:
     if vocab not in _MODELS:
-        _MODELS[vocab] = ctxlock.load(str(artifacts.hf_tokenizer_dir(vocab)))
+        _MODELS[vocab] = ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
     return _MODELS[vocab]
 
 
 def _qwen() -> tuple[ctxlock.Model, ChatTemplate]:
-    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     return _model("qwen2"), ChatTemplate(source, id="Qwen-Qwen2.5-7B-Instruct.jinja")
 
 
@@ -84,7 +84,7 @@ def test_parts_sum_to_len_input_ids_on_every_template(path: Path) -> None:
 )
 def test_one_pass_equals_the_run_by_run_reference(name: str) -> None:
     """The one-pass lay (`_walk`) and the reference replay of every run give the same counts."""
-    path = artifacts.templates_dir() / name
+    path = fetched.templates_dir() / name
     model = _model(vocab_for(name))
     template = ChatTemplate(path.read_text("utf-8"), id=name)
     compared = 0
@@ -214,7 +214,7 @@ def test_unseen_parts_are_named() -> None:
 
 
 def test_sentencepiece_dummy_prefix_is_laid_exactly() -> None:
-    model = ctxlock.load(str(artifacts.gguf_path("llama-spm")))
+    model = ctxlock.load(str(fetched.gguf_path("llama-spm")))
     template = ChatTemplate(
         "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}", id="llama-2-style"
     )

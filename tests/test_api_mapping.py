@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 import reference
 from conformance import FIXED_NOW
 from ctxlock.errors import OptionError, TensorError, TensorKeyError
@@ -37,8 +37,8 @@ SHORT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture(scope="module")
 def qwen() -> tuple[ctxlock.Model, ChatTemplate, str, Any]:
-    tok_dir = artifacts.hf_tokenizer_dir("qwen2")
-    source = (artifacts.templates_dir() / QWEN).read_text("utf-8")
+    tok_dir = fetched.hf_tokenizer_dir("qwen2")
+    source = (fetched.templates_dir() / QWEN).read_text("utf-8")
     return ctxlock.load(str(tok_dir)), ChatTemplate(source, id=QWEN), source, tok_dir
 
 

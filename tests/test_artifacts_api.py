@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
+import fetched
 from ctxlock import caches
 from ctxlock.artifacts import (
     BUILTIN_DIR,
@@ -61,7 +61,7 @@ def test_the_book_model() -> None:
 
 
 def test_an_hf_directory() -> None:
-    path = artifacts.hf_tokenizer_dir("qwen2")
+    path = fetched.hf_tokenizer_dir("qwen2")
     m = load_artifacts(path)
     assert isinstance(m.tokenizer, HFTokenizer) and type(m.tokenizer) is HFTokenizer
     assert m.id == path.name and m.source == str(path.resolve())
@@ -78,7 +78,7 @@ def test_an_hf_directory() -> None:
 
 
 def test_a_gguf_file() -> None:
-    path = artifacts.gguf_path("llama-bpe")
+    path = fetched.gguf_path("llama-bpe")
     m = load_artifacts(path)
     assert isinstance(m.tokenizer, GGUFTokenizer) and m.tokenizer.format == "gguf"
     assert m.id == path.name and m.tokenizer.id == path.name
@@ -96,9 +96,9 @@ def _manifest_dir(tmp_path: Path, tokenizer: dict, **extra: object) -> Path:
 
 
 def test_manifests_of_every_file_format(tmp_path: Path) -> None:
-    gguf = artifacts.gguf_path("llama-bpe")
+    gguf = fetched.gguf_path("llama-bpe")
     shutil.copyfile(gguf, tmp_path / "m.gguf")
-    shutil.copyfile(artifacts.qwen_tiktoken_path(), tmp_path / "qwen.tiktoken")
+    shutil.copyfile(fetched.qwen_tiktoken_path(), tmp_path / "qwen.tiktoken")
     shutil.copyfile(MISTRAL_DATA / "mistral_instruct_tokenizer_240323.model.v3", tmp_path / "t.model.v3")
     cases = {
         "gguf": ({"format": "gguf", "file": "m.gguf"}, GGUFTokenizer),
@@ -176,9 +176,9 @@ def test_load_template_file_keeps_the_file_digest(tmp_path: Path) -> None:
 def test_loads_are_registered_caches_and_clear_with_the_artifact_scope() -> None:
     first = load_artifacts("book")
     info = caches.cache_info()
-    assert info["artifacts.models"].scope == "artifact" and info["artifacts.models"].size >= 1
-    assert "artifacts.hub_models" in info
+    assert info["fetched.models"].scope == "artifact" and info["fetched.models"].size >= 1
+    assert "fetched.hub_models" in info
     caches.clear_caches("artifact")
-    assert caches.cache_info()["artifacts.models"].size == 0
+    assert caches.cache_info()["fetched.models"].size == 0
     again = load_artifacts("book")
     assert again is not first and again.tokenizer.sha256 == first.tokenizer.sha256

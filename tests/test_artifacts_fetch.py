@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
+import fetched
 
 REPO = Path(__file__).resolve().parent.parent
-SEP = artifacts.VOCAB_TEST_SEPARATOR
+SEP = fetched.VOCAB_TEST_SEPARATOR
 
 # llama.cpp's test vectors in llama-cpp-python 0.3.36: vocab -> number of cases.
 EXPECTED_VECTOR_COUNTS = {
@@ -43,29 +43,29 @@ QWEN_TIKTOKEN_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de
 
 
 def test_manifest_files_exist_and_verify() -> None:
-    paths = artifacts.ensure_all()
-    for artifact in artifacts.ARTIFACTS:
+    paths = fetched.ensure_all()
+    for artifact in fetched.ARTIFACTS:
         root = paths[artifact.name]
-        assert root == artifacts.cache_dir() / artifact.name
-        assert (root / artifacts.MARKER).is_file()
+        assert root == fetched.cache_dir() / artifact.name
+        assert (root / fetched.MARKER).is_file()
         for rel in artifact.required:
             assert (root / rel).is_file(), rel
-    assert artifacts.check_all() == paths  # every file re-hashed against the marker and the pins
+    assert fetched.check_all() == paths  # every file re-hashed against the marker and the pins
 
 
 def test_llama_models_layout(llama_models_dir: Path) -> None:
-    assert llama_models_dir == artifacts.cache_dir() / "llama-cpp-python-0.3.36" / "models"
-    assert artifacts.gguf_path("qwen2") == llama_models_dir / "ggml-vocab-qwen2.gguf"
-    assert artifacts.gguf_path("qwen2").read_bytes()[:4] == b"GGUF"
-    assert len(artifacts.gguf_names()) == 19
+    assert llama_models_dir == fetched.cache_dir() / "llama-cpp-python-0.3.36" / "models"
+    assert fetched.gguf_path("qwen2") == llama_models_dir / "ggml-vocab-qwen2.gguf"
+    assert fetched.gguf_path("qwen2").read_bytes()[:4] == b"GGUF"
+    assert len(fetched.gguf_names()) == 19
     with pytest.raises(FileNotFoundError, match="no vocab 'no-such-vocab'"):
-        artifacts.gguf_path("no-such-vocab")
+        fetched.gguf_path("no-such-vocab")
 
 
 def test_templates(template_paths: list[Path]) -> None:
     assert len(template_paths) >= 60
     assert template_paths == sorted(template_paths)
-    assert all(p.suffix == ".jinja" and p.parent == artifacts.templates_dir() for p in template_paths)
+    assert all(p.suffix == ".jinja" and p.parent == fetched.templates_dir() for p in template_paths)
     names = {p.stem for p in template_paths}
     assert {"Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "openai-gpt-oss-120b"} <= names
     for path in template_paths:
@@ -73,9 +73,9 @@ def test_templates(template_paths: list[Path]) -> None:
 
 
 def test_qwen_tiktoken() -> None:
-    path = artifacts.qwen_tiktoken_path()
-    assert path == artifacts.cache_dir() / "dashscope-2.0.2" / "qwen.tiktoken"
-    assert artifacts.sha256_file(path) == QWEN_TIKTOKEN_SHA256
+    path = fetched.qwen_tiktoken_path()
+    assert path == fetched.cache_dir() / "dashscope-2.0.2" / "qwen.tiktoken"
+    assert fetched.sha256_file(path) == QWEN_TIKTOKEN_SHA256
     first = path.read_bytes().split(b"\n", 1)[0]
     token, rank = first.split(b" ")
     assert rank == b"0" and token  # base64 token, rank
@@ -85,14 +85,14 @@ def test_qwen_tiktoken() -> None:
 
 
 def test_all_vocab_vectors_parse() -> None:
-    assert artifacts.vector_vocabs() == sorted(EXPECTED_VECTOR_COUNTS)
-    counts = {vocab: len(artifacts.vocab_vectors(vocab)) for vocab in artifacts.vector_vocabs()}
+    assert fetched.vector_vocabs() == sorted(EXPECTED_VECTOR_COUNTS)
+    counts = {vocab: len(fetched.vocab_vectors(vocab)) for vocab in fetched.vector_vocabs()}
     assert counts == EXPECTED_VECTOR_COUNTS
     assert sum(counts.values()) == 694
 
 
 def test_qwen2_vectors_content() -> None:
-    vectors = artifacts.vocab_vectors("qwen2")
+    vectors = fetched.vocab_vectors("qwen2")
     assert vectors[0] == ("ied 4 ½ months", [1122, 220, 19, 220, 26062, 3951])
     assert vectors[2] == ("", [])  # an empty case is an empty line in .out
     assert vectors[3] == (" ", [220])
@@ -102,21 +102,21 @@ def test_qwen2_vectors_content() -> None:
 def test_parse_vocab_vectors_separators() -> None:
     out = b" 1 2\n\n 3\n"
     # the generator's form: every case followed by the separator
-    assert artifacts.parse_vocab_vectors(f"a b{SEP}{SEP}c{SEP}".encode(), out) == [
+    assert fetched.parse_vocab_vectors(f"a b{SEP}{SEP}c{SEP}".encode(), out) == [
         ("a b", [1, 2]),
         ("", []),
         ("c", [3]),
     ]
     # gemma-4's form: no separator after the last case
-    assert artifacts.parse_vocab_vectors(f"a b{SEP}{SEP}c".encode(), out) == [("a b", [1, 2]), ("", []), ("c", [3])]
+    assert fetched.parse_vocab_vectors(f"a b{SEP}{SEP}c".encode(), out) == [("a b", [1, 2]), ("", []), ("c", [3])]
     # a last case that is empty, and a case that is itself a newline; CR is content (no newline translation)
-    assert artifacts.parse_vocab_vectors(f"\n{SEP}x\r\n{SEP}{SEP}".encode(), b" 7\n 8 9\n\n") == [
+    assert fetched.parse_vocab_vectors(f"\n{SEP}x\r\n{SEP}{SEP}".encode(), b" 7\n 8 9\n\n") == [
         ("\n", [7]),
         ("x\r\n", [8, 9]),
         ("", []),
     ]
     with pytest.raises(ValueError, match="2 input cases but 3 output lines"):
-        artifacts.parse_vocab_vectors(f"a{SEP}b{SEP}".encode(), out)
+        fetched.parse_vocab_vectors(f"a{SEP}b{SEP}".encode(), out)
 
 
 # ----------------------------------------------------------------------------------- corruption
@@ -125,18 +125,18 @@ def test_parse_vocab_vectors_separators() -> None:
 @pytest.fixture
 def temp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """$CTXLOCK_TEST_CACHE -> a cache with real copies (never links) of the fetched trees and the dashscope wheel."""
-    real = artifacts.ensure_all()
-    wheel = artifacts.cache_dir() / "downloads" / artifacts.DASHSCOPE.filename  # verified when it was fetched
+    real = fetched.ensure_all()
+    wheel = fetched.cache_dir() / "downloads" / fetched.DASHSCOPE.filename  # verified when it was fetched
     if not wheel.is_file():
-        with artifacts._locked(artifacts.DASHSCOPE.name):
-            wheel = artifacts._archive(artifacts.DASHSCOPE)
+        with fetched._locked(fetched.DASHSCOPE.name):
+            wheel = fetched._archive(fetched.DASHSCOPE)
     cache = tmp_path / "cache"
-    for artifact in artifacts.ARTIFACTS:
+    for artifact in fetched.ARTIFACTS:
         shutil.copytree(real[artifact.name], cache / artifact.name)
     (cache / "downloads").mkdir()
     shutil.copy(wheel, cache / "downloads" / wheel.name)
-    monkeypatch.setenv(artifacts.CACHE_ENV, str(cache))
-    assert artifacts.cache_dir() == cache
+    monkeypatch.setenv(fetched.CACHE_ENV, str(cache))
+    assert fetched.cache_dir() == cache
     return cache
 
 
@@ -147,38 +147,38 @@ def _flip_one_byte(path: Path) -> None:
 
 
 def test_corrupted_file_is_detected(temp_cache: Path) -> None:
-    assert artifacts.check_all()
+    assert fetched.check_all()
     victim = temp_cache / "llama-cpp-python-0.3.36" / "models" / "ggml-vocab-qwen2.gguf.inp"
     _flip_one_byte(victim)
-    with pytest.raises(artifacts.ChecksumError) as info:
-        artifacts.check(artifacts.LLAMA_CPP_PYTHON)
+    with pytest.raises(fetched.ChecksumError) as info:
+        fetched.check(fetched.LLAMA_CPP_PYTHON)
     assert f"{victim} is corrupt: sha256" in str(info.value)
-    assert artifacts.check(artifacts.DASHSCOPE)  # the other artifact is still fine
+    assert fetched.check(fetched.DASHSCOPE)  # the other artifact is still fine
 
 
 def test_missing_file_and_marker_are_detected(temp_cache: Path) -> None:
     root = temp_cache / "llama-cpp-python-0.3.36"
     template = root / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
     template.unlink()
-    with pytest.raises(artifacts.ChecksumError, match=f"{template} is missing"):
-        artifacts.check(artifacts.LLAMA_CPP_PYTHON)
-    (root / artifacts.MARKER).unlink()
-    with pytest.raises(artifacts.ChecksumError, match="incomplete fetch"):
-        artifacts.check(artifacts.LLAMA_CPP_PYTHON)
+    with pytest.raises(fetched.ChecksumError, match=f"{template} is missing"):
+        fetched.check(fetched.LLAMA_CPP_PYTHON)
+    (root / fetched.MARKER).unlink()
+    with pytest.raises(fetched.ChecksumError, match="incomplete fetch"):
+        fetched.check(fetched.LLAMA_CPP_PYTHON)
 
 
 def test_tampered_marker_is_detected(temp_cache: Path) -> None:
-    marker_path = temp_cache / "dashscope-2.0.2" / artifacts.MARKER
+    marker_path = temp_cache / "dashscope-2.0.2" / fetched.MARKER
     marker = json.loads(marker_path.read_text(encoding="utf-8"))
     marker["files"]["qwen.tiktoken"]["sha256"] = "0" * 64
     marker_path.write_text(json.dumps(marker), encoding="utf-8")
-    with pytest.raises(artifacts.ChecksumError, match="digest does not match the pinned one"):
-        artifacts.check(artifacts.DASHSCOPE)
+    with pytest.raises(fetched.ChecksumError, match="digest does not match the pinned one"):
+        fetched.check(fetched.DASHSCOPE)
 
 
 def test_cli_check_exit_status(temp_cache: Path) -> None:
     script = [sys.executable, str(REPO / "scripts" / "fetch_artifacts.py"), "--check"]
-    env = {**os.environ, artifacts.CACHE_ENV: str(temp_cache)}
+    env = {**os.environ, fetched.CACHE_ENV: str(temp_cache)}
     ok = subprocess.run(script, env=env, capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stderr
     victim = temp_cache / "dashscope-2.0.2" / "qwen.tiktoken"
@@ -192,45 +192,45 @@ def test_damaged_tree_is_rebuilt_from_the_verified_archive(temp_cache: Path) -> 
     # temp_cache holds the verified wheel in downloads/, so the rebuild needs no network
     victim = temp_cache / "dashscope-2.0.2" / "qwen.tiktoken"
     _flip_one_byte(victim)
-    assert artifacts.ensure(artifacts.DASHSCOPE) == victim.parent  # fast mode: presence and size only
-    assert artifacts.ensure(artifacts.DASHSCOPE, verify=True) == victim.parent  # re-hash: rebuilt
-    assert artifacts.sha256_file(victim) == QWEN_TIKTOKEN_SHA256
+    assert fetched.ensure(fetched.DASHSCOPE) == victim.parent  # fast mode: presence and size only
+    assert fetched.ensure(fetched.DASHSCOPE, verify=True) == victim.parent  # re-hash: rebuilt
+    assert fetched.sha256_file(victim) == QWEN_TIKTOKEN_SHA256
     victim.write_bytes(b"truncated")
-    artifacts._ENSURED.clear()  # a new process would not remember the earlier success
-    assert artifacts.ensure(artifacts.DASHSCOPE) == victim.parent  # size differs: rebuilt even in fast mode
-    assert artifacts.check(artifacts.DASHSCOPE)
+    fetched._ENSURED.clear()  # a new process would not remember the earlier success
+    assert fetched.ensure(fetched.DASHSCOPE) == victim.parent  # size differs: rebuilt even in fast mode
+    assert fetched.check(fetched.DASHSCOPE)
 
 
 def test_registry_bytes_with_wrong_checksum_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(artifacts.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(fetched.CACHE_ENV, str(tmp_path / "cache"))
 
-    def tampered_download(artifact: artifacts.Artifact, dest: Path) -> Path:
+    def tampered_download(artifact: fetched.Artifact, dest: Path) -> Path:
         saved = dest / artifact.filename
         saved.write_bytes(b"not the pinned wheel")
         return saved
 
-    monkeypatch.setattr(artifacts, "_pip_download", tampered_download)
-    with pytest.raises(artifacts.ChecksumError) as info:
-        artifacts.ensure(artifacts.DASHSCOPE)
+    monkeypatch.setattr(fetched, "_pip_download", tampered_download)
+    with pytest.raises(fetched.ChecksumError) as info:
+        fetched.ensure(fetched.DASHSCOPE)
     message = str(info.value)
     assert "checksum mismatch for dashscope-2.0.2-py3-none-any.whl" in message
     assert hashlib.sha256(b"not the pinned wheel").hexdigest() in message
-    assert artifacts.DASHSCOPE.sha256 in message
+    assert fetched.DASHSCOPE.sha256 in message
     assert not (tmp_path / "cache" / "dashscope-2.0.2").exists()  # nothing that looks complete
-    assert not (tmp_path / "cache" / "downloads" / artifacts.DASHSCOPE.filename).exists()
+    assert not (tmp_path / "cache" / "downloads" / fetched.DASHSCOPE.filename).exists()
 
 
 def test_pip_failure_is_an_error_with_pip_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An index on a closed loopback port: pip fails at once, and the error says what and why.
-    monkeypatch.setenv(artifacts.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(fetched.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured extra indexes or find-links
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_TIMEOUT", "2")
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    with pytest.raises(artifacts.ArtifactError, match=r"could not be fetched from the package registry"):
-        artifacts.ensure(artifacts.DASHSCOPE)
+    with pytest.raises(fetched.ArtifactError, match=r"could not be fetched from the package registry"):
+        fetched.ensure(fetched.DASHSCOPE)
     assert not (tmp_path / "cache" / "dashscope-2.0.2").exists()
 
 
@@ -253,21 +253,21 @@ def _gguf_string(path: Path, key: str) -> str:
 
 @pytest.mark.reference
 def test_hf_tokenizer_dir_qwen2() -> None:
-    path = artifacts.hf_tokenizer_dir("qwen2")  # ~15 s the first time on a machine, then cached
-    sha = artifacts.sha256_file(artifacts.gguf_path("qwen2"))
-    version = json.loads((path / artifacts.MARKER).read_text(encoding="utf-8"))["transformers"]
-    expected = f"qwen2-{sha[:12]}-{artifacts._LAYOUT}"
-    assert path == artifacts.cache_dir() / "hf-from-gguf" / f"transformers-{version}" / expected
+    path = fetched.hf_tokenizer_dir("qwen2")  # ~15 s the first time on a machine, then cached
+    sha = fetched.sha256_file(fetched.gguf_path("qwen2"))
+    version = json.loads((path / fetched.MARKER).read_text(encoding="utf-8"))["transformers"]
+    expected = f"qwen2-{sha[:12]}-{fetched._LAYOUT}"
+    assert path == fetched.cache_dir() / "hf-from-gguf" / f"transformers-{version}" / expected
     assert sorted(p.name for p in path.iterdir()) == [
-        artifacts.MARKER,
+        fetched.MARKER,
         "chat_template.jinja",
         "tokenizer.json",
         "tokenizer_config.json",
     ]
-    embedded = _gguf_string(artifacts.gguf_path("qwen2"), "tokenizer.chat_template")
+    embedded = _gguf_string(fetched.gguf_path("qwen2"), "tokenizer.chat_template")
     assert embedded.startswith("{% for message in messages %}")
     assert (path / "chat_template.jinja").read_text(encoding="utf-8") == embedded  # written out verbatim
-    assert artifacts.hf_tokenizer_dir("qwen2") == path
+    assert fetched.hf_tokenizer_dir("qwen2") == path
     # tokenizer.json is the pipeline transformers runs: Qwen2Tokenizer adds NFC, which the GGUF conversion lacks
     assert json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))["normalizer"] == {"type": "NFC"}
 
@@ -276,8 +276,8 @@ def test_hf_tokenizer_dir_qwen2() -> None:
 def test_reference_oracle_on_qwen2() -> None:
     import reference
 
-    tokenizer_dir = artifacts.hf_tokenizer_dir("qwen2")
-    template = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    tokenizer_dir = fetched.hf_tokenizer_dir("qwen2")
+    template = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
     request = json.loads((REPO / "tests/data/conversations/01_seed_sky_zh.json").read_text(encoding="utf-8"))
     options = request.pop("_options")
     special = reference.reference_special_tokens(tokenizer_dir)

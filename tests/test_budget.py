@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.budget import BudgetPolicy, clamp_max_tokens, fit_context, segments
 from ctxlock.errors import BudgetError, BudgetExceeded
 from ctxlock.request import parse_request
@@ -22,8 +22,8 @@ WORDS = ["the", "sky", "is", "blue", "天空", "为什么", "code", "def", "x", 
 
 @pytest.fixture(scope="module")
 def qwen() -> tuple[ctxlock.Model, ChatTemplate]:
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     return model, ChatTemplate(source, id="qwen2.5")
 
 
@@ -162,7 +162,7 @@ def test_fit_cli_json_and_record(tmp_path) -> None:
 
     example = Path(__file__).resolve().parents[1] / "examples" / "long-chat.json"
     env = {**os.environ, "CTXLOCK_DATA_DIR": str(tmp_path / "store")}
-    args = [sys.executable, "-m", "ctxlock", "fit", str(example), "--model", str(artifacts.hf_tokenizer_dir("qwen2"))]
+    args = [sys.executable, "-m", "ctxlock", "fit", str(example), "--model", str(fetched.hf_tokenizer_dir("qwen2"))]
     proc = subprocess.run([*args, "--max-input-tokens", "600", "--json"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -215,7 +215,7 @@ PIECES = [
 
 @pytest.fixture(scope="module")
 def llama_tok():
-    return ctxlock.load(str(artifacts.gguf_path("llama-bpe"))).tokenizer
+    return ctxlock.load(str(fetched.gguf_path("llama-bpe"))).tokenizer
 
 
 @st.composite
@@ -288,8 +288,8 @@ def test_counts_along_a_chain_of_kept_texts(llama_tok, texts: list[str]) -> None
 @given(data=conversations(), budget=st.integers(40, 900))
 def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:
     # A second template family: Llama 3.1's headers, a tools preamble in the first user turn, ipython results.
-    model = ctxlock.load(str(artifacts.gguf_path("llama-bpe")))
-    source = (artifacts.templates_dir() / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text("utf-8")
+    model = ctxlock.load(str(fetched.gguf_path("llama-bpe")))
+    source = (fetched.templates_dir() / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text("utf-8")
     template = ChatTemplate(source, id="llama3.1")
     request = parse_request(data)
     policy = BudgetPolicy(max_input_tokens=budget)
@@ -381,7 +381,7 @@ def test_fit_gives_the_request_to_send_and_real_required_counts(tmp_path) -> Non
     import json
 
     emitted = tmp_path / "fitted.json"
-    qwen_dir = str(artifacts.hf_tokenizer_dir("qwen2"))
+    qwen_dir = str(fetched.hf_tokenizer_dir("qwen2"))
     out = _fit_cli("--model", qwen_dir, "--max-input-tokens", "600", "--emit-request", str(emitted))
     original = json.loads(Path(EXAMPLE).read_text("utf-8"))
     sent = out["request"]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.cli import app
 from ctxlock.cli.cachereport import build_turns, fixed_session, read_session
 from ctxlock.promptcache import session_report
@@ -48,11 +48,11 @@ SEARCH = {
 
 
 def _template(name: str) -> ChatTemplate:
-    return ChatTemplate((artifacts.templates_dir() / name).read_text("utf-8"), id=name)
+    return ChatTemplate((fetched.templates_dir() / name).read_text("utf-8"), id=name)
 
 
 def _model() -> ctxlock.Model:
-    return ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    return ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
 
 
 def _chat(turn: int) -> list[dict[str, Any]]:
@@ -191,8 +191,8 @@ def test_cli_cache_report(tmp_path: Path) -> None:
         for t, (r, _, _) in enumerate(_session("tools-order"))
     ]
     path.write_text("\n".join(lines) + "\n")
-    template = str(artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja")
-    model = str(artifacts.hf_tokenizer_dir("qwen2"))
+    template = str(fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja")
+    model = str(fetched.hf_tokenizer_dir("qwen2"))
     args = ["cache-report", str(path), "--model", model, "-t", template, "--provider", "openai", "--json", "--fix"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output

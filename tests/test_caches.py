@@ -13,8 +13,8 @@ import ast
 import re
 from pathlib import Path
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock import caches
 from ctxlock.budget import BudgetPolicy, fit_context
 from ctxlock.compaction import plan_compaction
@@ -198,8 +198,8 @@ def _fill(book: ctxlock.Model, qwen: ctxlock.Model, template: ChatTemplate) -> N
 
 def test_clear_caches_empties_every_registered_cache() -> None:
     book = ctxlock.load("book")
-    qwen = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    qwen = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     template = ChatTemplate(source, id="qwen2.5")
 
     _fill(book, qwen, template)

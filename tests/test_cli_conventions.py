@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
+import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import main
 from ctxlock.errors import TemplateLimitError
@@ -114,7 +114,7 @@ def test_scaled_limits_are_plain_numbers() -> None:
 def test_a_request_over_the_old_fixed_output_limit_renders_on_the_standard_qwen_template() -> None:
     # 4 messages of 2.1M characters: 8.4M characters of input, over main's fixed 8M output limit, which blamed the
     # GGUF's standard Qwen2 template as possibly hostile.
-    model = Model(load_artifacts(str(artifacts.gguf_path("qwen2"))))
+    model = Model(load_artifacts(str(fetched.gguf_path("qwen2"))))
     rendered = model.render(_chat(2_100_000))
     assert len(rendered.text) > 8_400_000
     assert rendered.text.startswith("<|im_start|>")
@@ -380,7 +380,7 @@ def test_inspect_shows_what_add_special_tokens_adds() -> None:
     assert code == 0 and json.loads(out)["add_special_tokens"] == {"bos": [[1, "<s>"]], "eos": []}
     code, out, _ = run_main(["inspect", "-m", "mistral-nemo"])
     assert "add_special_tokens (tokenize --add-special-tokens) adds: BOS '<s>' (1) before the text, EOS nothing" in out
-    code, out, _ = run_main(["inspect", "-m", str(artifacts.gguf_path("qwen2")), "--json"])
+    code, out, _ = run_main(["inspect", "-m", str(fetched.gguf_path("qwen2")), "--json"])
     assert json.loads(out)["add_special_tokens"] == {"bos": [], "eos": []}
 
 

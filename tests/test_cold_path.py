@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import artifacts
+import fetched
 from ctxlock.tokenizer import accel
 from ctxlock.tokenizer.accel import Accelerator, probe_texts
 from ctxlock.tokenizer.hf import HFTokenizer
@@ -29,7 +29,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _qwen_json() -> str:
-    return artifacts.hf_tokenizer_dir("qwen2").joinpath("tokenizer.json").read_text("utf-8")
+    return fetched.hf_tokenizer_dir("qwen2").joinpath("tokenizer.json").read_text("utf-8")
 
 
 def _entries(cache: Path) -> list[Path]:
@@ -108,7 +108,7 @@ def test_a_refusal_is_kept_and_skips_the_build(cache: Path) -> None:
     # A real fastokens tokenizer of another vocabulary (Llama 3's), checked against Qwen2's exact path: refused.
     qwen = HFTokenizer(_qwen_json(), id="qwen2")
     fast = qwen._fast()
-    llama_json = artifacts.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8")
+    llama_json = fetched.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8")
     key = hashlib.sha256(b"a tokenizer.json fastokens gets wrong").hexdigest()
 
     def build():
@@ -170,8 +170,8 @@ def test_vocab_size_and_token_to_id_from_the_json_equal_tokenizers() -> None:
     from ctxlock.artifacts import load_artifacts
 
     checked = 0
-    for name in artifacts.gguf_names():
-        tok = load_artifacts(str(artifacts.gguf_path(name))).tokenizer
+    for name in fetched.gguf_names():
+        tok = load_artifacts(str(fetched.gguf_path(name))).tokenizer
         if not isinstance(tok, HFTokenizer):
             continue
         ref = tokenizers.Tokenizer.from_str(tok._encode_json)

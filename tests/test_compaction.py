@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.cli.compaction import register
 from ctxlock.compaction import (
     DEFAULT_KEEP_RECENT_TOKENS,
@@ -44,8 +44,8 @@ QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 
 @pytest.fixture(scope="module")
 def qwen() -> tuple[ctxlock.Model, ChatTemplate]:
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    source = (artifacts.templates_dir() / QWEN_TEMPLATE).read_text("utf-8")
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    source = (fetched.templates_dir() / QWEN_TEMPLATE).read_text("utf-8")
     return model, ChatTemplate(source, id=QWEN_TEMPLATE)
 
 
@@ -355,7 +355,7 @@ def test_plans_are_the_same_on_the_reference_path(qwen: Any, nemo: ctxlock.Model
 def test_sizes_on_a_vocabulary_with_stripping_control_tokens() -> None:
     # Phi-3's rstrip control tokens take the whitespace after them: the counting service widens its split the same
     # way, and the sizes are the reference path's.
-    model = ctxlock.load(str(artifacts.gguf_path("phi-3")))
+    model = ctxlock.load(str(fetched.gguf_path("phi-3")))
     assert any(t.rstrip for t in model.tokenizer.added_tokens if t.control)
     conv = {
         "messages": [

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 import reference
 from conformance import (
     FIXED_NOW,
@@ -48,7 +48,7 @@ from ctxlock.template import ChatTemplate, content_format, render
 
 pytestmark = pytest.mark.reference
 
-TEMPLATES = artifacts.template_paths()
+TEMPLATES = fetched.template_paths()
 CORPUS = conversations()
 MODES = ("parsed", "as-sent")
 
@@ -105,7 +105,7 @@ def _ours(request: Any, template: ChatTemplate, options: dict, model: ctxlock.Mo
 
 
 def _model(vocab: str) -> ctxlock.Model:
-    return ctxlock.load(str(artifacts.hf_tokenizer_dir(vocab)))
+    return ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
 
 
 def _raw(data: dict[str, Any]) -> tuple[list[dict], Any]:
@@ -121,7 +121,7 @@ def renders(path: Path) -> Renders:
     source = path.read_text("utf-8")
     template = ChatTemplate(source, id=path.name)
     model = _model(vocab_for(path.name))
-    special = reference.reference_special_tokens(artifacts.hf_tokenizer_dir(vocab_for(path.name)))
+    special = reference.reference_special_tokens(fetched.hf_tokenizer_dir(vocab_for(path.name)))
     assert model.special_tokens == special  # the template sees the same variables as in transformers
     out = Renders()
     joins = content_format(source) == "string"
@@ -182,7 +182,7 @@ def ids_compared(path: Path) -> tuple[int, str | None]:
         return IDS[path.name]
     source = path.read_text("utf-8")
     vocab = vocab_for(path.name)
-    tok_dir = artifacts.hf_tokenizer_dir(vocab)
+    tok_dir = fetched.hf_tokenizer_dir(vocab)
     model = _model(vocab)
     template = ChatTemplate(source, id=path.name)
     compared, difference = 0, None

@@ -25,7 +25,7 @@ import pytest
 from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
-import artifacts
+import fetched
 from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import constrain as constrain_cmds
@@ -52,7 +52,7 @@ def tekken(nemo):
 
 @pytest.fixture(scope="module")
 def qwen2():
-    return load_artifacts(artifacts.gguf_path("qwen2"))
+    return load_artifacts(fetched.gguf_path("qwen2"))
 
 
 def _mask(tokenizer, schema, **kw) -> JsonSchemaMask:
@@ -72,7 +72,7 @@ def test_byte_level_table_is_gpt2s() -> None:
 @pytest.mark.parametrize("vocab", ["qwen2", "phi-3"])
 def test_hf_token_bytes_match_llguidances_own_reader(vocab: str) -> None:
     """ctxlock's bytes for a tokenizer.json equal what llguidance reads from the same file itself."""
-    directory = artifacts.hf_tokenizer_dir(vocab)
+    directory = fetched.hf_tokenizer_dir(vocab)
     tok = load_artifacts(str(directory)).tokenizer
     mine = token_bytes(tok)
     ref = llguidance.LLTokenizer(str(directory / "tokenizer.json"))
@@ -101,7 +101,7 @@ def test_tekken_token_bytes_match_mistral_common(tekken) -> None:
 
 
 def test_tiktoken_token_bytes_are_the_ranks_file() -> None:
-    path = artifacts.qwen_tiktoken_path()
+    path = fetched.qwen_tiktoken_path()
     tok = TiktokenTokenizer(path, **TIKTOKEN_PRESETS["qwen"], id="qwen.tiktoken")
     mine = token_bytes(tok)
     ranks = {}
@@ -128,16 +128,16 @@ def test_sentencepiece_byte_fallback_pieces() -> None:
 def _decode_cases():
     return [
         ("tekken", lambda: load_artifacts("mistral-nemo").tokenizer),
-        ("qwen2-gguf", lambda: load_artifacts(artifacts.gguf_path("qwen2")).tokenizer),
-        ("llama-spm-gguf", lambda: load_artifacts(artifacts.gguf_path("llama-spm")).tokenizer),
-        ("gemma-4-gguf", lambda: load_artifacts(artifacts.gguf_path("gemma-4")).tokenizer),
+        ("qwen2-gguf", lambda: load_artifacts(fetched.gguf_path("qwen2")).tokenizer),
+        ("llama-spm-gguf", lambda: load_artifacts(fetched.gguf_path("llama-spm")).tokenizer),
+        ("gemma-4-gguf", lambda: load_artifacts(fetched.gguf_path("gemma-4")).tokenizer),
         (
             "sentencepiece-v3",
             lambda: SentencePieceTokenizer(MISTRAL_DATA / "mistral_instruct_tokenizer_240323.model.v3", id="v3"),
         ),
         (
             "tiktoken-qwen",
-            lambda: TiktokenTokenizer(artifacts.qwen_tiktoken_path(), **TIKTOKEN_PRESETS["qwen"], id="q"),
+            lambda: TiktokenTokenizer(fetched.qwen_tiktoken_path(), **TIKTOKEN_PRESETS["qwen"], id="q"),
         ),
     ]
 
@@ -170,7 +170,7 @@ def test_token_bytes_agree_with_decode(name, make) -> None:
 
 
 def test_wordpiece_vocabularies_are_refused() -> None:
-    tok = load_artifacts(artifacts.gguf_path("bert-bge")).tokenizer
+    tok = load_artifacts(fetched.gguf_path("bert-bge")).tokenizer
     with pytest.raises(ConstraintError, match="WordPiece"):
         token_bytes(tok)
 
@@ -373,7 +373,7 @@ def test_whitespace_modes(tekken) -> None:
 def test_llguidance_tokenizes_to_exact_bytes(vocab) -> None:
     """llguidance tokenizes forced text through ctxlock's encoder; a SentencePiece dummy prefix would add a space
     (`{` -> `▁{`) and make llguidance's mask and matcher disagree, so those runs fall back to exact greedy ids."""
-    arts = load_artifacts(artifacts.gguf_path(vocab))
+    arts = load_artifacts(fetched.gguf_path(vocab))
     ll = guidance_vocab(arts.tokenizer, default_eos_id(arts.tokenizer, arts.special_tokens))[0].ll_tokenizer
     for text in ['{"name":"get_weather"', "42", '"a b"', "é{}"]:
         ids = ll.tokenize_str(text)
@@ -481,9 +481,9 @@ def test_cli_rejects_unsupported_schema_and_bad_sampler_options(tmp_path) -> Non
 @pytest.mark.parametrize(
     ("name", "model"),
     [
-        ("qwen2 gguf (byte-level BPE, 151K)", lambda: str(artifacts.gguf_path("qwen2"))),
-        ("llama-spm gguf (SentencePiece BPE, byte fallback)", lambda: str(artifacts.gguf_path("llama-spm"))),
-        ("gemma-4 gguf (262K)", lambda: str(artifacts.gguf_path("gemma-4"))),
+        ("qwen2 gguf (byte-level BPE, 151K)", lambda: str(fetched.gguf_path("qwen2"))),
+        ("llama-spm gguf (SentencePiece BPE, byte fallback)", lambda: str(fetched.gguf_path("llama-spm"))),
+        ("gemma-4 gguf (262K)", lambda: str(fetched.gguf_path("gemma-4"))),
     ],
     ids=["qwen2", "llama-spm", "gemma-4"],
 )

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 import reference
 from conformance import TEMPLATE_KWARGS, FixedClock, conversations, vocab_for, with_joined_content
 from ctxlock.errors import (
@@ -40,7 +40,7 @@ from ctxlock.template import ChatTemplate, content_format, render
 
 pytestmark = pytest.mark.reference
 
-TEMPLATES = artifacts.template_paths()
+TEMPLATES = fetched.template_paths()
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 QWEN35 = "Qwen3.5-4B.jinja"
 CORPUS = {name: (data, options) for name, data, options in conversations()}
@@ -81,11 +81,11 @@ def fixed_reference_clock() -> Any:
 
 
 def _source(name: str) -> str:
-    return (artifacts.templates_dir() / name).read_text("utf-8")
+    return (fetched.templates_dir() / name).read_text("utf-8")
 
 
 def _qwen() -> tuple[ctxlock.Model, ChatTemplate, Path]:
-    tok_dir = artifacts.hf_tokenizer_dir("qwen2")
+    tok_dir = fetched.hf_tokenizer_dir("qwen2")
     return ctxlock.load(str(tok_dir)), ChatTemplate(_source(QWEN25), id=QWEN25), tok_dir
 
 
@@ -153,7 +153,7 @@ def test_detection_and_joined_render_on_every_real_template(path: Path) -> None:
     # The syntax tree says "openai" exactly when transformers shows the template writes the parts' text.
     assert (detected == "openai") == _reads_parts(source, extra), detected
 
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir(vocab_for(path.name))))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir(vocab_for(path.name))))
     special = dict(model.special_tokens)
     template = ChatTemplate(source, id=path.name)
     for data, options in (
@@ -309,8 +309,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_says_so_and_takes_the_option(tmp_path: Path) -> None:
     request = tmp_path / "blocks.json"
     request.write_text(json.dumps(ANTHROPIC), "utf-8")
-    common = ("render", str(request), "--model", str(artifacts.hf_tokenizer_dir("qwen2")))
-    common += ("--template", str(artifacts.templates_dir() / QWEN25), "--dialect", "anthropic")
+    common = ("render", str(request), "--model", str(fetched.hf_tokenizer_dir("qwen2")))
+    common += ("--template", str(fetched.templates_dir() / QWEN25), "--dialect", "anthropic")
     human = _cli(*common)
     assert human.returncode == 0, human.stderr
     assert "warning" in human.stdout and "were joined with" in human.stdout

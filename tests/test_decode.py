@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers.pre_tokenizers import ByteLevel
 
-import artifacts
+import fetched
 from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import detok as detok_cli
@@ -42,10 +42,10 @@ MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 
 @pytest.fixture(scope="module")
 def toks() -> dict[str, Tokenizer]:
-    out: dict[str, Tokenizer] = {n: load_artifacts(artifacts.gguf_path(n)).tokenizer for n in GGUF_VOCABS}
+    out: dict[str, Tokenizer] = {n: load_artifacts(fetched.gguf_path(n)).tokenizer for n in GGUF_VOCABS}
     out["mistral-nemo"] = load_artifacts("mistral-nemo").tokenizer
     out["qwen.tiktoken"] = TiktokenTokenizer(
-        artifacts.qwen_tiktoken_path(), **TIKTOKEN_PRESETS["qwen"], id="qwen/qwen.tiktoken"
+        fetched.qwen_tiktoken_path(), **TIKTOKEN_PRESETS["qwen"], id="qwen/qwen.tiktoken"
     )
     out["mistral-v3-spm"] = SentencePieceTokenizer(
         MISTRAL_DATA / "mistral_instruct_tokenizer_240323.model.v3", id="mistral-v3"
@@ -336,7 +336,7 @@ def test_copy_is_independent(toks: dict[str, Tokenizer]) -> None:
 
 
 def test_unsupported_decoder_is_rejected() -> None:
-    bert = load_artifacts(artifacts.gguf_path("bert-bge")).tokenizer
+    bert = load_artifacts(fetched.gguf_path("bert-bge")).tokenizer
     with pytest.raises(DecodeError, match="WordPiece decoder with cleanup"):
         IncrementalDecoder(bert)
 
@@ -364,7 +364,7 @@ def test_work_per_token_is_bounded(toks: dict[str, Tokenizer], monkeypatch: pyte
 
 # ------------------------------------------------------------------------------------------------------ CLI
 
-QWEN2 = str(artifacts.gguf_path("qwen2"))
+QWEN2 = str(fetched.gguf_path("qwen2"))
 
 
 def run(*args: str, stdin: str = "") -> tuple[int, str, BaseException | None]:
@@ -391,7 +391,7 @@ def test_cli_jsonl_prints_the_pieces(toks: dict[str, Tokenizer]) -> None:
 
 def test_cli_prompt_ids_and_skip_special_tokens(toks: dict[str, Tokenizer]) -> None:
     phi3 = toks["phi-3"]
-    path = str(artifacts.gguf_path("phi-3"))
+    path = str(fetched.gguf_path("phi-3"))
     world, end = phi3.token_to_id("▁world"), phi3.token_to_id("<|end|>")  # <|end|> is special, </s> is not
     hello = phi3.token_to_id("▁Hello")
     code, out, _ = run("--model", path, "--ids", json.dumps([world, end]), "--prompt-ids", json.dumps([hello]))

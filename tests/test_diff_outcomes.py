@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 from cli_runner import run_cli
 from ctxlock.record import ExecutionRecord, RunOptions, diff
 from ctxlock.replay import run_and_record, save
@@ -68,19 +68,19 @@ def _request(text: str) -> dict:
 
 @pytest.fixture(scope="module")
 def template() -> ChatTemplate:
-    return ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    return ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
 
 
 @pytest.fixture(scope="module")
 def hf() -> ctxlock.Model:
     """The HF directory transformers saved from the qwen2 GGUF vocabulary."""
-    return ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    return ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
 
 
 @pytest.fixture(scope="module")
 def gguf() -> ctxlock.Model:
     """The GGUF itself: the same vocabulary, another artifact (NFC normalizer)."""
-    return ctxlock.load(str(artifacts.gguf_path("qwen2")))
+    return ctxlock.load(str(fetched.gguf_path("qwen2")))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def bare() -> ctxlock.Model:
     is what runs): the same vocabulary, without the NFC step."""
     root = Path(tempfile.mkdtemp(prefix="ctxlock-diff-test-"))
     target = root / "qwen2-no-normalizer"
-    shutil.copytree(artifacts.hf_tokenizer_dir("qwen2"), target)
+    shutil.copytree(fetched.hf_tokenizer_dir("qwen2"), target)
     data = json.loads((target / "tokenizer.json").read_text("utf-8"))
     data["normalizer"] = None
     (target / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")

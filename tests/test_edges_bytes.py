@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock as cl
+import fetched
 from ctxlock.errors import InputError
 from test_cli import assert_clean_error, ctxlock
 
@@ -143,12 +143,12 @@ def test_decode_with_policy_matches_python_replace(data: bytes) -> None:
 
 
 def _crlf_model(tmp_path: Path) -> tuple[Path, bytes]:
-    src = artifacts.hf_tokenizer_dir("qwen2")
+    src = fetched.hf_tokenizer_dir("qwen2")
     model = tmp_path / "qwen-crlf"
     model.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(src / name, model / name)
-    lf = (artifacts.templates_dir() / QWEN_TEMPLATE).read_bytes().replace(b"\r\n", b"\n")
+    lf = (fetched.templates_dir() / QWEN_TEMPLATE).read_bytes().replace(b"\r\n", b"\n")
     crlf = lf.replace(b"\n", b"\r\n")
     (model / "chat_template.jinja").write_bytes(crlf)
     return model, crlf

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 
 RUNS = {"1": 50, "sync": 10, "0": 10}
 
@@ -70,7 +70,7 @@ def _runs(script: str, model: str, mode: str) -> list[tuple[int, str, str]]:
 )
 def test_no_abort_at_exit(script: str, model: str, mode: str) -> None:
     kind, vocab = model.split(":")
-    path = artifacts.hf_tokenizer_dir(vocab) if kind == "hf" else artifacts.gguf_path(vocab)
+    path = fetched.hf_tokenizer_dir(vocab) if kind == "hf" else fetched.gguf_path(vocab)
     results = _runs(script, str(path), mode)
     failed = [(rc, err.strip().splitlines()[-1:]) for rc, _, err in results if rc != 0]
     assert not failed, f"{len(failed)} of {RUNS[mode]} runs failed (CTXLOCK_FASTOKENS={mode}): {failed[:3]}"

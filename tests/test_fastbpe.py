@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-import artifacts
+import fetched
 from ctxlock.tokenizer import fastbpe
 from ctxlock.tokenizer.hf import HFTokenizer
 from vocabularies import hf_backend_tokenizers
@@ -91,8 +91,8 @@ def test_ctxlock_fast_0_forces_tokenizers(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.parametrize("key", FAST)
 def test_vectors_and_sources_give_reference_ids(key: str) -> None:
     tok = TOKENIZERS[key]
-    texts = [text for name in artifacts.vector_vocabs() for text, _ in artifacts.vocab_vectors(name)]
-    texts += [p.read_text("utf-8") for p in artifacts.template_paths()[:20]]
+    texts = [text for name in fetched.vector_vocabs() for text, _ in fetched.vocab_vectors(name)]
+    texts += [p.read_text("utf-8") for p in fetched.template_paths()[:20]]
     texts += [p.read_text("utf-8") for p in sorted(Path(fastbpe.__file__).parent.glob("*.py"))]
     bad = [t for t in texts if fast_ids(tok, t) != reference(tok, t)]
     assert not bad, f"{len(bad)}/{len(texts)} differ; first {bad[0]!r}"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.request import parse_request
 from ctxlock.settings import fast_enabled
 from ctxlock.template import ChatTemplate
@@ -18,7 +18,7 @@ from ctxlock.tokenizer.runs import RUNS, RunCache, encode_run
 
 @pytest.fixture(scope="module")
 def qwen() -> ctxlock.Model:
-    return ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    return ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
 
 
 def _ids(model: ctxlock.Model, request, **options) -> list[int]:
@@ -45,7 +45,7 @@ def test_run_cache_is_bounded_by_bytes_and_evicts_oldest() -> None:
 
 
 def test_run_cache_keys_by_tokenizer(qwen) -> None:
-    other = ctxlock.load(str(artifacts.gguf_path("llama-bpe"))).tokenizer
+    other = ctxlock.load(str(fetched.gguf_path("llama-bpe"))).tokenizer
     text = " the quick brown fox 天空"
     a = encode_run(qwen.tokenizer, text, at_start=False)
     b = encode_run(other, text, at_start=False)
@@ -89,7 +89,7 @@ def test_a_token_fragment_is_trusted_text_when_no_token_holding_it_occurs(qwen) 
     ]
     request = {"messages": [{"role": "user", "content": "f"}], "tools": tools}
     template = ChatTemplate(
-        artifacts.templates_dir().joinpath("Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
+        fetched.templates_dir().joinpath("Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
     )
     rendered = qwen.render(request, template=template, provenance=None)
     assert "<|endoftext|>" not in rendered.text and not rendered.untrusted
@@ -147,7 +147,7 @@ def test_inspect_reports_the_engine_and_why() -> None:
     import subprocess
     import sys
 
-    path = str(artifacts.gguf_path("qwen2"))
+    path = str(fetched.gguf_path("qwen2"))
 
     def inspect(**env: str) -> dict:
         p = subprocess.run(

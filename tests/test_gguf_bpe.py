@@ -10,7 +10,7 @@ import pytest
 from gguf import TokenType
 from tokenizers import Tokenizer
 
-import artifacts
+import fetched
 from ctxlock.artifacts.gguf import GGUFVocab, read_vocab
 from ctxlock.artifacts.gguf_bpe import BPE_PRE_TOKENIZERS, bpe_tokenizer_json
 from ctxlock.errors import ArtifactFormatError
@@ -37,7 +37,7 @@ BPE_OTHER_VOCABS = ["aquila", "gpt-neox"]
 
 @cache
 def _vocab(name: str) -> GGUFVocab:
-    return read_vocab(artifacts.gguf_path(name))
+    return read_vocab(fetched.gguf_path(name))
 
 
 @cache
@@ -50,7 +50,7 @@ def _ids(tok: Tokenizer, text: str) -> list[int]:
 
 
 def test_every_gpt2_vector_vocab_is_covered() -> None:
-    gpt2 = sorted(name for name in artifacts.vector_vocabs() if _vocab(name).model == "gpt2")
+    gpt2 = sorted(name for name in fetched.vector_vocabs() if _vocab(name).model == "gpt2")
     assert gpt2 == sorted(BPE_VECTOR_VOCABS)
     for name in BPE_OTHER_VOCABS:
         assert _vocab(name).model == "gpt2"
@@ -59,7 +59,7 @@ def test_every_gpt2_vector_vocab_is_covered() -> None:
 @pytest.mark.parametrize("name", BPE_VECTOR_VOCABS)
 def test_llama_cpp_vectors(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     tok = _tokenizer(name)
-    cases = artifacts.vocab_vectors(name)
+    cases = fetched.vocab_vectors(name)
     assert cases, name
     failures = []
     for text, expected in cases:
@@ -101,7 +101,7 @@ def test_missing_pre_is_the_gpt2_default() -> None:
 @pytest.mark.parametrize("name", ["qwen2", "qwen35", "llama-bpe", "deepseek-llm", "mpt", "command-r"])
 def test_decode_round_trips_vector_texts(name: str) -> None:
     tok = _tokenizer(name)
-    for text, _ in artifacts.vocab_vectors(name):
+    for text, _ in fetched.vocab_vectors(name):
         assert tok.decode(_ids(tok, text), skip_special_tokens=False) == text
 
 
@@ -126,7 +126,7 @@ def test_control_tokens_are_special(name: str) -> None:
 def test_vocabs_without_vectors_load_and_round_trip(name: str) -> None:
     tok = _tokenizer(name)
     assert tok.get_vocab_size() == len(_vocab(name).tokens)
-    for text, _ in artifacts.vocab_vectors("qwen2"):
+    for text, _ in fetched.vocab_vectors("qwen2"):
         ids = _ids(tok, text)
         assert ids or not text
         assert tok.decode(ids, skip_special_tokens=False) == text

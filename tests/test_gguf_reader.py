@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
+import fetched
 from ctxlock.artifacts import load_gguf as _load_gguf
 from ctxlock.artifacts.gguf import read_metadata, read_vocab
 from ctxlock.errors import ArtifactFormatError, CtxlockError
@@ -22,14 +22,14 @@ SMALL = "bert-bge"  # 0.6 MB: small enough to mutate thousands of times
 
 # gguf's GGUFReader builds a Python object per array item: 10-30 s on the big vocabularies, so the differential
 # check runs on the files under 2.5 MB (11 of 19, every tokenizer model type but gemma4 and t5 among them).
-PACKAGE_CHECKED = [n for n in artifacts.gguf_names() if artifacts.gguf_path(n).stat().st_size < 2_500_000]
+PACKAGE_CHECKED = [n for n in fetched.gguf_names() if fetched.gguf_path(n).stat().st_size < 2_500_000]
 
 
 @pytest.mark.parametrize("name", PACKAGE_CHECKED)
 def test_metadata_equals_the_gguf_package(name: str) -> None:
     import gguf
 
-    path = artifacts.gguf_path(name)
+    path = fetched.gguf_path(name)
     ours = read_metadata(path)
     reader = gguf.GGUFReader(path)
     assert set(ours.values) == {k for k in reader.fields if not k.startswith("GGUF.")}
@@ -50,7 +50,7 @@ def test_metadata_equals_the_gguf_package(name: str) -> None:
 
 
 def test_vocab_facts() -> None:
-    vocab = read_vocab(artifacts.gguf_path("qwen2"))
+    vocab = read_vocab(fetched.gguf_path("qwen2"))
     assert (vocab.model, vocab.pre, len(vocab.tokens)) == ("gpt2", "qwen2", 151936)
     assert vocab.special_ids["eos"] == 151643 and vocab.tokens[151643] == "<|endoftext|>"
     assert vocab.chat_templates["default"].startswith("{% for message in messages %}")
@@ -85,7 +85,7 @@ def test_too_short(tmp_path: Path) -> None:
 
 
 def test_truncated_real_file_names_the_key(tmp_path: Path) -> None:
-    data = artifacts.gguf_path(SMALL).read_bytes()
+    data = fetched.gguf_path(SMALL).read_bytes()
     with pytest.raises(ArtifactFormatError) as info:
         read_vocab(_write(tmp_path, data[: len(data) // 3]))
     assert "tokenizer.ggml.tokens" in info.value.path
@@ -166,7 +166,7 @@ def test_no_tokenizer(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def small_gguf() -> bytes:
-    return artifacts.gguf_path(SMALL).read_bytes()
+    return fetched.gguf_path(SMALL).read_bytes()
 
 
 @settings(

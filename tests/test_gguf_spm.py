@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-import artifacts
+import fetched
 from ctxlock.artifacts.gguf import GGUFVocab, read_vocab
 from ctxlock.artifacts.gguf_spm import (
     gemma4_tokenizer_json,
@@ -39,7 +39,7 @@ ALL_VOCABS = {**VECTOR_VOCABS, **NO_VECTOR_VOCABS}
 
 @cache
 def vocab(name: str) -> GGUFVocab:
-    return read_vocab(artifacts.gguf_path(name))
+    return read_vocab(fetched.gguf_path(name))
 
 
 @cache
@@ -66,7 +66,7 @@ def test_every_llama_cpp_vector(name: str) -> None:
     v = vocab(name)
     assert v.model == VECTOR_VOCABS[name]
     tok = tokenizer(name)
-    cases = artifacts.vocab_vectors(name)
+    cases = fetched.vocab_vectors(name)
     assert len(cases) >= 40, f"{name}: only {len(cases)} vectors"
     failures = []
     for text, expected in cases:
@@ -83,7 +83,7 @@ def test_every_llama_cpp_vector(name: str) -> None:
 @pytest.mark.parametrize("name", ["llama-spm", "phi-3", "gemma-4"])
 def test_decode_inverts_the_vectors(name: str) -> None:
     tok = tokenizer(name)
-    for text, ids in artifacts.vocab_vectors(name):
+    for text, ids in fetched.vocab_vectors(name):
         assert tok.decode(ids, skip_special_tokens=False) == text
 
 

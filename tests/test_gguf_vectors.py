@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 
 # Each vocabulary's vectors run once per session, for whichever test asks first: the summary then covers every
 # vocabulary whatever ran before it (or whether anything did).
@@ -23,11 +23,11 @@ def run_vectors(vocab: str, cache: Path) -> tuple[int, int, list[tuple[str, list
     """(cases passed, cases, the failures as (text, expected, got)) of `vocab`'s vectors through the CLI."""
     if vocab in RESULTS:
         return RESULTS[vocab]
-    cases = artifacts.vocab_vectors(vocab)
+    cases = fetched.vocab_vectors(vocab)
     stdin = "".join(json.dumps(text, ensure_ascii=False) + "\n" for text, _ in cases)
     env = {**os.environ, "CTXLOCK_CACHE_DIR": str(cache)}
     proc = subprocess.run(
-        [sys.executable, "-m", "ctxlock", "tokenize", "--model", str(artifacts.gguf_path(vocab)), "--jsonl"],
+        [sys.executable, "-m", "ctxlock", "tokenize", "--model", str(fetched.gguf_path(vocab)), "--jsonl"],
         input=stdin.encode("utf-8"),
         capture_output=True,
         env=env,
@@ -43,7 +43,7 @@ def run_vectors(vocab: str, cache: Path) -> tuple[int, int, list[tuple[str, list
     return RESULTS[vocab]
 
 
-@pytest.mark.parametrize("vocab", artifacts.vector_vocabs())
+@pytest.mark.parametrize("vocab", fetched.vector_vocabs())
 def test_every_vector_through_the_cli(vocab: str, tmp_path: Path) -> None:
     passed, total, failures = run_vectors(vocab, tmp_path / "cache")
     assert not failures, f"{len(failures)}/{total} cases differ; first: {failures[:3]!r}"
@@ -53,10 +53,9 @@ def test_every_vector_through_the_cli(vocab: str, tmp_path: Path) -> None:
 def test_zz_vector_summary(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Every vector file llama.cpp ships passes, case for case: the counts are computed here over every vocabulary
     (running those no test has run yet), printed, and asserted."""
-    vocabs = artifacts.vector_vocabs()
+    vocabs = fetched.vector_vocabs()
     on_disk = sorted(
-        p.name[len("ggml-vocab-") : -len(".gguf.inp")]
-        for p in artifacts.llama_models_dir().glob("ggml-vocab-*.gguf.inp")
+        p.name[len("ggml-vocab-") : -len(".gguf.inp")] for p in fetched.llama_models_dir().glob("ggml-vocab-*.gguf.inp")
     )
     assert sorted(vocabs) == on_disk  # every .gguf.inp file is a vocabulary under test
     counts = {v: run_vectors(v, tmp_path / "cache")[:2] for v in vocabs}
@@ -65,7 +64,7 @@ def test_zz_vector_summary(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     with capsys.disabled():
         rows = ", ".join(f"{v} {p}/{n}" for v, (p, n) in sorted(counts.items()))
         print(f"\nllama.cpp vectors through ctxlock: {ok}/{total} ({rows})")
-    assert total == sum(len(artifacts.vocab_vectors(v)) for v in vocabs) > 0  # every vector found was run
+    assert total == sum(len(fetched.vocab_vectors(v)) for v in vocabs) > 0  # every vector found was run
     assert [v for v, (p, n) in counts.items() if p != n] == []  # every vector file passes
     assert ok == total
 
@@ -75,7 +74,7 @@ def test_conversion_cache_is_reused_and_never_stale(tmp_path: Path, monkeypatch:
     from ctxlock.artifacts import load_artifacts
 
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path / "cache"))
-    src = artifacts.gguf_path("gpt-2").read_bytes()
+    src = fetched.gguf_path("gpt-2").read_bytes()
     path = tmp_path / "model.gguf"
     path.write_bytes(src)
     first = load_artifacts(path)
@@ -106,7 +105,7 @@ def test_conversion_cache_is_reused_and_never_stale(tmp_path: Path, monkeypatch:
 
 def test_gguf_model_renders_with_its_embedded_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path / "cache"))
-    model = ctxlock.load(str(artifacts.gguf_path("qwen2")))
+    model = ctxlock.load(str(fetched.gguf_path("qwen2")))
     assert model.templates is not None and model.templates.names == ("default",)
     assert model.templates.templates[0].origin.endswith(":tokenizer.chat_template")
     assert model.special_tokens == {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 
-import artifacts
+import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.decode import decode_stream
 from ctxlock.errors import ArtifactFormatError, ConstraintError, DecodeError
@@ -23,7 +23,7 @@ TEXTS = ["Hello, world!", "  two  spaces\tand a tab\n", "天空为什么是蓝�
 
 @pytest.fixture(scope="module")
 def qwen_json() -> str:
-    return (artifacts.hf_tokenizer_dir("qwen2") / "tokenizer.json").read_text("utf-8")
+    return (fetched.hf_tokenizer_dir("qwen2") / "tokenizer.json").read_text("utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
 import ctxlock as cl
+import fetched
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError
 from test_cli import ctxlock
 from test_hub import make_model
@@ -27,7 +27,7 @@ REQUEST = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 def _files(template: str) -> dict[str, bytes]:
-    src = artifacts.hf_tokenizer_dir("qwen2")
+    src = fetched.hf_tokenizer_dir("qwen2")
     return {
         "tokenizer.json": (src / "tokenizer.json").read_bytes(),
         "tokenizer_config.json": (src / "tokenizer_config.json").read_bytes(),

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-import artifacts
 import ctxlock
 import ctxlock.template
+import fetched
 import reference
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, vocab_for
 from ctxlock.cli import main
@@ -32,8 +32,8 @@ REQUESTS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def qwen() -> tuple[ctxlock.Model, ChatTemplate]:
-    source = (artifacts.templates_dir() / QWEN).read_text("utf-8")
-    return ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2"))), ChatTemplate(source, id=QWEN)
+    source = (fetched.templates_dir() / QWEN).read_text("utf-8")
+    return ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2"))), ChatTemplate(source, id=QWEN)
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["encode", "encode_batch"])
@@ -84,12 +84,12 @@ def test_the_newlines_between_joined_parts_are_request_text_on_every_string_temp
     models: dict[str, ctxlock.Model] = {}
     shapes = [["alpha", "", "omega"], ["alpha", "", "", "\n", "omega"], ["alpha", "\n\n", "omega"], ["alpha", "omega"]]
     checked = set()
-    for path in artifacts.template_paths():
+    for path in fetched.template_paths():
         source = path.read_text("utf-8")
         if ctxlock.template.content_format(source) != "string":
             continue
         vocab = vocab_for(path.name)
-        model = models.setdefault(vocab, ctxlock.load(str(artifacts.hf_tokenizer_dir(vocab))))
+        model = models.setdefault(vocab, ctxlock.load(str(fetched.hf_tokenizer_dir(vocab))))
         template = ChatTemplate(source, id=path.name)
         for texts in shapes:
             parts = [{"type": "text", "text": t} for t in texts]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 import reference
 from ctxlock.errors import ArtifactNotFoundError
 from ctxlock.template import ChatTemplate
@@ -28,13 +28,13 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 
 
 def _qwen_template() -> ChatTemplate:
-    return ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    return ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
 
 
 def _tiktoken_model_dir(tmp_path: Path) -> Path:
     d = tmp_path / "qwen-tiktoken"
     d.mkdir(exist_ok=True)
-    shutil.copyfile(artifacts.qwen_tiktoken_path(), d / "qwen.tiktoken")
+    shutil.copyfile(fetched.qwen_tiktoken_path(), d / "qwen.tiktoken")
     manifest = {
         "description": "Qwen ranks from dashscope",
         "tokenizer": {"format": "tiktoken", "file": "qwen.tiktoken", "preset": "qwen"},
@@ -51,9 +51,9 @@ def test_seed_002_real_vector_qwen2_gguf_with_qwen25_template() -> None:
     messages = [{"role": "user", "content": "你好，介绍一下你自己"}]
     template = _qwen_template()
     expected = reference.reference_ids(
-        artifacts.hf_tokenizer_dir("qwen2"), template.source, messages, add_generation_prompt=True
+        fetched.hf_tokenizer_dir("qwen2"), template.source, messages, add_generation_prompt=True
     )
-    model = ctxlock.load(str(artifacts.gguf_path("qwen2")))
+    model = ctxlock.load(str(fetched.gguf_path("qwen2")))
     ours = model.encode({"messages": messages}, template=template).input_ids[0].tolist()
     assert ours == expected
     assert ours[:3] == [151644, 8948, 198]  # <|im_start|>system\n: the template's default system turn
@@ -112,8 +112,8 @@ def test_qwen_three_ways(tmp_path: Path) -> None:
     transformers-converted tokenizer.json: identical ids on 300 mixed chat requests."""
     template = _qwen_template()
     via_tiktoken = ctxlock.load(str(_tiktoken_model_dir(tmp_path)))
-    via_gguf = ctxlock.load(str(artifacts.gguf_path("qwen2")))
-    via_hf = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    via_gguf = ctxlock.load(str(fetched.gguf_path("qwen2")))
+    via_hf = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     assert (via_tiktoken.tokenizer.format, via_gguf.tokenizer.format, via_hf.tokenizer.format) == (
         "tiktoken",
         "gguf",
@@ -151,7 +151,7 @@ def test_mistral_sentencepiece_models_through_manifests(tmp_path: Path) -> None:
 
 def _fake_hub(tmp_path: Path, repo: str) -> Path:
     """A real HF hub cache layout: blobs named by content, snapshot files as relative symlinks, refs/main."""
-    src = artifacts.hf_tokenizer_dir("qwen2")
+    src = fetched.hf_tokenizer_dir("qwen2")
     root = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
     commit = "0123456789abcdef0123456789abcdef01234567"
     (root / "blobs").mkdir(parents=True)
@@ -161,7 +161,7 @@ def _fake_hub(tmp_path: Path, repo: str) -> Path:
     snap.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         data = (src / name).read_bytes()
-        blob = root / "blobs" / artifacts.sha256_file(src / name)
+        blob = root / "blobs" / fetched.sha256_file(src / name)
         blob.write_bytes(data)
         (snap / name).symlink_to(os.path.relpath(blob, snap))
     return tmp_path / "hub"
@@ -172,7 +172,7 @@ def test_hub_cache_model_loads_offline(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     model = ctxlock.load("Qwen/Qwen2.5-7B-Instruct")
     assert model.id == "Qwen/Qwen2.5-7B-Instruct"
-    direct = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    direct = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     req = {"messages": [{"role": "user", "content": "你好，介绍一下你自己"}]}
     assert model.encode(req) == direct.encode(req)
     with pytest.raises(ArtifactNotFoundError) as info:
@@ -194,9 +194,9 @@ def _inspect(model: str, env: dict[str, str] | None = None) -> dict:
 
 
 def test_inspect_reports_every_format(tmp_path: Path) -> None:
-    gguf = _inspect(str(artifacts.gguf_path("qwen2")))
+    gguf = _inspect(str(fetched.gguf_path("qwen2")))
     assert gguf["tokenizer"]["format"] == "gguf"
-    assert gguf["tokenizer"]["sha256"] == artifacts.sha256_file(artifacts.gguf_path("qwen2"))
+    assert gguf["tokenizer"]["sha256"] == fetched.sha256_file(fetched.gguf_path("qwen2"))
     assert (gguf["tokenizer"]["gguf_model"], gguf["tokenizer"]["gguf_pre"]) == ("gpt2", "qwen2")
     assert gguf["tokenizer"]["model"] == "BPE" and gguf["tokenizer"]["normalizer"] == "NFC"
     assert gguf["special_tokens"]["eos_token"] == {"content": "<|endoftext|>", "id": 151643}
@@ -204,14 +204,14 @@ def test_inspect_reports_every_format(tmp_path: Path) -> None:
     assert len(gguf["templates"][0]["sha256"]) == 64
     assert "add_bos" in gguf["tokenizer"]
 
-    spm = _inspect(str(artifacts.gguf_path("llama-spm")))
+    spm = _inspect(str(fetched.gguf_path("llama-spm")))
     assert spm["tokenizer"]["gguf_model"] == "llama" and spm["tokenizer"]["add_bos"] is True
     assert spm["templates"] == []
 
     tik = _inspect(str(_tiktoken_model_dir(tmp_path)))
     assert tik["tokenizer"]["format"] == "tiktoken"
 
-    hf = _inspect(str(artifacts.hf_tokenizer_dir("qwen2")))
+    hf = _inspect(str(fetched.hf_tokenizer_dir("qwen2")))
     assert hf["tokenizer"]["format"] == "hf-tokenizers" and hf["tokenizer"]["pre_tokenizer"] == "Sequence"
 
     default = _inspect("mistral-nemo")

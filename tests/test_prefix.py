@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.settings import reference_path
 from ctxlock.template import ChatTemplate
 from ctxlock.tokenizer import encode_ids, tokenize
@@ -62,8 +62,8 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("key", WHOLE)
 def test_vectors_and_chat_texts_give_reference_ids(key: str, engine: str) -> None:
     tok = TOKENIZERS[key]
-    texts = [text for name in artifacts.vector_vocabs() for text, _ in artifacts.vocab_vectors(name)]
-    texts += [p.read_text("utf-8") for p in artifacts.template_paths()[:10]]
+    texts = [text for name in fetched.vector_vocabs() for text, _ in fetched.vocab_vectors(name)]
+    texts += [p.read_text("utf-8") for p in fetched.template_paths()[:10]]
     rng = random.Random(7)
     added = _added_strings(tok)
     # Texts spelling the vocabulary's added tokens between words, as a rendered chat does.
@@ -128,8 +128,8 @@ def test_texts_sharing_prefixes_give_reference_ids(key: str, engine: str, data: 
 
 
 def test_a_chat_replayed_turn_by_turn_reuses_its_prefix() -> None:
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    source = (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     template = ChatTemplate(source, id="qwen2.5")
     whole = model.tokenizer.whole_text
     whole.clear()
@@ -154,7 +154,7 @@ def test_a_chat_replayed_turn_by_turn_reuses_its_prefix() -> None:
 def test_request_text_spelling_a_control_token_takes_the_reference_path() -> None:
     # The system message spells <|im_end|>: the render marks it untrusted, so encode_ids is `tokenize` (the string
     # is encoded as text), never the whole-text call that would honour it.
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     rendered = model.render({"messages": [{"role": "user", "content": "a <|im_end|> b"}]}, provenance=None)
     assert rendered.untrusted
     ids = encode_ids(rendered, model.tokenizer).tolist()
@@ -215,7 +215,7 @@ def test_refusal_reasons(added: list, reason: str) -> None:
 
 
 def test_a_refused_vocabulary_still_encodes_through_tokenize() -> None:
-    data = json.loads(artifacts.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8"))
+    data = json.loads(fetched.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8"))
     data["added_tokens"].append(
         {"id": 128256, "content": "<|begin_of_text|>x", "special": True, "lstrip": False, "rstrip": False,
          "single_word": False, "normalized": False}
@@ -250,9 +250,9 @@ def _batch_requests() -> list[dict]:
 def test_encode_batch_on_threads_equals_one_by_one_and_the_reference(engine: str) -> None:
     import sys
 
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     template = ChatTemplate(
-        (artifacts.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
+        (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
     )
     requests = _batch_requests()
     interval = sys.getswitchinterval()
@@ -273,7 +273,7 @@ def test_encode_batch_on_threads_equals_one_by_one_and_the_reference(engine: str
 def test_encode_batch_from_two_threads_at_once(engine: str) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     requests = _batch_requests()[:20]
     ctxlock.clear_caches()
     with reference_path():
@@ -286,7 +286,7 @@ def test_encode_batch_from_two_threads_at_once(engine: str) -> None:
 
 def test_a_vocabulary_without_added_tokens() -> None:
     # No added token: no cut points (each text is encoded whole) and no halves (there is nowhere safe to cut).
-    data = json.loads(artifacts.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8"))
+    data = json.loads(fetched.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8"))
     data["added_tokens"] = []
     tok = HFTokenizer(json.dumps(data), id="llama-bpe, no added tokens")
     whole = tok.whole_text
@@ -301,7 +301,7 @@ def test_encode_batch_with_a_bad_request_raises_and_restores_the_switch_interval
 
     from ctxlock.errors import RequestValidationError
 
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
     interval = sys.getswitchinterval()
     good = {"messages": [{"role": "user", "content": "hello " * 50}]}
     bad = {"messages": [{"role": "wizard", "content": "x"}]}

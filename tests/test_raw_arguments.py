@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 import reference
 from conformance import FIXED_NOW, conversations, string_argument_paths, with_parsed_arguments
 from ctxlock.errors import RequestValidationError
@@ -53,8 +53,8 @@ def _request(arguments: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def qwen() -> tuple[ctxlock.Model, ChatTemplate, str, Path]:
-    source = (artifacts.templates_dir() / QWEN).read_text("utf-8")
-    tok_dir = artifacts.hf_tokenizer_dir("qwen2")
+    source = (fetched.templates_dir() / QWEN).read_text("utf-8")
+    tok_dir = fetched.hf_tokenizer_dir("qwen2")
     return ctxlock.load(str(tok_dir)), ChatTemplate(source, id=QWEN), source, tok_dir
 
 
@@ -119,7 +119,7 @@ def test_qwen25_ids_parsed_differ_and_as_sent_equal_transformers(qwen, name: str
     separators=st.sampled_from([None, (",", ":"), (" ,", " : ")]),
 )
 def test_as_sent_renders_the_string_as_transformers_does(value: dict, indent: Any, separators: Any) -> None:
-    source = (artifacts.templates_dir() / QWEN).read_text("utf-8")
+    source = (fetched.templates_dir() / QWEN).read_text("utf-8")
     arguments = json.dumps(value, ensure_ascii=False, indent=indent, separators=separators)
     data = _request(arguments)
     raw = copy.deepcopy(data)
@@ -165,13 +165,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_render_tool_arguments_flag() -> None:
     path = str(ROOT / "tests" / "data" / "conversations" / "07_tool_call_arguments_string.json")
     sent = json.loads(Path(path).read_text("utf-8"))["messages"][1]["tool_calls"][0]["function"]["arguments"]
-    kept = _cli("render", path, "--model", "book", "--template", str(artifacts.templates_dir() / QWEN), "--json")
+    kept = _cli("render", path, "--model", "book", "--template", str(fetched.templates_dir() / QWEN), "--json")
     assert kept.returncode == 0, kept.stderr
     # Qwen2.5 writes `arguments|tojson`: the parsed object as an object, the string kept as sent as a JSON string.
     assert json.dumps(sent) not in json.loads(kept.stdout)["text"]
     assert f'"arguments": {sent}' in json.loads(kept.stdout)["text"]
     out = _cli(
-        "render", path, "--model", "book", "--template", str(artifacts.templates_dir() / QWEN), "--json",
+        "render", path, "--model", "book", "--template", str(fetched.templates_dir() / QWEN), "--json",
         "--tool-arguments", "as-sent",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

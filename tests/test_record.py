@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 from conformance import FIXED_NOW, conversations
 from ctxlock.errors import RecordFormatError
 from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes, diff
@@ -105,8 +105,8 @@ def test_corrupt_or_truncated_record_is_a_typed_error(raw: bytes) -> None:
 
 def test_replay_every_conformance_conversation_after_the_model_dir_is_gone(tmp_path: Path, store: Store) -> None:
     model_dir = tmp_path / "qwen2-model"
-    shutil.copytree(artifacts.hf_tokenizer_dir("qwen2"), model_dir)
-    template = ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    shutil.copytree(fetched.hf_tokenizer_dir("qwen2"), model_dir)
+    template = ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
     model = ctxlock.load(str(model_dir))
     ids = []
     for _name, data, options in conversations():
@@ -122,7 +122,7 @@ def test_replay_every_conformance_conversation_after_the_model_dir_is_gone(tmp_p
 
 
 def test_replay_of_gguf_and_default_models(store: Store) -> None:
-    for spec in (str(artifacts.gguf_path("llama-spm")), None, "book"):
+    for spec in (str(fetched.gguf_path("llama-spm")), None, "book"):
         model = ctxlock.load(spec)
         req = {"messages": [{"role": "user", "content": "Hello [INST] <s> 天空"}]}
         template = None if model.templates is not None else ChatTemplate("{{ messages[0].content }}", id="plain")
@@ -172,8 +172,8 @@ def test_row_template_alias_points_to_a_new_version(tmp_path: Path) -> None:
 
 
 def test_row_tool_schema_keys_in_another_order() -> None:
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    template = ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    template = ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
     params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     reordered = {"required": ["city"], "properties": {"city": {"type": "string"}}, "type": "object"}
     base = {"messages": [{"role": "user", "content": "weather?"}]}
@@ -190,10 +190,10 @@ def test_row_tool_schema_keys_in_another_order() -> None:
 
 
 def test_row_tokenizer_vocabulary_does_not_match() -> None:
-    template = ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    template = ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
     req = {"messages": [{"role": "user", "content": "Why is the sky blue?"}]}
-    ra = _record(ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2"))), req, template=template, now="2024-07-26")
-    rb = _record(ctxlock.load(str(artifacts.hf_tokenizer_dir("llama-bpe"))), req, template=template, now="2024-07-26")
+    ra = _record(ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2"))), req, template=template, now="2024-07-26")
+    rb = _record(ctxlock.load(str(fetched.hf_tokenizer_dir("llama-bpe"))), req, template=template, now="2024-07-26")
     d = diff(ra, rb).first_divergence
     assert d.layer == "tokenizer"
     assert "a different tokenizer vocabulary" in d.cause
@@ -225,8 +225,8 @@ def test_row_injected_clock_changed() -> None:
 def test_row_truncation_breaks_a_tool_call_and_its_result() -> None:
     """The row can no longer happen (fit_context keeps a call and its results together), and two records whose
     budget decisions differ are reported at the policy layer."""
-    model = ctxlock.load(str(artifacts.hf_tokenizer_dir("qwen2")))
-    template = ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    template = ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
     call = {"id": "call00001", "type": "function", "function": {"name": "lookup", "arguments": {"q": "sky"}}}
     req = {
         "messages": [
@@ -262,6 +262,6 @@ def test_rerun_under_another_template(store: Store) -> None:
     save(store, model, rec, model.templates.select(None))
     same = rerun(rec, model_spec=None, template_file=None, store=store)
     assert diff(rec, same).identical
-    other = rerun(rec, model_spec=str(artifacts.hf_tokenizer_dir("qwen2")), template_file=None, store=store)
+    other = rerun(rec, model_spec=str(fetched.hf_tokenizer_dir("qwen2")), template_file=None, store=store)
     assert diff(rec, other).first_divergence.layer == "template"
     assert datetime.fromisoformat(rec.data["dynamic"]["now"])

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
 import ctxlock.errors
 import ctxlock.replay
+import fetched
 from cli_runner import run_cli
 from ctxlock.errors import ArtifactNotFoundError
 from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes
@@ -62,12 +62,12 @@ def _model_dir(kind: str, where: Path) -> tuple[Path, list[str]]:
     """A model the test owns (deleted later): an HF directory with its own template, or a lone GGUF file."""
     if kind == "hf-dir":
         target = where / "my-model"
-        shutil.copytree(artifacts.hf_tokenizer_dir("qwen2"), target)
+        shutil.copytree(fetched.hf_tokenizer_dir("qwen2"), target)
         return target, []
     target = where / "vocab.gguf"
-    shutil.copyfile(artifacts.gguf_path("qwen2"), target)
+    shutil.copyfile(fetched.gguf_path("qwen2"), target)
     template = where / "chat_template.jinja"
-    shutil.copyfile(artifacts.templates_dir() / QWEN25, template)
+    shutil.copyfile(fetched.templates_dir() / QWEN25, template)
     return target, ["--template", str(template)]
 
 
@@ -145,9 +145,9 @@ def origin() -> tuple[Store, ExecutionRecord]:
     """A store with one real record (HF tokenizer.json + template) made from a model directory that is gone."""
     root = Path(tempfile.mkdtemp(prefix="ctxlock-bundle-test-"))
     model_dir = root / "model"
-    shutil.copytree(artifacts.hf_tokenizer_dir("qwen2"), model_dir)
+    shutil.copytree(fetched.hf_tokenizer_dir("qwen2"), model_dir)
     model = ctxlock.load(str(model_dir))
-    template = ChatTemplate((artifacts.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
+    template = ChatTemplate((fetched.templates_dir() / QWEN25).read_text("utf-8"), id=QWEN25)
     _, record, error = run_and_record(model, json.dumps(REQUEST).encode(), RunOptions(now=NOW), template=template)
     assert error is None
     store = Store(root / "store")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import artifacts
+import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import detok as detok_cli
 from ctxlock.decode import Detokenized, Detokenizer, StopMatch, StopMatcher, decode_stream, stream_text
@@ -93,7 +93,7 @@ def test_held_back_is_exactly_the_longest_suffix_that_begins_a_stop(
 
 @pytest.fixture(scope="module")
 def toks() -> dict[str, Tokenizer]:
-    out = {n: load_artifacts(artifacts.gguf_path(n)).tokenizer for n in ("qwen2", "phi-3")}
+    out = {n: load_artifacts(fetched.gguf_path(n)).tokenizer for n in ("qwen2", "phi-3")}
     out["mistral-nemo"] = load_artifacts("mistral-nemo").tokenizer
     return out
 
@@ -269,7 +269,7 @@ def test_cli_stop(toks: dict[str, Tokenizer]) -> None:
     tok = toks["qwen2"]
     lines = [tok.encode("one</think>two"), tok.encode("no stop here <"), tok.encode("a\n\nb")]
     stdin = "".join(json.dumps(ids) + "\n" for ids in lines)
-    model = str(artifacts.gguf_path("qwen2"))
+    model = str(fetched.gguf_path("qwen2"))
     result = CliRunner().invoke(
         app, ["detok", "-m", model, "--jsonl", "--stop", "</think>", "--stop", "\n\n"], input=stdin
     )

@@ -26,7 +26,7 @@ import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
+import fetched
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, ControlTokenError, CtxlockError, TokenizerError
 from ctxlock.frozen import freeze
 from ctxlock.template import ChatTemplate, Rendered, Span, SpecialTokenPolicy
@@ -39,7 +39,7 @@ SPECIALS = list(QWEN["special_tokens"])
 
 @pytest.fixture(scope="module")
 def qwen_path() -> Path:
-    return artifacts.qwen_tiktoken_path()
+    return fetched.qwen_tiktoken_path()
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def qwen(qwen_path: Path) -> TiktokenTokenizer:
 
 @pytest.fixture(scope="module")
 def hf_qwen2() -> tokenizers.Tokenizer:
-    return tokenizers.Tokenizer.from_file(str(artifacts.hf_tokenizer_dir("qwen2") / "tokenizer.json"))
+    return tokenizers.Tokenizer.from_file(str(fetched.hf_tokenizer_dir("qwen2") / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.artifacts.registry import BACKENDS, backend
 from ctxlock.errors import ArtifactFormatError
@@ -61,7 +61,7 @@ PROTOCOL = (
 
 
 def _instances() -> dict[str, Tokenizer]:
-    qwen = artifacts.qwen_tiktoken_path()
+    qwen = fetched.qwen_tiktoken_path()
     return {
         "book": load_artifacts("book").tokenizer,
         "tekken": load_artifacts("mistral-nemo").tokenizer,
@@ -69,8 +69,8 @@ def _instances() -> dict[str, Tokenizer]:
         "sentencepiece": SentencePieceTokenizer(
             MISTRAL_DATA / "mistral_instruct_tokenizer_240323.model.v3", id="mistral-v3"
         ),
-        "gguf": load_artifacts(artifacts.gguf_path("llama-bpe")).tokenizer,
-        "hf-tokenizers": load_artifacts(artifacts.hf_tokenizer_dir("qwen2")).tokenizer,
+        "gguf": load_artifacts(fetched.gguf_path("llama-bpe")).tokenizer,
+        "hf-tokenizers": load_artifacts(fetched.hf_tokenizer_dir("qwen2")).tokenizer,
     }
 
 

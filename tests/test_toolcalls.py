@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
+import fetched
 from ctxlock.errors import CtxlockError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.request import parse_request
 from ctxlock.toolcalls import (
@@ -202,7 +202,7 @@ def _record_template(spec: dict[str, Any]) -> tuple[str, list[int], list[str]]:
     from ctxlock.artifacts import load_artifacts, load_template_file
     from ctxlock.template import render
 
-    template = load_template_file(artifacts.templates_dir() / spec["template"])
+    template = load_template_file(fetched.templates_dir() / spec["template"])
     user = {"role": "user", "content": "Weather in Paris and Zürich, and search the docs?"}
     tools = [t for t in TOOLS if t["function"]["name"] in spec.get("prompt_tools", ["get_weather", "search_docs"])]
     full = render(
@@ -213,7 +213,7 @@ def _record_template(spec: dict[str, Any]) -> tuple[str, list[int], list[str]]:
     prompt = render(parse_request(json.dumps({"messages": [user], "tools": tools}).encode()), template).text
     assert full.startswith(prompt)
     text = full[len(prompt) : full.rindex("<|im_end|>")]  # <|im_end|> is the stop token, never streamed as text
-    tokenizer = load_artifacts(artifacts.gguf_path(spec["vocab"])).tokenizer
+    tokenizer = load_artifacts(fetched.gguf_path(spec["vocab"])).tokenizer
     ids = tokenizer.encode(text, parse_special=True)
     return text, ids, _incremental_deltas(tokenizer.decode, ids)
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
-import artifacts
+import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.tokenizer.hf import HFTokenizer
 from ctxlock.tokenizer.prefix import WholeText
@@ -19,12 +19,12 @@ HF_DIRS = ("qwen2", "llama-bpe", "qwen35", "deepseek-llm", "phi-3")
 def hf_backend_tokenizers() -> dict[str, HFTokenizer]:
     """{"gguf:<name>" | "hf:<name>": tokenizer}."""
     out: dict[str, HFTokenizer] = {}
-    for name in artifacts.gguf_names():
-        tok = load_artifacts(artifacts.gguf_path(name)).tokenizer
+    for name in fetched.gguf_names():
+        tok = load_artifacts(fetched.gguf_path(name)).tokenizer
         if isinstance(tok, HFTokenizer):
             out[f"gguf:{name}"] = tok
     for name in HF_DIRS:
-        tok = load_artifacts(artifacts.hf_tokenizer_dir(name)).tokenizer
+        tok = load_artifacts(fetched.hf_tokenizer_dir(name)).tokenizer
         assert isinstance(tok, HFTokenizer)
         out[f"hf:{name}"] = tok
     return out

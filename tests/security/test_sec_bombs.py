@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
+import fetched
 
 SECONDS = 2.0
 MEMORY_MB = 256
@@ -210,7 +210,7 @@ def test_generated_bomb_variants_are_bounded(tmp_path) -> None:
 
 def _gguf_with_template(tmp_path: Path, source: str) -> Path:
     """A real vocabulary-only GGUF with `tokenizer.chat_template` set to `source` (one key-value pair more)."""
-    data = artifacts.gguf_path("bert-bge").read_bytes()
+    data = fetched.gguf_path("bert-bge").read_bytes()
     version, n_tensors, n_kv = struct.unpack("<IQQ", data[4:24])
     key, value = b"tokenizer.chat_template", source.encode()
     pair = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value

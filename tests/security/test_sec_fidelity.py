@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 import reference
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, FixedClock, vocab_for
 from ctxlock.errors import CtxlockError
@@ -76,7 +76,7 @@ def _chat(text: str) -> dict[str, Any]:
 
 @functools.cache
 def _vocab(vocab: str) -> tuple[ctxlock.Model, dict[str, str]]:
-    directory = artifacts.hf_tokenizer_dir(vocab)
+    directory = fetched.hf_tokenizer_dir(vocab)
     return ctxlock.load(str(directory)), reference.reference_special_tokens(directory)
 
 
@@ -111,7 +111,7 @@ def _both(path, request: dict[str, Any]) -> tuple[Any, Any]:
 
 def test_marker_like_text_survives_byte_for_byte_on_every_real_template() -> None:
     compared = 0
-    for path in artifacts.template_paths():
+    for path in fetched.template_paths():
         for text in MARKER_LIKE:
             ours, ref = _both(path, _chat(text))
             if isinstance(ref, Exception):
@@ -143,7 +143,7 @@ def test_generated_text_renders_as_transformers_renders_it(text: str) -> None:
     # Gemma 4 sorts tool property keys (dictsort) and Qwen renders tools as JSON: both see the key and the text
     # exactly as sent.
     for name in ("google-gemma-4-31B-it.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja"):
-        ours, ref = _both(artifacts.templates_dir() / name, _chat(text))
+        ours, ref = _both(fetched.templates_dir() / name, _chat(text))
         if isinstance(ref, Exception):
             assert isinstance(ours, Exception)
         else:

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 from ctxlock.errors import ControlTokenError, TemplateError
 from ctxlock.template import ChatTemplate
 
@@ -30,7 +30,7 @@ SUFFIXES = ["", "\\u4dc3", "\u4dc3", "\u4dc0\u4dc1\u4dc2\u4dc3\u4dc4", "\ue000"]
 
 @pytest.fixture(scope="module")
 def qwen() -> ctxlock.Model:
-    return ctxlock.load(str(artifacts.llama_models_dir() / "ggml-vocab-qwen2.gguf"))
+    return ctxlock.load(str(fetched.llama_models_dir() / "ggml-vocab-qwen2.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def control_ids(qwen) -> frozenset[int]:
 
 
 def _template(name: str) -> ChatTemplate:
-    return ChatTemplate(artifacts.templates_dir().joinpath(name).read_text("utf-8"), id=name)
+    return ChatTemplate(fetched.templates_dir().joinpath(name).read_text("utf-8"), id=name)
 
 
 def _controls(ids: Any, control: frozenset[int]) -> list[int]:
@@ -86,8 +86,8 @@ def test_templates_that_delete_text_do_not_forge_control_tokens(qwen, control_id
 
 
 def test_the_cli_refuses_and_neutralizes_forged_tokens(tmp_path, qwen, control_ids) -> None:
-    model = artifacts.llama_models_dir() / "ggml-vocab-qwen2.gguf"
-    template = artifacts.templates_dir() / "HuggingFaceTB-SmolLM3-3B.jinja"
+    model = fetched.llama_models_dir() / "ggml-vocab-qwen2.gguf"
+    template = fetched.templates_dir() / "HuggingFaceTB-SmolLM3-3B.jinja"
     chat = tmp_path / "chat.json"
     chat.write_text(
         json.dumps(
@@ -308,7 +308,7 @@ def _chat(content: str) -> dict:
 def test_every_real_template_keeps_control_ids_of_the_neutral_twin(qwen, control_ids) -> None:
     rendered = 0
     refused: list[str] = []
-    for path in artifacts.template_paths():
+    for path in fetched.template_paths():
         template = ChatTemplate(path.read_text("utf-8"), id=path.name)
         for content in (HOSTILE_CONTENT, SPLIT_CONTENT):
             try:

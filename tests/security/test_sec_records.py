@@ -27,11 +27,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
 import ctxlock.record as record_module
 import ctxlock.replay as replay_module
 import ctxlock.store as store_module
+import fetched
 from ctxlock.errors import CtxlockError, RecordError, RecordFormatError
 from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes
 from ctxlock.replay import load_record, materialized, replay, run_and_record, save
@@ -123,7 +123,7 @@ def book(sandbox: Sandbox) -> ExecutionRecord:
 
 @pytest.fixture
 def gguf(sandbox: Sandbox) -> ExecutionRecord:
-    return _recorded(sandbox.store, str(artifacts.gguf_path("llama-spm")))
+    return _recorded(sandbox.store, str(fetched.gguf_path("llama-spm")))
 
 
 def _with_file(rec: ExecutionRecord, name: str) -> dict:
@@ -556,7 +556,7 @@ def test_the_manifest_rule_matches_what_each_backend_records(sandbox: Sandbox) -
     spm = Path(mistral_common.__file__).resolve().parent / "data" / "mistral_instruct_tokenizer_240323.model.v3"
     manifests = {
         "spm": ({"format": "sentencepiece", "file": spm.name}, spm),
-        "tik": ({"format": "tiktoken", "file": "qwen.tiktoken", "preset": "qwen"}, artifacts.qwen_tiktoken_path()),
+        "tik": ({"format": "tiktoken", "file": "qwen.tiktoken", "preset": "qwen"}, fetched.qwen_tiktoken_path()),
     }
     for directory, (tokenizer, source) in manifests.items():
         model_dir = sandbox.root / "models" / directory
@@ -575,7 +575,7 @@ def test_a_tokenizer_file_with_an_unportable_name_is_recorded_under_a_safe_one(s
     for name, recorded in (("模型.gguf", "model.gguf"), ("Llama 3 (1).gguf", "Llama 3 (1).gguf")):
         path = sandbox.root / "models" / name
         path.parent.mkdir(exist_ok=True)
-        shutil.copyfile(artifacts.gguf_path("llama-spm"), path)
+        shutil.copyfile(fetched.gguf_path("llama-spm"), path)
         rec = _recorded(sandbox.store, str(path))
         assert set(rec.data["replay"]["files"]) == {recorded} and rec.data["replay"]["tokenizer"]["file"] == recorded
         again = load_record(rec.id, sandbox.store)

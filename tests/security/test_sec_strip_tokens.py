@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import artifacts
 import ctxlock
+import fetched
 import vocabularies
 from ctxlock._counting import TokenCounter
 from ctxlock.errors import ControlTokenError
@@ -86,11 +86,11 @@ def cases() -> dict[str, tuple[ctxlock.Model, tuple[str, ...]]]:
     phi3 = found["gguf:phi-3"]  # the vocabulary: its discovery must not silently stop
     found["gguf:phi-3+lstrip"] = _with_flags(phi3, lstrip=True, rstrip=False)
     found["gguf:phi-3+lstrip+rstrip"] = _with_flags(phi3, lstrip=True, rstrip=True)
-    phi35 = (artifacts.templates_dir() / "microsoft-Phi-3.5-mini-instruct.jinja").read_text("utf-8")
+    phi35 = (fetched.templates_dir() / "microsoft-Phi-3.5-mini-instruct.jinja").read_text("utf-8")
     out = {}
     for name, tok in found.items():
-        source = artifacts.gguf_path(name[len("gguf:") :].split("+")[0]) if name.startswith("gguf:") else None
-        base = ctxlock.load(str(source) if source else str(artifacts.hf_tokenizer_dir(name[len("hf:") :])))
+        source = fetched.gguf_path(name[len("gguf:") :].split("+")[0]) if name.startswith("gguf:") else None
+        base = ctxlock.load(str(source) if source else str(fetched.hf_tokenizer_dir(name[len("hf:") :])))
         model = ctxlock.Model(dataclasses.replace(base.artifacts, tokenizer=tok))
         templates = [_probe_template(_strip_controls(tok))]
         if name.startswith("gguf:phi-3"):

@@ -387,7 +387,7 @@ def _verify_archive(artifact: Artifact, path: Path, origin: str) -> None:
         raise ChecksumError(
             f"checksum mismatch for {artifact.filename} ({origin}): sha256 {actual}, pinned {artifact.sha256}. "
             f"Refusing to use it: the file is damaged, or the registry serves different bytes for "
-            f"{artifact.requirement} than when it was pinned in tests/artifacts.py."
+            f"{artifact.requirement} than when it was pinned in tests/fetched.py."
         )
 
 
@@ -476,7 +476,7 @@ def _build(artifact: Artifact) -> None:
         if digest != artifact.tree_sha256:
             raise ChecksumError(
                 f"{artifact.requirement}: the extracted tree has digest {digest}, pinned {artifact.tree_sha256} "
-                f"(the archive checksum matched, so the extraction rules in tests/artifacts.py changed)"
+                f"(the archive checksum matched, so the extraction rules in tests/fetched.py changed)"
             )
         marker = {
             "marker_version": MARKER_VERSION,

@@ -68,6 +68,7 @@ def test_control_tokens_are_matched_where_tokenizers_extracts_them(qwen, ref) ->
 
 
 def test_declared_capabilities(qwen: HFTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXLOCK_FAST", "1")  # the suite also runs with CTXLOCK_FAST=0; this test sets both
     assert qwen.engine in ("tiktoken", "tokenizers") and qwen.engine_reason
     assert qwen.truncation is None and qwen.padding is None
     assert qwen.eos_id is None  # an HF tokenizer's EOS is its config's eos_token, not the backend's

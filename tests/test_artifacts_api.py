@@ -176,9 +176,9 @@ def test_load_template_file_keeps_the_file_digest(tmp_path: Path) -> None:
 def test_loads_are_registered_caches_and_clear_with_the_artifact_scope() -> None:
     first = load_artifacts("book")
     info = caches.cache_info()
-    assert info["fetched.models"].scope == "artifact" and info["fetched.models"].size >= 1
-    assert "fetched.hub_models" in info
+    assert info["artifacts.models"].scope == "artifact" and info["artifacts.models"].size >= 1
+    assert "artifacts.hub_models" in info
     caches.clear_caches("artifact")
-    assert caches.cache_info()["fetched.models"].size == 0
+    assert caches.cache_info()["artifacts.models"].size == 0
     again = load_artifacts("book")
     assert again is not first and again.tokenizer.sha256 == first.tokenizer.sha256

@@ -160,7 +160,7 @@ def test_inspect_reports_the_engine_and_why() -> None:
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)["tokenizer"]
 
-    fast = inspect()
+    fast = inspect(CTXLOCK_FAST="1")  # explicit: the suite also runs with CTXLOCK_FAST=0 in its environment
     assert fast["engine"] == "tiktoken" and "rank" in fast["engine_reason"]
     slow = inspect(CTXLOCK_FAST="0")
     assert slow["engine"] == "tokenizers" and slow["engine_reason"] == "CTXLOCK_FAST=0"

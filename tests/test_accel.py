@@ -21,6 +21,12 @@ from vocabularies import hf_backend_tokenizers, native_engine
 MUST_BE_ADMITTED = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
+@pytest.fixture(autouse=True)
+def _fast_paths_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the fast path itself: on even when the suite runs with CTXLOCK_FAST=0."""
+    monkeypatch.setenv("CTXLOCK_FAST", "1")
+
+
 def _fresh(name: str = "qwen2") -> HFTokenizer:
     """A tokenizer of its own (not the shared ones), so that its accelerator starts from nothing."""
     text = fetched.hf_tokenizer_dir(name).joinpath("tokenizer.json").read_text("utf-8")

@@ -46,6 +46,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"ctxlock test artifacts: {fetched.cache_dir()}"
 
 
+@pytest.fixture(autouse=True)
+def _fast_path_marker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests marked `fast_path` are about the fast paths themselves: they run with them on even when the suite runs
+    with CTXLOCK_FAST=0 (`make test` reruns parts of it so, and the whole suite passes so). The switch is read from
+    the environment at each use, here and in the processes the tests start; a test may still set it to 0 itself."""
+    if request.node.get_closest_marker("fast_path") is not None:
+        monkeypatch.setenv("CTXLOCK_FAST", "1")
+
+
 # ---------------------------------------------------------------------------------- artifact fixtures
 
 

@@ -21,10 +21,7 @@ from vocabularies import hf_backend_tokenizers, native_engine
 MUST_BE_ADMITTED = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
-@pytest.fixture(autouse=True)
-def _fast_paths_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests are about the fast path itself: on even when the suite runs with CTXLOCK_FAST=0."""
-    monkeypatch.setenv("CTXLOCK_FAST", "1")
+pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
 
 
 def _fresh(name: str = "qwen2") -> HFTokenizer:

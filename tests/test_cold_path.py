@@ -20,10 +20,7 @@ from ctxlock.tokenizer.hf import HFTokenizer
 TEXT = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nwhy 天空 is blue 😀 12345<|im_end|>\n"
 
 
-@pytest.fixture(autouse=True)
-def _fast_paths_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cold path's caches belong to the fast path: on even when the suite runs with CTXLOCK_FAST=0."""
-    monkeypatch.setenv("CTXLOCK_FAST", "1")
+pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 import fetched
+from ctxlock.settings import fast_path
 from ctxlock.tokenizer import fastbpe
 from ctxlock.tokenizer.hf import HFTokenizer
 from vocabularies import hf_backend_tokenizers
@@ -23,9 +24,12 @@ from vocabularies import hf_backend_tokenizers
 MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
+pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
+
 TOKENIZERS = hf_backend_tokenizers()
-FAST = sorted(k for k, t in TOKENIZERS.items() if t.engine == "tiktoken")
-REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.engine != "tiktoken")
+with fast_path():  # which vocabularies take it, whatever CTXLOCK_FAST says at collection
+    FAST = sorted(k for k, t in TOKENIZERS.items() if t.engine == "tiktoken")
+    REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.engine != "tiktoken")
 
 
 def reference(tok: HFTokenizer, text: str) -> list[int]:

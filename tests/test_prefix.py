@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock.settings import reference_path
+from ctxlock.settings import fast_path, reference_path
 from ctxlock.template import ChatTemplate
 from ctxlock.tokenizer import encode_ids, tokenize
 from ctxlock.tokenizer.hf import HFTokenizer
@@ -25,9 +25,12 @@ from vocabularies import ENGINES, hf_backend_tokenizers, native_engine
 MUST_BE_WHOLE = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
+pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
+
 TOKENIZERS = hf_backend_tokenizers()
-WHOLE = sorted(k for k, t in TOKENIZERS.items() if t.whole_text is not None)
-REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.whole_text is None)
+with fast_path():  # which vocabularies take it, whatever CTXLOCK_FAST says at collection
+    WHOLE = sorted(k for k, t in TOKENIZERS.items() if t.whole_text is not None)
+    REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.whole_text is None)
 
 
 def reference(tok: HFTokenizer, text: str) -> list[int]:

@@ -17,13 +17,17 @@ from contextvars import ContextVar
 from pathlib import Path
 
 _REFERENCE: ContextVar[bool] = ContextVar("ctxlock_reference_path", default=False)
+_FAST: ContextVar[bool] = ContextVar("ctxlock_fast_path", default=False)
 
 
 def fast_enabled() -> bool:
     """False when `CTXLOCK_FAST=0` (or `false`/`off`/`no`), or inside `reference_path()`: every fast path falls back
-    to the reference path."""
+    to the reference path. Inside `fast_path()` (and not inside a `reference_path()` within it), True whatever the
+    environment says."""
     if _REFERENCE.get():
         return False
+    if _FAST.get():
+        return True
     return os.environ.get("CTXLOCK_FAST", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
@@ -36,6 +40,17 @@ def reference_path() -> Iterator[None]:
         yield
     finally:
         _REFERENCE.reset(token)
+
+
+@contextmanager
+def fast_path() -> Iterator[None]:
+    """Run the enclosed code with the fast paths on, even under `CTXLOCK_FAST=0`: what the tests of the fast paths
+    themselves use, so that the whole suite can also run on the reference path. A `reference_path()` inside wins."""
+    token = _FAST.set(True)
+    try:
+        yield
+    finally:
+        _FAST.reset(token)
 
 
 def cache_root() -> Path:

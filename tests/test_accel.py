@@ -14,6 +14,7 @@ import pytest
 import ctxlock
 import fetched
 from ctxlock.template import ChatTemplate
+from ctxlock.tokenizer import accel
 from ctxlock.tokenizer.accel import Accelerator, probe_texts
 from ctxlock.tokenizer.hf import HFTokenizer
 from vocabularies import hf_backend_tokenizers, native_engine
@@ -101,7 +102,7 @@ def test_a_call_that_raises_goes_to_tiktoken() -> None:
 
 
 def test_daemon_thread_mode_builds_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CTXLOCK_FASTOKENS", "1")
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "eager")
     tok = _fresh()
     whole = tok.whole_text
     text = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nwhy 天空 is blue 😀<|im_end|>\n"
@@ -114,6 +115,35 @@ def test_daemon_thread_mode_builds_in_the_background(monkeypatch: pytest.MonkeyP
         time.sleep(0.05)
     assert whole.engine == "fastokens", whole.accelerator.describe()
     assert whole.encode(text, cache=False).tolist() == expected
+
+
+def test_default_mode_starts_the_build_only_once_the_work_done_without_it_pays_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 16 item 1: the build slows the first pass of a fresh process (it takes ~1.2 s of CPU and half the
+    encoding thread's speed meanwhile), so by default it starts once tiktoken has encoded `start_after()` characters
+    of whole text for the vocabulary, counted on what reaches the native call (a reused prefix is not counted)."""
+    monkeypatch.setenv("CTXLOCK_FASTOKENS", "1")
+    monkeypatch.setenv("CTXLOCK_FASTOKENS_AFTER", "2000")
+    assert accel.start_after() == 2000
+    tok = _fresh()
+    whole = tok.whole_text
+    text = "<|im_start|>user\nwhy 天空 is blue, in a few words? " * 20 + "<|im_end|>\n"
+    expected = tok._tok.encode(text, add_special_tokens=False).ids
+    assert whole.encode(text, cache=False).tolist() == expected
+    acc = whole.accelerator
+    assert acc.state == "not started" and 0 < acc.owed < 2000
+    assert acc.describe() == f"not started: {acc.owed:,} of 2,000 characters encoded without it"
+    while acc.owed < 2000:
+        assert whole.encode(text, cache=False).tolist() == expected
+    assert acc.state in ("building", "ready")
+    assert acc.wait(120), acc.describe()
+    assert whole.encode(text, cache=False).tolist() == expected and whole.engine == "fastokens"
+    # The default threshold, and what a bad value falls back to.
+    monkeypatch.setenv("CTXLOCK_FASTOKENS_AFTER", "lots")
+    assert accel.start_after() == accel.START_AFTER_CHARS == 8_000_000
+    monkeypatch.delenv("CTXLOCK_FASTOKENS_AFTER")
+    assert accel.start_after() == 8_000_000
 
 
 def test_ctxlock_fastokens_0_keeps_tiktoken(monkeypatch: pytest.MonkeyPatch) -> None:

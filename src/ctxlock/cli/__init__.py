@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import sys
@@ -10,40 +11,76 @@ import sys
 import typer
 
 from ..errors import CtxlockError
-from . import budget as budget_cmds
-from . import cachereport as cachereport_cmds
-from . import compaction as compaction_cmds
-from . import constrain as constrain_cmds
-from . import count as count_cmds
-from . import detok as detok_cmds
-from . import inspect as inspect_cmds
-from . import records as records_cmds
-from . import render as render_cmds
-from . import toolcalls as toolcalls_cmds
-from . import usage as usage_cmds
 from .files import name_request_source
 from .output import print_json
 
-app = typer.Typer(
-    name="ctxlock",
-    help="What exactly did the model receive, and why? Render chat requests into exact, injection-proof model "
+HELP = (
+    "What exactly did the model receive, and why? Render chat requests into exact, injection-proof model "
     "input, and show every control token, id and digest. Input files are regular files (or - for stdin) of at most "
-    "$CTXLOCK_MAX_INPUT_BYTES bytes (default 64 MiB).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+    "$CTXLOCK_MAX_INPUT_BYTES bytes (default 64 MiB)."
 )
-render_cmds.register(app)
-inspect_cmds.register(app)
-records_cmds.register(app)
-budget_cmds.register(app)
-compaction_cmds.register(app)
-detok_cmds.register(app)
-constrain_cmds.register(app)
-toolcalls_cmds.register(app)
-usage_cmds.register(app)
-count_cmds.register(app)
-cachereport_cmds.register(app)
+
+# The command modules of `ctxlock.cli`, in `ctxlock --help` order, with the commands each registers
+# (tests/test_cli_lazy.py checks this table against what the modules register). `main` imports only the module of
+# the command it runs: the others' imports (the cache report's, the decoder's, ...) are start-up time a user of one
+# command should not pay.
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "render": ("render", "tokenize"),
+    "inspect": ("inspect", "models"),
+    "records": ("records", "replay", "diff"),
+    "budget": ("fit",),
+    "compaction": ("compact-plan",),
+    "detok": ("detok",),
+    "constrain": ("constrain",),
+    "toolcalls": ("toolcalls",),
+    "usage": ("usage",),
+    "count": ("count",),
+    "cachereport": ("cache-report",),
+}
+
+
+def build_app(modules: tuple[str, ...] | None = None) -> typer.Typer:
+    """The typer application with the commands of `modules` (keys of COMMANDS; None: all of them)."""
+    built = typer.Typer(
+        name="ctxlock",
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    @built.callback()
+    def _group() -> None:
+        # A callback keeps the application a group even when it holds one command (typer would otherwise run a
+        # lone command without its name).
+        pass
+
+    for name in COMMANDS if modules is None else modules:
+        # Command modules are imported here, on demand: `main` imports only the one it runs.
+        importlib.import_module(f"{__name__}.{name}").register(built)
+    return built
+
+
+def _module_of(argv: list[str]) -> str | None:
+    """The module of the command `argv` runs, or None (no command, `--help`, an unknown name: every command)."""
+    if not argv:
+        return None
+    for module, names in COMMANDS.items():
+        if argv[0] in names:
+            return module
+    return None
+
+
+_FULL: list[typer.Typer] = []
+
+
+def __getattr__(name: str) -> typer.Typer:
+    # `ctxlock.cli.app`: the whole application (for typer's CliRunner and `--help`), built on first access.
+    if name == "app":
+        if not _FULL:
+            _FULL.append(build_app())
+        return _FULL[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # The exit statuses every command follows (the README's "Errors and exit statuses" lists them).
@@ -60,7 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     status 2, as POSIX utilities and click do."""
     try:
         # Without standalone mode, click returns (not raises) the code of a typer.Exit from a command.
-        code = app(args=argv, prog_name="ctxlock", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else list(argv)
+        module = _module_of(args)
+        code = build_app(None if module is None else (module,))(args=args, prog_name="ctxlock", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except CtxlockError as exc:

@@ -8,10 +8,16 @@ merges are rank-consistent. fastokens (a native reimplementation of `tokenizers`
 JIT and a pre-token cache) runs that pipeline from the same `tokenizer.json`, about ten times faster than tiktoken
 on chat text. Nothing in its construction proves it equal, so it is admitted by checking, not assumed:
 
-1. it is built from the exact `tokenizer.json` bytes the tokenizer was loaded from, on a daemon thread started by
-   the first whole-text encode (loading a 150k vocabulary takes about 1.4 s, with the GIL released); until it is
-   ready, and whenever it is refused, tiktoken makes the call, with identical ids. `Model.warm_up()` builds it and
-   waits, as a server would at start-up; describing a tokenizer (records, `ctxlock render`) never starts it;
+1. it is built from the exact `tokenizer.json` bytes the tokenizer was loaded from, on a daemon thread, once the
+   work done without it would have paid for it: loading a 150k vocabulary takes about 1.2 s of CPU, and it slows
+   the thread that encodes meanwhile (by half on this project's 2-core machine: it holds the GIL part of the time
+   and takes the other core), so a short job or the first pass of a fresh process is faster without it. The build
+   starts when tiktoken has encoded `start_after()` characters of whole text for this vocabulary (8M by default,
+   about the characters tiktoken encodes in the build's CPU time: the rule of ski rental, whose cost is at most
+   twice that of knowing the future; `CTXLOCK_FASTOKENS_AFTER=N` sets it, `CTXLOCK_FASTOKENS=eager` starts it on
+   the first encode). Until it is ready, and whenever it is refused, tiktoken makes the call, with identical ids.
+   `Model.warm_up()` builds it and waits, as a server would at start-up; describing a tokenizer (records,
+   `ctxlock render`) never starts it;
 2. before it is used, its ids must equal tiktoken's on probe texts that hold every token of the vocabulary that is
    valid UTF-8, every added token between and next to text, and whitespace, digit, case and script mixtures
    (`probe_texts`); one difference refuses it, and the reason names the probe and the token;
@@ -21,7 +27,7 @@ The test suite then compares both engines with `tokenizers` on llama.cpp's vecto
 vocabulary where whole-text encoding is taken (`tests/test_prefix.py`).
 
 `CTXLOCK_FASTOKENS=0` keeps tiktoken; `CTXLOCK_FASTOKENS=sync` builds and checks it in the calling thread, on first
-use (deterministic, for tests).
+use (deterministic, for tests); `CTXLOCK_FASTOKENS=eager` starts the background build on the first encode.
 
 **The verdict is kept on disk.** What step 2 proves is a fact about three things: the `tokenizer.json` bytes, the
 fastokens release and this module's probes (`CHECK_VERSION`; the exact path it compares with is tiktoken, whose
@@ -69,11 +75,24 @@ _MIXED = (
 )
 
 
+# Characters of whole text tiktoken encodes before the background build starts: about what tiktoken encodes in the
+# build's CPU time (~1.2 s at ~7M characters/s on chat text), so that the build is paid for by work already done.
+START_AFTER_CHARS = 8_000_000
+
+
 def setting() -> str:
-    """`CTXLOCK_FASTOKENS`: "1" (default: the first encode starts the build on a daemon thread), "0" (never), "sync"
-    (the first encode builds it, in the calling thread)."""
+    """`CTXLOCK_FASTOKENS`: "1" (default: a daemon thread builds it once `start_after()` characters were encoded
+    without it), "eager" (the first encode starts that thread), "0" (never), "sync" (the first encode builds it, in
+    the calling thread)."""
     value = os.environ.get("CTXLOCK_FASTOKENS", "1").strip().lower()
-    return value if value in ("0", "sync") else "1"
+    return value if value in ("0", "sync", "eager") else "1"
+
+
+def start_after() -> int:
+    """`CTXLOCK_FASTOKENS_AFTER` (characters, default `START_AFTER_CHARS`): whole text encoded by tiktoken before the
+    background build starts under the default setting. A value that is not a non-negative integer is ignored."""
+    raw = os.environ.get("CTXLOCK_FASTOKENS_AFTER", "").strip()
+    return int(raw) if raw.isdigit() else START_AFTER_CHARS
 
 
 def fastokens_version() -> str | None:
@@ -221,6 +240,7 @@ class Accelerator:
         self._engine: Any = None
         self._done = threading.Event()
         self._started = False
+        self.owed = 0  # characters encoded without it while it was not started (see `start_after`)
         self._lock = threading.Lock()
         self.state = "not started"  # "building" | "ready" | "refused" | "off"
         self.reason = ""
@@ -321,14 +341,18 @@ class Accelerator:
         return self._engine is not None
 
     def encode(self, text: str) -> np.ndarray | None:
-        """fastokens' ids for `text` (uint32), or None: not admitted (yet), or the call failed. The first call starts
-        the build: on a daemon thread (returning None meanwhile), or here under CTXLOCK_FASTOKENS=sync."""
+        """fastokens' ids for `text` (uint32), or None: not admitted (yet), or the call failed. None also counts
+        `text` as work done without it; the build starts on a daemon thread once that work reaches `start_after()`
+        characters (at once under CTXLOCK_FASTOKENS=eager), or here under CTXLOCK_FASTOKENS=sync."""
         engine = self._engine
         if engine is None:
             if self._started:
                 return None
-            if setting() != "sync":
-                self.start()
+            mode = setting()
+            if mode != "sync":
+                self.owed += len(text)
+                if mode == "eager" or self.owed >= start_after():
+                    self.start()
                 return None
             self.wait()
             engine = self._engine
@@ -341,6 +365,8 @@ class Accelerator:
             return None
 
     def describe(self) -> str:
+        if self.state == "not started" and self.owed and setting() == "1":
+            return f"not started: {self.owed:,} of {start_after():,} characters encoded without it"
         return f"{self.state}: {self.reason}" if self.reason else self.state
 
 
@@ -357,6 +383,7 @@ __all__ = [
     "load_verdict",
     "probe_texts",
     "setting",
+    "start_after",
     "store_verdict",
     "verdict_key",
 ]

@@ -299,6 +299,11 @@ def _exists(target: Path) -> RecordError:
     )
 
 
+def recorded_request(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
+    """The request bytes a record ran and the options it ran with (its recorded clock pinned), as replay reads them."""
+    return _recorded_options(record)
+
+
 def _recorded_options(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
     data = record.data
     try:
@@ -411,6 +416,7 @@ __all__ = [
     "load_record",
     "materialized",
     "read_record_file",
+    "recorded_request",
     "replay",
     "rerun",
     "run_and_record",

@@ -16,6 +16,7 @@ from . import compaction as compaction_cmds
 from . import constrain as constrain_cmds
 from . import count as count_cmds
 from . import detok as detok_cmds
+from . import explain as explain_cmds
 from . import inspect as inspect_cmds
 from . import records as records_cmds
 from . import render as render_cmds
@@ -44,6 +45,7 @@ toolcalls_cmds.register(app)
 usage_cmds.register(app)
 count_cmds.register(app)
 cachereport_cmds.register(app)
+explain_cmds.register(app)
 
 
 # The exit statuses every command follows (the README's "Errors and exit statuses" lists them).

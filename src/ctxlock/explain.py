@@ -335,13 +335,15 @@ def _truncated(ev: _Events, has_events: bool) -> Cause:
     return Cause(2, name, UNKNOWN, (f"{what}: pass the provider's response or event stream with --events",))
 
 
-def _history_hits(find: str, origins: Sequence[Origin]) -> list[tuple[Origin, str, str]]:
-    return [(o, path, role) for o in origins for path, role, text in o.strings if find in text]
+def _history_hits(find: str, origins: Sequence[Origin], lay: Layout) -> list[tuple[Origin, str, str]]:
+    """The history's strings that hold the text, less those the received request still holds at the same path."""
+    still = {path for path, value in lay.request.strings() if find in value}
+    return [(o, path, role) for o in origins for path, role, text in o.strings if find in text and path not in still]
 
 
-def _dropped(find: str, seen_hits: list[dict[str, Any]], origins: Sequence[Origin], ev: _Events) -> Cause:
+def _dropped(find: str, lay: Layout, seen_hits: list[dict[str, Any]], origins: Sequence[Origin], ev: _Events) -> Cause:
     name = CAUSES[2]
-    hits = _history_hits(find, origins)
+    hits = _history_hits(find, origins, lay)
     planned = [
         f"{d.name} in {o.label} would remove {part_of(path)} (planned, not applied)"
         for o, path, _ in hits
@@ -368,7 +370,7 @@ def _dropped(find: str, seen_hits: list[dict[str, Any]], origins: Sequence[Origi
             3, name, UNKNOWN, ("no fit or compaction record given: the history before this request is unknown",)
         )
     labels = ", ".join(o.label for o in origins)
-    return Cause(3, name, NO, (f"no recorded history holds it ({labels} searched): nothing was dropped",))
+    return Cause(3, name, NO, (f"no part that held it was removed ({labels} searched)",))
 
 
 def _never_read(
@@ -400,7 +402,7 @@ def _never_read(
         return Cause(
             4, name, UNKNOWN, (f"{where} holds it, but the rendered text does not hold it verbatim (escaped?)",)
         )
-    if _history_hits(find, origins):
+    if _history_hits(find, origins, lay):
         return Cause(4, name, NO, ("an earlier request held it (see cause 3): it was read, then removed",))
     searched = sum(1 for _ in lay.request.strings())
     extra = f" and {sum(len(o.strings) for o in origins)} strings of the recorded history" if origins else ""
@@ -450,7 +452,7 @@ def explain(
     causes = (
         _too_large(lay, window, usage, ev),
         _truncated(ev, bool(events)),
-        _dropped(find, hits, origins, ev),
+        _dropped(find, lay, hits, origins, ev),
         _never_read(find, lay, hits, origins, unseen),
         _in_the_middle(hits, len(lay.ids)),
     )

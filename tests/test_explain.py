@@ -27,7 +27,7 @@ from ctxlock.template import ChatTemplate
 
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 NEEDLE = "MAGIC-TOKEN-4242"
-WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
 CAUSE_NAMES = ("too large", "output truncated", "dropped", "never read", "in the middle")
 
 

@@ -344,9 +344,10 @@ def _history_hits(find: str, origins: Sequence[Origin], lay: Layout) -> list[tup
 def _dropped(find: str, lay: Layout, seen_hits: list[dict[str, Any]], origins: Sequence[Origin], ev: _Events) -> Cause:
     name = CAUSES[2]
     hits = _history_hits(find, origins, lay)
+    everywhere = [(o, path) for o in origins for path, _, text in o.strings if find in text]
     planned = [
         f"{d.name} in {o.label} would remove {part_of(path)} (planned, not applied)"
-        for o, path, _ in hits
+        for o, path in everywhere
         for d in o.drops
         if not d.applied and part_of(path) in d.parts
     ]

@@ -101,6 +101,11 @@ class Drop:
     record: str | None = None
     at: str | None = None
     applied: bool = True
+    entries: tuple[tuple[str, str], ...] = ()  # (part, the caller's entry id) where the record has one
+
+    def entry(self, part: str) -> str:
+        found = dict(self.entries).get(part)
+        return f"entry {found}; " if found else ""
 
 
 @dataclass(frozen=True)
@@ -358,7 +363,8 @@ def _dropped(find: str, lay: Layout, seen_hits: list[dict[str, Any]], origins: S
         for d in o.drops:
             if d.applied and part_of(path) in d.parts:
                 when = f" at {d.at}" if d.at else ""
-                evidence.append(f"{d.name} in {o.label}{when} removed {part_of(path)} (it held {path}): {d.detail}")
+                top = part_of(path)
+                evidence.append(f"{d.name} in {o.label}{when} removed {top} ({d.entry(top)}it held {path}): {d.detail}")
     if evidence:
         return Cause(3, name, YES, tuple(dict.fromkeys(evidence)))
     if hits:
@@ -516,9 +522,9 @@ def _compaction_drop(c: Mapping[str, Any], rid: str) -> Drop:
         f"{c.get('tokens_after') or plan.get('estimated_tokens_after')}"
         + (f"; summary sha256 {digest[:16]}…" if digest else "")
     )
-    return Drop(
-        "compaction", f"compaction plan ({c.get('reason')})", parts, detail, rid, c.get("at"), bool(c.get("applied"))
-    )
+    entries = tuple((f"messages[{s['index']}]", str(s["entry_id"])) for s in summarized if s.get("entry_id"))
+    applied = bool(c.get("applied"))
+    return Drop("compaction", f"compaction plan ({c.get('reason')})", parts, detail, rid, c.get("at"), applied, entries)
 
 
 def origin_of_record(rid: str, data: Mapping[str, Any], at: str | None = None) -> Origin:

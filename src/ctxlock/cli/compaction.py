@@ -203,6 +203,51 @@ def _record(
     return save(Store(store_path), m, rec, used)
 
 
+def _summary_inputs(
+    reason: str | None, summary: Path | None, turn_prefix_summary: Path | None, summary_usage: Path | None
+) -> tuple[tuple[str | None, str | None], Usage | None]:
+    """The summary texts and the summary call's usage, checked before the model loads."""
+    if reason is not None and reason not in COMPACTION_REASONS:
+        raise BudgetError(f"unknown reason {reason!r}", path="--reason", hint="manual, threshold or overflow")
+    if (summary_usage is not None or turn_prefix_summary is not None) and summary is None:
+        raise BudgetError("a summary's usage or turn prefix needs --summary", path="--summary")
+    texts = (
+        None if summary is None else read_text(summary, option="--summary"),
+        None if turn_prefix_summary is None else read_text(turn_prefix_summary, option="--turn-prefix-summary"),
+    )
+    return texts, _usage(summary_usage)
+
+
+def _section(
+    plan: CompactionPlan,
+    req: Any,
+    reason: str,
+    context_window: int,
+    entry_ids: dict[int, str],
+    texts: tuple[str | None, str | None],
+    usage: Usage | None,
+) -> dict[str, Any]:
+    return record_section(
+        plan,
+        req,
+        reason=reason,
+        context_window=context_window,
+        entry_ids=entry_ids,
+        summary=texts[0],
+        turn_prefix_summary=texts[1],
+        usage=usage,
+        at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _show_entry_and_record(plan: CompactionPlan, extra: dict[str, Any]) -> None:
+    if not plan.summarizes_nothing:
+        source = "the caller's id" if extra["first_kept_entry_id_source"] == "caller" else "its JSON path: no id"
+        console.print(f"first kept      {escape(extra['first_kept_entry_id'])} ({source})")
+    if "record_id" in extra:
+        console.print(f"record          {extra['record_id']}")
+
+
 def compact_plan(
     context_window: WindowOpt,
     request: RequestArg = "-",
@@ -229,17 +274,9 @@ def compact_plan(
     extra: dict[str, Any] = {}
 
     def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
-        if reason is not None and reason not in COMPACTION_REASONS:
-            raise BudgetError(f"unknown reason {reason!r}", path="--reason", hint="manual, threshold or overflow")
-        if (summary_usage is not None or turn_prefix_summary is not None) and summary is None:
-            raise BudgetError("a summary's usage or turn prefix needs --summary", path="--summary")
+        texts, usage = _summary_inputs(reason, summary, turn_prefix_summary, summary_usage)
         store_path = store_dir(store) if record else None
         data, entry_ids = take_entry_ids(_read_input(request))
-        texts = tuple(
-            None if p is None else read_text(p, option=o)
-            for p, o in ((summary, "--summary"), (turn_prefix_summary, "--turn-prefix-summary"))
-        )
-        usage = _usage(summary_usage)
         m = load(model)
         options = RenderOptions(template=template_file(template))
         req = options.parse(data)
@@ -259,17 +296,8 @@ def compact_plan(
             req, plan.first_kept_index, entry_ids
         )
         if record:
-            section = record_section(
-                plan,
-                req,
-                reason=reason or ("threshold" if compact else "manual"),
-                context_window=context_window,
-                entry_ids=entry_ids,
-                summary=texts[0],
-                turn_prefix_summary=texts[1],
-                usage=usage,
-                at=datetime.now(UTC).isoformat(timespec="seconds"),
-            )
+            why = reason or ("threshold" if compact else "manual")
+            section = _section(plan, req, why, context_window, entry_ids, texts, usage)
             extra["record_id"] = _record(m, data, options, plan, section, texts, store_path)
         sizes: dict[int, int] = {}
         if not as_json and not plan.summarizes_nothing:
@@ -292,11 +320,7 @@ def compact_plan(
         )
     else:
         _show(m, plan, compact, context_window, sizes, req, problems)
-        if not plan.summarizes_nothing:
-            source = "the caller's id" if extra["first_kept_entry_id_source"] == "caller" else "its JSON path: no id"
-            console.print(f"first kept      {escape(extra['first_kept_entry_id'])} ({source})")
-        if "record_id" in extra:
-            console.print(f"record          {extra['record_id']}")
+        _show_entry_and_record(plan, extra)
     if check and problems:
         # A failed check is one line on stderr, as every failure is (README: Errors and exit statuses).
         print(f"error: check: the plan does not help: {'; '.join(problems)}", file=sys.stderr)

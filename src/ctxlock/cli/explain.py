@@ -18,6 +18,7 @@ from ..options import RenderOptions
 from ..record import ExecutionRecord
 from ..replay import materialized, record_values, recorded_request, run_and_record
 from ..usage import Usage, read_usage, sum_usage
+from .compaction import take_entry_ids
 from .files import read_text, template_file
 from .output import console, guarded, print_json
 from .records import open_store, record_at
@@ -162,7 +163,7 @@ def explain_cmd(
             label = f"record {origin.label.split()[-1]}"
         else:
             assert request is not None
-            data = _read_input(request)
+            data, _ = take_entry_ids(_read_input(request))  # messages' entry ids, as compact-plan reads them
             m = load(model)
             chosen = template_file(template)
             lay = layout(m, data, **RenderOptions(template=chosen).to_kwargs(parse=False))

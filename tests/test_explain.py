@@ -395,3 +395,26 @@ def test_json_error_is_an_object(tmp_path: Path) -> None:
     result = invoke(register_explain, "explain", "--find", NEEDLE, "abcdef012345", "--store", str(tmp_path), "--json")
     assert result.exit_code == 1
     assert json.loads(result.output)["error"]["type"] == "RecordNotFoundError"
+
+
+def test_history_records_explain_a_request(qwen: Any, tmp_path: Path) -> None:
+    # The request as sent after `fit` (--emit-request), explained with the fit's record as --history.
+    _, _, model_dir, template_path = qwen
+    req = write(tmp_path / "r.json", tool_chat(needle_at=0, turns=4))
+    store, sent = tmp_path / "store", tmp_path / "sent.json"
+    fitted = invoke(
+        register_fit, "fit", "-m", str(model_dir), "-t", str(template_path), "--max-input-tokens", "250", "--record",
+        "--store", str(store), "--emit-request", str(sent), "--json", str(req),
+    )  # fmt: skip
+    rid = json.loads(fitted.output)["record_id"]
+    stop = write(tmp_path / "e.json", STOP)
+    args = [*request_args(qwen, sent), "--context-window", "250", "--events", str(stop)]
+    out = explain_json("--find", NEEDLE, *args, "--history", rid[:12], "--store", str(store))
+    only("dropped", out)
+    assert f"fit decision history[1:4] in record {rid[:12]}" in evidence(out, "dropped")
+    # Without the record, a compaction_end in the events makes cause 3 unknown, never a guess.
+    pi = {"type": "compaction_end", "reason": "threshold", "result": {"firstKeptEntryId": "abc123"}}
+    events = write(tmp_path / "pi.jsonl", json.dumps(pi) + "\n" + json.dumps(STOP) + "\n")
+    out = explain_json("--find", NEEDLE, *request_args(qwen, sent), "--context-window", "250", "--events", str(events))
+    assert verdicts(out)["dropped"] == verdicts(out)["never read"] == "unknown"
+    assert "firstKeptEntryId 'abc123'" in evidence(out, "dropped")

@@ -381,7 +381,12 @@ def _dropped(find: str, lay: Layout, seen_hits: list[dict[str, Any]], origins: S
 
 
 def _never_read(
-    find: str, lay: Layout, seen_hits: list[dict[str, Any]], origins: Sequence[Origin], unseen: Sequence[str]
+    find: str,
+    lay: Layout,
+    seen_hits: list[dict[str, Any]],
+    origins: Sequence[Origin],
+    unseen: Sequence[str],
+    ev: _Events,
 ) -> Cause:
     name = CAUSES[3]
     if seen_hits:
@@ -411,6 +416,10 @@ def _never_read(
         )
     if _history_hits(find, origins, lay):
         return Cause(4, name, NO, ("an earlier request held it (see cause 3): it was read, then removed",))
+    if ev.compactions and not origins:
+        return Cause(
+            4, name, UNKNOWN, ("in no request string here, but a compaction happened whose record is not given",)
+        )
     searched = sum(1 for _ in lay.request.strings())
     extra = f" and {sum(len(o.strings) for o in origins)} strings of the recorded history" if origins else ""
     return Cause(
@@ -460,7 +469,7 @@ def explain(
         _too_large(lay, window, usage, ev),
         _truncated(ev, bool(events)),
         _dropped(find, lay, hits, origins, ev),
-        _never_read(find, lay, hits, origins, unseen),
+        _never_read(find, lay, hits, origins, unseen, ev),
         _in_the_middle(hits, len(lay.ids)),
     )
     notes = []

@@ -578,9 +578,8 @@ _SOURCE_INDEX = re.compile(r"^messages\[(\d+)\]")
 
 
 def entry_id(request: Request, index: int, entry_ids: Mapping[int, str]) -> tuple[str, str]:
-    """The id of message `index` as the caller gave it, and where it came from: ("abc123", "caller") when the
-    message the caller sent (`entry_ids` is keyed by the index in the request as sent, which an Anthropic request's
-    reshaping can differ from) carried an `id`; else its JSON path, ("messages[3]", "json_path")."""
+    """The caller's id of message `index` ("abc123", "caller"), else its JSON path ("messages[3]", "json_path").
+    `entry_ids` is keyed by the index in the request as sent (an Anthropic request's reshaping can differ)."""
     if index >= len(request.messages):
         return f"messages[{index}]", "json_path"
     source = request.messages[index].source or f"messages[{index}]"
@@ -605,14 +604,9 @@ def pi_usage(usage: Usage) -> dict[str, Any]:
         out["reasoning"] = usage.reasoning
     if usage.cost is not None:
         c = usage.cost.to_dict()
-        out["cost"] = {
-            "input": c["input"],
-            "output": c["output"],
-            "cacheRead": c["cache_read"],
-            "cacheWrite": c["cache_write"],
-            "total": c["total"],
-            "totalFromProvider": c["total_from_provider"],
-        }
+        names = {"cache_read": "cacheRead", "cache_write": "cacheWrite", "total_from_provider": "totalFromProvider"}
+        keys = ("input", "output", "cache_read", "cache_write", "total", "total_from_provider")
+        out["cost"] = {names.get(k, k): c[k] for k in keys}
     return out
 
 

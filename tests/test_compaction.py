@@ -527,7 +527,19 @@ def test_cli_compact_plan_json(tmp_path: Any, nemo: ctxlock.Model) -> None:
     out = json.loads(result.stdout)
     plan = plan_compaction(conv.request(), nemo, context_window=600, reserve_tokens=100, keep_recent_tokens=200)
     assert out["should_compact"] is True
-    extra = ("should_compact", "context_window", "helps", "problems")
+    extra = (
+        "should_compact",
+        "context_window",
+        "helps",
+        "problems",
+        "first_kept_entry_id",
+        "first_kept_entry_id_source",
+    )
+    # No message carries an id: the first kept entry is named by its JSON path, and the output says so.
+    assert (out["first_kept_entry_id"], out["first_kept_entry_id_source"]) == (
+        f"messages[{plan.first_kept_index}]",
+        "json_path",
+    )
     assert {k: v for k, v in out.items() if k not in extra} == plan.to_dict()
 
     human = runner.invoke(app, [*args, "--keep-recent-tokens", "200"])

@@ -327,15 +327,20 @@ def layout(model: Model, request: RequestLike, **options: Any) -> Layout:
     parse_options = {k: options[k] for k in ("dialect", "utf8", "tool_arguments") if k in options}
     render_options = {k: v for k, v in options.items() if k not in parse_options}
     req = model.parse(request, **parse_options)
-    rendered = model.render(req, **render_options)
-    run = _Pass(req, rendered, encode_ids(rendered, model.tokenizer), control_matches(rendered, model.tokenizer))
+    return layout_of(model.tokenizer, req, model.render(req, **render_options))
+
+
+def layout_of(tokenizer: Any, request: Request, rendered: Rendered) -> Layout:
+    """The lay of an already rendered request (a fitted or compacted one, a record's): its ids and control tokens
+    as the tokenizer stage gives them, each token's bytes over the text."""
+    run = _Pass(request, rendered, encode_ids(rendered, tokenizer), control_matches(rendered, tokenizer))
     offsets = _char_to_byte(rendered.text)
     try:
-        starts, ends, exact = token_ranges(model.tokenizer, rendered.text, run.ids, run.control, offsets)
+        starts, ends, exact = token_ranges(tokenizer, rendered.text, run.ids, run.control, offsets)
     except Unaligned:
         lay = spread(np.ones(len(run.ids), dtype=np.int64), int(offsets[-1]))
         starts, ends, exact = lay[:-1], lay[1:], False
-    return Layout(req, rendered, run.ids, run.control, offsets, starts, ends, exact)
+    return Layout(request, rendered, run.ids, run.control, offsets, starts, ends, exact)
 
 
 def count(model: Model, request: RequestLike, *, marginal: bool = False, **options: Any) -> Counts:
@@ -441,6 +446,7 @@ __all__ = [
     "count",
     "count_format",
     "layout",
+    "layout_of",
     "part_of",
     "unseen_parts",
     "unseen_warnings",

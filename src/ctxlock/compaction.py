@@ -7,6 +7,7 @@ caller has a summary.
     plan_compaction     Request -> CompactionPlan (the cut, what to summarize, exact token counts)
     apply_compaction    Request + plan + summary text -> the compacted Request
     compaction_event    the `compaction_end` JSON-line event of Pi's JSON mode
+    record_section      the `compaction` section of a compaction's execution record (`compact-plan --record`)
 
 The cut (Pi's `findCutPoint`, with the seed's preference for user-turn boundaries):
 1. Walk back from the newest message, accumulating exact message sizes, until `keep_recent_tokens` is reached
@@ -33,6 +34,8 @@ when a message is added (dropping past reasoning, say) still gets a valid crossi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Unpack
@@ -43,6 +46,7 @@ from .model import Model, RequestLike
 from .options import RENDER_OPTIONS, RenderKwargs, RenderOptions
 from .request import Message, Request
 from .template import Rendered, aware_clock
+from .usage import Usage
 
 __all__ = [
     "COMPACTION_REASONS",
@@ -55,9 +59,12 @@ __all__ = [
     "CompactionPlan",
     "apply_compaction",
     "compaction_event",
+    "entry_id",
     "message_tokens",
+    "pi_usage",
     "plan_compaction",
     "plan_problems",
+    "record_section",
     "should_compact",
     "summary_message",
 ]
@@ -137,6 +144,29 @@ class CompactionPlan:
             "keep_recent_tokens": self.keep_recent_tokens,
             "reserve_tokens": self.reserve_tokens,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CompactionPlan:
+        """The plan `to_dict` wrote (a record's `options.compaction.plan`); a malformed one is a BudgetError."""
+        try:
+            return cls(
+                messages_to_summarize=tuple(int(k) for k in d["messages_to_summarize"]),
+                turn_prefix_to_summarize=tuple(int(k) for k in d["turn_prefix_to_summarize"]),
+                first_kept_index=int(d["first_kept_index"]),
+                split_turn=bool(d["split_turn"]),
+                tokens_before=int(d["tokens_before"]),
+                estimated_tokens_after=int(d["estimated_tokens_after"]),
+                keep_recent_tokens=int(d["keep_recent_tokens"]),
+                reserve_tokens=int(d["reserve_tokens"]),
+                kept_tokens=int(d.get("kept_tokens", 0)),
+                summary_tokens=int(d.get("summary_tokens", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BudgetError(
+                f"not a compaction plan: {type(exc).__name__}: {exc}",
+                path="compaction.plan",
+                hint="the record was altered or was not written by ctxlock",
+            ) from None
 
 
 def plan_problems(plan: CompactionPlan, context_window: int) -> tuple[str, ...]:
@@ -493,13 +523,17 @@ def compaction_event(
     summary: str | None,
     aborted: bool = False,
     will_retry: bool = False,
+    first_kept_entry_id: str | None = None,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     """Pi's `compaction_end` JSON-mode event for this plan.
 
-    `result` is absent when the compaction was aborted. `firstKeptEntryId` is the JSON path of the first kept
-    message; `details` carries the plan (Pi's own details list files read and modified, which ctxlock does not
-    track), and there is no `usage`: ctxlock makes no summarization call. `willRetry` (the request is retried with
-    the compacted context) only follows a successful `overflow` compaction.
+    `result` is absent when the compaction was aborted. `firstKeptEntryId` is `first_kept_entry_id` (the id the
+    caller gave the first kept entry) or, without one, the JSON path of the first kept message; `details` carries
+    the plan (Pi's own details list files read and modified, which ctxlock does not track). `usage` is the summary
+    call's usage in Pi's shape when the caller gives it (ctxlock makes no summarization call itself); absent
+    otherwise. `willRetry` (the request is retried with the compacted context) only follows a successful
+    `overflow` compaction.
     """
     if reason not in COMPACTION_REASONS:
         raise BudgetError(
@@ -517,9 +551,10 @@ def compaction_event(
             raise BudgetError("a completed compaction has a summary", path="summary", hint="pass summary=...")
         event["result"] = {
             "summary": summary,
-            "firstKeptEntryId": f"messages[{plan.first_kept_index}]",
+            "firstKeptEntryId": first_kept_entry_id or f"messages[{plan.first_kept_index}]",
             "tokensBefore": plan.tokens_before,
             "estimatedTokensAfter": plan.estimated_tokens_after,
+            **({"usage": pi_usage(usage)} if usage is not None else {}),
             "details": {
                 "messagesToSummarize": list(plan.messages_to_summarize),
                 "turnPrefixToSummarize": list(plan.turn_prefix_to_summarize),
@@ -532,6 +567,125 @@ def compaction_event(
     event["aborted"] = aborted
     event["willRetry"] = will_retry
     return event
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records
+
+# The version of the record's `compaction` section (an optional section of ctxlock.record/2; older records lack it).
+COMPACTION_SECTION_VERSION = 1
+_SOURCE_INDEX = re.compile(r"^messages\[(\d+)\]")
+
+
+def entry_id(request: Request, index: int, entry_ids: Mapping[int, str]) -> tuple[str, str]:
+    """The caller's id of message `index` ("abc123", "caller"), else its JSON path ("messages[3]", "json_path").
+    `entry_ids` is keyed by the index in the request as sent (an Anthropic request's reshaping can differ)."""
+    if index >= len(request.messages):
+        return f"messages[{index}]", "json_path"
+    source = request.messages[index].source or f"messages[{index}]"
+    m = _SOURCE_INDEX.match(source)
+    if m is not None and int(m.group(1)) in entry_ids:
+        return entry_ids[int(m.group(1))], "caller"
+    return source, "json_path"
+
+
+def pi_usage(usage: Usage) -> dict[str, Any]:
+    """A normalized usage in Pi's `Usage` shape (`input`, `output`, `cacheRead`, `cacheWrite`, ...)."""
+    out: dict[str, Any] = {
+        "input": usage.input,
+        "output": usage.output,
+        "cacheRead": usage.cache_read,
+        "cacheWrite": usage.cache_write,
+        "totalTokens": usage.total_tokens,
+    }
+    if usage.cache_write_1h:
+        out["cacheWrite1h"] = usage.cache_write_1h
+    if usage.reasoning is not None:
+        out["reasoning"] = usage.reasoning
+    if usage.cost is not None:
+        c = usage.cost.to_dict()
+        names = {"cache_read": "cacheRead", "cache_write": "cacheWrite", "total_from_provider": "totalFromProvider"}
+        keys = ("input", "output", "cache_read", "cache_write", "total", "total_from_provider")
+        out["cost"] = {names.get(k, k): c[k] for k in keys}
+    return out
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def record_section(
+    plan: CompactionPlan,
+    request: Request,
+    *,
+    reason: str,
+    context_window: int,
+    entry_ids: Mapping[int, str],
+    summary: str | None = None,
+    turn_prefix_summary: str | None = None,
+    usage: Usage | None = None,
+    tokens_after: int | None = None,
+    at: str | None = None,
+) -> dict[str, Any]:
+    """The `compaction` section of a compaction's record: the plan, the cut (with the caller's id of the first kept
+    entry, or its JSON path, said so), every summarized message (path, role, id), the summary's digest, the
+    compacted request's exact tokens, the summary call's usage, and Pi's `compaction_end` event (null when no
+    summary was given: the compaction was planned, not applied). The originals are the record's `request`."""
+    first_id, id_source = entry_id(request, plan.first_kept_index, entry_ids)
+    notes: list[str] = []
+    if id_source == "json_path" and not plan.summarizes_nothing:
+        notes.append(
+            f"the first kept message carries no id: firstKeptEntryId is its JSON path {first_id} (give each "
+            "message an `id` to have the caller's ids)"
+        )
+    parts = [(k, "history") for k in plan.messages_to_summarize]
+    parts += [(k, "turn_prefix") for k in plan.turn_prefix_to_summarize]
+    summarized = []
+    for k, part in parts:
+        eid, src = entry_id(request, k, entry_ids)
+        path = request.messages[k].source or f"messages[{k}]"
+        summarized.append(
+            {
+                "index": k,
+                "path": path,
+                "role": request.messages[k].role,
+                "part": part,
+                "entry_id": eid if src == "caller" else None,
+            }
+        )
+    event = None
+    if summary is not None:
+        event = compaction_event(plan, reason=reason, summary=summary, first_kept_entry_id=first_id, usage=usage)
+    problems = plan_problems(plan, context_window)
+    return {
+        "version": COMPACTION_SECTION_VERSION,
+        "at": at,
+        "reason": reason,
+        "applied": summary is not None and not plan.summarizes_nothing,
+        "context_window": context_window,
+        "should_compact": should_compact(plan.tokens_before, context_window, plan.reserve_tokens),
+        "helps": not problems,
+        "problems": list(problems),
+        "plan": plan.to_dict(),
+        "cut": {
+            "first_kept_index": plan.first_kept_index,
+            "first_kept_entry_id": first_id,
+            "first_kept_entry_id_source": id_source,
+            "split_turn": plan.split_turn,
+        },
+        "summarized": summarized,
+        "summary": None
+        if summary is None
+        else {
+            "sha256": _digest(summary),
+            "chars": len(summary),
+            "turn_prefix_sha256": None if turn_prefix_summary is None else _digest(turn_prefix_summary),
+        },
+        "tokens_after": tokens_after,
+        "usage": None if usage is None else usage.to_dict(),
+        "event": event,
+        "notes": notes,
+    }
 
 
 def _check_counts(**counts: int) -> None:

@@ -318,5 +318,10 @@ class UsageError(CtxlockError):
     tokens more than the prompt, reasoning more than the output, a total that is not the sum of its parts)."""
 
 
+class ExplainError(CtxlockError):
+    """An `explain` input that cannot be used: a search text that is empty or too long, an events file that is
+    not JSON objects, a record of the wrong kind."""
+
+
 class PriceError(CtxlockError):
     """A price table that cannot be read, a model it has no entry for, or no price for a kind of token used."""

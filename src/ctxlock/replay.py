@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 from .artifacts import load_artifacts, load_template_file
 from .budget import BudgetPolicy, fit_context
+from .compaction import CompactionPlan, apply_compaction
 from .errors import (
     ArtifactNotFoundError,
     CtxlockError,
@@ -63,6 +65,8 @@ def run_and_record(
     try:
         if options.budget:
             return _fit_and_record(model, request_bytes, options, render)
+        if options.compaction:
+            return _compact_and_record(model, request_bytes, options, render)
         run = model.run(request_bytes, render)
     except CtxlockError as exc:
         chosen = template
@@ -93,6 +97,43 @@ def _fit_and_record(
         decisions=fitted.to_dict(),
     )
     return fitted, record, None
+
+
+def compaction_decision(plan: CompactionPlan, summary: str, turn_prefix_summary: str | None) -> dict[str, Any]:
+    """What a compacted run's record logs in `decisions.compaction`: the cut and what the summary replaced."""
+    return {
+        "first_kept_index": plan.first_kept_index,
+        "messages_summarized": [*plan.messages_to_summarize, *plan.turn_prefix_to_summarize],
+        "split_turn": plan.split_turn,
+        "summary_sha256": hashlib.sha256(summary.encode("utf-8", "surrogatepass")).hexdigest(),
+        "turn_prefix_summary_sha256": None
+        if turn_prefix_summary is None
+        else hashlib.sha256(turn_prefix_summary.encode("utf-8", "surrogatepass")).hexdigest(),
+    }
+
+
+def _compact_and_record(
+    model: Model, request_bytes: bytes, options: RunOptions, render: RenderOptions
+) -> tuple[Any, ExecutionRecord, None]:
+    """The run of the compacted request (system + summary + kept messages), recorded with the request as received:
+    the originals stay in the record's `request` section (seed 001)."""
+    spec = options.compaction or {}
+    original = render.parse(request_bytes)
+    plan = CompactionPlan.from_dict(spec.get("plan") or {})
+    summary, prefix = spec.get("summary"), spec.get("turn_prefix_summary")
+    if not isinstance(summary, str) or not (prefix is None or isinstance(prefix, str)):
+        raise RecordFormatError("options.compaction.summary must be a string", path="record:options.compaction")
+    compacted = apply_compaction(original, plan, summary, turn_prefix_summary=prefix)
+    run = model.run(compacted, render)
+    record = build_record(
+        model=model,
+        request_bytes=request_bytes,
+        options=options,
+        run=run,
+        original=original,
+        compaction=compaction_decision(plan, summary, prefix),
+    )
+    return run, record, None
 
 
 def save(store: Store, model: Model, record: ExecutionRecord, template: ChatTemplate | None) -> str:
@@ -258,6 +299,11 @@ def _exists(target: Path) -> RecordError:
     )
 
 
+def recorded_request(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
+    """The request bytes a record ran and the options it ran with (its recorded clock pinned), as replay reads them."""
+    return _recorded_options(record)
+
+
 def _recorded_options(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
     data = record.data
     try:
@@ -366,9 +412,11 @@ def rerun(
 __all__ = [
     "SEED_FIXTURE_IDS",
     "check_seed_fixture",
+    "compaction_decision",
     "load_record",
     "materialized",
     "read_record_file",
+    "recorded_request",
     "replay",
     "rerun",
     "run_and_record",

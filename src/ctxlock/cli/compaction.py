@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -10,19 +13,28 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..compaction import (
+    COMPACTION_REASONS,
     DEFAULT_KEEP_RECENT_TOKENS,
     DEFAULT_RESERVE_TOKENS,
     CompactionPlan,
+    apply_compaction,
+    entry_id,
     message_tokens,
     plan_compaction,
     plan_problems,
+    record_section,
     should_compact,
 )
+from ..errors import BudgetError
 from ..model import Model, load
 from ..options import RenderOptions
-from .files import template_file
+from ..record import ExecutionRecord, RunOptions
+from ..replay import run_and_record, save
+from ..store import Store
+from ..usage import Usage, read_usage, sum_usage
+from .files import read_text, store_dir, template_file
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, RequestArg, TemplateOpt, _read_input
+from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, _read_input
 
 
 def _verdict(problems: tuple[str, ...]) -> None:
@@ -99,6 +111,143 @@ CheckOpt = Annotated[
 ]
 
 
+RecordOpt = Annotated[
+    bool,
+    typer.Option(
+        "--record",
+        help="Store an execution record of the compaction: the original request (kept whole), the plan, the cut, "
+        "the summary's sha256, the summary call's usage and Pi's compaction_end event. With --summary the record's "
+        "run is the compacted request (system + summary + kept messages), as the model sees it next.",
+    ),
+]
+SummaryOpt = Annotated[
+    Path | None,
+    typer.Option("--summary", help="The summary text (UTF-8 file) that replaces the summarized messages."),
+]
+TurnPrefixSummaryOpt = Annotated[
+    Path | None,
+    typer.Option("--turn-prefix-summary", help="For a split-turn plan: the summary of the turn's first part."),
+]
+SummaryUsageOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--summary-usage",
+        help="The usage of the summarization call: a provider response or usage object (any format `ctxlock usage` "
+        "reads; several are summed). Recorded, and put in the compaction_end event in Pi's shape.",
+    ),
+]
+ReasonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reason", help="Pi's compaction reason: manual|threshold|overflow (default: threshold when due, else manual)."
+    ),
+]
+
+
+def take_entry_ids(data: bytes) -> tuple[bytes, dict[int, str]]:
+    """The request without its messages' `id` keys (entry ids the caller gave, such as Pi's session entry ids,
+    which no chat API sends), and the ids by message index as sent. Bytes without any id come back unchanged."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return data, {}  # the request parser reports what is wrong with it
+    messages = raw.get("messages") if isinstance(raw, dict) else None
+    if not isinstance(messages, list):
+        return data, {}
+    ids: dict[int, str] = {}
+    for k, m in enumerate(messages):
+        if isinstance(m, dict) and "id" in m:
+            value = m.pop("id")
+            if not isinstance(value, str) or not value or len(value) > 512:
+                raise BudgetError(
+                    "an entry id must be a non-empty string of at most 512 characters",
+                    path=f"messages[{k}].id",
+                    hint="give each message the id of its session entry, or no id",
+                )
+            ids[k] = value
+    if not ids:
+        return data, {}
+    return json.dumps(raw, ensure_ascii=False).encode("utf-8"), ids
+
+
+def _usage(path: Path | None) -> Usage | None:
+    if path is None:
+        return None
+    usages = read_usage(read_text(path, option="--summary-usage"), f"--summary-usage {path}")
+    return usages[0] if len(usages) == 1 else sum_usage(usages)
+
+
+def _record(
+    m: Model,
+    data: bytes,
+    options: RenderOptions,
+    plan: CompactionPlan,
+    section: dict[str, Any],
+    summaries: tuple[str | None, str | None],
+    store_path: Path | None,
+) -> str:
+    """Run (the compacted request when a summary is given, else the request as given), record with the
+    `compaction` section, store; the record id."""
+    summary, prefix = summaries
+    applied = summary is not None and not plan.summarizes_nothing
+    spec = {"plan": plan.to_dict(), "summary": summary, "turn_prefix_summary": prefix} if applied else None
+    result, rec, error = run_and_record(
+        m, data, RunOptions(**options.to_record(), compaction=spec), template=options.template
+    )
+    if error is not None:
+        raise error
+    if applied:
+        section["tokens_after"] = len(result.tokenized.ids)
+    rec = ExecutionRecord.from_data({**rec.data, "compaction": section})
+    used = result.rendered.template if result is not None else None
+    return save(Store(store_path), m, rec, used)
+
+
+def _summary_inputs(
+    reason: str | None, summary: Path | None, turn_prefix_summary: Path | None, summary_usage: Path | None
+) -> tuple[tuple[str | None, str | None], Usage | None]:
+    """The summary texts and the summary call's usage, checked before the model loads."""
+    if reason is not None and reason not in COMPACTION_REASONS:
+        raise BudgetError(f"unknown reason {reason!r}", path="--reason", hint="manual, threshold or overflow")
+    if (summary_usage is not None or turn_prefix_summary is not None) and summary is None:
+        raise BudgetError("a summary's usage or turn prefix needs --summary", path="--summary")
+    texts = (
+        None if summary is None else read_text(summary, option="--summary"),
+        None if turn_prefix_summary is None else read_text(turn_prefix_summary, option="--turn-prefix-summary"),
+    )
+    return texts, _usage(summary_usage)
+
+
+def _section(
+    plan: CompactionPlan,
+    req: Any,
+    reason: str,
+    context_window: int,
+    entry_ids: dict[int, str],
+    texts: tuple[str | None, str | None],
+    usage: Usage | None,
+) -> dict[str, Any]:
+    return record_section(
+        plan,
+        req,
+        reason=reason,
+        context_window=context_window,
+        entry_ids=entry_ids,
+        summary=texts[0],
+        turn_prefix_summary=texts[1],
+        usage=usage,
+        at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _show_entry_and_record(plan: CompactionPlan, extra: dict[str, Any]) -> None:
+    if not plan.summarizes_nothing:
+        source = "the caller's id" if extra["first_kept_entry_id_source"] == "caller" else "its JSON path: no id"
+        console.print(f"first kept      {escape(extra['first_kept_entry_id'])} ({source})")
+    if "record_id" in extra:
+        console.print(f"record          {extra['record_id']}")
+
+
 def compact_plan(
     context_window: WindowOpt,
     request: RequestArg = "-",
@@ -108,13 +257,26 @@ def compact_plan(
     summary_tokens: SummaryTokensOpt = 1000,
     template: TemplateOpt = None,
     check: CheckOpt = False,
+    record: RecordOpt = False,
+    summary: SummaryOpt = None,
+    turn_prefix_summary: TurnPrefixSummaryOpt = None,
+    summary_usage: SummaryUsageOpt = None,
+    reason: ReasonOpt = None,
+    store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after, and whether
-    the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM call."""
+    the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM call.
+
+    Messages may carry an `id` (the caller's entry id): it is read and removed before parsing, and
+    firstKeptEntryId is that id (else the first kept message's JSON path, said so). --record stores the
+    compaction (see --record); `records show ID` shows it, and `explain` uses it for cause 3."""
+    extra: dict[str, Any] = {}
 
     def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
-        data = _read_input(request)
+        texts, usage = _summary_inputs(reason, summary, turn_prefix_summary, summary_usage)
+        store_path = store_dir(store) if record else None
+        data, entry_ids = take_entry_ids(_read_input(request))
         m = load(model)
         options = RenderOptions(template=template_file(template))
         req = options.parse(data)
@@ -128,6 +290,15 @@ def compact_plan(
             options=options,
         )
         compact = should_compact(plan.tokens_before, context_window, reserve_tokens)
+        if texts[0] is not None and not plan.summarizes_nothing:
+            apply_compaction(req, plan, texts[0], turn_prefix_summary=texts[1])  # a missing turn prefix: an error now
+        extra["first_kept_entry_id"], extra["first_kept_entry_id_source"] = entry_id(
+            req, plan.first_kept_index, entry_ids
+        )
+        if record:
+            why = reason or ("threshold" if compact else "manual")
+            section = _section(plan, req, why, context_window, entry_ids, texts, usage)
+            extra["record_id"] = _record(m, data, options, plan, section, texts, store_path)
         sizes: dict[int, int] = {}
         if not as_json and not plan.summarizes_nothing:
             wanted = (*plan.messages_to_summarize, *plan.turn_prefix_to_summarize)
@@ -144,10 +315,12 @@ def compact_plan(
                 "context_window": context_window,
                 "helps": not problems,
                 "problems": list(problems),
+                **extra,
             }
         )
     else:
         _show(m, plan, compact, context_window, sizes, req, problems)
+        _show_entry_and_record(plan, extra)
     if check and problems:
         # A failed check is one line on stderr, as every failure is (README: Errors and exit statuses).
         print(f"error: check: the plan does not help: {'; '.join(problems)}", file=sys.stderr)

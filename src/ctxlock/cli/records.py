@@ -123,10 +123,79 @@ def list_(
 def show(
     record: Annotated[str, typer.Argument(help="Record id (or unique prefix) or record file.")],
     store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON, a compaction record too.")] = False,
 ) -> None:
-    """Print a record as canonical JSON."""
+    """Print a record as JSON (indented, keys sorted). A compaction record (`compact-plan --record`) is shown as
+    a readable view instead: the reason, the window, tokens before and after, the cut with the first kept entry's
+    id, every summarized message, the summary's digest and usage, and the compaction_end event; --json prints it
+    as JSON like any record."""
     rec = record_at(record, open_store(store))
-    sys.stdout.write(json.dumps(rec.data, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+    data = rec.data
+    if not as_json and isinstance(data.get("compaction"), dict):
+        with record_values(rec):
+            show_compaction(rec.id, data)
+        return
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+
+
+def _snippet(message: Any, limit: int = 60) -> str:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    text = " ".join(str(content or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def show_compaction(rid: str, data: dict[str, Any]) -> None:
+    """The readable view of a record's `compaction` section (see `show`)."""
+    c = data["compaction"]
+    plan, cut = c["plan"], c["cut"]
+    model = (data.get("replay") or {}).get("model")
+    console.print(
+        f"[bold]compaction record[/] {rid[:12]}… ({escape(str(data['format']))}) · model {escape(str(model))}"
+    )
+    applied = "applied (the record's run is the compacted request)" if c["applied"] else "planned, not applied"
+    console.print(f"reason          {escape(str(c['reason']))} · {applied} · at {escape(str(c.get('at')))}")
+    console.print(
+        f"window          {c['context_window']:,} (reserve {plan['reserve_tokens']:,}) · should compact "
+        f"{'yes' if c['should_compact'] else 'no'} · helps {'yes' if c['helps'] else 'no'}"
+    )
+    for p in c.get("problems") or ():
+        console.print(f"  - {escape(str(p))}")
+    after = f"{c['tokens_after']:,} after (exact)" if c.get("tokens_after") is not None else "not applied"
+    console.print(
+        f"tokens          {plan['tokens_before']:,} before → {after}; estimated {plan['estimated_tokens_after']:,} "
+        f"with a {plan['summary_tokens']:,}-token summary"
+    )
+    source = "the caller's id" if cut["first_kept_entry_id_source"] == "caller" else "its JSON path: no id given"
+    console.print(
+        f"cut             before messages[{cut['first_kept_index']}] · firstKeptEntryId "
+        f"{escape(str(cut['first_kept_entry_id']))} ({source}) · split turn {'yes' if cut['split_turn'] else 'no'}"
+    )
+    originals = ((data.get("request") or {}).get("canonical") or {}).get("messages") or []
+    table = Table("index", "path", "role", "entry id", "part", "text (original, kept in the record)")
+    for s in c["summarized"]:
+        k = s["index"]
+        text = _snippet(originals[k]) if isinstance(k, int) and 0 <= k < len(originals) else ""
+        table.add_row(str(k), escape(s["path"]), s["role"], escape(str(s["entry_id"] or "-")), s["part"], escape(text))
+    console.print(table)
+    summary = c.get("summary")
+    if summary:
+        console.print(f"summary         {summary['chars']:,} characters, sha256 {summary['sha256']}")
+    usage = c.get("usage")
+    if usage:
+        console.print(
+            f"summary usage   input {usage['input']:,} · output {usage['output']:,} · cache read "
+            f"{usage['cache_read']:,} · cache write {usage['cache_write']:,} ({escape(str(usage['source']))})"
+        )
+    if c.get("event") is not None:
+        console.print(f"event           {escape(json.dumps(c['event'], ensure_ascii=False))}", soft_wrap=True)
+    for note in c.get("notes") or ():
+        console.print(f"note            {escape(str(note))}")
+    console.print(
+        f"originals       {len(originals)} messages in the record's request section; `records show {rid[:12]} "
+        "--json` prints the whole record"
+    )
 
 
 def export(

@@ -81,24 +81,31 @@ class RunOptions:
     render_seed: int | None = None  # the template's random seed (None: 0), recorded in `dynamic.random.seed`
     content_format: str = "auto"  # content-part lists: "auto" (detected), "string" (text parts joined) or "openai"
     limits: Mapping[str, Any] | None = None  # RenderLimits.to_dict() when the caller changed them (None: defaults)
+    # A compaction applied before the run: {"plan": CompactionPlan.to_dict(), "summary", "turn_prefix_summary"}.
+    compaction: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        # `limits` only when set: a run with the default limits keeps the record it always had.
-        return ({"limits": dict(self.limits)} if self.limits else {}) | {
-            "add_generation_prompt": self.add_generation_prompt,
-            "continue_final_message": self.continue_final_message,
-            "chat_template_kwargs": dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
-            "special_tokens": self.special_tokens,
-            "now": self.now,
-            "dialect": self.dialect,
-            "utf8": self.utf8,
-            "tool_arguments": self.tool_arguments,
-            "template_name": self.template_name,
-            "budget": dict(self.budget) if self.budget else None,
-            "sampling": dict(self.sampling) if self.sampling else None,
-            "render_seed": self.render_seed,
-            "content_format": self.content_format,
-        }
+        # `limits` and `compaction` only when set: a run without them keeps the record it always had.
+        extra = {"compaction": thaw(self.compaction)} if self.compaction else {}
+        return (
+            extra
+            | ({"limits": dict(self.limits)} if self.limits else {})
+            | {
+                "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "chat_template_kwargs": dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
+                "special_tokens": self.special_tokens,
+                "now": self.now,
+                "dialect": self.dialect,
+                "utf8": self.utf8,
+                "tool_arguments": self.tool_arguments,
+                "template_name": self.template_name,
+                "budget": dict(self.budget) if self.budget else None,
+                "sampling": dict(self.sampling) if self.sampling else None,
+                "render_seed": self.render_seed,
+                "content_format": self.content_format,
+            }
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunOptions:
@@ -135,9 +142,11 @@ def build_record(
     template: Any | None = None,
     original: Any | None = None,
     decisions: Mapping[str, Any] | None = None,
+    compaction: Mapping[str, Any] | None = None,
 ) -> ExecutionRecord:
     """Assemble the record of one run (or of a failed one: `run` None and `error` set). `original` is the request
-    as received when the run saw a fitted one; `decisions` the budget's log."""
+    as received when the run saw a fitted or compacted one; `decisions` the budget's log; `compaction` the
+    compaction decision (what was summarized, where the cut is), logged beside it in `decisions`."""
     tok = model.tokenizer
     manifest, files = _safe_replay_spec(*tok.replay_spec())
     data: dict[str, Any] = {
@@ -176,6 +185,8 @@ def build_record(
         data["replay"]["template_sha256"] = template.sha256
     if run is not None:
         _add_run(data, model, options, run, original, decisions)
+        if compaction is not None:
+            data["decisions"]["compaction"] = thaw(compaction)
     return ExecutionRecord.from_data(data)
 
 

@@ -17,6 +17,9 @@ RECORD_FORMAT = "ctxlock.record/2"
 # Format 2 adds: `model` (the spec's id, source and hub revision), `warnings`, the clock's zone and the render
 # seed with the template's draws in `dynamic` (in place of the always-empty `random_ids`), and the template file's
 # byte digest and line endings. A format-1 record is still read (its missing parts are null).
+# Optional parts added within format 2, absent from records that do not need them (older records load unchanged):
+# `compaction` (`compact-plan --record`: the plan, the cut, the summary's digest, usage and `compaction_end`, with
+# its own `version`), `options.compaction` and `decisions.compaction` (a compacted run, replayed from them).
 READABLE_FORMATS = ("ctxlock.record/1", RECORD_FORMAT)
 # The context policy decides which messages the template sees, so its layer comes right after the request.
 LAYERS = ("request", "policy", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "tensors")

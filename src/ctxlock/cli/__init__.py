@@ -12,6 +12,7 @@ import typer
 from ..errors import CtxlockError
 from . import budget as budget_cmds
 from . import cachereport as cachereport_cmds
+from . import clamp as clamp_cmds
 from . import compaction as compaction_cmds
 from . import constrain as constrain_cmds
 from . import count as count_cmds
@@ -43,6 +44,7 @@ constrain_cmds.register(app)
 toolcalls_cmds.register(app)
 usage_cmds.register(app)
 count_cmds.register(app)
+clamp_cmds.register(app)
 cachereport_cmds.register(app)
 
 

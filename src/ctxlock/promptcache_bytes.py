@@ -196,14 +196,15 @@ def byte_buster(prev: Request | CanonicalBytes, cur: Request | CanonicalBytes) -
 
 
 def _content_buster(a: CanonicalBytes, b: CanonicalBytes, d: int, at: str) -> Buster:
-    leaf = next((n for n in reversed(_containing(b, d)) if n.text is not None), None)
+    # The innermost string, number or literal whose bytes (or whose end: a value cut short) hold the difference.
+    leaf = next((n for n in reversed(b.nodes) if n.text is not None and n.start <= d <= n.end), None)
     old = _by_path(a, leaf.path, is_key=leaf.is_key) if leaf is not None else None
-    if leaf is None or old is None or not (old.start <= d <= old.end):
+    if leaf is None or old is None or not (old.start <= d <= old.end) or old.start != leaf.start:
         here = _containing(b, d) or _containing(a, d)
         path = here[-1].path if here else ("tools" if d < b.tools_end else "messages")
         before, after = _snippet(a.data, d), _snippet(b.data, d)
         return Buster("content", path, f"{path} (structure): {before!r} vs {after!r} ({at})")
-    c = _char_at(leaf, d)
+    c = _char_at(leaf, d) if leaf.text is not None and leaf.keys is None else 0
     what = "key " if leaf.is_key else ""
     before, after = (old.text or "")[c : c + _SNIPPET], (leaf.text or "")[c : c + _SNIPPET]
     return Buster("content", leaf.path, f"{what}{leaf.path} char {c}: {before!r} vs {after!r} ({at})")

@@ -140,6 +140,16 @@ def test_other_config_keys_and_several_that_disagree(tmp_path: Path) -> None:
     assert "using the smallest, max_sequence_length" in cap.notes[0]
 
 
+def test_rope_scaling_is_said_not_applied() -> None:
+    rope = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    cap = from_files(config={"max_position_embeddings": 32768, "rope_scaling": rope})
+    assert cap.context_window == 32768
+    assert cap.notes == (
+        "config.json rope_scaling yarn factor 4.0: the window is max_position_embeddings as written (vLLM multiplies "
+        "it by the factor for some scaling types; pass --context-window to use that)",
+    )
+
+
 def test_mistral_params_json(tmp_path: Path) -> None:
     """Mistral's params.json `max_seq_len` (as vLLM maps it); the tekken file states none."""
     d = _hf_dir(tmp_path, params={"dim": 5120, "max_seq_len": 131072})

@@ -101,6 +101,13 @@ def _from_config(config: Mapping[str, Any], name: str, notes: list[str]) -> list
         listed = ", ".join(f"{k} {n:,}" for k, n in values)
         notes.append(f"{where} states several windows ({listed}): using the smallest, {smallest[0]}")
         values = [smallest]
+    rope = config.get("rope_scaling")
+    if values and isinstance(rope, Mapping) and rope.get("factor") not in (None, 1, 1.0):
+        kind = rope.get("rope_type") or rope.get("type")
+        notes.append(
+            f"{where} rope_scaling {kind} factor {rope.get('factor')}: the window is {values[0][0]} as written "
+            "(vLLM multiplies it by the factor for some scaling types; pass --context-window to use that)"
+        )
     return [Found("window", f"{where} {k}", n) for k, n in values[:1]]
 
 

@@ -23,6 +23,7 @@ import fetched
 from cli_runner import invoke, run_cli
 from ctxlock.artifacts.gguf import read_metadata
 from ctxlock.capacity import LARGE_INTEGER, Capacity, from_files, override, with_price
+from ctxlock.cli import budget as budget_cmds
 from ctxlock.cli import clamp as clamp_cmds
 from ctxlock.usage import PriceTable
 
@@ -277,6 +278,16 @@ def test_fit_uses_the_models_window_without_flags(tmp_path: Path) -> None:
 
 def _clamp(*args: str) -> Any:
     return invoke(clamp_cmds.register, "clamp", *args)
+
+
+def test_fit_on_a_model_directory_without_flags(tmp_path: Path) -> None:
+    d = _hf_dir(tmp_path, {"model_type": "qwen2", "max_position_embeddings": 40}, {"model_max_length": 131072})
+    tpl = str(fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja")
+    out = invoke(budget_cmds.register, "fit", _request(tmp_path), "--model", str(d), "-t", tpl, "--json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert (data["budget"], data["policy"]["window_source"]) == (40, "model config.json max_position_embeddings")
+    assert data["input_tokens"] <= 40
 
 
 def test_clamp(tmp_path: Path) -> None:

@@ -15,11 +15,13 @@ that are not part of the prompt (model, max_tokens, tool_choice, thinking: `Requ
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .frozen import thaw
 from .promptcache import Buster, Split, TurnReport, turn_cost
 from .request import Dialect, Message, Request, join_path
 from .usage import PriceTable, Usage
@@ -42,21 +44,52 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One line of the serialization: a tool or a message, its bytes [start, end) (the newline excluded), the
+    JSON value written, and how its paths read as sent (`base` for a tool; `message` maps canonical suffixes)."""
+
+    start: int
+    end: int
+    value: Any
+    base: str
+    message: Message | None = None
+
+
+@dataclass(frozen=True)
 class CanonicalBytes:
     data: bytes
-    nodes: tuple[Node, ...]  # every value and key, in byte order (a container before what it holds)
+    starts: tuple[int, ...]  # where each part begins: each tool, then each message, in byte order
+    entries: tuple[tuple[Any, str, Message | None], ...]  # each part's value, base path and message
     tools: tuple[str, ...]  # tool names, in order
     tools_end: int  # where the tools end and the messages begin
     tool_texts: tuple[str, ...]  # each tool's JSON with sorted keys (the same tool whatever its key order)
 
+    def part_at(self, offset: int) -> Part | None:
+        """The part whose bytes (or whose newline) hold `offset`."""
+        k = bisect.bisect_right(self.starts, offset) - 1
+        if k < 0:
+            return None
+        end = (self.starts[k + 1] if k + 1 < len(self.starts) else len(self.data)) - 1  # before its newline
+        value, base, message = self.entries[k]
+        return Part(self.starts[k], end, value, base, message) if offset <= end else None
+
+
+def _dumps(value: Any) -> bytes:
+    """The bytes `_Writer` writes for `value`: compact JSON, keys in order, non-ASCII as UTF-8."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
 
 class _Writer:
-    def __init__(self) -> None:
+    """`_dumps`, keeping the byte range and path of every value and key: used only on the part where two requests
+    differ."""
+
+    def __init__(self, start: int) -> None:
         self.out = bytearray()
+        self.at = start
         self.nodes: list[Node] = []
 
     def value(self, value: Any, path: str) -> None:
-        start = len(self.out)
+        start = self.at + len(self.out)
         if isinstance(value, str):
             self._string(value, path, is_key=False)
         elif isinstance(value, Mapping):
@@ -71,7 +104,7 @@ class _Writer:
                 self.out += b":"
                 self.value(v, sub)
             self.out += b"}"
-            self.nodes[at] = Node(start, len(self.out), path, keys=tuple(str(k) for k in value))
+            self.nodes[at] = Node(start, self.at + len(self.out), path, keys=tuple(str(k) for k in value))
         elif isinstance(value, list | tuple):
             at = len(self.nodes)
             self.nodes.append(Node(start, start, path))
@@ -81,27 +114,41 @@ class _Writer:
                     self.out += b","
                 self.value(v, f"{path}[{i}]")
             self.out += b"]"
-            self.nodes[at] = Node(start, len(self.out), path)
+            self.nodes[at] = Node(start, self.at + len(self.out), path)
         else:
             text = json.dumps(value)
             self.out += text.encode()
-            self.nodes.append(Node(start, len(self.out), path, text=text))
+            self.nodes.append(Node(start, self.at + len(self.out), path, text=text))
 
     def _string(self, s: str, path: str, *, is_key: bool) -> None:
         encoded = json.dumps(s, ensure_ascii=False).encode("utf-8", "surrogatepass")
         self.out += b'"'
-        start = len(self.out)
+        start = self.at + len(self.out)
         self.out += encoded[1:-1]
-        self.nodes.append(Node(start, len(self.out), path, text=s, is_key=is_key))
+        self.nodes.append(Node(start, self.at + len(self.out), path, text=s, is_key=is_key))
         self.out += b'"'
+
+
+def part_nodes(part: Part) -> list[Node]:
+    """Every value and key of a part, with its bytes in the whole serialization and its path as sent."""
+    w = _Writer(part.start)
+    w.value(part.value, part.base if part.message is None else "")
+    m = part.message
+    if m is None:
+        return w.nodes
+    return [replace(n, path=_sent_path(m, n.path) if n.path else m.source) for n in w.nodes]
 
 
 def _tool_body(request: Request, tool: Mapping[str, Any], k: int) -> tuple[Any, str]:
     """A tool as sent: an Anthropic tool is {name, description, input_schema}; an OpenAI one {type, function}."""
-    fn = tool["function"]
+    fn = thaw(tool["function"])
     if request.dialect is Dialect.ANTHROPIC:
-        return {("input_schema" if key == "parameters" else key): v for key, v in fn.items()}, f"tools[{k}]"
-    return fn, f"tools[{k}].function"
+        return {("input_schema" if key == "parameters" else key): v for key, v in fn.items()}, _tool_base(request, k)
+    return fn, _tool_base(request, k)
+
+
+def _tool_base(request: Request, k: int) -> str:
+    return f"tools[{k}]" if request.dialect is Dialect.ANTHROPIC else f"tools[{k}].function"
 
 
 def _sent_path(m: Message, suffix: str) -> str:
@@ -115,23 +162,45 @@ def _sent_path(m: Message, suffix: str) -> str:
     return f"{m.source}{suffix}"
 
 
-def canonical_bytes(request: Request) -> CanonicalBytes:
-    """The request's bytes in the provider's prefix order, with every value's path."""
-    w = _Writer()
+def canonical_bytes(request: Request, memo: dict[Any, Any] | None = None) -> CanonicalBytes:
+    """The request's bytes in the provider's prefix order, and where each part is. `memo` (a dict the caller keeps
+    for one session) reuses the bytes of a tool, or of a message in the same place in the turn before, already
+    serialized."""
+    memo = {} if memo is None else memo
+    chunks: list[bytes] = []
+    entries: list[tuple[Any, str, Message | None]] = []
     names, texts = [], []
     for k, tool in enumerate(request.tools or ()):
-        body, path = _tool_body(request, tool, k)
-        w.value(body, path)
-        w.out += b"\n"
+        key = (tool, request.dialect)
+        if key not in memo:
+            body, _ = _tool_body(request, tool, k)
+            memo[key] = (body, _dumps(body), json.dumps(body, sort_keys=True, ensure_ascii=False))
+        body, data, text = memo[key]
+        entries.append((body, _tool_base(request, k), None))
+        chunks.append(data)
         names.append(str(tool["function"].get("name", "?")))
-        texts.append(json.dumps(body, sort_keys=True, ensure_ascii=False, default=str))
-    tools_end = len(w.out)
-    for m in request.messages:
-        start = len(w.nodes)
-        w.value(m.to_template(), "")
-        w.out += b"\n"
-        w.nodes[start:] = [replace(n, path=_sent_path(m, n.path) if n.path else m.source) for n in w.nodes[start:]]
-    return CanonicalBytes(bytes(w.out), tuple(w.nodes), tuple(names), tools_end, tuple(texts))
+        texts.append(text)
+    # The turn before's messages, by position: a session's turn repeats them, and comparing in place is cheaper
+    # than hashing each (a Message's hash is computed once per object, and every turn is parsed anew).
+    before_msgs, before = memo.get("messages", ((), ()))
+    done = []
+    for i, m in enumerate(request.messages):
+        if i < len(before_msgs) and (before_msgs[i] is m or before_msgs[i] == m):
+            hit = before[i]
+        else:
+            value = m.to_template()
+            hit = (value, _dumps(value))
+        done.append(hit)
+        entries.append((hit[0], m.source, m))
+        chunks.append(hit[1])
+    memo["messages"] = (request.messages, done)
+    starts, pos = [], 0
+    for c in chunks:
+        starts.append(pos)
+        pos += len(c) + 1
+    tools_end = starts[len(names)] if len(starts) > len(names) else pos
+    data = b"\n".join(chunks) + (b"\n" if chunks else b"")
+    return CanonicalBytes(data, tuple(starts), tuple(entries), tuple(names), tools_end, tuple(texts))
 
 
 def first_difference(a: bytes, b: bytes) -> int:
@@ -155,13 +224,13 @@ def _char_at(node: Node, offset: int) -> int:
     return len(text)
 
 
-def _containing(doc: CanonicalBytes, offset: int) -> list[Node]:
+def _containing(nodes: list[Node], offset: int) -> list[Node]:
     """Every node whose bytes hold `offset`, outermost first."""
-    return [n for n in doc.nodes if n.start <= offset < n.end or (n.start == n.end == offset)]
+    return [n for n in nodes if n.start <= offset < n.end or (n.start == n.end == offset)]
 
 
-def _by_path(doc: CanonicalBytes, path: str, *, is_key: bool = False) -> Node | None:
-    return next((n for n in doc.nodes if n.path == path and n.is_key == is_key), None)
+def _by_path(nodes: list[Node], path: str, *, is_key: bool = False) -> Node | None:
+    return next((n for n in nodes if n.path == path and n.is_key == is_key), None)
 
 
 def _snippet(data: bytes, offset: int) -> str:
@@ -183,28 +252,32 @@ def byte_buster(prev: Request | CanonicalBytes, cur: Request | CanonicalBytes) -
         return Buster(
             "tools reordered", "tools", f"tools reordered: [{', '.join(a.tools)}] vs [{', '.join(b.tools)}] ({at})"
         )
-    for node in reversed(_containing(b, d)):
+    # Every byte before d is the same, so the part holding d starts at the same place in both: only it is walked.
+    pa, pb = a.part_at(d), b.part_at(d)
+    na = part_nodes(pa) if pa is not None else []
+    nb = part_nodes(pb) if pb is not None else []
+    for node in reversed(_containing(nb, d)):
         if node.keys is None:
             continue
-        other = _by_path(a, node.path)
+        other = _by_path(na, node.path)
         if other is not None and other.keys != node.keys and sorted(other.keys or ()) == sorted(node.keys):
             kind = "schema key order" if node.path.startswith("tools[") else "key order"
             return Buster(
                 kind, node.path, f"{node.path} key order: {list(other.keys or ())} vs {list(node.keys)} ({at})"
             )
-    return _content_buster(a, b, d, at)
+    return _content_buster(a, b, na, nb, d, at)
 
 
-def _content_buster(a: CanonicalBytes, b: CanonicalBytes, d: int, at: str) -> Buster:
+def _content_buster(a: CanonicalBytes, b: CanonicalBytes, na: list[Node], nb: list[Node], d: int, at: str) -> Buster:
     # The innermost string, number or literal whose bytes (or whose end: a value cut short) hold the difference.
-    leaf = next((n for n in reversed(b.nodes) if n.text is not None and n.start <= d <= n.end), None)
-    old = _by_path(a, leaf.path, is_key=leaf.is_key) if leaf is not None else None
+    leaf = next((n for n in reversed(nb) if n.text is not None and n.start <= d <= n.end), None)
+    old = _by_path(na, leaf.path, is_key=leaf.is_key) if leaf is not None else None
     if leaf is None or old is None or not (old.start <= d <= old.end) or old.start != leaf.start:
-        here = _containing(b, d) or _containing(a, d)
+        here = _containing(nb, d) or _containing(na, d)
         path = here[-1].path if here else ("tools" if d < b.tools_end else "messages")
         before, after = _snippet(a.data, d), _snippet(b.data, d)
         return Buster("content", path, f"{path} (structure): {before!r} vs {after!r} ({at})")
-    c = _char_at(leaf, d) if leaf.text is not None and leaf.keys is None else 0
+    c = _char_at(leaf, d)
     what = "key " if leaf.is_key else ""
     before, after = (old.text or "")[c : c + _SNIPPET], (leaf.text or "")[c : c + _SNIPPET]
     return Buster("content", leaf.path, f"{what}{leaf.path} char {c}: {before!r} vs {after!r} ({at})")
@@ -249,7 +322,8 @@ def closed_turns(
     usage's when given (input, cache read and write, and the cost from them), else the estimate from `proxy`'s
     tokenizer."""
     out = []
-    docs = [canonical_bytes(r) for r in requests]
+    memo: dict[Any, Any] = {}  # one session's serialized messages and tools, reused from turn to turn
+    docs = [canonical_bytes(r, memo) for r in requests]
     for i, (report, usage) in enumerate(zip(reports, usages, strict=True)):
         buster = byte_buster(docs[i - 1], docs[i]) if i else None
         r = replace(report, buster=buster)
@@ -265,4 +339,15 @@ def closed_turns(
     return out
 
 
-__all__ = ["ORDER", "CanonicalBytes", "ClosedTurn", "Node", "byte_buster", "canonical_bytes", "closed_turns"]
+__all__ = [
+    "ORDER",
+    "CanonicalBytes",
+    "ClosedTurn",
+    "Node",
+    "Part",
+    "byte_buster",
+    "canonical_bytes",
+    "closed_turns",
+    "first_difference",
+    "part_nodes",
+]

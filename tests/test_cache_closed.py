@@ -24,7 +24,7 @@ from ctxlock.cli import cachereport as cachereport_cmds
 from ctxlock.cli.cachereport import build_turns
 from ctxlock.cli.render import run_recorded
 from ctxlock.promptcache import session_report
-from ctxlock.promptcache_bytes import ORDER, byte_buster, canonical_bytes, closed_turns, first_difference
+from ctxlock.promptcache_bytes import ORDER, byte_buster, canonical_bytes, closed_turns, first_difference, part_nodes
 from ctxlock.record import RunOptions
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
@@ -229,3 +229,42 @@ def test_cache_report_from_record_ids(tmp_path: Path) -> None:
     assert two.exit_code == 1 and json.loads(two.output)["error"]["path"] == "SESSION"
     missing = invoke(cachereport_cmds.register, "cache-report", "0" * 64, "--records", "--store", str(store), *common)
     assert missing.exit_code == 1 and json.loads(missing.output)["error"]["type"] == "RecordNotFoundError"
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.dictionaries(TEXT, JSON, max_size=4), content=TEXT)
+def test_the_walk_writes_the_same_bytes(args: dict[str, Any], content: str) -> None:
+    """Every part's values and keys, walked, lie exactly over the bytes the report compares (tool-call arguments of
+    any JSON, in both dialects' shapes)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}
+    req = parse_request({
+        "messages": [
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+        "tools": [_tool({**SEARCH, "parameters": {"type": "object", "properties": args}}, "openai")],
+    })  # fmt: skip
+    doc = canonical_bytes(req)
+    for start in doc.starts:
+        part = doc.part_at(start)
+        assert part is not None
+        nodes = part_nodes(part)
+        assert nodes[0].start == part.start and nodes[0].end == part.end
+        for n in (n for n in nodes if n.text is not None):
+            written = doc.data[n.start : n.end]
+            if doc.data[n.start - 1 : n.start] == b'"':  # a string (a value or a key): its JSON escape
+                assert written == json.dumps(n.text, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
+            else:  # a number or a literal
+                assert written == n.text.encode() and json.loads(written) == json.loads(n.text)

@@ -32,9 +32,11 @@ fitted request then goes through the full pipeline once, and its count must matc
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from ._counting import TokenCounter, common_prefix
@@ -445,19 +447,25 @@ def _arguments_mode(request: Request) -> str:
     return "as-sent" if as_sent else "parsed"
 
 
+def clamp_margin(input_tokens: int, margin_tokens: int = 0, margin_fraction: float | str = 0.0) -> int:
+    """Seed 001's margin: max(C, ⌈input·r⌉), the ceiling taken exactly (r as written in decimal, never a binary
+    float's rounding: 0.1 · 1000 is 100, not 101)."""
+    return max(margin_tokens, math.ceil(Fraction(str(margin_fraction)) * input_tokens))
+
+
 def clamp_max_tokens(
     context_window: int,
     input_tokens: int,
     requested: int | None,
     *,
     margin_tokens: int = 0,
-    margin_fraction: float = 0.0,
+    margin_fraction: float | str = 0.0,
     min_output_tokens: int = 1,
 ) -> int:
-    """The effective output cap: min(requested, window - input - margin), margin = max(floor, fraction * input).
+    """The effective output cap: min(requested, window - input - margin), margin = max(floor, ⌈fraction·input⌉).
 
     Raises BudgetExceeded when the room left is below `min_output_tokens`."""
-    margin = max(margin_tokens, int(margin_fraction * input_tokens + 0.999999))
+    margin = clamp_margin(input_tokens, margin_tokens, margin_fraction)
     room = context_window - input_tokens - margin
     if room < min_output_tokens:
         raise BudgetExceeded(
@@ -477,6 +485,7 @@ __all__ = [
     "Decision",
     "Fitted",
     "Segment",
+    "clamp_margin",
     "clamp_max_tokens",
     "fit_context",
     "fitted_request_json",

@@ -43,6 +43,9 @@ class BudgetPolicy:
     order: tuple[str, ...] | None = None  # a user-supplied order of optional segment ids (overrides the above)
     history: HistoryMode = "suffix"
     generation_prefix: GenerationPrefix = "required"
+    # Where the window came from ("--context-window", "config.json max_position_embeddings", ...): recorded only
+    # when set, so the policies (and digests) of earlier records are unchanged.
+    window_source: str | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -102,6 +105,8 @@ class BudgetPolicy:
                     if name == "optional_priority"
                     else 'segment ids, such as ["documents[0]"]',
                 )
+        if self.window_source is not None and not isinstance(self.window_source, str):
+            raise BudgetError("window_source must be a string", path="policy.window_source")
         for name in ("history", "generation_prefix"):
             if not isinstance(getattr(self, name), str):
                 raise BudgetError(
@@ -125,6 +130,7 @@ class BudgetPolicy:
             "history": self.history,
             "generation_prefix": self.generation_prefix,
             "tool_pairs_atomic": True,
+            **({"window_source": self.window_source} if self.window_source is not None else {}),
         }
 
     @property

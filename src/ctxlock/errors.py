@@ -24,7 +24,8 @@
     ├── TensorError                  ids -> ModelInput (batching, padding)
     │   └── TensorKeyError           a key a ModelInput does not have (also a KeyError)
     ├── BudgetError                  a context-budget policy that cannot be applied
-    │   └── BudgetExceeded           required segments over the budget; no room left for output
+    │   ├── BudgetExceeded           required segments over the budget; no room left for output
+    │   └── CapacityUnknownError     a window is needed and neither the model's files nor a flag give one
     ├── ToolCallError                streamed tool calls (toolcalls): malformed, unknown tool, cut off, invalid
     │   ├── ToolCallTruncatedError   the response hit the output token limit
     │   ├── ToolCallValidationError  arguments that do not match the tool's JSON Schema
@@ -190,6 +191,10 @@ class InputError(CtxlockError):
 
 class BudgetError(CtxlockError):
     """A context-budget policy that cannot be applied as given."""
+
+
+class CapacityUnknownError(BudgetError):
+    """A budget or clamp needs the model's context window, and neither the model's files nor a flag give one."""
 
 
 class BudgetExceeded(BudgetError):

@@ -8,6 +8,7 @@ from typing import Any, Unpack
 
 from . import accounting, caches
 from .artifacts import ModelArtifacts, load_artifacts
+from .capacity import Capacity
 from .errors import TemplateNotFoundError
 from .options import (
     BATCH_OPTIONS,
@@ -72,6 +73,12 @@ class Model:
     @property
     def pad_id(self) -> int | None:
         return self.artifacts.pad_id
+
+    @property
+    def capacity(self) -> Capacity:
+        """The context window and output limit the model's files state, each with its source ("unknown" when none
+        does), every value found and every conflict (see `ctxlock.capacity`)."""
+        return self.artifacts.capacity
 
     @property
     def hub(self) -> Any:

@@ -508,6 +508,7 @@ class Price:
     tiers: tuple[tuple[int, Mapping[str, Decimal]], ...] = ()
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    max_tokens: int | None = None  # LiteLLM's legacy field: the output limit where max_output_tokens is absent
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,7 +585,7 @@ def _price(model: str, spec: Mapping[str, Any], path: str) -> Price:
             if (p := _per_token(spec, f"{key}_above_{n // 1000}k_tokens", path)) is not None
         }
         tiers.append((n, above))
-    limits = {k: spec.get(k) for k in ("max_input_tokens", "max_output_tokens")}
+    limits = {k: spec.get(k) for k in ("max_input_tokens", "max_output_tokens", "max_tokens")}
     return Price(
         model,
         base,

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..capacity import Capacity
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..frozen import FrozenDict, freeze
 from ..inputs import decode_utf8, read_artifact
 from ..template import ChatTemplate, TemplateSet, compile_template, template_from_file_text
 from ..tokenizer import Tokenizer
 
+NO_CAPACITY = Capacity()  # nothing stated: window and output limit unknown
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # JSON escapes can spell a lone surrogate, which no tokenizer vocabulary holds and UTF-8 cannot encode.
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -40,6 +42,7 @@ class ModelArtifacts:
     pad_id: int | None
     description: str = ""
     hub: Any = None  # a hub.HubRevision when the model came from the HF hub cache (`org/name[@revision]`)
+    capacity: Capacity = NO_CAPACITY  # the context window and output limit the files state (`ctxlock.capacity`)
 
     def describe(self) -> dict[str, Any]:
         templates = []
@@ -58,6 +61,7 @@ class ModelArtifacts:
             "control_tokens": len(self.tokenizer.control_tokens),
             "pad_id": self.pad_id,
             "templates": templates,
+            "capacity": self.capacity.to_dict(),
             **({"hub": self.hub.to_dict()} if self.hub is not None else {}),
         }
 
@@ -184,6 +188,7 @@ def finish(
     templates: TemplateSet | None,
     special: Mapping[str, str],
     description: str,
+    capacity: Capacity | None = None,
 ) -> ModelArtifacts:
     pad = special.get("pad_token")
     pad_id = tokenizer.token_to_id(pad) if pad is not None else None
@@ -195,6 +200,7 @@ def finish(
         special_tokens=freeze(dict(special)),
         pad_id=pad_id,
         description=description,
+        capacity=capacity or NO_CAPACITY,
     )
 
 

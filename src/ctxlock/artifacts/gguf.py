@@ -225,6 +225,7 @@ class GGUFVocab:
     remove_extra_whitespaces: bool | None
     precompiled_charsmap: bytes | None = field(repr=False)
     chat_templates: Mapping[str, str] = field(repr=False)  # "default" plus any named ones
+    context_length: Any = field(default=None, compare=False)  # `<architecture>.context_length` as written
 
     def token_type(self, i: int) -> int:
         return int(self.token_types[i]) if self.token_types is not None else int(TokenType.NORMAL)
@@ -323,7 +324,14 @@ def read_vocab(path: str | Path) -> GGUFVocab:
         remove_extra_whitespaces=_flag(meta, Keys.Tokenizer.REMOVE_EXTRA_WS),
         precompiled_charsmap=bytes(charsmap.astype("u1")) if isinstance(charsmap, np.ndarray) else None,
         chat_templates=templates,
+        context_length=_context_length(meta),
     )
+
+
+def _context_length(meta: GGUFMetadata) -> Any:
+    """`<general.architecture>.context_length` as written (the model's window; `ctxlock.capacity` checks it)."""
+    arch = meta.get("general.architecture")
+    return meta.get(f"{arch}.context_length") if isinstance(arch, str) else None
 
 
 def _flag(meta: GGUFMetadata, key: str) -> bool | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import diskcache
+from .. import capacity, diskcache
 from ..errors import ArtifactFormatError
 from ..template import ChatTemplate, TemplateSet, compile_template
 from ..tokenizer import ManifestFiles
@@ -90,14 +90,20 @@ def conversion(vocab: GGUFVocab) -> dict[str, Any]:
         "add_eos": vocab.add_eos,
         "add_space_prefix": vocab.add_space_prefix,
         "chat_templates": dict(vocab.chat_templates),
+        "context_length": _json_ready(vocab.context_length),
     }
+
+
+def _json_ready(value: Any) -> Any:
+    # A value of an unexpected type is kept as its repr, for capacity's note on it, never dropped.
+    return value if value is None or isinstance(value, int | float | str) else repr(value)[:80]
 
 
 def load_gguf(path: Path) -> ModelArtifacts:
     """A GGUF file: its vocabulary converted natively (cached by sha256) and its embedded chat template(s)."""
     sha = diskcache.file_sha256(path)
     data = diskcache.load("gguf", sha)
-    if data is None:
+    if data is None or "context_length" not in data:  # an entry cached before capacity was read is made again
         data = conversion(read_vocab(path))
         diskcache.store("gguf", sha, data)
     tokenizer = GGUFTokenizer(
@@ -124,7 +130,10 @@ def load_gguf(path: Path) -> ModelArtifacts:
             names.append(name)
             items.append(template)
         templates = TemplateSet(tuple(items), tuple(names))
-    return finish(path.name, str(path), tokenizer, templates, data["special_tokens"], "GGUF file")
+    cap = capacity.from_files(
+        gguf={"architecture": data["architecture"], "context_length": data["context_length"]}, gguf_name=path.name
+    )
+    return finish(path.name, str(path), tokenizer, templates, data["special_tokens"], "GGUF file", cap)
 
 
 __all__ = ["GGUFTokenizer", "conversion", "load_gguf", "tokenizer_json"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import diskcache
+from .. import capacity, diskcache
 from ..errors import ArtifactFormatError, ArtifactNotFoundError
 from ..inputs import read_artifact
 from ..template import TemplateSet
@@ -49,6 +49,7 @@ _STANDARD_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "params.json",
 )
 
 
@@ -118,7 +119,20 @@ def load_hf_dir(
     )
     templates = _templates(d, configs)
     special = _special_tokens(configs, source, pipeline)
-    return finish(d.model_id, str(root), tokenizer, templates, special, description="HF model directory")
+    cap = capacity.from_files(
+        config=configs.model_config, tokenizer_config=configs.config, params=_params(d.local("params.json"))
+    )
+    return finish(d.model_id, str(root), tokenizer, templates, special, "HF model directory", cap)
+
+
+def _params(path: Path) -> dict[str, Any] | None:
+    """Mistral's params.json (its `max_seq_len` is a window), when the directory has one."""
+    if not present(path):
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ArtifactFormatError("params.json must hold a JSON object", path=str(path))
+    return data
 
 
 def _read_configs(d: _Dir) -> _Configs:
@@ -126,7 +140,7 @@ def _read_configs(d: _Dir) -> _Configs:
     config = read_json(config_path) if present(config_path) else {}
     if not isinstance(config, dict):
         raise ArtifactFormatError("tokenizer_config.json must hold a JSON object", path=str(config_path))
-    # config.json (the model's) matters only for its model_type and tokenizer_class, as in AutoTokenizer.
+    # config.json (the model's): its model_type and tokenizer_class, as in AutoTokenizer, and its window (capacity).
     model_config_path = d.local("config.json")
     model_config = read_json(model_config_path) if present(model_config_path) else {}
     if not isinstance(model_config, dict):

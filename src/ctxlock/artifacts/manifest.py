@@ -17,12 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import diskcache
+from .. import capacity, diskcache
 from ..errors import ArtifactFormatError, ArtifactNotFoundError
 from ..mistral import patch_template
 from ..template import ChatTemplate, TemplateSet, compile_template
 from ..tokenizer import Tokenizer
-from .common import ModelArtifacts, finish, inside, load_template_file, read_json, read_text, regular, special_token
+from .common import (
+    ModelArtifacts,
+    finish,
+    inside,
+    load_template_file,
+    present,
+    read_json,
+    read_text,
+    regular,
+    special_token,
+)
 from .registry import backend, formats_hint
 
 
@@ -73,7 +83,10 @@ def load_manifest_dir(root: Path) -> ModelArtifacts:
     description = manifest.get("description", "")
     if not isinstance(description, str):
         raise ArtifactFormatError("description must be a string", path=f"{manifest_path}:description")
-    return finish(model_id, str(root), tokenizer, templates, special, description)
+    params_path = inside(root, "params.json", field="params.json", config=manifest_path)
+    params = read_json(params_path) if present(params_path) else None
+    cap = capacity.from_files(params=params if isinstance(params, dict) else None)
+    return finish(model_id, str(root), tokenizer, templates, special, description, cap)
 
 
 def _manifest_templates(

@@ -13,8 +13,8 @@ from rich.table import Table
 
 from ..accounting import unseen_parts
 from ..budget import BudgetPolicy, Fitted, fit_context, fitted_request_json
-from ..errors import BudgetError
-from ..model import load
+from ..errors import BudgetError, CapacityUnknownError
+from ..model import Model, load
 from ..options import RenderOptions
 from ..record import RunOptions
 from .files import open_output, read_json, store_dir, template_file
@@ -30,23 +30,46 @@ def _policy(
     history: str | None,
     no_generation_prompt: bool,
 ) -> dict[str, Any]:
-    """The policy as a complete dict (every field, defaults included), so a record states the history mode and the
-    generation prefix it was fitted with, whatever later versions default to."""
+    """The policy as given (a file, then the flags over it), not yet validated: without a budget, `_with_window`
+    takes the model's window."""
     data: dict[str, Any] = {}
     if policy_file is not None:
         data = read_json(policy_file, option="--policy", error=BudgetError)
         if not isinstance(data, dict):
             raise BudgetError("a policy file holds a JSON object", path=f"--policy {policy_file}")
+        if data.get("context_window") is not None and "window_source" not in data:
+            data["window_source"] = f"--policy {policy_file}"
     if max_input is not None:
         data["max_input_tokens"] = max_input
     if window is not None:
         data["context_window"] = window
+        data["window_source"] = "--context-window"
     if reserve is not None:
         data["reserve_output_tokens"] = reserve
     if history is not None:
         data["history"] = history
     if no_generation_prompt:
         data["generation_prefix"] = "none"
+    return data
+
+
+def _has_budget(data: dict[str, Any]) -> bool:
+    return data.get("max_input_tokens") is not None or data.get("context_window") is not None
+
+
+def _with_window(data: dict[str, Any], model: Model) -> dict[str, Any]:
+    """The policy as a complete dict (every field, defaults included), so a record states the history mode, the
+    generation prefix and where its window came from, whatever later versions default to. Without a budget, the
+    model's own window (`model.capacity`) is the budget, and its source is recorded."""
+    if not _has_budget(data):
+        cap = model.capacity
+        if cap.context_window is None:
+            raise CapacityUnknownError(
+                f"model {model.id!r} states no context window, and no budget was given",
+                path="--context-window",
+                hint="pass --context-window N (with --reserve-output G) or --max-input-tokens N",
+            )
+        data = {**data, "context_window": cap.context_window, "window_source": f"model {cap.source}"}
     return BudgetPolicy.from_dict(data).to_dict()  # validated now, with a typed error
 
 
@@ -122,8 +145,11 @@ def fit(
     def go() -> tuple[Any, str | None, dict[str, Any]]:
         data = _read_input(request)
         store_path = store_dir(store) if record else None  # refused before the model loads and the run
-        pol = _policy(policy, max_input_tokens, context_window, reserve_output, history, no_generation_prompt)
+        given = _policy(policy, max_input_tokens, context_window, reserve_output, history, no_generation_prompt)
+        if _has_budget(given):
+            BudgetPolicy.from_dict(given)  # a bad policy fails before the model loads
         m = load(model)
+        pol = _with_window(given, m)
         chosen = template_file(template)
         options = RenderOptions(
             add_generation_prompt=False if no_generation_prompt or continue_final_message else None,
@@ -157,6 +183,8 @@ def fit(
 def _show(fitted: Fitted, sent: dict[str, Any], emit_request: Path | None, rid: str | None) -> None:
     used, budget = fitted.input_tokens, fitted.budget
     console.print(f"[bold]{used:,}[/] / {budget:,} input tokens ({used / budget:.0%} of the budget)")
+    if fitted.policy.window_source is not None:
+        console.print(f"window {fitted.policy.context_window:,} from {escape(fitted.policy.window_source)}")
     console.print(ProgressBar(total=budget, completed=used, width=60))
     console.print()
     table = Table("segment", "kind", "kept", "tokens", "total", "reason")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -13,14 +15,17 @@ import typer
 from rich.markup import escape
 
 from ..accounting import layout
-from ..errors import RequestError, UsageError
+from ..errors import RecordFormatError, RequestError, UsageError
 from ..inputs import decode_utf8, read_input
 from ..model import Model, load
 from ..promptcache import PROVIDERS, Breakpoint, TurnData, TurnReport, session_report
+from ..promptcache_bytes import ORDER, ClosedTurn, closed_turns
+from ..replay import record_values
 from ..usage import PriceTable, parse_usage
 from .files import template_file
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt
+from .records import open_store, record_at
+from .render import JsonOpt, ModelOpt, StoreOpt
 
 Session = list[tuple[dict[str, Any], Any, float | None]]  # (request as sent, usage object, time in seconds)
 
@@ -45,6 +50,42 @@ def read_session(text: str, name: str) -> Session:
         out.append((request, usage, _seconds(stamp, f"{name}:{n} $.timestamp")))
     if not out:
         raise RequestError("holds no request", path=name, hint="one request per line")
+    return out
+
+
+def record_ids(args: list[str]) -> list[str]:
+    """The record ids of `--records`: each argument an id, an id prefix or a record file; `@FILE` a text file of
+    them, one per line (blank lines and `#` comments skipped; `@-` reads stdin)."""
+    out: list[str] = []
+    for arg in args:
+        if not arg.startswith("@"):
+            out.append(arg)
+            continue
+        name = arg[1:]
+        label = "stdin" if name == "-" else f"SESSION {arg}"
+        text = decode_utf8(read_input(name, label=label), label=label)
+        out += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not out:
+        raise RequestError("no record id given", path="SESSION", hint="pass record ids, or @FILE with one per line")
+    return out
+
+
+def read_records(ids: list[str], store: Path | None) -> Session:
+    """(request as sent, None, time in seconds) per record, in the order given: the request's bytes as the record
+    kept them, and the time the record's render ran (`dynamic.now`). Records carry no provider usage."""
+    opened = open_store(store)
+    out = []
+    for spec in ids:
+        record = record_at(spec, opened, option="SESSION")
+        with record_values(record):
+            data = record.data
+            raw = base64.b64decode(data["request"]["bytes_b64"], validate=True)
+            try:
+                request = json.loads(raw)
+            except ValueError as exc:
+                raise RecordFormatError(f"the recorded request is not JSON: {exc}", path=f"record {spec}") from None
+            now = (data.get("dynamic") or {}).get("now")
+            out.append((request, None, _seconds(now, f"record {spec} dynamic.now")))
     return out
 
 
@@ -179,15 +220,23 @@ def _money(value: Decimal | None) -> str:
     return "-" if value is None else (format(value.normalize(), "f") if value else "0")
 
 
-def _show(reports: list[TurnReport], provider: str, estimate: str | None, fixed: list[TurnReport] | None) -> None:
+def _show(
+    reports: list[TurnReport],
+    provider: str,
+    estimate: str | None,
+    fixed: list[TurnReport] | None,
+    closed: list[ClosedTurn] | None = None,
+) -> None:
     console.print(f"provider {provider} · {len(reports)} turns" + (f" · {escape(estimate)}" if estimate else ""))
-    for t in reports:
+    for k, t in enumerate(reports):
         line = (
             f"#{t.index:<3} input {t.input_tokens:>7,}  shared {t.common_prefix:>7,}  read {t.split.cache_read:>7,}  "
             f"write {t.split.cache_write:>7,}  uncached {t.split.uncached:>7,}  cost {_money(t.cost)}"
         )
         if t.reported_cache_read is not None:
             line += f"  reported read {t.reported_cache_read:,}"
+        if closed is not None:
+            line += "  (reported)" if closed[k].predicted is not None else "  (estimate)"
         console.print(escape(line))
         if t.buster is not None:
             console.print(f"     [yellow]buster[/] {escape(t.buster.kind)}: {escape(t.buster.message)}")
@@ -212,10 +261,10 @@ def _sum(values: list[Decimal | None]) -> Decimal | None:
     return None if any(v is None for v in values) else sum(values, Decimal(0))  # type: ignore[arg-type]
 
 
-def _as_json(reports: list[TurnReport]) -> dict[str, Any]:
+def _as_json(reports: list[TurnReport], closed: list[ClosedTurn] | None = None) -> dict[str, Any]:
     cost, plain = _sum([t.cost for t in reports]), _sum([t.cost_uncached for t in reports])
     return {
-        "turns": [t.to_dict() for t in reports],
+        "turns": [t.to_dict() for t in (closed or reports)],
         "cache_read": sum(t.split.cache_read for t in reports),
         "cache_write": sum(t.split.cache_write for t in reports),
         "busted_turns": [t.index for t in reports if t.buster is not None],
@@ -225,10 +274,20 @@ def _as_json(reports: list[TurnReport]) -> dict[str, Any]:
 
 
 SessionArg = Annotated[
-    str,
+    list[str],
     typer.Argument(
         help='A JSONL session: one request per line, or per line {"request": ..., "usage": ..., "timestamp": ...}. '
-        "- reads stdin."
+        "- reads stdin. With --records: record ids (or id prefixes, or record files) in turn order, and @FILE for "
+        "a text file of ids, one per line.",
+        show_default=False,
+    ),
+]
+RecordsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--records",
+        help="SESSION names stored records (ctxlock render --record, fit --record): each turn is the request a "
+        "record kept, timed by the record's render (dynamic.now). Records carry no usage.",
     ),
 ]
 ProviderOpt = Annotated[str, typer.Option("--provider", help="The caching rule: " + "|".join(PROVIDERS) + ".")]
@@ -257,6 +316,58 @@ FixOpt = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class _Run:
+    reports: list[TurnReport]
+    fixed: list[TurnReport] | None
+    estimate: str | None
+    closed: list[ClosedTurn] | None = None
+    closed_fixed: list[ClosedTurn] | None = None
+
+
+def _report(m: Model, turns_in: Session, provider: str, options: dict[str, Any], kw: dict[str, Any]) -> Any:
+    """The report, and for a closed provider (anthropic, openai) each turn's buster named by bytes and its figures
+    from the reported usage, else the proxy's estimate."""
+    turns = build_turns(m, turns_in, options)
+    reports = session_report(turns, provider, **kw)  # type: ignore[arg-type]
+    if provider not in ("openai", "anthropic"):
+        return reports, None
+    requests = [m.parse(r) for r, _, _ in turns_in]
+    closed = closed_turns(
+        reports, requests, [t.usage for t in turns], m.id, table=kw["table"], price_model=kw["price_model"]
+    )
+    return [c.report for c in closed], closed
+
+
+def _go(session: list[str], provider: str, model: str | None, records: bool, store: Path | None, kw: dict) -> _Run:
+    if provider not in PROVIDERS:
+        raise UsageError(f"unknown provider {provider!r}", path="--provider", hint=" or ".join(PROVIDERS))
+    if records:
+        turns_in = read_records(record_ids(session), store)
+    else:
+        if len(session) != 1:
+            raise UsageError(
+                f"a JSONL session is one file, got {len(session)}",
+                path="SESSION",
+                hint="pass --records to list record ids",
+            )
+        label = "stdin" if session[0] == "-" else f"SESSION {session[0]}"
+        turns_in = read_session(decode_utf8(read_input(session[0], label=label), label=label), label)
+    m = load(model)
+    options, fix = kw.pop("options"), kw.pop("fix")
+    reports, closed = _report(m, turns_in, provider, options, kw)
+    fixed = closed_fixed = None
+    if fix:
+        fixed, closed_fixed = _report(m, fixed_session(turns_in), provider, options, kw)
+    estimate = None
+    if provider in ("openai", "anthropic"):
+        estimate = (
+            f"busters are exact (the canonical request's bytes, {ORDER}); token figures are the reported usage's "
+            f"where a turn has one, else estimates from {m.id}'s tokenizer (the provider's is not public)"
+        )
+    return _Run(reports, fixed, estimate, closed, closed_fixed)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("cache-report")
     def cache_report(
@@ -269,40 +380,33 @@ def register(app: typer.Typer) -> None:
         ttl: TtlOpt = 300.0,
         min_prefix: MinPrefixOpt = 1024,
         fix: FixOpt = False,
+        records: RecordsOpt = False,
+        store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """For every turn of a session: the token prefix it shares with earlier requests (within the TTL), what the
         provider's cache reads and writes under its rule (OpenAI: 1,024 tokens then 128-token steps; Anthropic:
         cache_control breakpoints; vLLM: 16-token blocks), the cost with and without caching, and the buster: the
-        first place the request stops extending the one before, named by its path in the request."""
+        first place the request stops extending the one before, named by its path in the request. For anthropic and
+        openai, whose tokenizers are not public, the buster is found on the request's canonical bytes in the
+        provider's prefix order (tools, system, messages), and token figures are the reported usage's, else
+        estimates from the model given. SESSION is a JSONL file, or with --records a list of stored records."""
 
-        def go() -> tuple[list[TurnReport], list[TurnReport] | None, str | None]:
-            if provider not in PROVIDERS:
-                raise UsageError(f"unknown provider {provider!r}", path="--provider", hint=" or ".join(PROVIDERS))
-            label = "stdin" if session == "-" else f"SESSION {session}"
-            turns_in = read_session(decode_utf8(read_input(session, label=label), label=label), label)
-            m = load(model)
-            options: dict[str, Any] = {"template": template_file(template)} if template is not None else {}
+        def go() -> _Run:
             table = PriceTable.parse(read_input(prices, label=f"--prices {prices}"), str(prices)) if prices else None
             if table is not None and price_model is None:
                 raise UsageError(
                     "a price table needs the session's model", path="--price-model", hint="pass --price-model NAME"
                 )
+            options: dict[str, Any] = {"template": template_file(template)} if template is not None else {}
             kw = {"ttl": ttl or None, "table": table, "price_model": price_model, "minimum": min_prefix}
-            reports = session_report(build_turns(m, turns_in, options), provider, **kw)  # type: ignore[arg-type]
-            fixed = None
-            if fix:
-                fixed = session_report(build_turns(m, fixed_session(turns_in), options), provider, **kw)  # type: ignore[arg-type]
-            estimate = None
-            if provider in ("openai", "anthropic"):
-                estimate = f"token figures are estimates from {m.id}'s tokenizer (the provider's is not public)"
-            return reports, fixed, estimate
+            return _go(session, provider, model, records, store, {**kw, "options": options, "fix": fix})
 
-        reports, fixed, estimate = guarded(as_json, go)
+        run = guarded(as_json, go)
         if as_json:
-            out = {"provider": provider, "estimate": estimate, **_as_json(reports)}
-            if fixed is not None:
-                out["fixed"] = _as_json(fixed)
+            out = {"provider": provider, "estimate": run.estimate, **_as_json(run.reports, run.closed)}
+            if run.fixed is not None:
+                out["fixed"] = _as_json(run.fixed, run.closed_fixed)
             print_json(out)
         else:
-            _show(reports, provider, estimate, fixed)
+            _show(run.reports, provider, run.estimate, run.fixed, run.closed)

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..accounting import Counts, count, count_format
+from ..capacity import Capacity
 from ..model import load
 from .files import read_request, template_file
 from .output import console, guarded, print_json
@@ -17,8 +18,15 @@ from .render import JsonOpt, ModelOpt
 _BAR = 30
 
 
-def _show(counts: Counts, model_id: str) -> None:
+def _show(counts: Counts, model_id: str, cap: Capacity) -> None:
     console.print(f"[bold]{escape(model_id)}[/] · {counts.total:,} tokens · request {counts.request_bytes:,} bytes")
+    if cap.context_window is not None:
+        left = cap.context_window - counts.total
+        console.print(
+            f"window {cap.context_window:,} from {escape(cap.source)} · {left:,} left (ctxlock clamp: the cap)"
+        )
+    else:
+        console.print("window unknown (the model's files state none; ctxlock clamp --context-window N)")
     width = max((len(p.part) for p in counts.parts), default=8)
     for p in counts.parts:
         share = p.tokens / counts.total if counts.total else 0.0
@@ -64,9 +72,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
         message, each document and the generation prompt, summing to len(input_ids). Names every request part
-        the template never wrote (the model never sees it)."""
+        the template never wrote (the model never sees it). Also gives the request's size in bytes and the
+        model's window with its source (--json: "capacity"), when its files state one."""
 
-        def go() -> tuple[Counts, str]:
+        def go() -> tuple[Counts, str, Capacity]:
             data = read_request(request)
             m = load(model)
             options: dict = {"template": template_file(template)} if template is not None else {}
@@ -75,12 +84,12 @@ def register(app: typer.Typer) -> None:
             counts = count(m, data, marginal=marginal, **options)
             if format is not None:
                 count_format(counts, format)  # an unknown format fails here, inside the JSON error handling
-            return counts, m.id
+            return counts, m.id, m.capacity
 
-        counts, model_id = guarded(as_json or format is not None, go)
+        counts, model_id, cap = guarded(as_json or format is not None, go)
         if format is not None:
             print_json(count_format(counts, format))
         elif as_json:
-            print_json(counts.to_dict())
+            print_json({**counts.to_dict(), "capacity": cap.to_dict()})
         else:
-            _show(counts, model_id)
+            _show(counts, model_id, cap)

@@ -96,7 +96,8 @@ def inspect(
     tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show what a model spec loads: artifact ids and digests, vocab size, special tokens, template features.
+    """Show what a model spec loads: artifact ids and digests, vocab size, the context window (and its source),
+    special tokens, template features.
 
     For an HF directory: the transformers tokenizer class, where its pipeline and tokenizer.json disagree and
     which is used, and the file's truncation/padding sections (never applied)."""
@@ -120,6 +121,7 @@ def inspect(
     if info["description"]:
         console.print(info["description"])
     _show_tokenizer(info)
+    _show_capacity(info["capacity"])
     table = Table("variable", "content", "id", title="special-token variables")
     for k, v in info["special_tokens"].items():
         table.add_row(k, repr(v["content"]), str(v["id"]))
@@ -154,6 +156,17 @@ def _show_tokenizer(info: dict[str, Any]) -> None:
         + escape(_added_line(info["add_special_tokens"]))
         + "; chat rendering adds none (the template writes its own)"
     )
+
+
+def _show_capacity(cap: dict[str, Any]) -> None:
+    """The window and output limit the files state, each with its source, and every conflict or ignored value."""
+    window = "unknown" if cap["context_window"] is None else f"{cap['context_window']:,} from {cap['source']}"
+    output = (
+        "unknown" if cap["max_output_tokens"] is None else f"{cap['max_output_tokens']:,} from {cap['output_source']}"
+    )
+    console.print(f"capacity   window {escape(window)} · output limit {escape(output)}")
+    for note in cap["notes"]:
+        console.print(f"[yellow]           note {escape(note)}[/]")
 
 
 def _show_templates(templates: list[dict[str, Any]]) -> None:

@@ -6,6 +6,7 @@ positions are checked against the tokenizer's own encoding of the rendered text'
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,22 @@ def test_unknown_without_window_or_events(qwen: Any, tmp_path: Path) -> None:
     got = verdicts(out)
     assert got["too large"] == got["output truncated"] == got["dropped"] == "unknown"
     assert "pass --context-window" in evidence(out, "too large")
+
+
+def test_the_models_own_window_without_the_flag(qwen: Any, tmp_path: Path) -> None:
+    # A model directory whose config.json states the window: cause 1 uses it, and names its source.
+    _, _, model_dir, template_path = qwen
+    small = tmp_path / "model"
+    shutil.copytree(model_dir, small)
+    write(small / "config.json", {"model_type": "qwen2", "max_position_embeddings": 64})
+    req = write(tmp_path / "r.json", tool_chat(needle_at=0, turns=1))
+    stop = write(tmp_path / "e.json", STOP)
+    args = ["--request", str(req), "--model", str(small), "--template", str(template_path), "--events", str(stop)]
+    out = explain_json("--find", NEEDLE, *args)
+    assert verdicts(out)["too large"] == "yes"
+    assert "the model's capacity (config.json" in evidence(out, "too large")
+    # The flag still wins.
+    assert verdicts(explain_json("--find", NEEDLE, *args, "--context-window", "100000"))["too large"] == "no"
 
 
 def test_window_is_a_value_with_its_source(qwen: Any) -> None:

@@ -47,7 +47,13 @@ EventsOpt = Annotated[
     ),
 ]
 WindowOpt = Annotated[
-    int | None, typer.Option("--context-window", min=1, help="The model's context window, in tokens (cause 1).")
+    int | None,
+    typer.Option(
+        "--context-window",
+        min=1,
+        help="The model's context window, in tokens (cause 1; default: the window the model's files state, "
+        "as `ctxlock inspect` shows it).",
+    ),
 ]
 HistoryOpt = Annotated[
     list[str] | None,
@@ -101,7 +107,13 @@ def _usage(path: Path | None) -> Usage | None:
     return usages[0] if len(usages) == 1 else sum_usage(usages)
 
 
-def _from_record(spec: str, store: Path | None) -> tuple[Layout, list[str], Origin, list[str]]:
+def _model_window(model: Any) -> Window | None:
+    """The window the model's files (or none) state, with its source: `ctxlock.capacity`."""
+    cap = model.capacity
+    return None if cap.context_window is None else Window(cap.context_window, f"the model's capacity ({cap.source})")
+
+
+def _from_record(spec: str, store: Path | None) -> tuple[Layout, list[str], Origin, list[str], Window | None]:
     """The record's request as the model received it (fitted, compacted or as sent), replayed on the record's own
     stored artifacts and laid out; its unseen parts; its history; notes."""
     s = open_store(store)
@@ -114,10 +126,11 @@ def _from_record(spec: str, store: Path | None) -> tuple[Layout, list[str], Orig
             if error is not None:
                 raise ExplainError(f"the record's run failed: {error}", path=f"record {rec.id[:12]}")
             lay = layout_of(model.tokenizer, result.request, result.rendered)
+            window = _model_window(model)
         if [int(i) for i in lay.ids] != rec.data.get("input_ids"):
             notes.append("the record's ids differ from its replay here: positions are the replay's (`ctxlock replay`)")
         origin = origin_of_record(rec.id, rec.data)
-    return lay, list(unseen_parts(lay.request, lay.rendered)), origin, notes
+    return lay, list(unseen_parts(lay.request, lay.rendered)), origin, notes, window
 
 
 def _history(specs: list[str], store: Path | None) -> list[Origin]:
@@ -144,12 +157,12 @@ def explain_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Why didn't the model see TEXT? Judges seed 001's five causes, each yes, no or unknown with its evidence:
-    1 too large (input tokens against --context-window, or a provider overflow error in --events); 2 output
-    truncated (a finish reason of length/max_tokens, and the tool calls of that response); 3 dropped (a fit decision
-    or a compaction plan in a record removed the part that held it); 4 never read (in no request string, only in
-    user-pasted content and no tool result, or in a part the template never wrote); 5 in the middle (its exact token
-    position and percentile; flagged in a context of >= 2,000 tokens when every occurrence lies between the 10th and
-    90th percentile, after Liu et al., Lost in the Middle, TACL 2024)."""
+    1 too large (input tokens against --context-window or the model's own window, or a provider overflow error in
+    --events); 2 output truncated (a finish reason of length/max_tokens, and the tool calls of that response);
+    3 dropped (a fit decision or a compaction plan in a record removed the part that held it); 4 never read (in no
+    request string, only in user-pasted content and no tool result, or in a part the template never wrote); 5 in
+    the middle (its exact token position and percentile; flagged in a context of >= 2,000 tokens when every
+    occurrence lies between the 10th and 90th percentile, after Liu et al., Lost in the Middle, TACL 2024)."""
 
     def go() -> Explanation:
         check_find(find)
@@ -158,13 +171,14 @@ def explain_cmd(
         origins = _history(history or [], store)
         notes: list[str] = []
         if record is not None:
-            lay, unseen, origin, notes = _from_record(record, store)
+            lay, unseen, origin, notes, model_window = _from_record(record, store)
             origins.insert(0, origin)
             label = f"record {origin.label.split()[-1]}"
         else:
             assert request is not None
             data, _ = take_entry_ids(_read_input(request))  # messages' entry ids, as compact-plan reads them
             m = load(model)
+            model_window = _model_window(m)
             chosen = template_file(template)
             lay = layout(m, data, **RenderOptions(template=chosen).to_kwargs(parse=False))
             unseen = list(unseen_parts(lay.request, lay.rendered))
@@ -172,7 +186,8 @@ def explain_cmd(
         evs = read_events(events) if events is not None else []
         if usage is not None:
             evs += read_events(usage, option="--usage")
-        window = Window(context_window, "--context-window") if context_window is not None else None
+        # The flag wins; else the window the model's files state (`ctxlock.capacity`), else cause 1 is unknown.
+        window = Window(context_window, "--context-window") if context_window is not None else model_window
         out = explain(
             find, lay, label=label, unseen=unseen, origins=origins, window=window, usage=_usage(usage), events=evs
         )

@@ -1,0 +1,301 @@
+"""Assistant-token masks: which tokens of `input_ids` a model is trained on (`encode(..., return_assistant_mask=True)`).
+
+**The rule (provenance).** The rendered text's characters each come from somewhere: a request string (by the
+render's exact provenance, `Rendered.request_spans`) or the template's own text. A token is trained when its bytes
+come from a trained turn:
+
+- **the turn's body**: from the end of its header to the last character the message itself wrote. The message's
+  strings are its content, its reasoning and its tool calls (everything it carries but its `name`); template text
+  *between* them (`<tool_call>\\n{"name": "` around a call's name and arguments) is part of the body, because the
+  model writes it. The header is the text the template's generation prompt appends (`<|im_start|>assistant\\n`,
+  probed once per template and options by rendering `[user]` with and without `add_generation_prompt`); the body
+  starts after the last occurrence of the header between the previous request string and the message's first
+  character (so a `<think>\\n\\n</think>\\n\\n` or a `<tool_call>` the template writes after the header is trained),
+  and at the message's first character when the header is not found there.
+- **its end-of-turn text**: the template text that closes the turn, up to and including its end-of-turn token
+  (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, `</s>`). It is probed once per template (render `[user, assistant]`
+  and take the text after the assistant's content, trailing whitespace removed), and found in the template text
+  that follows the message's last character, before the next request string. When the probe gives nothing (the
+  template refuses the probe conversation), the first control token of that text is the end of turn.
+- A header (`<|im_start|>assistant\\n`), other messages, the template's own text elsewhere and the generation
+  prompt are never trained. A message that wrote no character (empty content, no calls) has no trained token.
+
+A token whose bytes straddle trained and untrained text takes the side of most of its bytes, ties to the side of
+its first byte: `ctxlock.tokenlay.assign_owners`, the rule `ctxlock count` attributes tokens with.
+
+**Options** (`MaskOptions`): `roles` (default `("assistant",)`): the roles whose turns are trained; `train_on_eot`:
+`"all"` (every trained turn's end-of-turn text), `"last"` (only the last trained turn's) or `"none"`;
+`last_turn_only`: train only the last message of those roles. `source`: `"auto"` (default) uses the template's
+`{% generation %}` blocks when it has them and the options are the defaults, else provenance; `"generation"`
+and `"provenance"` force one.
+
+**`{% generation %}` templates** (`source="generation"`): exactly transformers' `return_assistant_tokens_mask`: a
+token is trained when its character range overlaps a generation block (`Rendered.generation_spans`), walked in
+transformers' one pass. Here, unlike the provenance rule, a straddling token is trained if any of its bytes is.
+
+**Never a silent zero mask.** A row with no trained token is a `MaskError` naming why (no message of those roles,
+nothing written, a generation-tagged template with no block rendered).
+
+**The cross-check** (`cross_check`): the same turns found without provenance, as axolotl does: render the
+conversation cut before each trained message with the generation prompt (where its body starts), and cut after it
+with its content replaced by a sentinel (where its content ends, and the closing text after it), each of which must
+be a prefix of the full render. The two methods must give the same trained characters; a template where the cuts
+are not prefixes (it rewrites earlier turns, as Qwen3 drops earlier reasoning) or where they disagree is reported
+with the reason, per template digest (`ctxlock inspect`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .accounting import Layout, layout, part_of
+from .caches import LRU
+from .errors import CtxlockError, MaskError, OptionError
+from .request import Request
+from .template import Rendered
+from .tokenlay import assign_owners
+
+EOT_CHOICES = ("all", "last", "none")
+SOURCES = ("auto", "provenance", "generation")
+_SENTINEL = "ctxlock-sentinel-{}-end"
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")  # transformers' test for the tag
+
+
+@dataclass(frozen=True, slots=True)
+class MaskOptions:
+    """What is trained: see the module docstring."""
+
+    roles: tuple[str, ...] = ("assistant",)
+    train_on_eot: str = "all"
+    last_turn_only: bool = False
+    source: str = "auto"
+
+    def __post_init__(self) -> None:
+        roles = (self.roles,) if isinstance(self.roles, str) else tuple(self.roles)
+        if not roles or not all(isinstance(r, str) and r for r in roles):
+            raise OptionError("roles must be a non-empty list of role names", path="roles", hint="e.g. ('assistant',)")
+        object.__setattr__(self, "roles", roles)
+        if self.train_on_eot not in EOT_CHOICES:
+            raise OptionError(
+                f"train_on_eot={self.train_on_eot!r}", path="train_on_eot", hint=f"one of {', '.join(EOT_CHOICES)}"
+            )
+        if self.source not in SOURCES:
+            raise OptionError(f"source={self.source!r}", path="source", hint=f"one of {', '.join(SOURCES)}")
+        if not isinstance(self.last_turn_only, bool):
+            raise OptionError("last_turn_only must be a bool", path="last_turn_only", hint="True or False")
+
+    @property
+    def default_choice(self) -> bool:
+        return self.roles == ("assistant",) and self.train_on_eot == "all" and not self.last_turn_only
+
+
+@dataclass(frozen=True, slots=True)
+class Mask:
+    """One row's mask: 0/1 per token (int64, read-only), the method, the trained character ranges of the rendered
+    text (provenance) or the generation blocks, and whether every token's bytes were laid exactly."""
+
+    mask: np.ndarray
+    source: str
+    regions: tuple[tuple[int, int], ...]
+    exact_bytes: bool
+
+    @property
+    def trained(self) -> int:
+        return int(self.mask.sum())
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMarks:
+    """A template's assistant header (what the generation prompt appends) and end-of-turn text, probed."""
+
+    header: str
+    eot: str
+
+
+# -- probing the template -----------------------------------------------------------------------------------------
+
+_MARKS: LRU[str, TurnMarks] = LRU("masks.turn_marks", max_items=256, scope="artifact")
+
+
+def turn_marks(model: Any, rendered: Rendered, options: Mapping[str, Any]) -> TurnMarks:
+    """The header and end-of-turn text of `rendered`'s template under these render options (cached per template)."""
+    rest = {k: v for k, v in options.items() if k not in ("add_generation_prompt", "continue_final_message")}
+    key = json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
+    hit = _MARKS.get(key)
+    if hit is None:
+        hit = TurnMarks(_probe_header(model, rest), _probe_eot(model, rest))
+        _MARKS.put(key, hit)
+    return hit
+
+
+def _probe_header(model: Any, options: Mapping[str, Any]) -> str:
+    probe = {"messages": [{"role": "user", "content": "x"}]}
+    try:
+        with_prompt = model.render(probe, **options, add_generation_prompt=True).text
+        without = model.render(probe, **options, add_generation_prompt=False).text
+    except CtxlockError:
+        return ""
+    return with_prompt[len(without) :] if with_prompt.startswith(without) else ""
+
+
+def _probe_eot(model: Any, options: Mapping[str, Any]) -> str:
+    probe = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
+    try:
+        rendered = model.render(probe, **options, add_generation_prompt=False)
+    except CtxlockError:
+        return ""
+    ends = [s.end for s in rendered.request_spans if s.path == "messages[1].content"]
+    return rendered.text[max(ends) :].rstrip() if ends else ""
+
+
+# -- the provenance rule ------------------------------------------------------------------------------------------
+
+
+def _trained_sources(request: Request, opts: MaskOptions) -> list[str]:
+    sources: list[str] = []
+    for m in request.messages:
+        if m.role in opts.roles and m.source not in sources:
+            sources.append(m.source)
+    return sources[-1:] if opts.last_turn_only else sources
+
+
+def provenance_regions(
+    rendered: Rendered, request: Request, opts: MaskOptions, marks: TurnMarks, control: tuple[Any, ...] = ()
+) -> list[tuple[int, int, int]]:
+    """Each trained turn as (body start, end of its last character, end of its end-of-turn text) in characters of
+    the rendered text; the end-of-turn end equals the second value when none is trained (see `train_on_eot`)."""
+    text = rendered.text
+    spans = [(s.start, s.end, part_of(s.path), s.path) for s in rendered.request_spans if s.end > s.start]
+    out: list[tuple[int, int, int]] = []
+    for source in _trained_sources(request, opts):
+        own = [(s, e) for s, e, part, path in spans if part == source and not path.endswith(".name")]
+        if not own:
+            continue
+        first, last = min(s for s, _ in own), max(e for _, e in own)
+        before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
+        run = text[before:first]
+        at = run.rfind(marks.header) if marks.header else -1
+        start = before + at + len(marks.header) if at >= 0 else first
+        after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
+        out.append((start, last, _eot_end(text, last, after, marks, control)))
+    if opts.train_on_eot == "none":
+        return [(s, e, e) for s, e, _ in out]
+    if opts.train_on_eot == "last":
+        return [(s, e, e) for s, e, _ in out[:-1]] + out[-1:]
+    return out
+
+
+def _eot_end(text: str, last: int, after: int, marks: TurnMarks, control: tuple[Any, ...]) -> int:
+    closing = text[last:after]
+    if marks.eot:
+        at = closing.find(marks.eot)
+        return last + at + len(marks.eot) if at >= 0 else last
+    for m in control:  # no probed end of turn: the first control token after the message
+        if last <= m.start < after:
+            return m.end
+    return last
+
+
+def _char_regions(regions: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((s, t) for s, _, t in regions if t > s)
+
+
+def _provenance_mask(lay: Layout, regions: tuple[tuple[int, int], ...]) -> np.ndarray:
+    owner = np.zeros(int(lay.offsets[-1]), dtype=np.int32)
+    for s, e in regions:
+        owner[int(lay.offsets[s]) : int(lay.offsets[e])] = 1
+    return assign_owners(owner, lay.starts, lay.ends).astype(np.int64)
+
+
+def _generation_mask(lay: Layout, spans: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """transformers' pass: spans in render order, each token trained when it overlaps the current span."""
+    mask = np.zeros(len(lay.ids), dtype=np.int64)
+    byte_spans = [(int(lay.offsets[s]), int(lay.offsets[e])) for s, e in spans]
+    k = 0
+    for t, (start, end) in enumerate(zip(lay.starts.tolist(), lay.ends.tolist(), strict=True)):
+        while k < len(byte_spans) and start >= byte_spans[k][1]:
+            k += 1
+        if k == len(byte_spans):
+            break
+        if end > byte_spans[k][0]:
+            mask[t] = 1
+    return mask
+
+
+# -- the entry point ----------------------------------------------------------------------------------------------
+
+
+def assistant_mask(
+    model: Any, request: Any, opts: MaskOptions | None = None, **render_options: Any
+) -> tuple[Layout, Mask]:
+    """Render, encode and lay one request (`accounting.layout`), and its mask. A row with no trained token is a
+    `MaskError`. `continue_final_message` is refused (as transformers refuses it): a cut turn has no end."""
+    opts = opts or MaskOptions()
+    if render_options.get("continue_final_message"):
+        raise MaskError(
+            "assistant masks are not computed with continue_final_message",
+            path="continue_final_message",
+            hint="render whole turns for training; the final message's end-of-turn is then trained too",
+        )
+    lay = layout(model, request, **render_options)
+    rendered = lay.rendered
+    use_generation = opts.source == "generation" or (
+        opts.source == "auto" and bool(_has_generation_tag(rendered)) and opts.default_choice
+    )
+    if use_generation:
+        if not opts.default_choice:
+            raise OptionError(
+                "roles, train_on_eot and last_turn_only apply to the provenance rule, not to {% generation %} blocks",
+                path="source",
+                hint="use source='provenance' (or 'auto') with these options",
+            )
+        regions = rendered.generation_spans
+        mask = _generation_mask(lay, regions)
+        source = "generation"
+    else:
+        marks = turn_marks(model, rendered, _render_only(render_options))
+        regions = _char_regions(provenance_regions(rendered, lay.request, opts, marks, lay.control))
+        mask = _provenance_mask(lay, regions)
+        source = "provenance"
+    mask.flags.writeable = False
+    if not mask.any():
+        raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
+    return lay, Mask(mask, source, tuple(regions), lay.exact)
+
+
+_ZERO_HINT = "a row with nothing to train on is an error row, never a zero mask: drop it or fix the conversation"
+
+
+def _has_generation_tag(rendered: Rendered) -> bool:
+    return "generation" in rendered.template.source and bool(_GENERATION_TAG.search(rendered.template.source))
+
+
+def _render_only(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k not in ("dialect", "utf8", "tool_arguments")}
+
+
+def _zero_reason(request: Request, opts: MaskOptions, source: str, rendered: Rendered) -> str:
+    if source == "generation":
+        return "the template's {% generation %} blocks cover no token of this conversation"
+    if not any(m.role in opts.roles for m in request.messages):
+        return f"no message has a trained role ({', '.join(opts.roles)}): nothing to train on"
+    return f"the {', '.join(opts.roles)} messages wrote no character into the rendered text: nothing to train on"
+
+
+__all__ = [
+    "EOT_CHOICES",
+    "SOURCES",
+    "Mask",
+    "MaskOptions",
+    "TurnMarks",
+    "assistant_mask",
+    "provenance_regions",
+    "turn_marks",
+]

@@ -60,6 +60,7 @@ from .caches import LRU
 from .errors import CtxlockError, MaskError, OptionError
 from .request import Request
 from .template import Rendered
+from .tokenizer import control_matches
 from .tokenlay import assign_owners
 
 EOT_CHOICES = ("all", "last", "none")
@@ -136,23 +137,56 @@ def turn_marks(model: Any, rendered: Rendered, options: Mapping[str, Any]) -> Tu
 
 
 def _probe_header(model: Any, options: Mapping[str, Any]) -> str:
+    """What the generation prompt appends: the text with it, past what it shares with the text without it (which may
+    end in an EOS instead), never cutting a control token."""
     probe = {"messages": [{"role": "user", "content": "x"}]}
     try:
-        with_prompt = model.render(probe, **options, add_generation_prompt=True).text
+        with_prompt = model.render(probe, **options, add_generation_prompt=True)
         without = model.render(probe, **options, add_generation_prompt=False).text
     except CtxlockError:
         return ""
-    return with_prompt[len(without) :] if with_prompt.startswith(without) else ""
+    text = with_prompt.text
+    n = _shared(text, without)
+    for m in control_matches(with_prompt, model.tokenizer):
+        if m.start < n < m.end:
+            n = m.start
+    return text[n:]
+
+
+def _shared(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _probe_eot(model: Any, options: Mapping[str, Any]) -> str:
-    probe = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
-    try:
-        rendered = model.render(probe, **options, add_generation_prompt=False)
-    except CtxlockError:
-        return ""
-    ends = [s.end for s in rendered.request_spans if s.path == "messages[1].content"]
-    return rendered.text[max(ends) :].rstrip() if ends else ""
+    """The text after the assistant's content, in a conversation that ends with it and in one that goes on, cut to
+    what the two share (a final turn may be followed by an EOS, a later one by the next header), then back to the
+    end of the last control token in it (or, with none, its trailing whitespace removed)."""
+    closings = []
+    for messages in (_PROBE[:2], _PROBE):
+        try:
+            rendered = model.render({"messages": list(messages)}, **options, add_generation_prompt=False)
+        except CtxlockError:
+            return ""
+        ends = [s.end for s in rendered.request_spans if s.path == "messages[1].content"]
+        starts = [s.start for s in rendered.request_spans if s.path == "messages[2].content"]
+        if not ends:
+            return ""
+        closings.append((rendered, max(ends), min(starts, default=len(rendered.text))))
+    (first, a, a_end), (_, b, b_end) = closings
+    x, y = first.text[a:a_end], closings[1][0].text[b:b_end]
+    n = _shared(x, y)
+    tokens = [m.end - a for m in control_matches(first, model.tokenizer) if a <= m.start and m.end <= a + n]
+    return x[: max(tokens)] if tokens else x[:n].rstrip()
+
+
+_PROBE = (
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": "y"},
+    {"role": "user", "content": "z"},
+)
 
 
 # -- the provenance rule ------------------------------------------------------------------------------------------
@@ -169,27 +203,48 @@ def _trained_sources(request: Request, opts: MaskOptions) -> list[str]:
 def provenance_regions(
     rendered: Rendered, request: Request, opts: MaskOptions, marks: TurnMarks, control: tuple[Any, ...] = ()
 ) -> list[tuple[int, int, int]]:
-    """Each trained turn as (body start, end of its last character, end of its end-of-turn text) in characters of
-    the rendered text; the end-of-turn end equals the second value when none is trained (see `train_on_eot`)."""
+    """Each trained turn as (body start, end of its body, end of its end-of-turn text) in characters of the rendered
+    text; the last two are equal when no end-of-turn text is trained (see `train_on_eot`)."""
     text = rendered.text
     spans = [(s.start, s.end, part_of(s.path), s.path) for s in rendered.request_spans if s.end > s.start]
+    order = {m.source: i for i, m in reversed(list(enumerate(request.messages)))}
     out: list[tuple[int, int, int]] = []
     for source in _trained_sources(request, opts):
         own = [(s, e) for s, e, part, path in spans if part == source and not path.endswith(".name")]
-        if not own:
+        if own:
+            first, last = min(s for s, _ in own), max(e for _, e in own)
+            before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
+            run = text[before:first]
+            at = run.rfind(marks.header) if marks.header else -1
+            start = before + at + len(marks.header) if at >= 0 else first
+            after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
+            out.append((start, last, _eot_end(text, last, after, marks, control)))
             continue
-        first, last = min(s for s, _ in own), max(e for _, e in own)
-        before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
-        run = text[before:first]
-        at = run.rfind(marks.header) if marks.header else -1
-        start = before + at + len(marks.header) if at >= 0 else first
-        after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
-        out.append((start, last, _eot_end(text, last, after, marks, control)))
+        turn = _empty_turn(text, spans, order, order[source], marks)
+        if turn is not None:
+            out.append(turn)
     if opts.train_on_eot == "none":
         return [(s, e, e) for s, e, _ in out]
     if opts.train_on_eot == "last":
         return [(s, e, e) for s, e, _ in out[:-1]] + out[-1:]
     return out
+
+
+def _empty_turn(
+    text: str, spans: list[tuple[int, int, str, str]], order: dict[str, int], index: int, marks: TurnMarks
+) -> tuple[int, int, int] | None:
+    """A message that wrote no character (empty content): its turn is the one header between the messages around
+    it, and the end-of-turn text after that header; None when that is not exactly one header followed by it."""
+    if not marks.header or not marks.eot:
+        return None
+    before = max((e for s, e, part, _ in spans if order.get(part, -1) < index), default=0)
+    after = min((s for s, e, part, _ in spans if order.get(part, -1) > index and s >= before), default=len(text))
+    run = text[before:after]
+    if run.count(marks.header) != 1:
+        return None
+    body = before + run.index(marks.header) + len(marks.header)
+    eot = text.find(marks.eot, body, after)
+    return None if eot < 0 else (body, eot, eot + len(marks.eot))
 
 
 def _eot_end(text: str, last: int, after: int, marks: TurnMarks, control: tuple[Any, ...]) -> int:

@@ -114,10 +114,12 @@ class Mask:
 
 @dataclass(frozen=True, slots=True)
 class TurnMarks:
-    """A template's assistant header (what the generation prompt appends) and end-of-turn text, probed."""
+    """A template's assistant header (what the generation prompt appends), end-of-turn text, and the text between a
+    user's content and the assistant's that follows it (`[/INST]` where the generation prompt is empty), probed."""
 
     header: str
     eot: str
+    separator: str = ""
 
 
 # -- probing the template -----------------------------------------------------------------------------------------
@@ -125,21 +127,30 @@ class TurnMarks:
 _MARKS: LRU[str, TurnMarks] = LRU("masks.turn_marks", max_items=256, scope="artifact")
 
 
-def turn_marks(model: Any, rendered: Rendered, options: Mapping[str, Any]) -> TurnMarks:
-    """The header and end-of-turn text of `rendered`'s template under these render options (cached per template)."""
+def turn_marks(model: Any, rendered: Rendered, options: Mapping[str, Any], tools: Any = None) -> TurnMarks:
+    """The header and end-of-turn text of `rendered`'s template under these render options (cached per template).
+    The probes carry no tools; when the template refuses them so, they are made again with the request's `tools`."""
     rest = {k: v for k, v in options.items() if k not in ("add_generation_prompt", "continue_final_message")}
     key = json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
     hit = _MARKS.get(key)
     if hit is None:
-        hit = TurnMarks(_probe_header(model, rest), _probe_eot(model, rest))
+        hit = TurnMarks(_probe_header(model, rest, {}), *_probe_eot(model, rest, {}))
         _MARKS.put(key, hit)
-    return hit
+    if hit.header or hit.eot or not tools:
+        return hit
+    key = json.dumps([key, tools], sort_keys=True, default=repr)
+    with_tools = _MARKS.get(key)
+    if with_tools is None:
+        extra = {"tools": tools}
+        with_tools = TurnMarks(_probe_header(model, rest, extra), *_probe_eot(model, rest, extra))
+        _MARKS.put(key, with_tools)
+    return with_tools
 
 
-def _probe_header(model: Any, options: Mapping[str, Any]) -> str:
+def _probe_header(model: Any, options: Mapping[str, Any], extra: dict[str, Any]) -> str:
     """What the generation prompt appends: the text with it, past what it shares with the text without it (which may
     end in an EOS instead), never cutting a control token."""
-    probe = {"messages": [{"role": "user", "content": "x"}]}
+    probe = {"messages": [{"role": "user", "content": "x"}], **extra}
     try:
         with_prompt = model.render(probe, **options, add_generation_prompt=True)
         without = model.render(probe, **options, add_generation_prompt=False).text
@@ -160,26 +171,32 @@ def _shared(a: str, b: str) -> int:
     return n
 
 
-def _probe_eot(model: Any, options: Mapping[str, Any]) -> str:
+def _probe_eot(model: Any, options: Mapping[str, Any], extra: dict[str, Any]) -> tuple[str, str]:
     """The text after the assistant's content, in a conversation that ends with it and in one that goes on, cut to
     what the two share (a final turn may be followed by an EOS, a later one by the next header), then back to the
-    end of the last control token in it (or, with none, its trailing whitespace removed)."""
+    end of the last control token in it (or, with none, its trailing whitespace removed). And the separator."""
     closings = []
+    separator = ""
     for messages in (_PROBE[:2], _PROBE):
         try:
-            rendered = model.render({"messages": list(messages)}, **options, add_generation_prompt=False)
+            rendered = model.render({"messages": list(messages), **extra}, **options, add_generation_prompt=False)
         except CtxlockError:
-            return ""
-        ends = [s.end for s in rendered.request_spans if s.path == "messages[1].content"]
-        starts = [s.start for s in rendered.request_spans if s.path == "messages[2].content"]
+            return "", ""
+        spans = rendered.request_spans
+        ends = [s.end for s in spans if s.path == "messages[1].content"]
+        starts = [s.start for s in spans if s.path == "messages[2].content"]
         if not ends:
-            return ""
+            return "", ""
+        if not separator:
+            user_end = max((s.end for s in spans if s.path == "messages[0].content"), default=-1)
+            at = min(s.start for s in spans if s.path == "messages[1].content")
+            separator = rendered.text[user_end:at] if 0 <= user_end <= at else ""
         closings.append((rendered, max(ends), min(starts, default=len(rendered.text))))
     (first, a, a_end), (_, b, b_end) = closings
     x, y = first.text[a:a_end], closings[1][0].text[b:b_end]
     n = _shared(x, y)
     tokens = [m.end - a for m in control_matches(first, model.tokenizer) if a <= m.start and m.end <= a + n]
-    return x[: max(tokens)] if tokens else x[:n].rstrip()
+    return (x[: max(tokens)] if tokens else x[:n].rstrip()), separator
 
 
 _PROBE = (
@@ -214,9 +231,7 @@ def provenance_regions(
         if own:
             first, last = min(s for s, _ in own), max(e for _, e in own)
             before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
-            run = text[before:first]
-            at = run.rfind(marks.header) if marks.header else -1
-            start = before + at + len(marks.header) if at >= 0 else first
+            start = body_start(text, before, first, marks)
             after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
             out.append((start, last, _eot_end(text, last, after, marks, control)))
             continue
@@ -228,6 +243,17 @@ def provenance_regions(
     if opts.train_on_eot == "last":
         return [(s, e, e) for s, e, _ in out[:-1]] + out[-1:]
     return out
+
+
+def body_start(text: str, before: int, first: int, marks: TurnMarks) -> int:
+    """Where a turn's body starts, in the template text `text[before:first]` in front of the message's first
+    character: after the last header there, else after the last separator, else at that character."""
+    run = text[before:first]
+    for mark in (marks.header, marks.separator):
+        at = run.rfind(mark) if mark else -1
+        if at >= 0:
+            return before + at + len(mark)
+    return first
 
 
 def _empty_turn(
@@ -315,7 +341,7 @@ def assistant_mask(
         mask = _generation_mask(lay, regions)
         source = "generation"
     else:
-        marks = turn_marks(model, rendered, _render_only(render_options))
+        marks = turn_marks(model, rendered, _render_only(render_options), _tools(lay.request))
         regions = _char_regions(provenance_regions(rendered, lay.request, opts, marks, lay.control))
         mask = _provenance_mask(lay, regions)
         source = "provenance"
@@ -325,11 +351,133 @@ def assistant_mask(
     return lay, Mask(mask, source, tuple(regions), lay.exact)
 
 
+# -- the cross-check ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The two methods on one conversation: `status` is "agree", "disagree", "not-prefix-stable" (the conversation
+    cut before a trained message, with the generation prompt, or after it, is not a prefix of the full render),
+    "rewrites-turns" (changing one message's strings changes the text around them), "no-turns" (nothing to
+    compare) or "error" (the template refused it); `path` names the message and `detail` says where."""
+
+    status: str
+    path: str = ""
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"status": self.status, "path": self.path, "detail": self.detail}
+
+
+def cross_check(model: Any, request: Any, **render_options: Any) -> Check:
+    """Find every assistant turn of `request` twice, by provenance and by sentinel re-renders (module docstring),
+    and compare the trained characters. Takes `render`'s options; default mask options."""
+    options = {**render_options, "add_generation_prompt": False}
+    try:
+        req = model.parse(request)
+        data = json.loads(req.to_json())
+        rendered = model.render(data, **options)
+    except CtxlockError as exc:
+        return Check("error", exc.path or "", exc.message)
+    req = model.parse(data)
+    marks = turn_marks(model, rendered, options, data.get("tools"))
+    control = control_matches(rendered, model.tokenizer)
+    ours = provenance_regions(rendered, req, MaskOptions(), marks, control)
+    indices = [i for i, m in enumerate(req.messages) if m.role == "assistant"]
+    if not indices:
+        return Check("no-turns")
+    theirs: list[tuple[int, int, int]] = []
+    for i in indices:
+        found = _sentinel_turn(model, data, i, rendered.text, marks, options)
+        if isinstance(found, Check):
+            return found
+        if found is not None:
+            theirs.append(found)
+    a, b = _char_regions(ours), _char_regions(theirs)
+    if a == b:
+        return Check("agree")
+    where = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return Check("disagree", f"turn {where}", f"provenance {list(a[where:where + 1])}, sentinel {list(b[where:where + 1])}")
+
+
+def _sentinel_turn(
+    model: Any, data: dict[str, Any], i: int, text: str, marks: TurnMarks, options: dict[str, Any]
+) -> tuple[int, int, int] | Check | None:
+    """Message i's turn in `text`, found by re-renders: (body start, body end, end-of-turn end), a Check saying why
+    it cannot be found so, or None for a message the template does not write at all."""
+    path = f"messages[{i}]"
+    messages = data["messages"]
+    marked_messages = [*messages[:i], _sentinels(messages[i], i), *messages[i + 1 :]]
+    try:
+        prompt = model.render({**data, "messages": messages[:i]}, **{**options, "add_generation_prompt": True}).text
+        bare = model.render({**data, "messages": messages[:i]}, **options).text
+        cut = model.render({**data, "messages": messages[: i + 1]}, **options).text
+        marked = model.render({**data, "messages": marked_messages}, **options).text
+    except CtxlockError as exc:
+        return Check("error", path, f"a re-render failed: {exc.message}")
+    tag = _SENTINEL.format(i)
+    first, last = marked.find(tag), marked.rfind(tag)
+    if not text.startswith(bare):
+        return Check("not-prefix-stable", path, f"the conversation cut before {path} is not a prefix of the full render")
+    if not marked.startswith(bare) or (first >= 0 and marked[:first] != text[:first]):
+        return Check("rewrites-turns", path, f"changing {path}'s strings changed the text before them")
+    if text.startswith(prompt):  # the generation prompt is this turn's header
+        start = len(prompt)
+    elif first >= 0:
+        start = body_start(text, len(bare), first, marks)
+    else:
+        return Check("not-prefix-stable", path, f"the generation prompt is not {path}'s header, and it writes nothing")
+    if last < 0:  # the template wrote none of the message's strings: its turn is the header and its end of turn
+        if marked != text:
+            return Check("rewrites-turns", path, "the template wrote none of the sentinels, yet the text changed")
+        end = start
+    else:
+        tail = marked[last + len(tag) + _closing_quote(marked, last + len(tag)) :]
+        if not text.endswith(tail):
+            return Check("rewrites-turns", path, f"changing {path}'s strings changed the text after them")
+        end = len(text) - len(tail)
+    shared = _shared(text, cut)  # a conversation cut after the message may end otherwise (an EOS)
+    if shared < end:
+        return Check("not-prefix-stable", path, f"the conversation cut after {path} renders its turn differently")
+    eot = text.find(marks.eot, end, shared) if marks.eot else -1
+    if last < 0 and eot < 0:
+        return None
+    return (start, end, eot + len(marks.eot) if eot >= 0 else end)
+
+
+def _sentinels(message: dict[str, Any], i: int) -> dict[str, Any]:
+    """The message with every string it carries replaced by one sentinel (arguments by an object holding it)."""
+    tag = _SENTINEL.format(i)
+    out = dict(message)
+    for key in ("content", "reasoning_content"):
+        if isinstance(out.get(key), str) and (out[key] or key == "content"):
+            out[key] = tag
+        elif isinstance(out.get(key), list):
+            out[key] = [{**p, "text": tag} if p.get("type") == "text" and p.get("text") else p for p in out[key]]
+    calls = []
+    for call in out.get("tool_calls") or ():
+        fn = dict(call.get("function", {}))
+        fn["name"], fn["arguments"] = tag, {"s": tag}
+        calls.append({**call, "function": fn})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _closing_quote(text: str, at: int) -> int:
+    """A sentinel written inside an arguments object ends with its JSON closing (`"}`); skip it."""
+    return 2 if text.startswith('"}', at) else 0
+
+
 _ZERO_HINT = "a row with nothing to train on is an error row, never a zero mask: drop it or fix the conversation"
 
 
 def _has_generation_tag(rendered: Rendered) -> bool:
     return "generation" in rendered.template.source and bool(_GENERATION_TAG.search(rendered.template.source))
+
+
+def _tools(request: Request) -> Any:
+    return json.loads(request.to_json()).get("tools") if request.tools else None
 
 
 def _render_only(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,7 +498,9 @@ __all__ = [
     "Mask",
     "MaskOptions",
     "TurnMarks",
+    "Check",
     "assistant_mask",
+    "cross_check",
     "provenance_regions",
     "turn_marks",
 ]

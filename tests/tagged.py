@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the stock templates' own lines, matched exactly)
 """Tagged versions of stock templates: `{% generation %}` blocks added to the fetched templates, as TRL tags its
 training templates, for the parity test against transformers' `return_assistant_tokens_mask`.
 

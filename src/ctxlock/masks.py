@@ -46,7 +46,6 @@ with the reason, per template digest (`ctxlock inspect`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -106,6 +105,7 @@ class Mask:
     source: str
     regions: tuple[tuple[int, int], ...]
     exact_bytes: bool
+    notes: tuple[str, ...] = ()  # what a reader must know: no end-of-turn text found, bytes not laid exactly
 
     @property
     def trained(self) -> int:
@@ -218,7 +218,7 @@ def _trained_sources(request: Request, opts: MaskOptions) -> list[str]:
 
 
 def provenance_regions(
-    rendered: Rendered, request: Request, opts: MaskOptions, marks: TurnMarks, control: tuple[Any, ...] = ()
+    rendered: Rendered, request: Request, opts: MaskOptions, marks: TurnMarks
 ) -> list[tuple[int, int, int]]:
     """Each trained turn as (body start, end of its body, end of its end-of-turn text) in characters of the rendered
     text; the last two are equal when no end-of-turn text is trained (see `train_on_eot`)."""
@@ -233,7 +233,7 @@ def provenance_regions(
             before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
             start = body_start(text, before, first, marks)
             after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
-            out.append((start, last, _eot_end(text, last, after, marks, control)))
+            out.append((start, last, _eot_end(text, last, after, marks)))
             continue
         turn = _empty_turn(text, spans, order, order[source], marks)
         if turn is not None:
@@ -261,27 +261,24 @@ def _empty_turn(
 ) -> tuple[int, int, int] | None:
     """A message that wrote no character (empty content): its turn is the one header between the messages around
     it, and the end-of-turn text after that header; None when that is not exactly one header followed by it."""
-    if not marks.header or not marks.eot:
+    if not marks.eot:
         return None
     before = max((e for s, e, part, _ in spans if order.get(part, -1) < index), default=0)
     after = min((s for s, e, part, _ in spans if order.get(part, -1) > index and s >= before), default=len(text))
     run = text[before:after]
-    if run.count(marks.header) != 1:
+    mark = next((m for m in (marks.header, marks.separator) if m and run.count(m) == 1), "")
+    if not mark:
         return None
-    body = before + run.index(marks.header) + len(marks.header)
+    body = before + run.index(mark) + len(mark)
     eot = text.find(marks.eot, body, after)
     return None if eot < 0 else (body, eot, eot + len(marks.eot))
 
 
-def _eot_end(text: str, last: int, after: int, marks: TurnMarks, control: tuple[Any, ...]) -> int:
-    closing = text[last:after]
-    if marks.eot:
-        at = closing.find(marks.eot)
-        return last + at + len(marks.eot) if at >= 0 else last
-    for m in control:  # no probed end of turn: the first control token after the message
-        if last <= m.start < after:
-            return m.end
-    return last
+def _eot_end(text: str, last: int, after: int, marks: TurnMarks) -> int:
+    if not marks.eot:
+        return last
+    at = text.find(marks.eot, last, after)
+    return at + len(marks.eot) if at >= 0 else last
 
 
 def _char_regions(regions: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
@@ -327,6 +324,7 @@ def assistant_mask(
         )
     lay = layout(model, request, **render_options)
     rendered = lay.rendered
+    notes: list[str] = []
     use_generation = opts.source == "generation" or (
         opts.source == "auto" and bool(_has_generation_tag(rendered)) and opts.default_choice
     )
@@ -342,13 +340,20 @@ def assistant_mask(
         source = "generation"
     else:
         marks = turn_marks(model, rendered, _render_only(render_options), _tools(lay.request))
-        regions = _char_regions(provenance_regions(rendered, lay.request, opts, marks, lay.control))
+        regions = _char_regions(provenance_regions(rendered, lay.request, opts, marks))
         mask = _provenance_mask(lay, regions)
         source = "provenance"
+        if not marks.eot and opts.train_on_eot != "none":
+            notes.append(
+                "the template writes no end-of-turn text after an assistant's content (or refused the probe "
+                "conversation): no end-of-turn token is trained"
+            )
     mask.flags.writeable = False
     if not mask.any():
         raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
-    return lay, Mask(mask, source, tuple(regions), lay.exact)
+    if not lay.exact:
+        notes.append("token bytes were spread over the text, not laid exactly: a token at a turn's edge may differ")
+    return lay, Mask(mask, source, tuple(regions), lay.exact, tuple(notes))
 
 
 # -- the cross-check ------------------------------------------------------------------------------------------------
@@ -381,8 +386,7 @@ def cross_check(model: Any, request: Any, **render_options: Any) -> Check:
         return Check("error", exc.path or "", exc.message)
     req = model.parse(data)
     marks = turn_marks(model, rendered, options, data.get("tools"))
-    control = control_matches(rendered, model.tokenizer)
-    ours = provenance_regions(rendered, req, MaskOptions(), marks, control)
+    ours = provenance_regions(rendered, req, MaskOptions(), marks)
     indices = [i for i, m in enumerate(req.messages) if m.role == "assistant"]
     if not indices:
         return Check("no-turns")
@@ -397,7 +401,9 @@ def cross_check(model: Any, request: Any, **render_options: Any) -> Check:
     if a == b:
         return Check("agree")
     where = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return Check("disagree", f"turn {where}", f"provenance {list(a[where:where + 1])}, sentinel {list(b[where:where + 1])}")
+    return Check(
+        "disagree", f"turn {where}", f"provenance {list(a[where : where + 1])}, sentinel {list(b[where : where + 1])}"
+    )
 
 
 def _sentinel_turn(
@@ -417,8 +423,13 @@ def _sentinel_turn(
         return Check("error", path, f"a re-render failed: {exc.message}")
     tag = _SENTINEL.format(i)
     first, last = marked.find(tag), marked.rfind(tag)
+    eos = model.special_tokens.get("eos_token") or ""
+    if eos and bare.endswith(eos) and not text.startswith(bare):  # a template that ends every conversation so
+        bare = bare[: -len(eos)]
     if not text.startswith(bare):
-        return Check("not-prefix-stable", path, f"the conversation cut before {path} is not a prefix of the full render")
+        return Check(
+            "not-prefix-stable", path, f"the conversation cut before {path} is not a prefix of the full render"
+        )
     if not marked.startswith(bare) or (first >= 0 and marked[:first] != text[:first]):
         return Check("rewrites-turns", path, f"changing {path}'s strings changed the text before them")
     if text.startswith(prompt):  # the generation prompt is this turn's header
@@ -469,6 +480,99 @@ def _closing_quote(text: str, at: int) -> int:
     return 2 if text.startswith('"}', at) else 0
 
 
+# What `template_report` (and `ctxlock inspect`) checks each template on: plain turns, a tool call, reasoning.
+_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": {}}}
+REPORT_CONVERSATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "turns",
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Bye"},
+                {"role": "assistant", "content": "Goodbye."},
+            ]
+        },
+    ),
+    (
+        "tool call",
+        {
+            "tools": [_TOOL],
+            "messages": [
+                {"role": "user", "content": "What time is it?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+                {"role": "assistant", "content": "It is noon."},
+            ],
+        },
+    ),
+    (
+        "reasoning",
+        {
+            "messages": [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "reasoning_content": "Add them.", "content": "4"},
+                {"role": "user", "content": "3+3?"},
+                {"role": "assistant", "reasoning_content": "Add again.", "content": "6"},
+            ]
+        },
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateReport:
+    """A template's masks, checked: `source` is "generation" (it has `{% generation %}` blocks: transformers' rule)
+    or "provenance"; `checks` the cross-check on each of `REPORT_CONVERSATIONS` (name, Check); `agree` when no
+    check disagrees or cannot be made (a conversation the template refuses, or without turns, does not count)."""
+
+    template_id: str
+    template_sha256: str
+    source: str
+    checks: tuple[tuple[str, Check], ...]
+
+    @property
+    def agree(self) -> bool:
+        return all(c.status in ("agree", "error", "no-turns") for _, c in self.checks)
+
+    @property
+    def reported(self) -> tuple[tuple[str, Check], ...]:
+        return tuple((n, c) for n, c in self.checks if c.status not in ("agree", "error", "no-turns"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "template": self.template_id,
+            "sha256": self.template_sha256,
+            "source": self.source,
+            "agree": self.agree,
+            "checks": [{"conversation": n, **c.to_dict()} for n, c in self.checks],
+        }
+
+
+_REPORTS: LRU[str, TemplateReport] = LRU("masks.template_reports", max_items=64, scope="artifact")
+
+
+def template_report(model: Any, template: Any, **render_options: Any) -> TemplateReport:
+    """`cross_check` on `REPORT_CONVERSATIONS` with this template, cached per template digest and model."""
+    key = json.dumps([template.sha256, model.id, render_options], sort_keys=True, default=repr)
+    hit = _REPORTS.get(key)
+    if hit is None:
+        checks = tuple(
+            (name, cross_check(model, data, template=template, **render_options)) for name, data in REPORT_CONVERSATIONS
+        )
+        source = "generation" if _GENERATION_TAG.search(template.source) else "provenance"
+        hit = TemplateReport(template.id, template.sha256, source, checks)
+        _REPORTS.put(key, hit)
+    return hit
+
+
 _ZERO_HINT = "a row with nothing to train on is an error row, never a zero mask: drop it or fix the conversation"
 
 
@@ -494,13 +598,16 @@ def _zero_reason(request: Request, opts: MaskOptions, source: str, rendered: Ren
 
 __all__ = [
     "EOT_CHOICES",
+    "REPORT_CONVERSATIONS",
     "SOURCES",
+    "Check",
     "Mask",
     "MaskOptions",
+    "TemplateReport",
     "TurnMarks",
-    "Check",
     "assistant_mask",
     "cross_check",
     "provenance_regions",
+    "template_report",
     "turn_marks",
 ]

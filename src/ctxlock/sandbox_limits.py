@@ -127,7 +127,18 @@ class Limit(Exception):
 
 
 class RenderState:
-    __slots__ = ("_rng", "created", "draws", "emitted", "generation", "limits", "max_items", "max_single", "seed", "template")
+    __slots__ = (
+        "_rng",
+        "created",
+        "draws",
+        "emitted",
+        "generation",
+        "limits",
+        "max_items",
+        "max_single",
+        "seed",
+        "template",
+    )
 
     def __init__(
         self, limits: RenderLimits, template: jinja2.Template | None, seed: int = 0, draws: list | None = None

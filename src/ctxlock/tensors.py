@@ -545,7 +545,7 @@ class TorchInput(_KeyedInput):
     __slots__ = ("_tensors", "model_input")
 
     def __init__(self, tensors: Mapping[str, Any], model_input: ModelInput) -> None:
-        object.__setattr__(self, "_tensors", {k: tensors[k] for k in model_input.keys()})
+        object.__setattr__(self, "_tensors", {k: tensors[k] for k in model_input})
         object.__setattr__(self, "model_input", model_input)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -391,13 +391,11 @@ def render(
     msgs = tag_final_message(messages, template.source) if cfm else messages
     context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
     draws: list[dict[str, Any]] = []
-    generation: list[tuple[int, int]] = []
-    text, spans = _run_reporting_parts(
-        template, context, opts.render_limits, tokens, seed, draws, fmt, request, generation
-    )
+    gen: list[tuple[int, int]] = []  # the {% generation %} blocks' spans
+    text, spans = _run_reporting_parts(template, context, opts.render_limits, tokens, seed, draws, fmt, request, gen)
     if cfm:
         text, spans = cut_at_continue_tag(text, spans, messages)
-        generation = [(min(s, len(text)), min(e, len(text))) for s, e in generation]
+        gen = [(min(s, len(text)), min(e, len(text))) for s, e in gen]
     return Rendered(
         text=text,
         template=template,
@@ -417,7 +415,7 @@ def render(
         content_format=str(fmt),
         flattened=flattened,
         content_format_detected=str(detected),
-        generation_spans=tuple(generation),
+        generation_spans=tuple(gen),
     )
 
 

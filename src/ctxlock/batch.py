@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .caches import LRU
 from .errors import CtxlockError, InputError
 from .masks import MaskOptions, assistant_mask
 from .model import Model, load
@@ -141,12 +142,22 @@ def sha256_file(path: Path) -> str:
 
 # -- one shard (in a worker) -------------------------------------------------------------------------------------
 
-_WORKER: dict[str, Any] = {}
+# The model a process encodes with, loaded once per process (a worker's initializer, or the first local shard).
+_MODELS: LRU[str, Model] = LRU("batch.models", max_items=2, scope="artifact")
+
+
+def _model(spec: str | None) -> Model:
+    key = "" if spec is None else spec
+    hit = _MODELS.get(key)
+    if hit is None:
+        hit = load(spec)
+        _MODELS.put(key, hit)
+    return hit
 
 
 def _init_worker(model: str | None) -> None:
     os.environ.update(_THREADS)
-    _WORKER["model"] = load(model)
+    _model(model)
 
 
 def _encode_row(model: Model, raw: Any, opts: BatchOptions) -> tuple[str, np.ndarray, np.ndarray]:
@@ -177,7 +188,7 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
     """Encode one shard's rows and write its Parquet file and record (atomically); return the record."""
     import pyarrow as pa  # an optional extra: ctxlock[batch]
 
-    model = _WORKER.get("model") or _WORKER.setdefault("model", load(opts.model))
+    model = _model(opts.model)
     kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     errors: list[dict[str, Any]] = []
     for row, raw in rows:
@@ -297,8 +308,7 @@ def run_batch(
 
 
 def _init_local(opts: BatchOptions) -> None:
-    if _WORKER.get("spec", object()) != opts.model:
-        _WORKER["model"], _WORKER["spec"] = load(opts.model), opts.model
+    _model(opts.model)
 
 
 def _run_pool(
@@ -349,7 +359,7 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8") for r in records for e in r["errors"]
     )
     _write_atomic(out / "errors.jsonl", errors)
-    model = _WORKER.get("model") or load(opts.model)
+    model = _model(opts.model)
     templates = model.templates
     policy = opts.policy()
     manifest = {

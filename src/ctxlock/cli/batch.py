@@ -41,9 +41,8 @@ def batch(
     labels (-100 where not trained: ctxlock's assistant-mask rule) and length; manifest.json (versions, template,
     tokenizer and policy digests, the input's sha256, each shard's sha256, rows and tokens); errors.jsonl (one line
     per row that could not be encoded). The same input gives byte-identical output for any --workers."""
-    # Imported here: pyarrow and the job's machinery load only for this command.
-    from ..batch import BatchOptions, check_paths, run_batch
-    from ..masks import MaskOptions
+    from ..batch import BatchOptions, check_paths, run_batch  # the job (and pyarrow) load only for this command
+    from ..masks import MaskOptions  # with the job: `ctxlock --help` does not pay for it
 
     def go() -> dict[str, Any]:
         if workers < 1 or shard_rows < 1 or (max_length is not None and max_length < 1):

@@ -443,7 +443,7 @@ def _sentinel_turn(
             return Check("rewrites-turns", path, "the template wrote none of the sentinels, yet the text changed")
         end = start
     else:
-        tail = marked[last + len(tag) + _closing_quote(marked, last + len(tag)) :]
+        tail = marked[last + len(tag) :]
         if not text.endswith(tail):
             return Check("rewrites-turns", path, f"changing {path}'s strings changed the text after them")
         end = len(text) - len(tail)
@@ -457,7 +457,8 @@ def _sentinel_turn(
 
 
 def _sentinels(message: dict[str, Any], i: int) -> dict[str, Any]:
-    """The message with every string it carries replaced by one sentinel (arguments by an object holding it)."""
+    """The message with every string it carries replaced by one sentinel (the name and the string values of its
+    calls' arguments too)."""
     tag = _SENTINEL.format(i)
     out = dict(message)
     for key in ("content", "reasoning_content"):
@@ -468,20 +469,25 @@ def _sentinels(message: dict[str, Any], i: int) -> dict[str, Any]:
     calls = []
     for call in out.get("tool_calls") or ():
         fn = dict(call.get("function", {}))
-        fn["name"], fn["arguments"] = tag, {"s": tag}
+        args = fn.get("arguments")
+        fn["name"] = tag
+        if isinstance(args, dict):  # each string value in its place: the markup around them stays the template's
+            fn["arguments"] = {k: tag if isinstance(v, str) else v for k, v in args.items()}
         calls.append({**call, "function": fn})
     if calls:
         out["tool_calls"] = calls
     return out
 
 
-def _closing_quote(text: str, at: int) -> int:
-    """A sentinel written inside an arguments object ends with its JSON closing (`"}`); skip it."""
-    return 2 if text.startswith('"}', at) else 0
-
-
 # What `template_report` (and `ctxlock inspect`) checks each template on: plain turns, a tool call, reasoning.
-_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": {}}}
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
+    },
+}
 REPORT_CONVERSATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     (
         "turns",
@@ -503,9 +509,9 @@ REPORT_CONVERSATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                 {"role": "user", "content": "What time is it?"},
                 {
                     "role": "assistant",
-                    "content": "",
+                    "content": None,
                     "tool_calls": [
-                        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+                        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}
                     ],
                 },
                 {"role": "tool", "tool_call_id": "c1", "content": "12:00"},

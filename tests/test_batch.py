@@ -203,3 +203,24 @@ def test_hostile_rows_are_error_rows(tmp_path: Path, bad: bytes) -> None:
     source.write_bytes(bad + b"\n" + _dataset(1)[0].encode() + b"\n")
     manifest = run_batch(source, tmp_path / "o", BatchOptions(model="book"))
     assert manifest["error_count"] == 1 and manifest["row_count"] == 1
+
+
+def test_pack(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(60, seed=6))
+    plain = run_batch(source, tmp_path / "a", BatchOptions(model="book", shard_rows=30))
+    packed = run_batch(source, tmp_path / "b", BatchOptions(model="book", shard_rows=30, pack=256))
+    rows = _rows(tmp_path / "a")
+    seen: list[int] = []
+    for path in sorted((tmp_path / "b").glob("shard-*.parquet")):
+        for p in pq.read_table(path).to_pylist():
+            assert p["length"] == sum(p["seq_lengths"]) == len(p["input_ids"]) == len(p["position_ids"]) <= 256
+            at = 0
+            for n, length in zip(p["rows"], p["seq_lengths"], strict=True):
+                assert p["input_ids"][at : at + length] == rows[n]["input_ids"]
+                assert p["labels"][at : at + length] == rows[n]["labels"]
+                assert p["position_ids"][at : at + length] == list(range(length))
+                at += length
+            seen += p["rows"]
+    too_long = [n for n, r in rows.items() if r["length"] > 256]
+    assert sorted(seen + too_long) == sorted(rows)
+    assert packed["error_count"] == plain["error_count"] + len(too_long)

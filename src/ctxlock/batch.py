@@ -55,6 +55,7 @@ class BatchOptions:
     model: str | None = None
     shard_rows: int = 10_000
     max_length: int | None = None
+    pack: int | None = None
     mask: MaskOptions = field(default_factory=MaskOptions)
 
     def policy(self) -> dict[str, Any]:
@@ -62,6 +63,7 @@ class BatchOptions:
             "schema": SCHEMA_VERSION,
             "shard_rows": self.shard_rows,
             "max_length": self.max_length,
+            "pack": self.pack,
             "add_generation_prompt": False,
             "mask": {
                 "roles": list(self.mask.roles),
@@ -164,8 +166,9 @@ def _encode_row(model: Model, raw: Any, opts: BatchOptions) -> tuple[str, np.nda
     request = model.parse(_request_of(raw))
     lay, mask = assistant_mask(model, request, opts.mask, add_generation_prompt=False)
     ids = np.asarray(lay.ids, dtype=np.int32)
-    if opts.max_length is not None and len(ids) > opts.max_length:
-        raise _TooLong(len(ids), opts.max_length)
+    limits = [n for n in (opts.max_length, opts.pack) if n is not None]
+    if limits and len(ids) > min(limits):
+        raise _TooLong(len(ids), min(limits))
     labels = np.where(mask.mask == 1, ids, _IGNORE).astype(np.int32)
     return hashlib.sha256(request.to_json().encode("utf-8")).hexdigest(), ids, labels
 
@@ -173,7 +176,7 @@ def _encode_row(model: Model, raw: Any, opts: BatchOptions) -> tuple[str, np.nda
 class _TooLong(CtxlockError):
     def __init__(self, n: int, limit: int) -> None:
         super().__init__(
-            f"the row is {n:,} tokens, over --max-length {limit:,}",
+            f"the row is {n:,} tokens, over the limit of {limit:,} (--max-length or --pack)",
             path="input_ids",
             hint="raise --max-length, or fit the conversation first (ctxlock fit)",
         )
@@ -186,8 +189,6 @@ def _error_row(row: int, exc: CtxlockError) -> dict[str, Any]:
 
 def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchOptions) -> dict[str, Any]:
     """Encode one shard's rows and write its Parquet file and record (atomically); return the record."""
-    import pyarrow as pa  # an optional extra: ctxlock[batch]
-
     model = _model(opts.model)
     kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     errors: list[dict[str, Any]] = []
@@ -196,16 +197,7 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
             kept.append((row, *_encode_row(model, raw, opts)))
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
-    list32 = pa.list_(pa.int32())
-    table = pa.table(
-        {
-            "row": pa.array([k[0] for k in kept], pa.int64()),
-            "request_sha256": pa.array([k[1] for k in kept], pa.string()),
-            "input_ids": pa.array([k[2] for k in kept], list32),
-            "labels": pa.array([k[3] for k in kept], list32),
-            "length": pa.array([len(k[2]) for k in kept], pa.int32()),
-        }
-    )
+    table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)
     name = f"shard-{index:05d}.parquet"
     digest = _write_parquet(table, Path(out) / name)
     record = {
@@ -217,10 +209,57 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
         "error_count": len(errors),
         "token_count": int(sum(len(k[2]) for k in kept)),
         "trained_tokens": int(sum(int((k[3] != _IGNORE).sum()) for k in kept)),
+        "sequence_count": table.num_rows,
         "errors": errors,
     }
     _write_atomic(Path(out) / f"shard-{index:05d}.json", _json_bytes(record))
     return record
+
+
+def _table(kept: list[tuple[int, str, np.ndarray, np.ndarray]]) -> Any:
+    import pyarrow as pa
+
+    list32 = pa.list_(pa.int32())
+    return pa.table(
+        {
+            "row": pa.array([k[0] for k in kept], pa.int64()),
+            "request_sha256": pa.array([k[1] for k in kept], pa.string()),
+            "input_ids": pa.array([k[2] for k in kept], list32),
+            "labels": pa.array([k[3] for k in kept], list32),
+            "length": pa.array([len(k[2]) for k in kept], pa.int32()),
+        }
+    )
+
+
+def _packed_table(kept: list[tuple[int, str, np.ndarray, np.ndarray]], pack: int) -> Any:
+    """Rows packed greedily in row order, within the shard, into sequences of at most `pack` tokens: `row` is the
+    first row's number, `rows` and `request_sha256` list each row's, `position_ids` restart at 0 for each row and
+    `seq_lengths` are the rows' lengths."""
+    import pyarrow as pa
+
+    packs: list[list[tuple[int, str, np.ndarray, np.ndarray]]] = []
+    size = pack + 1
+    for k in kept:
+        if size + len(k[2]) > pack:
+            packs.append([])
+            size = 0
+        packs[-1].append(k)
+        size += len(k[2])
+    list32 = pa.list_(pa.int32())
+    return pa.table(
+        {
+            "row": pa.array([p[0][0] for p in packs], pa.int64()),
+            "rows": pa.array([[k[0] for k in p] for p in packs], pa.list_(pa.int64())),
+            "request_sha256": pa.array([[k[1] for k in p] for p in packs], pa.list_(pa.string())),
+            "input_ids": pa.array([np.concatenate([k[2] for k in p]) for p in packs], list32),
+            "labels": pa.array([np.concatenate([k[3] for k in p]) for p in packs], list32),
+            "length": pa.array([sum(len(k[2]) for k in p) for p in packs], pa.int32()),
+            "position_ids": pa.array(
+                [np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs], list32
+            ),
+            "seq_lengths": pa.array([[len(k[2]) for k in p] for p in packs], list32),
+        }
+    )
 
 
 def _write_parquet(table: Any, path: Path) -> str:
@@ -337,6 +376,13 @@ def _run_pool(
 
 
 def check_paths(source: Path, out: Path, resume: bool) -> None:
+    """The job's input and output can be used (and pyarrow is installed): else an InputError, before any work."""
+    try:
+        import pyarrow  # noqa: F401  (an optional extra: ctxlock[batch])
+    except ImportError:
+        raise InputError(
+            "pyarrow is not installed", path="ctxlock batch", hint="pip install 'ctxlock[batch]'"
+        ) from None
     if not source.is_file():
         raise InputError(f"no such input file: {source}", path=str(source), hint="give a .jsonl or .parquet file")
     if out.exists() and not out.is_dir():

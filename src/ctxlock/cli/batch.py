@@ -26,6 +26,14 @@ def batch(
         int | None, typer.Option("--max-length", help="A row with more tokens is an error row (not cut).")
     ] = None,
     shard_rows: Annotated[int, typer.Option("--shard-rows", help="Input rows per shard.")] = 10_000,
+    pack: Annotated[
+        int | None,
+        typer.Option(
+            "--pack",
+            help="Pack rows, in order within a shard, into sequences of at most this many tokens (position_ids "
+            "restart per row; seq_lengths); a longer row is an error row.",
+        ),
+    ] = None,
     train_on_eot: Annotated[
         str, typer.Option("--train-on-eot", help="Train the end-of-turn token of: all turns, the last, none.")
     ] = "all",
@@ -45,9 +53,9 @@ def batch(
     from ..masks import MaskOptions  # with the job: `ctxlock --help` does not pay for it
 
     def go() -> dict[str, Any]:
-        if workers < 1 or shard_rows < 1 or (max_length is not None and max_length < 1):
+        if workers < 1 or shard_rows < 1 or any(n is not None and n < 1 for n in (max_length, pack)):
             raise InputError(
-                "--workers, --shard-rows and --max-length must be positive",
+                "--workers, --shard-rows, --max-length and --pack must be positive",
                 path="options",
                 hint="e.g. --workers 2 --shard-rows 10000",
             )
@@ -56,6 +64,7 @@ def batch(
             model=model,
             shard_rows=shard_rows,
             max_length=max_length,
+            pack=pack,
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
         )
         with _ProgressBar(as_json) as (update, _):

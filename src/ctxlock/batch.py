@@ -162,9 +162,10 @@ def _init_worker(model: str | None) -> None:
     _model(model)
 
 
-def _encode_row(model: Model, raw: Any, opts: BatchOptions) -> tuple[str, np.ndarray, np.ndarray]:
+def _encode_row(model: Model, raw: Any, opts: BatchOptions, notes: set[str]) -> tuple[str, np.ndarray, np.ndarray]:
     request = model.parse(_request_of(raw))
     lay, mask = assistant_mask(model, request, opts.mask, add_generation_prompt=False)
+    notes.update(mask.notes)
     ids = np.asarray(lay.ids, dtype=np.int32)
     limits = [n for n in (opts.max_length, opts.pack) if n is not None]
     if limits and len(ids) > min(limits):
@@ -192,9 +193,10 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
     model = _model(opts.model)
     kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     errors: list[dict[str, Any]] = []
+    notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
     for row, raw in rows:
         try:
-            kept.append((row, *_encode_row(model, raw, opts)))
+            kept.append((row, *_encode_row(model, raw, opts, notes)))
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
     table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)
@@ -210,6 +212,7 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
         "token_count": int(sum(len(k[2]) for k in kept)),
         "trained_tokens": int(sum(int((k[3] != _IGNORE).sum()) for k in kept)),
         "sequence_count": table.num_rows,
+        "notes": sorted(notes),
         "errors": errors,
     }
     _write_atomic(Path(out) / f"shard-{index:05d}.json", _json_bytes(record))
@@ -425,6 +428,7 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         "token_count": sum(r["token_count"] for r in records),
         "trained_tokens": sum(r["trained_tokens"] for r in records),
         "errors": {"file": "errors.jsonl", "sha256": hashlib.sha256(errors).hexdigest()},
+        "notes": sorted({n for r in records for n in r.get("notes", ())}),
         "shards": [{k: v for k, v in r.items() if k != "errors"} for r in records],
     }
     _write_atomic(out / "manifest.json", _json_bytes(manifest))

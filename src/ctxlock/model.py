@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
@@ -183,6 +184,8 @@ class Model:
             )
         check_options(kwargs, RENDER_OPTIONS, "encode")
         lay, mask = masks.assistant_mask(self, request, mask_options, **{"add_generation_prompt": False, **kwargs})
+        for note in mask.notes:  # not exact, or nothing found to train at a turn's end: never silent
+            warnings.warn(f"assistant mask: {note}", stacklevel=3)
         return _assemble_own(lay.ids).with_assistant_masks(mask.mask.reshape(1, -1))
 
     def encode_batch(

@@ -182,7 +182,7 @@ CALLS = {
 INSTEAD = {
     "truncation": ("fit_context", "ctxlock fit --max-input-tokens"),
     "max_length": ("fit_context", "BudgetPolicy(max_input_tokens"),
-    "return_assistant_tokens_mask": ("not supported", "request_spans"),
+    "return_assistant_tokens_mask": ("return_assistant_mask=True", "assistant_masks"),
     "return_dict": ("ModelInput", "mapping"),
     "tokenize": ("render() is tokenize=False", "encode() is tokenize=True"),
     "chat_template": ("template=",),

@@ -157,6 +157,11 @@ class TensorError(CtxlockError):
     pass
 
 
+class MaskError(TensorError):
+    """An assistant-token mask that cannot be made: a row with no trained token (never a silent zero mask), or a
+    combination of options the mask rule does not take (`ctxlock.masks`)."""
+
+
 class TensorKeyError(TensorError, KeyError):
     """A key a ModelInput (or TorchInput) does not have: a KeyError too, as the mapping protocol requires."""
 

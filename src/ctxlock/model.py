@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
 
-from . import accounting, caches
+from . import accounting, caches, masks
 from .artifacts import ModelArtifacts, load_artifacts
 from .capacity import Capacity
-from .errors import TemplateNotFoundError
+from .errors import OptionError, TemplateNotFoundError
 from .options import (
     BATCH_OPTIONS,
     ENCODE_OPTIONS,
@@ -158,6 +159,8 @@ class Model:
         options: RenderOptions | None = None,
         *,
         return_tensors: str | None = None,
+        return_assistant_mask: bool = False,
+        mask_options: masks.MaskOptions | None = None,
         **kwargs: Unpack[RenderKwargs],
     ) -> ModelInput | TorchInput:
         """Request -> ModelInput (batch of one): the ids, mask and positions the model receives; a read-only mapping
@@ -165,11 +168,32 @@ class Model:
         None or "np" (numpy int64, the ModelInput itself) or "pt" (a `TorchInput` of torch.long tensors).
 
         Only ids are returned, so they come from `encode_ids` (equal to `run(...).tokenized.ids`, without the list
-        of control matches)."""
+        of control matches).
+
+        `return_assistant_mask=True` adds `assistant_masks` (1 on the tokens a model is trained on; the rule and
+        `mask_options` are in `ctxlock.masks`); `add_generation_prompt` then defaults to False, as for training."""
+        if return_assistant_mask:
+            check_return_tensors(return_tensors)
+            return tensors_as(self._encode_masked(request, options, mask_options, kwargs), return_tensors)
         opts = render_options(options, kwargs, ENCODE_OPTIONS, "encode")
         check_return_tensors(return_tensors)  # an unsupported value (or no torch) fails before any work
         rendered = self._render(opts.parse(request), opts)
         return tensors_as(_assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
+
+    def _encode_masked(
+        self, request: RequestLike, options: Any, mask_options: masks.MaskOptions | None, kwargs: Any
+    ) -> ModelInput:
+        if options is not None:
+            raise OptionError(
+                "return_assistant_mask takes render options as keyword arguments, not a RenderOptions",
+                path="options",
+                hint="pass add_generation_prompt=..., template=..., ... as keywords",
+            )
+        check_options(kwargs, RENDER_OPTIONS, "encode")
+        lay, mask = masks.assistant_mask(self, request, mask_options, **{"add_generation_prompt": False, **kwargs})
+        for note in mask.notes:  # not exact, or nothing found to train at a turn's end: never silent
+            warnings.warn(f"assistant mask: {note}", stacklevel=3)
+        return _assemble_own(lay.ids).with_assistant_masks(mask.mask.reshape(1, -1))
 
     def encode_batch(
         self,

@@ -113,9 +113,9 @@ _INSTEAD = {
     "encode returns one unpadded row",
     "padding_side": _PADDING,
     "pad_to_multiple_of": _PADDING,
-    "return_assistant_tokens_mask": "not supported: ctxlock computes no assistant-token mask ({% generation %} "
-    "renders its body unchanged); run(...).rendered.request_spans maps rendered text to the request paths "
-    "(messages[i].content) it came from",
+    "return_assistant_tokens_mask": "ctxlock's name is encode(..., return_assistant_mask=True), which adds "
+    "assistant_masks to the ModelInput: from the template's {% generation %} blocks as transformers does, and from "
+    "provenance for a template without them (ctxlock.masks; options in mask_options=MaskOptions(...))",
     "return_dict": "not needed: encode/encode_batch return a ModelInput, a mapping of input_ids, attention_mask "
     "and position_ids (what return_dict=True gives); render returns a Rendered (.text)",
     "tokenize": "render() is tokenize=False (Rendered.text); encode() is tokenize=True (a ModelInput of ids)",

@@ -82,7 +82,11 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     def _body(self, caller: Callable[[], str]) -> str:
-        return caller()
+        body = caller()
+        state = STATE.get()
+        if state is not None:  # where the block's text lies in the output (`Rendered.generation_spans`)
+            state.generation.append((state.emitted, state.emitted + len(body)))
+        return body
 
 
 class _TemplateDict:
@@ -481,12 +485,14 @@ def render_limited(
     tracer: bool | None = None,
     seed: int = 0,
     draws: list | None = None,
+    generation: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render within the limits, scaled to the size of `context` (`RenderLimits.scaled`); return the text and the
     spans of its request-derived characters.
 
     `seed` seeds the render's one random generator (the `random` filter, `lipsum`); each draw is appended to
-    `draws` (a dict: what, template line, and the choice made)."""
+    `draws` (a dict: what, template line, and the choice made). The `{% generation %}` blocks' [start, end) are
+    appended to `generation` (transformers' `return_assistant_tokens_mask` spans)."""
     # Chunks are joined every _JOIN_EVERY into one string: a template that prints a long input a character at a time
     # would otherwise hold one object per character (hundreds of bytes each) until the end of the render.
     chunks: list[str] = []
@@ -496,7 +502,10 @@ def render_limited(
     limits = limits.scaled(input_chars(context))
     limit = limits.max_output_chars
     append = pending.append
-    state_token = STATE.set(RenderState(limits, compiled, seed, draws))
+    state = RenderState(limits, compiled, seed, draws)
+    if generation is not None:
+        state.generation = generation
+    state_token = STATE.set(state)
     checker_token = taint.CHECKER.set(checker)
     try:
         # The clock is the timer's or the tracer's job (both see every template frame); here only the size counts.
@@ -505,6 +514,7 @@ def render_limited(
                 if type(chunk) is Tainted:
                     spans.extend(taint.shift(chunk.spans, size))
                 size += len(chunk)
+                state.emitted = size
                 if size > limit:
                     raise Limit(f"output exceeded {limit:,} characters")
                 append(chunk)

@@ -127,7 +127,18 @@ class Limit(Exception):
 
 
 class RenderState:
-    __slots__ = ("_rng", "created", "draws", "limits", "max_items", "max_single", "seed", "template")
+    __slots__ = (
+        "_rng",
+        "created",
+        "draws",
+        "emitted",
+        "generation",
+        "limits",
+        "max_items",
+        "max_single",
+        "seed",
+        "template",
+    )
 
     def __init__(
         self, limits: RenderLimits, template: jinja2.Template | None, seed: int = 0, draws: list | None = None
@@ -143,6 +154,10 @@ class RenderState:
         self.seed = seed
         self._rng: random.Random | None = None
         self.draws = draws if draws is not None else []
+        # `{% generation %}` blocks: each one's [start, end) in the output, as transformers' AssistantTracker records
+        # them (the characters emitted before the block; `emitted` is kept by `render_limited`).
+        self.generation: list[tuple[int, int]] = []
+        self.emitted = 0
 
     @property
     def rng(self) -> random.Random:

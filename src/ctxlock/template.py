@@ -165,11 +165,12 @@ def _run(
     checker: taint.Checker,
     seed: int = 0,
     draws: list | None = None,
+    generation: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render once; map every failure to a typed TemplateError that names the template line."""
     compiled = _compile_named(template, limits)
     try:
-        return render_limited(compiled, context, limits, checker, seed=seed, draws=draws)
+        return render_limited(compiled, context, limits, checker, seed=seed, draws=draws, generation=generation)
     except Nondeterministic as exc:
         raise TemplateDeterminismError(
             exc.message,
@@ -390,9 +391,11 @@ def render(
     msgs = tag_final_message(messages, template.source) if cfm else messages
     context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
     draws: list[dict[str, Any]] = []
-    text, spans = _run_reporting_parts(template, context, opts.render_limits, tokens, seed, draws, fmt, request)
+    gen: list[tuple[int, int]] = []  # the {% generation %} blocks' spans
+    text, spans = _run_reporting_parts(template, context, opts.render_limits, tokens, seed, draws, fmt, request, gen)
     if cfm:
         text, spans = cut_at_continue_tag(text, spans, messages)
+        gen = [(min(s, len(text)), min(e, len(text))) for s, e in gen]
     return Rendered(
         text=text,
         template=template,
@@ -412,6 +415,7 @@ def render(
         content_format=str(fmt),
         flattened=flattened,
         content_format_detected=str(detected),
+        generation_spans=tuple(gen),
     )
 
 
@@ -511,11 +515,12 @@ def _run_reporting_parts(
     draws: list,
     fmt: str,
     request: Request,
+    generation: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """`_run`, with the content format option added to the hint of a failure on content-part lists."""
     checker = taint.Checker(tokens.search, where, tokens)
     try:
-        return _run(template, context, limits, checker, seed, draws)
+        return _run(template, context, limits, checker, seed, draws, generation)
     except (TemplateRuntimeError, TemplateRaisedError) as exc:
         if fmt != ContentFormat.OPENAI:
             raise

@@ -148,6 +148,9 @@ class Rendered:
     content_format: str = ""
     flattened: tuple[str, ...] = ()
     content_format_detected: str = ""
+    # The `{% generation %}` blocks' [start, end) in `text`, in the order rendered (transformers' AssistantTracker
+    # spans; empty for a template without the tag). `ctxlock.masks` uses them.
+    generation_spans: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,3 +1,5 @@
+# size: one mapping contract (ModelInput, its torch twin and their assembly), 700 lines before assistant_masks;
+# splitting TorchInput out would make the two modules import each other.
 """The tensors stage: token ids -> the exact arrays a model receives.
 
     ids (one sequence, or a batch)  ->  ModelInput(input_ids, attention_mask, position_ids, valid_lengths)
@@ -324,26 +326,29 @@ class _KeyedInput(Mapping):
     def _value(self, key: str) -> Any:
         raise NotImplementedError
 
+    def _keys(self) -> tuple[str, ...]:  # KEYS, and `assistant_masks` when it was asked for
+        return KEYS
+
     def __getitem__(self, key: str) -> Any:
-        if isinstance(key, str) and key in KEYS:
+        if isinstance(key, str) and key in self._keys():
             return self._value(key)
         attribute = f"; {key} is an attribute: mi.{key}" if key in self._attributes else ""
-        hint = f"the keys are {', '.join(KEYS)}" + attribute
+        hint = f"the keys are {', '.join(self._keys())}" + attribute
         raise TensorKeyError(f"{self._kind} has no key {key!r}", path=f"{self._kind}[{key!r}]", hint=hint)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(KEYS)
+        return iter(self._keys())
 
     def __len__(self) -> int:
-        return len(KEYS)
+        return len(self._keys())
 
     def __contains__(self, key: object) -> bool:
-        return key in KEYS
+        return key in self._keys()
 
     @property
     def data(self) -> dict[str, Any]:
-        """A fresh dict of the three values (``BatchEncoding.data``): the originals, for a ModelInput read-only."""
-        return {k: self._value(k) for k in KEYS}
+        """A fresh dict of the values (``BatchEncoding.data``): the originals, for a ModelInput read-only."""
+        return {k: self._value(k) for k in self._keys()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,6 +381,9 @@ class ModelInput(_KeyedInput):
     valid_lengths: tuple[int, ...]
     padding_side: PaddingSide
     pad_id: int | None
+    # [B, n] 0/1: the tokens a model is trained on (`encode(..., return_assistant_mask=True)`, `ctxlock.masks`);
+    # a fourth key when set, as transformers' `return_assistant_tokens_mask` adds it. 0 on padding.
+    assistant_masks: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         ids = _frozen_int64(self.input_ids, "input_ids")
@@ -388,6 +396,17 @@ class ModelInput(_KeyedInput):
         _check_mask_and_positions(mask, pos, lengths, side)
         _check_ids(ids, mask, pad_id)
         _set_fields(self, ids, mask, pos, lengths, side, pad_id)
+        if self.assistant_masks is not None:
+            object.__setattr__(self, "assistant_masks", _check_assistant_masks(self.assistant_masks, mask))
+
+    def with_assistant_masks(self, masks: object) -> ModelInput:
+        """This input with `assistant_masks` (``[B, n]``, 0/1, 0 on padding) added as a key."""
+        out = _frozen_input(*(getattr(self, f) for f in _FIELDS))
+        object.__setattr__(out, "assistant_masks", _check_assistant_masks(masks, self.attention_mask))
+        return out
+
+    def _keys(self) -> tuple[str, ...]:
+        return KEYS if self.assistant_masks is None else (*KEYS, "assistant_masks")
 
     # -- shape -------------------------------------------------------------------------------------------------
 
@@ -441,7 +460,7 @@ class ModelInput(_KeyedInput):
             "valid_lengths": list(self.valid_lengths),
             "padding_side": self.padding_side.value,
             "pad_id": self.pad_id,
-        }
+        } | ({} if self.assistant_masks is None else {"assistant_masks": self.assistant_masks.tolist()})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelInput:
@@ -461,6 +480,7 @@ class ModelInput(_KeyedInput):
             valid_lengths=tuple(vl) if isinstance(vl, (list, tuple)) else vl,
             padding_side=data["padding_side"],
             pad_id=data["pad_id"],
+            assistant_masks=data.get("assistant_masks"),
         )
 
     def to_torch(self) -> dict[str, torch.Tensor]:
@@ -470,7 +490,7 @@ class ModelInput(_KeyedInput):
         torch is imported here, never at module import.
         """
         torch = _import_torch("to_torch")
-        return {k: torch.tensor(getattr(self, k), dtype=torch.long) for k in KEYS}
+        return {k: torch.tensor(getattr(self, k), dtype=torch.long) for k in self._keys()}
 
     # -- value semantics -----------------------------------------------------------------------------------------
 
@@ -485,13 +505,14 @@ class ModelInput(_KeyedInput):
             and np.array_equal(self.input_ids, other.input_ids)
             and np.array_equal(self.attention_mask, other.attention_mask)
             and np.array_equal(self.position_ids, other.position_ids)
+            and _same_masks(self.assistant_masks, other.assistant_masks)
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickle and deepcopy rebuild through the constructor: numpy unpickles (and deep-copies) an array writable,
         # and the constructor validates and freezes it again.
         fields = (self.input_ids, self.attention_mask, self.position_ids, self.valid_lengths, self.padding_side)
-        return (ModelInput, (*fields, self.pad_id))
+        return (ModelInput, (*fields, self.pad_id, self.assistant_masks))
 
     def __hash__(self) -> int:
         # The arrays are read-only and int64, so their shape + bytes are a sound hash key.
@@ -504,6 +525,7 @@ class ModelInput(_KeyedInput):
                 self.valid_lengths,
                 self.padding_side,
                 self.pad_id,
+                None if self.assistant_masks is None else self.assistant_masks.tobytes(),
             )
         )
 
@@ -523,7 +545,7 @@ class TorchInput(_KeyedInput):
     __slots__ = ("_tensors", "model_input")
 
     def __init__(self, tensors: Mapping[str, Any], model_input: ModelInput) -> None:
-        object.__setattr__(self, "_tensors", {k: tensors[k] for k in KEYS})
+        object.__setattr__(self, "_tensors", {k: tensors[k] for k in model_input})
         object.__setattr__(self, "model_input", model_input)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -534,8 +556,11 @@ class TorchInput(_KeyedInput):
     def _value(self, key: str) -> Any:
         return self._tensors[key]
 
+    def _keys(self) -> tuple[str, ...]:
+        return tuple(self._tensors)
+
     def __getattr__(self, name: str) -> Any:
-        if name in KEYS:
+        if name in (*KEYS, "assistant_masks") and name in self._tensors:
             return self._tensors[name]
         raise AttributeError(f"TorchInput has no attribute {name!r}")
 
@@ -580,7 +605,7 @@ def tensors_as(model_input: ModelInput, return_tensors: str | None) -> ModelInpu
     if check_return_tensors(return_tensors) is None:
         return model_input
     torch = _import_torch("return_tensors='pt'")
-    return TorchInput({k: torch.tensor(getattr(model_input, k), dtype=torch.long) for k in KEYS}, model_input)
+    return TorchInput({k: torch.tensor(model_input[k], dtype=torch.long) for k in model_input}, model_input)
 
 
 def check_return_tensors(return_tensors: object) -> str | None:
@@ -691,6 +716,18 @@ def _frozen_input(
     out = object.__new__(ModelInput)
     _set_fields(out, ids, mask, pos, lengths, side, pad_id)
     return out
+
+
+def _check_assistant_masks(masks: object, attention_mask: np.ndarray) -> np.ndarray:
+    arr = _frozen_int64(masks, "assistant_masks")
+    if arr.shape != attention_mask.shape or not np.isin(arr, (0, 1)).all() or (arr > attention_mask).any():
+        hint = "one 0/1 value per token, 0 on padding (ctxlock.masks builds them)"
+        raise TensorError(f"assistant_masks {arr.shape} do not fit the input", path="assistant_masks", hint=hint)
+    return arr
+
+
+def _same_masks(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
 
 
 def _set_fields(out: ModelInput, *values: Any) -> None:

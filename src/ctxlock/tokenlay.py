@@ -268,6 +268,8 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     if size == 0:
         return result
     change = np.flatnonzero(np.diff(owner)) + 1  # byte offsets where the owner changes
+    if len(change) == 0:  # one owner for every byte
+        return result
     # a token is mixed when a change point falls strictly inside it
     first_after = np.searchsorted(change, starts, side="right")
     mixed = np.flatnonzero((first_after < len(change)) & (change[np.minimum(first_after, len(change) - 1)] < ends))

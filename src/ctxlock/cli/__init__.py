@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "cachereport": ("cache-report",),
     "clamp": ("clamp",),
     "explain": ("explain",),
+    "batch": ("batch",),
 }
 
 

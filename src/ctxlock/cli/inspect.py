@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..artifacts import DEFAULT_MODEL, builtin_models, load_artifacts
+from ..masks import template_report
 from ..model import Model
 from ..template import role_markers
 from .output import console, guarded, print_json
@@ -60,6 +61,28 @@ def _add_role_markers(m: Model, info: dict[str, Any]) -> None:
         entry["role_markers"] = {**found.to_dict(), "warning": found.warning(template)}
 
 
+def _add_mask_reports(m: Model, info: dict[str, Any]) -> None:
+    """Each template's assistant-mask check (`ctxlock.masks.template_report`): provenance against sentinels."""
+    if m.templates is None:
+        return
+    for entry, template in zip(info["templates"], m.templates.templates, strict=True):
+        entry["assistant_masks"] = template_report(m, template).to_dict()
+
+
+def _mask_line(report: dict[str, Any]) -> str:
+    if report["source"] == "generation":
+        return "           assistant masks from its {% generation %} blocks (transformers' rule)"
+    if report["agree"]:
+        n = sum(c["status"] == "agree" for c in report["checks"])
+        return f"           assistant masks: provenance and sentinel re-renders agree ({n} probe conversations)"
+    bad = next(c for c in report["checks"] if c["status"] not in ("agree", "error", "no-turns"))
+    return (
+        f"[yellow]reported[/]   assistant masks (template sha256 {report['sha256'][:12]}): {bad['status']} on the "
+        f"{bad['conversation']} conversation at {escape(bad['path'])}: {escape(bad['detail'])}; masks come from "
+        "provenance alone there"
+    )
+
+
 def special_tokens_added(tok: Any) -> dict[str, Any]:
     """What `add_special_tokens=True` (`tokenize --add-special-tokens`, transformers' default for `encode`) adds around
     a text, found by encoding one: `bos` the ids before it, `eos` the ids after it, each [id, piece]. Measured, not
@@ -107,6 +130,7 @@ def inspect(
     info = m.artifacts.describe()
     info["add_special_tokens"] = special_tokens_added(m.tokenizer)
     _add_role_markers(m, info)
+    _add_mask_reports(m, info)
     if as_json:
         print_json(info)
         return
@@ -188,6 +212,8 @@ def _show_templates(templates: list[dict[str, Any]]) -> None:
             console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(w['path'])})")
         else:
             console.print("           role markers are control tokens at every turn boundary")
+        if "assistant_masks" in t:
+            console.print(_mask_line(t["assistant_masks"]))
     if not templates:
         console.print("template   none (pass --template FILE to render)")
 

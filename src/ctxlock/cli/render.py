@@ -232,8 +232,8 @@ _UNSUPPORTED_ARGS = {
     "max_length": "`ctxlock fit --max-input-tokens N` fits the request to a token budget",
     "return_tensors": "`--json` prints input_ids, attention_mask and position_ids",
     "return_dict": "`--json` prints input_ids, attention_mask and position_ids",
-    "return_assistant_tokens_mask": "ctxlock does not compute an assistant-token mask ({% generation %} blocks "
-    "render as their text); `--json`'s request_spans name the message each character came from",
+    "return_assistant_tokens_mask": "assistant-token masks come from the Python API, encode(..., "
+    "return_assistant_mask=True), for any template; `ctxlock inspect` says how a template's masks are found",
     "tokenizer_kwargs": "tokenizer options are not passed through; `ctxlock tokenize` has --add-special-tokens and "
     "--parse-special",
 }

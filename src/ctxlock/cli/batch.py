@@ -1,0 +1,119 @@
+"""`ctxlock batch`: requests -> Parquet shards of input_ids and labels, a manifest and an errors file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..errors import InputError
+from .output import console, guarded, print_json
+from .render import JsonOpt, ModelOpt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("batch")(batch)
+
+
+def batch(
+    source: Annotated[Path, typer.Argument(help="Input: a .jsonl file (one request per line) or a .parquet file.")],
+    out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
+    model: ModelOpt = None,
+    workers: Annotated[int, typer.Option("--workers", help="Worker processes (spawned, one model each).")] = 1,
+    max_length: Annotated[
+        int | None, typer.Option("--max-length", help="A row with more tokens is an error row (not cut).")
+    ] = None,
+    shard_rows: Annotated[int, typer.Option("--shard-rows", help="Input rows per shard.")] = 10_000,
+    pack: Annotated[
+        int | None,
+        typer.Option(
+            "--pack",
+            help="Pack rows, in order within a shard, into sequences of at most this many tokens (position_ids "
+            "restart per row; seq_lengths); a longer row is an error row.",
+        ),
+    ] = None,
+    train_on_eot: Annotated[
+        str, typer.Option("--train-on-eot", help="Train the end-of-turn token of: all turns, the last, none.")
+    ] = "all",
+    last_turn_only: Annotated[
+        bool, typer.Option("--last-turn-only", help="Train only the last assistant turn of each row.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Keep the shards a killed run finished (digests checked); make the rest.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Render a file of chat requests into training data: Parquet shards (zstd) of row, request_sha256, input_ids,
+    labels (-100 where not trained: ctxlock's assistant-mask rule) and length; manifest.json (versions, template,
+    tokenizer and policy digests, the input's sha256, each shard's sha256, rows and tokens); errors.jsonl (one line
+    per row that could not be encoded). The same input gives byte-identical output for any --workers."""
+    from ..batch import BatchOptions, check_paths, run_batch  # the job (and pyarrow) load only for this command
+    from ..masks import MaskOptions  # with the job: `ctxlock --help` does not pay for it
+
+    def go() -> dict[str, Any]:
+        if workers < 1 or shard_rows < 1 or any(n is not None and n < 1 for n in (max_length, pack)):
+            raise InputError(
+                "--workers, --shard-rows, --max-length and --pack must be positive",
+                path="options",
+                hint="e.g. --workers 2 --shard-rows 10000",
+            )
+        check_paths(source, out, resume)  # before the progress bar starts
+        opts = BatchOptions(
+            model=model,
+            shard_rows=shard_rows,
+            max_length=max_length,
+            pack=pack,
+            mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
+        )
+        with _ProgressBar(as_json) as (update, _):
+            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update)
+
+    manifest = guarded(as_json, go)
+    if as_json:
+        print_json(manifest)
+        return
+    console.print(
+        f"{manifest['rows']:,} rows: {manifest['row_count']:,} in {len(manifest['shards'])} shards, "
+        f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
+        f"{manifest['trained_tokens']:,} trained · {out / 'manifest.json'}"
+    )
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr with rows/s and tokens/s (nothing with --json)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.progress: Progress | None = None
+
+    def __enter__(self) -> tuple[Any, Any]:
+        if self.quiet:
+            return (lambda p: None), None
+        self.progress = Progress(
+            TextColumn("[bold]batch[/]"),
+            BarColumn(),
+            TextColumn(
+                "{task.fields[rows]:,} rows · {task.fields[rows_s]:,.0f} rows/s · {task.fields[tok_s]:,.0f} tokens/s"
+            ),
+            TextColumn("· {task.fields[errors]:,} errors"),
+            TimeElapsedColumn(),
+            console=console.__class__(stderr=True),
+            transient=False,
+        )
+        self.progress.start()
+        task = self.progress.add_task("batch", total=None, rows=0, rows_s=0.0, tok_s=0.0, errors=0)
+
+        def update(p: Any) -> None:
+            assert self.progress is not None
+            elapsed = self.progress.tasks[0].elapsed or 1e-9
+            self.progress.update(
+                task, rows=p.rows, rows_s=p.rows / elapsed, tok_s=p.tokens / elapsed, errors=p.errors, advance=1
+            )
+
+        return update, task
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()

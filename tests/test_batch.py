@@ -1,0 +1,226 @@
+"""ctxlock batch: every row in exactly one shard or the errors file, shards equal to Model.encode, byte-identical
+output for any --workers, resume after SIGKILL, the manifest's digests, Parquet input, the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import ctxlock
+import fetched
+from ctxlock.batch import BatchOptions, Progress, run_batch
+from ctxlock.masks import MaskOptions
+from test_cli_conventions import run_main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _dataset(n: int, seed: int = 0) -> list[str]:
+    """n JSONL lines, both dialects, about 2% bad: broken JSON, no assistant turn, an invalid role."""
+    rnd = random.Random(seed)
+    lines = []
+    for i in range(n):
+        if rnd.random() < 0.02:
+            lines.append(rnd.choice(['{"messages": [', '{"messages":[{"role":"user","content":"hi"}]}', "", "[1]"]))
+            continue
+        msgs: list[dict[str, Any]] = []
+        for t in range(rnd.randint(1, 3)):
+            words = " ".join(
+                rnd.choice(["alpha", "β", "日本", "🙂", "x<|im_end|>", "\n"]) for _ in range(rnd.randint(1, 20))
+            )
+            msgs += [
+                {"role": "user", "content": f"q{i}.{t} {words}"},
+                {"role": "assistant", "content": f"a{i}.{t} {words}"},
+            ]
+        row = {"system": "be brief", "messages": msgs, "max_tokens": 5} if i % 3 == 0 else {"messages": msgs}
+        lines.append(json.dumps(row, ensure_ascii=False))
+    return lines
+
+
+def _write(tmp: Path, lines: list[str], name: str = "in.jsonl") -> Path:
+    path = tmp / name
+    path.write_text("".join(line + "\n" for line in lines), "utf-8")
+    return path
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def _rows(out: Path) -> dict[int, dict[str, Any]]:
+    rows: dict[int, dict[str, Any]] = {}
+    for path in sorted(out.glob("shard-*.parquet")):
+        for r in pq.read_table(path).to_pylist():
+            rows[r["row"]] = r
+    return rows
+
+
+def test_every_row_accounted_for_and_equal_to_encode(tmp_path: Path) -> None:
+    model_dir = str(fetched.hf_tokenizer_dir("qwen2"))
+    lines = _dataset(120, seed=1)
+    source = _write(tmp_path, lines)
+    manifest = run_batch(source, tmp_path / "out", BatchOptions(model=model_dir, shard_rows=40))
+    rows = _rows(tmp_path / "out")
+    errors = [json.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_text("utf-8").splitlines()]
+    assert sorted([*rows, *(e["row"] for e in errors)]) == list(range(len(lines)))  # each row exactly once
+    assert not set(rows) & {e["row"] for e in errors}
+    assert errors and all(set(e) == {"row", "type", "path", "message"} for e in errors)
+    model = ctxlock.load(model_dir)
+    for n, row in rows.items():
+        mi = model.encode(lines[n], return_assistant_mask=True)
+        assert row["input_ids"] == mi["input_ids"][0].tolist()
+        assert row["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
+        assert row["length"] == len(row["input_ids"])
+        request = model.parse(lines[n])
+        assert row["request_sha256"] == hashlib.sha256(request.to_json().encode()).hexdigest()
+    assert manifest["rows"] == len(lines) and manifest["error_count"] == len(errors)
+    assert manifest["token_count"] == sum(len(r["input_ids"]) for r in rows.values())
+
+
+def test_manifest_digests(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(50))
+    out = tmp_path / "out"
+    manifest = run_batch(source, out, BatchOptions(model="book", shard_rows=20))
+    assert manifest == json.loads((out / "manifest.json").read_text("utf-8"))
+    assert manifest["input"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert manifest["errors"]["sha256"] == hashlib.sha256((out / "errors.jsonl").read_bytes()).hexdigest()
+    model = ctxlock.load("book")
+    assert manifest["tokenizer_sha256"] == model.tokenizer.sha256
+    assert manifest["template_sha256"] == {"default": model.templates.templates[0].sha256}
+    assert [s["rows"] for s in manifest["shards"]] == [[0, 20], [20, 40], [40, 50]]
+    for shard in manifest["shards"]:
+        data = (out / shard["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == shard["sha256"]
+        table = pq.read_table(out / shard["file"])
+        assert table.num_rows == shard["row_count"]
+        assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+        assert pq.ParquetFile(out / shard["file"]).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_byte_identical_for_any_workers(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(90, seed=2))
+    opts = BatchOptions(model="book", shard_rows=15)
+    run_batch(source, tmp_path / "one", opts, workers=1)
+    run_batch(source, tmp_path / "two", opts, workers=2)
+    assert _tree(tmp_path / "one") == _tree(tmp_path / "two")
+
+
+def test_resume_after_sigkill_ends_with_the_same_manifest(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(400, seed=3))
+    opts = BatchOptions(model="book", shard_rows=10)
+    run_batch(source, tmp_path / "whole", opts)
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = [sys.executable, "-m", "ctxlock", "batch", str(source), str(out), "-m", "book", "--shard-rows", "10"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (out / "shard-00003.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists(), "the run finished before it was killed"
+    kept_before = len(list(out.glob("shard-*.json")))
+    seen: list[Progress] = []
+    run_batch(source, out, opts, resume=True, on_progress=seen.append)
+    assert seen[-1].shards_kept >= kept_before >= 4
+    assert _tree(out) == _tree(tmp_path / "whole")
+
+
+def test_resume_remakes_a_damaged_shard(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(30))
+    opts = BatchOptions(model="book", shard_rows=10)
+    out = tmp_path / "out"
+    run_batch(source, out, opts)
+    whole = _tree(out)
+    (out / "shard-00001.parquet").write_bytes(b"PAR1 damaged")
+    (out / ".shard-00002.parquet.abc.tmp").write_bytes(b"half")
+    seen: list[Progress] = []
+    run_batch(source, out, opts, resume=True, on_progress=seen.append)
+    assert seen[-1].shards_kept == 2 and _tree(out) == whole
+
+
+def test_parquet_input_gives_the_same_shards(tmp_path: Path) -> None:
+    lines = [x for x in _dataset(40, seed=4) if x.startswith("{")]
+    source = _write(tmp_path, lines)
+    pq.write_table(pa.table({"request": lines}), tmp_path / "in.parquet")
+    opts = BatchOptions(model="book", shard_rows=25)
+    run_batch(source, tmp_path / "a", opts)
+    run_batch(tmp_path / "in.parquet", tmp_path / "b", opts)
+    a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    assert {k: v for k, v in a.items() if k.endswith(".parquet")} == {
+        k: v for k, v in b.items() if k.endswith(".parquet")
+    }
+    columns = pa.Table.from_pylist([json.loads(x) for x in lines if "system" not in x])
+    pq.write_table(columns, tmp_path / "columns.parquet")
+    manifest = run_batch(tmp_path / "columns.parquet", tmp_path / "c", opts)
+    assert manifest["rows"] == columns.num_rows
+
+
+def test_max_length_and_mask_options(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(30, seed=5))
+    manifest = run_batch(source, tmp_path / "a", BatchOptions(model="book", max_length=60, shard_rows=30))
+    errors = [json.loads(x) for x in (tmp_path / "a" / "errors.jsonl").read_text("utf-8").splitlines()]
+    assert any(e["type"] == "TooLongError" for e in errors)
+    assert all(r["length"] <= 60 for r in _rows(tmp_path / "a").values())
+    last = run_batch(
+        source, tmp_path / "b", BatchOptions(model="book", shard_rows=30, mask=MaskOptions(last_turn_only=True))
+    )
+    assert (
+        last["trained_tokens"]
+        < run_batch(source, tmp_path / "c", BatchOptions(model="book", shard_rows=30))["trained_tokens"]
+    )
+    assert manifest["policy"]["max_length"] == 60
+
+
+def test_cli(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(20))
+    code, out, _ = run_main(["batch", str(source), str(tmp_path / "o"), "-m", "book", "--json"])
+    assert code == 0 and json.loads(out)["rows"] == 20
+    code, _, err = run_main(["batch", str(source), str(tmp_path / "o"), "-m", "book"])
+    assert code == 1 and err.startswith("error:") and "--resume" in err and err.count("\n") == 1
+    code, _, err = run_main(["batch", str(source), str(tmp_path / "p"), "-m", "book", "--workers", "0"])
+    assert code == 1 and err.count("\n") == 1
+    code, _, err = run_main(["batch", str(tmp_path / "missing.jsonl"), str(tmp_path / "q"), "-m", "book"])
+    assert code == 1 and "no such input file" in err
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b'{"messages": "no"}'])
+def test_hostile_rows_are_error_rows(tmp_path: Path, bad: bytes) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(bad + b"\n" + _dataset(1)[0].encode() + b"\n")
+    manifest = run_batch(source, tmp_path / "o", BatchOptions(model="book"))
+    assert manifest["error_count"] == 1 and manifest["row_count"] == 1
+
+
+def test_pack(tmp_path: Path) -> None:
+    source = _write(tmp_path, _dataset(60, seed=6))
+    plain = run_batch(source, tmp_path / "a", BatchOptions(model="book", shard_rows=30))
+    packed = run_batch(source, tmp_path / "b", BatchOptions(model="book", shard_rows=30, pack=256))
+    rows = _rows(tmp_path / "a")
+    seen: list[int] = []
+    for path in sorted((tmp_path / "b").glob("shard-*.parquet")):
+        for p in pq.read_table(path).to_pylist():
+            assert p["length"] == sum(p["seq_lengths"]) == len(p["input_ids"]) == len(p["position_ids"]) <= 256
+            at = 0
+            for n, length in zip(p["rows"], p["seq_lengths"], strict=True):
+                assert p["input_ids"][at : at + length] == rows[n]["input_ids"]
+                assert p["labels"][at : at + length] == rows[n]["labels"]
+                assert p["position_ids"][at : at + length] == list(range(length))
+                at += length
+            seen += p["rows"]
+    too_long = [n for n, r in rows.items() if r["length"] > 256]
+    assert sorted(seen + too_long) == sorted(rows)
+    assert packed["error_count"] == plain["error_count"] + len(too_long)

@@ -38,14 +38,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .caches import LRU
+from .caches import LRU, memoize
 from .errors import CtxlockError, RequestError
 from .options import RENDER_OPTIONS, check_options
 from .request import Request
 from .settings import fast_enabled
 from .template import Rendered
 from .tokenizer import ControlMatch, control_matches, encode_ids
-from .tokenlay import Unaligned, assign_owners, spread, token_ranges
+from .tokenlay import Unaligned, assign_owners, assign_segments, spread, token_ranges, whole_lay
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -93,11 +93,18 @@ class Counts:
     total: int
     parts: tuple[Part, ...]
     unseen: tuple[str, ...]  # request parts that left no byte in the rendered text
-    request_bytes: int  # the size of the request as sent (Pi's maxRequestBytes), or of its compact JSON
     exact_bytes: bool  # every token's bytes were laid exactly (else spread in proportion; see the module doc)
     provenance_exact: bool  # the render knew where every request character went (else `unseen` may be incomplete)
     marginal: bool = False
     notes: tuple[str, ...] = field(default=())
+    source: RequestLike | None = field(default=None, repr=False, compare=False)  # the request as given
+
+    @property
+    def request_bytes(self) -> int:
+        """The size of the request as sent (Pi's maxRequestBytes): its bytes, or its compact JSON's (measured when
+        read, so a count that never reports it does not serialize the request; a mapping changed since the count
+        is measured as it is now). 0 for a parsed `Request`."""
+        return _request_bytes(self.source) if self.source is not None else 0
 
     def tokens(self, part: str) -> int:
         return sum(p.tokens for p in self.parts if p.part == part)
@@ -130,16 +137,17 @@ class _Pass:
 
 def _char_to_byte(text: str) -> np.ndarray:
     """offsets[i] = the UTF-8 byte offset of character i (offsets[len(text)] = the byte length)."""
-    n = len(text)
     if text.isascii():
-        return np.arange(n + 1, dtype=np.int64)
-    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    widths = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
-    out = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(widths, out=out[1:])
+        return np.arange(len(text) + 1, dtype=np.int64)
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: three bytes, as the tokenizers see it
+    lead = np.flatnonzero((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80)  # where each character starts
+    out = np.empty(len(lead) + 1, dtype=np.int64)
+    out[:-1] = lead
+    out[-1] = len(data)
     return out
 
 
+@memoize("accounting.part_of", 4096, scope="artifact")
 def part_of(path: str) -> str:
     """The request part a JSON path belongs to: `messages[3].content[0].text` -> `messages[3]`."""
     m = _TOP.match(path)
@@ -162,6 +170,58 @@ def _owners(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[np.
             names.append(name)
         owner[int(offsets[span.start]) : int(offsets[span.end])] = index[name]
     return owner, names
+
+
+def _segments(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The owners of `_owners` as segments: byte breakpoints (0 first, the text's size last) and the owner of each
+    segment between two, with the same names in the same order. Used when the non-empty request spans are in text
+    order without overlap (every render ctxlock has met), where they give `_owners` byte for byte."""
+    names = [TEMPLATE]
+    index = {TEMPLATE: 0}
+    if gen_start is not None:
+        index[GENERATION_PROMPT] = len(names)
+        names.append(GENERATION_PROMPT)
+    span_owner: list[int] = []
+    bounds: list[int] = []
+    for span in run.rendered.request_spans:
+        name = part_of(span.path)
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+        if span.end > span.start:
+            span_owner.append(index[name])
+            bounds += (span.start, span.end)
+    size = int(offsets[-1])
+    gen = size if gen_start is None else int(offsets[gen_start])
+    gen_owner = index.get(GENERATION_PROMPT, 0)
+    at = offsets[np.array(bounds, dtype=np.int64)].tolist() if bounds else []
+    points, owners = [0], []
+
+    def fill(end: int) -> None:  # template bytes up to `end`, the generation prompt's from `gen` on
+        start = points[-1]
+        if start < gen < end:
+            points.append(gen)
+            owners.append(0)
+        if end > points[-1]:
+            points.append(end)
+            owners.append(gen_owner if points[-2] >= gen else 0)
+
+    for k, o in enumerate(span_owner):
+        start, end = at[2 * k], at[2 * k + 1]
+        if start < points[-1]:
+            raise _Overlap
+        fill(start)
+        if not owners or owners[-1] != o or points[-1] != start:
+            points.append(end)
+            owners.append(o)
+        else:
+            points[-1] = end  # the same owner on: one segment
+    fill(size)
+    return np.array(points, dtype=np.int64), np.array(owners, dtype=np.int32), names
+
+
+class _Overlap(Exception):
+    """Request spans out of text order or overlapping: the per-byte owners (`_owners`) take over."""
 
 
 # -- the generation prompt -------------------------------------------------------------------------------------
@@ -199,7 +259,9 @@ _PROBES = (
 def _probed_suffix(model: Model, rendered: Rendered, options: Mapping[str, Any]) -> str:
     """The text `add_generation_prompt` appends, when it is the same for both probe conversations; else ""."""
     rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
-    key = json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
+    key = rendered.template.sha256 + "\0" + model.id
+    if rest:
+        key += "\0" + json.dumps(rest, sort_keys=True, default=repr)
     hit = _SUFFIXES.get(key)
     if hit is not None:
         return hit
@@ -250,16 +312,13 @@ def _expected(req: Request) -> list[str]:
 
 def _unseen(req: Request, run: _Pass) -> tuple[str, ...]:
     """The expected paths no span path equals or lies under."""
-    written: set[str] = set()
-    for span in run.rendered.request_spans:
-        path = span.path
-        if path in written:
-            continue
-        written.add(path)
-        for k, ch in enumerate(path):
-            if ch in ".[":
-                written.add(path[:k])
+    written = {span.path for span in run.rendered.request_spans}
+    for path in list(written):
+        written.update(path[: m.start()] for m in _CUT.finditer(path))
     return tuple(p for p in _expected(req) if p not in written)
+
+
+_CUT = re.compile(r"[.\[]")  # where a path's enclosing paths end: `a.b[0].c` -> `a`, `a.b`, `a.b[0]`
 
 
 def unseen_parts(request: Request, rendered: Rendered) -> tuple[str, ...]:
@@ -295,11 +354,26 @@ def _request_bytes(request: RequestLike) -> int:
     return len(json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
+@memoize("accounting.part_order", 4096, scope="artifact")
 def _order(name: str) -> tuple[int, int]:
     rank = {"template": 0, "system": 1, "tools": 2, "messages": 3, "documents": 4, "generation_prompt": 5}
     head = name.split("[", 1)[0]
     num = int(name[len(head) + 1 : -1]) if "[" in name else 0
     return rank.get(head, 6), num
+
+
+def _assign(run: _Pass, gen: int | None, lay: Layout) -> tuple[np.ndarray, list[str]]:
+    """Each token's owner index, and the owners' names: by segments (`_segments`, `assign_segments`) on the fast
+    path, else by each byte's owner (`_owners`, `assign_owners`, the reference)."""
+    if fast_enabled():
+        try:
+            points, seg_owner, names = _segments(run, gen, lay.offsets)
+        except _Overlap:
+            pass
+        else:
+            return assign_segments(points, seg_owner, lay.starts, lay.ends), names
+    owner, names = _owners(run, gen, lay.offsets)
+    return assign_owners(owner, lay.starts, lay.ends), names
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +384,7 @@ class Layout:
     request: Request
     rendered: Rendered
     ids: np.ndarray
-    control: tuple[ControlMatch, ...]
+    control: tuple[ControlMatch, ...] | None  # the control tokens' matches; None when the lay did not need them
     offsets: np.ndarray
     starts: np.ndarray
     ends: np.ndarray
@@ -328,14 +402,18 @@ def layout(model: Model, request: RequestLike, **options: Any) -> Layout:
     render_options = {k: v for k, v in options.items() if k not in parse_options}
     req = model.parse(request, **parse_options)
     rendered = model.render(req, **render_options)
-    run = _Pass(req, rendered, encode_ids(rendered, model.tokenizer), control_matches(rendered, model.tokenizer))
+    ids = encode_ids(rendered, model.tokenizer)
     offsets = _char_to_byte(rendered.text)
+    laid = whole_lay(model.tokenizer, rendered, ids)  # the fast path: from the ids alone
+    if laid is not None:
+        return Layout(req, rendered, ids, None, offsets, laid[0], laid[1], True)
+    control = control_matches(rendered, model.tokenizer)
     try:
-        starts, ends, exact = token_ranges(model.tokenizer, rendered.text, run.ids, run.control, offsets)
+        starts, ends, exact = token_ranges(model.tokenizer, rendered.text, ids, control, offsets)
     except Unaligned:
-        lay = spread(np.ones(len(run.ids), dtype=np.int64), int(offsets[-1]))
+        lay = spread(np.ones(len(ids), dtype=np.int64), int(offsets[-1]))
         starts, ends, exact = lay[:-1], lay[1:], False
-    return Layout(req, rendered, run.ids, run.control, offsets, starts, ends, exact)
+    return Layout(req, rendered, ids, control, offsets, starts, ends, exact)
 
 
 def count(model: Model, request: RequestLike, *, marginal: bool = False, **options: Any) -> Counts:
@@ -343,16 +421,15 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
     options. `marginal=True` also renders and tokenizes the request once without each part."""
     lay = layout(model, request, **options)
     render_options = {k: v for k, v in options.items() if k not in ("dialect", "utf8", "tool_arguments")}
-    run = _Pass(lay.request, lay.rendered, lay.ids, lay.control)
+    run = _Pass(lay.request, lay.rendered, lay.ids, lay.control or ())
     gen = _generation_start(model, run.request, run, render_options)
-    owner, names = _owners(run, gen, lay.offsets)
-    starts, ends, exact = lay.starts, lay.ends, lay.exact
+    exact = lay.exact
+    assigned, names = _assign(run, gen, lay)
     notes: list[str] = []
     if not exact:
         notes.append("token bytes were spread in proportion over some runs: per-part counts are approximate")
     if not run.rendered.provenance_exact:
         notes.append("the render's provenance is inexact: a request part may be counted as template, and unseen")
-    assigned = assign_owners(owner, starts, ends)
     tally = np.bincount(assigned, minlength=len(names))
     parts = [Part(names[i], int(tally[i])) for i in range(len(names)) if tally[i] or names[i] == TEMPLATE]
     seen_parts = {p.part for p in parts}
@@ -367,11 +444,11 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         total=total,
         parts=tuple(parts),
         unseen=_unseen(run.request, run),
-        request_bytes=_request_bytes(request),
         exact_bytes=exact,
         provenance_exact=run.rendered.provenance_exact,
         marginal=marginal,
         notes=tuple(notes),
+        source=request,
     )
 
 

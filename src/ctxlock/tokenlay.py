@@ -23,7 +23,8 @@ import numpy as np
 from .caches import LRU
 from .errors import CtxlockError
 from .settings import cache_root, fast_enabled
-from .tokenizer import ControlMatch
+from .template import Rendered
+from .tokenizer import ControlMatch, whole_text_encoder
 from .tokenizer.runs import run_encoder
 from .tokenizer.token_bytes import token_bytes
 
@@ -90,6 +91,121 @@ def _pieces(tok: Any) -> Any:
             hit = False  # no per-token bytes (WordPiece): spread in proportion
         _PIECES.put(tok.sha256, hit)
     return hit
+
+
+class _Controls:
+    """What `whole_lay` needs of a vocabulary whose whole-text encoder applies: the encoder's per-id byte lengths,
+    which ids are control tokens, each one's UTF-8 content, and the contents in groups by their first two bytes,
+    with each group's common leading bytes (one `bytes.count` tells a group absent or its occurrences all checked)."""
+
+    __slots__ = ("content", "group_of", "groups", "is_control", "lengths")
+
+    def __init__(self, lengths: np.ndarray, controls: dict[int, bytes]) -> None:
+        self.lengths = lengths
+        self.content = controls
+        self.is_control = np.zeros(len(lengths), dtype=bool)
+        self.is_control[list(controls)] = True
+        by_head: dict[bytes, list[int]] = {}
+        for i, c in controls.items():
+            by_head.setdefault(c[:2], []).append(i)
+        self.group_of = np.zeros(len(lengths), dtype=np.int64)
+        self.groups: list[tuple[bytes, tuple[bytes, ...]]] = []
+        for g, members in enumerate(by_head.values()):
+            self.group_of[members] = g
+            contents = tuple(controls[i] for i in members)
+            self.groups.append((_common_prefix(contents), contents))
+
+
+def _common_prefix(contents: Sequence[bytes]) -> bytes:
+    first, last = min(contents), max(contents)
+    k = 0
+    while k < min(len(first), len(last)) and first[k] == last[k]:
+        k += 1
+    return first[:k]
+
+
+_CONTROLS: LRU[str, Any] = LRU("accounting.whole_lay_controls", max_items=8, scope="artifact")
+
+
+def _overlap_free(contents: Sequence[bytes]) -> bool:
+    """No content is inside another, and no proper suffix of one is a proper prefix of one (itself included): then
+    the occurrences of the contents in a text never overlap, and each is where a leftmost-longest scan matches."""
+    prefixes = {c[:k] for c in contents for k in range(1, len(c))}
+    inside = {c[i:j] for c in contents for i in range(len(c)) for j in range(i + 1, len(c) + (i > 0))}
+    return not any(c in inside or any(c[k:] in prefixes for k in range(1, len(c))) for c in contents)
+
+
+def _controls(tokenizer: Any, whole: Any) -> Any:
+    hit = _CONTROLS.get(tokenizer.sha256)
+    if hit is None:
+        hit = False
+        lengths = whole.byte_lengths
+        controls = [t for t in tokenizer.added_tokens if t.control]
+        content = {t.id: t.content.encode("utf-8", "surrogatepass") for t in controls}
+        if (
+            tokenizer.split_controls("") is not None  # the reference splits the text at every control's occurrence
+            and not any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in controls)
+            and len(set(content.values())) == len(content) == len(controls)
+            and all(0 <= i < len(lengths) and lengths[i] == len(c) for i, c in content.items())
+            and _overlap_free(tuple(content.values()))
+        ):
+            hit = _Controls(lengths, content)
+        _CONTROLS.put(tokenizer.sha256, hit)
+    return hit
+
+
+def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each token's [start, end) in the rendered text's bytes, from the ids alone: the fast path of `token_ranges`
+    for texts the whole-text encoder takes (no control-token matches needed). None when it does not apply; the
+    caller then finds the matches and calls `token_ranges`.
+
+    Why it equals the reference (`_replay_runs`). Let L be the encoder's byte length per id, cum their running sum
+    over the ids, and Q the positions of control ids. The checks: cum ends at the text's byte length; each control
+    id's content is in the text at cum[Q_k]; and the text holds exactly |Q| occurrences of control contents. The
+    contents cannot overlap (`_overlap_free`) and the reference splits the text at every occurrence (the whole-text
+    encoder applies: no request string reached a control position, or the policy keeps them), with no
+    lstrip/rstrip (a match is its content). So the |Q| increasing positions cum[Q_k] are all of the reference's
+    match starts, in order, with the same ids; the bytes between two matches are exactly the lengths of the ids
+    between them, so the reference lays each run from its start by the same lengths: the same ranges."""
+    if not fast_enabled():
+        return None
+    whole = whole_text_encoder(rendered, tokenizer)
+    if whole is None:
+        return None
+    plan = _controls(tokenizer, whole)
+    if plan is False:
+        return None
+    try:
+        data = rendered.text.encode("utf-8")
+        ids = np.asarray(ids_in, dtype=np.int64)
+        lengths = plan.lengths[ids]
+    except (UnicodeEncodeError, IndexError):
+        return None
+    n = len(ids)
+    cum = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cum[1:])
+    if cum[n] != len(data):
+        return None
+    q = np.flatnonzero(plan.is_control[ids])
+    if q.size:
+        content = plan.content
+        found = list(map(data.startswith, [content[i] for i in ids[q].tolist()], cum[q].tolist()))
+        if not all(found):
+            return None
+    if not _occurrences_are(data, plan, ids[q]):
+        return None
+    return cum[:-1], cum[1:]
+
+
+def _occurrences_are(data: bytes, plan: _Controls, found: np.ndarray) -> bool:
+    """Whether `data` holds exactly the control contents `found` (their ids) checked at their positions, and no
+    other occurrence (they cannot overlap). Per group: when its common leading bytes occur as often as its checked
+    contents, there is no other (every occurrence starts with them); else its contents are counted one by one."""
+    expected = np.bincount(plan.group_of[found], minlength=len(plan.groups)).tolist()
+    for (common, contents), want in zip(plan.groups, expected, strict=True):
+        if data.count(common) != want and sum(map(data.count, contents)) != want:
+            return False
+    return True
 
 
 def token_ranges(
@@ -279,4 +395,29 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return result
 
 
-__all__ = ["Unaligned", "assign_owners", "spread", "token_ranges"]
+def assign_segments(points: np.ndarray, seg_owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """`assign_owners` with the owners given as segments: the bytes [points[j], points[j + 1]) all belong to
+    seg_owner[j] (points[0] = 0, points[-1] = the text's size). The same result: a token within one segment takes
+    its owner (one with no bytes, the owner of the byte it sits at); a token across segments takes the owner of
+    most of its bytes, summed over its segments, ties to the owner met first."""
+    n = len(starts)
+    size = int(points[-1])
+    if n == 0 or size == 0:
+        return np.zeros(n, dtype=np.int32)
+    first = np.searchsorted(points, np.minimum(starts, size - 1), side="right") - 1
+    result = seg_owner[first].astype(np.int32)
+    last = np.searchsorted(points, ends - 1, side="right") - 1
+    mixed = np.flatnonzero((last > first) & (ends > starts))
+    if mixed.size:
+        bounds, owners = points.tolist(), seg_owner.tolist()
+        for t, j0, j1 in zip(mixed.tolist(), first[mixed].tolist(), last[mixed].tolist(), strict=True):
+            a, b = int(starts[t]), int(ends[t])
+            tally: dict[int, int] = {}  # insertion order is the order met
+            for j in range(j0, j1 + 1):
+                o = owners[j]
+                tally[o] = tally.get(o, 0) + min(b, bounds[j + 1]) - max(a, bounds[j])
+            result[t] = max(tally, key=tally.__getitem__)  # max keeps the first of equal counts
+    return result
+
+
+__all__ = ["Unaligned", "assign_owners", "assign_segments", "spread", "token_ranges", "whole_lay"]

@@ -45,7 +45,7 @@ from .request import Request
 from .settings import fast_enabled
 from .template import Rendered
 from .tokenizer import ControlMatch, control_matches, encode_ids
-from .tokenlay import Unaligned, assign_owners, assign_segments, spread, token_ranges, whole_lay
+from .tokenlay import Unaligned, assign_owners, spread, tally_segments, token_ranges, whole_lay
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -290,7 +290,7 @@ def _expected(req: Request) -> list[str]:
         src, origins = m.source, m.origins
 
         def origin(suffix: str, src: str = src, origins: Any = origins) -> str:
-            return origins.get(suffix, f"{src}{suffix}")
+            return origins.get(suffix, src + suffix) if origins else src + suffix
 
         if isinstance(m.content, str):
             if m.content:
@@ -362,18 +362,19 @@ def _order(name: str) -> tuple[int, int]:
     return rank.get(head, 6), num
 
 
-def _assign(run: _Pass, gen: int | None, lay: Layout) -> tuple[np.ndarray, list[str]]:
-    """Each token's owner index, and the owners' names: by segments (`_segments`, `assign_segments`) on the fast
-    path, else by each byte's owner (`_owners`, `assign_owners`, the reference)."""
+def _tally(run: _Pass, gen: int | None, lay: Layout) -> tuple[list[int], list[str]]:
+    """How many tokens each owner gets, and the owners' names: by segments (`_segments`, `tally_segments`) on the
+    fast path, else each token's owner by each byte's (`_owners`, `assign_owners`, the reference)."""
     if fast_enabled():
         try:
             points, seg_owner, names = _segments(run, gen, lay.offsets)
         except _Overlap:
             pass
         else:
-            return assign_segments(points, seg_owner, lay.starts, lay.ends), names
+            return tally_segments(points, seg_owner, lay.starts, lay.ends, len(names)), names
     owner, names = _owners(run, gen, lay.offsets)
-    return assign_owners(owner, lay.starts, lay.ends), names
+    assigned = assign_owners(owner, lay.starts, lay.ends)
+    return np.bincount(assigned, minlength=len(names)).tolist(), names
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,14 +425,13 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
     run = _Pass(lay.request, lay.rendered, lay.ids, lay.control or ())
     gen = _generation_start(model, run.request, run, render_options)
     exact = lay.exact
-    assigned, names = _assign(run, gen, lay)
+    tally, names = _tally(run, gen, lay)
     notes: list[str] = []
     if not exact:
         notes.append("token bytes were spread in proportion over some runs: per-part counts are approximate")
     if not run.rendered.provenance_exact:
         notes.append("the render's provenance is inexact: a request part may be counted as template, and unseen")
-    tally = np.bincount(assigned, minlength=len(names))
-    parts = [Part(names[i], int(tally[i])) for i in range(len(names)) if tally[i] or names[i] == TEMPLATE]
+    parts = [Part(names[i], tally[i]) for i in range(len(names)) if tally[i] or names[i] == TEMPLATE]
     seen_parts = {p.part for p in parts}
     for name in names:  # a part with bytes but no token of its own (every token it touched went elsewhere)
         if name not in seen_parts:

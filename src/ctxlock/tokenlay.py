@@ -10,6 +10,7 @@ token the owner of most of its bytes.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import tempfile
@@ -384,6 +385,8 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     if size == 0:
         return result
     change = np.flatnonzero(np.diff(owner)) + 1  # byte offsets where the owner changes
+    if not len(change):
+        return result  # one owner throughout
     # a token is mixed when a change point falls strictly inside it
     first_after = np.searchsorted(change, starts, side="right")
     mixed = np.flatnonzero((first_after < len(change)) & (change[np.minimum(first_after, len(change) - 1)] < ends))
@@ -395,29 +398,50 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return result
 
 
-def assign_segments(points: np.ndarray, seg_owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """`assign_owners` with the owners given as segments: the bytes [points[j], points[j + 1]) all belong to
-    seg_owner[j] (points[0] = 0, points[-1] = the text's size). The same result: a token within one segment takes
-    its owner (one with no bytes, the owner of the byte it sits at); a token across segments takes the owner of
-    most of its bytes, summed over its segments, ties to the owner met first."""
+def tally_segments(
+    points: np.ndarray, seg_owner: np.ndarray, starts: np.ndarray, ends: np.ndarray, owners: int
+) -> list[int]:
+    """`bincount(assign_owners(...))` with the owners given as segments, without a per-token owner: the bytes
+    [points[j], points[j + 1]) all belong to seg_owner[j] (points[0] = 0, points[-1] = the text's size; no segment
+    empty), and the tokens are in text order (`starts` and `ends` do not decrease).
+
+    The same counts: a token within one segment takes its owner (one with no bytes, the owner of the byte it sits at,
+    the last byte's past the end); the tokens that start in segment j are [pos[j], pos[j + 1]), so each segment's
+    owner first gets all of those. A token with a breakpoint strictly inside it (found from the few breakpoints: the
+    first token ending after each) then moves to the owner of most of its bytes, summed over its segments, ties to
+    the owner met first."""
+    tally = [0] * owners
     n = len(starts)
     size = int(points[-1])
-    if n == 0 or size == 0:
-        return np.zeros(n, dtype=np.int32)
-    first = np.searchsorted(points, np.minimum(starts, size - 1), side="right") - 1
-    result = seg_owner[first].astype(np.int32)
-    last = np.searchsorted(points, ends - 1, side="right") - 1
-    mixed = np.flatnonzero((last > first) & (ends > starts))
+    if n == 0:
+        return tally
+    if size == 0:
+        tally[0] = n
+        return tally
+    pos = np.searchsorted(starts, points[:-1], side="left").tolist()
+    pos[0] = 0
+    pos.append(n)
+    seg = seg_owner.tolist()
+    for j, o in enumerate(seg):
+        tally[o] += pos[j + 1] - pos[j]
+    inner = points[1:-1]
+    k = np.searchsorted(ends, inner, side="right")
+    hit = k < n
+    k, inner = k[hit], inner[hit]
+    mixed = k[starts[k] < inner]
     if mixed.size:
-        bounds, owners = points.tolist(), seg_owner.tolist()
-        for t, j0, j1 in zip(mixed.tolist(), first[mixed].tolist(), last[mixed].tolist(), strict=True):
+        bounds = points.tolist()
+        for t in sorted(set(mixed.tolist())):
             a, b = int(starts[t]), int(ends[t])
-            tally: dict[int, int] = {}  # insertion order is the order met
-            for j in range(j0, j1 + 1):
-                o = owners[j]
-                tally[o] = tally.get(o, 0) + min(b, bounds[j + 1]) - max(a, bounds[j])
-            result[t] = max(tally, key=tally.__getitem__)  # max keeps the first of equal counts
-    return result
+            j = bisect.bisect_right(bounds, a) - 1
+            first = seg[j]
+            share: dict[int, int] = {}  # insertion order is the order met
+            while j < len(seg) and bounds[j] < b:
+                share[seg[j]] = share.get(seg[j], 0) + min(b, bounds[j + 1]) - max(a, bounds[j])
+                j += 1
+            tally[first] -= 1
+            tally[max(share, key=share.__getitem__)] += 1  # max keeps the first of equal counts
+    return tally
 
 
-__all__ = ["Unaligned", "assign_owners", "assign_segments", "spread", "token_ranges", "whole_lay"]
+__all__ = ["Unaligned", "assign_owners", "spread", "tally_segments", "token_ranges", "whole_lay"]

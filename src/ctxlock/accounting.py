@@ -30,6 +30,7 @@ path, so `count`, `render` and `fit` can say so instead of reporting a silent 0.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Mapping
@@ -135,11 +136,11 @@ class _Pass:
 # -- owners of the rendered text's bytes -----------------------------------------------------------------------
 
 
-def _char_to_byte(text: str) -> np.ndarray:
-    """offsets[i] = the UTF-8 byte offset of character i (offsets[len(text)] = the byte length)."""
-    if text.isascii():
+def _char_to_byte(text: str, data: bytes) -> np.ndarray:
+    """offsets[i] = the UTF-8 byte offset of character i (offsets[len(text)] = the byte length); `data` is the
+    text's UTF-8 (with lone surrogates as three bytes each)."""
+    if len(data) == len(text):  # ASCII
         return np.arange(len(text) + 1, dtype=np.int64)
-    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: three bytes, as the tokenizers see it
     lead = np.flatnonzero((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80)  # where each character starts
     out = np.empty(len(lead) + 1, dtype=np.int64)
     out[:-1] = lead
@@ -172,7 +173,7 @@ def _owners(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[np.
     return owner, names
 
 
-def _segments(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _segments(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[list[int], list[int], list[str]]:
     """The owners of `_owners` as segments: byte breakpoints (0 first, the text's size last) and the owner of each
     segment between two, with the same names in the same order. Used when the non-empty request spans are in text
     order without overlap (every render ctxlock has met), where they give `_owners` byte for byte."""
@@ -217,7 +218,7 @@ def _segments(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[n
         else:
             points[-1] = end  # the same owner on: one segment
     fill(size)
-    return np.array(points, dtype=np.int64), np.array(owners, dtype=np.int32), names
+    return points, owners, names
 
 
 class _Overlap(Exception):
@@ -240,9 +241,10 @@ def _generation_start(model: Model, req: Request, run: _Pass, options: Mapping[s
     text = run.rendered.text
     if fast_enabled():
         suffix = _probed_suffix(model, run.rendered, options)
-        last = max((sp.end for sp in run.rendered.request_spans), default=0)
-        if suffix and text.endswith(suffix) and last <= len(text) - len(suffix):
-            return len(text) - len(suffix)
+        if suffix and text.endswith(suffix):
+            start = len(text) - len(suffix)
+            if all(sp.end <= start for sp in reversed(run.rendered.request_spans)):
+                return start
     without = model.render(req, **{**options, "add_generation_prompt": False}).text
     if len(without) < len(text) and text.startswith(without):
         return len(without)
@@ -258,9 +260,9 @@ _PROBES = (
 
 def _probed_suffix(model: Model, rendered: Rendered, options: Mapping[str, Any]) -> str:
     """The text `add_generation_prompt` appends, when it is the same for both probe conversations; else ""."""
-    rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
     key = rendered.template.sha256 + "\0" + model.id
-    if rest:
+    if options.keys() - {"template", "add_generation_prompt"}:
+        rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
         key += "\0" + json.dumps(rest, sort_keys=True, default=repr)
     hit = _SUFFIXES.get(key)
     if hit is not None:
@@ -312,13 +314,20 @@ def _expected(req: Request) -> list[str]:
 
 def _unseen(req: Request, run: _Pass) -> tuple[str, ...]:
     """The expected paths no span path equals or lies under."""
-    written = {span.path for span in run.rendered.request_spans}
-    for path in list(written):
-        written.update(path[: m.start()] for m in _CUT.finditer(path))
-    return tuple(p for p in _expected(req) if p not in written)
+    paths = sorted({span.path for span in run.rendered.request_spans})
+    return tuple(p for p in _expected(req) if not _written(paths, p))
 
 
-_CUT = re.compile(r"[.\[]")  # where a path's enclosing paths end: `a.b[0].c` -> `a`, `a.b`, `a.b[0]`
+def _written(paths: list[str], path: str) -> bool:
+    """Whether `path` or a path under it (`path.x`, `path[i]`) is among the sorted `paths`: those starting with it
+    are next to one another from where it would be inserted."""
+    i = bisect.bisect_left(paths, path)
+    n = len(path)
+    while i < len(paths) and paths[i].startswith(path):
+        if len(paths[i]) == n or paths[i][n] in ".[":
+            return True
+        i += 1
+    return False
 
 
 def unseen_parts(request: Request, rendered: Rendered) -> tuple[str, ...]:
@@ -365,13 +374,13 @@ def _order(name: str) -> tuple[int, int]:
 def _tally(run: _Pass, gen: int | None, lay: Layout) -> tuple[list[int], list[str]]:
     """How many tokens each owner gets, and the owners' names: by segments (`_segments`, `tally_segments`) on the
     fast path, else each token's owner by each byte's (`_owners`, `assign_owners`, the reference)."""
-    if fast_enabled():
+    if fast_enabled() and lay.bounds is not None:
         try:
             points, seg_owner, names = _segments(run, gen, lay.offsets)
         except _Overlap:
             pass
         else:
-            return tally_segments(points, seg_owner, lay.starts, lay.ends, len(names)), names
+            return tally_segments(points, seg_owner, lay.bounds, len(names)), names
     owner, names = _owners(run, gen, lay.offsets)
     assigned = assign_owners(owner, lay.starts, lay.ends)
     return np.bincount(assigned, minlength=len(names)).tolist(), names
@@ -390,6 +399,7 @@ class Layout:
     starts: np.ndarray
     ends: np.ndarray
     exact: bool
+    bounds: np.ndarray | None = None  # [0, ends...]: the tokens' boundaries, when laid end to end (`whole_lay`)
 
     def tokens_before(self, char: int) -> int:
         """How many tokens lie wholly before character `char`: the token prefix that ends there."""
@@ -404,10 +414,11 @@ def layout(model: Model, request: RequestLike, **options: Any) -> Layout:
     req = model.parse(request, **parse_options)
     rendered = model.render(req, **render_options)
     ids = encode_ids(rendered, model.tokenizer)
-    offsets = _char_to_byte(rendered.text)
-    laid = whole_lay(model.tokenizer, rendered, ids)  # the fast path: from the ids alone
+    data = rendered.text.encode("utf-8", "surrogatepass")  # a lone surrogate: three bytes, as tokenizers see it
+    offsets = _char_to_byte(rendered.text, data)
+    laid = whole_lay(model.tokenizer, rendered, ids, data)  # the fast path: from the ids alone
     if laid is not None:
-        return Layout(req, rendered, ids, None, offsets, laid[0], laid[1], True)
+        return Layout(req, rendered, ids, None, offsets, laid[:-1], laid[1:], True, laid)
     control = control_matches(rendered, model.tokenizer)
     try:
         starts, ends, exact = token_ranges(model.tokenizer, rendered.text, ids, control, offsets)

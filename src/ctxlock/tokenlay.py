@@ -99,13 +99,14 @@ class _Controls:
     which ids are control tokens, each one's UTF-8 content, and the contents in groups by their first two bytes,
     with each group's common leading bytes (one `bytes.count` tells a group absent or its occurrences all checked)."""
 
-    __slots__ = ("content", "group_of", "groups", "is_control", "lengths")
+    __slots__ = ("content", "group_of", "groups", "table")
 
     def __init__(self, lengths: np.ndarray, controls: dict[int, bytes]) -> None:
-        self.lengths = lengths
+        # One small table, one lookup per id: the byte length, negated for a control id (a 150k vocabulary's int16
+        # table is 300 kB, which stays in the CPU's cache better than int64 lengths and a flag array).
+        self.table = lengths.astype(np.int16)
+        self.table[list(controls)] *= -1
         self.content = controls
-        self.is_control = np.zeros(len(lengths), dtype=bool)
-        self.is_control[list(controls)] = True
         by_head: dict[bytes, list[int]] = {}
         for i, c in controls.items():
             by_head.setdefault(c[:2], []).append(i)
@@ -147,7 +148,9 @@ def _controls(tokenizer: Any, whole: Any) -> Any:
             tokenizer.split_controls("") is not None  # the reference splits the text at every control's occurrence
             and not any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in controls)
             and len(set(content.values())) == len(content) == len(controls)
-            and all(0 <= i < len(lengths) and lengths[i] == len(c) for i, c in content.items())
+            and all(0 <= i < len(lengths) and lengths[i] == len(c) > 0 for i, c in content.items())
+            and int(lengths.max(initial=0)) < 2**15
+            and int(lengths.min(initial=0)) >= 0
             and _overlap_free(tuple(content.values()))
         ):
             hit = _Controls(lengths, content)
@@ -155,10 +158,11 @@ def _controls(tokenizer: Any, whole: Any) -> Any:
     return hit
 
 
-def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each token's [start, end) in the rendered text's bytes, from the ids alone: the fast path of `token_ranges`
-    for texts the whole-text encoder takes (no control-token matches needed). None when it does not apply; the
-    caller then finds the matches and calls `token_ranges`.
+def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray, data: bytes) -> np.ndarray | None:
+    """The tokens' boundaries in the rendered text's bytes (token t is [cum[t], cum[t + 1])), from the ids alone:
+    the fast path of `token_ranges` for texts the whole-text encoder takes (no control-token matches needed);
+    `data` is the text's UTF-8 (lone surrogates as three bytes, as the reference measures runs). None when it does
+    not apply; the caller then finds the matches and calls `token_ranges`.
 
     Why it equals the reference (`_replay_runs`). Let L be the encoder's byte length per id, cum their running sum
     over the ids, and Q the positions of control ids. The checks: cum ends at the text's byte length; each control
@@ -177,17 +181,16 @@ def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray) -> tuple[n
     if plan is False:
         return None
     try:
-        data = rendered.text.encode("utf-8")
         ids = np.asarray(ids_in, dtype=np.int64)
-        lengths = plan.lengths[ids]
-    except (UnicodeEncodeError, IndexError):
+        signed = plan.table[ids]
+    except IndexError:
         return None
     n = len(ids)
     cum = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=cum[1:])
+    np.cumsum(np.abs(signed), out=cum[1:])
     if cum[n] != len(data):
         return None
-    q = np.flatnonzero(plan.is_control[ids])
+    q = np.flatnonzero(signed < 0)
     if q.size:
         content = plan.content
         found = list(map(data.startswith, [content[i] for i in ids[q].tolist()], cum[q].tolist()))
@@ -195,7 +198,7 @@ def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray) -> tuple[n
             return None
     if not _occurrences_are(data, plan, ids[q]):
         return None
-    return cum[:-1], cum[1:]
+    return cum
 
 
 def _occurrences_are(data: bytes, plan: _Controls, found: np.ndarray) -> bool:
@@ -398,49 +401,43 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return result
 
 
-def tally_segments(
-    points: np.ndarray, seg_owner: np.ndarray, starts: np.ndarray, ends: np.ndarray, owners: int
-) -> list[int]:
-    """`bincount(assign_owners(...))` with the owners given as segments, without a per-token owner: the bytes
-    [points[j], points[j + 1]) all belong to seg_owner[j] (points[0] = 0, points[-1] = the text's size; no segment
-    empty), and the tokens are in text order (`starts` and `ends` do not decrease).
+def tally_segments(points: Sequence[int], seg_owner: Sequence[int], cum: np.ndarray, owners: int) -> list[int]:
+    """`bincount(assign_owners(...))` for tokens laid end to end (token t is [cum[t], cum[t + 1])) and owners given
+    as segments (the bytes [points[j], points[j + 1]) all belong to seg_owner[j]; points[0] = 0, points[-1] =
+    cum[-1], the text's size; no segment empty), without a per-token owner.
 
     The same counts: a token within one segment takes its owner (one with no bytes, the owner of the byte it sits at,
-    the last byte's past the end); the tokens that start in segment j are [pos[j], pos[j + 1]), so each segment's
-    owner first gets all of those. A token with a breakpoint strictly inside it (found from the few breakpoints: the
-    first token ending after each) then moves to the owner of most of its bytes, summed over its segments, ties to
-    the owner met first."""
+    the last byte's past the end). With idx[j] the first boundary at or after points[j], the tokens starting in
+    segment j are [idx[j], idx[j + 1]), so each segment's owner first gets all of those; a breakpoint strictly
+    inside a token (cum[idx[j]] past it) makes token idx[j] - 1 mixed, and it then moves to the owner of most of its
+    bytes, summed over its segments, ties to the owner met first."""
     tally = [0] * owners
-    n = len(starts)
-    size = int(points[-1])
-    if n == 0:
+    n = len(cum) - 1
+    size = int(cum[-1])
+    if n <= 0:
         return tally
     if size == 0:
         tally[0] = n
         return tally
-    pos = np.searchsorted(starts, points[:-1], side="left").tolist()
-    pos[0] = 0
-    pos.append(n)
-    seg = seg_owner.tolist()
-    for j, o in enumerate(seg):
-        tally[o] += pos[j + 1] - pos[j]
-    inner = points[1:-1]
-    k = np.searchsorted(ends, inner, side="right")
-    hit = k < n
-    k, inner = k[hit], inner[hit]
-    mixed = k[starts[k] < inner]
-    if mixed.size:
-        bounds = points.tolist()
-        for t in sorted(set(mixed.tolist())):
-            a, b = int(starts[t]), int(ends[t])
-            j = bisect.bisect_right(bounds, a) - 1
-            first = seg[j]
-            share: dict[int, int] = {}  # insertion order is the order met
-            while j < len(seg) and bounds[j] < b:
-                share[seg[j]] = share.get(seg[j], 0) + min(b, bounds[j + 1]) - max(a, bounds[j])
-                j += 1
-            tally[first] -= 1
-            tally[max(share, key=share.__getitem__)] += 1  # max keeps the first of equal counts
+    idx = cum.searchsorted(points)
+    at = cum[idx].tolist()
+    idx = idx.tolist()
+    idx[0], idx[-1] = 0, n
+    mixed: list[int] = []
+    for j, o in enumerate(seg_owner):
+        tally[o] += idx[j + 1] - idx[j]
+        if j > 0 and at[j] != points[j] and (not mixed or mixed[-1] != idx[j] - 1):
+            mixed.append(idx[j] - 1)
+    for t in mixed:
+        a, b = int(cum[t]), int(cum[t + 1])
+        j = bisect.bisect_right(points, a) - 1
+        first = seg_owner[j]
+        share: dict[int, int] = {}  # insertion order is the order met
+        while j < len(seg_owner) and points[j] < b:
+            share[seg_owner[j]] = share.get(seg_owner[j], 0) + min(b, points[j + 1]) - max(a, points[j])
+            j += 1
+        tally[first] -= 1
+        tally[max(share, key=share.__getitem__)] += 1  # max keeps the first of equal counts
     return tally
 
 

@@ -251,7 +251,7 @@ def _generation_start(model: Model, req: Request, run: _Pass, options: Mapping[s
     return None
 
 
-_SUFFIXES: LRU[str, str] = LRU("accounting.generation_suffix", max_items=256, scope="artifact")
+_SUFFIXES: LRU[tuple[str, str, str], str] = LRU("accounting.generation_suffix", max_items=256, scope="artifact")
 _PROBES = (
     ({"role": "user", "content": "x"},),
     ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}),
@@ -260,10 +260,11 @@ _PROBES = (
 
 def _probed_suffix(model: Model, rendered: Rendered, options: Mapping[str, Any]) -> str:
     """The text `add_generation_prompt` appends, when it is the same for both probe conversations; else ""."""
-    key = rendered.template.sha256 + "\0" + model.id
+    # the template's source itself (its hash is kept by the string; no digest of it per call), the model, the options
+    key: tuple[str, str, str] = (rendered.template.source, model.id, "")
     if options.keys() - {"template", "add_generation_prompt"}:
         rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
-        key += "\0" + json.dumps(rest, sort_keys=True, default=repr)
+        key = (key[0], key[1], json.dumps(rest, sort_keys=True, default=repr))
     hit = _SUFFIXES.get(key)
     if hit is not None:
         return hit
@@ -290,23 +291,23 @@ def _expected(req: Request) -> list[str]:
     out: list[str] = []
     for m in req.messages:
         src, origins = m.source, m.origins
-
-        def origin(suffix: str, src: str = src, origins: Any = origins) -> str:
-            return origins.get(suffix, src + suffix) if origins else src + suffix
-
+        mine: list[str] = []  # suffixes of this message's source path
         if isinstance(m.content, str):
             if m.content:
-                out.append(origin(".content"))
+                mine.append(".content")
         elif m.content:
-            for i, p in enumerate(m.content):
-                if p.get("type") == "text" and p.get("text"):
-                    out.append(origin(f".content[{i}].text"))
-        for i, call in enumerate(m.tool_calls or ()):
-            out.append(call.source or origin(f".tool_calls[{i}]"))
+            texts = enumerate(m.content)
+            mine += [f".content[{i}].text" for i, p in texts if p.get("type") == "text" and p.get("text")]
+        calls = [call.source or f".tool_calls[{i}]" for i, call in enumerate(m.tool_calls or ())]
         if m.name:
-            out.append(origin(".name"))
+            calls.append(".name")
         if m.reasoning_content:
-            out.append(origin(".reasoning_content"))
+            calls.append(".reasoning_content")
+        for suffix in (*mine, *calls):
+            if suffix[0] != ".":  # a tool call's own source path
+                out.append(suffix)
+            else:
+                out.append(origins.get(suffix, src + suffix) if origins else src + suffix)
     out += [f"tools[{i}]" for i in range(len(req.tools or ()))]
     out += [f"documents[{i}]" for i in range(len(req.documents or ()))]
     return out

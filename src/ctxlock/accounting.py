@@ -30,6 +30,7 @@ path, so `count`, `render` and `fit` can say so instead of reporting a silent 0.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Mapping
@@ -38,14 +39,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .caches import LRU
+from .caches import LRU, memoize
 from .errors import CtxlockError, RequestError
 from .options import RENDER_OPTIONS, check_options
 from .request import Request
 from .settings import fast_enabled
 from .template import Rendered
 from .tokenizer import ControlMatch, control_matches, encode_ids
-from .tokenlay import Unaligned, assign_owners, spread, token_ranges
+from .tokenlay import Unaligned, assign_owners, spread, tally_segments, token_ranges, whole_lay
 
 RequestLike = Request | Mapping[str, Any] | str | bytes
 
@@ -93,11 +94,18 @@ class Counts:
     total: int
     parts: tuple[Part, ...]
     unseen: tuple[str, ...]  # request parts that left no byte in the rendered text
-    request_bytes: int  # the size of the request as sent (Pi's maxRequestBytes), or of its compact JSON
     exact_bytes: bool  # every token's bytes were laid exactly (else spread in proportion; see the module doc)
     provenance_exact: bool  # the render knew where every request character went (else `unseen` may be incomplete)
     marginal: bool = False
     notes: tuple[str, ...] = field(default=())
+    source: RequestLike | None = field(default=None, repr=False, compare=False)  # the request as given
+
+    @property
+    def request_bytes(self) -> int:
+        """The size of the request as sent (Pi's maxRequestBytes): its bytes, or its compact JSON's (measured when
+        read, so a count that never reports it does not serialize the request; a mapping changed since the count
+        is measured as it is now). 0 for a parsed `Request`."""
+        return _request_bytes(self.source) if self.source is not None else 0
 
     def tokens(self, part: str) -> int:
         return sum(p.tokens for p in self.parts if p.part == part)
@@ -128,18 +136,19 @@ class _Pass:
 # -- owners of the rendered text's bytes -----------------------------------------------------------------------
 
 
-def _char_to_byte(text: str) -> np.ndarray:
-    """offsets[i] = the UTF-8 byte offset of character i (offsets[len(text)] = the byte length)."""
-    n = len(text)
-    if text.isascii():
-        return np.arange(n + 1, dtype=np.int64)
-    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    widths = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
-    out = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(widths, out=out[1:])
+def _char_to_byte(text: str, data: bytes) -> np.ndarray:
+    """offsets[i] = the UTF-8 byte offset of character i (offsets[len(text)] = the byte length); `data` is the
+    text's UTF-8 (with lone surrogates as three bytes each)."""
+    if len(data) == len(text):  # ASCII
+        return np.arange(len(text) + 1, dtype=np.int64)
+    lead = np.flatnonzero((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80)  # where each character starts
+    out = np.empty(len(lead) + 1, dtype=np.int64)
+    out[:-1] = lead
+    out[-1] = len(data)
     return out
 
 
+@memoize("accounting.part_of", 4096, scope="artifact")
 def part_of(path: str) -> str:
     """The request part a JSON path belongs to: `messages[3].content[0].text` -> `messages[3]`."""
     m = _TOP.match(path)
@@ -164,6 +173,58 @@ def _owners(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[np.
     return owner, names
 
 
+def _segments(run: _Pass, gen_start: int | None, offsets: np.ndarray) -> tuple[list[int], list[int], list[str]]:
+    """The owners of `_owners` as segments: byte breakpoints (0 first, the text's size last) and the owner of each
+    segment between two, with the same names in the same order. Used when the non-empty request spans are in text
+    order without overlap (every render ctxlock has met), where they give `_owners` byte for byte."""
+    names = [TEMPLATE]
+    index = {TEMPLATE: 0}
+    if gen_start is not None:
+        index[GENERATION_PROMPT] = len(names)
+        names.append(GENERATION_PROMPT)
+    span_owner: list[int] = []
+    bounds: list[int] = []
+    for span in run.rendered.request_spans:
+        name = part_of(span.path)
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+        if span.end > span.start:
+            span_owner.append(index[name])
+            bounds += (span.start, span.end)
+    size = int(offsets[-1])
+    gen = size if gen_start is None else int(offsets[gen_start])
+    gen_owner = index.get(GENERATION_PROMPT, 0)
+    at = offsets[np.array(bounds, dtype=np.int64)].tolist() if bounds else []
+    points, owners = [0], []
+
+    def fill(end: int) -> None:  # template bytes up to `end`, the generation prompt's from `gen` on
+        start = points[-1]
+        if start < gen < end:
+            points.append(gen)
+            owners.append(0)
+        if end > points[-1]:
+            points.append(end)
+            owners.append(gen_owner if points[-2] >= gen else 0)
+
+    for k, o in enumerate(span_owner):
+        start, end = at[2 * k], at[2 * k + 1]
+        if start < points[-1]:
+            raise _Overlap
+        fill(start)
+        if not owners or owners[-1] != o or points[-1] != start:
+            points.append(end)
+            owners.append(o)
+        else:
+            points[-1] = end  # the same owner on: one segment
+    fill(size)
+    return points, owners, names
+
+
+class _Overlap(Exception):
+    """Request spans out of text order or overlapping: the per-byte owners (`_owners`) take over."""
+
+
 # -- the generation prompt -------------------------------------------------------------------------------------
 
 
@@ -180,16 +241,17 @@ def _generation_start(model: Model, req: Request, run: _Pass, options: Mapping[s
     text = run.rendered.text
     if fast_enabled():
         suffix = _probed_suffix(model, run.rendered, options)
-        last = max((sp.end for sp in run.rendered.request_spans), default=0)
-        if suffix and text.endswith(suffix) and last <= len(text) - len(suffix):
-            return len(text) - len(suffix)
+        if suffix and text.endswith(suffix):
+            start = len(text) - len(suffix)
+            if all(sp.end <= start for sp in reversed(run.rendered.request_spans)):
+                return start
     without = model.render(req, **{**options, "add_generation_prompt": False}).text
     if len(without) < len(text) and text.startswith(without):
         return len(without)
     return None
 
 
-_SUFFIXES: LRU[str, str] = LRU("accounting.generation_suffix", max_items=256, scope="artifact")
+_SUFFIXES: LRU[tuple[str, str, str], str] = LRU("accounting.generation_suffix", max_items=256, scope="artifact")
 _PROBES = (
     ({"role": "user", "content": "x"},),
     ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}),
@@ -198,8 +260,11 @@ _PROBES = (
 
 def _probed_suffix(model: Model, rendered: Rendered, options: Mapping[str, Any]) -> str:
     """The text `add_generation_prompt` appends, when it is the same for both probe conversations; else ""."""
-    rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
-    key = json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
+    # the template's source itself (its hash is kept by the string; no digest of it per call), the model, the options
+    key: tuple[str, str, str] = (rendered.template.source, model.id, "")
+    if options.keys() - {"template", "add_generation_prompt"}:
+        rest = {k: v for k, v in options.items() if k not in ("template", "add_generation_prompt")}
+        key = (key[0], key[1], json.dumps(rest, sort_keys=True, default=repr))
     hit = _SUFFIXES.get(key)
     if hit is not None:
         return hit
@@ -226,23 +291,23 @@ def _expected(req: Request) -> list[str]:
     out: list[str] = []
     for m in req.messages:
         src, origins = m.source, m.origins
-
-        def origin(suffix: str, src: str = src, origins: Any = origins) -> str:
-            return origins.get(suffix, f"{src}{suffix}")
-
+        mine: list[str] = []  # suffixes of this message's source path
         if isinstance(m.content, str):
             if m.content:
-                out.append(origin(".content"))
+                mine.append(".content")
         elif m.content:
-            for i, p in enumerate(m.content):
-                if p.get("type") == "text" and p.get("text"):
-                    out.append(origin(f".content[{i}].text"))
-        for i, call in enumerate(m.tool_calls or ()):
-            out.append(call.source or origin(f".tool_calls[{i}]"))
+            texts = enumerate(m.content)
+            mine += [f".content[{i}].text" for i, p in texts if p.get("type") == "text" and p.get("text")]
+        calls = [call.source or f".tool_calls[{i}]" for i, call in enumerate(m.tool_calls or ())]
         if m.name:
-            out.append(origin(".name"))
+            calls.append(".name")
         if m.reasoning_content:
-            out.append(origin(".reasoning_content"))
+            calls.append(".reasoning_content")
+        for suffix in (*mine, *calls):
+            if suffix[0] != ".":  # a tool call's own source path
+                out.append(suffix)
+            else:
+                out.append(origins.get(suffix, src + suffix) if origins else src + suffix)
     out += [f"tools[{i}]" for i in range(len(req.tools or ()))]
     out += [f"documents[{i}]" for i in range(len(req.documents or ()))]
     return out
@@ -250,16 +315,20 @@ def _expected(req: Request) -> list[str]:
 
 def _unseen(req: Request, run: _Pass) -> tuple[str, ...]:
     """The expected paths no span path equals or lies under."""
-    written: set[str] = set()
-    for span in run.rendered.request_spans:
-        path = span.path
-        if path in written:
-            continue
-        written.add(path)
-        for k, ch in enumerate(path):
-            if ch in ".[":
-                written.add(path[:k])
-    return tuple(p for p in _expected(req) if p not in written)
+    paths = sorted({span.path for span in run.rendered.request_spans})
+    return tuple(p for p in _expected(req) if not _written(paths, p))
+
+
+def _written(paths: list[str], path: str) -> bool:
+    """Whether `path` or a path under it (`path.x`, `path[i]`) is among the sorted `paths`: those starting with it
+    are next to one another from where it would be inserted."""
+    i = bisect.bisect_left(paths, path)
+    n = len(path)
+    while i < len(paths) and paths[i].startswith(path):
+        if len(paths[i]) == n or paths[i][n] in ".[":
+            return True
+        i += 1
+    return False
 
 
 def unseen_parts(request: Request, rendered: Rendered) -> tuple[str, ...]:
@@ -295,11 +364,27 @@ def _request_bytes(request: RequestLike) -> int:
     return len(json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
+@memoize("accounting.part_order", 4096, scope="artifact")
 def _order(name: str) -> tuple[int, int]:
     rank = {"template": 0, "system": 1, "tools": 2, "messages": 3, "documents": 4, "generation_prompt": 5}
     head = name.split("[", 1)[0]
     num = int(name[len(head) + 1 : -1]) if "[" in name else 0
     return rank.get(head, 6), num
+
+
+def _tally(run: _Pass, gen: int | None, lay: Layout) -> tuple[list[int], list[str]]:
+    """How many tokens each owner gets, and the owners' names: by segments (`_segments`, `tally_segments`) on the
+    fast path, else each token's owner by each byte's (`_owners`, `assign_owners`, the reference)."""
+    if fast_enabled() and lay.bounds is not None:
+        try:
+            points, seg_owner, names = _segments(run, gen, lay.offsets)
+        except _Overlap:
+            pass
+        else:
+            return tally_segments(points, seg_owner, lay.bounds, len(names)), names
+    owner, names = _owners(run, gen, lay.offsets)
+    assigned = assign_owners(owner, lay.starts, lay.ends)
+    return np.bincount(assigned, minlength=len(names)).tolist(), names
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,11 +395,12 @@ class Layout:
     request: Request
     rendered: Rendered
     ids: np.ndarray
-    control: tuple[ControlMatch, ...]
+    control: tuple[ControlMatch, ...] | None  # the control tokens' matches; None when the lay did not need them
     offsets: np.ndarray
     starts: np.ndarray
     ends: np.ndarray
     exact: bool
+    bounds: np.ndarray | None = None  # [0, ends...]: the tokens' boundaries, when laid end to end (`whole_lay`)
 
     def tokens_before(self, char: int) -> int:
         """How many tokens lie wholly before character `char`: the token prefix that ends there."""
@@ -331,16 +417,21 @@ def layout(model: Model, request: RequestLike, **options: Any) -> Layout:
 
 
 def layout_of(tokenizer: Any, request: Request, rendered: Rendered) -> Layout:
-    """The lay of an already rendered request (a fitted or compacted one, a record's): its ids and control tokens
-    as the tokenizer stage gives them, each token's bytes over the text."""
-    run = _Pass(request, rendered, encode_ids(rendered, tokenizer), control_matches(rendered, tokenizer))
-    offsets = _char_to_byte(rendered.text)
+    """The lay of an already rendered request (a fitted or compacted one, a record's): its ids as the tokenizer
+    stage gives them, each token's bytes over the text."""
+    ids = encode_ids(rendered, tokenizer)
+    data = rendered.text.encode("utf-8", "surrogatepass")  # a lone surrogate: three bytes, as tokenizers see it
+    offsets = _char_to_byte(rendered.text, data)
+    laid = whole_lay(tokenizer, rendered, ids, data)  # the fast path: from the ids alone
+    if laid is not None:
+        return Layout(request, rendered, ids, None, offsets, laid[:-1], laid[1:], True, laid)
+    control = control_matches(rendered, tokenizer)
     try:
-        starts, ends, exact = token_ranges(tokenizer, rendered.text, run.ids, run.control, offsets)
+        starts, ends, exact = token_ranges(tokenizer, rendered.text, ids, control, offsets)
     except Unaligned:
-        lay = spread(np.ones(len(run.ids), dtype=np.int64), int(offsets[-1]))
+        lay = spread(np.ones(len(ids), dtype=np.int64), int(offsets[-1]))
         starts, ends, exact = lay[:-1], lay[1:], False
-    return Layout(request, rendered, run.ids, run.control, offsets, starts, ends, exact)
+    return Layout(request, rendered, ids, control, offsets, starts, ends, exact)
 
 
 def count(model: Model, request: RequestLike, *, marginal: bool = False, **options: Any) -> Counts:
@@ -348,18 +439,16 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
     options. `marginal=True` also renders and tokenizes the request once without each part."""
     lay = layout(model, request, **options)
     render_options = {k: v for k, v in options.items() if k not in ("dialect", "utf8", "tool_arguments")}
-    run = _Pass(lay.request, lay.rendered, lay.ids, lay.control)
+    run = _Pass(lay.request, lay.rendered, lay.ids, lay.control or ())
     gen = _generation_start(model, run.request, run, render_options)
-    owner, names = _owners(run, gen, lay.offsets)
-    starts, ends, exact = lay.starts, lay.ends, lay.exact
+    exact = lay.exact
+    tally, names = _tally(run, gen, lay)
     notes: list[str] = []
     if not exact:
         notes.append("token bytes were spread in proportion over some runs: per-part counts are approximate")
     if not run.rendered.provenance_exact:
         notes.append("the render's provenance is inexact: a request part may be counted as template, and unseen")
-    assigned = assign_owners(owner, starts, ends)
-    tally = np.bincount(assigned, minlength=len(names))
-    parts = [Part(names[i], int(tally[i])) for i in range(len(names)) if tally[i] or names[i] == TEMPLATE]
+    parts = [Part(names[i], tally[i]) for i in range(len(names)) if tally[i] or names[i] == TEMPLATE]
     seen_parts = {p.part for p in parts}
     for name in names:  # a part with bytes but no token of its own (every token it touched went elsewhere)
         if name not in seen_parts:
@@ -372,11 +461,11 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         total=total,
         parts=tuple(parts),
         unseen=_unseen(run.request, run),
-        request_bytes=_request_bytes(request),
         exact_bytes=exact,
         provenance_exact=run.rendered.provenance_exact,
         marginal=marginal,
         notes=tuple(notes),
+        source=request,
     )
 
 

@@ -10,6 +10,7 @@ token the owner of most of its bytes.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import tempfile
@@ -23,7 +24,8 @@ import numpy as np
 from .caches import LRU
 from .errors import CtxlockError
 from .settings import cache_root, fast_enabled
-from .tokenizer import ControlMatch
+from .template import Rendered
+from .tokenizer import ControlMatch, whole_text_encoder
 from .tokenizer.runs import run_encoder
 from .tokenizer.token_bytes import token_bytes
 
@@ -90,6 +92,124 @@ def _pieces(tok: Any) -> Any:
             hit = False  # no per-token bytes (WordPiece): spread in proportion
         _PIECES.put(tok.sha256, hit)
     return hit
+
+
+class _Controls:
+    """What `whole_lay` needs of a vocabulary whose whole-text encoder applies: the encoder's per-id byte lengths,
+    which ids are control tokens, each one's UTF-8 content, and the contents in groups by their first two bytes,
+    with each group's common leading bytes (one `bytes.count` tells a group absent or its occurrences all checked)."""
+
+    __slots__ = ("content", "group_of", "groups", "table")
+
+    def __init__(self, lengths: np.ndarray, controls: dict[int, bytes]) -> None:
+        # One small table, one lookup per id: the byte length, negated for a control id (a 150k vocabulary's int16
+        # table is 300 kB, which stays in the CPU's cache better than int64 lengths and a flag array).
+        self.table = lengths.astype(np.int16)
+        self.table[list(controls)] *= -1
+        self.content = controls
+        by_head: dict[bytes, list[int]] = {}
+        for i, c in controls.items():
+            by_head.setdefault(c[:2], []).append(i)
+        self.group_of = np.zeros(len(lengths), dtype=np.int64)
+        self.groups: list[tuple[bytes, tuple[bytes, ...]]] = []
+        for g, members in enumerate(by_head.values()):
+            self.group_of[members] = g
+            contents = tuple(controls[i] for i in members)
+            self.groups.append((_common_prefix(contents), contents))
+
+
+def _common_prefix(contents: Sequence[bytes]) -> bytes:
+    first, last = min(contents), max(contents)
+    k = 0
+    while k < min(len(first), len(last)) and first[k] == last[k]:
+        k += 1
+    return first[:k]
+
+
+_CONTROLS: LRU[str, Any] = LRU("accounting.whole_lay_controls", max_items=8, scope="artifact")
+
+
+def _overlap_free(contents: Sequence[bytes]) -> bool:
+    """No content is inside another, and no proper suffix of one is a proper prefix of one (itself included): then
+    the occurrences of the contents in a text never overlap, and each is where a leftmost-longest scan matches."""
+    prefixes = {c[:k] for c in contents for k in range(1, len(c))}
+    inside = {c[i:j] for c in contents for i in range(len(c)) for j in range(i + 1, len(c) + (i > 0))}
+    return not any(c in inside or any(c[k:] in prefixes for k in range(1, len(c))) for c in contents)
+
+
+def _controls(tokenizer: Any, whole: Any) -> Any:
+    hit = _CONTROLS.get(tokenizer.sha256)
+    if hit is None:
+        hit = False
+        lengths = whole.byte_lengths
+        controls = [t for t in tokenizer.added_tokens if t.control]
+        content = {t.id: t.content.encode("utf-8", "surrogatepass") for t in controls}
+        if (
+            tokenizer.split_controls("") is not None  # the reference splits the text at every control's occurrence
+            and not any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in controls)
+            and len(set(content.values())) == len(content) == len(controls)
+            and all(0 <= i < len(lengths) and lengths[i] == len(c) > 0 for i, c in content.items())
+            and int(lengths.max(initial=0)) < 2**15
+            and int(lengths.min(initial=0)) >= 0
+            and _overlap_free(tuple(content.values()))
+        ):
+            hit = _Controls(lengths, content)
+        _CONTROLS.put(tokenizer.sha256, hit)
+    return hit
+
+
+def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray, data: bytes) -> np.ndarray | None:
+    """The tokens' boundaries in the rendered text's bytes (token t is [cum[t], cum[t + 1])), from the ids alone:
+    the fast path of `token_ranges` for texts the whole-text encoder takes (no control-token matches needed);
+    `data` is the text's UTF-8 (lone surrogates as three bytes, as the reference measures runs). None when it does
+    not apply; the caller then finds the matches and calls `token_ranges`.
+
+    Why it equals the reference (`_replay_runs`). Let L be the encoder's byte length per id, cum their running sum
+    over the ids, and Q the positions of control ids. The checks: cum ends at the text's byte length; each control
+    id's content is in the text at cum[Q_k]; and the text holds exactly |Q| occurrences of control contents. The
+    contents cannot overlap (`_overlap_free`) and the reference splits the text at every occurrence (the whole-text
+    encoder applies: no request string reached a control position, or the policy keeps them), with no
+    lstrip/rstrip (a match is its content). So the |Q| increasing positions cum[Q_k] are all of the reference's
+    match starts, in order, with the same ids; the bytes between two matches are exactly the lengths of the ids
+    between them, so the reference lays each run from its start by the same lengths: the same ranges."""
+    if not fast_enabled():
+        return None
+    whole = whole_text_encoder(rendered, tokenizer)
+    if whole is None:
+        return None
+    plan = _controls(tokenizer, whole)
+    if plan is False:
+        return None
+    try:
+        ids = np.asarray(ids_in, dtype=np.int64)
+        signed = plan.table[ids]
+    except IndexError:
+        return None
+    n = len(ids)
+    cum = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.abs(signed), out=cum[1:])
+    if cum[n] != len(data):
+        return None
+    q = np.flatnonzero(signed < 0)
+    if q.size:
+        content = plan.content
+        found = list(map(data.startswith, [content[i] for i in ids[q].tolist()], cum[q].tolist()))
+        if not all(found):
+            return None
+    if not _occurrences_are(data, plan, ids[q]):
+        return None
+    return cum
+
+
+def _occurrences_are(data: bytes, plan: _Controls, found: np.ndarray) -> bool:
+    """Whether `data` holds exactly the control contents `found` (their ids) checked at their positions, and no
+    other occurrence (they cannot overlap). Per group: when its common leading bytes occur as often as its checked
+    contents, there is no other (every occurrence starts with them); else its contents are counted one by one."""
+    expected = np.bincount(plan.group_of[found], minlength=len(plan.groups)).tolist()
+    for (common, contents), want in zip(plan.groups, expected, strict=True):
+        if data.count(common) != want and sum(map(data.count, contents)) != want:
+            return False
+    return True
 
 
 def token_ranges(
@@ -281,4 +401,44 @@ def assign_owners(owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return result
 
 
-__all__ = ["Unaligned", "assign_owners", "spread", "token_ranges"]
+def tally_segments(points: Sequence[int], seg_owner: Sequence[int], cum: np.ndarray, owners: int) -> list[int]:
+    """`bincount(assign_owners(...))` for tokens laid end to end (token t is [cum[t], cum[t + 1])) and owners given
+    as segments (the bytes [points[j], points[j + 1]) all belong to seg_owner[j]; points[0] = 0, points[-1] =
+    cum[-1], the text's size; no segment empty), without a per-token owner.
+
+    The same counts: a token within one segment takes its owner (one with no bytes, the owner of the byte it sits at,
+    the last byte's past the end). With idx[j] the first boundary at or after points[j], the tokens starting in
+    segment j are [idx[j], idx[j + 1]), so each segment's owner first gets all of those; a breakpoint strictly
+    inside a token (cum[idx[j]] past it) makes token idx[j] - 1 mixed, and it then moves to the owner of most of its
+    bytes, summed over its segments, ties to the owner met first."""
+    tally = [0] * owners
+    n = len(cum) - 1
+    size = int(cum[-1])
+    if n <= 0:
+        return tally
+    if size == 0:
+        tally[0] = n
+        return tally
+    idx = cum.searchsorted(points)
+    at = cum[idx].tolist()
+    idx = idx.tolist()
+    idx[0], idx[-1] = 0, n
+    mixed: list[int] = []
+    for j, o in enumerate(seg_owner):
+        tally[o] += idx[j + 1] - idx[j]
+        if j > 0 and at[j] != points[j] and (not mixed or mixed[-1] != idx[j] - 1):
+            mixed.append(idx[j] - 1)
+    for t in mixed:
+        a, b = int(cum[t]), int(cum[t + 1])
+        j = bisect.bisect_right(points, a) - 1
+        first = seg_owner[j]
+        share: dict[int, int] = {}  # insertion order is the order met
+        while j < len(seg_owner) and points[j] < b:
+            share[seg_owner[j]] = share.get(seg_owner[j], 0) + min(b, points[j + 1]) - max(a, points[j])
+            j += 1
+        tally[first] -= 1
+        tally[max(share, key=share.__getitem__)] += 1  # max keeps the first of equal counts
+    return tally
+
+
+__all__ = ["Unaligned", "assign_owners", "spread", "tally_segments", "token_ranges", "whole_lay"]

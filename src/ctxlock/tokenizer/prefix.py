@@ -138,6 +138,13 @@ class WholeText:
         _ALL.add(self)
         caches.register_instance("tokenizer.prefix", self)
 
+    @property
+    def byte_lengths(self) -> np.ndarray:
+        """The UTF-8 length of every id's bytes (added tokens included, 0 for an id the vocabulary lacks), indexed
+        by id, built with the encoder from its ranks: a caller lays ids over the text without the vocabulary's
+        bytes. Not to be written to."""
+        return self._lengths
+
     # -- encoding
     def _native(self, text: str) -> np.ndarray:
         if self._halves and len(text) >= _SPLIT_CHARS and not self.accelerated:

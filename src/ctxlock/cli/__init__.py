@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "usage": ("usage",),
     "count": ("count",),
     "cachereport": ("cache-report",),
+    "serve": ("serve",),
 }
 
 

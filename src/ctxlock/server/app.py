@@ -21,7 +21,14 @@ from starlette.routing import Match, Route
 
 from .. import caches
 from ..budget import BudgetPolicy, fit_context, fitted_request_json
-from ..errors import CtxlockError, RequestEncodingError, RequestValidationError, RouteNotFoundError
+from ..errors import (
+    ArtifactNotFoundError,
+    CtxlockError,
+    RecordNotFoundError,
+    RequestEncodingError,
+    RequestValidationError,
+    RouteNotFoundError,
+)
 from ..record import ExecutionRecord, RunOptions, diff
 from ..replay import record_values, replay, run_and_record, save
 from ..request import Utf8Policy
@@ -91,7 +98,11 @@ def record_id(value: str) -> str:
 
 
 def load_record(store: Store, rid: str) -> ExecutionRecord:
-    return ExecutionRecord.from_bytes(store.get_record(record_id(rid)), source=f"record {rid}")
+    try:
+        body = store.get_record(record_id(rid))
+    except ArtifactNotFoundError as exc:
+        raise RecordNotFoundError(exc.message, path=f"record {rid}", hint="GET /v1/records lists the ids") from None
+    return ExecutionRecord.from_bytes(body, source=f"record {rid}")
 
 
 def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any]]) -> Callable:

@@ -85,6 +85,10 @@ def render_limits(limits: Limits) -> RenderLimits:
 def load_served(mc: ModelConfig, limits: Limits) -> ServedModel:
     model = load(mc.spec)
     model.warm_up(wait=True)
+    # Plain-text encode and decode build their own engines on first use (seconds for a large vocabulary): built
+    # here, at start-up, so that no request pays for them against its deadline.
+    model.tokenizer.decode(model.tokenizer.encode("warm up", add_special_tokens=True))
+    model.tokenizer.token_bytes()
     template = load_template_file(mc.template) if mc.template is not None else None
     named = {name: load_template_file(path, id=name) for name, path in mc.templates}
     return ServedModel(

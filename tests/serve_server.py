@@ -75,11 +75,12 @@ template = "bomb.jinja"
 def running(config: Path, *, workers: int = 1, env: dict[str, str] | None = None) -> Iterator[str]:
     """A server on a free port: yields its base URL; SIGTERM at the end (and SIGKILL if it does not exit)."""
     port = free_port()
+    log = open(config.parent / f"server-{port}.log", "wb")  # noqa: SIM115 (closed with the server)
     proc = subprocess.Popen(
         [sys.executable, "-m", "ctxlock", "serve", "--config", str(config), "--port", str(port)]
         + (["--workers", str(workers)] if workers != 1 else []),
         env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -87,7 +88,7 @@ def running(config: Path, *, workers: int = 1, env: dict[str, str] | None = None
         deadline = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {proc.stdout.read().decode(errors='replace')}")
+                raise RuntimeError(f"the server exited: {log.name}")
             try:
                 if httpx.get(url + "/healthz", timeout=2).status_code == 200:
                     break
@@ -105,8 +106,9 @@ def running(config: Path, *, workers: int = 1, env: dict[str, str] | None = None
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        log.close()
 
 
 def client(url: str, *, token: str | None = TOKEN) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=60)
+    return httpx.Client(base_url=url, headers=headers, timeout=30)

@@ -26,6 +26,7 @@ from ..errors import (
     CtxlockError,
     RecordNotFoundError,
     RequestEncodingError,
+    RequestJSONError,
     RequestValidationError,
     RouteNotFoundError,
 )
@@ -69,7 +70,13 @@ def json_body(data: bytes) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RequestEncodingError("the body is not valid UTF-8", path=f"byte {exc.start}") from None
-    return loads_strict(text, "$", Utf8Policy.STRICT)
+    try:
+        return loads_strict(text, "$", Utf8Policy.STRICT)
+    except ValueError as exc:  # what json itself raises (an empty body, a truncated one) before ctxlock's checks
+        msg, pos = getattr(exc, "msg", str(exc)), getattr(exc, "pos", None)
+        raise RequestJSONError(
+            f"not valid JSON: {msg}", path=f"$ (character {pos})" if pos is not None else "$"
+        ) from None
 
 
 def object_body(data: bytes) -> dict[str, Any]:
@@ -111,7 +118,11 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
     async def endpoint(request: Request) -> Response:
         data = await request.body()
         work = fn(svc, request, data)
-        result = await svc.pool.run(work)
+        try:
+            result = await svc.pool.run(work)
+        except Exception as exc:  # every failure answers as typed JSON here, not in Starlette's error page
+            code, body, headers = error_body(as_ctxlock_error(exc))
+            return JSONResponse(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
         if isinstance(result, Response):
             return result
         tokens = result.pop("_tokens", None) if isinstance(result, dict) else None

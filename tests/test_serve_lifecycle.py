@@ -1,0 +1,100 @@
+"""`ctxlock serve`'s start and stop: SIGTERM drains the in-flight requests and their records are committed; the
+defaults (no config: the embedded model, loopback); a non-loopback bind without a token is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ctxlock.store import Store
+from serve_server import SRC, client, free_port, write_config
+
+
+def test_sigterm_drains_in_flight_requests_and_commits_their_records(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cfg = write_config(tmp_path, store=store)
+    port = free_port()
+    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxlock", "serve", "--config", str(cfg), "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        request = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+        answers: list[Any] = []
+
+        def send(model: str) -> None:
+            with client(url) as c:
+                r = c.post(f"/v1/render?model={model}&record=1", content=request)
+                answers.append((model, r.status_code, r.json()))
+
+        # The bomb's render runs to its 2 s deadline: it is in flight when SIGTERM arrives.
+        threads = [threading.Thread(target=send, args=(m,)) for m in ("bomb", "nemo")]
+        for t in threads:
+            t.start()
+        time.sleep(0.8)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=60)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    by_model = {m: (status, body) for m, status, body in answers}
+    assert by_model["bomb"][0] == 422 and by_model["bomb"][1]["type"] == "TemplateLimitError"
+    assert by_model["nemo"][0] == 200
+    with Store(store) as s:
+        ids = [r["id"] for r in s.list_records(limit=10)]
+    # Both in-flight requests were recorded (the failed render too), the answered id among them.
+    assert len(ids) == 2 and by_model["nemo"][1]["record_id"] in ids
+
+
+def test_a_public_bind_without_a_token_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CTXLOCK_SERVE_TOKENS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        env={**env, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: ServeConfigError: --host: --host 0.0.0.0 is not a loopback address")
+    assert "Traceback" not in out.stderr
+
+
+def test_a_bad_config_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctxlock.toml"
+    cfg.write_text('[models.x]\nspec = "mistral-nemo"\ncolour = "red"\n', "utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "serve", "--config", str(cfg)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: ServeConfigError: models.x.colour: unknown key 'colour' "
+        "(known keys: budget, max_model_len, spec, template, templates)"
+    ]

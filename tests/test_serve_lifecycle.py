@@ -54,7 +54,8 @@ def test_sigterm_drains_in_flight_requests_and_commits_their_records(tmp_path: P
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(timeout=60)
-        assert proc.wait(timeout=60) == 0
+        # uvicorn re-raises the SIGTERM it caught once it has shut down: the exit status is the signal's.
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -35,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(root: Path, *, store: Path, extra_limits: str = "") -> Path:
+def write_config(root: Path, *, store: Path, pool_size: int = 2, queue_depth: int = 8) -> Path:
     (root / "bomb.jinja").write_text(BOMB, "utf-8")
     cfg = root / "ctxlock.toml"
     cfg.write_text(
@@ -48,9 +48,8 @@ allow_named_templates = false
 [limits]
 max_body_bytes = 262144
 render_deadline_seconds = 2.0
-pool_size = 2
-queue_depth = 8
-{extra_limits}
+pool_size = {pool_size}
+queue_depth = {queue_depth}
 
 [models.nemo]
 spec = "mistral-nemo"

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from ctxlock.store import Store
-from serve_server import SRC, client, free_port, write_config
+from serve_server import SRC, client, free_port, running, write_config
 
 
 def test_sigterm_drains_in_flight_requests_and_commits_their_records(tmp_path: Path) -> None:
@@ -99,3 +99,20 @@ def test_a_bad_config_is_one_line(tmp_path: Path) -> None:
         "error: ServeConfigError: models.x.colour: unknown key 'colour' "
         "(known keys: budget, max_model_len, spec, template, templates)"
     ]
+
+
+def test_a_full_queue_is_503_with_retry_after(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, store=tmp_path / "store", pool_size=1, queue_depth=0)
+    with running(cfg) as url, client(url) as c:
+        busy = threading.Thread(
+            target=lambda: c.post("/tokenize", json={"model": "bomb", "messages": [{"role": "user", "content": "x"}]})
+        )
+        busy.start()
+        time.sleep(0.5)  # the bomb holds the one worker for its 2 s deadline
+        with client(url) as other:
+            r = other.post("/tokenize", json={"model": "nemo", "prompt": "hi"})
+        busy.join()
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["type"] == "OverloadedError"
+        # The worker is free again once the bomb has ended.
+        assert c.post("/tokenize", json={"model": "nemo", "prompt": "hi"}).json()["tokens"] == [1, 8101]

@@ -43,7 +43,7 @@ def serve(
     Anthropic's and OpenAI's shapes and ctxlock's own, until SIGTERM or Ctrl-C (in-flight requests finish first).
     Binding a non-loopback address without a bearer token configured is refused."""
     # Imported here: starlette and uvicorn are only for this command (and the [serve] extra).
-    from ..server import config as server_config  # noqa: PLC0415 (serve-only dependency)
+    from ..server import config as server_config  # serve-only: starlette and uvicorn load for this command only
 
     cfg = server_config.load_config(config)
     if not _loopback(host) and not cfg.tokens:
@@ -55,7 +55,7 @@ def serve(
     if workers < 1:
         raise ServeConfigError("--workers is at least 1", path="--workers")
     try:
-        import uvicorn  # noqa: PLC0415 (serve-only dependency)
+        import uvicorn  # serve-only: starlette and uvicorn load for this command only
     except ImportError:
         raise ServeConfigError(
             "uvicorn is not installed", path="ctxlock serve", hint="pip install 'ctxlock[serve]'"
@@ -63,7 +63,7 @@ def serve(
     grace = cfg.limits.render_deadline_seconds + 5.0
     print(f"ctxlock serve: {', '.join(m.name for m in cfg.models)} on http://{host}:{port}", file=sys.stderr)
     if workers == 1:
-        from ..server import create_app  # noqa: PLC0415 (serve-only dependency)
+        from ..server import create_app  # serve-only: starlette and uvicorn load for this command only
 
         app = create_app(cfg)
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)

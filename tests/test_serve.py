@@ -8,7 +8,10 @@ and no 500 on generated hostile bodies."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import unicodedata
@@ -25,7 +28,7 @@ import ctxlock
 import fetched
 from conformance import conversations
 from ctxlock.artifacts import load_template_file
-from serve_server import QWEN_TEMPLATE, TOKEN, client, running, write_config
+from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
 # The anchors' documented response fields (vLLM TokenizeResponse / DetokenizeResponse, llama.cpp server README,
 # Anthropic count_tokens, OpenAI responses.input_tokens).
@@ -446,3 +449,27 @@ def test_readme_config_example_parses(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, store=tmp_path / "store")
     loaded = load_config(cfg)
     assert [m.name for m in loaded.models] == ["nemo", "qwen", "bomb"] and loaded.tokens == (TOKEN,)
+
+
+CACHE_REPORT_FLAGS = ["--provider", "openai", "--fix", "--model", "mistral-nemo", "--json"]
+
+
+def test_cache_report_is_the_cli_json(http: httpx.Client, tmp_path: Path) -> None:
+    system = "You are a careful assistant. " * 60
+    turns = [
+        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}]} for i in range(3)
+    ]
+    session = "".join(json.dumps(t) + "\n" for t in turns)
+    (tmp_path / "s.jsonl").write_text(session, "utf-8")
+    got = ok(http.post("/v1/cache-report?model=nemo&provider=openai&fix=1", content=session.encode()))
+    cli = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "cache-report", str(tmp_path / "s.jsonl"), *CACHE_REPORT_FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert got == json.loads(cli.stdout)
+    assert len(got["turns"]) == 3
+    refused(http.post("/v1/cache-report?model=nemo&provider=nobody", content=session.encode()), 422)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,6 +22,8 @@ from starlette.routing import Match, Route
 
 from .. import caches
 from ..budget import BudgetPolicy, fit_context, fitted_request_json
+from ..cache_session import cache_report as run_cache_report
+from ..cache_session import read_session
 from ..errors import (
     ArtifactNotFoundError,
     CtxlockError,
@@ -30,11 +33,13 @@ from ..errors import (
     RequestValidationError,
     RouteNotFoundError,
 )
+from ..inputs import decode_utf8, read_input
 from ..record import ExecutionRecord, RunOptions, diff
 from ..replay import record_values, replay, run_and_record, save
 from ..request import Utf8Policy
 from ..request.jsonread import loads_strict
 from ..store import Store
+from ..usage import PriceTable
 from ..wire import fit_to_dict, run_to_dict
 from . import shapes
 from .config import ServeConfig, load_config
@@ -56,6 +61,9 @@ class Service:
         lim = config.limits
         self.pool = Pool(lim.pool_size, lim.queue_depth, lim.render_deadline_seconds)
         self.metrics = Metrics()
+        self.prices = None
+        if config.prices is not None:
+            self.prices = PriceTable.parse(read_input(Path(config.prices), label="server.prices"), config.prices)
 
     def store(self) -> Store:
         if self.config.store is None:
@@ -227,6 +235,39 @@ def fit(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
     return work
 
 
+def cache_report(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
+    """POST /v1/cache-report?provider=P: the body is the JSONL session `ctxlock cache-report` reads; the answer is
+    its --json output (?ttl, ?min_prefix, ?fix, ?price_model with the configured price table)."""
+
+    def work() -> Any:
+        sm = _served(svc, None, request)
+        q = request.query_params
+        try:
+            ttl, minimum = float(q.get("ttl", "300")), int(q.get("min_prefix", "1024"))
+        except ValueError:
+            raise RequestValidationError("?ttl is seconds and ?min_prefix an integer", path="?ttl") from None
+        if not (0 <= ttl < 1e9 and 0 <= minimum < 1 << 31):
+            raise RequestValidationError("?ttl and ?min_prefix are non-negative", path="?ttl")
+        price_model = q.get("price_model")
+        session = read_session(decode_utf8(data, label="body", error=RequestEncodingError), "body")
+        out = run_cache_report(
+            sm.model,
+            session,
+            q.get("provider", ""),
+            options=sm.option_kwargs(),
+            table=svc.prices if price_model is not None else None,
+            price_model=price_model,
+            ttl=ttl,
+            minimum=minimum,
+            fix=query_flag(request, "fix"),
+        )
+        out.pop("_reports")
+        out.pop("_fixed_reports", None)
+        return out
+
+    return work
+
+
 def records_list(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
     def work() -> Any:
         try:
@@ -340,6 +381,7 @@ def routes(svc: Service) -> list[Route]:
         post("/v1/render", render),
         post("/v1/count", count),
         post("/v1/fit", fit),
+        post("/v1/cache-report", cache_report),
         get("/v1/records", records_list),
         get("/v1/records/{id}", record_show),
         post("/v1/records/{id}/replay", record_replay),

@@ -4,6 +4,7 @@
     store = "/var/lib/ctxlock"        # record store for ?record=1 and /v1/records (default: none, records off)
     tokens = ["s3cret"]               # bearer tokens; CTXLOCK_SERVE_TOKENS (comma-separated) adds more
     allow_named_templates = false     # a request's `chat_template` may name one of the model's templates
+    prices = "prices.json"            # a price table (LiteLLM's format) for /v1/cache-report's costs
 
     [limits]
     max_body_bytes = 1048576
@@ -43,7 +44,7 @@ _LIMIT_KEYS = {
     "max_render_chars": (int, 4_000_000),
 }
 _MODEL_KEYS = {"spec", "template", "templates", "max_model_len", "budget"}
-_SERVER_KEYS = {"store", "tokens", "allow_named_templates"}
+_SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class ServeConfig:
     store: str | None = None
     tokens: tuple[str, ...] = ()
     allow_named_templates: bool = False
+    prices: str | None = None  # a price table file (LiteLLM's format) for /v1/cache-report
     source: str = "(defaults)"
 
     @property
@@ -155,6 +157,9 @@ def parse_config(data: dict[str, Any], *, base: Path, source: str) -> ServeConfi
     store = server.get("store")
     if store is not None:
         store = str(base / _typed(store, str, "server.store"))
+    prices = server.get("prices")
+    if prices is not None:
+        prices = str(base / _typed(prices, str, "server.prices"))
     models_table = data.get("models", {})
     if not isinstance(models_table, dict):
         raise ServeConfigError("[models] is a table of name = model", path="models")
@@ -165,6 +170,7 @@ def parse_config(data: dict[str, Any], *, base: Path, source: str) -> ServeConfi
         store=store,
         tokens=tuple(tokens) + env_tokens(),
         allow_named_templates=_typed(server.get("allow_named_templates", False), bool, "server.allow_named_templates"),
+        prices=prices,
         source=source,
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from ctxlock.store import Store
-from serve_server import SRC, client, free_port, running, write_config
+from serve_server import QWEN_TEMPLATE, SRC, client, free_port, running, write_config
 
 
 def test_sigterm_drains_in_flight_requests_and_commits_their_records(tmp_path: Path) -> None:
@@ -116,3 +116,22 @@ def test_a_full_queue_is_503_with_retry_after(tmp_path: Path) -> None:
         assert r.json()["type"] == "OverloadedError"
         # The worker is free again once the bomb has ended.
         assert c.post("/tokenize", json={"model": "nemo", "prompt": "hi"}).json()["tokens"] == [1, 8101]
+
+
+def test_named_templates_when_the_config_allows_them(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctxlock.toml"
+    cfg.write_text(
+        "[server]\nallow_named_templates = true\n\n"
+        f'[models.nemo]\nspec = "mistral-nemo"\ntemplates = {{ chatml = "{QWEN_TEMPLATE}" }}\n',
+        "utf-8",
+    )
+    hi = {"messages": [{"role": "user", "content": "hi"}]}
+    with running(cfg) as url, client(url, token=None) as c:
+        named = c.post("/apply-template", json={**hi, "chat_template": "chatml"}).json()
+        assert named["prompt"].startswith("<|im_start|>system\nYou are Qwen")
+        assert c.post("/apply-template", json=hi).json() == {"prompt": "<s>[INST]hi[/INST]"}
+        for bad in ("{{ messages }}", "default", str(QWEN_TEMPLATE), "../chatml"):
+            r = c.post("/tokenize", json={**hi, "chat_template": bad})
+            assert r.status_code == 400 and r.json()["path"] == "$.chat_template"
+        r = c.post("/tokenize", json={**hi, "chat_template_kwargs": {"chat_template": "chatml"}})
+        assert r.status_code == 400

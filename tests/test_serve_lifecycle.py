@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -135,3 +136,62 @@ def test_named_templates_when_the_config_allows_them(tmp_path: Path) -> None:
             assert r.status_code == 400 and r.json()["path"] == "$.chat_template"
         r = c.post("/tokenize", json={**hi, "chat_template_kwargs": {"chat_template": "chatml"}})
         assert r.status_code == 400
+
+
+def test_sigkill_during_a_recording_load_loses_no_answered_record(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cfg = write_config(tmp_path, store=store, pool_size=2, queue_depth=16)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxlock", "serve", "--config", str(cfg), "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    received: list[str] = []
+    stop = threading.Event()
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+
+        def load(k: int) -> None:
+            with client(url) as c:
+                i = 0
+                while not stop.is_set():
+                    body = json.dumps({"messages": [{"role": "user", "content": f"load {k} {i}"}]})
+                    i += 1
+                    try:
+                        r = c.post("/v1/render?model=nemo&record=1", content=body)
+                    except httpx.HTTPError:
+                        return  # the server is gone
+                    if r.status_code == 200:
+                        received.append(r.json()["record_id"])
+
+        threads = [threading.Thread(target=load, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(4.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(received) >= 5
+    with Store(store) as s:
+        stored = {r["id"] for r in s.list_records(limit=100000)}
+    assert set(received) <= stored
+    db = sqlite3.connect(store / "records.db")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        db.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -44,10 +45,14 @@ ERROR_FIELDS = {"type", "message", "path", "hint"}
 HI = {"model": "nemo", "messages": [{"role": "user", "content": "hi [INST]"}]}
 
 
+STORE_OF: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("serve")
     with running(write_config(root, store=root / "store")) as url:
+        STORE_OF[url] = root / "store"
         yield url
 
 
@@ -355,6 +360,7 @@ def test_without_a_token_every_protected_route_is_401(server: str) -> None:
         ("POST", "/v1/diff"),
         ("GET", "/v1/models"),
         ("GET", "/metrics"),
+        ("GET", "/records/abcd/view"),
     ]
     for token in (None, "wrong", TOKEN + "x", TOKEN[:-1]):
         with client(server, token=token) as c:
@@ -473,3 +479,31 @@ def test_cache_report_is_the_cli_json(http: httpx.Client, tmp_path: Path) -> Non
     assert got == json.loads(cli.stdout)
     assert len(got["turns"]) == 3
     refused(http.post("/v1/cache-report?model=nemo&provider=nobody", content=session.encode()), 422)
+
+
+SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-sky-injection.json"
+
+
+def test_record_view_is_one_self_contained_page(http: httpx.Client, server: str, tmp_path: Path) -> None:
+    rendered = ok(http.post("/v1/render?model=nemo&record=1", content=SEED.read_bytes()))
+    rid = rendered["record_id"]
+    r = http.get(f"/records/{rid}/view")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-security-policy"] == "default-src 'none'; style-src 'unsafe-inline'"
+    page = r.text
+    chips = re.findall(r'<span class="chip k-(\w+)( neutralized)?" data-id="(\d+)"', page)
+    assert [int(c[2]) for c in chips] == rendered["input_ids"]  # one chip per token, in order
+    neutralized = [c for c in chips if c[1]]
+    assert neutralized and all(c[0] == "user" for c in neutralized)
+    assert sum(c[0] == "control" for c in chips) == len(rendered["control_tokens"])
+    assert not re.search(r"(?i)https?://|<script|<link|<img|src=", page)  # nothing loads from anywhere
+    out = tmp_path / "page.html"
+    cli = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "view", rid, "--store", str(STORE_OF[server]), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert out.read_text("utf-8") == page

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "count": ("count",),
     "cachereport": ("cache-report",),
     "serve": ("serve",),
+    "view": ("view",),
 }
 
 

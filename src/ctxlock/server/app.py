@@ -17,7 +17,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Match, Route
 
 from .. import caches
@@ -35,11 +35,12 @@ from ..errors import (
 )
 from ..inputs import decode_utf8, read_input
 from ..record import ExecutionRecord, RunOptions, diff
-from ..replay import record_values, replay, run_and_record, save
+from ..replay import materialized, record_values, replay, run_and_record, save
 from ..request import Utf8Policy
 from ..request.jsonread import loads_strict
 from ..store import Store
 from ..usage import PriceTable
+from ..viewer import CSP, record_page
 from ..wire import fit_to_dict, run_to_dict
 from . import shapes
 from .config import ServeConfig, load_config
@@ -335,6 +336,20 @@ def models(svc: Service, _request: Request, _data: bytes) -> Callable[[], Any]:
     return work
 
 
+def record_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
+    """GET /records/{id}/view: the record as one self-contained HTML page, its tokens from its own artifacts."""
+
+    def work() -> Any:
+        rid = request.path_params["id"]
+        with svc.store() as store:
+            rec = load_record(store, rid)
+            with record_values(rec), materialized(rec, store) as (model, _template):
+                page = record_page(rid, rec.data, model.tokenizer)
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
+
+    return work
+
+
 async def healthz(_request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -387,6 +402,7 @@ def routes(svc: Service) -> list[Route]:
         post("/v1/records/{id}/replay", record_replay),
         post("/v1/diff", records_diff),
         get("/v1/models", models),
+        get("/records/{id}/view", record_view),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_route(svc), methods=["GET"]),
     ]

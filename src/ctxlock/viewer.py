@@ -42,8 +42,9 @@ def token_offsets(text: str, ids: list[int], tokenizer: Tokenizer) -> list[tuple
         pos += len(piece)
     if pos != len(data):
         return None
-    # Byte offsets -> character offsets: a token that holds part of a character's bytes (byte-level BPE splits
-    # some) is given the whole character, so two chips may show the same one.
+    # Byte offsets -> character offsets. Byte-level BPE splits some characters across tokens: the character is
+    # shown on the chip that holds its first byte; a chip holding only later bytes of it shows "·" (its bytes are in
+    # its title).
     char_of = []
     chars = -1
     for byte in data:
@@ -53,7 +54,9 @@ def token_offsets(text: str, ids: list[int], tokenizer: Tokenizer) -> list[tuple
     total = chars + 1
 
     def start(b: int) -> int:
-        return char_of[b] if b < len(data) else total
+        if b >= len(data):
+            return total
+        return char_of[b] if (data[b] & 0xC0) != 0x80 else char_of[b] + 1
 
     def end(b: int) -> int:
         return char_of[b - 1] + 1 if b > 0 else 0
@@ -119,7 +122,7 @@ def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> s
         title = f"id {c['id']} | bytes {c['bytes']} | {c['path'] or c['kind']}"
         spans.append(
             f'<span class="{cls}" data-id="{c["id"]}" data-path="{esc(c["path"])}" title="{esc(title)}">'
-            f"{esc(c['text']).replace(chr(10), '&#8629;<br>')}</span>"
+            f"{esc(c['text'] or '·').replace(chr(10), '&#8629;<br>')}</span>"
         )
     counts: dict[str, int] = {}
     for c in items:

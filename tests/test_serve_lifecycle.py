@@ -195,3 +195,15 @@ def test_sigkill_during_a_recording_load_loses_no_answered_record(tmp_path: Path
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         db.close()
+
+
+def test_without_a_config_it_serves_the_embedded_default_on_loopback(tmp_path: Path) -> None:
+    empty = tmp_path / "ctxlock.toml"  # an empty config is the defaults, as no config is
+    empty.write_text("", "utf-8")
+    env = {"CTXLOCK_SERVE_TOKENS": ""}
+    with running(empty, env=env) as url, client(url, token=None) as c:
+        assert url.startswith("http://127.0.0.1:")
+        models = c.get("/v1/models").json()["data"]
+        assert [(m["id"], m["model"], m["default"]) for m in models] == [("default", "mistral-nemo", True)]
+        r = c.get("/v1/records")
+        assert r.status_code == 404 and r.json()["path"] == "server.store"

@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 
-.PHONY: demo test lint install install-test fetch clean
+.PHONY: demo test lint install install-test fetch chromium clean
 
 # pip's output goes to $(VENV)/install.log, shown only when the install fails: the demo prints only the demo.
 $(VENV)/.installed: pyproject.toml
@@ -35,7 +35,13 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check --select SLF001 src
 
-test: $(VENV)/.installed-test fetch
+# The viewer's browser test uses Debian's chromium (Playwright's own browser download is not reachable) and a CJK
+# font for the seed's Chinese text.
+chromium:
+	@dpkg -s chromium fonts-wqy-zenhei >/dev/null 2>&1 || apt-get install -y chromium fonts-wqy-zenhei \
+		|| sudo apt-get install -y chromium fonts-wqy-zenhei
+
+test: $(VENV)/.installed-test fetch chromium
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
 	# The layers (pyproject.toml [tool.importlinter]) and no reads of another module's private attributes.

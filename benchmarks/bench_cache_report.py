@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import ctxlock
 import fetched
-from ctxlock.cli.cachereport import build_turns
+from ctxlock.cache_session import build_turns
 from ctxlock.promptcache import cached_split, session_report
 from ctxlock.settings import reference_path
 from ctxlock.template import ChatTemplate

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from cli_runner import invoke
+from ctxlock.cache_session import build_turns
 from ctxlock.cli import cachereport as cachereport_cmds
-from ctxlock.cli.cachereport import build_turns
 from ctxlock.cli.render import run_recorded
 from ctxlock.promptcache import session_report
 from ctxlock.promptcache_bytes import ORDER, byte_buster, canonical_bytes, closed_turns, first_difference, part_nodes

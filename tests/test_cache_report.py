@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 import ctxlock
 import fetched
+from ctxlock.cache_session import build_turns, fixed_session, read_session
 from ctxlock.cli import app
-from ctxlock.cli.cachereport import build_turns, fixed_session, read_session
 from ctxlock.promptcache import session_report
 from ctxlock.template import ChatTemplate
 from ctxlock.usage import PriceTable

@@ -32,6 +32,14 @@
     │   └── ProviderStreamError      the provider reported an error inside a started stream (after HTTP 200)
     ├── UsageError                   a provider's usage object that is malformed or breaks its own invariants
     ├── PriceError                   a price table that is malformed, or has no price for what was used
+    ├── ServeError                   `ctxlock serve`: its config and the HTTP edge
+    │   ├── ServeConfigError         a ctxlock.toml that cannot be used as written
+    │   ├── AuthError                no bearer token, or not a configured one (401)
+    │   ├── BodyTooLargeError        a request body over the configured byte limit (413)
+    │   ├── OverloadedError          the work queue is full (503, Retry-After)
+    │   ├── DeadlineError            the request ran past the render deadline (503)
+    │   ├── RouteNotFoundError       no such route, method or configured model name (404/405)
+    │   └── InternalServeError       an unexpected failure, logged; typed and JSON, never a traceback
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
@@ -335,3 +343,43 @@ class ExplainError(CtxlockError):
 
 class PriceError(CtxlockError):
     """A price table that cannot be read, a model it has no entry for, or no price for a kind of token used."""
+
+
+class ServeError(CtxlockError):
+    """`ctxlock serve`: its config, or a request the HTTP edge refuses before the pipeline sees it."""
+
+
+class ServeConfigError(ServeError):
+    """A ctxlock.toml (or CTXLOCK_SERVE_TOKENS) that cannot be used as written: `path` names the key."""
+
+
+class AuthError(ServeError):
+    """A protected route called without a bearer token, or with one the config does not hold."""
+
+
+class BodyTooLargeError(ServeError):
+    """A request body over the configured byte limit; it was not read past the limit."""
+
+
+class OverloadedError(ServeError):
+    """Every pool worker is busy and the queue is full: try again after `retry_after` seconds."""
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None, retry_after: int = 1) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, path=path, hint=hint)
+
+
+class DeadlineError(ServeError):
+    """The request's work ran past the configured render deadline."""
+
+
+class RouteNotFoundError(ServeError):
+    """No such route or method, or a model name the config does not hold."""
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None, status: int = 404) -> None:
+        self.status = status
+        super().__init__(message, path=path, hint=hint)
+
+
+class InternalServeError(ServeError):
+    """An exception ctxlock did not expect while serving a request: logged in full on the server, answered as JSON."""

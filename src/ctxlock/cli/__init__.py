@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "clamp": ("clamp",),
     "explain": ("explain",),
     "batch": ("batch",),
+    "serve": ("serve",),
+    "view": ("view",),
 }
 
 

@@ -17,6 +17,7 @@ from ..errors import BudgetError, CapacityUnknownError
 from ..model import Model, load
 from ..options import RenderOptions
 from ..record import RunOptions
+from ..wire import fit_to_dict
 from .files import open_output, read_json, store_dir, template_file
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, _read_input, run_recorded
@@ -171,11 +172,7 @@ def fit(
 
     fitted, rid, sent = guarded(as_json, go)
     if as_json:
-        unseen = list(unseen_parts(fitted.request, fitted.rendered))
-        out = {**fitted.to_dict(), "request": sent, "input_ids": list(fitted.ids), "unseen": unseen}
-        if rid:
-            out["record_id"] = rid
-        print_json(out)
+        print_json(fit_to_dict(fitted, sent, rid))
         return
     _show(fitted, sent, emit_request, rid)
 

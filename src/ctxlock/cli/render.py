@@ -20,19 +20,18 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from ..accounting import unseen_warnings
 from ..artifacts import load_artifacts
 from ..errors import InputError, SamplerError, TokenizerError
-from ..frozen import thaw
 from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..options import ContentFormat, RenderOptions, SpecialTokenPolicy
-from ..record import RunOptions, model_warnings
+from ..record import RunOptions
 from ..replay import run_and_record, save
 from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
 from ..sampler import SamplerConfig
 from ..store import Store
 from ..template import DEFAULT_LIMITS, ChatTemplate, RenderLimits, aware_clock
+from ..wire import path_at, run_to_dict, run_warnings
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json, write_exact, write_ids
 
@@ -298,56 +297,6 @@ def _limits(timeout: float | None, max_chars: int | None) -> dict[str, Any] | No
     return {**DEFAULT_LIMITS.to_dict(), **{k: v for k, v in chosen.items() if v is not None}}
 
 
-def run_to_dict(model: Model, run: Run) -> dict[str, Any]:
-    r, t, mi = run.rendered, run.tokenized, run.model_input
-    tok = model.tokenizer
-    return {
-        "model": model.id,
-        "text": r.text,
-        "input_ids": mi.input_ids[0].tolist(),
-        "attention_mask": mi.attention_mask[0].tolist(),
-        "position_ids": mi.position_ids[0].tolist(),
-        "num_tokens": int(mi.valid_lengths[0]),
-        "template": r.template.to_dict(),
-        "tokenizer": {"id": tok.id, "format": tok.format, "sha256": tok.sha256},
-        "request": {
-            "dialect": str(run.request.dialect),
-            "sha256": run.request.source_sha256,
-            "utf8_policy": str(run.request.utf8_policy),
-            "replaced_bytes": list(run.request.replaced_bytes),
-        },
-        "special_tokens": str(r.policy),
-        "control_tokens": [[m.start, m.end, m.id] for m in t.control],
-        "neutralized": [
-            {"start": m.start, "end": m.end, "text": r.text[m.start : m.end], "path": _path_at(r, m.start)}
-            for m in t.neutralized
-        ],
-        "now": r.now,
-        "clock_zone": r.clock_zone,
-        "clock_used": r.clock_used,
-        "random": {"seed": r.seed, "draws": [thaw(d) for d in r.draws]},
-        "hub": model.hub.to_dict() if model.hub is not None else None,
-        "warnings": _warnings(model, r, run.request),
-        "content_format": {
-            "used": r.content_format,
-            "detected": r.content_format_detected,
-            "flattened": list(r.flattened),
-        },
-        "provenance_exact": r.provenance_exact,
-        "request_spans": [[s.start, s.end, s.path] for s in r.request_spans],
-    }
-
-
-def _warnings(model: Model, rendered: Any, request: Any) -> list[dict[str, Any]]:
-    """What the record's `warnings` holds for this run: a rolling hub revision, the render's own, and every request
-    part the template never wrote."""
-    return model_warnings(model) + [thaw(w) for w in rendered.warnings] + unseen_warnings(request, rendered)
-
-
-def _path_at(rendered: Any, offset: int) -> str:
-    return next((s.path for s in rendered.request_spans if s.start <= offset < s.end), "")
-
-
 _CONTROL_SGR = "1;97;45"  # bold white on magenta, as the legend shows it
 _NEUTRALIZED_SGR = "1;4;31"  # bold red underline
 
@@ -367,7 +316,7 @@ def _show(model: Model, run: Run) -> None:
     if t.neutralized:
         console.print(Rule("[bold red]injection neutralized[/]"))
         for m in t.neutralized:
-            where = _path_at(r, m.start) or f"offset {m.start}"
+            where = path_at(r, m.start) or f"offset {m.start}"
             console.print(
                 f"[red]{escape(repr(r.text[m.start : m.end]))}[/] from {escape(where)} was encoded as plain text, "
                 f"not as control id {m.id}"
@@ -389,7 +338,7 @@ def _show(model: Model, run: Run) -> None:
         console.print(
             f"revision   {escape(pin.repo_id)}@{escape(pin.revision)} -> {pin.commit} (via {escape(pin.via)})"
         )
-    for w in _warnings(model, r, run.request):
+    for w in run_warnings(model, r, run.request):
         console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(str(w.get('path') or ''))})")
     console.print(
         "legend: [bold white on magenta] control token from the template [/]  "

@@ -1,0 +1,165 @@
+"""`ctxlock serve` under load: the real server (a subprocess, uvicorn on a loopback port) driven by a real HTTP
+client (httpx, one connection per client thread) at 1, 8 and 32 concurrent connections, each run bounded by a
+request count and a time limit. Reports requests/s, p50 and p99 latency and errors, beside the in-process
+`Model.encode` median of the same request (the work without HTTP), for 1 and 2 worker processes.
+
+    PYTHONPATH=src python benchmarks/bench_serve.py [--requests 400] [--seconds 20] [--workers 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+import ctxlock
+
+SRC = str(Path(ctxlock.__file__).resolve().parents[1])
+REQUEST = {
+    "model": "nemo",
+    "messages": [
+        {"role": "system", "content": "You are a concise science assistant."},
+        {"role": "user", "content": "Why is the sky blue? Answer in one sentence, and ignore [INST] in this text."},
+    ],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(workers: int, root: Path) -> tuple[subprocess.Popen, str]:
+    cfg = root / "ctxlock.toml"
+    cfg.write_text('[limits]\npool_size = 2\nqueue_depth = 64\n\n[models.nemo]\nspec = "mistral-nemo"\n', "utf-8")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ctxlock",
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            str(port),
+            "--workers",
+            f"{workers}",
+        ],
+        env={**os.environ, "PYTHONPATH": SRC},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                # Every worker process loads the model: wait until requests are answered quickly.
+                with httpx.Client(base_url=url) as c:
+                    for _ in range(4 * workers):
+                        c.post("/tokenize", json=REQUEST)
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def load(url: str, connections: int, total: int, seconds: float) -> dict[str, float]:
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    left = [total]
+    stop_at = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            while time.monotonic() < stop_at:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                t = time.perf_counter()
+                try:
+                    r = c.post("/tokenize", json=REQUEST)
+                    bad = r.status_code != 200
+                except httpx.HTTPError:
+                    bad = True
+                dt = time.perf_counter() - t
+                with lock:
+                    latencies.append(dt)
+                    errors[0] += bad
+
+    threads = [threading.Thread(target=client) for _ in range(connections)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / wall,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "errors": errors[0],
+    }
+
+
+def in_process_median(rounds: int = 200) -> float:
+    m = ctxlock.load("mistral-nemo")
+    m.warm_up()
+    request = {k: v for k, v in REQUEST.items() if k != "model"}
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        m.encode(request)
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=400, help="requests per run (each run also stops at --seconds)")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32])
+    args = ap.parse_args()
+    encode_ms = in_process_median()
+    print(f"in-process Model.encode median: {encode_ms:.3f} ms (same request, warm)")
+    results = []
+    for workers in args.workers:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url = start(workers, Path(tmp))
+            try:
+                for n in args.connections:
+                    r = load(url, n, args.requests, args.seconds)
+                    results.append({"workers": workers, "connections": n, **r})
+                    print(
+                        f"workers {workers}  connections {n:>2}  {r['requests']:>5} requests  {r['rps']:8.1f} req/s  "
+                        f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  errors {r['errors']}"
+                    )
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    print(json.dumps({"encode_ms": encode_ms, "runs": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""`ctxlock.toml`: the models a server offers (by name), its record store, its limits and its bearer tokens.
+
+    [server]
+    store = "/var/lib/ctxlock"        # record store for ?record=1 and /v1/records (default: none, records off)
+    tokens = ["s3cret"]               # bearer tokens; CTXLOCK_SERVE_TOKENS (comma-separated) adds more
+    allow_named_templates = false     # a request's `chat_template` may name one of the model's templates
+    prices = "prices.json"            # a price table (LiteLLM's format) for /v1/cache-report's costs
+
+    [limits]
+    max_body_bytes = 1048576
+    render_deadline_seconds = 10.0
+    pool_size = 2
+    queue_depth = 32
+    max_render_chars = 4000000
+
+    [models.nemo]                     # the name requests use; the first model is the default
+    spec = "mistral-nemo"             # a built-in name, a model directory, a .gguf file or org/name@revision
+    template = "chat.jinja"           # optional: replaces the model's own template
+    templates = { tools = "t.jinja" } # optional: named templates (only with allow_named_templates)
+    max_model_len = 131072            # optional: what /tokenize reports as max_model_len
+    budget = { max_input_tokens = 8000 }  # optional: the BudgetPolicy /v1/fit uses
+
+A request names a model by its configured name only: never a path, a template body or a Python object.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ServeConfigError
+
+TOKENS_ENV = "CTXLOCK_SERVE_TOKENS"
+DEFAULT_NAME = "default"
+
+_LIMIT_KEYS = {
+    "max_body_bytes": (int, 1 << 20),
+    "render_deadline_seconds": (float, 10.0),
+    "pool_size": (int, 2),
+    "queue_depth": (int, 32),
+    "max_render_chars": (int, 4_000_000),
+}
+_MODEL_KEYS = {"spec", "template", "templates", "max_model_len", "budget"}
+_SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    spec: str | None  # None: the embedded default model
+    template: str | None = None
+    templates: tuple[tuple[str, str], ...] = ()
+    max_model_len: int | None = None
+    budget: tuple[tuple[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 1 << 20
+    render_deadline_seconds: float = 10.0
+    pool_size: int = 2
+    queue_depth: int = 32
+    max_render_chars: int = 4_000_000
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    models: tuple[ModelConfig, ...] = (ModelConfig(DEFAULT_NAME, None),)
+    limits: Limits = field(default_factory=Limits)
+    store: str | None = None
+    tokens: tuple[str, ...] = ()
+    allow_named_templates: bool = False
+    prices: str | None = None  # a price table file (LiteLLM's format) for /v1/cache-report
+    source: str = "(defaults)"
+
+    @property
+    def default_model(self) -> str:
+        return self.models[0].name
+
+
+def _unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    extra = sorted(set(table) - known)
+    if extra:
+        raise ServeConfigError(
+            f"unknown key {extra[0]!r}", path=f"{where}.{extra[0]}", hint=f"known keys: {', '.join(sorted(known))}"
+        )
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    ok = isinstance(value, kind) and not isinstance(value, bool) if kind is not bool else isinstance(value, bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ServeConfigError(f"expected {kind.__name__}, got {type(value).__name__}", path=where)
+    return value
+
+
+def _limits(table: Any) -> Limits:
+    if not isinstance(table, dict):
+        raise ServeConfigError("[limits] is a table", path="limits")
+    _unknown(table, set(_LIMIT_KEYS), "limits")
+    values = {}
+    for key, (kind, _default) in _LIMIT_KEYS.items():
+        if key in table:
+            v = _typed(table[key], kind, f"limits.{key}")
+            if (v <= 0 and key != "queue_depth") or v < 0:
+                raise ServeConfigError(f"{key} must be positive", path=f"limits.{key}")
+            values[key] = v
+    return Limits(**values)
+
+
+def _model(name: str, table: Any, base: Path) -> ModelConfig:
+    where = f"models.{name}"
+    if not isinstance(table, dict):
+        raise ServeConfigError("a model is a table", path=where)
+    _unknown(table, _MODEL_KEYS, where)
+    if "spec" not in table:
+        raise ServeConfigError("a model needs a spec", path=f"{where}.spec", hint='e.g. spec = "mistral-nemo"')
+    spec = _typed(table["spec"], str, f"{where}.spec")
+    template = table.get("template")
+    if template is not None:
+        template = str(base / _typed(template, str, f"{where}.template"))
+    named = table.get("templates", {})
+    if not isinstance(named, dict):
+        raise ServeConfigError("templates is a table of name = file", path=f"{where}.templates")
+    templates = tuple((k, str(base / _typed(v, str, f"{where}.templates.{k}"))) for k, v in sorted(named.items()))
+    mml = table.get("max_model_len")
+    if mml is not None:
+        mml = _typed(mml, int, f"{where}.max_model_len")
+    budget = table.get("budget")
+    if budget is not None and not isinstance(budget, dict):
+        raise ServeConfigError("budget is a table (a BudgetPolicy)", path=f"{where}.budget")
+    # A spec that names a file is taken relative to the config file; a built-in name or org/name stays as written.
+    if (base / spec).exists():
+        spec = str(base / spec)
+    return ModelConfig(name, spec, template, templates, mml, tuple(sorted(budget.items())) if budget else None)
+
+
+def env_tokens() -> tuple[str, ...]:
+    raw = os.environ.get(TOKENS_ENV, "")
+    return tuple(t.strip() for t in raw.split(",") if t.strip())
+
+
+def parse_config(data: dict[str, Any], *, base: Path, source: str) -> ServeConfig:
+    """A ServeConfig from a parsed ctxlock.toml (relative paths are taken from `base`), with the env tokens added."""
+    _unknown(data, {"server", "limits", "models"}, "$")
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        raise ServeConfigError("[server] is a table", path="server")
+    _unknown(server, _SERVER_KEYS, "server")
+    tokens = server.get("tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
+        raise ServeConfigError("tokens is a list of non-empty strings", path="server.tokens")
+    store = server.get("store")
+    if store is not None:
+        store = str(base / _typed(store, str, "server.store"))
+    prices = server.get("prices")
+    if prices is not None:
+        prices = str(base / _typed(prices, str, "server.prices"))
+    models_table = data.get("models", {})
+    if not isinstance(models_table, dict):
+        raise ServeConfigError("[models] is a table of name = model", path="models")
+    models = tuple(_model(n, t, base) for n, t in models_table.items()) or ServeConfig().models
+    return ServeConfig(
+        models=models,
+        limits=_limits(data.get("limits", {})),
+        store=store,
+        tokens=tuple(tokens) + env_tokens(),
+        allow_named_templates=_typed(server.get("allow_named_templates", False), bool, "server.allow_named_templates"),
+        prices=prices,
+        source=source,
+    )
+
+
+def load_config(path: str | Path | None) -> ServeConfig:
+    """The config at `path` (None: the defaults: the embedded default model, no store, the env tokens only)."""
+    if path is None:
+        return parse_config({}, base=Path.cwd(), source="(defaults)")
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text("utf-8"))
+    except OSError as exc:
+        raise ServeConfigError(f"cannot read the config: {exc.strerror}", path=str(p)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ServeConfigError(f"not valid TOML: {exc}", path=str(p)) from None
+    return parse_config(data, base=p.resolve().parent, source=str(p))

@@ -1,0 +1,69 @@
+"""`GET /metrics`: the Prometheus text format (version 0.0.4), written by hand: requests by route and status,
+latency histograms by route, tokens processed, the pool's load and the size of each
+registered cache (the caches keep no hit counts, so no hit ratio is given)."""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections import defaultdict
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, str, int], int] = defaultdict(int)
+        self._buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
+        self._sum: dict[str, float] = defaultdict(float)
+        self._tokens: dict[str, int] = defaultdict(int)
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self._requests[(route, method, status)] += 1
+            self._buckets[route][bisect_left(BUCKETS, seconds)] += 1
+            self._sum[route] += seconds
+
+    def tokens(self, model: str, n: int) -> None:
+        with self._lock:
+            self._tokens[model] += n
+
+    def render(self, cache_sizes: dict[str, int], *, in_flight: int) -> str:
+        out = [
+            "# HELP ctxlock_requests_total HTTP requests answered, by route, method and status.",
+            "# TYPE ctxlock_requests_total counter",
+        ]
+        with self._lock:
+            for (route, method, status), n in sorted(self._requests.items()):
+                out.append(f'ctxlock_requests_total{{route="{_label(route)}",method="{method}",status="{status}"}} {n}')
+            out += [
+                "# HELP ctxlock_request_seconds Request latency, from the first byte read to the response.",
+                "# TYPE ctxlock_request_seconds histogram",
+            ]
+            for route, counts in sorted(self._buckets.items()):
+                r = _label(route)
+                running = 0
+                for le, c in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
+                    running += c
+                    out.append(f'ctxlock_request_seconds_bucket{{route="{r}",le="{le}"}} {running}')
+                out.append(f'ctxlock_request_seconds_sum{{route="{r}"}} {self._sum[route]:.6f}')
+                out.append(f'ctxlock_request_seconds_count{{route="{r}"}} {running}')
+            out += [
+                "# HELP ctxlock_tokens_total Tokens produced by tokenize, count and render requests, by model.",
+                "# TYPE ctxlock_tokens_total counter",
+            ]
+            out += [f'ctxlock_tokens_total{{model="{_label(m)}"}} {n}' for m, n in sorted(self._tokens.items())]
+        out += [
+            "# HELP ctxlock_pool_admitted Requests running or queued on the worker pool.",
+            "# TYPE ctxlock_pool_admitted gauge",
+            f"ctxlock_pool_admitted {in_flight}",
+            "# HELP ctxlock_cache_entries Entries held by each of ctxlock's registered in-process caches.",
+            "# TYPE ctxlock_cache_entries gauge",
+        ]
+        out += [f'ctxlock_cache_entries{{cache="{_label(n)}"}} {size}' for n, size in sorted(cache_sizes.items())]
+        return "\n".join(out) + "\n"

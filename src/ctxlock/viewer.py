@@ -1,0 +1,155 @@
+"""One execution record as a self-contained HTML page (no script or style from elsewhere, no external request): the
+rendered input as token chips coloured by provenance, neutralized control-token strings marked, each chip's id,
+bytes and request path on hover, and the digests. Shared by `GET /records/{id}/view` and `ctxlock view`."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from .tokenizer import Tokenizer
+
+# No script, no request: only the inline style may load.
+CSP = "default-src 'none'; style-src 'unsafe-inline'"
+
+# Provenance classes: the template's own text, or the request part the span came from.
+COLOURS = {
+    "template": "#e8e8e8",
+    "system": "#ffe9b3",
+    "user": "#cfe8ff",
+    "assistant": "#d7f5d0",
+    "tool": "#f3d9ff",
+    "document": "#ffd6d6",
+    "image": "#d0d0ff",
+    "control": "#7b2d8b",
+}
+
+
+def token_offsets(text: str, ids: list[int], tokenizer: Tokenizer) -> list[tuple[int, int]] | None:
+    """Each token's [start, end) character span in `text`, from the vocabulary's byte pieces; None when the pieces
+    do not spell the text byte for byte (a normalizing tokenizer): then no chip is given a provenance it lacks."""
+    pieces = tokenizer.token_bytes().pieces
+    data = text.encode("utf-8")
+    spans, pos = [], 0
+    for i in ids:
+        if not 0 <= i < len(pieces):
+            return None
+        piece = pieces[i]
+        if data[pos : pos + len(piece)] != piece:
+            return None
+        spans.append((pos, pos + len(piece)))
+        pos += len(piece)
+    if pos != len(data):
+        return None
+    # Byte offsets -> character offsets. Byte-level BPE splits some characters across tokens: the character is
+    # shown on the chip that holds its first byte; a chip holding only later bytes of it shows "·" (its bytes are in
+    # its title).
+    char_of = []
+    chars = -1
+    for byte in data:
+        if (byte & 0xC0) != 0x80:
+            chars += 1
+        char_of.append(chars)
+    total = chars + 1
+
+    def start(b: int) -> int:
+        if b >= len(data):
+            return total
+        return char_of[b] if (data[b] & 0xC0) != 0x80 else char_of[b] + 1
+
+    def end(b: int) -> int:
+        return char_of[b - 1] + 1 if b > 0 else 0
+
+    return [(start(s), max(start(s), end(e))) for s, e in spans]
+
+
+def _kind(path: str, messages: list[Any]) -> str:
+    if path.startswith("tools"):
+        return "tool"
+    if path.startswith("documents"):
+        return "document"
+    if path.startswith("system"):
+        return "system"
+    if path.startswith("messages["):
+        try:
+            role = messages[int(path[9 : path.index("]")])].get("role", "user")
+        except (ValueError, IndexError, AttributeError):
+            return "user"
+        if ".image" in path or "image_url" in path:
+            return "image"
+        return role if role in COLOURS else ("tool" if role in ("tool", "ipython") else "user")
+    return "template"
+
+
+def chips(data: dict[str, Any], tokenizer: Tokenizer) -> tuple[list[dict[str, Any]], bool]:
+    """One chip per input id: id, text, bytes, class, request path, neutralized; and whether provenance is exact."""
+    rendered = data.get("rendered") or {}
+    text, ids = rendered.get("text", ""), list(data.get("input_ids") or [])
+    spans = rendered.get("request_spans") or []
+    control = {(s, e) for s, e, _ in rendered.get("control_tokens") or []}
+    neutral = [(n[0], n[1]) for n in rendered.get("neutralized") or []]  # [start, end, control id]
+    messages = (data.get("request") or {}).get("canonical", {}).get("messages") or []
+    offsets = token_offsets(text, ids, tokenizer)
+    pieces = tokenizer.token_bytes().pieces
+    out = []
+    for k, i in enumerate(ids):
+        piece = pieces[i] if 0 <= i < len(pieces) else b""
+        s, e = offsets[k] if offsets is not None else (0, 0)
+        path = next((p for a, b, p in spans if a <= s < b), "") if offsets is not None else ""
+        kind = "control" if (s, e) in control else _kind(path, messages)
+        out.append(
+            {
+                "id": i,
+                "text": text[s:e] if offsets is not None else piece.decode("utf-8", "replace"),
+                "bytes": piece.hex(" "),
+                "kind": kind,
+                "path": path,
+                "neutralized": offsets is not None and any(a < e and s < b for a, b in neutral),
+            }
+        )
+    return out, offsets is not None
+
+
+def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> str:
+    """The HTML page of one record (one string: inline style, no script from elsewhere)."""
+    items, exact = chips(data, tokenizer)
+    rendered = data.get("rendered") or {}
+    esc = html.escape
+    spans = []
+    for c in items:
+        cls = f"chip k-{c['kind']}" + (" neutralized" if c["neutralized"] else "")
+        title = f"id {c['id']} | bytes {c['bytes']} | {c['path'] or c['kind']}"
+        spans.append(
+            f'<span class="{cls}" data-id="{c["id"]}" data-path="{esc(c["path"])}" title="{esc(title)}">'
+            f"{esc(c['text'] or '·').replace(chr(10), '&#8629;<br>')}</span>"
+        )
+    counts: dict[str, int] = {}
+    for c in items:
+        counts[c["path"] or c["kind"]] = counts.get(c["path"] or c["kind"], 0) + 1
+    rows = "".join(f"<tr><td>{esc(k)}</td><td>{v}</td></tr>" for k, v in counts.items())
+    digests = {
+        "request": (data.get("request") or {}).get("sha256"),
+        "template": (data.get("template") or {}).get("sha256"),
+        "rendered": rendered.get("sha256"),
+        "tokenizer": ((data.get("replay") or {}).get("files") or {}),
+    }
+    style = "".join(f".k-{k}{{background:{v}}}" for k, v in COLOURS.items())
+    note = "" if exact else "<p class=note>token spans not exact for this tokenizer: chips carry no provenance</p>"
+    budget = json.dumps((data.get("decisions") or {}).get("budget"), ensure_ascii=False)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<title>ctxlock record {esc(record_id[:12])}</title>
+<style>body{{font:14px system-ui,sans-serif;margin:1.5em}}.chip{{font-family:monospace;border:1px solid #bbb;
+border-radius:3px;padding:0 1px;margin:1px;white-space:pre-wrap}}.k-control{{color:#fff}}
+.neutralized{{outline:2px solid #d00;text-decoration:underline wavy #d00}}{style}table{{border-collapse:collapse}}
+td{{border:1px solid #ccc;padding:2px 6px}}.note{{color:#a00}}</style></head>
+<body><h1>record {esc(record_id)}</h1>
+<p>model {esc(str((data.get("model") or {}).get("id")))} · {len(items)} tokens</p>{note}
+<div id="tokens">{"".join(spans)}</div>
+<h2>tokens per part</h2><table id="parts">{rows}</table>
+<h2>budget decisions</h2><pre>{esc(budget)}</pre>
+<h2>digests</h2><pre>{esc(json.dumps(digests, indent=2))}</pre>
+</body></html>
+"""

@@ -1,0 +1,113 @@
+"""A real `ctxlock serve` for the tests: a subprocess running uvicorn on a free loopback port, with a config that
+serves the embedded default model, a Qwen 2.5 HF directory with its Jinja template, and a model whose configured
+template is a render bomb; bearer tokens on, a record store, a 2 s deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+import ctxlock
+import fetched
+
+TOKEN = "test-token-abc"
+SRC = str(Path(ctxlock.__file__).resolve().parents[1])
+TESTS = str(Path(__file__).resolve().parent)
+QWEN_TEMPLATE = next(p for p in fetched.template_paths() if p.name == "Qwen-Qwen2.5-7B-Instruct.jinja")
+BOMB = (
+    "{%- for a in range(100000) %}{%- for b in range(100000) %}{%- set x = a * b %}{%- endfor %}{%- endfor %}"
+    "{{ messages[0]['content'] }}\n"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(root: Path, *, store: Path, pool_size: int = 2, queue_depth: int = 8) -> Path:
+    (root / "bomb.jinja").write_text(BOMB, "utf-8")
+    cfg = root / "ctxlock.toml"
+    cfg.write_text(
+        f"""
+[server]
+store = "{store}"
+tokens = ["{TOKEN}"]
+allow_named_templates = false
+
+[limits]
+max_body_bytes = 262144
+render_deadline_seconds = 2.0
+pool_size = {pool_size}
+queue_depth = {queue_depth}
+
+[models.nemo]
+spec = "mistral-nemo"
+max_model_len = 131072
+budget = {{ max_input_tokens = 64 }}
+
+[models.qwen]
+spec = "{fetched.hf_tokenizer_dir("qwen2")}"
+template = "{QWEN_TEMPLATE}"
+max_model_len = 32768
+
+[models.bomb]
+spec = "mistral-nemo"
+template = "bomb.jinja"
+""",
+        "utf-8",
+    )
+    return cfg
+
+
+@contextmanager
+def running(config: Path, *, workers: int = 1, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A server on a free port: yields its base URL; SIGTERM at the end (and SIGKILL if it does not exit)."""
+    port = free_port()
+    log = open(config.parent / f"server-{port}.log", "wb")  # noqa: SIM115 (closed with the server)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxlock", "serve", "--config", str(config), "--port", str(port)]
+        + (["--workers", str(workers)] if workers != 1 else []),
+        env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {log.name}")
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start within 180 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def client(url: str, *, token: str | None = TOKEN) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)

@@ -39,6 +39,7 @@ lint: $(VENV)/.installed-test
 # font for the seed's Chinese text.
 chromium:
 	@dpkg -s chromium fonts-wqy-zenhei >/dev/null 2>&1 || apt-get install -y chromium fonts-wqy-zenhei \
+		|| { apt-get update && apt-get install -y chromium fonts-wqy-zenhei; } \
 		|| sudo apt-get install -y chromium fonts-wqy-zenhei
 
 test: $(VENV)/.installed-test fetch chromium

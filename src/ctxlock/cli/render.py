@@ -26,7 +26,6 @@ from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..options import ContentFormat, RenderOptions, SpecialTokenPolicy
 from ..record import RunOptions
-from ..replay import run_and_record, save
 from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
 from ..sampler import SamplerConfig
 from ..store import Store
@@ -393,6 +392,8 @@ def run_recorded(
 ) -> tuple[Any, str]:
     """Run with `options`, and store the record (with the template used) in the store at `store_path`; a failed
     run is recorded too, its id printed on stderr, and its error raised. Returns the run and the record id."""
+    from ..replay import run_and_record, save  # start-up: only --record needs the replay module (and the store's)
+
     result, rec, error = run_and_record(model, data, options, template=chosen)
     used = chosen or (result.rendered.template if result is not None else None)
     if used is None and model.templates is not None:

@@ -10,7 +10,6 @@ import sys
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ctxlock.accounting import unseen_warnings
@@ -44,6 +43,9 @@ def _safe_replay_spec(manifest: Mapping[str, Any], files: Mapping[str, Any]) -> 
 
 
 def environment() -> dict[str, str]:
+    # importlib.metadata costs ~15 ms to import: only a record being built pays it, not every `ctxlock render`.
+    from importlib.metadata import PackageNotFoundError, version
+
     def ver(name: str) -> str:
         try:
             return version(name)

@@ -109,7 +109,9 @@ def encode(image: Image.Image, fmt: str, **save: object) -> bytes:
     return buf.getvalue()
 
 
-def data_url(data: bytes, media_type: str = "image/png") -> str:
+def data_url(data: bytes, media_type: str | None = None) -> str:
+    if media_type is None:
+        media_type = {b"\xff\xd8": "image/jpeg", b"GI": "image/gif"}.get(data[:2], "image/png")
     return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
 
 

@@ -30,7 +30,7 @@ class ImageRef:
 
     @property
     def kind(self) -> str:
-        """"data", "http" (http or https) or "other"."""
+        """ "data", "http" (http or https) or "other"."""
         if self.url[:5].lower() == "data:":
             return "data"
         if re.match(r"(?i)https?://", self.url):

@@ -7,6 +7,7 @@ names restored, Qwen2-VL's published chat template and the hub's preprocessor_co
 from __future__ import annotations
 
 import base64
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +141,7 @@ def test_multi_turn_mixed_images_match(model: ctxlock.Model, processor: ImageOnl
     ]
     got = check_parity(model, processor, conversation(images))
     spans = sorted(got.span_map().values())
-    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))
     assert [s.path for s in got.spans] == [f"messages[{1 + 2 * k}].content[0].image_url.url" for k in range(5)]
 
 

@@ -266,13 +266,10 @@ def _composite_white(im: Image.Image) -> Image.Image:
 
 def to_rgb(im: Image.Image, colour: ColourPolicy) -> np.ndarray:
     """8-bit RGB (H, W, 3) under the colour policy (see `ColourPolicy`)."""
-    if colour is ColourPolicy.PIL_CONVERT:
-        # load_image's convert("RGB"), then the image processor's convert_to_rgb on what it returns (a palette
-        # image's transparency survives convert("RGB") in `info`, and is then composited onto white).
-        im = _composite_white(im.convert("RGB"))
-    else:
-        im = _composite_white(im)
-    return np.array(im, dtype=np.uint8)
+    # PIL_CONVERT: load_image's convert("RGB"), then the image processor's convert_to_rgb on what it returns (a
+    # palette image's transparency survives convert("RGB") in `info`, and is then composited onto white).
+    source = im.convert("RGB") if colour is ColourPolicy.PIL_CONVERT else im
+    return np.array(_composite_white(source), dtype=np.uint8)
 
 
 def describe(header: ImageHeader) -> dict[str, Any]:

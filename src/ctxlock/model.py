@@ -173,7 +173,7 @@ class Model:
         stage = images or StageOptions()
         found = (process_images if decode else plan_images)(req, fam, media, stage)
         rendered = self._render(req, opts)
-        return expand(rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
 
     def _refuse_images(self, request: Request) -> None:
         # A model with an image processor never gets its placeholders unexpanded (vllm#16191).

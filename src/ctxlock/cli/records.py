@@ -241,8 +241,8 @@ def diff_cmd(
 ) -> None:
     """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
     tokenizer, multimodal, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal.
-    Exits 0 if identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer layer differs,
-    the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
+    Exits 0 if identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer
+    layer differs, the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
 
     The policy layer covers the context-budget decisions and the sampler config (processor order included). The
     multimodal layer names what changed about an image: "image re-encoded" (other bytes, the same size, pixels

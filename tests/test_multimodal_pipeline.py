@@ -7,8 +7,8 @@ names restored, Qwen2-VL's published chat template and the hub's preprocessor_co
 from __future__ import annotations
 
 import base64
-import json
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np

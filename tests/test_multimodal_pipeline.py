@@ -372,3 +372,20 @@ def test_cli_render_shows_image_blocks_and_needs_media(tmp_path: Path, model_dir
     assert [im["tokens"] for im in json.loads(counted.stdout)["images"]] == [391, 999]
     as_json = json.loads(_cli(tmp_path, model_dir, "render", "--json", "--media", media).stdout)
     assert [s["tokens"] for s in as_json["multimodal"]["spans"]] == [[15, 406], [408, 1407]]
+
+
+def test_fit_keeps_or_drops_an_image_whole(model: ctxlock.Model) -> None:
+    from ctxlock.budget import BudgetPolicy, fit_context
+
+    images = [F.png(F.noise(640, 480, seed=k)) for k in range(3)]  # 391 tokens each
+    req = model.parse({"messages": conversation(images)})
+    full = len(model.run_images(req, decode=False).ids)
+    for budget in (full, full - 1, full - 400, full - 800, 450):
+        fitted = fit_context(req, model, BudgetPolicy(max_input_tokens=budget))
+        expanded = model.run_images(fitted.request, decode=False)
+        assert list(fitted.ids) == list(expanded.ids)  # the fit counted every image token exactly
+        assert fitted.input_tokens <= budget
+        kept = len(expanded.images)
+        assert all(s.end - s.start == 391 for s in expanded.spans)  # an image is never cut
+        assert fitted.input_tokens > budget - 391 - 60 or kept == 0  # it drops no more than one image's worth
+    assert len(model.run_images(fit_context(req, model, BudgetPolicy(max_input_tokens=full)).request).images) == 3

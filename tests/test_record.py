@@ -317,3 +317,28 @@ def test_rerun_under_another_template(store: Store) -> None:
     other = rerun(rec, model_spec=str(fetched.hf_tokenizer_dir("qwen2")), template_file=None, store=store)
     assert diff(rec, other).first_divergence.layer == "template"
     assert datetime.fromisoformat(rec.data["dynamic"]["now"])
+
+
+def test_fitted_multimodal_record_replays(tmp_path: Path, store: Store) -> None:
+    model = ctxlock.load(str(mm_fixtures.build_qwen2vl_dir(tmp_path / "qwen2-vl", mm_fixtures.HUB_PREPROCESSOR)))
+    turns = []
+    for k in range(3):
+        url = mm_fixtures.data_url(mm_fixtures.png(mm_fixtures.noise(640, 480, seed=k)))
+        turns += [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}],
+            },
+            {"role": "assistant", "content": f"picture {k}"},
+        ]
+    turns.append({"role": "user", "content": "compare"})
+    raw = json.dumps({"messages": turns}).encode("utf-8")
+    options = RunOptions(now="2024-07-26", images=image_options(model), budget={"max_input_tokens": 900})
+    fitted, rec, error = run_and_record(model, raw, options)
+    assert error is None, error
+    assert len(rec.data["multimodal"]["images"]) == 2  # the oldest image's turn was dropped whole
+    assert len(rec.data["input_ids"]) == fitted.input_tokens <= 900
+    assert rec.data["input_ids"] == rec.data["tensors"]["input_ids"][0]
+    save(store, model, rec, model.templates.select(None))
+    result, _ = replay(load_record(rec.id, store), store)
+    assert result.identical, result.first_divergence

@@ -114,9 +114,8 @@ class _Candidates:
         self.tokens.rebase(rendered)
 
 
-def _image_plans(request: Request, model: Any, media: Mapping[str, bytes] | None) -> dict[str, int] | None:
+def _image_plans(request: Request, family: Any, media: Mapping[str, bytes] | None) -> dict[str, int] | None:
     """{url: tokens} of every image, from its header alone, when the model takes images (None otherwise)."""
-    family = getattr(model, "image_family", None)
     if family is None or not image_refs(request):
         return None
     return {im.ref.url: im.n_tokens for im in plan_images(request, family, media)}
@@ -129,24 +128,26 @@ def fit_context(
     *,
     naive: bool = False,
     media: Mapping[str, bytes] | None = None,
+    image_family: Any = None,
     **render_options: Any,
 ) -> Fitted:
     """Seed 000 §1.7's fit_context. `naive=True` runs the whole fit on the reference path (every candidate rendered
     and tokenized by the full tokenizer stage, no run cache, no fast engine): the oracle. The default gives
-    identical decisions and ids, faster. For a model that takes images, each image counts its tokens (from its
-    header alone; `media` gives the bytes of http(s) image URLs) and is kept or dropped whole with its message; the
-    fitted ids are the expanded ones (`Model.run_images`).
+    identical decisions and ids, faster. For a model that takes images, each image counts its tokens (from its header
+    alone; `media` gives the bytes of http(s) image URLs; `image_family` overrides the model's) and is kept or dropped
+    whole with its message; the fitted ids are the expanded ones (`Model.run_images`).
 
     `render_options` are `Model.render`'s. The fitted input must end with exactly one assistant generation prefix:
     `add_generation_prompt` (the default) or `continue_final_message` on a final assistant message (a prefill);
     `add_generation_prompt=False` alone raises BudgetError unless `policy.generation_prefix == "none"`."""
     if naive:
         with reference_path():
-            return fit_context(request, model, policy, media=media, **render_options)
+            return fit_context(request, model, policy, media=media, image_family=image_family, **render_options)
     budget = policy.budget
     options = _generation_options(request, policy, render_options)
     segs = segments(request)
-    counter = _Candidates(model, options, _image_plans(request, model, media))
+    family = image_family or getattr(model, "image_family", None)
+    counter = _Candidates(model, options, _image_plans(request, family, media))
     kept: set[str] = set()
     best = candidate(request, segs, kept)
     total, base = counter.base(best)
@@ -183,7 +184,7 @@ def fit_context(
     # The fitted request goes through the full stage once: the render and the tokenizer stage.
     final_rendered = model.render(best, **options)
     if counter.images and image_refs(best):
-        final_ids = list(model.run_images(best, decode=False, media=media, **options).ids)
+        final_ids = list(model.run_images(best, decode=False, media=media, family=family, **options).ids)
     else:
         final_ids = list(model.tokenize(final_rendered).ids)
     if len(final_ids) != total:

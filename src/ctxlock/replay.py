@@ -69,7 +69,7 @@ def run_and_record(
     render = RenderOptions.from_record(options.to_dict(), template=template)
     try:
         if options.budget:
-            return _fit_and_record(model, request_bytes, options, render)
+            return _fit_and_record(model, request_bytes, options, render, media)
         if options.images is not None:
             return _images_and_record(model, request_bytes, options, render, media)
         run = model.run(request_bytes, render)
@@ -106,6 +106,15 @@ def _images_and_record(
     render: RenderOptions,
     media: Mapping[str, bytes] | None,
 ) -> tuple[Any, ExecutionRecord, None]:
+    family, stage = _image_stage(options)
+    mm = model.run_images(request_bytes, render, media=media, family=family, images=stage)
+    run = Run(mm.request, mm.rendered, mm.tokenized, mm.model_input)
+    record = build_record(model=model, request_bytes=request_bytes, options=options, run=run, multimodal=mm)
+    return mm, record, None
+
+
+def _image_stage(options: RunOptions) -> tuple[Any, StageOptions]:
+    """The family (from the recorded preprocessor config; None: the model's own) and the stage options."""
     spec = options.images or {}
     config = spec.get("preprocessor_config")
     family = family_for(config, path="record:options.images.preprocessor_config") if config else None
@@ -113,10 +122,7 @@ def _images_and_record(
         max_pixels=int(spec.get("max_pixels", StageOptions.max_pixels)),
         animation=AnimationPolicy(spec.get("animation", AnimationPolicy.FIRST_FRAME.value)),
     )
-    mm = model.run_images(request_bytes, render, media=media, family=family, images=stage)
-    run = Run(mm.request, mm.rendered, mm.tokenized, mm.model_input)
-    record = build_record(model=model, request_bytes=request_bytes, options=options, run=run, multimodal=mm)
-    return mm, record, None
+    return family, stage
 
 
 def recorded_media(options: RunOptions, store: Store) -> dict[str, bytes]:
@@ -138,13 +144,22 @@ def _artifact_bytes(store: Store, sha256: str, role: str) -> bytes:
 
 
 def _fit_and_record(
-    model: Model, request_bytes: bytes, options: RunOptions, render: RenderOptions
+    model: Model,
+    request_bytes: bytes,
+    options: RunOptions,
+    render: RenderOptions,
+    media: Mapping[str, bytes] | None = None,
 ) -> tuple[Any, ExecutionRecord, None]:
     original = render.parse(request_bytes)
     policy = BudgetPolicy.from_dict(options.budget or {})
-    fitted = fit_context(original, model, policy, **render.to_kwargs(parse=False))
+    family, stage = _image_stage(options) if options.images is not None else (None, StageOptions())
+    kwargs = render.to_kwargs(parse=False)
+    fitted = fit_context(original, model, policy, media=media, image_family=family, **kwargs)
     tokenized = model.tokenize(fitted.rendered)
     run = Run(fitted.request, fitted.rendered, tokenized, fitted.model_input)
+    multimodal = None
+    if options.images is not None:  # the fitted request's images, as the model receives them
+        multimodal = model.run_images(fitted.request, render, media=media, family=family, images=stage)
     record = build_record(
         model=model,
         request_bytes=request_bytes,
@@ -152,6 +167,7 @@ def _fit_and_record(
         run=run,
         original=original,
         decisions=fitted.to_dict(),
+        multimodal=multimodal,
     )
     return fitted, record, None
 

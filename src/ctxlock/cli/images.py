@@ -9,12 +9,12 @@ import typer
 from rich.markup import escape
 from rich.rule import Rule
 
-from ..errors import InputError
+from ..errors import CtxlockError, InputError
 from ..images import MultimodalInput
 from ..inputs import read_input
 from ..model import Model
 from ..multimodal.sources import image_refs
-from ..request import Request
+from ..options import RenderOptions
 from .output import console, write_exact, write_ids
 
 MediaOpt = Annotated[
@@ -42,9 +42,16 @@ def read_media(items: list[str]) -> dict[str, bytes]:
     return out
 
 
-def wants_images(model: Model, request: Request) -> bool:
-    """A model with an image processor and a request with images: the run goes through `run_images`."""
-    return model.artifacts.preprocessor is not None and bool(image_refs(request))
+def wants_images(model: Model, data: bytes, options: RenderOptions) -> bool:
+    """A model with an image processor and a request with images: the run goes through `run_images`. A request
+    that does not parse is left to the run, which reports (and records) its error."""
+    if model.artifacts.preprocessor is None:
+        return False
+    try:
+        request = options.parse(data)
+    except CtxlockError:
+        return False
+    return bool(image_refs(request))
 
 
 def block(mm: MultimodalInput, index: int) -> str:

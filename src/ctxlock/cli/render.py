@@ -514,7 +514,7 @@ def render(
             max_render_chars=max_render_chars,
             sampling=sampling,
         )
-        with_images = images.wants_images(m, options.parse(data))
+        with_images = images.wants_images(m, data, options)
         if record:
             extra = {"images": image_options(m, media_map)} if with_images else {}
             recorded = RunOptions(**options.to_record(), sampling=sampler, **extra)

@@ -121,6 +121,21 @@ def _image_plans(request: Request, family: Any, media: Mapping[str, bytes] | Non
     return {im.ref.url: im.n_tokens for im in plan_images(request, family, media)}
 
 
+def _final_ids(
+    model: Any,
+    best: Request,
+    rendered: Rendered,
+    options: Mapping[str, Any],
+    images: Mapping[str, int] | None,
+    media: Mapping[str, bytes] | None,
+    family: Any,
+) -> list[int]:
+    """The fitted request's ids: the tokenizer stage's, or, with images kept, the expanded ones."""
+    if images and image_refs(best):
+        return list(model.run_images(best, decode=False, media=media, family=family, **options).ids)
+    return list(model.tokenize(rendered).ids)
+
+
 def fit_context(
     request: Request,
     model: Any,
@@ -183,10 +198,7 @@ def fit_context(
     _check_invariants(best, request)
     # The fitted request goes through the full stage once: the render and the tokenizer stage.
     final_rendered = model.render(best, **options)
-    if counter.images and image_refs(best):
-        final_ids = list(model.run_images(best, decode=False, media=media, family=family, **options).ids)
-    else:
-        final_ids = list(model.tokenize(final_rendered).ids)
+    final_ids = _final_ids(model, best, final_rendered, options, counter.images, media, family)
     if len(final_ids) != total:
         raise AssertionError(f"fit_context counted {total} tokens but the pipeline gives {len(final_ids)}")
     _check_generation_prefix(best, model, options, final_rendered)

@@ -155,19 +155,23 @@ class Preprocessed:
 
     plan: ImagePlan
     pixel_values: np.ndarray
-    pixel_sha256: str = field(default="")
+    digest: str = field(default="")  # computed on first use of `pixel_sha256` (hashing 288 MB takes a while)
 
     def __post_init__(self) -> None:
         self.pixel_values.flags.writeable = False
-        if not self.pixel_sha256:
-            object.__setattr__(self, "pixel_sha256", pixel_digest(self.pixel_values))
+
+    @property
+    def pixel_sha256(self) -> str:
+        if not self.digest:
+            object.__setattr__(self, "digest", pixel_digest(self.pixel_values))
+        return self.digest
 
 
 def pixel_digest(values: np.ndarray) -> str:
     """sha256 over dtype, shape and the C-order bytes: equal digests mean bit-identical tensors."""
     h = hashlib.sha256()
     h.update(f"{values.dtype.str}{tuple(values.shape)}".encode())
-    h.update(np.ascontiguousarray(values).tobytes())
+    h.update(memoryview(np.ascontiguousarray(values)).cast("B"))
     return h.hexdigest()
 
 

@@ -224,7 +224,9 @@ class Qwen2VL:
         """(T, C, H, W) frames -> (grid_t * grid_h * grid_w, C * temporal_patch * patch * patch). A single image is
         repeated over the temporal patch; a video's frames are padded by repeating the last one."""
         tp, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
-        if frames.shape[0] % tp:
+        if frames.shape[0] == 1:  # an image: one frame over the temporal patch, broadcast (no copy)
+            frames = np.broadcast_to(frames, (tp, *frames.shape[1:]))
+        elif frames.shape[0] % tp:
             frames = np.concatenate([frames, np.repeat(frames[-1:], tp - frames.shape[0] % tp, axis=0)])
         t, c, h, w = frames.shape
         gt, gh, gw = t // tp, h // p, w // p

@@ -40,6 +40,12 @@
     │   ├── DeadlineError            the request ran past the render deadline (503)
     │   ├── RouteNotFoundError       no such route, method or configured model name (404/405)
     │   └── InternalServeError       an unexpected failure, logged; typed and JSON, never a traceback
+    ├── MediaError                   image bytes -> pixels -> placeholders (ctxlock.multimodal)
+    │   ├── MediaSourceError         a URL ctxlock may not fetch, a bad data: URL or base64, missing supplied bytes
+    │   ├── MediaTypeError           an unsupported media type, or one the bytes disagree with
+    │   ├── ImageDecodeError         corrupt or truncated image bytes; an animated image under policy `error`
+    │   ├── ImageSizeError           a pixel cap (decompression bomb), zero size, an aspect ratio over the limit
+    │   └── ImagePlacementError      an image the template has no placeholder for (text-only model, too many images)
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
@@ -195,6 +201,33 @@ class BundleError(RecordFormatError):
 
 class FixtureCheckError(RecordError):
     """The book fixture of seed 000 §1.6 did not give its ids here, so no replay on this machine can be trusted."""
+
+
+class MediaError(CtxlockError):
+    """Image input that cannot become pixels and placeholder tokens exactly. `path` is the JSON path of the part."""
+
+
+class MediaSourceError(MediaError):
+    """An image source ctxlock cannot read without I/O: an http(s) URL whose bytes the caller did not supply, a
+    malformed `data:` URL, invalid base64."""
+
+
+class MediaTypeError(MediaError):
+    """An unsupported media type, or a declared media type the bytes' own signature disagrees with."""
+
+
+class ImageDecodeError(MediaError):
+    """Image bytes that Pillow cannot read (corrupt, truncated), or an animated image under the `error` policy."""
+
+
+class ImageSizeError(MediaError):
+    """An image whose header size breaks a limit: over the pixel cap (refused before decoding), zero-sized, or an
+    aspect ratio over the family's limit."""
+
+
+class ImagePlacementError(MediaError):
+    """Images and the template's placeholders do not pair up one to one: an image given to a template (or model)
+    without image support, more images than placeholders, or a placeholder without its image."""
 
 
 class InputError(CtxlockError):

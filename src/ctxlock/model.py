@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,7 +11,12 @@ from typing import Any, Unpack
 from . import accounting, caches, masks
 from .artifacts import ModelArtifacts, load_artifacts
 from .capacity import Capacity
-from .errors import OptionError, TemplateNotFoundError
+from .errors import ImagePlacementError, OptionError, TemplateNotFoundError
+from .images import MultimodalInput, expand
+from .multimodal.base import ImageFamily
+from .multimodal.pipeline import StageOptions, plan_images, process_images
+from .multimodal.registry import family_for
+from .multimodal.sources import image_refs
 from .options import (
     BATCH_OPTIONS,
     ENCODE_OPTIONS,
@@ -141,6 +147,52 @@ class Model:
             control_tokens=self.tokenizer.control_tokens,
         )
 
+    @property
+    def image_family(self) -> ImageFamily | None:
+        """The image family the model directory's preprocessor_config.json names (None: no image processor)."""
+        return family_for(self.artifacts.preprocessor, path=f"{self.artifacts.source}/preprocessor_config.json")
+
+    def run_images(
+        self,
+        request: RequestLike,
+        options: RenderOptions | None = None,
+        *,
+        media: Mapping[str, bytes] | None = None,
+        family: ImageFamily | None = None,
+        images: StageOptions | None = None,
+        decode: bool = True,
+        **kwargs: Unpack[RenderKwargs],
+    ) -> MultimodalInput:
+        """A request with images, as a multimodal model receives it: the render, each template placeholder
+        expanded to its image's tokens, the span map {image index: [start, end)}, and `pixel_values` with the grid.
+
+        `media` maps http(s) URLs to their bytes (ctxlock never fetches); `family` overrides the one the model's
+        preprocessor_config.json names; `images` holds the pixel cap and the animation policy; `decode=False`
+        stops at the headers (exact placeholder counts, no pixels). Takes `render`'s options."""
+        opts = render_options(options, kwargs, RENDER_OPTIONS, "run_images")
+        req = opts.parse(request)
+        fam = family or self.image_family
+        if fam is None:
+            refs = image_refs(req)
+            raise ImagePlacementError(
+                f"model {self.id!r} has no image processor (no preprocessor_config.json)",
+                path=refs[0].path if refs else "images",
+                hint="this is a text-only model; pass family= to name the image processor",
+            )
+        stage = images or StageOptions()
+        found = (process_images if decode else plan_images)(req, fam, media, stage)
+        rendered = self._render(req, opts)
+        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+
+    def _refuse_images(self, request: Request) -> None:
+        # A model with an image processor never gets its placeholders unexpanded (vllm#16191).
+        if self.artifacts.preprocessor is not None and (refs := image_refs(request)):
+            raise ImagePlacementError(
+                "the request holds images and this model expands them: the ids would hold unexpanded placeholders",
+                path=refs[0].path,
+                hint="use Model.run_images (or `ctxlock render`), which expands them and returns the span map",
+            )
+
     def tokenize(self, rendered: Rendered) -> Tokenized:
         return tokenize(rendered, self.tokenizer)
 
@@ -149,6 +201,7 @@ class Model:
         ModelInput. Takes `render`'s options."""
         opts = render_options(options, kwargs, RENDER_OPTIONS, "run")
         req = opts.parse(request)
+        self._refuse_images(req)
         rendered = self._render(req, opts)
         tokenized = self.tokenize(rendered)
         return Run(req, rendered, tokenized, _assemble_own(tokenized.ids))
@@ -177,7 +230,9 @@ class Model:
             return tensors_as(self._encode_masked(request, options, mask_options, kwargs), return_tensors)
         opts = render_options(options, kwargs, ENCODE_OPTIONS, "encode")
         check_return_tensors(return_tensors)  # an unsupported value (or no torch) fails before any work
-        rendered = self._render(opts.parse(request), opts)
+        req = opts.parse(request)
+        self._refuse_images(req)
+        rendered = self._render(req, opts)
         return tensors_as(_assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
 
     def _encode_masked(
@@ -216,12 +271,34 @@ class Model:
         )
         return tensors_as(batch, return_tensors)
 
-    def count(self, request: RequestLike, *, marginal: bool = False, **options: Any) -> accounting.Counts:
+    def count(
+        self,
+        request: RequestLike,
+        *,
+        marginal: bool = False,
+        media: Mapping[str, bytes] | None = None,
+        **options: Any,
+    ) -> accounting.Counts:
         """Every token of the request's `input_ids` attributed to one part (`template`, `system`, `tools[i]`,
         `messages[j]`, `documents[k]`, `generation_prompt`), the parts summing to the total; `marginal=True` also
         gives each part's marginal cost; `unseen` names the parts the template never wrote. Takes `render`'s
-        options (see `ctxlock.accounting`)."""
-        return accounting.count(self, request, marginal=marginal, **options)
+        options (see `ctxlock.accounting`). For a model with an image processor, each image's tokens are counted
+        exactly from its header alone and owned by its message (`Counts.images` shows the resize steps); `media`
+        gives the bytes of http(s) image URLs, as in `run_images`."""
+        if self.artifacts.preprocessor is None:
+            return accounting.count(self, request, marginal=marginal, **options)
+        parse_keys = ("dialect", "utf8", "tool_arguments")
+        req = self.parse(request, **{k: v for k, v in options.items() if k in parse_keys})
+        if not image_refs(req):
+            return accounting.count(self, request, marginal=marginal, **options)
+        # Images: the unexpanded render's counts, each placeholder then expanded from the image's header alone.
+        render_kwargs = {k: v for k, v in options.items() if k not in parse_keys}
+        counts = accounting.count(self, request, **options)
+        counts = accounting.with_images(counts, self.run_images(req, decode=False, media=media, **render_kwargs))
+        if marginal:
+            note = "marginal costs are not computed for a request with images"
+            counts = dataclasses.replace(counts, notes=(*counts.notes, note))
+        return counts
 
     def warm_up(self, *, wait: bool = True) -> dict[str, str]:
         """Make the first `encode` as fast as the rest: choose the tokenizer's engine (the load-time equivalence

@@ -43,6 +43,8 @@ class ModelArtifacts:
     description: str = ""
     hub: Any = None  # a hub.HubRevision when the model came from the HF hub cache (`org/name[@revision]`)
     capacity: Capacity = NO_CAPACITY  # the context window and output limit the files state (`ctxlock.capacity`)
+    # The model directory's preprocessor_config.json (image processor parameters), when it has one.
+    preprocessor: FrozenDict | None = None
 
     def describe(self) -> dict[str, Any]:
         templates = []
@@ -63,6 +65,7 @@ class ModelArtifacts:
             "templates": templates,
             "capacity": self.capacity.to_dict(),
             **({"hub": self.hub.to_dict()} if self.hub is not None else {}),
+            **({"preprocessor_config": dict(self.preprocessor)} if self.preprocessor is not None else {}),
         }
 
 

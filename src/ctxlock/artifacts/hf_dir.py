@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import capacity, diskcache
 from ..errors import ArtifactFormatError, ArtifactNotFoundError
+from ..frozen import freeze
 from ..inputs import read_artifact
 from ..template import TemplateSet
 from ..tokenizer.hf import HFTokenizer
@@ -50,6 +51,7 @@ _STANDARD_FILES = (
     "merges.txt",
     "tokenizer.model",
     "params.json",
+    "preprocessor_config.json",
 )
 
 
@@ -122,7 +124,14 @@ def load_hf_dir(
     cap = capacity.from_files(
         config=configs.model_config, tokenizer_config=configs.config, params=_params(d.local("params.json"))
     )
-    return finish(d.model_id, str(root), tokenizer, templates, special, "HF model directory", cap)
+    done = finish(d.model_id, str(root), tokenizer, templates, special, "HF model directory", cap)
+    pre_path = d.local("preprocessor_config.json")
+    if not present(pre_path):
+        return done
+    pre = read_json(pre_path)
+    if not isinstance(pre, dict):
+        raise ArtifactFormatError("preprocessor_config.json must hold a JSON object", path=str(pre_path))
+    return replace(done, preprocessor=freeze(pre))
 
 
 def _params(path: Path) -> dict[str, Any] | None:

@@ -85,13 +85,17 @@ class RunOptions:
     limits: Mapping[str, Any] | None = None  # RenderLimits.to_dict() when the caller changed them (None: defaults)
     # A compaction applied before the run: {"plan": CompactionPlan.to_dict(), "summary", "turn_prefix_summary"}.
     compaction: Mapping[str, Any] | None = None
+    # A run with images (Model.run_images): {"preprocessor_config": {...}, "max_pixels": n, "animation": policy,
+    # "media": {url: sha256 of the supplied bytes, kept in the store}}. None: a text run.
+    images: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        # `limits` and `compaction` only when set: a run without them keeps the record it always had.
+        # `limits`, `compaction` and `images` only when set: a run without them keeps the record it always had.
         extra = {"compaction": thaw(self.compaction)} if self.compaction else {}
         return (
             extra
             | ({"limits": dict(self.limits)} if self.limits else {})
+            | ({"images": thaw(self.images)} if self.images else {})
             | {
                 "add_generation_prompt": self.add_generation_prompt,
                 "continue_final_message": self.continue_final_message,
@@ -145,10 +149,12 @@ def build_record(
     original: Any | None = None,
     decisions: Mapping[str, Any] | None = None,
     compaction: Mapping[str, Any] | None = None,
+    multimodal: Any | None = None,
 ) -> ExecutionRecord:
     """Assemble the record of one run (or of a failed one: `run` None and `error` set). `original` is the request
     as received when the run saw a fitted or compacted one; `decisions` the budget's log; `compaction` the
-    compaction decision (what was summarized, where the cut is), logged beside it in `decisions`."""
+    compaction decision (what was summarized, where the cut is), logged beside it in `decisions`; `multimodal` a
+    run's `MultimodalInput` (its images, spans and expanded ids: what the model received)."""
     tok = model.tokenizer
     manifest, files = _safe_replay_spec(*tok.replay_spec())
     data: dict[str, Any] = {
@@ -168,6 +174,7 @@ def build_record(
         "rendered": None,
         "tokenizer": _tokenizer_section(model),
         "input_ids": None,
+        "multimodal": None,
         "decisions": {"budget": None, "truncation": None, "multimodal": None},
         "tensors": None,
         "options": options.to_dict(),
@@ -189,7 +196,18 @@ def build_record(
         _add_run(data, model, options, run, original, decisions)
         if compaction is not None:
             data["decisions"]["compaction"] = thaw(compaction)
+    if multimodal is not None:
+        _add_multimodal(data, model, multimodal)
     return ExecutionRecord.from_data(data)
+
+
+def _add_multimodal(data: dict[str, Any], model: Any, mm: Any) -> None:
+    """The image stage's values (every image's digest, decoder, policies, parameters, plan, pixel digest, span),
+    and the expanded ids and tensors in place of the rendered text's: the input the model received."""
+    data["multimodal"] = mm.to_json()
+    data["input_ids"] = list(mm.ids)
+    data["tokens"] = [model.tokenizer.id_to_token(i) for i in mm.ids]
+    data["tensors"] = mm.model_input.to_dict()
 
 
 def _tokenizer_section(model: Any) -> dict[str, Any]:

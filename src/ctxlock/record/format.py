@@ -22,7 +22,18 @@ RECORD_FORMAT = "ctxlock.record/2"
 # its own `version`), `options.compaction` and `decisions.compaction` (a compacted run, replayed from them).
 READABLE_FORMATS = ("ctxlock.record/1", RECORD_FORMAT)
 # The context policy decides which messages the template sees, so its layer comes right after the request.
-LAYERS = ("request", "policy", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "tensors")
+LAYERS = (
+    "request",
+    "policy",
+    "messages",
+    "dynamic",
+    "template",
+    "rendered",
+    "tokenizer",
+    "multimodal",
+    "input_ids",
+    "tensors",
+)
 _SECTIONS = (
     "format",
     "request",

@@ -31,6 +31,12 @@
     │   └── ProviderStreamError      the provider reported an error inside a started stream (after HTTP 200)
     ├── UsageError                   a provider's usage object that is malformed or breaks its own invariants
     ├── PriceError                   a price table that is malformed, or has no price for what was used
+    ├── MediaError                   image bytes -> pixels -> placeholders (ctxlock.multimodal)
+    │   ├── MediaSourceError         a URL ctxlock may not fetch, a bad data: URL or base64, missing supplied bytes
+    │   ├── MediaTypeError           an unsupported media type, or one the bytes disagree with
+    │   ├── ImageDecodeError         corrupt or truncated image bytes; an animated image under policy `error`
+    │   ├── ImageSizeError           a pixel cap (decompression bomb), zero size, an aspect ratio over the limit
+    │   └── ImagePlacementError      an image the template has no placeholder for (text-only model, too many images)
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
@@ -181,6 +187,33 @@ class BundleError(RecordFormatError):
 
 class FixtureCheckError(RecordError):
     """The book fixture of seed 000 §1.6 did not give its ids here, so no replay on this machine can be trusted."""
+
+
+class MediaError(CtxlockError):
+    """Image input that cannot become pixels and placeholder tokens exactly. `path` is the JSON path of the part."""
+
+
+class MediaSourceError(MediaError):
+    """An image source ctxlock cannot read without I/O: an http(s) URL whose bytes the caller did not supply, a
+    malformed `data:` URL, invalid base64."""
+
+
+class MediaTypeError(MediaError):
+    """An unsupported media type, or a declared media type the bytes' own signature disagrees with."""
+
+
+class ImageDecodeError(MediaError):
+    """Image bytes that Pillow cannot read (corrupt, truncated), or an animated image under the `error` policy."""
+
+
+class ImageSizeError(MediaError):
+    """An image whose header size breaks a limit: over the pixel cap (refused before decoding), zero-sized, or an
+    aspect ratio over the family's limit."""
+
+
+class ImagePlacementError(MediaError):
+    """Images and the template's placeholders do not pair up one to one: an image given to a template (or model)
+    without image support, more images than placeholders, or a placeholder without its image."""
 
 
 class InputError(CtxlockError):

@@ -8,18 +8,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fetched as artifacts
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mm_images import as_decoded, corpus, make
 from transformers import AutoTokenizer, CLIPImageProcessorPil, LlavaProcessor
 
 import ctxlock
+import fetched as artifacts
 from ctxlock.errors import CtxlockError, ImageSizeError
 from ctxlock.multimodal.base import ImageFamily, ImageHeader
 from ctxlock.multimodal.llava import LlavaFamily, shortest_edge_size
+from mm_images import as_decoded, corpus, make
 
 pytestmark = pytest.mark.reference
 
@@ -57,7 +57,9 @@ LLAVA_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def clip336():
-    return CLIPImageProcessorPil(**{k: v for k, v in LLAVA_PREPROCESSOR.items() if "class" not in k and "type" not in k})
+    return CLIPImageProcessorPil(
+        **{k: v for k, v in LLAVA_PREPROCESSOR.items() if "class" not in k and "type" not in k}
+    )
 
 
 @pytest.mark.parametrize("label", [label for label, _ in CORPUS])

@@ -23,13 +23,13 @@ from mistral_common.protocol.instruct.messages import AssistantMessage, UserMess
 from mistral_common.protocol.instruct.request import ChatCompletionRequest
 from mistral_common.tokens.tokenizers.image import ImageConfig, ImageEncoder, SpecialImageIDs
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
-from mm_images import as_decoded, corpus, make
 from PIL import Image
 
 from ctxlock.errors import CtxlockError, ImageSizeError
 from ctxlock.multimodal.base import ImageFamily, ImageHeader
 from ctxlock.multimodal.pixtral import PixtralFamily, pixtral_grid
 from ctxlock.multimodal.resample import cubic_resize
+from mm_images import as_decoded, corpus, make
 
 pytestmark = pytest.mark.reference
 

@@ -98,6 +98,8 @@ class Counts:
     provenance_exact: bool  # the render knew where every request character went (else `unseen` may be incomplete)
     marginal: bool = False
     notes: tuple[str, ...] = field(default=())
+    # document blocks (Anthropic `document`): the provider counts them by its own rules, which ctxlock does not know
+    provider_unknown: tuple[str, ...] = field(default=())
 
     def tokens(self, part: str) -> int:
         return sum(p.tokens for p in self.parts if p.part == part)
@@ -111,6 +113,7 @@ class Counts:
             "exact_bytes": self.exact_bytes,
             "provenance_exact": self.provenance_exact,
             "notes": list(self.notes),
+            "provider_document_tokens": {path: "unknown" for path in self.provider_unknown},
         }
 
 
@@ -360,6 +363,8 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         if name not in seen_parts:
             parts.append(Part(name, 0))
     parts.sort(key=lambda p: _order(p.part))
+    documents = _document_blocks(run.request)
+    notes += [f"{d}: a document block; the provider's own token count for it is unknown" for d in documents]
     total = len(run.ids)
     if marginal:
         parts = [_with_marginal(model, request, p, total, options) for p in parts]
@@ -372,6 +377,18 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         provenance_exact=run.rendered.provenance_exact,
         marginal=marginal,
         notes=tuple(notes),
+        provider_unknown=documents,
+    )
+
+
+def _document_blocks(request: Request) -> tuple[str, ...]:
+    """The JSON paths of the request's document blocks (content parts of type "document")."""
+    return tuple(
+        m.path_of(f".content[{j}]")
+        for m in request.messages
+        if isinstance(m.content, tuple)
+        for j, part in enumerate(m.content)
+        if part.get("type") == "document"
     )
 
 
@@ -424,6 +441,8 @@ def _with_marginal(model: Model, request: RequestLike, p: Part, total: int, opti
 def count_format(counts: Counts, provider: str) -> dict[str, Any]:
     """The count in a provider's count-tokens response shape: Anthropic's `{"input_tokens": N}` or OpenAI's
     `{"object": "response.input_tokens", "input_tokens": N}`."""
+    if provider == "anthropic" and counts.provider_unknown:  # never a guess dressed as the provider's number
+        return {"input_tokens": counts.total, "exact": False, "unknown": list(counts.provider_unknown)}
     if provider == "anthropic":
         return {"input_tokens": counts.total}
     if provider == "openai":

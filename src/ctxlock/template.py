@@ -62,6 +62,7 @@ from .sandbox import (
     where,
 )
 from .template_ast import reads_parts
+from .template_documents import pull_documents
 from .template_inputs import (
     check_seed,
     content_format_option,
@@ -381,7 +382,10 @@ def render(
         _refuse_control_tokens(request, tokens)
 
     strftime_now, clock_calls = _strftime_now(clock)
-    messages = _template_messages(request)
+    messages, block_docs = pull_documents(
+        _template_messages(request), request, takes_documents=template.features.documents
+    )
+    all_docs = (all_docs or []) + block_docs if block_docs else all_docs
     fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
     if flattened:
         messages = flatten_contents(messages, request)
@@ -562,7 +566,7 @@ def _resolve_content_format(
         return fmt, detected, ()
     for m in with_parts:
         for j, part in enumerate(m.content):  # type: ignore[arg-type]
-            if part.get("type") != "text":
+            if part.get("type") not in ("text", "document"):  # documents left the messages (template_documents)
                 where = next((m.origins[k] for k in m.origins if k.startswith(f".content[{j}].")), None)
                 raise ContentFormatError(
                     f"a content part of type {part.get('type')!r} cannot be joined into the string content this "

@@ -49,7 +49,8 @@ _PIL_FILTER = {
 
 
 def shortest_edge_size(height: int, width: int, shortest_edge: int) -> tuple[int, int]:
-    """(height, width) after transformers' `get_resize_output_image_size(size=shortest_edge, default_to_square=False)`."""
+    """(height, width) after transformers' `get_resize_output_image_size(size=shortest_edge,
+    default_to_square=False)`: the longer side truncated, not rounded."""
     short, long = (width, height) if width <= height else (height, width)
     new_short, new_long = shortest_edge, int(shortest_edge * long / short)
     return (new_long, new_short) if width <= height else (new_short, new_long)
@@ -88,7 +89,8 @@ class LlavaFamily:
             raise _config_error(f"unknown resample filter {self.resample!r}", "resample")
         if self.vision_feature_select_strategy not in ("default", "full"):
             raise _config_error(
-                f"vision_feature_select_strategy must be 'default' or 'full', got {self.vision_feature_select_strategy!r}",
+                "vision_feature_select_strategy must be 'default' or 'full', "
+                f"got {self.vision_feature_select_strategy!r}",
                 "vision_feature_select_strategy",
             )
         if self.image_tokens() < 1:
@@ -171,7 +173,9 @@ class LlavaFamily:
         crop = (self.crop_height, self.crop_width)
         steps = (
             ResizeStep("resize", (height, width), resized, f"shortest edge to {self.shortest_edge}, {self.resample}"),
-            ResizeStep("center-crop", resized, crop, f"top {(resized[0] - crop[0]) // 2}, left {(resized[1] - crop[1]) // 2}"),
+            ResizeStep(
+                "center-crop", resized, crop, f"top {(resized[0] - crop[0]) // 2}, left {(resized[1] - crop[1]) // 2}"
+            ),
         )
         return ImagePlan(
             family=self.name,

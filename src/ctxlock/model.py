@@ -8,7 +8,12 @@ from typing import Any, Unpack
 
 from . import accounting, caches
 from .artifacts import ModelArtifacts, load_artifacts
-from .errors import TemplateNotFoundError
+from .errors import ImagePlacementError, TemplateNotFoundError
+from .images import MultimodalInput, expand
+from .multimodal.base import ImageFamily
+from .multimodal.pipeline import StageOptions, plan_images, process_images
+from .multimodal.registry import family_for
+from .multimodal.sources import image_refs
 from .options import (
     BATCH_OPTIONS,
     ENCODE_OPTIONS,
@@ -133,6 +138,52 @@ class Model:
             control_tokens=self.tokenizer.control_tokens,
         )
 
+    @property
+    def image_family(self) -> ImageFamily | None:
+        """The image family the model directory's preprocessor_config.json names (None: no image processor)."""
+        return family_for(self.artifacts.preprocessor, path=f"{self.artifacts.source}/preprocessor_config.json")
+
+    def run_images(
+        self,
+        request: RequestLike,
+        options: RenderOptions | None = None,
+        *,
+        media: Mapping[str, bytes] | None = None,
+        family: ImageFamily | None = None,
+        images: StageOptions | None = None,
+        decode: bool = True,
+        **kwargs: Unpack[RenderKwargs],
+    ) -> MultimodalInput:
+        """A request with images, as a multimodal model receives it: the render, each template placeholder
+        expanded to its image's tokens, the span map {image index: [start, end)}, and `pixel_values` with the grid.
+
+        `media` maps http(s) URLs to their bytes (ctxlock never fetches); `family` overrides the one the model's
+        preprocessor_config.json names; `images` holds the pixel cap and the animation policy; `decode=False`
+        stops at the headers (exact placeholder counts, no pixels). Takes `render`'s options."""
+        opts = render_options(options, kwargs, RENDER_OPTIONS, "run_images")
+        req = opts.parse(request)
+        fam = family or self.image_family
+        if fam is None:
+            refs = image_refs(req)
+            raise ImagePlacementError(
+                f"model {self.id!r} has no image processor (no preprocessor_config.json)",
+                path=refs[0].path if refs else "images",
+                hint="this is a text-only model; pass family= to name the image processor",
+            )
+        stage = images or StageOptions()
+        found = (process_images if decode else plan_images)(req, fam, media, stage)
+        rendered = self._render(req, opts)
+        return expand(rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+
+    def _refuse_images(self, request: Request) -> None:
+        # A model with an image processor never gets its placeholders unexpanded (vllm#16191).
+        if self.artifacts.preprocessor is not None and (refs := image_refs(request)):
+            raise ImagePlacementError(
+                "the request holds images and this model expands them: the ids would hold unexpanded placeholders",
+                path=refs[0].path,
+                hint="use Model.run_images (or `ctxlock render`), which expands them and returns the span map",
+            )
+
     def tokenize(self, rendered: Rendered) -> Tokenized:
         return tokenize(rendered, self.tokenizer)
 
@@ -141,6 +192,7 @@ class Model:
         ModelInput. Takes `render`'s options."""
         opts = render_options(options, kwargs, RENDER_OPTIONS, "run")
         req = opts.parse(request)
+        self._refuse_images(req)
         rendered = self._render(req, opts)
         tokenized = self.tokenize(rendered)
         return Run(req, rendered, tokenized, _assemble_own(tokenized.ids))
@@ -161,7 +213,9 @@ class Model:
         of control matches)."""
         opts = render_options(options, kwargs, ENCODE_OPTIONS, "encode")
         check_return_tensors(return_tensors)  # an unsupported value (or no torch) fails before any work
-        rendered = self._render(opts.parse(request), opts)
+        req = opts.parse(request)
+        self._refuse_images(req)
+        rendered = self._render(req, opts)
         return tensors_as(_assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
 
     def encode_batch(

@@ -40,6 +40,8 @@ class ModelArtifacts:
     pad_id: int | None
     description: str = ""
     hub: Any = None  # a hub.HubRevision when the model came from the HF hub cache (`org/name[@revision]`)
+    # The model directory's preprocessor_config.json (image processor parameters), when it has one.
+    preprocessor: FrozenDict | None = None
 
     def describe(self) -> dict[str, Any]:
         templates = []
@@ -59,6 +61,7 @@ class ModelArtifacts:
             "pad_id": self.pad_id,
             "templates": templates,
             **({"hub": self.hub.to_dict()} if self.hub is not None else {}),
+            **({"preprocessor_config": dict(self.preprocessor)} if self.preprocessor is not None else {}),
         }
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import diskcache
 from ..errors import ArtifactFormatError, ArtifactNotFoundError
+from ..frozen import freeze
 from ..inputs import read_artifact
 from ..template import TemplateSet
 from ..tokenizer.hf import HFTokenizer
@@ -49,6 +50,7 @@ _STANDARD_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "preprocessor_config.json",
 )
 
 
@@ -118,7 +120,14 @@ def load_hf_dir(
     )
     templates = _templates(d, configs)
     special = _special_tokens(configs, source, pipeline)
-    return finish(d.model_id, str(root), tokenizer, templates, special, description="HF model directory")
+    done = finish(d.model_id, str(root), tokenizer, templates, special, description="HF model directory")
+    pre_path = d.local("preprocessor_config.json")
+    if not present(pre_path):
+        return done
+    pre = read_json(pre_path)
+    if not isinstance(pre, dict):
+        raise ArtifactFormatError("preprocessor_config.json must hold a JSON object", path=str(pre_path))
+    return replace(done, preprocessor=freeze(pre))
 
 
 def _read_configs(d: _Dir) -> _Configs:

@@ -1,0 +1,175 @@
+"""The template's image placeholders expanded to each image's tokens, with the span map.
+
+After the render and the tokenizer, each placeholder the *template* wrote (a control token, e.g. Qwen2-VL's
+`<|image_pad|>` between `<|vision_start|>` and `<|vision_end|>`) is replaced by the family's tokens for the image
+at the same position (`family.placeholders(plan)`, e.g. N copies of `<|image_pad|>`), in the ids and in the text.
+The result maps each image index to its token span [start, end) and its text span. Images pair with placeholders
+one to one, in order; anything else is an `ImagePlacementError`, as is a placeholder string that came from
+request text (it never becomes an image slot, whatever the special-token policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ctxlock.errors import ImagePlacementError
+from ctxlock.multimodal.base import ImageFamily
+from ctxlock.multimodal.pipeline import ImageInput, stack_pixels
+from ctxlock.template_values import Rendered
+from ctxlock.tensors import ModelInput, _assemble_own
+from ctxlock.tokenizer import Tokenized, Tokenizer
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """Where image `index` sits in the expanded input: tokens [start, end), characters [text_start, text_end)."""
+
+    index: int
+    start: int
+    end: int
+    text_start: int
+    text_end: int
+    path: str  # the JSON path of the image part
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "tokens": [self.start, self.end],
+            "text": [self.text_start, self.text_end],
+            "path": self.path,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class MultimodalInput:
+    """What a multimodal model receives: the expanded ids and text, each image's span, and the pixel tensors."""
+
+    rendered: Rendered
+    text: str  # the rendered text with every placeholder expanded
+    ids: tuple[int, ...]
+    model_input: ModelInput
+    family: str
+    images: tuple[ImageInput, ...]
+    spans: tuple[ImageSpan, ...]
+    pixel_values: np.ndarray  # concatenated over the images, as the HF processor returns them (empty: header only)
+    image_grid_thw: np.ndarray
+
+    def span_map(self) -> dict[int, tuple[int, int]]:
+        """{image index: (start, end)} token spans in `ids`."""
+        return {s.index: (s.start, s.end) for s in self.spans}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "n_tokens": len(self.ids),
+            "images": [im.to_json() for im in self.images],
+            "spans": [s.to_json() for s in self.spans],
+        }
+
+
+def _placeholder_id(family: ImageFamily, tokenizer: Tokenizer) -> int:
+    pid = tokenizer.token_to_id(family.template_placeholder)
+    if pid is None or family.template_placeholder not in tokenizer.control_tokens:
+        raise ImagePlacementError(
+            f"the tokenizer has no control token {family.template_placeholder!r} for {family.name} images",
+            path="images",
+            hint="this model does not take images the way the family expects; use the model's own tokenizer",
+        )
+    return pid
+
+
+def _in_request(rendered: Rendered, start: int, end: int) -> str | None:
+    """The request path of a request span that overlaps [start, end), or None."""
+    for s in rendered.request_spans:
+        if s.start < end and start < s.end:
+            return s.path
+    return None
+
+
+def expand(
+    rendered: Rendered,
+    tokenized: Tokenized,
+    tokenizer: Tokenizer,
+    family: ImageFamily,
+    images: tuple[ImageInput, ...],
+) -> MultimodalInput:
+    """Replace the template's placeholders by each image's tokens; the span map; the pixel tensors."""
+    pid = _placeholder_id(family, tokenizer) if images else (tokenizer.token_to_id(family.template_placeholder) or -1)
+    slots = [m for m in tokenized.control if m.id == pid]
+    for m in slots:
+        forged = _in_request(rendered, m.core_start, m.core_end)
+        if forged is not None:
+            raise ImagePlacementError(
+                f"request text holds the image placeholder {family.template_placeholder!r} as a control token",
+                path=forged,
+                hint="image slots come only from image parts; render with injection='text' (the default)",
+            )
+    if len(slots) != len(images):
+        raise _mismatch(family, len(slots), images)
+    positions = [k for k, i in enumerate(tokenized.ids) if i == pid]
+    if len(positions) != len(slots):
+        raise ImagePlacementError(
+            f"{len(positions)} placeholder ids but {len(slots)} placeholder tokens in the text",
+            path="images",
+            hint="the tokenizer merged the placeholder with its neighbours; report this template",
+        )
+    ids: list[int] = []
+    text_parts: list[str] = []
+    spans: list[ImageSpan] = []
+    prev_tok = prev_chr = 0
+    text = rendered.text
+    for im, k, m in zip(images, positions, slots, strict=True):
+        tokens = family.placeholders(im.plan)
+        new_ids = [_token_id(tokenizer, t) for t in tokens]
+        ids += tokenized.ids[prev_tok:k]
+        text_parts.append(text[prev_chr : m.core_start])
+        start, text_start = len(ids), sum(map(len, text_parts))
+        ids += new_ids
+        text_parts.append("".join(tokens))
+        spans.append(ImageSpan(im.ref.index, start, len(ids), text_start, sum(map(len, text_parts)), im.ref.path))
+        prev_tok, prev_chr = k + 1, m.core_end
+    ids += tokenized.ids[prev_tok:]
+    text_parts.append(text[prev_chr:])
+    pixel_values, grids = stack_pixels(images)
+    return MultimodalInput(
+        rendered=rendered,
+        text="".join(text_parts),
+        ids=tuple(ids),
+        model_input=_assemble_own(ids),
+        family=family.name,
+        images=images,
+        spans=tuple(spans),
+        pixel_values=pixel_values,
+        image_grid_thw=grids,
+    )
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    tid = tokenizer.token_to_id(token)
+    if tid is None:
+        raise ImagePlacementError(f"the tokenizer has no token {token!r}", path="images")
+    return tid
+
+
+def _mismatch(family: ImageFamily, n_slots: int, images: tuple[ImageInput, ...]) -> ImagePlacementError:
+    if n_slots == 0:
+        return ImagePlacementError(
+            f"the template wrote no image placeholder ({family.template_placeholder!r}) for "
+            f"{len(images)} image(s): it does not take images",
+            path=images[0].ref.path if images else "images",
+            hint="send this request to a model whose template renders image parts, or remove the images",
+        )
+    if n_slots < len(images):
+        return ImagePlacementError(
+            f"{len(images)} images but the template wrote {n_slots} placeholder(s)",
+            path=images[n_slots].ref.path,
+            hint="the template drops some image parts (e.g. outside user messages); remove them",
+        )
+    return ImagePlacementError(
+        f"the template wrote {n_slots} image placeholders for {len(images)} image(s)",
+        path="images",
+        hint="every placeholder needs its image; the template adds placeholders of its own",
+    )

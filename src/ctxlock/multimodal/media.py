@@ -1,0 +1,276 @@
+"""Image bytes: the signature sniffed, the header read without decoding, the pixel cap checked against the header,
+then the decode with Pillow under named orientation, colour and animation policies.
+
+Every failure is a `MediaError` subclass naming the JSON path of the part. Nothing here does I/O: bytes come in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import struct
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+import PIL
+from PIL import Image, ImageOps
+
+from ctxlock.errors import ImageDecodeError, ImageSizeError, MediaTypeError
+from ctxlock.multimodal.base import AnimationPolicy, ColourPolicy, DecodedImage, ImageHeader, Orientation
+
+DECODER = f"Pillow {PIL.__version__}"
+
+# The default pixel cap, checked against the header before any decode: Pillow's own warning threshold
+# (Image.MAX_IMAGE_PIXELS, 89,478,485 = 0.25 GiB of RGBA), fixed here so a change of Pillow does not move it.
+DEFAULT_MAX_PIXELS = 89_478_485
+# More frames than this are refused from the header even under `first-frame` (counting them walks the file).
+MAX_FRAMES = 10_000
+
+# media type -> (Pillow format, signature test)
+MEDIA_TYPES: dict[str, str] = {
+    "image/png": "PNG",
+    "image/jpeg": "JPEG",
+    "image/gif": "GIF",
+    "image/webp": "WEBP",
+    "image/bmp": "BMP",
+    "image/tiff": "TIFF",
+}
+_ALIASES = {"image/jpg": "image/jpeg", "image/x-png": "image/png", "image/x-ms-bmp": "image/bmp"}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sniff(data: bytes) -> str | None:
+    """The media type the bytes' signature names, or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data[:2] == b"BM":
+        return "image/bmp"
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return "image/tiff"
+    return None
+
+
+def canonical_media_type(media_type: str) -> str:
+    base = media_type.split(";", 1)[0].strip().lower()
+    return _ALIASES.get(base, base)
+
+
+def check_media_type(data: bytes, declared: str | None, *, path: str | None) -> str:
+    """The bytes' media type; a declared type that is unsupported or that the signature disagrees with raises."""
+    if declared is not None:
+        declared = canonical_media_type(declared)
+        if declared not in MEDIA_TYPES:
+            raise MediaTypeError(
+                f"unsupported media type {declared!r}",
+                path=path,
+                hint=f"supported: {', '.join(MEDIA_TYPES)}",
+            )
+    found = sniff(data)
+    if found is None:
+        head = data[:8].hex()
+        raise MediaTypeError(
+            f"the bytes are not a supported image (first bytes {head or 'none'}; {len(data)} bytes)",
+            path=path,
+            hint=f"send one of {', '.join(MEDIA_TYPES)}",
+        )
+    if declared is not None and declared != found:
+        raise MediaTypeError(
+            f"declared media type {declared} but the bytes are {found}",
+            path=path,
+            hint="declare the type the file really is, or re-encode the file",
+        )
+    return found
+
+
+def _open(data: bytes, fmt: str, path: str | None) -> Image.Image:
+    """Pillow's lazy open: reads the header only. Pillow's own bomb check (twice its cap) becomes ours."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # ctxlock's own cap applies below
+            return Image.open(io.BytesIO(data), formats=[fmt])
+    except Image.DecompressionBombError as e:
+        raise ImageSizeError(
+            f"decompression bomb refused from the header: {e}",
+            path=path,
+            hint=f"ctxlock refuses images over {DEFAULT_MAX_PIXELS:,} pixels before decoding; downscale it",
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError) as e:
+        raise ImageDecodeError(
+            f"cannot read the {fmt} header: {e}", path=path, hint="the file is corrupt or truncated"
+        ) from None
+
+
+def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The PNG chunks' (type, data), walked by their lengths without decompressing anything."""
+    out: list[tuple[bytes, bytes]] = []
+    pos = 8
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        out.append((kind, body if kind in (b"eXIf", b"iTXt") else b""))
+        pos += 12 + length
+        if kind == b"IEND":
+            break
+    return out
+
+
+_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([0-9])')
+
+
+def _png_orientation(data: bytes) -> int:
+    """EXIF orientation of a PNG from its eXIf chunk, else XMP, wherever the chunks are (Pillow reads chunks after
+    IDAT only when it decodes)."""
+    xmp = None
+    for kind, body in _png_chunks(data):
+        if kind == b"eXIf":
+            exif = Image.Exif()
+            exif.load(body)
+            value = exif.get(0x0112)
+            if value is not None:
+                return int(value)
+        elif kind == b"iTXt" and body.startswith(b"XML:com.adobe.xmp\x00") and xmp is None:
+            parts = body.split(b"\x00", 5)
+            if len(parts) == 6 and parts[1] == b"\x00":  # uncompressed iTXt
+                xmp = parts[5]
+    if xmp is not None and (m := _XMP_ORIENTATION.search(xmp)):
+        return int(m[2])
+    return 1
+
+
+def _orientation(im: Image.Image, data: bytes) -> int:
+    if im.format == "PNG" and "exif" not in im.info:
+        return _png_orientation(data)
+    value = im.getexif().get(0x0112, 1)
+    return int(value) if isinstance(value, int) else 1
+
+
+def read_header(
+    data: bytes,
+    *,
+    path: str | None = None,
+    media_type: str | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> ImageHeader:
+    """Signature, format, size, mode, frames and EXIF orientation, read without decoding any pixel, and the pixel
+    cap checked against them (a decompression bomb is refused here, before any large allocation)."""
+    found = check_media_type(data, media_type, path=path)
+    fmt = MEDIA_TYPES[found]
+    with _open(data, fmt, path) as im:
+        width, height = im.size
+        if width <= 0 or height <= 0:
+            raise ImageSizeError(f"the image is {width}x{height}", path=path, hint="send an image with pixels")
+        if width * height > max_pixels:
+            raise ImageSizeError(
+                f"decompression bomb refused from the header: {width}x{height} = {width * height:,} pixels, over "
+                f"the cap of {max_pixels:,}",
+                path=path,
+                hint="downscale the image before sending it; nothing was decoded",
+            )
+        try:
+            frames = _frames(im)
+            orientation = _orientation(im, data)
+        except (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error) as e:
+            raise ImageDecodeError(
+                f"cannot read the {fmt} header: {e}", path=path, hint="the file is corrupt or truncated"
+            ) from None
+        if frames > MAX_FRAMES:
+            raise ImageSizeError(f"{frames} frames, over the cap of {MAX_FRAMES}", path=path, hint="send one frame")
+        return ImageHeader(
+            sha256=sha256(data),
+            n_bytes=len(data),
+            format=fmt,
+            media_type=found,
+            width=width,
+            height=height,
+            mode=im.mode,
+            frames=frames,
+            orientation=orientation if orientation in range(1, 9) else 1,
+        )
+
+
+def _frames(im: Image.Image) -> int:
+    if not getattr(im, "is_animated", False):
+        return 1
+    return int(getattr(im, "n_frames", 1))
+
+
+def decode(
+    data: bytes,
+    header: ImageHeader,
+    *,
+    orientation: Orientation = Orientation.EXIF_TRANSPOSE,
+    colour: ColourPolicy = ColourPolicy.PIL_CONVERT,
+    animation: AnimationPolicy = AnimationPolicy.FIRST_FRAME,
+    path: str | None = None,
+) -> DecodedImage:
+    """Decode the first frame with Pillow under the named policies; the result is (H, W, 3) uint8 RGB."""
+    if header.sha256 != sha256(data):
+        raise ImageDecodeError("the bytes are not those the header was read from", path=path, hint="read it again")
+    if header.frames > 1 and animation is AnimationPolicy.ERROR:
+        raise ImageDecodeError(
+            f"an animated {header.format} with {header.frames} frames",
+            path=path,
+            hint='send a still image, or use the animation policy "first-frame"',
+        )
+    with _open(data, header.format, path) as im:
+        try:
+            im.load()
+        except (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error, MemoryError) as e:
+            raise ImageDecodeError(
+                f"cannot decode the {header.format} image: {e}", path=path, hint="the file is corrupt or truncated"
+            ) from None
+        if im.format == "PNG":
+            tag = im.getexif().get(0x0112, 1)
+            if (tag if tag in range(1, 9) else 1) != header.orientation:
+                raise ImageDecodeError(
+                    f"the header's orientation {header.orientation} disagrees with the decoded image's {tag}",
+                    path=path,
+                    hint="the file carries its orientation where ctxlock does not read it without decoding",
+                )
+        transposed = orientation is Orientation.EXIF_TRANSPOSE and header.orientation != 1
+        if orientation is Orientation.EXIF_TRANSPOSE:
+            im = ImageOps.exif_transpose(im)
+        rgb = to_rgb(im, colour)
+    rgb.flags.writeable = False
+    return DecodedImage(
+        header=header,
+        rgb=rgb,
+        decoder=DECODER,
+        orientation=orientation,
+        colour=colour,
+        animation=animation,
+        transposed=transposed,
+    )
+
+
+def _composite_white(im: Image.Image) -> Image.Image:
+    # transformers' convert_to_rgb on a PIL image: alpha (or a transparency entry) composited onto white.
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB")
+
+
+def to_rgb(im: Image.Image, colour: ColourPolicy) -> np.ndarray:
+    """8-bit RGB (H, W, 3) under the colour policy (see `ColourPolicy`)."""
+    # PIL_CONVERT: load_image's convert("RGB"), then the image processor's convert_to_rgb on what it returns (a
+    # palette image's transparency survives convert("RGB") in `info`, and is then composited onto white).
+    source = im.convert("RGB") if colour is ColourPolicy.PIL_CONVERT else im
+    return np.array(_composite_white(source), dtype=np.uint8)
+
+
+def describe(header: ImageHeader) -> dict[str, Any]:
+    return {**header.to_json(), "decoder": DECODER}

@@ -1,0 +1,49 @@
+"""Which image family a model directory's `preprocessor_config.json` names.
+
+A family module registers its `image_processor_type` names here (transformers' class names, with and without the
+`Fast`/`Pil` suffixes), and a constructor from the config's values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ctxlock.errors import MediaError
+from ctxlock.multimodal.base import ImageFamily
+from ctxlock.multimodal.qwen2vl import Qwen2VL
+
+_Builder = Callable[[Mapping[str, Any]], ImageFamily]
+
+FAMILIES: dict[str, _Builder] = {
+    "Qwen2VLImageProcessor": Qwen2VL.from_preprocessor_config,
+}
+
+
+def _base_name(name: str) -> str:
+    for suffix in ("Fast", "Pil"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def family_for(config: Mapping[str, Any] | None, *, path: str | None = None) -> ImageFamily | None:
+    """The family a preprocessor config names, built from its values; None without a config. An unknown image
+    processor type is an error (never a guess)."""
+    if config is None:
+        return None
+    name = config.get("image_processor_type")
+    if not isinstance(name, str):
+        raise MediaError(
+            "preprocessor_config.json names no image_processor_type",
+            path=path,
+            hint=f"ctxlock knows: {', '.join(sorted(FAMILIES))}",
+        )
+    builder = FAMILIES.get(_base_name(name))
+    if builder is None:
+        raise MediaError(
+            f"image processor {name!r} is not one ctxlock implements",
+            path=path,
+            hint=f"ctxlock knows: {', '.join(sorted(FAMILIES))}",
+        )
+    return builder(config)

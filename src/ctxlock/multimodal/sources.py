@@ -1,0 +1,124 @@
+"""Where an image's bytes come from: a `data:` URL in the request, or bytes the caller supplied for a URL.
+
+ctxlock never fetches. Both dialects' image parts reach here in the canonical request: OpenAI `image_url` parts
+(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string) and Anthropic `image` blocks
+(canonical `{"type": "image", "url": "data:<media type>;base64,<data>"}` for a base64 source, the URL for a url
+source). An http(s) URL is an error at its JSON path unless `media` maps that exact URL to its bytes.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
+
+from ctxlock.errors import MediaSourceError
+from ctxlock.frozen import FrozenDict
+from ctxlock.request import Request
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image part of a request, in the order the parts appear (message by message, part by part)."""
+
+    index: int  # 0-based, over the whole request
+    path: str  # the JSON path of the URL as the client sent it
+    url: str
+    message: int  # the index of the canonical message holding it
+
+    @property
+    def kind(self) -> str:
+        """ "data", "http" (http or https) or "other"."""
+        if self.url[:5].lower() == "data:":
+            return "data"
+        if re.match(r"(?i)https?://", self.url):
+            return "http"
+        return "other"
+
+
+@dataclass(frozen=True, eq=False)
+class ImageBytes:
+    """An image's bytes and the media type its source declared (None: a supplied URL's bytes declare none)."""
+
+    ref: ImageRef
+    data: bytes
+    declared_type: str | None
+    origin: str  # "data-url" or "supplied"
+
+
+def image_url(part: FrozenDict) -> tuple[str, str] | None:
+    """(url, suffix of its JSON path within the part) for an image part, or None for any other part."""
+    kind = part.get("type")
+    if kind == "image_url":
+        image = part.get("image_url")
+        if isinstance(image, str):
+            return image, ".image_url"
+        if isinstance(image, Mapping) and isinstance(image.get("url"), str):
+            return image["url"], ".image_url.url"
+    if kind == "image" and isinstance(part.get("url"), str):
+        return part["url"], ".url"
+    return None
+
+
+def image_refs(request: Request) -> tuple[ImageRef, ...]:
+    return tuple(_walk(request))
+
+
+def _walk(request: Request) -> Iterator[ImageRef]:
+    n = 0
+    for i, m in enumerate(request.messages):
+        if isinstance(m.content, str) or m.content is None:
+            continue
+        for j, part in enumerate(m.content):
+            found = image_url(part)
+            if found is None:
+                continue
+            url, suffix = found
+            yield ImageRef(index=n, path=m.path_of(f".content[{j}]{suffix}"), url=url, message=i)
+            n += 1
+
+
+_DATA = re.compile(r"(?is)data:([^,]*?),(.*)")
+
+
+def parse_data_url(url: str, path: str) -> tuple[str | None, bytes]:
+    """(media type or None, bytes) of a `data:` URL; base64 is decoded strictly (RFC 4648 alphabet, padding)."""
+    m = _DATA.fullmatch(url)
+    if m is None:
+        raise MediaSourceError("a data: URL without a comma", path=path, hint="use data:<media type>;base64,<data>")
+    meta, payload = m[1], m[2]
+    params = [p.strip() for p in meta.split(";")]
+    media_type = params[0].lower() or None
+    if "base64" in (p.lower() for p in params[1:]):
+        try:
+            data = binascii.a2b_base64(re.sub(r"\s+", "", payload), strict_mode=True)
+        except (binascii.Error, ValueError) as e:
+            raise MediaSourceError(
+                f"the data: URL's base64 is invalid: {e}", path=path, hint="send standard base64 with its padding"
+            ) from None
+    else:
+        data = unquote_to_bytes(payload)
+    if not data:
+        raise MediaSourceError("the data: URL holds no bytes", path=path, hint="send the image's bytes")
+    return media_type, data
+
+
+def resolve(ref: ImageRef, media: Mapping[str, bytes] | None = None) -> ImageBytes:
+    """The bytes of one image: decoded from its data: URL, or `media[url]` for any other URL. Never fetched."""
+    if ref.kind == "data":
+        declared, data = parse_data_url(ref.url, ref.path)
+        return ImageBytes(ref, data, declared, "data-url")
+    supplied = (media or {}).get(ref.url)
+    if supplied is not None:
+        if not isinstance(supplied, bytes | bytearray | memoryview):
+            raise MediaSourceError(f"the bytes supplied for {ref.url!r} are a {type(supplied).__name__}", path=ref.path)
+        return ImageBytes(ref, bytes(supplied), None, "supplied")
+    shown = ref.url if len(ref.url) <= 80 else ref.url[:77] + "..."
+    raise MediaSourceError(
+        f"ctxlock never fetches URLs, and no bytes were supplied for {shown!r}",
+        path=ref.path,
+        hint="send the image as a data: URL (or a base64 source), or supply its bytes: media={url: bytes} in the "
+        "API, --media URL=FILE on the command line",
+    )

@@ -1,0 +1,322 @@
+"""Requests with images through the whole pipeline, against transformers' Qwen2VLProcessor.apply_chat_template.
+
+The model directory is the Qwen2-VL fixture (tests/mm_fixtures.py): the real qwen2 vocabulary with Qwen's token
+names restored, Qwen2-VL's published chat template and the hub's preprocessor_config.json.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, Qwen2VLProcessor
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+import ctxlock
+import mm_fixtures as F
+from ctxlock.errors import (
+    ContentFormatError,
+    ImageDecodeError,
+    ImagePlacementError,
+    ImageSizeError,
+    MediaError,
+    MediaSourceError,
+    MediaTypeError,
+)
+from ctxlock.multimodal.pipeline import StageOptions
+from ctxlock.multimodal.qwen2vl import Qwen2VL
+
+pytestmark = pytest.mark.reference
+
+PAD, START, END = 151655, 151652, 151653
+
+
+class ImageOnlyProcessor(Qwen2VLProcessor):
+    """transformers' Qwen2VLProcessor without its video processor, whose class needs torchvision (absent here):
+    everything about images is the class's own code."""
+
+    @classmethod
+    def get_attributes(cls) -> list[str]:
+        return ["image_processor", "tokenizer"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return F.build_qwen2vl_dir(tmp_path_factory.mktemp("mm") / "qwen2-vl", F.HUB_PREPROCESSOR)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir: Path) -> ctxlock.Model:
+    return ctxlock.load(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def processor(model_dir: Path) -> ImageOnlyProcessor:
+    config = {k: v for k, v in F.HUB_PREPROCESSOR.items() if k not in ("image_processor_type", "processor_class")}
+    return ImageOnlyProcessor(
+        image_processor=Qwen2VLImageProcessorPil(**config),
+        tokenizer=AutoTokenizer.from_pretrained(model_dir),
+        chat_template=F.QWEN2VL_TEMPLATE,
+    )
+
+
+def openai_image(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def hf_messages(messages: list[dict]) -> list[dict]:
+    """The same conversation as transformers' processor takes it: {"type": "image", "url": ...} parts."""
+    out = []
+    for m in messages:
+        if isinstance(m["content"], str):
+            out.append(m)
+            continue
+        parts = [
+            {"type": "image", "url": p["image_url"]["url"]} if p["type"] == "image_url" else p for p in m["content"]
+        ]
+        out.append({**m, "content": parts})
+    return out
+
+
+def reference(processor: ImageOnlyProcessor, messages: list[dict]):
+    out = processor.apply_chat_template(
+        hf_messages(messages), tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="np"
+    )
+    text = processor.apply_chat_template(hf_messages(messages), tokenize=False, add_generation_prompt=True)
+    return out, text
+
+
+def expected_text(text: str, grids: np.ndarray) -> str:
+    pieces = text.split("<|image_pad|>")
+    assert len(pieces) == len(grids) + 1
+    out = pieces[0]
+    for grid, rest in zip(grids, pieces[1:], strict=True):
+        out += "<|image_pad|>" * (int(np.prod(grid)) // 4) + rest
+    return out
+
+
+def conversation(images: list[bytes]) -> list[dict]:
+    turns: list[dict] = [{"role": "system", "content": "You describe pictures."}]
+    for k, data in enumerate(images):
+        turns.append({"role": "user", "content": [openai_image(F.data_url(data)), {"type": "text", "text": f"#{k}?"}]})
+        turns.append({"role": "assistant", "content": f"Picture {k} shows noise."})
+    turns.append({"role": "user", "content": [{"type": "text", "text": "Compare them."}]})
+    return turns
+
+
+def check_parity(model: ctxlock.Model, processor: ImageOnlyProcessor, messages: list[dict]) -> ctxlock.Model:
+    ref, ref_text = reference(processor, messages)
+    got = model.run_images({"messages": messages})
+    assert list(got.ids) == ref["input_ids"][0].tolist()
+    assert got.model_input["input_ids"][0].tolist() == list(got.ids)
+    assert got.text == expected_text(ref_text, ref["image_grid_thw"])
+    assert np.array_equal(got.image_grid_thw, ref["image_grid_thw"])
+    assert got.pixel_values.shape == ref["pixel_values"].shape
+    assert np.abs(got.pixel_values - ref["pixel_values"]).max() <= 1e-5
+    return got
+
+
+def test_one_image_matches_apply_chat_template(model: ctxlock.Model, processor: ImageOnlyProcessor) -> None:
+    data = F.png(F.noise(640, 480))
+    got = check_parity(model, processor, [{"role": "user", "content": [openai_image(F.data_url(data))]}])
+    ((start, end),) = got.span_map().values()
+    assert end - start == got.images[0].n_tokens == 391
+    assert got.ids[start - 1] == START and got.ids[end] == END
+    assert set(got.ids[start:end]) == {PAD}
+    assert got.text[got.spans[0].text_start : got.spans[0].text_end] == "<|image_pad|>" * 391
+
+
+def test_multi_turn_mixed_images_match(model: ctxlock.Model, processor: ImageOnlyProcessor) -> None:
+    images = [
+        F.png(F.noise(1, 1)),
+        F.encode(F.noise(1200, 300, seed=2), "JPEG"),
+        F.with_orientation(F.noise(300, 100, seed=3), 6),
+        F.png(F.noise(64, 64, mode="RGBA", seed=4)),
+        F.png(F.noise(90, 90, mode="P", seed=5)),
+    ]
+    got = check_parity(model, processor, conversation(images))
+    spans = sorted(got.span_map().values())
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))
+    assert [s.path for s in got.spans] == [f"messages[{1 + 2 * k}].content[0].image_url.url" for k in range(5)]
+
+
+def test_anthropic_and_openai_dialects_give_the_same_input(model: ctxlock.Model) -> None:
+    data = F.encode(F.noise(333, 222), "JPEG")
+    b64 = base64.b64encode(data).decode()
+    anthropic = {
+        "system": "Be brief.",
+        "max_tokens": 10,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64}},
+                    {"type": "text", "text": "What is it?"},
+                ],
+            }
+        ],
+    }
+    openai = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [openai_image(F.data_url(data, "image/jpeg")), {"type": "text", "text": "What is it?"}],
+            },
+        ]
+    }
+    a, o = model.run_images(anthropic), model.run_images(openai)
+    assert a.ids == o.ids and np.array_equal(a.pixel_values, o.pixel_values)
+    assert a.spans[0].path == "messages[0].content[0].source"
+
+
+def test_http_url_needs_supplied_bytes(model: ctxlock.Model) -> None:
+    url = "https://example.com/cat.png"
+    data = F.png(F.noise(100, 80))
+    req = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, openai_image(url)]}]}
+    with pytest.raises(MediaSourceError, match="never fetches") as e:
+        model.run_images(req)
+    assert e.value.path == "messages[0].content[1].image_url.url"
+    supplied = model.run_images(req, media={url: data})
+    inline = model.run_images(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, openai_image(F.data_url(data))]}]}
+    )
+    assert supplied.ids == inline.ids and np.array_equal(supplied.pixel_values, inline.pixel_values)
+    assert supplied.images[0].origin == "supplied"
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "message"),
+    [
+        (F.data_url(F.png(F.noise(8, 8)), "image/jpeg"), MediaTypeError, "declared media type image/jpeg"),
+        ("data:image/png;base64,iVBORw0KGgo!!!", MediaSourceError, "base64 is invalid"),
+        ("data:image/png;base64", MediaSourceError, "without a comma"),
+        ("file:///etc/passwd", MediaSourceError, "never fetches"),
+        ("data:image/gif;base64," + base64.b64encode(b"GIF89a").decode(), ImageDecodeError, "cannot read the GIF"),
+    ],
+)
+def test_bad_sources_are_typed_errors_at_their_path(model: ctxlock.Model, url: str, error: type, message: str) -> None:
+    req = {"messages": [{"role": "user", "content": [openai_image(url)]}]}
+    with pytest.raises(MediaError, match=message) as e:
+        model.run_images(req)
+    assert isinstance(e.value, error)
+    assert e.value.path == "messages[0].content[0].image_url.url"
+
+
+def test_text_only_model_and_template(model: ctxlock.Model, model_dir: Path, tmp_path: Path) -> None:
+    data = F.png(F.noise(50, 50))
+    req = {"messages": [{"role": "user", "content": [openai_image(F.data_url(data)), {"type": "text", "text": "x"}]}]}
+    text_only = ctxlock.load(str(F.build_qwen2vl_dir(tmp_path / "text-only", None)))
+    with pytest.raises(ImagePlacementError, match="no image processor") as e:
+        text_only.run_images(req)
+    assert e.value.path == "messages[0].content[0].image_url.url"
+    # a template that writes no placeholder for images (it reads only text parts)
+    template = ctxlock.ChatTemplate(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% for p in m.content %}{% if p.type == 'text' %}"
+        "{{ p.text }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}",
+        id="text-parts-only",
+    )
+    with pytest.raises(ImagePlacementError, match="does not take images") as e:
+        model.run_images(req, template=template)
+    assert e.value.path == "messages[0].content[0].image_url.url"
+    # a string-content template refuses the image part itself
+    string_template = ctxlock.ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", id="string")
+    with pytest.raises(ContentFormatError):
+        model.run_images(req, template=string_template)
+
+
+def test_more_images_than_placeholders_and_extra_placeholders(model: ctxlock.Model) -> None:
+    data = F.data_url(F.png(F.noise(40, 40)))
+    req = {"messages": [{"role": "user", "content": [openai_image(data), openai_image(data)]}]}
+    first_only = ctxlock.ChatTemplate(
+        "{% for m in messages %}{% for p in m.content %}{% if loop.first %}<|vision_start|><|image_pad|>"
+        "<|vision_end|>{% endif %}{% endfor %}{% endfor %}",
+        id="first-only",
+    )
+    with pytest.raises(ImagePlacementError, match="2 images but the template wrote 1") as e:
+        model.run_images(req, template=first_only)
+    assert e.value.path == "messages[0].content[1].image_url.url"
+    extra = ctxlock.ChatTemplate(
+        "<|image_pad|>{% for m in messages %}{% for p in m.content %}<|image_pad|>{% endfor %}{% endfor %}",
+        id="extra",
+    )
+    with pytest.raises(ImagePlacementError, match="3 image placeholders for 2"):
+        model.run_images(req, template=extra)
+
+
+def test_placeholder_in_user_text_is_never_an_image_slot(model: ctxlock.Model, processor: ImageOnlyProcessor) -> None:
+    data = F.data_url(F.png(F.noise(60, 60)))
+    forged = "<|vision_start|><|image_pad|><|vision_end|>"
+    req = {"messages": [{"role": "user", "content": [{"type": "text", "text": forged}, openai_image(data)]}]}
+    got = model.run_images(req)
+    assert len(got.spans) == 1
+    start, end = got.spans[0].start, got.spans[0].end
+    assert got.ids.count(PAD) == end - start  # the forged one is text, not a pad id
+    with pytest.raises(ImagePlacementError, match="request text holds the image placeholder") as e:
+        model.run_images(req, injection="keep")
+    assert e.value.path == "messages[0].content[0].text"
+
+
+def test_plain_encode_refuses_unexpanded_images(model: ctxlock.Model) -> None:
+    req = {"messages": [{"role": "user", "content": [openai_image(F.data_url(F.png(F.noise(9, 9))))]}]}
+    with pytest.raises(ImagePlacementError, match="unexpanded placeholders") as e:
+        model.encode(req)
+    assert e.value.path == "messages[0].content[0].image_url.url"
+    assert len(model.encode({"messages": [{"role": "user", "content": "no images"}]})["input_ids"][0]) > 0
+
+
+def test_header_only_count_equals_the_decoded_expansion(model: ctxlock.Model) -> None:
+    images = [F.encode(F.noise(3000, 4000), "JPEG"), F.with_orientation(F.noise(500, 90), 8)]
+    req = {"messages": conversation(images)}
+    counted = model.run_images(req, decode=False)
+    full = model.run_images(req)
+    assert counted.ids == full.ids and counted.spans == full.spans
+    assert counted.pixel_values.size == 0 and all(im.pixels is None for im in counted.images)
+    assert [im.plan for im in counted.images] == [im.plan for im in full.images]
+
+
+def test_class_defaults_family_override(model: ctxlock.Model, model_dir: Path) -> None:
+    data = F.encode(F.noise(4000, 3000), "JPEG")
+    req = {"messages": [{"role": "user", "content": [openai_image(F.data_url(data))]}]}
+    hub = model.run_images(req, decode=False)
+    defaults = model.run_images(req, family=Qwen2VL(), decode=False)
+    assert hub.images[0].n_tokens == 15301  # (2996, 4004): under the hub's max_pixels 12845056
+    assert defaults.images[0].n_tokens == 1230
+    small_cap = StageOptions(max_pixels=1000)
+    with pytest.raises(ImageSizeError, match="over the cap"):
+        model.run_images(req, images=small_cap, decode=False)
+
+
+sizes = st.tuples(st.integers(1, 3000), st.integers(1, 3000)).filter(lambda s: max(s) / min(s) <= 200)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(sizes, min_size=0, max_size=3), min_size=1, max_size=4), st.booleans())
+def test_every_image_maps_to_exactly_its_placeholders(model: ctxlock.Model, turns: list, text_first: bool) -> None:
+    # Header-only images of arbitrary sizes (a tiny PNG header is enough for the plan; nothing is decoded).
+    messages: list[dict] = []
+    for k, sizes_in_turn in enumerate(turns):
+        parts: list[dict] = [openai_image(F.data_url(F.png(F.noise(w, h)))) for w, h in sizes_in_turn]
+        text = {"type": "text", "text": f"turn {k} <|image_pad|>"}
+        messages.append({"role": "user", "content": [text, *parts] if text_first else [*parts, text]})
+        messages.append({"role": "assistant", "content": "ok"})
+    got = model.run_images({"messages": messages}, decode=False)
+    base = model.render({"messages": messages})
+    n_images = sum(len(t) for t in turns)
+    assert len(got.spans) == n_images == len(got.images)
+    assert [s.index for s in got.spans] == list(range(n_images))
+    previous_end = -1
+    for span, image in zip(got.spans, got.images, strict=True):
+        assert span.end - span.start == image.n_tokens  # exactly its declared placeholders
+        assert span.start > previous_end  # never overlapping, in order
+        previous_end = span.end
+        assert got.ids[span.start - 1] == START and got.ids[span.end] == END
+        assert set(got.ids[span.start : span.end]) == {PAD}
+    assert got.ids.count(PAD) == sum(im.n_tokens for im in got.images)  # no pad id outside the spans
+    unexpanded = len(model.tokenize(base).ids)
+    assert len(got.ids) == unexpanded + sum(im.n_tokens - 1 for im in got.images)

@@ -3,19 +3,19 @@
 Sizes from 1x1 to 4000x3000, portrait / landscape / square, and the colour modes the issue names (palette with and
 without transparency, RGBA, LA, L, CMYK, 16-bit grey, 1-bit), plus EXIF-rotated JPEGs. Each image is made from a
 seeded generator, so every run sees the same pixels. `as_decoded(img)` gives the DecodedImage ctxlock's media stage
-makes under `ColourPolicy.COMPOSITE_WHITE` and `Orientation.IGNORE` (what the families' references see).
+makes from the file bytes under `ColourPolicy.COMPOSITE_WHITE` and `Orientation.IGNORE` (what the families'
+references see); `reopen(data)` is the Pillow image a reference library is given.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 
 import numpy as np
-import PIL
 from PIL import Image
 
-from ctxlock.multimodal.base import AnimationPolicy, ColourPolicy, DecodedImage, ImageHeader, Orientation
+from ctxlock.multimodal import media
+from ctxlock.multimodal.base import ColourPolicy, DecodedImage, Orientation
 
 SIZES = [
     (1, 1),
@@ -69,59 +69,48 @@ def make(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Ima
     return img.convert(mode)
 
 
-def exif_rotated(width: int, height: int, orientation: int, seed: int = 0) -> Image.Image:
-    """A JPEG (re-opened) carrying an EXIF orientation tag."""
+def exif_rotated(width: int, height: int, orientation: int, seed: int = 0) -> bytes:
+    """A JPEG carrying an EXIF orientation tag."""
     exif = Image.Exif()
     exif[0x0112] = orientation
     buf = io.BytesIO()
     make(width, height, "RGB", seed).save(buf, format="JPEG", exif=exif, quality=90)
-    return Image.open(io.BytesIO(buf.getvalue()))
+    return buf.getvalue()
 
 
-def corpus(limit_pixels: int | None = None) -> list[tuple[str, Image.Image]]:
-    """(label, image) for every size x a rotating choice of modes, plus every mode at a small size."""
+def corpus(limit_pixels: int | None = None) -> list[tuple[str, bytes]]:
+    """(label, file bytes) for every size x a rotating choice of modes, plus every mode at a small size."""
     out = []
     for i, (w, h) in enumerate(SIZES):
         if limit_pixels is not None and w * h > limit_pixels:
             continue
         mode = MODES[i % len(MODES)]
-        out.append((f"{w}x{h}-{mode}", make(w, h, mode, seed=i)))
+        out.append((f"{w}x{h}-{mode}", to_bytes(make(w, h, mode, seed=i))))
     for j, mode in enumerate(MODES):
-        out.append((f"37x23-{mode}", make(37, 23, mode, seed=100 + j)))
+        out.append((f"37x23-{mode}", to_bytes(make(37, 23, mode, seed=100 + j))))
     for k in (3, 6, 8):
         out.append((f"exif{k}-300x200", exif_rotated(300, 200, k, seed=200 + k)))
     return out
 
 
-def composite_white(img: Image.Image) -> np.ndarray:
-    """transformers' convert_to_rgb (alpha or a transparency key composited onto white, else convert("RGB"))."""
-    if "A" in img.getbands() or img.info.get("transparency") is not None:
-        rgba = img.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return np.array(Image.alpha_composite(background, rgba).convert("RGB"))
-    return np.array(img.convert("RGB"))
+def to_bytes(img: Image.Image) -> bytes:
+    """The image as a file a request would carry: PNG, or TIFF for CMYK (PNG has no CMYK)."""
+    return _save(img, "TIFF" if img.mode == "CMYK" else "PNG")
 
 
-def as_decoded(img: Image.Image) -> DecodedImage:
-    rgb = composite_white(img)
-    rgb.flags.writeable = False
-    header = ImageHeader(
-        sha256=hashlib.sha256(rgb.tobytes()).hexdigest(),
-        n_bytes=rgb.nbytes,
-        format="PNG",
-        media_type="image/png",
-        width=img.width,
-        height=img.height,
-        mode=img.mode,
-        frames=1,
-        orientation=1,
-    )
-    return DecodedImage(
-        header=header,
-        rgb=rgb,
-        decoder=f"Pillow {PIL.__version__}",
-        orientation=Orientation.IGNORE,
-        colour=ColourPolicy.COMPOSITE_WHITE,
-        animation=AnimationPolicy.FIRST_FRAME,
-        transposed=False,
-    )
+def _save(img: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def reopen(data: bytes) -> Image.Image:
+    """What a reference library is given: Pillow's image opened from the same bytes."""
+    return Image.open(io.BytesIO(data))
+
+
+def as_decoded(data: bytes) -> DecodedImage:
+    """ctxlock's media stage on the bytes: header (pixel cap) then decode, with the policies the families' references
+    use (EXIF orientation ignored, alpha composited onto white)."""
+    header = media.read_header(data)
+    return media.decode(data, header, orientation=Orientation.IGNORE, colour=ColourPolicy.COMPOSITE_WHITE)

@@ -17,9 +17,10 @@ from transformers import AutoTokenizer, CLIPImageProcessorPil, LlavaProcessor
 import ctxlock
 import fetched as artifacts
 from ctxlock.errors import CtxlockError, ImageSizeError
-from ctxlock.multimodal.base import ImageFamily, ImageHeader
+from ctxlock.multimodal import media
+from ctxlock.multimodal.base import ImageFamily
 from ctxlock.multimodal.llava import LlavaFamily, shortest_edge_size
-from mm_images import as_decoded, corpus, make
+from mm_images import as_decoded, corpus, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
 
@@ -64,24 +65,23 @@ def clip336():
 
 @pytest.mark.parametrize("label", [label for label, _ in CORPUS])
 def test_pixel_values_equal_clip_image_processor_pil(clip336, label) -> None:
-    img = dict(CORPUS)[label]
-    ref = clip336(images=img, return_tensors="np")["pixel_values"][0]
+    data = dict(CORPUS)[label]
+    ref = clip336(images=reopen(data), return_tensors="np")["pixel_values"][0]
     family = LlavaFamily.from_configs(LLAVA_PREPROCESSOR, LLAVA_PROCESSOR)
-    pre = family.preprocess(as_decoded(img))
+    pre = family.preprocess(as_decoded(data))
     assert pre.pixel_values.shape == ref.shape == (3, 336, 336)
     assert pre.pixel_values.dtype == np.float32
     assert np.abs(pre.pixel_values - ref).max() <= 1e-5
     assert pre.plan.n_tokens == 576
-    header = ImageHeader("0" * 64, 0, "PNG", "image/png", img.width, img.height, img.mode, 1, 1)
-    assert family.plan(header) == pre.plan
+    assert family.plan(media.read_header(data)) == pre.plan
 
 
 @pytest.mark.parametrize("label", [label for label, _ in CORPUS][::5])
 def test_class_defaults_224(label) -> None:
-    img = dict(CORPUS)[label]
-    ref = CLIPImageProcessorPil()(images=img, return_tensors="np")["pixel_values"][0]
+    data = dict(CORPUS)[label]
+    ref = CLIPImageProcessorPil()(images=reopen(data), return_tensors="np")["pixel_values"][0]
     family = LlavaFamily(shortest_edge=224, crop_height=224, crop_width=224)
-    pre = family.preprocess(as_decoded(img))
+    pre = family.preprocess(as_decoded(data))
     assert np.abs(pre.pixel_values - ref).max() <= 1e-5
     assert pre.plan.n_tokens == 256
 
@@ -132,7 +132,12 @@ def _messages(urls: list[str], *, anthropic: bool = False) -> list[dict]:
 def test_expanded_text_and_ids_equal_llava_processor(llava_dir) -> None:
     processor = LlavaProcessor.from_pretrained(llava_dir)
     assert processor.tokenizer.convert_tokens_to_ids("<image>") == 32000
-    images = [make(640, 480, "RGB", 1), make(300, 900, "RGBA", 2), make(1000, 1000, "CMYK", 3)]
+    files = [
+        to_bytes(make(640, 480, "RGB", 1)),
+        to_bytes(make(300, 900, "RGBA", 2)),
+        to_bytes(make(999, 1000, "CMYK", 3)),
+    ]
+    images = [reopen(f) for f in files]
     urls = [f"data:image/png;base64,{b64}" for b64 in ("AAAA", "AAAB", "AAAC")]  # the template reads only the part type
     prompt = processor.apply_chat_template(_messages(urls), add_generation_prompt=True)
     ref = processor(text=prompt, images=images, return_tensors="np")
@@ -141,7 +146,7 @@ def test_expanded_text_and_ids_equal_llava_processor(llava_dir) -> None:
     rendered = model.render({"messages": _messages(urls, anthropic=True)}, add_generation_prompt=True)
     assert rendered.text == prompt
     family = LlavaFamily.from_configs(LLAVA_PREPROCESSOR, LLAVA_PROCESSOR)
-    plans = [family.preprocess(as_decoded(img)) for img in images]
+    plans = [family.preprocess(as_decoded(f)) for f in files]
     pieces = rendered.text.split(family.template_placeholder)
     assert len(pieces) == len(plans) + 1
     expanded = pieces[0]

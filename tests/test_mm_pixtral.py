@@ -26,10 +26,11 @@ from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from PIL import Image
 
 from ctxlock.errors import CtxlockError, ImageSizeError
-from ctxlock.multimodal.base import ImageFamily, ImageHeader
+from ctxlock.multimodal import media
+from ctxlock.multimodal.base import ImageFamily
 from ctxlock.multimodal.pixtral import PixtralFamily, pixtral_grid
 from ctxlock.multimodal.resample import cubic_resize
-from mm_images import as_decoded, corpus, make
+from mm_images import as_decoded, corpus, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
 
@@ -47,8 +48,8 @@ def no_ipp():
     cv2.ipp.setUseIPP(before)
 
 
-def _mine(family: PixtralFamily, img: Image.Image) -> tuple[list[int], np.ndarray]:
-    pre = family.preprocess(as_decoded(img))
+def _mine(family: PixtralFamily, data: bytes) -> tuple[list[int], np.ndarray]:
+    pre = family.preprocess(as_decoded(data))
     names = {family.img_token: IDS.img, family.img_break_token: IDS.img_break, family.img_end_token: IDS.img_end}
     return [names[t] for t in family.placeholders(pre.plan)], pre.pixel_values
 
@@ -59,16 +60,17 @@ CORPUS = corpus()
 @pytest.mark.parametrize(("patch", "max_size", "merge"), CONFIGS)
 @pytest.mark.parametrize("label", [label for label, _ in CORPUS])
 def test_tokens_and_pixels_equal_image_encoder(no_ipp, label, patch, max_size, merge) -> None:
-    img = dict(CORPUS)[label]
+    data = dict(CORPUS)[label]
+    img = reopen(data)
     ref = ImageEncoder(ImageConfig(patch, max_size, merge), IDS)(ImageChunk(image=img))
     family = PixtralFamily(image_patch_size=patch, max_image_size=max_size, spatial_merge_size=merge)
-    tokens, pixels = _mine(family, img)
+    tokens, pixels = _mine(family, data)
     assert tokens == ref.tokens
     assert pixels.shape == ref.image.shape and pixels.dtype == np.float32
     assert np.abs(pixels - ref.image).max() <= 1e-5
     # the header-only plan is the one preprocessing used
-    header = ImageHeader("0" * 64, 0, "PNG", "image/png", img.width, img.height, img.mode, 1, 1)
-    assert family.plan(header) == family.preprocess(as_decoded(img)).plan
+    header = media.read_header(data)
+    assert family.plan(header) == family.preprocess(as_decoded(data)).plan
     assert family.plan(header).n_tokens == len(ref.tokens)
 
 
@@ -77,9 +79,9 @@ def test_ipp_deviation_is_bounded() -> None:
     assert cv2.ipp.useIPP()
     family = PixtralFamily()
     worst = 0.0
-    for _, img in corpus(limit_pixels=1_100_000):
-        ref = ImageEncoder(ImageConfig(16, 1024), IDS)(ImageChunk(image=img))
-        tokens, pixels = _mine(family, img)
+    for _, data in corpus(limit_pixels=1_100_000):
+        ref = ImageEncoder(ImageConfig(16, 1024), IDS)(ImageChunk(image=reopen(data)))
+        tokens, pixels = _mine(family, data)
         assert tokens == ref.tokens
         worst = max(worst, float(np.abs(pixels - ref.image).max()))
     assert worst <= 2e-4
@@ -152,7 +154,7 @@ def test_encode_chat_completion_images_and_image_tokens(no_ipp) -> None:
                 current = []
     assert len(runs) == len(out.images) == 3
     for img, run, ref_pixels in zip(images, runs, out.images, strict=True):
-        pre = family.preprocess(as_decoded(img))
+        pre = family.preprocess(as_decoded(to_bytes(img)))
         assert [ids[t] for t in family.placeholders(pre.plan)] == run
         assert np.abs(pre.pixel_values - ref_pixels).max() <= 1e-5
 

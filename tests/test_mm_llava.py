@@ -5,6 +5,7 @@ chat template, LLaVA-1.5's preprocessor and processor configs written here)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -138,25 +139,22 @@ def test_expanded_text_and_ids_equal_llava_processor(llava_dir) -> None:
         to_bytes(make(999, 1000, "CMYK", 3)),
     ]
     images = [reopen(f) for f in files]
-    urls = [f"data:image/png;base64,{b64}" for b64 in ("AAAA", "AAAB", "AAAC")]  # the template reads only the part type
+    kinds = ["image/png", "image/png", "image/tiff"]
+    urls = [f"data:{k};base64,{base64.b64encode(f).decode()}" for k, f in zip(kinds, files, strict=True)]
     prompt = processor.apply_chat_template(_messages(urls), add_generation_prompt=True)
     ref = processor(text=prompt, images=images, return_tensors="np")
 
     model = ctxlock.load(str(llava_dir))
-    rendered = model.render({"messages": _messages(urls, anthropic=True)}, add_generation_prompt=True)
-    assert rendered.text == prompt
-    family = LlavaFamily.from_configs(LLAVA_PREPROCESSOR, LLAVA_PROCESSOR)
-    plans = [family.preprocess(as_decoded(f)) for f in files]
-    pieces = rendered.text.split(family.template_placeholder)
-    assert len(pieces) == len(plans) + 1
-    expanded = pieces[0]
-    for pre, piece in zip(plans, pieces[1:], strict=True):
-        expanded += "".join(family.placeholders(pre.plan)) + piece
-    ids = model.tokenizer.encode(expanded, parse_special=True, add_special_tokens=True)
-    assert ids == ref["input_ids"][0].tolist()
-    assert ids.count(32000) == 3 * 576
-    for mine, theirs in zip(plans, ref["pixel_values"], strict=True):
-        assert np.abs(mine.pixel_values - theirs).max() <= 1e-5
+    assert isinstance(model.image_family, LlavaFamily)  # preprocessor_config.json: CLIPImageProcessor + LlavaProcessor
+    mm = model.run_images({"messages": _messages(urls, anthropic=True)}, add_generation_prompt=True)
+    assert mm.rendered.text == prompt
+    assert mm.text == prompt.replace("<image>", "<image>" * 576)  # LlavaProcessor's expanded text
+    ids = ref["input_ids"][0].tolist()
+    assert list(mm.ids) == ids
+    starts = [k for k, t in enumerate(ids) if t == 32000 and ids[k - 1] != 32000]
+    assert mm.span_map() == {i: (s, s + 576) for i, s in enumerate(starts)}
+    assert mm.pixel_values.shape == ref["pixel_values"].shape == (3, 3, 336, 336)
+    assert np.abs(mm.pixel_values - ref["pixel_values"]).max() <= 1e-5
 
 
 def test_family_keeps_the_interface() -> None:

@@ -156,8 +156,8 @@ class PixtralFamily:
     def pixel_values(self, rgb: np.ndarray, plan: ImagePlan) -> np.ndarray:
         """(3, H, W) float32 for (h, w, 3) uint8 RGB pixels, under `plan`."""
         out_h, out_w = plan.resized
-        image = cubic_resize(np.asarray(rgb, dtype=np.float32), out_w, out_h)
-        image = np.divide(image, np.float32(255.0), dtype=np.float32)
+        image = cubic_resize(np.asarray(rgb), out_w, out_h)
+        image = np.divide(image, np.float32(255.0), dtype=np.float32)  # a new C-contiguous array
         image -= np.asarray(self.image_mean, dtype=np.float32)
         image /= np.asarray(self.image_std, dtype=np.float32)
         return np.ascontiguousarray(image.transpose(2, 0, 1))

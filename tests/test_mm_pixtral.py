@@ -9,6 +9,7 @@ and `test_ipp_deviation_is_bounded` measures and bounds the difference with IPP 
 
 from __future__ import annotations
 
+import base64
 import io
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from mistral_common.tokens.tokenizers.image import ImageConfig, ImageEncoder, Sp
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from PIL import Image
 
+import ctxlock
 from ctxlock.errors import CtxlockError, ImageSizeError
 from ctxlock.multimodal import media
 from ctxlock.multimodal.base import ImageFamily
@@ -186,3 +188,52 @@ def test_corrupt_bytes_never_reach_the_family() -> None:
     make(64, 64).save(buf, format="PNG")
     with pytest.raises(OSError):
         Image.open(io.BytesIO(buf.getvalue()[:100])).load()
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def test_run_images_on_the_default_mistral_model_equals_encode_chat_completion(no_ipp) -> None:
+    """End to end: ctxlock's Mistral path (the generated template, the Tekken tokenizer, the Pixtral family from
+    tekken_240911.json's image section) gives mistral-common's ids and images for a multi-turn request."""
+    files = [
+        to_bytes(make(640, 480, "RGB", 1)),
+        to_bytes(make(37, 1500, "RGBA", 2)),
+        to_bytes(make(1200, 1000, "P", 3)),
+    ]
+    images = [reopen(f) for f in files]
+    tok = MistralTokenizer.from_file(str(TEKKEN))
+    ref = tok.encode_chat_completion(_multi_turn(images))
+    request = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in this picture?"},
+                    {"type": "image_url", "image_url": {"url": _data_url(files[0])}},
+                ],
+            },
+            {"role": "assistant", "content": "A gradient with noise."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(files[1])}},
+                    {"type": "text", "text": "And these two?"},
+                    {"type": "image_url", "image_url": {"url": _data_url(files[2])}},
+                ],
+            },
+        ]
+    }
+    model = ctxlock.load("mistral-nemo")
+    assert isinstance(model.image_family, PixtralFamily)
+    mm = model.run_images(request)
+    assert list(mm.ids) == ref.tokens
+    assert len(mm.images) == len(ref.images) == 3
+    for im, theirs in zip(mm.images, ref.images, strict=True):
+        assert np.abs(im.pixels.pixel_values - theirs).max() <= 1e-5
+    img_end = ref.tokens.index(13) if 13 in ref.tokens else None
+    assert img_end is not None and mm.span_map()[0][1] == img_end + 1
+    # without the image stage the ids would hold bare [IMG] placeholders: run refuses
+    with pytest.raises(CtxlockError):
+        model.run(request)

@@ -390,7 +390,8 @@ def render(
     if flattened:
         messages = flatten_contents(messages, request)
     if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
-        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools)
+        images = mistral.takes_images(template.source)
+        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools, images=images)
     msgs = tag_final_message(messages, template.source) if cfm else messages
     context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
     draws: list[dict[str, Any]] = []

@@ -21,7 +21,9 @@ gives), equal to it within 1e-5; `params()["resample"]` names it and records say
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +87,16 @@ class PixtralFamily:
                     path=field_name,
                     hint="take the values from the tokenizer's `image` section (tekken.json)",
                 )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PixtralFamily:
+        """From mistral-common's image settings (a Tekken file's `image` section, as the artifacts layer passes it:
+        `image_patch_size`, `max_image_size`, `spatial_merge_size`)."""
+        return cls(
+            image_patch_size=config.get("image_patch_size", 16),
+            max_image_size=config.get("max_image_size", 1024),
+            spatial_merge_size=config.get("spatial_merge_size", 1),
+        )
 
     @property
     def template_placeholder(self) -> str:

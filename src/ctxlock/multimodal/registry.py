@@ -12,6 +12,7 @@ from typing import Any
 from ctxlock.errors import MediaError
 from ctxlock.multimodal.base import ImageFamily
 from ctxlock.multimodal.llava import LlavaFamily
+from ctxlock.multimodal.pixtral import PixtralFamily
 from ctxlock.multimodal.qwen2vl import Qwen2VL
 
 _Builder = Callable[[Mapping[str, Any]], ImageFamily]
@@ -35,6 +36,9 @@ def _llava(config: Mapping[str, Any]) -> ImageFamily:
 FAMILIES: dict[str, _Builder] = {
     "Qwen2VLImageProcessor": Qwen2VL.from_preprocessor_config,
     "CLIPImageProcessor": _llava,
+    # not a transformers class: a Tekken tokenizer's `image` section (mistral-common's image encoder), which the
+    # artifacts layer passes under this name (artifacts/manifest.py)
+    "MistralCommonImageEncoder": PixtralFamily.from_config,
 }
 
 

@@ -6,7 +6,8 @@ same thing: a separable 4-tap cubic convolution with OpenCV's constant A = -0.75
 and weights rounded to float32 as OpenCV computes them, and out-of-range taps clamped to the edge
 (OpenCV's replicate border). No antialiasing when shrinking, exactly as OpenCV. Two passes in float32, each
 gathering whole rows (the image is transposed between them); OpenCV goes across then down, this goes down then
-across: the same sums rounded in another order, within ~1e-4 of a level (1e-6 after normalization). `tests/test_mm_pixtral.py` holds it to OpenCV within 1e-5 after normalization.
+across: the same sums rounded in another order, within ~1e-4 of a level (1e-6 after normalization).
+`tests/test_mm_pixtral.py` holds it to OpenCV (without IPP) within 1e-5 after normalization.
 """
 
 from __future__ import annotations

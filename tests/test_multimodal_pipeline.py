@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -320,3 +321,71 @@ def test_every_image_maps_to_exactly_its_placeholders(model: ctxlock.Model, turn
     assert got.ids.count(PAD) == sum(im.n_tokens for im in got.images)  # no pad id outside the spans
     unexpanded = len(model.tokenize(base).ids)
     assert len(got.ids) == unexpanded + sum(im.n_tokens - 1 for im in got.images)
+
+
+def test_count_gives_exact_image_tokens_from_headers(model: ctxlock.Model) -> None:
+    images = [F.png(F.noise(640, 480)), F.encode(F.noise(4000, 3000, seed=9), "JPEG")]
+    req = {"messages": conversation(images)}
+    counts = model.count(req)
+    full = model.run_images(req)
+    assert counts.total == len(full.ids)
+    assert sum(p.tokens for p in counts.parts) == counts.total
+    assert [im["tokens"] for im in counts.images] == [im.n_tokens for im in full.images] == [391, 15301]
+    assert [im["part"] for im in counts.images] == ["messages[1]", "messages[3]"]
+    assert counts.images[1]["steps"][0]["to"] == [2996, 4004]
+    text_only = model.count({"messages": [{"role": "user", "content": "hi"}]})
+    assert text_only.images == () and "images" not in text_only.to_dict()
+
+
+def _cli(tmp_path: Path, model_dir: Path, *args: str):
+    from cli_runner import run_cli
+
+    request = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    openai_image(F.data_url(F.png(F.noise(640, 480)))),
+                    openai_image("https://example.com/photo.jpg"),
+                    {"type": "text", "text": "What differs?"},
+                ],
+            }
+        ]
+    }
+    (tmp_path / "request.json").write_text(json.dumps(request), encoding="utf-8")
+    (tmp_path / "photo.jpg").write_bytes(F.encode(F.noise(1024, 768, seed=1), "JPEG", quality=90))
+    return run_cli(*args, str(tmp_path / "request.json"), "--model", str(model_dir), env={"PWD": str(tmp_path)})
+
+
+def test_cli_render_shows_image_blocks_and_needs_media(tmp_path: Path, model_dir: Path) -> None:
+    media = f"https://example.com/photo.jpg={tmp_path / 'photo.jpg'}"
+    done = _cli(tmp_path, model_dir, "render", "--media", media)
+    assert done.returncode == 0, done.stderr
+    assert "<|vision_start|>[image 0: 391 tokens, sha256 " in done.stdout
+    assert "[image 1: 999 tokens, sha256 " in done.stdout
+    assert "smart_resize: (768, 1024) -> (756, 1036)" in done.stdout
+    missing = _cli(tmp_path, model_dir, "render")
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.startswith("error: MediaSourceError: messages[0].content[1].image_url.url: ctxlock never")
+    counted = _cli(tmp_path, model_dir, "count", "--json", "--media", media)
+    assert counted.returncode == 0, counted.stderr
+    assert [im["tokens"] for im in json.loads(counted.stdout)["images"]] == [391, 999]
+    as_json = json.loads(_cli(tmp_path, model_dir, "render", "--json", "--media", media).stdout)
+    assert [s["tokens"] for s in as_json["multimodal"]["spans"]] == [[15, 406], [408, 1407]]
+
+
+def test_fit_keeps_or_drops_an_image_whole(model: ctxlock.Model) -> None:
+    from ctxlock.budget import BudgetPolicy, fit_context
+
+    images = [F.png(F.noise(640, 480, seed=k)) for k in range(3)]  # 391 tokens each
+    req = model.parse({"messages": conversation(images)})
+    full = len(model.run_images(req, decode=False).ids)
+    for budget in (full, full - 1, full - 400, full - 800, 450):
+        fitted = fit_context(req, model, BudgetPolicy(max_input_tokens=budget))
+        expanded = model.run_images(fitted.request, decode=False)
+        assert list(fitted.ids) == list(expanded.ids)  # the fit counted every image token exactly
+        assert fitted.input_tokens <= budget
+        kept = len(expanded.images)
+        assert all(s.end - s.start == 391 for s in expanded.spans)  # an image is never cut
+        assert fitted.input_tokens > budget - 391 - 60 or kept == 0  # it drops no more than one image's worth
+    assert len(model.run_images(fit_context(req, model, BudgetPolicy(max_input_tokens=full)).request).images) == 3

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
+import mm_fixtures
 from conformance import FIXED_NOW, conversations
 from ctxlock.errors import RecordFormatError
 from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes, diff
-from ctxlock.replay import load_record, replay, rerun, run_and_record, save
+from ctxlock.replay import image_options, load_record, replay, rerun, run_and_record, save
 from ctxlock.store import Store
 from ctxlock.template import ChatTemplate
 
@@ -251,9 +252,60 @@ def test_row_truncation_breaks_a_tool_call_and_its_result() -> None:
     assert d.layer == "policy"
 
 
-@pytest.mark.xfail(strict=True, reason="needs the multimodal stage (a later issue): an image re-encoded or rotated")
-def test_row_image_reencoded_or_rotated() -> None:
-    from ctxlock import multimodal  # noqa: F401  (the stage does not exist yet)
+def _image_record(model: ctxlock.Model, data: bytes, *, media: dict | None = None, url: str | None = None):
+    part = {"type": "image_url", "image_url": {"url": url or mm_fixtures.data_url(data)}}
+    raw = json.dumps({"messages": [{"role": "user", "content": [part, {"type": "text", "text": "What?"}]}]})
+    options = RunOptions(now="2024-07-26", images=image_options(model, media))
+    result, rec, error = run_and_record(model, raw.encode("utf-8"), options, media=media)
+    assert error is None, error
+    return result, rec
+
+
+def test_row_image_reencoded_or_rotated(tmp_path: Path) -> None:
+    base = mm_fixtures.noise(320, 200, seed=11)
+    png = mm_fixtures.png(base)
+    model = ctxlock.load(str(mm_fixtures.build_qwen2vl_dir(tmp_path / "qwen2-vl", mm_fixtures.HUB_PREPROCESSOR)))
+    _, a = _image_record(model, png)
+    assert diff(a, _image_record(model, png)[1]).identical
+    # re-encoded: other bytes (a JPEG), the same size, pixels close
+    found = diff(a, _image_record(model, mm_fixtures.encode(base, "JPEG", quality=95))[1]).first_divergence
+    assert found.layer == "multimodal" and found.cause.startswith("image re-encoded"), found
+    # rotated: the same pixels carrying an EXIF orientation
+    found = diff(a, _image_record(model, mm_fixtures.with_orientation(base, 6))[1]).first_divergence
+    assert found.layer == "multimodal" and found.cause.startswith("image rotated: EXIF orientation 1 -> 6"), found
+    # resize policy changed: the same bytes under another max_pixels
+    other_dir = mm_fixtures.build_qwen2vl_dir(
+        tmp_path / "qwen2-vl-small", {**mm_fixtures.HUB_PREPROCESSOR, "max_pixels": 200 * 28 * 28}
+    )
+    found = diff(a, _image_record(ctxlock.load(str(other_dir)), png)[1]).first_divergence
+    assert found.layer == "multimodal" and found.cause == "resize policy changed", found
+    assert found.location == "multimodal.images[0].plan.params.max_pixels"
+    # replaced: another picture of the same size
+    found = diff(a, _image_record(model, mm_fixtures.png(mm_fixtures.noise(320, 200, seed=12).rotate(90)))[1])
+    assert found.first_divergence.layer == "multimodal"
+    assert found.first_divergence.cause.startswith("image replaced"), found
+
+
+def test_replay_of_a_multimodal_record_after_the_image_file_is_deleted(tmp_path: Path, store: Store) -> None:
+    model = ctxlock.load(str(mm_fixtures.build_qwen2vl_dir(tmp_path / "qwen2-vl", mm_fixtures.HUB_PREPROCESSOR)))
+    image_file = tmp_path / "cat.jpg"
+    image_file.write_bytes(mm_fixtures.encode(mm_fixtures.noise(640, 480, seed=4), "JPEG"))
+    url = "https://example.com/cat.jpg"
+    media = {url: image_file.read_bytes()}
+    mm, rec = _image_record(model, b"", media=media, url=url)
+    section = rec.data["multimodal"]
+    image = section["images"][0]
+    assert image["header"]["sha256"] == rec.data["options"]["images"]["media"][url]
+    assert image["decode"]["decoder"].startswith("Pillow ")
+    assert image["plan"]["params"]["max_pixels"] == 12845056 and image["plan"]["params"]["image_mean"]
+    assert image["pixel_values"]["sha256"] == mm.images[0].pixels.pixel_sha256
+    assert section["spans"][0]["tokens"] == list(mm.span_map()[0])
+    assert rec.data["input_ids"] == list(mm.ids)  # the expanded ids: what the model received
+    save(store, model, rec, model.templates.select(None), media=media)
+    image_file.unlink()
+    result, again = replay(load_record(rec.id, store), store)
+    assert result.identical, result.first_divergence
+    assert again.data["multimodal"]["images"][0]["pixel_values"] == image["pixel_values"]  # recomputed
 
 
 def test_rerun_under_another_template(store: Store) -> None:
@@ -265,3 +317,28 @@ def test_rerun_under_another_template(store: Store) -> None:
     other = rerun(rec, model_spec=str(fetched.hf_tokenizer_dir("qwen2")), template_file=None, store=store)
     assert diff(rec, other).first_divergence.layer == "template"
     assert datetime.fromisoformat(rec.data["dynamic"]["now"])
+
+
+def test_fitted_multimodal_record_replays(tmp_path: Path, store: Store) -> None:
+    model = ctxlock.load(str(mm_fixtures.build_qwen2vl_dir(tmp_path / "qwen2-vl", mm_fixtures.HUB_PREPROCESSOR)))
+    turns = []
+    for k in range(3):
+        url = mm_fixtures.data_url(mm_fixtures.png(mm_fixtures.noise(640, 480, seed=k)))
+        turns += [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}],
+            },
+            {"role": "assistant", "content": f"picture {k}"},
+        ]
+    turns.append({"role": "user", "content": "compare"})
+    raw = json.dumps({"messages": turns}).encode("utf-8")
+    options = RunOptions(now="2024-07-26", images=image_options(model), budget={"max_input_tokens": 900})
+    fitted, rec, error = run_and_record(model, raw, options)
+    assert error is None, error
+    assert len(rec.data["multimodal"]["images"]) == 2  # the oldest image's turn was dropped whole
+    assert len(rec.data["input_ids"]) == fitted.input_tokens <= 900
+    assert rec.data["input_ids"] == rec.data["tensors"]["input_ids"][0]
+    save(store, model, rec, model.templates.select(None))
+    result, _ = replay(load_record(rec.id, store), store)
+    assert result.identical, result.first_divergence

@@ -63,6 +63,7 @@ def test_each_comparer_reports_its_own_layer(model: ctxlock.Model) -> None:
         "template": lambda d: d["template"].update(sha256="0" * 64),
         "rendered": lambda d: d["rendered"].update(text=d["rendered"]["text"] + "!"),
         "tokenizer": lambda d: d["tokenizer"].update(special_tokens={"bos_token": "<x>"}),
+        "multimodal": lambda d: d.update(multimodal={"family": "qwen2-vl", "images": [], "spans": []}),
         "input_ids": lambda d: d["input_ids"].append(0),
         "tensors": lambda d: d["tensors"].update(padding="left"),
     }

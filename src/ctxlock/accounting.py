@@ -33,13 +33,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from .caches import LRU
 from .errors import CtxlockError, RequestError
+from .images import MultimodalInput
+from .multimodal.pipeline import ImageInput
 from .options import RENDER_OPTIONS, check_options
 from .request import Request
 from .settings import fast_enabled
@@ -100,12 +102,14 @@ class Counts:
     notes: tuple[str, ...] = field(default=())
     # document blocks (Anthropic `document`): the provider counts them by its own rules, which ctxlock does not know
     provider_unknown: tuple[str, ...] = field(default=())
+    # Each image's plan from its header alone (with_images): its tokens, resize steps, grid, span, digest.
+    images: tuple[dict[str, Any], ...] = field(default=())
 
     def tokens(self, part: str) -> int:
         return sum(p.tokens for p in self.parts if p.part == part)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return ({"images": list(self.images)} if self.images else {}) | {
             "total": self.total,
             "parts": [p.to_dict(with_marginal=self.marginal) for p in self.parts],
             "unseen": list(self.unseen),
@@ -392,6 +396,36 @@ def _document_blocks(request: Request) -> tuple[str, ...]:
     )
 
 
+def with_images(counts: Counts, mm: MultimodalInput) -> Counts:
+    """`counts` of the unexpanded render, with each image's placeholder expanded: the one placeholder token the
+    template wrote (counted as the template's) becomes the image's tokens, owned by the message holding the image.
+    The image counts come from the headers alone (`Model.run_images(decode=False)`)."""
+    tally = {p.part: p.tokens for p in counts.parts}
+    for image in mm.images:
+        tally[TEMPLATE] = tally.get(TEMPLATE, 0) - 1
+        part = part_of(image.ref.path)
+        tally[part] = tally.get(part, 0) + image.n_tokens
+    total = counts.total + sum(image.n_tokens - 1 for image in mm.images)
+    if total != len(mm.ids) or tally.get(TEMPLATE, 0) < 0:
+        raise CtxlockError(
+            f"the image counts do not add up: {total} tokens counted, {len(mm.ids)} expanded",
+            path="images",
+            hint="report this request and template",
+        )
+    images = tuple(
+        {"index": s.index, "part": part_of(s.path), "path": s.path, "span": [s.start, s.end], **_image_plan(im)}
+        for s, im in zip(mm.spans, mm.images, strict=True)
+    )
+    note = "image tokens are exact, from each image's header alone (nothing decoded)"
+    parts = tuple(sorted((Part(k, v) for k, v in tally.items()), key=lambda p: _order(p.part)))
+    return replace(counts, total=total, parts=parts, images=images, notes=(*counts.notes, note))
+
+
+def _image_plan(image: ImageInput) -> dict[str, Any]:
+    plan = image.plan.to_json()
+    return {"tokens": image.n_tokens, "sha256": image.header.sha256, "grid": plan["grid"], "steps": plan["steps"]}
+
+
 # -- marginal costs --------------------------------------------------------------------------------------------
 
 
@@ -463,5 +497,6 @@ __all__ = [
     "part_of",
     "unseen_parts",
     "unseen_warnings",
+    "with_images",
     "without",
 ]

@@ -47,6 +47,8 @@ from .budget_policy import (
     segments,
 )
 from .errors import BudgetError, BudgetExceeded, TemplateError
+from .multimodal.pipeline import plan_images
+from .multimodal.sources import image_refs
 from .request import Request, parse_request
 from .settings import reference_path
 from .template import Rendered
@@ -85,42 +87,82 @@ class _Candidates:
     """Candidate requests, rendered with the fit's options and counted by the counting service, each against the
     last kept candidate (the base)."""
 
-    def __init__(self, model: Any, options: Mapping[str, Any]) -> None:
+    def __init__(self, model: Any, options: Mapping[str, Any], images: Mapping[str, int] | None = None) -> None:
         self.model = model
         self.options = dict(options)
         self.tokens = TokenCounter(model.tokenizer)
+        self.images = images  # image URL -> its placeholder tokens (from its header), for a model that takes images
+
+    def _image_tokens(self, req: Request) -> int:
+        # Each image kept adds its tokens in place of the one placeholder token the template wrote: an image is
+        # kept or dropped whole, with its message.
+        if not self.images:
+            return 0
+        return sum(self.images[ref.url] - 1 for ref in image_refs(req))
 
     def base(self, req: Request) -> tuple[int, Rendered]:
         """Count the first candidate (the required segments) and make it the base."""
         rendered = self.model.render(req, **self.options)
-        return self.tokens.rebase(rendered), rendered
+        return self.tokens.rebase(rendered) + self._image_tokens(req), rendered
 
     def measure(self, req: Request, **overrides: Any) -> tuple[int, Rendered]:
         """The count of `req` rendered with `overrides` over the fit's options; the base is left as is."""
         rendered = self.model.render(req, **{**self.options, **overrides})
-        return self.tokens.count(rendered), rendered
+        return self.tokens.count(rendered) + self._image_tokens(req), rendered
 
     def keep(self, rendered: Rendered) -> None:
         self.tokens.rebase(rendered)
 
 
+def _image_plans(request: Request, family: Any, media: Mapping[str, bytes] | None) -> dict[str, int] | None:
+    """{url: tokens} of every image, from its header alone, when the model takes images (None otherwise)."""
+    if family is None or not image_refs(request):
+        return None
+    return {im.ref.url: im.n_tokens for im in plan_images(request, family, media)}
+
+
+def _final_ids(
+    model: Any,
+    best: Request,
+    rendered: Rendered,
+    options: Mapping[str, Any],
+    images: Mapping[str, int] | None,
+    media: Mapping[str, bytes] | None,
+    family: Any,
+) -> list[int]:
+    """The fitted request's ids: the tokenizer stage's, or, with images kept, the expanded ones."""
+    if images and image_refs(best):
+        return list(model.run_images(best, decode=False, media=media, family=family, **options).ids)
+    return list(model.tokenize(rendered).ids)
+
+
 def fit_context(
-    request: Request, model: Any, policy: BudgetPolicy, *, naive: bool = False, **render_options: Any
+    request: Request,
+    model: Any,
+    policy: BudgetPolicy,
+    *,
+    naive: bool = False,
+    media: Mapping[str, bytes] | None = None,
+    image_family: Any = None,
+    **render_options: Any,
 ) -> Fitted:
     """Seed 000 §1.7's fit_context. `naive=True` runs the whole fit on the reference path (every candidate rendered
     and tokenized by the full tokenizer stage, no run cache, no fast engine): the oracle. The default gives
-    identical decisions and ids, faster.
+    identical decisions and ids, faster. For a model that takes images, each image counts its tokens (from its header
+    alone; `media` gives the bytes of http(s) image URLs; `image_family` overrides the model's) and is kept or dropped
+    whole with its message; the fitted ids are the expanded ones (`Model.run_images`).
 
     `render_options` are `Model.render`'s. The fitted input must end with exactly one assistant generation prefix:
     `add_generation_prompt` (the default) or `continue_final_message` on a final assistant message (a prefill);
     `add_generation_prompt=False` alone raises BudgetError unless `policy.generation_prefix == "none"`."""
     if naive:
         with reference_path():
-            return fit_context(request, model, policy, **render_options)
+            return fit_context(request, model, policy, media=media, image_family=image_family, **render_options)
     budget = policy.budget
     options = _generation_options(request, policy, render_options)
     segs = segments(request)
-    counter = _Candidates(model, options)
+    family = image_family or getattr(model, "image_family", None)
+    counter = _Candidates(model, options, _image_plans(request, family, media))
     kept: set[str] = set()
     best = candidate(request, segs, kept)
     total, base = counter.base(best)
@@ -156,7 +198,7 @@ def fit_context(
     _check_invariants(best, request)
     # The fitted request goes through the full stage once: the render and the tokenizer stage.
     final_rendered = model.render(best, **options)
-    final_ids = list(model.tokenize(final_rendered).ids)
+    final_ids = _final_ids(model, best, final_rendered, options, counter.images, media, family)
     if len(final_ids) != total:
         raise AssertionError(f"fit_context counted {total} tokens but the pipeline gives {len(final_ids)}")
     _check_generation_prefix(best, model, options, final_rendered)

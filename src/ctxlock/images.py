@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 
 from ctxlock.errors import ImagePlacementError
+from ctxlock.frozen import FrozenDict, thaw
 from ctxlock.multimodal.base import ImageFamily
 from ctxlock.multimodal.pipeline import ImageInput, stack_pixels
+from ctxlock.request import Request
 from ctxlock.template_values import Rendered
 from ctxlock.tensors import ModelInput, _assemble_own
 from ctxlock.tokenizer import Tokenized, Tokenizer
@@ -47,11 +49,14 @@ class ImageSpan:
 class MultimodalInput:
     """What a multimodal model receives: the expanded ids and text, each image's span, and the pixel tensors."""
 
+    request: Request
     rendered: Rendered
+    tokenized: Tokenized  # the rendered text's ids, before the expansion
     text: str  # the rendered text with every placeholder expanded
     ids: tuple[int, ...]
     model_input: ModelInput
     family: str
+    params: FrozenDict  # the family's parameters
     images: tuple[ImageInput, ...]
     spans: tuple[ImageSpan, ...]
     pixel_values: np.ndarray  # concatenated over the images, as the HF processor returns them (empty: header only)
@@ -64,6 +69,7 @@ class MultimodalInput:
     def to_json(self) -> dict[str, Any]:
         return {
             "family": self.family,
+            "params": thaw(self.params),
             "n_tokens": len(self.ids),
             "images": [im.to_json() for im in self.images],
             "spans": [s.to_json() for s in self.spans],
@@ -90,6 +96,7 @@ def _in_request(rendered: Rendered, start: int, end: int) -> str | None:
 
 
 def expand(
+    request: Request,
     rendered: Rendered,
     tokenized: Tokenized,
     tokenizer: Tokenizer,
@@ -135,11 +142,14 @@ def expand(
     text_parts.append(text[prev_chr:])
     pixel_values, grids = stack_pixels(images)
     return MultimodalInput(
+        request=request,
         rendered=rendered,
+        tokenized=tokenized,
         text="".join(text_parts),
         ids=tuple(ids),
         model_input=_assemble_own(ids),
         family=family.name,
+        params=family.params(),
         images=images,
         spans=tuple(spans),
         pixel_values=pixel_values,

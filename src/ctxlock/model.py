@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
@@ -173,7 +174,7 @@ class Model:
         stage = images or StageOptions()
         found = (process_images if decode else plan_images)(req, fam, media, stage)
         rendered = self._render(req, opts)
-        return expand(rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
 
     def _refuse_images(self, request: Request) -> None:
         # A model with an image processor never gets its placeholders unexpanded (vllm#16191).
@@ -239,12 +240,34 @@ class Model:
         )
         return tensors_as(batch, return_tensors)
 
-    def count(self, request: RequestLike, *, marginal: bool = False, **options: Any) -> accounting.Counts:
+    def count(
+        self,
+        request: RequestLike,
+        *,
+        marginal: bool = False,
+        media: Mapping[str, bytes] | None = None,
+        **options: Any,
+    ) -> accounting.Counts:
         """Every token of the request's `input_ids` attributed to one part (`template`, `system`, `tools[i]`,
         `messages[j]`, `documents[k]`, `generation_prompt`), the parts summing to the total; `marginal=True` also
         gives each part's marginal cost; `unseen` names the parts the template never wrote. Takes `render`'s
-        options (see `ctxlock.accounting`)."""
-        return accounting.count(self, request, marginal=marginal, **options)
+        options (see `ctxlock.accounting`). For a model with an image processor, each image's tokens are counted
+        exactly from its header alone and owned by its message (`Counts.images` shows the resize steps); `media`
+        gives the bytes of http(s) image URLs, as in `run_images`."""
+        if self.artifacts.preprocessor is None:
+            return accounting.count(self, request, marginal=marginal, **options)
+        parse_keys = ("dialect", "utf8", "tool_arguments")
+        req = self.parse(request, **{k: v for k, v in options.items() if k in parse_keys})
+        if not image_refs(req):
+            return accounting.count(self, request, marginal=marginal, **options)
+        # Images: the unexpanded render's counts, each placeholder then expanded from the image's header alone.
+        render_kwargs = {k: v for k, v in options.items() if k not in parse_keys}
+        counts = accounting.count(self, request, **options)
+        counts = accounting.with_images(counts, self.run_images(req, decode=False, media=media, **render_kwargs))
+        if marginal:
+            note = "marginal costs are not computed for a request with images"
+            counts = dataclasses.replace(counts, notes=(*counts.notes, note))
+        return counts
 
     def warm_up(self, *, wait: bool = True) -> dict[str, str]:
         """Make the first `encode` as fast as the rest: choose the tokenizer's engine (the load-time equivalence

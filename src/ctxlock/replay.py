@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,11 @@ from .errors import (
     RecordFormatError,
     RecordNotFoundError,
 )
+from .frozen import thaw
 from .model import Model, Run, load
+from .multimodal.base import AnimationPolicy
+from .multimodal.pipeline import StageOptions
+from .multimodal.registry import family_for
 from .options import RenderOptions
 from .record import (
     REPLAY_MANIFEST,
@@ -54,15 +59,19 @@ def run_and_record(
     options: RunOptions,
     *,
     template: ChatTemplate | None = None,
+    media: Mapping[str, bytes] | None = None,
 ) -> tuple[Any | None, ExecutionRecord, CtxlockError | None]:
     """Run the pipeline and build its record; a CtxlockError is recorded too (and returned, not raised).
 
     `options` is what the record keeps; the run reads them as `RenderOptions` (`template`, a ChatTemplate given
-    beside the record, wins over the recorded template name)."""
+    beside the record, wins over the recorded template name). With `options.images` (see `image_options`) the run
+    goes through `Model.run_images`, `media` giving the bytes of the request's http(s) image URLs."""
     render = RenderOptions.from_record(options.to_dict(), template=template)
     try:
         if options.budget:
-            return _fit_and_record(model, request_bytes, options, render)
+            return _fit_and_record(model, request_bytes, options, render, media)
+        if options.images is not None:
+            return _images_and_record(model, request_bytes, options, render, media)
         run = model.run(request_bytes, render)
     except CtxlockError as exc:
         chosen = template
@@ -76,14 +85,81 @@ def run_and_record(
     return run, build_record(model=model, request_bytes=request_bytes, options=options, run=run), None
 
 
+def image_options(
+    model: Model, media: Mapping[str, bytes] | None = None, stage: StageOptions | None = None
+) -> dict[str, Any]:
+    """`RunOptions.images` for a run with images: the model's preprocessor config (replay rebuilds the family from
+    it), the stage options, and the sha256 of each supplied URL's bytes (`save` keeps the bytes in the store)."""
+    stage = stage or StageOptions()
+    pre = model.artifacts.preprocessor
+    return {
+        "preprocessor_config": thaw(pre) if pre is not None else None,
+        **stage.to_json(),
+        "media": {url: hashlib.sha256(data).hexdigest() for url, data in (media or {}).items()},
+    }
+
+
+def _images_and_record(
+    model: Model,
+    request_bytes: bytes,
+    options: RunOptions,
+    render: RenderOptions,
+    media: Mapping[str, bytes] | None,
+) -> tuple[Any, ExecutionRecord, None]:
+    family, stage = _image_stage(options)
+    mm = model.run_images(request_bytes, render, media=media, family=family, images=stage)
+    run = Run(mm.request, mm.rendered, mm.tokenized, mm.model_input)
+    record = build_record(model=model, request_bytes=request_bytes, options=options, run=run, multimodal=mm)
+    return mm, record, None
+
+
+def _image_stage(options: RunOptions) -> tuple[Any, StageOptions]:
+    """The family (from the recorded preprocessor config; None: the model's own) and the stage options."""
+    spec = options.images or {}
+    config = spec.get("preprocessor_config")
+    family = family_for(config, path="record:options.images.preprocessor_config") if config else None
+    stage = StageOptions(
+        max_pixels=int(spec.get("max_pixels", StageOptions.max_pixels)),
+        animation=AnimationPolicy(spec.get("animation", AnimationPolicy.FIRST_FRAME.value)),
+    )
+    return family, stage
+
+
+def recorded_media(options: RunOptions, store: Store) -> dict[str, bytes]:
+    """The supplied image bytes a record names, from the store's artifacts (the original files may be gone)."""
+    out: dict[str, bytes] = {}
+    for url, sha in ((options.images or {}).get("media") or {}).items():
+        out[url] = _artifact_bytes(store, sha, f"image {url}")
+    return out
+
+
+def _artifact_bytes(store: Store, sha256: str, role: str) -> bytes:
+    if not store.has_artifact(sha256):
+        raise ArtifactNotFoundError(
+            f"the store has no artifact {sha256[:12]} ({role})",
+            path=f"artifact {sha256}",
+            hint="the record was saved without its image bytes; record it again with --media",
+        )
+    return store.get_artifact_path(sha256).read_bytes()
+
+
 def _fit_and_record(
-    model: Model, request_bytes: bytes, options: RunOptions, render: RenderOptions
+    model: Model,
+    request_bytes: bytes,
+    options: RunOptions,
+    render: RenderOptions,
+    media: Mapping[str, bytes] | None = None,
 ) -> tuple[Any, ExecutionRecord, None]:
     original = render.parse(request_bytes)
     policy = BudgetPolicy.from_dict(options.budget or {})
-    fitted = fit_context(original, model, policy, **render.to_kwargs(parse=False))
+    family, stage = _image_stage(options) if options.images is not None else (None, StageOptions())
+    kwargs = render.to_kwargs(parse=False)
+    fitted = fit_context(original, model, policy, media=media, image_family=family, **kwargs)
     tokenized = model.tokenize(fitted.rendered)
     run = Run(fitted.request, fitted.rendered, tokenized, fitted.model_input)
+    multimodal = None
+    if options.images is not None:  # the fitted request's images, as the model receives them
+        multimodal = model.run_images(fitted.request, render, media=media, family=family, images=stage)
     record = build_record(
         model=model,
         request_bytes=request_bytes,
@@ -91,12 +167,22 @@ def _fit_and_record(
         run=run,
         original=original,
         decisions=fitted.to_dict(),
+        multimodal=multimodal,
     )
     return fitted, record, None
 
 
-def save(store: Store, model: Model, record: ExecutionRecord, template: ChatTemplate | None) -> str:
-    """Put the record and every artifact it needs for replay into the store; return the record id."""
+def save(
+    store: Store,
+    model: Model,
+    record: ExecutionRecord,
+    template: ChatTemplate | None,
+    media: Mapping[str, bytes] | None = None,
+) -> str:
+    """Put the record and every artifact it needs for replay into the store (the supplied image bytes too);
+    return the record id."""
+    for data in (media or {}).values():
+        store.put_artifact(data)
     _, files = model.tokenizer.replay_spec()
     for content in files.values():
         if isinstance(content, bytes):
@@ -331,8 +417,9 @@ def replay(record: ExecutionRecord, store: Store) -> tuple[Diff, ExecutionRecord
     fixture = check_seed_fixture()
     with record_values(record):
         raw, options = _recorded_options(record)
+        media = recorded_media(options, store)
         with materialized(record, store) as (model, template):
-            _, again, _ = run_and_record(model, raw, options, template=template)
+            _, again, _ = run_and_record(model, raw, options, template=template, media=media)
         original = _restore_options(record, comparable(record))
         replayed = _restore_options(record, comparable(again))
         if "content_format" not in (record.data.get("options") or {}):
@@ -353,22 +440,25 @@ def rerun(
 ) -> ExecutionRecord:
     """Run a recorded request again under other artifacts (another model and/or template)."""
     raw, options = _recorded_options(record)
+    media = recorded_media(options, store)
     template = load_template_file(template_file) if template_file is not None else None
     if model_spec is not None:
         model = load(model_spec)
-        _, again, _ = run_and_record(model, raw, options, template=template)
+        _, again, _ = run_and_record(model, raw, options, template=template, media=media)
         return again
     with materialized(record, store) as (model, recorded_template):
-        _, again, _ = run_and_record(model, raw, options, template=template or recorded_template)
+        _, again, _ = run_and_record(model, raw, options, template=template or recorded_template, media=media)
         return again
 
 
 __all__ = [
     "SEED_FIXTURE_IDS",
     "check_seed_fixture",
+    "image_options",
     "load_record",
     "materialized",
     "read_record_file",
+    "recorded_media",
     "replay",
     "rerun",
     "run_and_record",

@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..accounting import Counts, count, count_format
+from ..accounting import Counts, count_format
 from ..model import load
 from .files import read_request, template_file
+from .images import MediaOpt, read_media
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt
 
@@ -29,6 +30,12 @@ def _show(counts: Counts, model_id: str) -> None:
         console.print(f"{escape(p.part):<{width}}  {p.tokens:>8,}  {share:6.1%}  {bar:<{_BAR}}{escape(marginal)}")
     for path in counts.unseen:
         console.print(f"[yellow]unseen[/]  {escape(path)}: the template wrote no byte of it; the model never sees it")
+    for image in counts.images:
+        steps = "; ".join(f"{s['step']} {tuple(s['from'])} -> {tuple(s['to'])}" for s in image["steps"])
+        console.print(
+            f"[cyan]image {image['index']}[/]  {image['tokens']:,} tokens in {escape(image['part'])} "
+            f"(grid {tuple(image['grid'])}; {escape(steps)}; sha256 {image['sha256'][:16]}…)"
+        )
     for note in counts.notes:
         console.print(f"[yellow]note[/]    {escape(note)}")
 
@@ -60,11 +67,13 @@ def register(app: typer.Typer) -> None:
                 'openai ({"object": "response.input_tokens", "input_tokens": N}).',
             ),
         ] = None,
+        media: MediaOpt = [],  # noqa: B006 (typer reads the default)
         as_json: JsonOpt = False,
     ) -> None:
         """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
         message, each document and the generation prompt, summing to len(input_ids). Names every request part
-        the template never wrote (the model never sees it)."""
+        the template never wrote (the model never sees it). Images (for a model with an image processor) are
+        counted exactly from their headers alone, with their resize steps; nothing is decoded."""
 
         def go() -> tuple[Counts, str]:
             data = read_request(request)
@@ -72,7 +81,7 @@ def register(app: typer.Typer) -> None:
             options: dict = {"template": template_file(template)} if template is not None else {}
             if no_generation_prompt:
                 options["add_generation_prompt"] = False
-            counts = count(m, data, marginal=marginal, **options)
+            counts = m.count(data, marginal=marginal, media=read_media(media), **options)
             if format is not None:
                 count_format(counts, format)  # an unknown format fails here, inside the JSON error handling
             return counts, m.id

@@ -240,11 +240,14 @@ def diff_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Name the first layer where two runs diverge (request, policy, messages, dynamic, template, rendered,
-    tokenizer, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal. Exits 0 if
-    identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer layer differs,
-    the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
+    tokenizer, multimodal, input_ids, tensors), where exactly, and the likely cause, and whether the ids are equal.
+    Exits 0 if identical, 1 if a layer diverges, 3 for "same ids, different tokenizer artifacts" (the tokenizer
+    layer differs, the ids and tensors do not; a differing normalizer or pre-tokenizer is named).
 
-    The policy layer covers the context-budget decisions and the sampler config (processor order included)."""
+    The policy layer covers the context-budget decisions and the sampler config (processor order included). The
+    multimodal layer names what changed about an image: "image re-encoded" (other bytes, the same size, pixels
+    close), "image rotated" (its EXIF orientation), "image replaced", "resize policy changed" (only the image
+    processor's parameters), "decoder changed"."""
 
     def go() -> tuple[Diff, str]:
         s = open_store(store)

@@ -24,15 +24,17 @@ from ..accounting import unseen_warnings
 from ..artifacts import load_artifacts
 from ..errors import InputError, SamplerError, TokenizerError
 from ..frozen import thaw
+from ..images import MultimodalInput
 from ..inputs import iter_lines, read_input, stdin_stream
 from ..model import Model, Run, load
 from ..options import ContentFormat, RenderOptions, SpecialTokenPolicy
 from ..record import RunOptions, model_warnings
-from ..replay import run_and_record, save
+from ..replay import image_options, run_and_record, save
 from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
 from ..sampler import SamplerConfig
 from ..store import Store
 from ..template import DEFAULT_LIMITS, ChatTemplate, RenderLimits, aware_clock
+from . import images
 from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
 from .output import console, guarded, print_json, write_exact, write_ids
 
@@ -440,15 +442,21 @@ def render_options(
 
 
 def run_recorded(
-    model: Model, data: bytes, options: RunOptions, chosen: ChatTemplate | None, store_path: Path | None
+    model: Model,
+    data: bytes,
+    options: RunOptions,
+    chosen: ChatTemplate | None,
+    store_path: Path | None,
+    media: dict[str, bytes] | None = None,
 ) -> tuple[Any, str]:
-    """Run with `options`, and store the record (with the template used) in the store at `store_path`; a failed
-    run is recorded too, its id printed on stderr, and its error raised. Returns the run and the record id."""
-    result, rec, error = run_and_record(model, data, options, template=chosen)
+    """Run with `options`, and store the record (with the template used, and any --media bytes) in the store at
+    `store_path`; a failed run is recorded too, its id printed on stderr, and its error raised. Returns the run and
+    the record id."""
+    result, rec, error = run_and_record(model, data, options, template=chosen, media=media)
     used = chosen or (result.rendered.template if result is not None else None)
     if used is None and model.templates is not None:
         used = model.templates.select(None)
-    rid = save(Store(store_path), model, rec, used)
+    rid = save(Store(store_path), model, rec, used, media=media)
     if error is not None:
         print(f"record {rid}", file=sys.stderr)
         raise error
@@ -475,14 +483,18 @@ def render(
     template_timeout: TemplateTimeoutOpt = None,
     max_render_chars: MaxRenderCharsOpt = None,
     tokenizer_pipeline: TokenizerPipelineOpt = TokenizerPipeline.CLASS,
+    media: images.MediaOpt = [],  # noqa: B006 (typer reads the default)
     as_json: JsonOpt = False,
 ) -> None:
     """Render a chat request exactly as the model receives it: text, control tokens, ids, digests.
 
+    For a model with an image processor (preprocessor_config.json), each image's placeholder is expanded to its
+    tokens, shown as one `[image 0: N tokens, sha256 …]` block, with its span, resize steps and pixel digest.
     Inputs are regular files (or - for stdin) of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB)."""
 
-    def go() -> tuple[Model, Run, str | None]:
+    def go() -> tuple[Model, Any, str | None]:
         data = _read_input(request)
+        media_map = images.read_media(media)
         store_path = store_dir(store) if record else None  # refused before the model loads and the run
         m = load(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value)
         chosen = template_file(template)
@@ -502,14 +514,22 @@ def render(
             max_render_chars=max_render_chars,
             sampling=sampling,
         )
+        with_images = images.wants_images(m, data, options)
         if record:
-            recorded = RunOptions(**options.to_record(), sampling=sampler)
-            return m, *run_recorded(m, data, recorded, chosen, store_path)
-        return m, m.run(data, options), None
+            extra = {"images": image_options(m, media_map)} if with_images else {}
+            recorded = RunOptions(**options.to_record(), sampling=sampler, **extra)
+            return m, *run_recorded(m, data, recorded, chosen, store_path, media_map)
+        return m, (m.run_images(data, options, media=media_map) if with_images else m.run(data, options)), None
 
     m, result, rid = guarded(as_json, go)
+    mm = result if isinstance(result, MultimodalInput) else None
+    if mm is not None:
+        result = Run(mm.request, mm.rendered, mm.tokenized, mm.model_input)
     if as_json:
-        print_json({**run_to_dict(m, result), **({"record_id": rid} if rid else {})})
+        extra = {"multimodal": images.to_dict(mm)} if mm is not None else {}
+        print_json({**run_to_dict(m, result), **extra, **({"record_id": rid} if rid else {})})
+    elif mm is not None:
+        images.show(m, mm)
     else:
         _show(m, result)
         if rid:

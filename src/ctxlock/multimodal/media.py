@@ -272,5 +272,12 @@ def to_rgb(im: Image.Image, colour: ColourPolicy) -> np.ndarray:
     return np.array(_composite_white(source), dtype=np.uint8)
 
 
+def fingerprint(rgb: np.ndarray, side: int = 8) -> tuple[int, ...]:
+    """The decoded image box-averaged to side x side RGB (192 values for 8): what `diff` compares to tell an image
+    re-encoded (pixels close) from one replaced."""
+    small = Image.fromarray(np.ascontiguousarray(rgb), mode="RGB").resize((side, side), Image.Resampling.BOX)
+    return tuple(int(v) for v in np.asarray(small, dtype=np.uint8).reshape(-1))
+
+
 def describe(header: ImageHeader) -> dict[str, Any]:
     return {**header.to_json(), "decoder": DECODER}

@@ -65,7 +65,7 @@ class ImageInput:
             "plan": self.plan.to_json(),
         }
         if self.decoded is not None:
-            out["decode"] = self.decoded.to_json()
+            out["decode"] = {**self.decoded.to_json(), "fingerprint": list(media.fingerprint(self.decoded.rgb))}
         if self.pixels is not None:
             out["pixel_values"] = {
                 "shape": list(self.pixels.pixel_values.shape),

@@ -81,10 +81,16 @@ class RunOptions:
     render_seed: int | None = None  # the template's random seed (None: 0), recorded in `dynamic.random.seed`
     content_format: str = "auto"  # content-part lists: "auto" (detected), "string" (text parts joined) or "openai"
     limits: Mapping[str, Any] | None = None  # RenderLimits.to_dict() when the caller changed them (None: defaults)
+    # A run with images (Model.run_images): {"preprocessor_config": {...}, "max_pixels": n, "animation": policy,
+    # "media": {url: sha256 of the supplied bytes, kept in the store}}. None: a text run.
+    images: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        # `limits` only when set: a run with the default limits keeps the record it always had.
-        return ({"limits": dict(self.limits)} if self.limits else {}) | {
+        # `limits` and `images` only when set: a run without them keeps the record it always had.
+        return (
+            ({"limits": dict(self.limits)} if self.limits else {})
+            | ({"images": thaw(self.images)} if self.images else {})
+        ) | {
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
             "chat_template_kwargs": dict(self.chat_template_kwargs) if self.chat_template_kwargs else None,
@@ -135,9 +141,11 @@ def build_record(
     template: Any | None = None,
     original: Any | None = None,
     decisions: Mapping[str, Any] | None = None,
+    multimodal: Any | None = None,
 ) -> ExecutionRecord:
     """Assemble the record of one run (or of a failed one: `run` None and `error` set). `original` is the request
-    as received when the run saw a fitted one; `decisions` the budget's log."""
+    as received when the run saw a fitted one; `decisions` the budget's log; `multimodal` a run's
+    `MultimodalInput` (its images, spans and expanded ids: what the model received)."""
     tok = model.tokenizer
     manifest, files = _safe_replay_spec(*tok.replay_spec())
     data: dict[str, Any] = {
@@ -157,6 +165,7 @@ def build_record(
         "rendered": None,
         "tokenizer": _tokenizer_section(model),
         "input_ids": None,
+        "multimodal": None,
         "decisions": {"budget": None, "truncation": None, "multimodal": None},
         "tensors": None,
         "options": options.to_dict(),
@@ -176,7 +185,18 @@ def build_record(
         data["replay"]["template_sha256"] = template.sha256
     if run is not None:
         _add_run(data, model, options, run, original, decisions)
+    if multimodal is not None:
+        _add_multimodal(data, model, multimodal)
     return ExecutionRecord.from_data(data)
+
+
+def _add_multimodal(data: dict[str, Any], model: Any, mm: Any) -> None:
+    """The image stage's values (every image's digest, decoder, policies, parameters, plan, pixel digest, span),
+    and the expanded ids and tensors in place of the rendered text's: the input the model received."""
+    data["multimodal"] = mm.to_json()
+    data["input_ids"] = list(mm.ids)
+    data["tokens"] = [model.tokenizer.id_to_token(i) for i in mm.ids]
+    data["tensors"] = mm.model_input.to_dict()
 
 
 def _tokenizer_section(model: Any) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .imagediff import compare_images, mask_images
+
 
 @dataclass(frozen=True)
 class Divergence:
@@ -178,10 +180,17 @@ def _compare_request(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence
     if ea != eb:
         where = str((ea or eb or {}).get("path"))
         return Divergence("request", where, ea, eb, "the request was rejected differently")
-    found = first_json_difference(ra.get("canonical"), rb.get("canonical"))
+    ca, cb = ra.get("canonical"), rb.get("canonical")
+    if _both_have_images(da, db) and isinstance(ca, Mapping) and isinstance(cb, Mapping):
+        ca, cb = dict(ca, messages=mask_images(ca.get("messages"))), dict(cb, messages=mask_images(cb.get("messages")))
+    found = first_json_difference(ca, cb)
     if found:
         return Divergence("request", found[0], found[1], found[2], f"the canonical request differs at {found[0]}")
     return None
+
+
+def _both_have_images(da: Mapping[str, Any], db: Mapping[str, Any]) -> bool:
+    return isinstance(da.get("multimodal"), Mapping) and isinstance(db.get("multimodal"), Mapping)
 
 
 def _compare_policy(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence | None:
@@ -201,8 +210,11 @@ def _compare_policy(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence 
 
 
 def _compare_messages(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence | None:
-    """The messages the template sees (after the context policy)."""
-    found = first_json_difference(da.get("messages"), db.get("messages"))
+    """The messages the template sees (after the context policy); image bytes are the multimodal layer's."""
+    ma, mb = da.get("messages"), db.get("messages")
+    if _both_have_images(da, db):
+        ma, mb = mask_images(ma), mask_images(mb)
+    found = first_json_difference(ma, mb)
     if found:
         return Divergence(
             "messages", f"messages{found[0]}", found[1], found[2], "the messages the template sees differ"
@@ -332,6 +344,14 @@ def _compare_tensors(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence
     return None
 
 
+def _compare_multimodal(da: Mapping[str, Any], db: Mapping[str, Any]) -> Divergence | None:
+    """The image stage: each image's bytes, orientation, parameters, decoder, plan, pixel digest; the spans."""
+    found = compare_images(da.get("multimodal"), db.get("multimodal"))
+    if found:
+        return Divergence("multimodal", *found)
+    return None
+
+
 # Each layer's comparer, in LAYERS order (the pipeline's): `diff` reports the first layer whose comparer finds a
 # difference. `reads` names the record sections the comparer reads (tests/test_record_compare.py checks coverage).
 COMPARERS: dict[str, Comparer] = {
@@ -344,6 +364,7 @@ COMPARERS: dict[str, Comparer] = {
         Comparer("template", ("template", "tokenizer"), _compare_template),
         Comparer("rendered", ("rendered",), _compare_rendered),
         Comparer("tokenizer", ("tokenizer",), _compare_tokenizer),
+        Comparer("multimodal", ("multimodal",), _compare_multimodal),
         Comparer("input_ids", ("input_ids", "tokens"), _compare_input_ids),
         Comparer("tensors", ("tensors",), _compare_tensors),
     )

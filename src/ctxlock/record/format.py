@@ -19,7 +19,18 @@ RECORD_FORMAT = "ctxlock.record/2"
 # byte digest and line endings. A format-1 record is still read (its missing parts are null).
 READABLE_FORMATS = ("ctxlock.record/1", RECORD_FORMAT)
 # The context policy decides which messages the template sees, so its layer comes right after the request.
-LAYERS = ("request", "policy", "messages", "dynamic", "template", "rendered", "tokenizer", "input_ids", "tensors")
+LAYERS = (
+    "request",
+    "policy",
+    "messages",
+    "dynamic",
+    "template",
+    "rendered",
+    "tokenizer",
+    "multimodal",
+    "input_ids",
+    "tensors",
+)
 _SECTIONS = (
     "format",
     "request",

@@ -1,0 +1,116 @@
+"""Images on the command line: `--media URL=FILE` (the bytes of an http(s) image URL; ctxlock never fetches), and
+`ctxlock render`'s view of a multimodal run, each image shown as one `[image 0: 391 tokens, sha256 …]` block."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.rule import Rule
+
+from ..errors import CtxlockError, InputError
+from ..images import MultimodalInput
+from ..inputs import read_input
+from ..model import Model
+from ..multimodal.sources import image_refs
+from ..options import RenderOptions
+from .output import console, write_exact, write_ids
+
+MediaOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--media",
+        help="URL=FILE: the bytes of an image the request names by an http(s) URL (repeatable). ctxlock never "
+        "fetches a URL; a request's data: URLs and base64 sources need nothing.",
+    ),
+]
+
+
+def read_media(items: list[str]) -> dict[str, bytes]:
+    """{url: bytes} from --media URL=FILE items; the file is read under the input cap."""
+    out: dict[str, bytes] = {}
+    for item in items:
+        url, sep, path = item.rpartition("=")
+        if not sep or not url or not path:
+            raise InputError(
+                f"--media {item!r} is not URL=FILE", path="--media", hint="e.g. --media https://x/a.png=a.png"
+            )
+        if url in out:
+            raise InputError(f"--media names {url!r} twice", path=f"--media {url}", hint="name each URL once")
+        out[url] = read_input(path, label=f"--media {path}")
+    return out
+
+
+def wants_images(model: Model, data: bytes, options: RenderOptions) -> bool:
+    """A model with an image processor and a request with images: the run goes through `run_images`. A request
+    that does not parse is left to the run, which reports (and records) its error."""
+    if model.artifacts.preprocessor is None:
+        return False
+    try:
+        request = options.parse(data)
+    except CtxlockError:
+        return False
+    return bool(image_refs(request))
+
+
+def block(mm: MultimodalInput, index: int) -> str:
+    image = mm.images[index]
+    return f"[image {index}: {image.n_tokens} tokens, sha256 {image.header.sha256[:16]}…]"
+
+
+def text_with_blocks(mm: MultimodalInput) -> tuple[str, list[tuple[int, int, str]]]:
+    """The expanded text with each image's span replaced by its block, and the blocks' character ranges."""
+    parts: list[str] = []
+    marks: list[tuple[int, int, str]] = []
+    pos = 0
+    for k, span in enumerate(mm.spans):
+        parts.append(mm.text[pos : span.text_start])
+        start = sum(map(len, parts))
+        parts.append(block(mm, k))
+        marks.append((start, start + len(parts[-1]), "1;30;46"))
+        pos = span.text_end
+    parts.append(mm.text[pos:])
+    return "".join(parts), marks
+
+
+def show(model: Model, mm: MultimodalInput) -> None:
+    r = mm.rendered
+    console.print(
+        Rule(f"[bold]{escape(model.id)}[/] · template [cyan]{escape(r.template.id)}[/] · images: {escape(mm.family)}")
+    )
+    text, marks = text_with_blocks(mm)
+    write_exact(text, marks)
+    console.print(Rule(f"{len(mm.ids)} tokens ({sum(im.n_tokens for im in mm.images)} image tokens)"))
+    write_ids(list(mm.ids))
+    console.print(Rule("images"))
+    for k, (image, span) in enumerate(zip(mm.images, mm.spans, strict=True)):
+        h, plan = image.header, image.plan
+        console.print(f"{escape(block(mm, k))}  {escape(span.path)}")
+        console.print(
+            f"  {h.format} {h.width}x{h.height} {h.mode}, {h.frames} frame(s), EXIF orientation {h.orientation}, "
+            f"{image.origin}, sha256 {h.sha256}"
+        )
+        for step in plan.steps:
+            console.print(f"  {step.name}: {step.size_in} -> {step.size_out} ({escape(step.why)})")
+        console.print(f"  grid {plan.grid}, tokens [{span.start}, {span.end})")
+        if image.pixels is not None and image.decoded is not None:
+            console.print(
+                f"  pixel_values {tuple(image.pixels.pixel_values.shape)} float32 sha256 {image.pixels.pixel_sha256}"
+                f" ({escape(image.decoded.decoder)}, {image.decoded.orientation}, colour {image.decoded.colour})"
+            )
+    params = dict(mm.params)
+    shown = ", ".join(f"{k}={params[k]}" for k in ("min_pixels", "max_pixels", "patch_size", "merge_size"))
+    console.print(f"parameters {escape(shown)} (from {escape(str(params.get('source')))})")
+    console.print(f"template   {r.template.sha256}  ({escape(r.template.origin or r.template.id)})")
+    console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
+
+
+def to_dict(mm: MultimodalInput) -> dict[str, Any]:
+    return {
+        **mm.to_json(),
+        "expanded_text": mm.text,
+        "input_ids": list(mm.ids),
+        "image_grid_thw": mm.image_grid_thw.tolist(),
+        "pixel_values_shape": list(mm.pixel_values.shape),
+    }

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock
-from ctxlock.errors import CtxlockError, TemplateRaisedError
+from ctxlock.errors import CtxlockError, ImagePlacementError, TemplateRaisedError
 
 pytestmark = pytest.mark.reference
 
@@ -93,7 +93,6 @@ def test_what_mistral_common_rejects_ctxlock_rejects_with_a_typed_error(pair, na
     [
         ("reasoning", "messages[1].reasoning_content"),
         ("user_name", "messages[0].name"),
-        ("image_data_url", "messages[0].content[1]"),
         ("tool_no_params", "tools[0].function.parameters"),
     ],
 )
@@ -103,6 +102,17 @@ def test_a_shape_the_template_would_drop_is_refused_naming_the_request_path(pair
         model.run(SHAPES[name]["request"])
     assert err.value.path == path
     assert "mistral-common rejects" in err.value.message
+
+
+def test_an_image_is_expanded_by_run_images_and_refused_by_run(pair) -> None:
+    """The default model's tokenizer has an image encoder (Pixtral's settings): `run` would leave [IMG] unexpanded
+    and refuses; `run_images` expands it as mistral-common does (tests/test_mm_pixtral.py covers the pixels)."""
+    reference, model = pair
+    request = SHAPES["image_data_url"]["request"]
+    with pytest.raises(ImagePlacementError) as err:
+        model.run(request)
+    assert err.value.path == "messages[0].content[1].image_url.url"
+    assert list(model.run_images(request).ids) == _reference(reference, request)
 
 
 @pytest.mark.parametrize("name", _by("ctxlock_rejects"))

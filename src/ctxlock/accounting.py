@@ -101,6 +101,8 @@ class Counts:
     marginal: bool = False
     notes: tuple[str, ...] = field(default=())
     source: RequestLike | None = field(default=None, repr=False, compare=False)  # the request as given
+    # document blocks (Anthropic `document`): the provider counts them by its own rules, which ctxlock does not know
+    provider_unknown: tuple[str, ...] = field(default=())
     # Each image's plan from its header alone (with_images): its tokens, resize steps, grid, span, digest.
     images: tuple[dict[str, Any], ...] = field(default=())
 
@@ -123,6 +125,7 @@ class Counts:
             "exact_bytes": self.exact_bytes,
             "provenance_exact": self.provenance_exact,
             "notes": list(self.notes),
+            "provider_document_tokens": {path: "unknown" for path in self.provider_unknown},
         }
 
 
@@ -458,6 +461,8 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         if name not in seen_parts:
             parts.append(Part(name, 0))
     parts.sort(key=lambda p: _order(p.part))
+    documents = _document_blocks(run.request)
+    notes += [f"{d}: a document block; the provider's own token count for it is unknown" for d in documents]
     total = len(run.ids)
     if marginal:
         parts = [_with_marginal(model, request, p, total, options) for p in parts]
@@ -470,6 +475,18 @@ def count(model: Model, request: RequestLike, *, marginal: bool = False, **optio
         marginal=marginal,
         notes=tuple(notes),
         source=request,
+        provider_unknown=documents,
+    )
+
+
+def _document_blocks(request: Request) -> tuple[str, ...]:
+    """The JSON paths of the request's document blocks (content parts of type "document")."""
+    return tuple(
+        m.path_of(f".content[{j}]")
+        for m in request.messages
+        if isinstance(m.content, tuple)
+        for j, part in enumerate(m.content)
+        if part.get("type") == "document"
     )
 
 
@@ -552,6 +569,8 @@ def _with_marginal(model: Model, request: RequestLike, p: Part, total: int, opti
 def count_format(counts: Counts, provider: str) -> dict[str, Any]:
     """The count in a provider's count-tokens response shape: Anthropic's `{"input_tokens": N}` or OpenAI's
     `{"object": "response.input_tokens", "input_tokens": N}`."""
+    if provider == "anthropic" and counts.provider_unknown:  # never a guess dressed as the provider's number
+        return {"input_tokens": counts.total, "exact": False, "unknown": list(counts.provider_unknown)}
     if provider == "anthropic":
         return {"input_tokens": counts.total}
     if provider == "openai":

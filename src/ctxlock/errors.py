@@ -14,7 +14,8 @@
     │   ├── TemplateLimitError       the render went over its time or output budget
     │   ├── TemplateSecurityError    the sandbox refused an operation
     │   ├── TemplateDeterminismError the render would print a memory address (a function, a generator)
-    │   └── ContentFormatError       content parts a string-content template cannot take (an image)
+    │   ├── ContentFormatError       content parts a string-content template cannot take (an image)
+    │   └── DocumentError            a document block the template cannot take (no `documents`, or a PDF)
     ├── ArtifactError                loading a model's files
     │   ├── ArtifactNotFoundError    a file or model that is not there
     │   ├── PathTraversalError       a config points outside its model directory
@@ -141,6 +142,11 @@ class ContentFormatError(TemplateError):
     """The template reads message content as a string (its content format is "string") and a message holds a
     content part that is not text (an image): it cannot be joined into the string, and is never dropped silently.
     `path` names the part."""
+
+
+class DocumentError(TemplateError):
+    """A request's document block (Anthropic `document`) that the render cannot take: the template does not read
+    `documents`, or the document is a PDF, whose text ctxlock does not extract. `path` names the block."""
 
 
 class ArtifactError(CtxlockError):

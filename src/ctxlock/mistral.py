@@ -30,9 +30,12 @@ from typing import Any
 from . import taint
 from .errors import ArtifactFormatError, TemplateRaisedError
 
-__all__ = ["MARKER", "adapt", "is_patched", "patch_template"]
+__all__ = ["IMAGES_MARKER", "MARKER", "adapt", "is_patched", "patch_template", "takes_images"]
 
 MARKER = "{#- ctxlock: mistral-common request shapes (ctxlock.mistral) #}\n"
+# Written after MARKER when the tokenizer has an image section (an image encoder in mistral-common): user image parts
+# then reach the template, which writes one [IMG] each for the Pixtral family to expand (ctxlock.multimodal.pixtral).
+IMAGES_MARKER = "{#- ctxlock: images (ctxlock.multimodal.pixtral expands each [IMG]) #}\n"
 
 # (what the generated source holds, what ctxlock writes instead): each must occur exactly once.
 _TOOL_START = "{# Try to parse 'content' as int or float if possible #}"
@@ -49,7 +52,12 @@ def is_patched(source: str) -> bool:
     return source.startswith(MARKER)
 
 
-def patch_template(source: str, *, origin: str) -> str:
+def takes_images(source: str) -> bool:
+    """True for a patched template whose tokenizer has an image encoder (`patch_template(..., images=True)`)."""
+    return source.startswith(MARKER + IMAGES_MARKER)
+
+
+def patch_template(source: str, *, origin: str, images: bool = False) -> str:
     """The generated template, with the tool result written as the JSON value `adapt` parsed and the assistant's
     trailing spaces stripped, as mistral-common encodes them. Raises ArtifactFormatError if the source is not the
     one this was written for (another mistral-common version): a silent half-patch would break parity unseen."""
@@ -63,7 +71,7 @@ def patch_template(source: str, *, origin: str) -> str:
             )
     start, end = source.index(_TOOL_START), source.index(_TOOL_END)
     source = source[:start] + "{%- set tool_content = message['content'] %}\n        " + source[end:]
-    return MARKER + source.replace(_ASSISTANT_OLD, _ASSISTANT_NEW)
+    return MARKER + (IMAGES_MARKER if images else "") + source.replace(_ASSISTANT_OLD, _ASSISTANT_NEW)
 
 
 def _reject(message: str, path: str, hint: str) -> TemplateRaisedError:
@@ -124,7 +132,11 @@ def _drop_empty(content: Any) -> Any:
 
 
 def adapt(
-    messages: Sequence[dict[str, Any]], sources: Sequence[str], tools: Sequence[dict[str, Any]] | None
+    messages: Sequence[dict[str, Any]],
+    sources: Sequence[str],
+    tools: Sequence[dict[str, Any]] | None,
+    *,
+    images: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The template messages and tools in the shapes mistral-common encodes (see the module docstring).
 
@@ -152,7 +164,7 @@ def adapt(
             content = m.get("content")
             if isinstance(content, list):
                 for j, part in enumerate(content):
-                    if part.get("type") != "text":
+                    if part.get("type") != "text" and not (images and role == "user" and _is_image(part)):
                         raise _reject(
                             f"a {part.get('type')} part: this tokenizer (Tekken v3) has no image encoder",
                             f"{source}.content[{j}]",
@@ -162,6 +174,10 @@ def adapt(
                 m["content"] = _drop_empty(content)
         out.append(m)
     return out, None if tools is None else [_tool(t, k) for k, t in enumerate(tools)]
+
+
+def _is_image(part: dict[str, Any]) -> bool:
+    return part.get("type") in ("image", "image_url")
 
 
 def _tool(tool: dict[str, Any], k: int) -> dict[str, Any]:

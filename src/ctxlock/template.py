@@ -62,6 +62,7 @@ from .sandbox import (
     where,
 )
 from .template_ast import reads_parts
+from .template_documents import pull_documents
 from .template_inputs import (
     check_seed,
     content_format_option,
@@ -382,12 +383,16 @@ def render(
         _refuse_control_tokens(request, tokens)
 
     strftime_now, clock_calls = _strftime_now(clock)
-    messages = _template_messages(request)
+    messages, block_docs = pull_documents(
+        _template_messages(request), request, takes_documents=template.features.documents
+    )
+    all_docs = (all_docs or []) + block_docs if block_docs else all_docs
     fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
     if flattened:
         messages = flatten_contents(messages, request)
     if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
-        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools)
+        images = mistral.takes_images(template.source)
+        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools, images=images)
     msgs = tag_final_message(messages, template.source) if cfm else messages
     context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
     draws: list[dict[str, Any]] = []
@@ -567,7 +572,7 @@ def _resolve_content_format(
         return fmt, detected, ()
     for m in with_parts:
         for j, part in enumerate(m.content):  # type: ignore[arg-type]
-            if part.get("type") != "text":
+            if part.get("type") not in ("text", "document"):  # documents left the messages (template_documents)
                 where = next((m.origins[k] for k in m.origins if k.startswith(f".content[{j}].")), None)
                 raise ContentFormatError(
                     f"a content part of type {part.get('type')!r} cannot be joined into the string content this "

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib.util
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import capacity, diskcache
 from ..errors import ArtifactFormatError, ArtifactNotFoundError
+from ..frozen import freeze
 from ..mistral import patch_template
 from ..template import ChatTemplate, TemplateSet, compile_template
 from ..tokenizer import Tokenizer
@@ -73,7 +74,7 @@ def load_manifest_dir(root: Path) -> ModelArtifacts:
             f"unknown tokenizer format {fmt!r}", path=f"{manifest_path}:tokenizer.format", hint=formats_hint()
         )
     tokenizer: Tokenizer = cls.from_manifest(spec, _Files(root, spec, manifest_path), model_id)
-    templates = _manifest_templates(root, manifest, spec, manifest_path, model_id)
+    templates, image = _manifest_templates(root, manifest, spec, manifest_path, model_id)
     raw_special = manifest.get("special_tokens") or {}
     if not isinstance(raw_special, dict):
         raise ArtifactFormatError("special_tokens must be an object", path=f"{manifest_path}:special_tokens")
@@ -86,24 +87,35 @@ def load_manifest_dir(root: Path) -> ModelArtifacts:
     params_path = inside(root, "params.json", field="params.json", config=manifest_path)
     params = read_json(params_path) if present(params_path) else None
     cap = capacity.from_files(params=params if isinstance(params, dict) else None)
-    return finish(model_id, str(root), tokenizer, templates, special, description, cap)
+    done = finish(model_id, str(root), tokenizer, templates, special, description, cap)
+    if image is None:
+        return done
+    # mistral-common's image encoder settings, as the image stage reads a preprocessor config (multimodal.registry)
+    config = {
+        "image_processor_type": "MistralCommonImageEncoder",
+        "source": f"{spec.get('resource') or spec.get('file')}:image",
+        **image,
+    }
+    return replace(done, preprocessor=freeze(config))
 
 
 def _manifest_templates(
     root: Path, manifest: Mapping[str, Any], spec: Mapping[str, Any], manifest_path: Path, model_id: str
-) -> TemplateSet | None:
+) -> tuple[TemplateSet | None, dict[str, Any] | None]:
+    """The templates, and the tokenizer's image section when mistral-common's generator is asked for."""
     template_spec = manifest.get("template")
     if isinstance(template_spec, str):
         path = inside(root, template_spec, field="template", config=manifest_path)
-        return TemplateSet.single(load_template_file(path, id=f"{model_id}/{Path(template_spec).name}"))
+        return TemplateSet.single(load_template_file(path, id=f"{model_id}/{Path(template_spec).name}")), None
     if (
         isinstance(template_spec, dict)
         and template_spec.get("generator") == "mistral_common.convert_tokenizer_to_chat_template"
     ):
-        return TemplateSet.single(_mistral_generated_template(resource_or_file(root, spec, manifest_path), model_id))
+        template, image = _mistral_generated_template(resource_or_file(root, spec, manifest_path), model_id)
+        return TemplateSet.single(template), image
     if template_spec is not None:
         raise ArtifactFormatError("template must be a file name or a known generator", path=f"{manifest_path}:template")
-    return None
+    return None, None
 
 
 def resource_or_file(root: Path, spec: Mapping[str, Any], manifest_path: Path) -> Path:
@@ -126,30 +138,40 @@ def resource_or_file(root: Path, spec: Mapping[str, Any], manifest_path: Path) -
     return inside(root, spec.get("file", ""), field="tokenizer.file", config=manifest_path)
 
 
-def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> ChatTemplate:
+def _image_section(tokenizer_file: Path) -> dict[str, Any] | None:
+    """A Tekken file's `image` object (patch size, max image size, spatial merge), or None."""
+    if tokenizer_file.suffix != ".json":
+        return None
+    image = read_json(tokenizer_file).get("image")
+    return dict(image) if isinstance(image, dict) else None
+
+
+def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> tuple[ChatTemplate, dict[str, Any] | None]:
     # The vendor's own generator, so the template is the one mistral-common stands behind for this tokenizer.
     import mistral_common  # heavy: imported when a manifest asks for the generated template
 
     # Generating builds mistral-common's tokenizer (about 1.5 s): cache the source by file digest and version.
-    kind = f"mistral-template-mistral-common-{mistral_common.__version__}"
+    # With it, the tokenizer file's image section (Tekken's `image`: mistral-common's ImageConfig), or None.
+    kind = f"mistral-template-mistral-common-{mistral_common.__version__}-image"
     sha = diskcache.file_sha256(tokenizer_file)
     cached = diskcache.load(kind, sha)
     if cached is not None:
-        source = cached["source"]
+        source, image = cached["source"], cached.get("image")
     else:
         from mistral_common.integrations.chat_templates.chat_templates import convert_tokenizer_to_chat_template
 
         source = convert_tokenizer_to_chat_template(tokenizer_file)
-        diskcache.store(kind, sha, {"source": source})
+        image = _image_section(tokenizer_file)
+        diskcache.store(kind, sha, {"source": source, "image": image})
     origin = f"mistral_common {mistral_common.__version__} template_generator({tokenizer_file.name})"
     # Patched where the generated template and mistral-common's encode_chat_completion disagree (ctxlock.mistral).
     template = ChatTemplate(
-        patch_template(source, origin=origin),
+        patch_template(source, origin=origin, images=image is not None),
         id=f"{model_id}/generated",
         origin=f"{origin} + ctxlock.mistral shapes",
     )
     compile_template(template)
-    return template
+    return template, image
 
 
 __all__ = ["load_manifest_dir", "resource_or_file"]

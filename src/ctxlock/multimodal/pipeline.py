@@ -151,7 +151,14 @@ def stack_pixels(images: tuple[ImageInput, ...]) -> tuple[np.ndarray, np.ndarray
     done = [im.pixels for im in images if im.pixels is not None]
     if not done:
         return np.zeros((0, 0), dtype=np.float32), np.zeros((0, 3), dtype=np.int64)
-    values = np.concatenate([p.pixel_values for p in done], axis=0)
+    arrays = [p.pixel_values for p in done]
+    if all(a.ndim == 3 for a in arrays) and len({a.shape for a in arrays}) == 1:
+        values = np.stack(arrays)  # whole images (C, H, W): (N, C, H, W), as CLIP/LLaVA processors return them
+    elif all(a.ndim == 3 for a in arrays):  # whole images of different sizes (Pixtral): one per entry, as
+        values = np.empty(len(arrays), dtype=object)  # mistral-common returns a list of them
+        values[:] = arrays
+    else:
+        values = np.concatenate(arrays, axis=0)  # patch rows (Qwen2-VL): concatenated over the images
     grids = np.array([list(p.plan.grid) for p in done], dtype=np.int64)
     values.flags.writeable = False
     grids.flags.writeable = False

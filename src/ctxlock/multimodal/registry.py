@@ -11,12 +11,34 @@ from typing import Any
 
 from ctxlock.errors import MediaError
 from ctxlock.multimodal.base import ImageFamily
+from ctxlock.multimodal.llava import LlavaFamily
+from ctxlock.multimodal.pixtral import PixtralFamily
 from ctxlock.multimodal.qwen2vl import Qwen2VL
 
 _Builder = Callable[[Mapping[str, Any]], ImageFamily]
 
+
+def _llava(config: Mapping[str, Any]) -> ImageFamily:
+    """A CLIP image processor is LLaVA's only when the checkpoint says so (`processor_class: LlavaProcessor`): CLIP
+    preprocessing alone does not say how many placeholders an image takes. The processor's values (`patch_size`,
+    `vision_feature_select_strategy`, `num_additional_image_tokens`, `image_token`) are read from the same mapping
+    when present, else LLaVA-1.5's."""
+    if config.get("processor_class") != "LlavaProcessor":
+        raise MediaError(
+            f"a CLIPImageProcessor with processor_class {config.get('processor_class')!r}: ctxlock knows it only "
+            "as LLaVA's (processor_class LlavaProcessor)",
+            path="preprocessor_config.json:processor_class",
+            hint="pass family= to name the image family",
+        )
+    return LlavaFamily.from_configs(config, config)
+
+
 FAMILIES: dict[str, _Builder] = {
     "Qwen2VLImageProcessor": Qwen2VL.from_preprocessor_config,
+    "CLIPImageProcessor": _llava,
+    # not a transformers class: a Tekken tokenizer's `image` section (mistral-common's image encoder), which the
+    # artifacts layer passes under this name (artifacts/manifest.py)
+    "MistralCommonImageEncoder": PixtralFamily.from_config,
 }
 
 

@@ -26,6 +26,7 @@ from ctxlock.request.checks import (
     required,
     text_part,
 )
+from ctxlock.request.documents import document_part
 from ctxlock.request.paths import join_path
 from ctxlock.request.values import Message, ToolCall
 
@@ -159,13 +160,17 @@ def _user(blocks: list[Any], path: str, seen_ids: set[str]) -> list[Message]:
         elif kind == "image":
             origins[f".content[{len(parts)}].url"] = f"{bpath}.source"
             parts.append(_image(block, bpath))
+        elif kind == "document":
+            part, doc_origins = document_part(block, bpath)
+            origins.update({f".content[{len(parts)}]{k}": v for k, v in doc_origins.items()})
+            parts.append(part)
         elif kind == "tool_result":
             results.append(_tool_result(block, bpath, seen_ids))
         else:
             raise fail(
                 f"{bpath}.type",
                 f"unsupported user content block type {json.dumps(kind)}",
-                "allowed: text, image, tool_result",
+                "allowed: text, image, document, tool_result",
             )
     if results and not parts:
         return results

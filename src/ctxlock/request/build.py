@@ -30,7 +30,7 @@ def detect(obj: dict[str, Any]) -> Dialect:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
-            if kind in ("tool_use", "tool_result", "thinking") or (kind == "image" and "source" in block):
+            if kind in ("tool_use", "tool_result", "thinking", "document") or (kind == "image" and "source" in block):
                 return Dialect.ANTHROPIC
     return Dialect.OPENAI
 

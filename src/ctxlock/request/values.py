@@ -251,9 +251,11 @@ def _message_strings(m: Message) -> Iterator[tuple[str, str]]:
         yield m.path_of(".content"), m.content
     elif m.content is not None:
         for j, part in enumerate(m.content):
-            for key in ("text", "url", "detail"):
+            for key in ("text", "url", "detail", "title", "context"):
                 if key in part:
                     yield m.path_of(f".content[{j}].{key}"), part[key]
+            for c, chunk in enumerate(part.get("chunks") or ()):  # a content-source document's text blocks
+                yield m.path_of(f".content[{j}].chunks[{c}]"), chunk
             image = part.get("image_url")  # an OpenAI image part, kept as sent: a URL string or {url, detail}
             if isinstance(image, str):
                 yield m.path_of(f".content[{j}].image_url"), image

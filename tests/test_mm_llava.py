@@ -1,0 +1,189 @@
+"""LLaVA-1.5 images (ctxlock.multimodal.llava) against transformers 5.24: `CLIPImageProcessorPil` pixel values
+within 1e-5 over generated images, and `LlavaProcessor`'s expanded text and ids for a fixture model directory (the
+Llama-2 SentencePiece vocabulary from the fetched llama.cpp artifacts, `<image>` added as id 32000, a LLaVA-1.5
+chat template, LLaVA-1.5's preprocessor and processor configs written here)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, CLIPImageProcessorPil, LlavaProcessor
+
+import ctxlock
+import fetched as artifacts
+from ctxlock.errors import CtxlockError, ImageSizeError
+from ctxlock.multimodal import media
+from ctxlock.multimodal.base import ImageFamily
+from ctxlock.multimodal.llava import LlavaFamily, shortest_edge_size
+from mm_images import as_decoded, corpus, make, reopen, to_bytes
+
+pytestmark = pytest.mark.reference
+
+CORPUS = corpus()
+LLAVA_PREPROCESSOR = {
+    "crop_size": {"height": 336, "width": 336},
+    "do_center_crop": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "CLIPImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "processor_class": "LlavaProcessor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"shortest_edge": 336},
+}
+LLAVA_PROCESSOR = {
+    "image_token": "<image>",
+    "num_additional_image_tokens": 1,
+    "patch_size": 14,
+    "processor_class": "LlavaProcessor",
+    "vision_feature_select_strategy": "default",
+}
+# LLaVA-1.5's chat template (the llava-hf conversion's shape): images first, then text, "USER: ... ASSISTANT:".
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def clip336():
+    return CLIPImageProcessorPil(
+        **{k: v for k, v in LLAVA_PREPROCESSOR.items() if "class" not in k and "type" not in k}
+    )
+
+
+@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+def test_pixel_values_equal_clip_image_processor_pil(clip336, label) -> None:
+    data = dict(CORPUS)[label]
+    ref = clip336(images=reopen(data), return_tensors="np")["pixel_values"][0]
+    family = LlavaFamily.from_configs(LLAVA_PREPROCESSOR, LLAVA_PROCESSOR)
+    pre = family.preprocess(as_decoded(data))
+    assert pre.pixel_values.shape == ref.shape == (3, 336, 336)
+    assert pre.pixel_values.dtype == np.float32
+    assert np.abs(pre.pixel_values - ref).max() <= 1e-5
+    assert pre.plan.n_tokens == 576
+    assert family.plan(media.read_header(data)) == pre.plan
+
+
+@pytest.mark.parametrize("label", [label for label, _ in CORPUS][::5])
+def test_class_defaults_224(label) -> None:
+    data = dict(CORPUS)[label]
+    ref = CLIPImageProcessorPil()(images=reopen(data), return_tensors="np")["pixel_values"][0]
+    family = LlavaFamily(shortest_edge=224, crop_height=224, crop_width=224)
+    pre = family.preprocess(as_decoded(data))
+    assert np.abs(pre.pixel_values - ref).max() <= 1e-5
+    assert pre.plan.n_tokens == 256
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 5000))
+def test_resize_size_equals_transformers(h, w) -> None:
+    from transformers.image_transforms import get_resize_output_image_size
+
+    arr = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=(h, w, 3), strides=(0, 0, 0))
+    ref = get_resize_output_image_size(arr, size=336, default_to_square=False, input_data_format="channels_last")
+    assert shortest_edge_size(h, w, 336) == tuple(ref)
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("llava")
+    tok = AutoTokenizer.from_pretrained(artifacts.hf_tokenizer_dir("llama-spm"))
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tok.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(LLAVA_TEMPLATE, encoding="utf-8")
+    (out / "preprocessor_config.json").write_text(json.dumps(LLAVA_PREPROCESSOR), encoding="utf-8")
+    (out / "processor_config.json").write_text(json.dumps(LLAVA_PROCESSOR), encoding="utf-8")
+    return out
+
+
+def _messages(urls: list[str], *, anthropic: bool = False) -> list[dict]:
+    def image(url: str) -> dict:
+        if anthropic:  # canonical: {"type": "image", "url": "data:..."}, the part type HF templates read
+            media, data = url[len("data:") :].split(";base64,")
+            return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+        return {"type": "image", "url": url}
+
+    return [
+        {"role": "user", "content": [image(urls[0]), {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A gradient."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "And these?"},
+                image(urls[1]),
+                image(urls[2]),
+            ],
+        },
+    ]
+
+
+def test_expanded_text_and_ids_equal_llava_processor(llava_dir) -> None:
+    processor = LlavaProcessor.from_pretrained(llava_dir)
+    assert processor.tokenizer.convert_tokens_to_ids("<image>") == 32000
+    files = [
+        to_bytes(make(640, 480, "RGB", 1)),
+        to_bytes(make(300, 900, "RGBA", 2)),
+        to_bytes(make(999, 1000, "CMYK", 3)),
+    ]
+    images = [reopen(f) for f in files]
+    kinds = ["image/png", "image/png", "image/tiff"]
+    urls = [f"data:{k};base64,{base64.b64encode(f).decode()}" for k, f in zip(kinds, files, strict=True)]
+    prompt = processor.apply_chat_template(_messages(urls), add_generation_prompt=True)
+    ref = processor(text=prompt, images=images, return_tensors="np")
+
+    model = ctxlock.load(str(llava_dir))
+    assert isinstance(model.image_family, LlavaFamily)  # preprocessor_config.json: CLIPImageProcessor + LlavaProcessor
+    mm = model.run_images({"messages": _messages(urls, anthropic=True)}, add_generation_prompt=True)
+    assert mm.rendered.text == prompt
+    assert mm.text == prompt.replace("<image>", "<image>" * 576)  # LlavaProcessor's expanded text
+    ids = ref["input_ids"][0].tolist()
+    # Known difference (README, "Images"): the processor adds <s> (1) because the template does not write it
+    # (ProcessorMixin.apply_chat_template adds special tokens unless the prompt starts with BOS); ctxlock's ids
+    # are the template's. Everything after it is equal.
+    assert ids[0] == 1 and list(mm.ids) == ids[1:]
+    starts = [k - 1 for k, t in enumerate(ids) if t == 32000 and ids[k - 1] != 32000]
+    assert mm.span_map() == {i: (s, s + 576) for i, s in enumerate(starts)}
+    assert mm.pixel_values.shape == ref["pixel_values"].shape == (3, 3, 336, 336)
+    assert np.abs(mm.pixel_values - ref["pixel_values"]).max() <= 1e-5
+
+
+def test_family_keeps_the_interface() -> None:
+    family = LlavaFamily()
+    assert isinstance(family, ImageFamily)
+    assert family.image_tokens() == 576 and family.template_placeholder == "<image>"
+    assert family.params()["crop_size"] == (336, 336)
+
+
+@pytest.mark.parametrize(("h", "w"), [(0, 5), (5, 0), (1, 201), (4000, 1)])
+def test_bad_sizes_are_typed_errors(h, w) -> None:
+    with pytest.raises(ImageSizeError) as info:
+        LlavaFamily().plan_size(h, w)
+    assert isinstance(info.value, CtxlockError) and info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("pre", "proc"),
+    [
+        ({"do_center_crop": False}, {}),
+        ({"size": {"height": 336, "width": 336}}, {}),
+        ({"resample": 9}, {}),
+        ({}, {"patch_size": 0}),
+        ({}, {"vision_feature_select_strategy": "weird"}),
+    ],
+)
+def test_bad_configs_are_typed_errors(pre, proc) -> None:
+    with pytest.raises(ImageSizeError):
+        LlavaFamily.from_configs(pre, proc)

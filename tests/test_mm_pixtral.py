@@ -1,0 +1,239 @@
+"""Pixtral / Mistral images (ctxlock.multimodal.pixtral) against mistral-common 1.13's own image encoder.
+
+Reference: `mistral_common.tokens.tokenizers.image.ImageEncoder` on `ImageChunk`s (tokens and the processed image),
+and `MistralTokenizer.encode_chat_completion` on multi-turn requests (the images it returns, and the image tokens
+in its ids). mistral-common resizes with OpenCV; OpenCV's x86 wheels route some resizes through Intel IPP, whose
+bicubic differs from OpenCV's own algorithm: the exact comparisons run with IPP off (`cv2.ipp.setUseIPP(False)`),
+and `test_ipp_deviation_is_bounded` measures and bounds the difference with IPP on (README: "not exact").
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import cv2
+import mistral_common
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mistral_common.protocol.instruct.chunk import ImageChunk, TextChunk
+from mistral_common.protocol.instruct.messages import AssistantMessage, UserMessage
+from mistral_common.protocol.instruct.request import ChatCompletionRequest
+from mistral_common.tokens.tokenizers.image import ImageConfig, ImageEncoder, SpecialImageIDs
+from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+from PIL import Image
+
+import ctxlock
+from ctxlock.errors import CtxlockError, ImageSizeError
+from ctxlock.multimodal import media
+from ctxlock.multimodal.base import ImageFamily
+from ctxlock.multimodal.pixtral import PixtralFamily, pixtral_grid
+from ctxlock.multimodal.resample import cubic_resize
+from mm_images import as_decoded, corpus, make, reopen, to_bytes
+
+pytestmark = pytest.mark.reference
+
+TEKKEN = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
+IDS = SpecialImageIDs(img=10, img_break=12, img_end=13)
+# Pixtral-12B (tekken_240911.json's own image section) and a merged-patch setting (Mistral-Small-3.1 style).
+CONFIGS = [(16, 1024, 1), (14, 1540, 2)]
+
+
+@pytest.fixture
+def no_ipp():
+    before = cv2.ipp.useIPP()
+    cv2.ipp.setUseIPP(False)
+    yield
+    cv2.ipp.setUseIPP(before)
+
+
+def _mine(family: PixtralFamily, data: bytes) -> tuple[list[int], np.ndarray]:
+    pre = family.preprocess(as_decoded(data))
+    names = {family.img_token: IDS.img, family.img_break_token: IDS.img_break, family.img_end_token: IDS.img_end}
+    return [names[t] for t in family.placeholders(pre.plan)], pre.pixel_values
+
+
+CORPUS = corpus()
+
+
+@pytest.mark.parametrize(("patch", "max_size", "merge"), CONFIGS)
+@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+def test_tokens_and_pixels_equal_image_encoder(no_ipp, label, patch, max_size, merge) -> None:
+    data = dict(CORPUS)[label]
+    img = reopen(data)
+    ref = ImageEncoder(ImageConfig(patch, max_size, merge), IDS)(ImageChunk(image=img))
+    family = PixtralFamily(image_patch_size=patch, max_image_size=max_size, spatial_merge_size=merge)
+    tokens, pixels = _mine(family, data)
+    assert tokens == ref.tokens
+    assert pixels.shape == ref.image.shape and pixels.dtype == np.float32
+    assert np.abs(pixels - ref.image).max() <= 1e-5
+    # the header-only plan is the one preprocessing used
+    header = media.read_header(data)
+    assert family.plan(header) == family.preprocess(as_decoded(data)).plan
+    assert family.plan(header).n_tokens == len(ref.tokens)
+
+
+def test_ipp_deviation_is_bounded() -> None:
+    """With IPP on (the wheel's default), mistral-common's pixels are not OpenCV's own algorithm; measured bound."""
+    assert cv2.ipp.useIPP()
+    family = PixtralFamily()
+    worst = 0.0
+    for _, data in corpus(limit_pixels=1_100_000):
+        ref = ImageEncoder(ImageConfig(16, 1024), IDS)(ImageChunk(image=reopen(data)))
+        tokens, pixels = _mine(family, data)
+        assert tokens == ref.tokens
+        worst = max(worst, float(np.abs(pixels - ref.image).max()))
+    assert worst <= 2e-4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 300), st.integers(1, 300))
+def test_cubic_resize_is_opencv_without_ipp(h, w, nh, nw) -> None:
+    rng = np.random.default_rng(h * 7919 + w)
+    image = rng.integers(0, 256, (h, w, 3)).astype(np.float32)
+    before = cv2.ipp.useIPP()
+    cv2.ipp.setUseIPP(False)
+    try:
+        ref = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_CUBIC).reshape(nh, nw, 3)
+    finally:
+        cv2.ipp.setUseIPP(before)
+    # 1e-5 after normalization (/255/std) is 6.6e-4 in pixel units
+    assert np.abs(cubic_resize(image, nw, nh) - ref).max() <= 2e-4
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 60_000), st.integers(1, 60_000), st.sampled_from(CONFIGS))
+def test_grid_equals_mistral_common_for_any_size(w, h, config) -> None:
+    """The header-only count is mistral-common's `_image_to_num_tokens` for any size (no pixels needed)."""
+    patch, max_size, merge = config
+    encoder = ImageEncoder(ImageConfig(patch, max_size, merge), IDS)
+    cols, rows, _, _, _ = pixtral_grid(w, h, patch=patch, max_size=max_size, merge=merge)
+    assert (cols, rows) == encoder._image_to_num_tokens(_Sized(w, h))
+
+
+class _Sized:
+    """Only `.size`, which is all `_image_to_num_tokens` reads: a 60,000-pixel side needs no allocation."""
+
+    def __init__(self, w: int, h: int) -> None:
+        self.size = (w, h)
+
+
+def _multi_turn(images: list[Image.Image]) -> ChatCompletionRequest:
+    return ChatCompletionRequest(
+        messages=[
+            UserMessage(content=[TextChunk(text="What is in this picture?"), ImageChunk(image=images[0])]),
+            AssistantMessage(content="A gradient with noise."),
+            UserMessage(
+                content=[
+                    ImageChunk(image=images[1]),
+                    TextChunk(text="And these two?"),
+                    ImageChunk(image=images[2]),
+                ]
+            ),
+        ]
+    )
+
+
+def test_encode_chat_completion_images_and_image_tokens(no_ipp) -> None:
+    """Multi-turn: mistral-common's returned images equal ctxlock's pixel values, and every run of image tokens in
+    its ids is, in order, exactly ctxlock's placeholders for that image (with the Tekken ids of [IMG] etc.)."""
+    tok = MistralTokenizer.from_file(str(TEKKEN))
+    raw = tok.instruct_tokenizer.tokenizer
+    images = [make(640, 480, "RGB", 1), make(37, 1500, "RGBA", 2), make(1200, 1000, "P", 3)]
+    out = tok.encode_chat_completion(_multi_turn(images))
+    cfg = raw.image
+    family = PixtralFamily(image_patch_size=cfg.image_patch_size, max_image_size=cfg.max_image_size)
+    ids = {s: raw.get_special_token(s) for s in ("[IMG]", "[IMG_BREAK]", "[IMG_END]")}
+    runs, current = [], []
+    for t in out.tokens:
+        if t in ids.values():
+            current.append(t)
+            if t == ids["[IMG_END]"]:
+                runs.append(current)
+                current = []
+    assert len(runs) == len(out.images) == 3
+    for img, run, ref_pixels in zip(images, runs, out.images, strict=True):
+        pre = family.preprocess(as_decoded(to_bytes(img)))
+        assert [ids[t] for t in family.placeholders(pre.plan)] == run
+        assert np.abs(pre.pixel_values - ref_pixels).max() <= 1e-5
+
+
+def test_family_keeps_the_interface() -> None:
+    family = PixtralFamily()
+    assert isinstance(family, ImageFamily)
+    assert family.template_placeholder == "[IMG]"
+    params = family.params()
+    for key in ("image_patch_size", "max_image_size", "spatial_merge_size", "image_mean", "image_std", "resample"):
+        assert key in params
+
+
+@pytest.mark.parametrize(("w", "h"), [(0, 10), (10, 0), (0, 0), (1, 201), (40_000, 10)])
+def test_bad_sizes_are_typed_errors(w, h) -> None:
+    with pytest.raises(ImageSizeError) as info:
+        PixtralFamily().plan_size(w, h)
+    assert isinstance(info.value, CtxlockError) and info.value.hint
+
+
+def test_bad_config_is_a_typed_error() -> None:
+    with pytest.raises(ImageSizeError):
+        PixtralFamily(image_patch_size=0)
+
+
+def test_corrupt_bytes_never_reach_the_family() -> None:
+    """A truncated PNG fails in Pillow before any family code runs (the media stage types that error)."""
+    buf = io.BytesIO()
+    make(64, 64).save(buf, format="PNG")
+    with pytest.raises(OSError):
+        Image.open(io.BytesIO(buf.getvalue()[:100])).load()
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def test_run_images_on_the_default_mistral_model_equals_encode_chat_completion(no_ipp) -> None:
+    """End to end: ctxlock's Mistral path (the generated template, the Tekken tokenizer, the Pixtral family from
+    tekken_240911.json's image section) gives mistral-common's ids and images for a multi-turn request."""
+    files = [
+        to_bytes(make(640, 480, "RGB", 1)),
+        to_bytes(make(37, 1500, "RGBA", 2)),
+        to_bytes(make(1200, 1000, "P", 3)),
+    ]
+    images = [reopen(f) for f in files]
+    tok = MistralTokenizer.from_file(str(TEKKEN))
+    ref = tok.encode_chat_completion(_multi_turn(images))
+    request = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in this picture?"},
+                    {"type": "image_url", "image_url": {"url": _data_url(files[0])}},
+                ],
+            },
+            {"role": "assistant", "content": "A gradient with noise."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(files[1])}},
+                    {"type": "text", "text": "And these two?"},
+                    {"type": "image_url", "image_url": {"url": _data_url(files[2])}},
+                ],
+            },
+        ]
+    }
+    model = ctxlock.load("mistral-nemo")
+    assert isinstance(model.image_family, PixtralFamily)
+    mm = model.run_images(request)
+    assert list(mm.ids) == ref.tokens
+    assert len(mm.images) == len(ref.images) == 3
+    for im, theirs in zip(mm.images, ref.images, strict=True):
+        assert np.abs(im.pixels.pixel_values - theirs).max() <= 1e-5
+    img_end = ref.tokens.index(13) if 13 in ref.tokens else None
+    assert img_end is not None and mm.span_map()[0][1] == img_end + 1
+    # without the image stage the ids would hold bare [IMG] placeholders: run refuses
+    with pytest.raises(CtxlockError):
+        model.run(request)

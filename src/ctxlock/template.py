@@ -339,6 +339,25 @@ def _template_tools(tools: tuple[Any, ...], dialect: Dialect) -> tuple[dict[str,
     return tuple(out)
 
 
+def _template_inputs(
+    request: Request, template: ChatTemplate, fmt_option: Any, all_tools: Any, all_docs: Any
+) -> tuple[Any, Any, Any, tuple[Any, Any, bool]]:
+    """The messages, tools and documents the template sees: document blocks pulled out (to `documents` where the
+    template takes them), content parts flattened for a string-content template, mistral-common's shapes; and the
+    content format (chosen, detected, flattened)."""
+    messages, block_docs = pull_documents(
+        _template_messages(request), request, takes_documents=template.features.documents
+    )
+    all_docs = (all_docs or []) + block_docs if block_docs else all_docs
+    fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
+    if flattened:
+        messages = flatten_contents(messages, request)
+    if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
+        images = mistral.takes_images(template.source)
+        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools, images=images)
+    return messages, all_tools, all_docs, (fmt, detected, flattened)
+
+
 def render(
     request: Request,
     templates: TemplateSet | ChatTemplate,
@@ -383,16 +402,9 @@ def render(
         _refuse_control_tokens(request, tokens)
 
     strftime_now, clock_calls = _strftime_now(clock)
-    messages, block_docs = pull_documents(
-        _template_messages(request), request, takes_documents=template.features.documents
+    messages, all_tools, all_docs, (fmt, detected, flattened) = _template_inputs(
+        request, template, fmt_option, all_tools, all_docs
     )
-    all_docs = (all_docs or []) + block_docs if block_docs else all_docs
-    fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
-    if flattened:
-        messages = flatten_contents(messages, request)
-    if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
-        images = mistral.takes_images(template.source)
-        messages, all_tools = mistral.adapt(messages, [m.source for m in request.messages], all_tools, images=images)
     msgs = tag_final_message(messages, template.source) if cfm else messages
     context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
     draws: list[dict[str, Any]] = []

@@ -1,0 +1,298 @@
+"""Videos given as lists of frames (Qwen2-VL / Qwen2.5-VL), and the image part shapes transformers, vLLM and the
+Responses API send.
+
+The pixel reference: transformers' Qwen2VLVideoProcessor needs torchvision, which is not installed, so each frame
+goes through transformers' `Qwen2VLImageProcessorPil` with the video processor's pixel range (an image is one
+frame over the temporal patch), and the frames are interleaved over the temporal patch (padded by repeating the
+last) as the video processor's `patchify` lays them out. The text reference: the processor's chat template (its
+`apply_chat_template(tokenize=False)`), each `<|video_pad|>` expanded to grid_t*grid_h*grid_w/merge^2 copies as
+its `replace_video_token` does, encoded by transformers' tokenizer.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+import ctxlock
+import mm_fixtures as F
+from ctxlock.errors import (
+    ImagePlacementError,
+    ImageSizeError,
+    MediaSourceError,
+    MediaTypeError,
+    RequestValidationError,
+)
+from ctxlock.multimodal.pipeline import StageOptions
+from ctxlock.multimodal.qwen2vl import VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, Qwen2VL
+from test_multimodal_media import bomb_png
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return F.build_qwen2vl_dir(tmp_path_factory.mktemp("mmv") / "qwen2-vl", F.HUB_PREPROCESSOR)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir: Path) -> ctxlock.Model:
+    return ctxlock.load(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(model_dir: Path):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def frames(n: int, width: int, height: int, seed: int = 0) -> list[str]:
+    return [F.data_url(F.png(F.noise(width, height, seed=seed + k))) for k in range(n)]
+
+
+def video(urls: list[str]) -> dict:
+    return {"type": "video", "video": urls}
+
+
+def reference_pixels(urls: list[str], min_pixels: int, max_pixels: int) -> tuple[np.ndarray, list[int]]:
+    """pixel_values_videos and the grid, from transformers' PIL image processor frame by frame."""
+    from transformers.image_utils import load_image
+
+    proc = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    per_frame = []
+    grid = None
+    for url in urls:
+        out = proc(load_image(url), return_tensors="np")
+        grid = out["image_grid_thw"][0].tolist()
+        rows = out["pixel_values"].reshape(-1, 3, 2, 14, 14)
+        assert np.array_equal(rows[:, :, 0], rows[:, :, 1])  # an image is one frame over the temporal patch
+        per_frame.append(rows[:, :, 0])
+    if len(per_frame) % 2:
+        per_frame.append(per_frame[-1])  # padded by repeating the last frame
+    groups = [
+        np.stack(per_frame[g : g + 2], axis=2).reshape(len(per_frame[0]), -1) for g in range(0, len(per_frame), 2)
+    ]
+    assert grid is not None
+    return np.concatenate(groups), [len(groups), grid[1], grid[2]]
+
+
+def expected_ids(hf_tokenizer, messages: list[dict], grids: list[list[int]]) -> tuple[str, list[int]]:
+    text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pieces = text.split("<|video_pad|>")
+    assert len(pieces) == len(grids) + 1
+    out = pieces[0]
+    for grid, rest in zip(grids, pieces[1:], strict=True):
+        out += "<|video_pad|>" * (int(np.prod(grid)) // 4) + rest
+    return out, hf_tokenizer(out, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize(("n", "size"), [(1, (64, 48)), (2, (320, 240)), (3, (200, 120)), (5, (90, 300))])
+def test_video_matches_the_reference(model: ctxlock.Model, hf_tokenizer, n: int, size: tuple[int, int]) -> None:
+    urls = frames(n, *size, seed=n)
+    messages = [{"role": "user", "content": [video(urls), {"type": "text", "text": "What happens?"}]}]
+    got = model.run_images({"messages": messages})
+    ref, grid = reference_pixels(urls, F.HUB_PREPROCESSOR["min_pixels"], F.HUB_PREPROCESSOR["max_pixels"])
+    assert got.video_grid_thw.tolist() == [grid]
+    assert grid[0] == (n + 1) // 2
+    assert got.pixel_values_videos.shape == ref.shape
+    assert np.abs(got.pixel_values_videos - ref).max() <= 1e-5
+    text, ids = expected_ids(hf_tokenizer, messages, [grid])
+    assert got.text == text
+    assert list(got.ids) == ids
+    ((start, end),) = got.video_span_map().values()
+    assert end - start == int(np.prod(grid)) // 4
+    assert set(got.ids[start:end]) == {151656} and got.ids[start - 1] == 151652 and got.ids[end] == 151653
+
+
+def test_video_class_defaults_use_the_video_processors_pixel_range(model: ctxlock.Model) -> None:
+    # Without a preprocessor config value, the video processor's own defaults apply (not the image processor's).
+    family = Qwen2VL()
+    assert (family.video_min_pixels, family.video_max_pixels) == (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
+    urls = frames(2, 1200, 900)
+    got = model.run_images({"messages": [{"role": "user", "content": [video(urls)]}]}, family=family)
+    ref, grid = reference_pixels(urls, VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
+    assert got.video_grid_thw.tolist() == [grid]
+    assert np.abs(got.pixel_values_videos - ref).max() <= 1e-5
+    # the hub config's values reach the video too (transformers' video processor falls back to that file)
+    hub = Qwen2VL.from_preprocessor_config(F.HUB_PREPROCESSOR)
+    assert (hub.video_min_pixels, hub.video_max_pixels) == (3136, 12845056)
+
+
+def test_images_and_videos_interleaved(model: ctxlock.Model, hf_tokenizer) -> None:
+    img = F.data_url(F.png(F.noise(300, 200, seed=9)))
+    v0, v1 = frames(4, 120, 90, seed=1), frames(3, 90, 120, seed=7)
+    messages = [
+        {"role": "user", "content": [video(v0), {"type": "image_url", "image_url": {"url": img}}]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "and"}, video(v1)]},
+    ]
+    got = model.run_images({"messages": messages})
+    assert [s.index for s in got.video_spans] == [0, 1] and len(got.spans) == 1
+    assert got.video_spans[0].end < got.spans[0].start < got.video_spans[1].start
+    for span, vid in zip(got.video_spans, got.videos, strict=True):
+        assert span.end - span.start == vid.n_tokens
+        assert got.ids[span.start : span.end] == (151656,) * vid.n_tokens
+    assert got.pixel_values_videos.shape[0] == sum(int(np.prod(g)) for g in got.video_grid_thw)
+    counted = model.count({"messages": messages})
+    assert counted.total == len(got.ids)
+    assert [i.get("kind", "image") for i in counted.images] == ["video", "image", "video"]
+
+
+def test_header_only_plan_equals_the_decoded_one(model: ctxlock.Model) -> None:
+    req = {"messages": [{"role": "user", "content": [video(frames(5, 333, 222))]}]}
+    planned = model.run_images(req, decode=False)
+    decoded = model.run_images(req)
+    assert planned.ids == decoded.ids
+    assert planned.videos[0].plan == decoded.videos[0].plan
+    assert planned.pixel_values_videos.shape == (0, 0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 7), h=st.integers(1, 4000), w=st.integers(1, 4000))
+def test_plan_invariants(n: int, h: int, w: int) -> None:
+    family = Qwen2VL.from_preprocessor_config(F.HUB_PREPROCESSOR)
+    if max(h, w) / min(h, w) > 200:
+        with pytest.raises(ImageSizeError):
+            family.plan_video([(h, w)] * n)
+        return
+    plan = family.plan_video([(h, w)] * n)
+    gt, gh, gw = plan.grid
+    assert gt == -(-n // 2) and plan.n_tokens * 4 == gt * gh * gw
+    assert plan.resized[0] % 28 == 0 and plan.resized[1] % 28 == 0
+    assert family.plan_size(h, w).grid[1:] == plan.grid[1:]  # the same pixel range: the image's spatial grid
+
+
+def test_vllm_jpeg_frame_list_and_video_url(model: ctxlock.Model) -> None:
+    jpegs = [F.encode(F.noise(112, 84, seed=k), "JPEG", quality=90) for k in range(3)]
+    url = "data:video/jpeg;base64," + ",".join(base64.b64encode(j).decode() for j in jpegs)
+    as_list = [F.data_url(j, "image/jpeg") for j in jpegs]
+    a = model.run_images(
+        {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]}
+    )
+    b = model.run_images({"messages": [{"role": "user", "content": [{"type": "video", "video": url}]}]})
+    c = model.run_images({"messages": [{"role": "user", "content": [video(as_list)]}]})
+    assert a.ids == b.ids == c.ids
+    assert np.array_equal(a.pixel_values_videos, c.pixel_values_videos)
+    assert [f.header.sha256 for f in a.videos[0].frames] == [f.header.sha256 for f in c.videos[0].frames]
+    assert a.videos[0].frames[1].ref.path == "messages[0].content[0].video_url.url"
+
+
+@pytest.mark.parametrize(
+    ("part", "error", "path", "message"),
+    [
+        (
+            {"type": "video", "video": "data:video/mp4;base64,AAAA"},
+            MediaTypeError,
+            "messages[0].content[0].video",
+            "container",
+        ),
+        (
+            {"type": "video_url", "video_url": {"url": "https://x.test/v.mp4"}},
+            MediaTypeError,
+            "messages[0].content[0].video_url.url",
+            "container",
+        ),
+        (
+            {"type": "video", "video": ["https://x.test/f0.png"]},
+            MediaSourceError,
+            "messages[0].content[0].video[0]",
+            "never fetches",
+        ),
+        ({"type": "video", "video": []}, RequestValidationError, "messages[0].content[0].video", "without frames"),
+        (
+            {"type": "video", "video": ["data:image/png;base64,AAAA", 3]},
+            RequestValidationError,
+            "messages[0].content[0].video[1]",
+            "",
+        ),
+        (
+            {"type": "video", "video": ["data:image/png;base64,iVBORw0KGgo="]},
+            Exception,
+            "messages[0].content[0].video[0]",
+            "",
+        ),
+    ],
+)
+def test_bad_videos_are_typed_errors_at_their_path(
+    model: ctxlock.Model, part: dict, error: type, path: str, message: str
+) -> None:
+    with pytest.raises(error) as info:
+        model.run_images({"messages": [{"role": "user", "content": [part]}]})
+    assert info.value.path == path
+    assert message in str(info.value)
+    assert isinstance(info.value, ctxlock.errors.CtxlockError)
+
+
+def test_frames_of_different_sizes_too_many_frames_and_bombs(model: ctxlock.Model) -> None:
+    mixed = frames(1, 100, 80) + frames(1, 80, 100)
+    with pytest.raises(ImageSizeError, match="frame 1 is 80x100") as info:
+        model.run_images({"messages": [{"role": "user", "content": [video(mixed)]}]})
+    assert info.value.path == "messages[0].content[0]"
+    # the frame cap is checked before any frame is read: these "frames" are not even images
+    many = {"messages": [{"role": "user", "content": [video(["data:image/png;base64,AAAA"] * 9)]}]}
+    with pytest.raises(ImageSizeError, match="9 frames is over the cap of 8"):
+        model.run_images(many, images=StageOptions(max_frames=8))
+    bomb = F.data_url(bomb_png(12000))  # a frame over the pixel cap is refused from its header
+    with pytest.raises(ImageSizeError) as info:
+        model.run_images({"messages": [{"role": "user", "content": [video([bomb])]}]}, decode=False)
+    assert info.value.path == "messages[0].content[0].video[0]"
+
+
+def test_video_refused_where_it_cannot_go(model: ctxlock.Model, tmp_path: Path) -> None:
+    with pytest.raises(RequestValidationError, match="cannot hold videos"):
+        model.parse({"messages": [{"role": "assistant", "content": [video(frames(1, 50, 50))]}]})
+    req = {"messages": [{"role": "user", "content": [video(frames(2, 56, 56))]}]}
+    with pytest.raises(ImagePlacementError, match="unexpanded"):
+        model.encode(req)
+    from ctxlock.multimodal.llava import LlavaFamily
+
+    with pytest.raises(ImagePlacementError, match="takes no video") as info:
+        model.run_images(req, family=LlavaFamily())
+    assert info.value.path == "messages[0].content[0]"
+    # a template that renders no video part: the video has no slot, never dropped silently
+    no_video = F.QWEN2VL_TEMPLATE.replace("<|vision_start|><|video_pad|><|vision_end|>", "")
+    other = ctxlock.load(str(F.build_qwen2vl_dir(tmp_path / "nv", F.HUB_PREPROCESSOR, template=no_video)))
+    with pytest.raises(ImagePlacementError, match="1 video") as info:
+        other.run_images(req)
+    assert info.value.path == "messages[0].content[0]"
+
+
+def test_fit_keeps_or_drops_a_video_whole(model: ctxlock.Model) -> None:
+    from ctxlock.budget import BudgetPolicy, fit_context
+
+    turns: list[dict] = []
+    for k in range(3):
+        turns.append(
+            {"role": "user", "content": [video(frames(4, 224, 168, seed=10 * k)), {"type": "text", "text": f"#{k}"}]}
+        )
+        turns.append({"role": "assistant", "content": f"clip {k}"})
+    turns.append({"role": "user", "content": "Compare."})
+    req = model.parse({"messages": turns})
+    full_mm = model.run_images(req, decode=False)
+    per = full_mm.videos[0].n_tokens
+    full = len(full_mm.ids)
+    for budget in (full, full - 1, full - per - 20, 200):
+        fitted = fit_context(req, model, BudgetPolicy(max_input_tokens=budget))
+        expanded = model.run_images(fitted.request, decode=False)
+        assert list(fitted.ids) == list(expanded.ids)
+        assert fitted.input_tokens <= budget
+        assert all(s.end - s.start == per for s in expanded.video_spans)  # a video is never cut
+
+
+def test_record_keeps_each_frames_digest(model: ctxlock.Model) -> None:
+    urls = frames(3, 100, 70)
+    mm = model.run_images({"messages": [{"role": "user", "content": [video(urls)]}]})
+    data = json.loads(json.dumps(mm.to_json()))
+    (v,) = data["videos"]
+    assert [f["header"]["sha256"] for f in v["frames"]] == [
+        __import__("hashlib").sha256(base64.b64decode(u.split(",", 1)[1])).hexdigest() for u in urls
+    ]
+    assert v["plan"]["grid"] == mm.video_grid_thw[0].tolist()
+    assert v["pixel_values"]["shape"] == list(mm.pixel_values_videos.shape)
+    assert data["video_spans"][0]["kind"] == "video"
+    assert v["plan"]["params"]["video"]["frame_sampling"].startswith("none")

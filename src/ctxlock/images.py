@@ -108,14 +108,16 @@ def _in_request(rendered: Rendered, start: int, end: int) -> str | None:
     return None
 
 
-def _slots(rendered: Rendered, tokenized: Tokenized, pid: int, placeholder: str) -> tuple[list[int], list[Any]]:
+def _slots(
+    rendered: Rendered, tokenized: Tokenized, pid: int, placeholder: str, what: str = "image"
+) -> tuple[list[int], list[Any]]:
     """(token positions, control matches) of the template's placeholders `pid`; one from request text is an error."""
     slots = [m for m in tokenized.control if m.id == pid]
     for m in slots:
         forged = _in_request(rendered, m.core_start, m.core_end)
         if forged is not None:
             raise ImagePlacementError(
-                f"request text holds the placeholder {placeholder!r} as a control token",
+                f"request text holds the {what} placeholder {placeholder!r} as a control token",
                 path=forged,
                 hint="image and video slots come only from their parts; render with injection='text' (the default)",
             )
@@ -151,7 +153,7 @@ def expand(
     vph = getattr(family, "video_placeholder", None)
     if videos or (vph and tokenizer.token_to_id(vph) is not None):
         vid = _placeholder_id(vph, family, tokenizer, "videos") if videos else tokenizer.token_to_id(vph)
-        vpos, vslots = _slots(rendered, tokenized, vid, vph)
+        vpos, vslots = _slots(rendered, tokenized, vid, vph, "video")
         if len(vslots) != len(videos):
             raise _video_mismatch(vph, len(vslots), videos)
         events += [

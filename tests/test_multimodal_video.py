@@ -296,3 +296,49 @@ def test_record_keeps_each_frames_digest(model: ctxlock.Model) -> None:
     assert v["pixel_values"]["shape"] == list(mm.pixel_values_videos.shape)
     assert data["video_spans"][0]["kind"] == "video"
     assert v["plan"]["params"]["video"]["frame_sampling"].startswith("none")
+
+
+def test_video_record_replays_after_the_frame_files_are_deleted(tmp_path: Path, model: ctxlock.Model) -> None:
+    from ctxlock.record import RunOptions, diff
+    from ctxlock.replay import image_options, load_record, replay, run_and_record, save
+    from ctxlock.store import Store
+
+    store = Store(tmp_path / "store")
+    files = []
+    for k in range(3):
+        files.append(tmp_path / f"f{k}.png")
+        files[-1].write_bytes(F.png(F.noise(160, 120, seed=k)))
+    urls = [f"https://example.com/f{k}.png" for k in range(3)]
+    media = {u: f.read_bytes() for u, f in zip(urls, files, strict=True)}
+    raw = json.dumps({"messages": [{"role": "user", "content": [video(urls), {"type": "text", "text": "?"}]}]})
+    options = RunOptions(now="2024-07-26", images=image_options(model, media, StageOptions(max_frames=5)))
+    mm, rec, error = run_and_record(model, raw.encode(), options, media=media)
+    assert error is None, error
+    (v,) = rec.data["multimodal"]["videos"]
+    assert [f["header"]["sha256"] for f in v["frames"]] == [rec.data["options"]["images"]["media"][u] for u in urls]
+    assert rec.data["options"]["images"]["max_frames"] == 5
+    assert rec.data["input_ids"] == list(mm.ids)
+    save(store, model, rec, model.templates.select(None), media=media)
+    for f in files:
+        f.unlink()
+    result, again = replay(load_record(rec.id, store), store)
+    assert result.identical, result.first_divergence
+    assert again.data["multimodal"]["videos"][0]["pixel_values"] == v["pixel_values"]  # recomputed
+    # another frame: the multimodal layer names it
+    other = {**media, urls[1]: F.png(F.noise(160, 120, seed=99))}
+    _, rec2, _ = run_and_record(
+        model,
+        raw.encode(),
+        RunOptions(now="2024-07-26", images=image_options(model, other, StageOptions(max_frames=5))),
+        media=other,
+    )
+    found = diff(rec, rec2).first_divergence
+    assert found.layer == "multimodal" and found.location.startswith("multimodal.videos"), found
+    # frames inline as data: URLs: the multimodal layer names the change, not the messages layer
+    inline = [F.data_url(d) for d in media.values()]
+    runs = []
+    for frames_ in (inline, [inline[0], F.data_url(other[urls[1]]), inline[2]]):
+        body = json.dumps({"messages": [{"role": "user", "content": [video(frames_)]}]}).encode()
+        runs.append(run_and_record(model, body, RunOptions(now="2024-07-26", images=image_options(model)))[1])
+    found = diff(*runs).first_divergence
+    assert found.layer == "multimodal", found

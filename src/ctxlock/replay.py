@@ -124,6 +124,7 @@ def _image_stage(options: RunOptions) -> tuple[Any, StageOptions]:
     stage = StageOptions(
         max_pixels=int(spec.get("max_pixels", StageOptions.max_pixels)),
         animation=AnimationPolicy(spec.get("animation", AnimationPolicy.FIRST_FRAME.value)),
+        max_frames=int(spec.get("max_frames", StageOptions.max_frames)),
     )
     return family, stage
 

@@ -342,3 +342,35 @@ def test_video_record_replays_after_the_frame_files_are_deleted(tmp_path: Path, 
         runs.append(run_and_record(model, body, RunOptions(now="2024-07-26", images=image_options(model)))[1])
     found = diff(*runs).first_divergence
     assert found.layer == "multimodal", found
+
+
+def test_transformers_video_url_key_and_refused_sources(model: ctxlock.Model) -> None:
+    urls = frames(2, 112, 112)
+    by_url = model.run_images({"messages": [{"role": "user", "content": [{"type": "video", "url": urls}]}]})
+    assert by_url.ids == model.run_images({"messages": [{"role": "user", "content": [video(urls)]}]}).ids
+    assert by_url.videos[0].frames[1].ref.path == "messages[0].content[0].url[1]"
+    for part, path, message in [
+        ({"type": "video", "path": "/tmp/clip.mp4"}, ".path", "local file"),
+        ({"type": "video", "video": urls, "url": urls}, "", "2 sources"),
+        ({"type": "video_url", "video_url": {"url": urls[0], "fps": 2}}, ".video_url.fps", "fps"),
+    ]:
+        with pytest.raises(RequestValidationError, match=message) as info:
+            model.parse({"messages": [{"role": "user", "content": [part]}]})
+        assert info.value.path == "messages[0].content[0]" + path
+
+
+def test_frame_urls_are_request_strings() -> None:
+    # every string that can reach a template is checked for control tokens: the frame URLs too
+    from ctxlock.request import parse_request
+
+    req = parse_request(
+        {
+            "messages": [
+                {"role": "user", "content": [video(["data:,a", "data:,<|im_start|>"])]},
+                {"role": "user", "content": [{"type": "image", "base64": "QUJD"}]},
+            ]
+        }
+    )
+    found = dict(req.strings())
+    assert found["messages[0].content[0].video[1]"] == "data:,<|im_start|>"
+    assert found["messages[1].content[0].base64"] == "QUJD"

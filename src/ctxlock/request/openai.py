@@ -216,13 +216,22 @@ def _image_part(part: dict[str, Any], path: str) -> FrozenDict:
 
 
 def _video_part(part: dict[str, Any], path: str) -> FrozenDict:
-    """`{"type": "video", "video": [<frame url>, ...]}` (transformers, qwen-vl-utils) or `"video": <url>`, and
+    """`{"type": "video", "video" | "url": [<frame url>, ...] or <url>}` (transformers, qwen-vl-utils) and
     `{"type": "video_url", "video_url": {"url": ...}}` (vLLM), which reaches the template as type "video" with its
     keys as sent (vLLM too gives templates a "video" part). The frames are checked in `multimodal.sources`."""
-    key = "video_url" if part.get("type") == "video_url" else "video"
-    only_keys(part, ("type", key), path, f"a {part.get('type')} part")
-    vpath = join_path(path, key)
-    value = required(part, key, path, "the video's frames: a list of data: URLs")
+    keys = ("video_url",) if part.get("type") == "video_url" else ("video", "url", "path")
+    only_keys(part, ("type", *keys), path, f"a {part.get('type')} part")
+    if part.get("path") is not None:
+        raise fail(
+            join_path(path, "path"),
+            "a video given by a local file path: ctxlock reads no files named in a request",
+            'send the frames: "video": ["data:image/png;base64,...", ...]',
+        )
+    sources = [k for k in keys if k in part]
+    if len(sources) != 1:
+        raise fail(path, f"a video part with {len(sources)} sources", f"send exactly one of {', '.join(keys[:2])}")
+    key = sources[0]
+    vpath, value = join_path(path, key), part[key]
     if key == "video_url" and isinstance(value, dict):
         only_keys(value, ("url",), vpath, "video_url")
         vpath, value = join_path(vpath, "url"), required(value, "url", vpath, "the video URL")

@@ -12,6 +12,7 @@ its `replace_video_token` does, encoded by transformers' tokenizer.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 from pathlib import Path
 
@@ -374,3 +375,55 @@ def test_frame_urls_are_request_strings() -> None:
     found = dict(req.strings())
     assert found["messages[0].content[0].video[1]"] == "data:,<|im_start|>"
     assert found["messages[1].content[0].base64"] == "QUJD"
+
+
+_ITEM = st.one_of(
+    st.tuples(st.just("image"), st.integers(1, 3), st.integers(28, 300), st.integers(28, 300)),
+    st.tuples(st.just("video"), st.integers(1, 5), st.integers(28, 300), st.integers(28, 300)),
+    st.tuples(st.just("text"), st.integers(0, 0), st.integers(0, 0), st.integers(0, 0)),
+)
+_PNGS: dict[tuple[int, int, int], str] = {}
+
+
+def _url(w: int, h: int, seed: int) -> str:
+    key = (w, h, seed)
+    if key not in _PNGS:
+        _PNGS[key] = F.data_url(F.png(F.noise(w, h, seed=seed)))
+    return _PNGS[key]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(st.lists(_ITEM, min_size=1, max_size=4), min_size=1, max_size=3))
+def test_every_image_and_video_maps_to_exactly_its_placeholders(model: ctxlock.Model, turns: list) -> None:
+    messages: list[dict] = []
+    order: list[str] = []
+    for t, items in enumerate(turns):
+        content = []
+        for kind, n, w, h in items:
+            if kind == "text":
+                content.append({"type": "text", "text": f"turn {t}"})
+            elif kind == "image":
+                content.append({"type": "image", "image": _url(w, h, n)})
+                order.append("image")
+            else:
+                content.append(video([_url(w, h, k) for k in range(n)]))
+                order.append("video")
+        messages += [{"role": "user", "content": content}, {"role": "assistant", "content": "ok"}]
+    mm = model.run_images({"messages": messages}, decode=False)
+    spans = sorted([*mm.spans, *mm.video_spans], key=lambda s: s.start)
+    assert [s.kind for s in spans] == order  # in request order, neither lost nor crossed
+    assert [s.index for s in mm.spans] == list(range(len(mm.spans)))
+    assert [s.index for s in mm.video_spans] == list(range(len(mm.video_spans)))
+    for a, b in itertools.pairwise(spans):
+        assert a.end < b.start
+    inputs = {("image", i.ref.index): i.n_tokens for i in mm.images} | {
+        ("video", v.ref.index): v.n_tokens for v in mm.videos
+    }
+    for s in spans:
+        pad = 151655 if s.kind == "image" else 151656
+        assert mm.ids[s.start : s.end] == (pad,) * inputs[(s.kind, s.index)]
+        assert mm.ids[s.start - 1] == 151652 and mm.ids[s.end] == 151653
+        assert mm.text[s.text_start : s.text_end] == ("<|image_pad|>" if pad == 151655 else "<|video_pad|>") * (
+            s.end - s.start
+        )
+    assert len(mm.ids) == len(mm.tokenized.ids) + sum(n - 1 for n in inputs.values())

@@ -238,6 +238,13 @@ def test_frames_of_different_sizes_too_many_frames_and_bombs(model: ctxlock.Mode
     many = {"messages": [{"role": "user", "content": [video(["data:image/png;base64,AAAA"] * 9)]}]}
     with pytest.raises(ImageSizeError, match="9 frames is over the cap of 8"):
         model.run_images(many, images=StageOptions(max_frames=8))
+    # the frames' pixels together are capped from their headers: nothing is decoded
+    big = {"messages": [{"role": "user", "content": [video(frames(3, 100, 100))]}]}
+    with pytest.raises(ImageSizeError, match="30,000 pixels, over the cap of 29,999") as info:
+        model.run_images(big, images=StageOptions(max_video_pixels=29_999))
+    assert info.value.path == "messages[0].content[0]"
+    assert len(model.run_images(big, images=StageOptions(max_video_pixels=30_000)).videos) == 1
+    assert StageOptions(max_video_pixels=30_000).to_json()["max_video_pixels"] == 30_000
     bomb = F.data_url(bomb_png(12000))  # a frame over the pixel cap is refused from its header
     with pytest.raises(ImageSizeError) as info:
         model.run_images({"messages": [{"role": "user", "content": [video([bomb])]}]}, decode=False)

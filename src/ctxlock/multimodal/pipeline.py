@@ -36,11 +36,16 @@ class StageOptions:
     max_pixels: int = media.DEFAULT_MAX_PIXELS  # the header cap, before any decode (each video frame too)
     animation: AnimationPolicy = AnimationPolicy.FIRST_FRAME
     max_frames: int = 768  # a video's frames, refused above before any is read (Qwen2-VL's max_frames)
+    # a video's frames' pixels together, from their headers, before any decode (4x the image cap: about 1 GB of
+    # decoded RGB); transformers has no such limit
+    max_video_pixels: int = 4 * media.DEFAULT_MAX_PIXELS
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"max_pixels": self.max_pixels, "animation": self.animation.value}
         if self.max_frames != StageOptions.max_frames:
             out["max_frames"] = self.max_frames
+        if self.max_video_pixels != StageOptions.max_video_pixels:
+            out["max_video_pixels"] = self.max_video_pixels
         return out
 
 
@@ -214,6 +219,14 @@ def plan_video(
             hint="sample fewer frames, or raise max_frames in the image stage options",
         )
     frames = tuple(_frame(f, media_map, options) for f in ref.frames)
+    total = sum(f.header.width * f.header.height for f in frames)
+    if total > options.max_video_pixels:
+        raise ImageSizeError(
+            f"a video of {len(frames)} frames holds {total:,} pixels, over the cap of {options.max_video_pixels:,} "
+            "(refused from the headers, before any decode)",
+            path=ref.path,
+            hint="send fewer or smaller frames, or raise max_video_pixels in the image stage options",
+        )
     with at_path(ref.path):
         plan = fam.plan_video([f.header.oriented_size(fam.orientation) for f in frames])
     return VideoInput(ref, frames, plan)

@@ -163,8 +163,9 @@ class Model:
         decode: bool = True,
         **kwargs: Unpack[RenderKwargs],
     ) -> MultimodalInput:
-        """A request with images, as a multimodal model receives it: the render, each template placeholder
-        expanded to its image's tokens, the span map {image index: [start, end)}, and `pixel_values` with the grid.
+        """A request with images (and videos, as lists of frames), as a multimodal model receives it: the render,
+        each template placeholder expanded to its image's or video's tokens, the span maps {index: [start, end)}
+        (`span_map()`, `video_span_map()`), and `pixel_values` / `pixel_values_videos` with their grids.
 
         `media` maps http(s) URLs to their bytes (ctxlock never fetches); `family` overrides the one the model's
         preprocessor_config.json names; `images` holds the pixel cap and the animation policy; `decode=False`

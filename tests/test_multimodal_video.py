@@ -434,3 +434,28 @@ def test_every_image_and_video_maps_to_exactly_its_placeholders(model: ctxlock.M
             s.end - s.start
         )
     assert len(mm.ids) == len(mm.tokenized.ids) + sum(n - 1 for n in inputs.values())
+
+
+def test_cli_render_and_count_show_videos(tmp_path: Path, model_dir: Path) -> None:
+    from cli_runner import run_cli
+
+    (tmp_path / "f0.png").write_bytes(F.png(F.noise(320, 240, seed=0)))
+    (tmp_path / "f1.png").write_bytes(F.png(F.noise(320, 240, seed=1)))
+    urls = ["https://example.com/f0.png", "https://example.com/f1.png"]
+    request = {"messages": [{"role": "user", "content": [video(urls), {"type": "text", "text": "What moves?"}]}]}
+    (tmp_path / "video.json").write_text(json.dumps(request), encoding="utf-8")
+    media = [a for k in range(2) for a in ("--media", f"{urls[k]}={tmp_path / f'f{k}.png'}")]
+    common = (str(tmp_path / "video.json"), "--model", str(model_dir), *media)
+    shown = run_cli("render", *common, env={"PWD": str(tmp_path), "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    assert "[video 0: 99 tokens, 2 frames, grid (1, 18, 22)]" in shown.stdout
+    assert "pixel_values_videos (396, 1176)" in shown.stdout
+    as_json = json.loads(run_cli("render", *common, "--json", env={"PWD": str(tmp_path)}).stdout)
+    assert as_json["multimodal"]["video_spans"][0]["tokens"] == [15, 114]
+    assert as_json["multimodal"]["video_grid_thw"] == [[1, 18, 22]]
+    counted = run_cli("count", *common, env={"PWD": str(tmp_path), "COLUMNS": "200"})
+    assert "video 0  99 tokens in messages[0]" in counted.stdout, counted.stdout + counted.stderr
+    refused = run_cli("render", str(tmp_path / "video.json"), "--model", str(model_dir), env={"PWD": str(tmp_path)})
+    assert refused.returncode == 1 and refused.stderr.startswith(
+        "error: MediaSourceError: messages[0].content[0].video[0]"
+    )

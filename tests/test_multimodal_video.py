@@ -459,3 +459,21 @@ def test_cli_render_and_count_show_videos(tmp_path: Path, model_dir: Path) -> No
     assert refused.returncode == 1 and refused.stderr.startswith(
         "error: MediaSourceError: messages[0].content[0].video[0]"
     )
+
+
+def test_qwen35_template_renders_video_parts(tmp_path: Path) -> None:
+    # The Qwen3.5 template's render_content writes <|video_pad|> for `'video' in item or item.type == 'video'`: a
+    # video_url part reaches it as type "video"; the ids are those of the template rendered by transformers.
+    directory = F.build_qwen2vl_dir(tmp_path / "q35", F.HUB_PREPROCESSOR, template=F.qwen35_template())
+    model = ctxlock.load(str(directory))
+    jpegs = [F.encode(F.noise(112, 84, seed=k), "JPEG", quality=90) for k in range(2)]
+    url = "data:video/jpeg;base64," + ",".join(base64.b64encode(j).decode() for j in jpegs)
+    messages = [
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}
+    ]
+    got = model.run_images({"messages": messages})
+    tok = AutoTokenizer.from_pretrained(directory)
+    hf_messages = [{"role": "user", "content": [{"type": "video", "video": url}, {"type": "text", "text": "?"}]}]
+    text, ids = expected_ids(tok, hf_messages, got.video_grid_thw.tolist())
+    assert got.text == text and list(got.ids) == ids
+    assert len(got.video_spans) == 1

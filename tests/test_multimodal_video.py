@@ -477,3 +477,38 @@ def test_qwen35_template_renders_video_parts(tmp_path: Path) -> None:
     text, ids = expected_ids(tok, hf_messages, got.video_grid_thw.tolist())
     assert got.text == text and list(got.ids) == ids
     assert len(got.video_spans) == 1
+
+
+_HOSTILE_URL = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "data:video/jpeg;base64,",
+            "data:video/jpeg;base64,,,",
+            "data:video/jpeg;base64,/9j/,AAAA",
+            "data:video/webm;base64,AAAA",
+            "data:image/png;base64,iVBORw0KGgo=",
+            "ftp://x/y",
+            "data:,",
+        ]
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kind=st.sampled_from(["video", "video_url"]),
+    key=st.sampled_from(["video", "video_url", "url", "path", "x"]),
+    value=st.one_of(
+        _HOSTILE_URL,
+        st.lists(_HOSTILE_URL, max_size=3),
+        st.dictionaries(st.sampled_from(["url", "fps"]), _HOSTILE_URL, max_size=2),
+        st.integers(),
+        st.none(),
+    ),
+)
+def test_hostile_video_parts_are_typed_errors(model: ctxlock.Model, kind: str, key: str, value: object) -> None:
+    try:
+        model.run_images({"messages": [{"role": "user", "content": [{"type": kind, key: value}]}]})
+    except ctxlock.errors.CtxlockError as e:
+        assert e.path is not None and e.path.startswith("messages[0].content[0]"), e

@@ -61,8 +61,29 @@ HUB_PREPROCESSOR = {
 }
 
 
-def build_qwen2vl_dir(target: Path, preprocessor: dict | None = None, *, template: str = QWEN2VL_TEMPLATE) -> Path:
-    source = fetched.hf_tokenizer_dir("qwen2")
+QWEN3VL_PREPROCESSOR = {  # Qwen3-VL checkpoints' preprocessor_config.json values
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    "processor_class": "Qwen3VLProcessor",
+}
+
+
+def qwen35_template() -> str:
+    """The Qwen3.5 chat template among llama.cpp's templates (it renders image and video parts)."""
+    return (fetched.templates_dir() / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
+
+
+def build_qwen2vl_dir(
+    target: Path, preprocessor: dict | None = None, *, template: str = QWEN2VL_TEMPLATE, vocab: str = "qwen2"
+) -> Path:
+    """A Qwen-VL model directory: llama.cpp's `vocab` vocabulary ("qwen2", or "qwen35" for Qwen3-VL) with the
+    vision tokens named, the template, and preprocessor_config.json."""
+    source = fetched.hf_tokenizer_dir(vocab)
     target.mkdir(parents=True, exist_ok=True)
     tok = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = tok["model"]["vocab"]  # the GGUF's vocabulary lists the added tokens too, under the same names

@@ -42,7 +42,7 @@ import numpy as np
 from .caches import LRU, memoize
 from .errors import CtxlockError, RequestError
 from .images import MultimodalInput
-from .multimodal.pipeline import ImageInput
+from .multimodal.pipeline import ImageInput, VideoInput
 from .options import RENDER_OPTIONS, check_options
 from .request import Request
 from .settings import fast_enabled
@@ -495,24 +495,39 @@ def with_images(counts: Counts, mm: MultimodalInput) -> Counts:
     template wrote (counted as the template's) becomes the image's tokens, owned by the message holding the image.
     The image counts come from the headers alone (`Model.run_images(decode=False)`)."""
     tally = {p.part: p.tokens for p in counts.parts}
-    for image in mm.images:
+    media = (*mm.images, *mm.videos)
+    for image in media:
         tally[TEMPLATE] = tally.get(TEMPLATE, 0) - 1
         part = part_of(image.ref.path)
         tally[part] = tally.get(part, 0) + image.n_tokens
-    total = counts.total + sum(image.n_tokens - 1 for image in mm.images)
+    total = counts.total + sum(image.n_tokens - 1 for image in media)
     if total != len(mm.ids) or tally.get(TEMPLATE, 0) < 0:
         raise CtxlockError(
             f"the image counts do not add up: {total} tokens counted, {len(mm.ids)} expanded",
             path="images",
             hint="report this request and template",
         )
-    images = tuple(
-        {"index": s.index, "part": part_of(s.path), "path": s.path, "span": [s.start, s.end], **_image_plan(im)}
-        for s, im in zip(mm.spans, mm.images, strict=True)
+    images = sorted(
+        tuple(
+            {"index": s.index, "part": part_of(s.path), "path": s.path, "span": [s.start, s.end], **_image_plan(im)}
+            for s, im in zip(mm.spans, mm.images, strict=True)
+        )
+        + tuple(
+            {"index": s.index, "kind": "video", "part": part_of(s.path), "path": s.path, "span": [s.start, s.end]}
+            | _video_plan(v)
+            for s, v in zip(mm.video_spans, mm.videos, strict=True)
+        ),
+        key=lambda d: d["span"][0],
     )
     note = "image tokens are exact, from each image's header alone (nothing decoded)"
     parts = tuple(sorted((Part(k, v) for k, v in tally.items()), key=lambda p: _order(p.part)))
-    return replace(counts, total=total, parts=parts, images=images, notes=(*counts.notes, note))
+    return replace(counts, total=total, parts=parts, images=tuple(images), notes=(*counts.notes, note))
+
+
+def _video_plan(video: VideoInput) -> dict[str, Any]:
+    plan = video.plan.to_json()
+    frames = [f.header.sha256 for f in video.frames]
+    return {"tokens": video.n_tokens, "frames": frames, "grid": plan["grid"], "steps": plan["steps"]}
 
 
 def _image_plan(image: ImageInput) -> dict[str, Any]:

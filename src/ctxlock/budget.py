@@ -49,8 +49,8 @@ from .budget_policy import (
     segments,
 )
 from .errors import BudgetError, BudgetExceeded, TemplateError
-from .multimodal.pipeline import plan_images
-from .multimodal.sources import image_refs
+from .multimodal.pipeline import plan_images, plan_videos
+from .multimodal.sources import image_refs, video_refs
 from .request import Request, parse_request
 from .settings import reference_path
 from .template import Rendered
@@ -100,7 +100,8 @@ class _Candidates:
         # kept or dropped whole, with its message.
         if not self.images:
             return 0
-        return sum(self.images[ref.url] - 1 for ref in image_refs(req))
+        refs = (*image_refs(req), *video_refs(req))  # a video, like an image, is kept or dropped whole
+        return sum(self.images[ref.url] - 1 for ref in refs)
 
     def base(self, req: Request) -> tuple[int, Rendered]:
         """Count the first candidate (the required segments) and make it the base."""
@@ -118,9 +119,10 @@ class _Candidates:
 
 def _image_plans(request: Request, family: Any, media: Mapping[str, bytes] | None) -> dict[str, int] | None:
     """{url: tokens} of every image, from its header alone, when the model takes images (None otherwise)."""
-    if family is None or not image_refs(request):
+    if family is None or not (image_refs(request) or video_refs(request)):
         return None
-    return {im.ref.url: im.n_tokens for im in plan_images(request, family, media)}
+    found = (*plan_images(request, family, media), *plan_videos(request, family, media))
+    return {im.ref.url: im.n_tokens for im in found}
 
 
 def _final_ids(
@@ -133,7 +135,7 @@ def _final_ids(
     family: Any,
 ) -> list[int]:
     """The fitted request's ids: the tokenizer stage's, or, with images kept, the expanded ones."""
-    if images and image_refs(best):
+    if images and (image_refs(best) or video_refs(best)):
         return list(model.run_images(best, decode=False, media=media, family=family, **options).ids)
     return list(model.tokenize(rendered).ids)
 

@@ -18,7 +18,7 @@ import numpy as np
 from ctxlock.errors import ImagePlacementError
 from ctxlock.frozen import FrozenDict, thaw
 from ctxlock.multimodal.base import ImageFamily
-from ctxlock.multimodal.pipeline import ImageInput, stack_pixels
+from ctxlock.multimodal.pipeline import ImageInput, VideoInput, stack_pixels, stack_videos
 from ctxlock.request import Request
 from ctxlock.template_values import Rendered
 from ctxlock.tensors import ModelInput, _assemble_own
@@ -35,6 +35,7 @@ class ImageSpan:
     text_start: int
     text_end: int
     path: str  # the JSON path of the image part
+    kind: str = "image"  # or "video"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,7 +43,7 @@ class ImageSpan:
             "tokens": [self.start, self.end],
             "text": [self.text_start, self.text_end],
             "path": self.path,
-        }
+        } | ({"kind": self.kind} if self.kind != "image" else {})
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,28 +62,40 @@ class MultimodalInput:
     spans: tuple[ImageSpan, ...]
     pixel_values: np.ndarray  # concatenated over the images, as the HF processor returns them (empty: header only)
     image_grid_thw: np.ndarray
+    videos: tuple[VideoInput, ...] = ()
+    video_spans: tuple[ImageSpan, ...] = ()
+    pixel_values_videos: np.ndarray | None = None  # concatenated over the videos (empty: header only)
+    video_grid_thw: np.ndarray | None = None
 
     def span_map(self) -> dict[int, tuple[int, int]]:
         """{image index: (start, end)} token spans in `ids`."""
         return {s.index: (s.start, s.end) for s in self.spans}
 
+    def video_span_map(self) -> dict[int, tuple[int, int]]:
+        """{video index: (start, end)} token spans in `ids`."""
+        return {s.index: (s.start, s.end) for s in self.video_spans}
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "family": self.family,
             "params": thaw(self.params),
             "n_tokens": len(self.ids),
             "images": [im.to_json() for im in self.images],
             "spans": [s.to_json() for s in self.spans],
         }
+        if self.videos:
+            out["videos"] = [v.to_json() for v in self.videos]
+            out["video_spans"] = [s.to_json() for s in self.video_spans]
+        return out
 
 
-def _placeholder_id(family: ImageFamily, tokenizer: Tokenizer) -> int:
-    pid = tokenizer.token_to_id(family.template_placeholder)
-    if pid is None or family.template_placeholder not in tokenizer.control_tokens:
+def _placeholder_id(placeholder: str, family: ImageFamily, tokenizer: Tokenizer, what: str = "images") -> int:
+    pid = tokenizer.token_to_id(placeholder)
+    if pid is None or placeholder not in tokenizer.control_tokens:
         raise ImagePlacementError(
-            f"the tokenizer has no control token {family.template_placeholder!r} for {family.name} images",
-            path="images",
-            hint="this model does not take images the way the family expects; use the model's own tokenizer",
+            f"the tokenizer has no control token {placeholder!r} for {family.name} {what}",
+            path=what,
+            hint=f"this model does not take {what} the way the family expects; use the model's own tokenizer",
         )
     return pid
 
@@ -95,27 +108,19 @@ def _in_request(rendered: Rendered, start: int, end: int) -> str | None:
     return None
 
 
-def expand(
-    request: Request,
-    rendered: Rendered,
-    tokenized: Tokenized,
-    tokenizer: Tokenizer,
-    family: ImageFamily,
-    images: tuple[ImageInput, ...],
-) -> MultimodalInput:
-    """Replace the template's placeholders by each image's tokens; the span map; the pixel tensors."""
-    pid = _placeholder_id(family, tokenizer) if images else (tokenizer.token_to_id(family.template_placeholder) or -1)
+def _slots(
+    rendered: Rendered, tokenized: Tokenized, pid: int, placeholder: str, what: str = "image"
+) -> tuple[list[int], list[Any]]:
+    """(token positions, control matches) of the template's placeholders `pid`; one from request text is an error."""
     slots = [m for m in tokenized.control if m.id == pid]
     for m in slots:
         forged = _in_request(rendered, m.core_start, m.core_end)
         if forged is not None:
             raise ImagePlacementError(
-                f"request text holds the image placeholder {family.template_placeholder!r} as a control token",
+                f"request text holds the {what} placeholder {placeholder!r} as a control token",
                 path=forged,
-                hint="image slots come only from image parts; render with injection='text' (the default)",
+                hint="image and video slots come only from their parts; render with injection='text' (the default)",
             )
-    if len(slots) != len(images):
-        raise _mismatch(family, len(slots), images)
     positions = [k for k, i in enumerate(tokenized.ids) if i == pid]
     if len(positions) != len(slots):
         raise ImagePlacementError(
@@ -123,24 +128,56 @@ def expand(
             path="images",
             hint="the tokenizer merged the placeholder with its neighbours; report this template",
         )
+    return positions, slots
+
+
+def expand(
+    request: Request,
+    rendered: Rendered,
+    tokenized: Tokenized,
+    tokenizer: Tokenizer,
+    family: ImageFamily,
+    images: tuple[ImageInput, ...],
+    videos: tuple[VideoInput, ...] = (),
+) -> MultimodalInput:
+    """Replace the template's placeholders by each image's (and video's) tokens; the span maps; the tensors."""
+    ph = family.template_placeholder
+    pid = _placeholder_id(ph, family, tokenizer) if images else (tokenizer.token_to_id(ph) or -1)
+    positions, slots = _slots(rendered, tokenized, pid, ph)
+    if len(slots) != len(images):
+        raise _mismatch(family, len(slots), images)
+    events = [
+        (k, m, family.placeholders(im.plan), im.ref.index, im.ref.path, "image")
+        for im, k, m in zip(images, positions, slots, strict=True)
+    ]
+    vph = getattr(family, "video_placeholder", None)
+    if videos or (vph and tokenizer.token_to_id(vph) is not None):
+        vid = _placeholder_id(vph, family, tokenizer, "videos") if videos else tokenizer.token_to_id(vph)
+        vpos, vslots = _slots(rendered, tokenized, vid, vph, "video")
+        if len(vslots) != len(videos):
+            raise _video_mismatch(vph, len(vslots), videos)
+        events += [
+            (k, m, family.video_placeholders(v.plan), v.ref.index, v.ref.path, "video")  # type: ignore[attr-defined]
+            for v, k, m in zip(videos, vpos, vslots, strict=True)
+        ]
     ids: list[int] = []
     text_parts: list[str] = []
     spans: list[ImageSpan] = []
     prev_tok = prev_chr = 0
     text = rendered.text
-    for im, k, m in zip(images, positions, slots, strict=True):
-        tokens = family.placeholders(im.plan)
+    for k, m, tokens, index, path, kind in sorted(events, key=lambda e: e[0]):
         new_ids = [_token_id(tokenizer, t) for t in tokens]
         ids += tokenized.ids[prev_tok:k]
         text_parts.append(text[prev_chr : m.core_start])
         start, text_start = len(ids), sum(map(len, text_parts))
         ids += new_ids
         text_parts.append("".join(tokens))
-        spans.append(ImageSpan(im.ref.index, start, len(ids), text_start, sum(map(len, text_parts)), im.ref.path))
+        spans.append(ImageSpan(index, start, len(ids), text_start, sum(map(len, text_parts)), path, kind))
         prev_tok, prev_chr = k + 1, m.core_end
     ids += tokenized.ids[prev_tok:]
     text_parts.append(text[prev_chr:])
     pixel_values, grids = stack_pixels(images)
+    video_values, video_grids = stack_videos(videos)
     return MultimodalInput(
         request=request,
         rendered=rendered,
@@ -151,9 +188,13 @@ def expand(
         family=family.name,
         params=family.params(),
         images=images,
-        spans=tuple(spans),
+        spans=tuple(s for s in spans if s.kind == "image"),
         pixel_values=pixel_values,
         image_grid_thw=grids,
+        videos=videos,
+        video_spans=tuple(s for s in spans if s.kind == "video"),
+        pixel_values_videos=video_values,
+        video_grid_thw=video_grids,
     )
 
 
@@ -182,4 +223,18 @@ def _mismatch(family: ImageFamily, n_slots: int, images: tuple[ImageInput, ...])
         f"the template wrote {n_slots} image placeholders for {len(images)} image(s)",
         path="images",
         hint="every placeholder needs its image; the template adds placeholders of its own",
+    )
+
+
+def _video_mismatch(placeholder: str, n_slots: int, videos: tuple[VideoInput, ...]) -> ImagePlacementError:
+    if n_slots < len(videos):
+        return ImagePlacementError(
+            f"{len(videos)} video(s) but the template wrote {n_slots} video placeholder(s) ({placeholder!r})",
+            path=videos[n_slots].ref.path,
+            hint="send videos to a model whose template renders video parts, in user messages",
+        )
+    return ImagePlacementError(
+        f"the template wrote {n_slots} video placeholders for {len(videos)} video(s)",
+        path="videos",
+        hint="every video placeholder needs its video; the template adds placeholders of its own",
     )

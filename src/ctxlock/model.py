@@ -14,9 +14,9 @@ from .capacity import Capacity
 from .errors import ImagePlacementError, OptionError, TemplateNotFoundError
 from .images import MultimodalInput, expand
 from .multimodal.base import ImageFamily
-from .multimodal.pipeline import StageOptions, plan_images, process_images
+from .multimodal.pipeline import StageOptions, plan_images, plan_videos, process_images, process_videos
 from .multimodal.registry import family_for
-from .multimodal.sources import image_refs
+from .multimodal.sources import image_refs, video_refs
 from .options import (
     BATCH_OPTIONS,
     ENCODE_OPTIONS,
@@ -163,8 +163,9 @@ class Model:
         decode: bool = True,
         **kwargs: Unpack[RenderKwargs],
     ) -> MultimodalInput:
-        """A request with images, as a multimodal model receives it: the render, each template placeholder
-        expanded to its image's tokens, the span map {image index: [start, end)}, and `pixel_values` with the grid.
+        """A request with images (and videos, as lists of frames), as a multimodal model receives it: the render,
+        each template placeholder expanded to its image's or video's tokens, the span maps {index: [start, end)}
+        (`span_map()`, `video_span_map()`), and `pixel_values` / `pixel_values_videos` with their grids.
 
         `media` maps http(s) URLs to their bytes (ctxlock never fetches); `family` overrides the one the model's
         preprocessor_config.json names; `images` holds the pixel cap and the animation policy; `decode=False`
@@ -173,23 +174,25 @@ class Model:
         req = opts.parse(request)
         fam = family or self.image_family
         if fam is None:
-            refs = image_refs(req)
+            refs = _media_paths(req)
             raise ImagePlacementError(
                 f"model {self.id!r} has no image processor (no preprocessor_config.json)",
-                path=refs[0].path if refs else "images",
+                path=refs[0] if refs else "images",
                 hint="this is a text-only model; pass family= to name the image processor",
             )
         stage = images or StageOptions()
         found = (process_images if decode else plan_images)(req, fam, media, stage)
+        videos = (process_videos if decode else plan_videos)(req, fam, media, stage)
         rendered = self._render(req, opts)
-        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found, videos)
 
     def _refuse_images(self, request: Request) -> None:
         # A model with an image processor never gets its placeholders unexpanded (vllm#16191).
-        if self.artifacts.preprocessor is not None and (refs := image_refs(request)):
+        if self.artifacts.preprocessor is not None and (refs := _media_paths(request)):
             raise ImagePlacementError(
-                "the request holds images and this model expands them: the ids would hold unexpanded placeholders",
-                path=refs[0].path,
+                "the request holds images or videos and this model expands them: the ids would hold unexpanded "
+                "placeholders",
+                path=refs[0],
                 hint="use Model.run_images (or `ctxlock render`), which expands them and returns the span map",
             )
 
@@ -289,7 +292,7 @@ class Model:
             return accounting.count(self, request, marginal=marginal, **options)
         parse_keys = ("dialect", "utf8", "tool_arguments")
         req = self.parse(request, **{k: v for k, v in options.items() if k in parse_keys})
-        if not image_refs(req):
+        if not _media_paths(req):
             return accounting.count(self, request, marginal=marginal, **options)
         # Images: the unexpanded render's counts, each placeholder then expanded from the image's header alone.
         render_kwargs = {k: v for k, v in options.items() if k not in parse_keys}
@@ -327,3 +330,9 @@ def load(model: str | None = None, *, tokenizer_pipeline: str = "class") -> Mode
     embedded default. `tokenizer_pipeline` is for HF directories: "class" (what AutoTokenizer loads) or "file"
     (tokenizer.json's components as written; see `load_artifacts`)."""
     return Model(load_artifacts(model, tokenizer_pipeline=tokenizer_pipeline))
+
+
+def _media_paths(request: Request) -> list[str]:
+    """The JSON paths of the request's images and videos, in order of the messages."""
+    found = [(r.message, r.path) for r in image_refs(request)] + [(v.message, v.path) for v in video_refs(request)]
+    return [p for _, p in sorted(found, key=lambda x: x[0])]

@@ -124,6 +124,8 @@ def _image_stage(options: RunOptions) -> tuple[Any, StageOptions]:
     stage = StageOptions(
         max_pixels=int(spec.get("max_pixels", StageOptions.max_pixels)),
         animation=AnimationPolicy(spec.get("animation", AnimationPolicy.FIRST_FRAME.value)),
+        max_frames=int(spec.get("max_frames", StageOptions.max_frames)),
+        max_video_pixels=int(spec.get("max_video_pixels", StageOptions.max_video_pixels)),
     )
     return family, stage
 

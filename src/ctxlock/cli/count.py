@@ -40,9 +40,11 @@ def _show(counts: Counts, model_id: str, cap: Capacity) -> None:
         console.print(f"[yellow]unseen[/]  {escape(path)}: the template wrote no byte of it; the model never sees it")
     for image in counts.images:
         steps = "; ".join(f"{s['step']} {tuple(s['from'])} -> {tuple(s['to'])}" for s in image["steps"])
+        kind = image.get("kind", "image")
+        source = f"{len(image['frames'])} frames" if kind == "video" else f"sha256 {image['sha256'][:16]}…"
         console.print(
-            f"[cyan]image {image['index']}[/]  {image['tokens']:,} tokens in {escape(image['part'])} "
-            f"(grid {tuple(image['grid'])}; {escape(steps)}; sha256 {image['sha256'][:16]}…)"
+            f"[cyan]{kind} {image['index']}[/]  {image['tokens']:,} tokens in {escape(image['part'])} "
+            f"(grid {tuple(image['grid'])}; {escape(steps)}; {source})"
         )
     for note in counts.notes:
         console.print(f"[yellow]note[/]    {escape(note)}")

@@ -1,5 +1,6 @@
 """Images on the command line: `--media URL=FILE` (the bytes of an http(s) image URL; ctxlock never fetches), and
-`ctxlock render`'s view of a multimodal run, each image shown as one `[image 0: 391 tokens, sha256 …]` block."""
+`ctxlock render`'s view of a multimodal run, each image shown as one `[image 0: 391 tokens, sha256 …]` block and
+each video as one `[video 0: 56 tokens, 3 frames, grid (2, 8, 14)]` block."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..errors import CtxlockError, InputError
 from ..images import MultimodalInput
 from ..inputs import read_input
 from ..model import Model
-from ..multimodal.sources import image_refs
+from ..multimodal.sources import image_refs, video_refs
 from ..options import RenderOptions
 from .output import console, write_exact, write_ids
 
@@ -51,7 +52,10 @@ def wants_images(model: Model, data: bytes, options: RenderOptions) -> bool:
         request = options.parse(data)
     except CtxlockError:
         return False
-    return bool(image_refs(request))
+    try:
+        return bool(image_refs(request) or video_refs(request))
+    except CtxlockError:
+        return True  # a video part ctxlock cannot read: the run reports (and records) its error
 
 
 def block(mm: MultimodalInput, index: int) -> str:
@@ -59,15 +63,21 @@ def block(mm: MultimodalInput, index: int) -> str:
     return f"[image {index}: {image.n_tokens} tokens, sha256 {image.header.sha256[:16]}…]"
 
 
+def video_block(mm: MultimodalInput, index: int) -> str:
+    video = mm.videos[index]
+    return f"[video {index}: {video.n_tokens} tokens, {len(video.frames)} frames, grid {video.plan.grid}]"
+
+
 def text_with_blocks(mm: MultimodalInput) -> tuple[str, list[tuple[int, int, str]]]:
-    """The expanded text with each image's span replaced by its block, and the blocks' character ranges."""
+    """The expanded text with each image's (and video's) span replaced by its block, and the blocks' ranges."""
     parts: list[str] = []
     marks: list[tuple[int, int, str]] = []
     pos = 0
-    for k, span in enumerate(mm.spans):
+    spans = sorted([*mm.spans, *mm.video_spans], key=lambda s: s.start)
+    for span in spans:
         parts.append(mm.text[pos : span.text_start])
         start = sum(map(len, parts))
-        parts.append(block(mm, k))
+        parts.append(block(mm, span.index) if span.kind == "image" else video_block(mm, span.index))
         marks.append((start, start + len(parts[-1]), "1;30;46"))
         pos = span.text_end
     parts.append(mm.text[pos:])
@@ -81,9 +91,11 @@ def show(model: Model, mm: MultimodalInput) -> None:
     )
     text, marks = text_with_blocks(mm)
     write_exact(text, marks)
-    console.print(Rule(f"{len(mm.ids)} tokens ({sum(im.n_tokens for im in mm.images)} image tokens)"))
+    video_tokens = f", {sum(v.n_tokens for v in mm.videos)} video tokens" if mm.videos else ""
+    console.print(Rule(f"{len(mm.ids)} tokens ({sum(im.n_tokens for im in mm.images)} image tokens{video_tokens})"))
     write_ids(list(mm.ids))
-    console.print(Rule("images"))
+    if mm.images or not mm.videos:
+        console.print(Rule("images"))
     for k, (image, span) in enumerate(zip(mm.images, mm.spans, strict=True)):
         h, plan = image.header, image.plan
         console.print(f"{escape(block(mm, k))}  {escape(span.path)}")
@@ -99,6 +111,7 @@ def show(model: Model, mm: MultimodalInput) -> None:
                 f"  pixel_values {tuple(image.pixels.pixel_values.shape)} float32 sha256 {image.pixels.pixel_sha256}"
                 f" ({escape(image.decoded.decoder)}, {image.decoded.orientation}, colour {image.decoded.colour})"
             )
+    _show_videos(mm)
     params = dict(mm.params)
     shown = ", ".join(f"{k}={params[k]}" for k in ("min_pixels", "max_pixels", "patch_size", "merge_size"))
     console.print(f"parameters {escape(shown)} (from {escape(str(params.get('source')))})")
@@ -106,11 +119,34 @@ def show(model: Model, mm: MultimodalInput) -> None:
     console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
 
 
+def _show_videos(mm: MultimodalInput) -> None:
+    if not mm.videos:
+        return
+    console.print(Rule("videos"))
+    for k, (video, span) in enumerate(zip(mm.videos, mm.video_spans, strict=True)):
+        console.print(f"{escape(video_block(mm, k))}  {escape(span.path)}")
+        for f in video.frames:
+            h = f.header
+            console.print(f"  frame {f.ref.index}: {h.format} {h.width}x{h.height} {h.mode}, sha256 {h.sha256}")
+        for step in video.plan.steps:
+            console.print(f"  {step.name}: {step.size_in} -> {step.size_out} ({escape(step.why)})")
+        console.print(f"  grid {video.plan.grid}, tokens [{span.start}, {span.end})")
+        if video.pixels is not None:
+            console.print(
+                f"  pixel_values_videos {tuple(video.pixels.pixel_values.shape)} float32 sha256 "
+                f"{video.pixels.pixel_sha256}"
+            )
+
+
 def to_dict(mm: MultimodalInput) -> dict[str, Any]:
-    return {
+    out = {
         **mm.to_json(),
         "expanded_text": mm.text,
         "input_ids": list(mm.ids),
         "image_grid_thw": mm.image_grid_thw.tolist(),
         "pixel_values_shape": list(mm.pixel_values.shape),
     }
+    if mm.videos and mm.video_grid_thw is not None and mm.pixel_values_videos is not None:
+        out["video_grid_thw"] = mm.video_grid_thw.tolist()
+        out["pixel_values_videos_shape"] = list(mm.pixel_values_videos.shape)
+    return out

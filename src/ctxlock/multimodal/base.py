@@ -16,6 +16,7 @@ An image goes through these steps, each a recorded value:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -199,4 +200,26 @@ class ImageFamily(Protocol):
     def placeholders(self, plan: ImagePlan) -> tuple[str, ...]:
         """The token strings, in order, that replace one `template_placeholder`; always `plan.n_tokens` of them
         (Qwen2-VL: ("<|image_pad|>",) * n; Pixtral: [IMG]... [IMG_BREAK] ... [IMG_END])."""
+        ...
+
+
+@runtime_checkable
+class VideoFamily(Protocol):
+    """A family that also takes videos given as lists of frames (Qwen2-VL)."""
+
+    name: str
+    video_placeholder: str  # what the template emits per video, e.g. "<|video_pad|>"
+    orientation: Orientation
+    colour: ColourPolicy
+
+    def plan_video(self, sizes: Sequence[tuple[int, int]]) -> ImagePlan:
+        """The grid and placeholder count of a video whose frames have these oriented (height, width) sizes."""
+        ...
+
+    def preprocess_video(self, frames: Sequence[DecodedImage]) -> Preprocessed:
+        """pixel_values_videos for the decoded frames; `.plan` equals `plan_video` of their sizes."""
+        ...
+
+    def video_placeholders(self, plan: ImagePlan) -> tuple[str, ...]:
+        """The token strings that replace one `video_placeholder`."""
         ...

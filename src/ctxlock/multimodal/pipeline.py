@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxlock.errors import ImageDecodeError, MediaError
+from ctxlock.errors import ImageDecodeError, ImagePlacementError, ImageSizeError, MediaError
 from ctxlock.multimodal import media
 from ctxlock.multimodal.base import (
     AnimationPolicy,
@@ -22,9 +22,10 @@ from ctxlock.multimodal.base import (
     ImageHeader,
     ImagePlan,
     Preprocessed,
+    VideoFamily,
     pixel_digest,
 )
-from ctxlock.multimodal.sources import ImageBytes, ImageRef, image_refs, resolve
+from ctxlock.multimodal.sources import ImageBytes, ImageRef, VideoRef, image_refs, resolve, video_refs
 from ctxlock.request import Request
 
 
@@ -32,11 +33,20 @@ from ctxlock.request import Request
 class StageOptions:
     """The caller's choices for the image stage (recorded)."""
 
-    max_pixels: int = media.DEFAULT_MAX_PIXELS  # the header cap, before any decode
+    max_pixels: int = media.DEFAULT_MAX_PIXELS  # the header cap, before any decode (each video frame too)
     animation: AnimationPolicy = AnimationPolicy.FIRST_FRAME
+    max_frames: int = 768  # a video's frames, refused above before any is read (Qwen2-VL's max_frames)
+    # a video's frames' pixels together, from their headers, before any decode (4x the image cap: about 1 GB of
+    # decoded RGB); transformers has no such limit
+    max_video_pixels: int = 4 * media.DEFAULT_MAX_PIXELS
 
     def to_json(self) -> dict[str, Any]:
-        return {"max_pixels": self.max_pixels, "animation": self.animation.value}
+        out: dict[str, Any] = {"max_pixels": self.max_pixels, "animation": self.animation.value}
+        if self.max_frames != StageOptions.max_frames:
+            out["max_frames"] = self.max_frames
+        if self.max_video_pixels != StageOptions.max_video_pixels:
+            out["max_video_pixels"] = self.max_video_pixels
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +133,166 @@ def process_image(ib: ImageBytes, family: ImageFamily, options: StageOptions) ->
     return ImageInput(ib.ref, ib.origin, ib.declared_type, planned.header, planned.plan, decoded, pixels)
 
 
+@dataclass(frozen=True, eq=False)
+class VideoFrame:
+    """One frame of a video: its source, its header and, once processed, its decoded pixels."""
+
+    ref: ImageRef  # ref.index is the frame's number within the video
+    origin: str
+    declared_type: str | None
+    header: ImageHeader
+    decoded: DecodedImage | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.ref.path,
+            "origin": self.origin,
+            "declared_type": self.declared_type,
+            "header": self.header.to_json(),
+        }
+        if self.decoded is not None:
+            out["decode"] = {**self.decoded.to_json(), "fingerprint": list(media.fingerprint(self.decoded.rgb))}
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class VideoInput:
+    """One video of a request: its frames, the family's plan (grid_t, grid_h, grid_w) and, once processed, its
+    `pixel_values_videos` rows."""
+
+    ref: VideoRef
+    frames: tuple[VideoFrame, ...]
+    plan: ImagePlan
+    pixels: Preprocessed | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return self.plan.n_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.ref.index,
+            "path": self.ref.path,
+            "frames": [f.to_json() for f in self.frames],
+            "plan": self.plan.to_json(),
+        }
+        if self.pixels is not None:
+            out["pixel_values"] = {
+                "shape": list(self.pixels.pixel_values.shape),
+                "dtype": str(self.pixels.pixel_values.dtype),
+                "sha256": self.pixels.pixel_sha256,
+            }
+        return out
+
+
+def _video_family(family: ImageFamily, path: str) -> VideoFamily:
+    if not isinstance(family, VideoFamily):
+        raise ImagePlacementError(
+            f"the {family.name} image family takes no video",
+            path=path,
+            hint="send the frames as images, or use a model that takes video (Qwen2-VL, Qwen2.5-VL)",
+        )
+    return family
+
+
+def _frame(ref: ImageRef, media_map: Mapping[str, bytes] | None, options: StageOptions) -> VideoFrame:
+    ib = resolve(ref, media_map)
+    header = media.read_header(ib.data, path=ref.path, media_type=ib.declared_type, max_pixels=options.max_pixels)
+    if header.frames > 1 and options.animation is AnimationPolicy.ERROR:
+        raise ImageDecodeError(
+            f"a video frame is an animated {header.format} with {header.frames} frames",
+            path=ref.path,
+            hint='send still frames, or use the animation policy "first-frame"',
+        )
+    return VideoFrame(ref, ib.origin, ib.declared_type, header)
+
+
+def plan_video(
+    ref: VideoRef, family: ImageFamily, media_map: Mapping[str, bytes] | None, options: StageOptions
+) -> VideoInput:
+    """A video planned from its frames' headers alone (nothing decoded); the frame count is checked first."""
+    fam = _video_family(family, ref.path)
+    if len(ref.frames) > options.max_frames:
+        raise ImageSizeError(
+            f"a video of {len(ref.frames)} frames is over the cap of {options.max_frames}",
+            path=ref.path,
+            hint="sample fewer frames, or raise max_frames in the image stage options",
+        )
+    frames = tuple(_frame(f, media_map, options) for f in ref.frames)
+    total = sum(f.header.width * f.header.height for f in frames)
+    if total > options.max_video_pixels:
+        raise ImageSizeError(
+            f"a video of {len(frames)} frames holds {total:,} pixels, over the cap of {options.max_video_pixels:,} "
+            "(refused from the headers, before any decode)",
+            path=ref.path,
+            hint="send fewer or smaller frames, or raise max_video_pixels in the image stage options",
+        )
+    with at_path(ref.path):
+        plan = fam.plan_video([f.header.oriented_size(fam.orientation) for f in frames])
+    return VideoInput(ref, frames, plan)
+
+
+def process_video(
+    ref: VideoRef, family: ImageFamily, media_map: Mapping[str, bytes] | None, options: StageOptions
+) -> VideoInput:
+    planned = plan_video(ref, family, media_map, options)
+    fam = _video_family(family, ref.path)
+    frames = tuple(
+        VideoFrame(
+            f.ref,
+            f.origin,
+            f.declared_type,
+            f.header,
+            media.decode(
+                resolve(f.ref, media_map).data,
+                f.header,
+                orientation=fam.orientation,
+                colour=fam.colour,
+                animation=options.animation,
+                path=f.ref.path,
+            ),
+        )
+        for f in planned.frames
+    )
+    with at_path(ref.path):
+        pixels = fam.preprocess_video([f.decoded for f in frames if f.decoded is not None])
+    if pixels.plan != planned.plan:
+        raise ImageDecodeError(
+            f"the decoded frames give another plan ({pixels.plan.resized}) than their headers ({planned.plan.resized})",
+            path=ref.path,
+            hint="the headers and the pixels disagree; re-encode the frames",
+        )
+    return VideoInput(ref, frames, planned.plan, pixels)
+
+
+def plan_videos(
+    request: Request,
+    family: ImageFamily,
+    media_map: Mapping[str, bytes] | None = None,
+    options: StageOptions = StageOptions(),
+) -> tuple[VideoInput, ...]:
+    return tuple(plan_video(ref, family, media_map, options) for ref in video_refs(request))
+
+
+def process_videos(
+    request: Request,
+    family: ImageFamily,
+    media_map: Mapping[str, bytes] | None = None,
+    options: StageOptions = StageOptions(),
+) -> tuple[VideoInput, ...]:
+    return tuple(process_video(ref, family, media_map, options) for ref in video_refs(request))
+
+
+def stack_videos(videos: tuple[VideoInput, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values_videos, video_grid_thw) over the videos in order, as the HF video processor returns them."""
+    done = [v.pixels for v in videos if v.pixels is not None]
+    values = np.concatenate([p.pixel_values for p in done], axis=0) if done else np.zeros((0, 0), dtype=np.float32)
+    grids = np.array([list(p.plan.grid) for p in done], dtype=np.int64).reshape(-1, 3)
+    values.flags.writeable = False
+    grids.flags.writeable = False
+    return values, grids
+
+
 def image_bytes(request: Request, media_map: Mapping[str, bytes] | None = None) -> tuple[ImageBytes, ...]:
     return tuple(resolve(ref, media_map) for ref in image_refs(request))
 
@@ -168,11 +338,18 @@ def stack_pixels(images: tuple[ImageInput, ...]) -> tuple[np.ndarray, np.ndarray
 __all__ = [
     "ImageInput",
     "StageOptions",
+    "VideoFrame",
+    "VideoInput",
     "image_bytes",
     "pixel_digest",
     "plan_image",
     "plan_images",
+    "plan_video",
+    "plan_videos",
     "process_image",
     "process_images",
+    "process_video",
+    "process_videos",
     "stack_pixels",
+    "stack_videos",
 ]

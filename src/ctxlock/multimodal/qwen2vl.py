@@ -6,12 +6,19 @@ x * (1/255) in float64 then float32, (x - mean) / std in float32, then patches l
 (grid_t * grid_h * grid_w, C * temporal_patch * patch * patch), in merge-window order. An image is one frame
 repeated over the temporal patch (grid_t = 1). Placeholders: grid_t * grid_h * grid_w / merge^2 copies of
 `<|image_pad|>`, between the template's `<|vision_start|>` and `<|vision_end|>`.
+
+A video is a list of frames of one size (as `Qwen2VLVideoProcessor` takes them, none sampled): every frame goes
+through the same smart_resize (with the video processor's own min/max pixels) and normalization as an image, the
+frames are padded to a multiple of temporal_patch_size by repeating the last one, and each group of
+temporal_patch_size frames gives grid_h * grid_w patch rows; placeholders are grid_t * grid_h * grid_w / merge^2
+copies of `<|video_pad|>`. transformers resizes video frames with torchvision (a tensor bicubic), ctxlock with
+PIL's bicubic, as the image processor does (the README says where they can differ).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from ctxlock.errors import ImageSizeError
-from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.frozen import FrozenDict, freeze, thaw
 from ctxlock.multimodal.base import (
     ColourPolicy,
     DecodedImage,
@@ -33,6 +40,9 @@ from ctxlock.multimodal.base import (
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_ASPECT_RATIO = 200
+# Qwen2VLVideoProcessor's class defaults (size shortest_edge / longest_edge), apart from the image processor's.
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 28 * 28 * 768
 # The preprocessor_config.json keys this family reads; any other key is named in `params()["ignored_keys"]`.
 _READ_KEYS = (
     "min_pixels",
@@ -99,6 +109,8 @@ class Qwen2VL:
     source: str = "class defaults"
     orientation: Orientation = Orientation.EXIF_TRANSPOSE
     colour: ColourPolicy = ColourPolicy.PIL_CONVERT
+    video_min_pixels: int = VIDEO_MIN_PIXELS
+    video_max_pixels: int = VIDEO_MAX_PIXELS
 
     name = "qwen2-vl"
     template_placeholder = "<|image_pad|>"
@@ -107,7 +119,9 @@ class Qwen2VL:
     @classmethod
     def from_preprocessor_config(cls, config: Mapping[str, Any], *, source: str = "preprocessor_config.json"):
         """Parameters as transformers reads them from a checkpoint: `min_pixels`/`max_pixels` win over `size`'s
-        `shortest_edge`/`longest_edge`, which win over the class defaults."""
+        `shortest_edge`/`longest_edge`, which win over the class defaults. The video processor reads the same file
+        when the checkpoint has no video_preprocessor_config.json, so the same keys set the video's pixel range
+        (else the video processor's own defaults)."""
         kw: dict[str, Any] = {}
         size = config.get("size")
         if isinstance(size, Mapping):
@@ -118,6 +132,9 @@ class Qwen2VL:
         for key in ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size", "resample"):
             if config.get(key) is not None:
                 kw[key] = int(config[key])
+        for key in ("min_pixels", "max_pixels"):
+            if key in kw:
+                kw[f"video_{key}"] = kw[key]
         for key in ("image_mean", "image_std"):
             if config.get(key) is not None:
                 value = config[key]
@@ -158,19 +175,29 @@ class Qwen2VL:
             }
         )
 
-    def plan_size(self, height: int, width: int) -> ImagePlan:
-        """The plan for an image of (height, width) after orientation."""
+    def video_params(self) -> FrozenDict:
+        """The image parameters, with the video processor's own (a video plan's `params`)."""
+        video = {
+            "min_pixels": self.video_min_pixels,
+            "max_pixels": self.video_max_pixels,
+            "frame_sampling": "none: every frame given is used",
+            "cap_pixels_per_frame": False,
+            "frame_resize": "PIL bicubic per frame (transformers: torchvision bicubic)",
+        }
+        return freeze({**thaw(self.params()), "video": video})
+
+    def _resize(self, height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[tuple[int, int], list]:
         steps: list[ResizeStep] = []
         resized = (height, width)
         if self.do_resize:
-            resized = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+            resized = smart_resize(height, width, self.factor, min_pixels, max_pixels)
             rounded = (round(height / self.factor) * self.factor, round(width / self.factor) * self.factor)
             area = rounded[0] * rounded[1]
             why = (
-                f"area over max_pixels {self.max_pixels}"
-                if area > self.max_pixels
-                else f"area under min_pixels {self.min_pixels}"
-                if area < self.min_pixels
+                f"area over max_pixels {max_pixels}"
+                if area > max_pixels
+                else f"area under min_pixels {min_pixels}"
+                if area < min_pixels
                 else f"rounded to multiples of {self.factor}"
             )
             steps.append(ResizeStep("smart_resize", (height, width), resized, why))
@@ -179,6 +206,11 @@ class Qwen2VL:
                 f"do_resize is off and {width}x{height} is not a multiple of {self.factor}",
                 hint="turn do_resize on in preprocessor_config.json",
             )
+        return resized, steps
+
+    def plan_size(self, height: int, width: int) -> ImagePlan:
+        """The plan for an image of (height, width) after orientation."""
+        resized, steps = self._resize(height, width, self.min_pixels, self.max_pixels)
         grid = (1, resized[0] // self.patch_size, resized[1] // self.patch_size)
         n_tokens = grid[0] * grid[1] * grid[2] // (self.merge_size**2)
         return ImagePlan(
@@ -233,3 +265,42 @@ class Qwen2VL:
         x = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
         x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (gt, gh/m, gw/m, m, m, C, tp, p, p)
         return np.ascontiguousarray(x.reshape(gt * gh * gw, c * tp * p * p), dtype=np.float32)
+
+    # -- video: a list of frames -----------------------------------------------------------------------------
+
+    def plan_video(self, sizes: Sequence[tuple[int, int]]) -> ImagePlan:
+        """The plan for a video whose frames have these (height, width) sizes after orientation (all equal)."""
+        if not sizes:
+            raise ImageSizeError("a video without frames", hint="send at least one frame")
+        height, width = sizes[0]
+        for k, size in enumerate(sizes):
+            if size != sizes[0]:
+                raise ImageSizeError(
+                    f"frame {k} is {size[1]}x{size[0]} but frame 0 is {width}x{height}",
+                    hint="a video's frames share one size; resize them alike before sending",
+                )
+        resized, steps = self._resize(height, width, self.video_min_pixels, self.video_max_pixels)
+        n, tp = len(sizes), self.temporal_patch_size
+        grid_t = -(-n // tp)
+        if n % tp:
+            why = f"{n} frames padded to {grid_t * tp} by repeating the last (temporal_patch_size {tp})"
+            steps.append(ResizeStep("pad_frames", resized, resized, why))
+        grid = (grid_t, resized[0] // self.patch_size, resized[1] // self.patch_size)
+        return ImagePlan(
+            family=self.name,
+            image_size=(height, width),
+            resized=resized,
+            grid=grid,
+            n_tokens=grid[0] * grid[1] * grid[2] // (self.merge_size**2),
+            steps=tuple(steps),
+            params=self.video_params(),
+        )
+
+    def video_placeholders(self, plan: ImagePlan) -> tuple[str, ...]:
+        return (self.video_placeholder,) * plan.n_tokens
+
+    def preprocess_video(self, frames: Sequence[DecodedImage]) -> Preprocessed:
+        """pixel_values_videos for decoded frames, laid out as Qwen2VLVideoProcessor's."""
+        plan = self.plan_video([f.size for f in frames])
+        chw = np.stack([self.normalized(f.rgb, plan.resized) for f in frames])
+        return Preprocessed(plan=plan, pixel_values=self.patchify(chw))

@@ -14,6 +14,7 @@ from ctxlock.multimodal.base import ImageFamily
 from ctxlock.multimodal.llava import LlavaFamily
 from ctxlock.multimodal.pixtral import PixtralFamily
 from ctxlock.multimodal.qwen2vl import Qwen2VL
+from ctxlock.multimodal.qwen3vl import Qwen3VL
 
 _Builder = Callable[[Mapping[str, Any]], ImageFamily]
 
@@ -33,8 +34,15 @@ def _llava(config: Mapping[str, Any]) -> ImageFamily:
     return LlavaFamily.from_configs(config, config)
 
 
+def _qwen_vl(config: Mapping[str, Any]) -> ImageFamily:
+    """Qwen3-VL checkpoints name Qwen2-VL's image processor class; `processor_class` tells them apart."""
+    if config.get("processor_class") in ("Qwen3VLProcessor", "Qwen3VLMoeProcessor"):
+        return Qwen3VL.from_preprocessor_config(config)
+    return Qwen2VL.from_preprocessor_config(config)
+
+
 FAMILIES: dict[str, _Builder] = {
-    "Qwen2VLImageProcessor": Qwen2VL.from_preprocessor_config,
+    "Qwen2VLImageProcessor": _qwen_vl,
     "CLIPImageProcessor": _llava,
     # not a transformers class: a Tekken tokenizer's `image` section (mistral-common's image encoder), which the
     # artifacts layer passes under this name (artifacts/manifest.py)

@@ -1,9 +1,16 @@
 """Where an image's bytes come from: a `data:` URL in the request, or bytes the caller supplied for a URL.
 
 ctxlock never fetches. Both dialects' image parts reach here in the canonical request: OpenAI `image_url` parts
-(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string) and Anthropic `image` blocks
-(canonical `{"type": "image", "url": "data:<media type>;base64,<data>"}` for a base64 source, the URL for a url
-source). An http(s) URL is an error at its JSON path unless `media` maps that exact URL to its bytes.
+(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string), Responses-style `input_image`
+parts (canonical `{"type": "image", "image_url": <url>}`), transformers-style `{"type": "image", "image" | "url" |
+"base64": ...}` parts, and Anthropic `image` blocks (canonical `{"type": "image", "url": "data:<media
+type>;base64,<data>"}` for a base64 source, the URL for a url source). An http(s) URL is an error at its JSON path
+unless `media` maps that exact URL to its bytes.
+
+A video is a list of frames, each an image source: `{"type": "video", "video": [<url>, ...]}` (transformers' and
+qwen-vl-utils' frame list), or vLLM's `data:video/jpeg;base64,<frame>,<frame>,...` in a `video` or `video_url`
+part (canonical `{"type": "video", "video_url": ...}`). A video file (mp4, webm...) is refused: ctxlock decodes
+no container and samples no frames.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
-from ctxlock.errors import MediaSourceError
+from ctxlock.errors import MediaSourceError, MediaTypeError
 from ctxlock.frozen import FrozenDict
 from ctxlock.request import Request
 
@@ -48,8 +55,24 @@ class ImageBytes:
     origin: str  # "data-url" or "supplied"
 
 
+@dataclass(frozen=True)
+class VideoRef:
+    """One video part: its frames in order, each an image source (`ImageRef.index` is the frame's number)."""
+
+    index: int  # 0-based, over the request's videos
+    path: str  # the JSON path of the part
+    frames: tuple[ImageRef, ...]
+    message: int
+
+    @property
+    def url(self) -> str:
+        """A key for the whole video (its frame URLs), stable when the request is rebuilt (the budget's)."""
+        return "video:" + "\n".join(f.url for f in self.frames)
+
+
 def image_url(part: FrozenDict) -> tuple[str, str] | None:
-    """(url, suffix of its JSON path within the part) for an image part, or None for any other part."""
+    """(url, suffix of its JSON path within the part) for an image part, or None for any other part. A `base64`
+    value (transformers' raw base64 string) becomes a data: URL with no media type (the bytes name it)."""
     kind = part.get("type")
     if kind == "image_url":
         image = part.get("image_url")
@@ -57,13 +80,77 @@ def image_url(part: FrozenDict) -> tuple[str, str] | None:
             return image, ".image_url"
         if isinstance(image, Mapping) and isinstance(image.get("url"), str):
             return image["url"], ".image_url.url"
-    if kind == "image" and isinstance(part.get("url"), str):
-        return part["url"], ".url"
+    if kind == "image":
+        for key in ("url", "image", "image_url"):
+            if isinstance(part.get(key), str):
+                return part[key], f".{key}"
+        if isinstance(part.get("base64"), str):
+            return f"data:;base64,{part['base64']}", ".base64"
     return None
+
+
+def video_frames(part: FrozenDict) -> list[tuple[str, str]] | None:
+    """[(frame url, suffix of its JSON path)] for a video part, or None for any other part."""
+    if part.get("type") != "video":
+        return None
+    for key in ("video", "video_url", "url"):
+        value = part.get(key)
+        if isinstance(value, Mapping):
+            value, suffix = value.get("url"), f".{key}.url"
+        else:
+            suffix = f".{key}"
+        if isinstance(value, list | tuple):
+            return [(u, f"{suffix}[{k}]") for k, u in enumerate(value)]
+        if isinstance(value, str):
+            return [(u, suffix) for u in _frame_list(value, suffix)]
+    return []
+
+
+def _frame_list(url: str, suffix: str) -> list[str]:
+    """vLLM's `data:video/jpeg;base64,<frame>,<frame>,...`: one data: URL per frame. Anything else is a video
+    file, which ctxlock does not decode (the path is completed by the caller)."""
+    m = _DATA.fullmatch(url)
+    if m is not None and m[1].replace(" ", "").lower() == "video/jpeg;base64":
+        return [f"data:image/jpeg;base64,{chunk}" for chunk in m[2].split(",")]
+    kind = m[1].split(";")[0] if m is not None else url.split(":")[0] + " URL"
+    raise MediaTypeError(
+        f"a video given as one {kind or 'data: URL'}: ctxlock decodes no video container and samples no frames",
+        path=suffix,
+        hint='send the frames: {"type": "video", "video": ["data:image/png;base64,...", ...]} or '
+        '"data:video/jpeg;base64,<frame>,<frame>,..."',
+    )
 
 
 def image_refs(request: Request) -> tuple[ImageRef, ...]:
     return tuple(_walk(request))
+
+
+def video_refs(request: Request) -> tuple[VideoRef, ...]:
+    """Every video part, in order; a video part without frames, or with a frame that is not a string, is an
+    error at its JSON path."""
+    out: list[VideoRef] = []
+    for i, m in enumerate(request.messages):
+        for j, part in enumerate(() if isinstance(m.content, str) or m.content is None else m.content):
+            base = m.path_of(f".content[{j}]")
+            try:
+                found = video_frames(part)
+            except MediaTypeError as e:
+                e.path = base + (e.path or "")
+                e.args = (str(e),)
+                raise
+            if found is None:
+                continue
+            if not found or not all(isinstance(u, str) for u, _ in found):
+                raise MediaSourceError(
+                    "a video part without a list of frame URLs",
+                    path=base,
+                    hint='send {"type": "video", "video": ["data:image/png;base64,...", ...]}',
+                )
+            frames = tuple(
+                ImageRef(index=k, path=f"{base}{suffix}", url=u, message=i) for k, (u, suffix) in enumerate(found)
+            )
+            out.append(VideoRef(index=len(out), path=base, frames=frames, message=i))
+    return tuple(out)
 
 
 def _walk(request: Request) -> Iterator[ImageRef]:

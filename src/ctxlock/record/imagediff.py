@@ -97,8 +97,10 @@ def _mask_part(part: Any) -> Any:
         image = part.get("image_url")
         masked = {**image, "url": "<image>"} if isinstance(image, Mapping) else "<image>"
         return {**part, "image_url": masked}
-    if kind == "image" and "url" in part:
-        return {**part, "url": "<image>"}
+    if kind == "image":  # Anthropic's canonical url, transformers' image/url/base64, input_image's image_url
+        return {**part, **{k: "<image>" for k in ("url", "image", "base64", "image_url") if k in part}}
+    if kind == "video":  # a list of frames, or one URL holding them
+        return {**part, **{k: "<video>" for k in ("video", "video_url") if k in part}}
     return part
 
 

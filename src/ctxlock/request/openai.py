@@ -142,32 +142,116 @@ def _part(raw: Any, path: str, role: str) -> FrozenDict:
     if kind == "text":
         only_keys(part, ("type", "text"), path, "a text part")
         return text_part(as_str(required(part, "text", path, "the text"), join_path(path, "text")))
-    if kind == "image_url":
+    if kind in _MEDIA_PARTS:
         if role != "user":
-            raise fail(join_path(path, "type"), f"a {role} message cannot hold images", "send images in user messages")
-        only_keys(part, ("type", "image_url"), path, "an image_url part")
-        image = required(part, "image_url", path, 'an "image_url" object with a "url"')
-        ipath = join_path(path, "image_url")
-        # Kept as sent, after the checks: templates read `image_url` parts themselves, as under transformers.
-        if isinstance(image, str):  # accepted by vLLM and several clients
-            return freeze(part)
-        image = as_object(image, ipath, 'an object {"url": ...} or a URL string')
-        only_keys(image, ("url", "detail"), ipath, "image_url")
-        as_str(required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
-        detail = opt_str(image, "detail", ipath)
-        if detail is not None and detail not in _IMAGE_DETAILS:
-            raise fail(
-                join_path(ipath, "detail"),
-                f"unknown detail {json.dumps(detail, ensure_ascii=False)}",
-                f"allowed: {', '.join(_IMAGE_DETAILS)}",
-            )
-        return freeze(part)
-    allowed = "text, image_url" if role == "user" else "text"
+            what = "videos" if "video" in kind else "images"
+            raise fail(join_path(path, "type"), f"a {role} message cannot hold {what}", f"send {what} in user messages")
+        return _MEDIA_PARTS[kind](part, path)
+    allowed = "text, " + ", ".join(_MEDIA_PARTS) if role == "user" else "text"
     raise fail(
         join_path(path, "type"),
         f"unknown content part type {json.dumps(kind, ensure_ascii=False)}",
         f"allowed: {allowed}",
     )
+
+
+def _detail(obj: dict[str, Any], path: str) -> None:
+    detail = opt_str(obj, "detail", path)
+    if detail is not None and detail not in _IMAGE_DETAILS:
+        raise fail(
+            join_path(path, "detail"),
+            f"unknown detail {json.dumps(detail, ensure_ascii=False)}",
+            f"allowed: {', '.join(_IMAGE_DETAILS)}",
+        )
+
+
+def _image_url_part(part: dict[str, Any], path: str) -> FrozenDict:
+    only_keys(part, ("type", "image_url"), path, "an image_url part")
+    image = required(part, "image_url", path, 'an "image_url" object with a "url"')
+    ipath = join_path(path, "image_url")
+    # Kept as sent, after the checks: templates read `image_url` parts themselves, as under transformers.
+    if isinstance(image, str):  # accepted by vLLM and several clients
+        return freeze(part)
+    image = as_object(image, ipath, 'an object {"url": ...} or a URL string')
+    only_keys(image, ("url", "detail"), ipath, "image_url")
+    as_str(required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
+    _detail(image, ipath)
+    return freeze(part)
+
+
+def _input_image_part(part: dict[str, Any], path: str) -> FrozenDict:
+    """The Responses API's `input_image` (as vLLM takes it in chat messages): `image_url` is the URL string. It
+    reaches the template as `{"type": "image", "image_url": <url>, "detail": ...}`, an image part every template
+    that reads images recognizes."""
+    only_keys(part, ("type", "image_url", "file_id", "detail"), path, "an input_image part")
+    if part.get("file_id") is not None:
+        raise fail(
+            join_path(path, "file_id"),
+            "an input_image given by file_id: the bytes are in OpenAI's file store, which ctxlock cannot read",
+            'send the image as "image_url": "data:<media type>;base64,..."',
+        )
+    as_str(
+        required(part, "image_url", path, 'the image as a URL string: "data:image/png;base64,..."'),
+        join_path(path, "image_url"),
+    )
+    _detail(part, path)
+    return freeze({**part, "type": "image"})
+
+
+def _image_part(part: dict[str, Any], path: str) -> FrozenDict:
+    """transformers' `{"type": "image", "image" | "url" | "base64": ...}` (apply_chat_template's), kept as sent."""
+    only_keys(part, ("type", "image", "url", "base64", "path"), path, "an image part")
+    if part.get("path") is not None:
+        raise fail(
+            join_path(path, "path"),
+            "an image given by a local file path: ctxlock reads no files named in a request",
+            'send the bytes: "image": "data:<media type>;base64,..." or "base64": "<base64>"',
+        )
+    sources = [k for k in ("image", "url", "base64") if k in part]
+    if len(sources) != 1:
+        raise fail(path, f"an image part with {len(sources)} sources", 'send exactly one of "image", "url", "base64"')
+    key = sources[0]
+    as_str(part[key], join_path(path, key))
+    return freeze(part)
+
+
+def _video_part(part: dict[str, Any], path: str) -> FrozenDict:
+    """`{"type": "video", "video" | "url": [<frame url>, ...] or <url>}` (transformers, qwen-vl-utils) and
+    `{"type": "video_url", "video_url": {"url": ...}}` (vLLM), which reaches the template as type "video" with its
+    keys as sent (vLLM too gives templates a "video" part). The frames are checked in `multimodal.sources`."""
+    keys = ("video_url",) if part.get("type") == "video_url" else ("video", "url", "path")
+    only_keys(part, ("type", *keys), path, f"a {part.get('type')} part")
+    if part.get("path") is not None:
+        raise fail(
+            join_path(path, "path"),
+            "a video given by a local file path: ctxlock reads no files named in a request",
+            'send the frames: "video": ["data:image/png;base64,...", ...]',
+        )
+    sources = [k for k in keys if k in part]
+    if len(sources) != 1:
+        raise fail(path, f"a video part with {len(sources)} sources", f"send exactly one of {', '.join(keys[:2])}")
+    key = sources[0]
+    vpath, value = join_path(path, key), part[key]
+    if key == "video_url" and isinstance(value, dict):
+        only_keys(value, ("url",), vpath, "video_url")
+        vpath, value = join_path(vpath, "url"), required(value, "url", vpath, "the video URL")
+    if isinstance(value, list):
+        if not value:
+            raise fail(vpath, "a video without frames", "send at least one frame")
+        for k, frame in enumerate(value):
+            as_str(frame, f"{vpath}[{k}]")
+    else:
+        as_str(value, vpath)
+    return freeze({**part, "type": "video"})
+
+
+_MEDIA_PARTS = {
+    "image_url": _image_url_part,
+    "input_image": _input_image_part,
+    "image": _image_part,
+    "video": _video_part,
+    "video_url": _video_part,
+}
 
 
 def _tool_call(raw: Any, path: str, policy: Utf8Policy, as_sent: bool = False) -> ToolCall:

@@ -256,6 +256,7 @@ def _message_strings(m: Message) -> Iterator[tuple[str, str]]:
                     yield m.path_of(f".content[{j}].{key}"), part[key]
             for c, chunk in enumerate(part.get("chunks") or ()):  # a content-source document's text blocks
                 yield m.path_of(f".content[{j}].chunks[{c}]"), chunk
+            yield from _media_strings(part, m.path_of(f".content[{j}]"))
             image = part.get("image_url")  # an OpenAI image part, kept as sent: a URL string or {url, detail}
             if isinstance(image, str):
                 yield m.path_of(f".content[{j}].image_url"), image
@@ -274,6 +275,19 @@ def _message_strings(m: Message) -> Iterator[tuple[str, str]]:
         yield m.path_of(".tool_call_id"), m.tool_call_id
     if m.reasoning_content is not None:
         yield m.path_of(".reasoning_content"), m.reasoning_content
+
+
+def _media_strings(part: Any, path: str) -> Iterator[tuple[str, str]]:
+    """The sources of transformers-style image parts (`image`, `base64`) and of video parts (`video`: a URL or a
+    list of frame URLs; `video_url`: a URL or {url})."""
+    for key in ("image", "base64", "video", "video_url"):
+        value = part.get(key)
+        if isinstance(value, str):
+            yield f"{path}.{key}", value
+        elif isinstance(value, tuple | list):
+            yield from ((f"{path}.{key}[{k}]", v) for k, v in enumerate(value) if isinstance(v, str))
+        elif isinstance(value, Mapping) and isinstance(value.get("url"), str):
+            yield f"{path}.{key}.url", value["url"]
 
 
 def _walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:

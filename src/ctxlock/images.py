@@ -10,7 +10,7 @@ request text (it never becomes an image slot, whatever the special-token policy)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,26 @@ class ImageSpan:
         }
 
 
+# transformers' ProcessorMixin.apply_chat_template(tokenize=True), processing_utils.py (5.24)
+PROCESSOR_RULE = (
+    "the HF processor tokenizes the rendered prompt with add_special_tokens=True unless the prompt starts with the "
+    "tokenizer's bos_token (ProcessorMixin.apply_chat_template, tokenize=True)"
+)
+
+
+@dataclass(frozen=True)
+class AddedSpecialTokens:
+    """Ids added around the expanded prompt's own ids, outside `text` (the HF processor's tokenize step adds them:
+    LLaVA's `<s>`). Empty for a family whose reference adds none (mistral-common's template writes its BOS)."""
+
+    before: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+    rule: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"before": list(self.before), "after": list(self.after), "rule": self.rule}
+
+
 @dataclass(frozen=True, eq=False)
 class MultimodalInput:
     """What a multimodal model receives: the expanded ids and text, each image's span, and the pixel tensors."""
@@ -61,6 +81,7 @@ class MultimodalInput:
     spans: tuple[ImageSpan, ...]
     pixel_values: np.ndarray  # concatenated over the images, as the HF processor returns them (empty: header only)
     image_grid_thw: np.ndarray
+    added: AddedSpecialTokens = AddedSpecialTokens()  # in `ids`, not in `text`
 
     def span_map(self) -> dict[int, tuple[int, int]]:
         """{image index: (start, end)} token spans in `ids`."""
@@ -73,6 +94,7 @@ class MultimodalInput:
             "n_tokens": len(self.ids),
             "images": [im.to_json() for im in self.images],
             "spans": [s.to_json() for s in self.spans],
+            "added_special_tokens": self.added.to_json(),
         }
 
 
@@ -182,4 +204,40 @@ def _mismatch(family: ImageFamily, n_slots: int, images: tuple[ImageInput, ...])
         f"the template wrote {n_slots} image placeholders for {len(images)} image(s)",
         path="images",
         hint="every placeholder needs its image; the template adds placeholders of its own",
+    )
+
+
+def special_affixes(tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids `add_special_tokens=True` puts before and after a text, measured by encoding one (whatever the
+    format: a tokenizer.json post-processor, add_bos_token, a GGUF's flags)."""
+    plain = tokenizer.encode("a")
+    full = tokenizer.encode("a", add_special_tokens=True)
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
+    if at is None:
+        raise ImagePlacementError(
+            f"add_special_tokens=True changes a text's own ids ({plain} -> {full}): ctxlock cannot add them around "
+            "an expanded prompt",
+            path="images",
+            hint="report this tokenizer; the HF processor's ids are not reproducible here",
+        )
+    return tuple(full[:at]), tuple(full[at + len(plain) :])
+
+
+def with_processor_special_tokens(mm: MultimodalInput, tokenizer: Tokenizer, bos_token: str | None) -> MultimodalInput:
+    """`mm` with the ids an HF processor's tokenize step adds (`PROCESSOR_RULE`): LlavaProcessor's ids begin with
+    `<s>` because LLaVA-1.5's template does not write it. The spans shift by what is added before; `text` is the
+    processor's prompt, unchanged."""
+    if bos_token and mm.rendered.text.startswith(bos_token):
+        return replace(mm, added=AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: it starts with {bos_token!r}"))
+    before, after = special_affixes(tokenizer)
+    if not before and not after:
+        return replace(mm, added=AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: this tokenizer adds none"))
+    ids = [*before, *mm.ids, *after]
+    shift = len(before)
+    return replace(
+        mm,
+        ids=tuple(ids),
+        model_input=_assemble_own(ids),
+        spans=tuple(replace(s, start=s.start + shift, end=s.end + shift) for s in mm.spans),
+        added=AddedSpecialTokens(before, after, PROCESSOR_RULE),
     )

@@ -12,7 +12,7 @@ from . import accounting, caches, masks
 from .artifacts import ModelArtifacts, load_artifacts
 from .capacity import Capacity
 from .errors import ImagePlacementError, OptionError, TemplateNotFoundError
-from .images import MultimodalInput, expand
+from .images import MultimodalInput, expand, with_processor_special_tokens
 from .multimodal.base import ImageFamily
 from .multimodal.pipeline import StageOptions, plan_images, process_images
 from .multimodal.registry import family_for
@@ -182,7 +182,10 @@ class Model:
         stage = images or StageOptions()
         found = (process_images if decode else plan_images)(req, fam, media, stage)
         rendered = self._render(req, opts)
-        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+        mm = expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
+        if getattr(fam, "processor_adds_special_tokens", False):  # an HF processor's tokenize step (LLaVA's <s>)
+            mm = with_processor_special_tokens(mm, self.tokenizer, self.artifacts.special_tokens.get("bos_token"))
+        return mm
 
     def _refuse_images(self, request: Request) -> None:
         # A model with an image processor never gets its placeholders unexpanded (vllm#16191).

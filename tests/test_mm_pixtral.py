@@ -324,3 +324,63 @@ def test_run_images_on_the_default_mistral_model_equals_encode_chat_completion()
     # without the image stage the ids would hold bare [IMG] placeholders: run refuses
     with pytest.raises(CtxlockError):
         model.run(request)
+
+
+# -- header-only counting: no hash, no decode (the digest is computed when a record or `count` asks for it) ------
+
+
+@pytest.mark.fast_path
+@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+def test_header_read_hashes_nothing_until_asked(label) -> None:
+    """The fast path leaves the digest to first use; the reference path (CTXLOCK_FAST=0) computes it at once. The
+    headers, plans and digests are equal either way, and equal to hashlib's."""
+    import hashlib
+
+    from ctxlock import settings
+
+    data = dict(CORPUS)[label]
+    family = PixtralFamily()
+    with settings.fast_path():
+        lazy = media.read_header(data)
+        plan = family.plan(lazy)
+        assert lazy.digest == ""  # counting read the header only
+    with settings.reference_path():
+        eager = media.read_header(data)
+        assert eager.digest == hashlib.sha256(data).hexdigest()
+        assert family.plan(eager) == plan
+    assert lazy.sha256 == eager.sha256 == hashlib.sha256(data).hexdigest()
+    assert lazy == eager and hash(lazy) == hash(eager)
+
+
+@pytest.mark.fast_path
+@pytest.mark.parametrize("fast", [True, False])
+def test_decode_checks_the_bytes_it_is_given(fast) -> None:
+    """decode skips the second hash only for the very bytes object the header was read from: an equal copy is
+    hashed and accepted, other bytes refused, on both paths."""
+    from ctxlock import settings
+    from ctxlock.errors import ImageDecodeError
+
+    data = to_bytes(make(64, 48, "RGB", 7))
+    other = to_bytes(make(64, 48, "RGB", 8))
+    with settings.fast_path() if fast else settings.reference_path():
+        header = media.read_header(data)
+        same = media.decode(data, header)
+        copy = media.decode(bytes(bytearray(data)), header)
+        assert np.array_equal(same.rgb, copy.rgb)
+        with pytest.raises(ImageDecodeError):
+            media.decode(other, header)
+
+
+@pytest.mark.fast_path
+def test_fast_and_reference_preprocessing_are_equal() -> None:
+    """Pixtral end to end (header, decode, pixels) on both paths: the same plans, pixels and digests."""
+    from ctxlock import settings
+
+    family = PixtralFamily()
+    for _, data in corpus(limit_pixels=1_100_000):
+        with settings.fast_path():
+            fast = family.preprocess(as_decoded(data))
+        with settings.reference_path():
+            ref = family.preprocess(as_decoded(data))
+        assert fast.plan == ref.plan and np.array_equal(fast.pixel_values, ref.pixel_values)
+        assert fast.pixel_sha256 == ref.pixel_sha256

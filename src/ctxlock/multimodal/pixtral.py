@@ -180,13 +180,17 @@ class PixtralFamily:
         return tuple(tokens)
 
     def pixel_values(self, rgb: np.ndarray, plan: ImagePlan) -> np.ndarray:
-        """(3, H, W) float32 for (h, w, 3) uint8 RGB pixels, under `plan`."""
+        """(3, H, W) float32 for (h, w, 3) uint8 RGB pixels, under `plan` (a transposed view of an (H, W, 3)
+        array, as mistral-common's own result is)."""
         out_h, out_w = plan.resized
-        image = self.resizer(np.asarray(rgb), out_w, out_h)
-        image = np.divide(image, np.float32(255.0), dtype=np.float32)  # a new C-contiguous array
+        resized = self.resizer(np.asarray(rgb), out_w, out_h)
+        # mistral-common's `normalize`, the same float32 operations in the same order (in place on OpenCV's
+        # fresh array; the portable resizer's view gets a new one)
+        own = resized.flags.c_contiguous and resized.flags.writeable and resized.dtype == np.float32
+        image = np.divide(resized, np.float32(255.0), dtype=np.float32, out=resized if own else None)
         image -= np.asarray(self.image_mean, dtype=np.float32)
         image /= np.asarray(self.image_std, dtype=np.float32)
-        return np.ascontiguousarray(image.transpose(2, 0, 1))
+        return image.transpose(2, 0, 1)  # (C, H, W), a view, as mistral-common returns it
 
     def preprocess(self, image: DecodedImage) -> Preprocessed:
         height, width = image.size

@@ -77,7 +77,10 @@ def _llava():
     def run(data: bytes) -> tuple[int, np.ndarray]:
         return 576, ref(images=Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
 
-    return LlavaFamily(), run, 1e-5
+    # the image processor given a Pillow image composites alpha onto white and leaves EXIF alone (LlavaFamily's
+    # defaults are load_image's, what apply_chat_template does with a request's image)
+    family = replace(LlavaFamily(), colour=ColourPolicy.COMPOSITE_WHITE, orientation=Orientation.IGNORE)
+    return family, run, 1e-5
 
 
 def _pixtral():

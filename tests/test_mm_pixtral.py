@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import cv2
@@ -384,3 +385,29 @@ def test_fast_and_reference_preprocessing_are_equal() -> None:
             ref = family.preprocess(as_decoded(data))
         assert fast.plan == ref.plan and np.array_equal(fast.pixel_values, ref.pixel_values)
         assert fast.pixel_sha256 == ref.pixel_sha256
+
+
+def test_render_shows_the_resizer(tmp_path) -> None:
+    """`ctxlock render` on a Pixtral request names the family's parameters and the resizer (it raised a KeyError on
+    Qwen2-VL's parameter names before)."""
+    from cli_runner import run_cli
+
+    request = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What colour is this?"},
+                    {"type": "image_url", "image_url": {"url": _data_url(to_bytes(make(64, 48, "RGB", 5)))}},
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "image-request.json"
+    path.write_text(json.dumps(request), encoding="utf-8")
+    done = run_cli("render", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "parameters image_patch_size=16, max_image_size=1024, spatial_merge_size=1" in done.stdout
+    assert "resample   opencv-python-headless " in done.stdout
+    assert "not exact" not in done.stdout

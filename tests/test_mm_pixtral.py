@@ -411,3 +411,23 @@ def test_render_shows_the_resizer(tmp_path) -> None:
     assert "parameters image_patch_size=16, max_image_size=1024, spatial_merge_size=1" in done.stdout
     assert "resample   opencv-python-headless " in done.stdout
     assert "not exact" not in done.stdout
+
+
+@pytest.mark.fast_path
+def test_lazy_digest_is_of_the_bytes_read_not_of_a_later_mutation() -> None:
+    """A mutable buffer given to read_header is copied: changing it afterwards changes neither the digest asked for
+    later nor what decode accepts."""
+    import hashlib
+
+    from ctxlock import settings
+    from ctxlock.errors import ImageDecodeError
+
+    data = to_bytes(make(40, 30, "RGBA", 9))
+    buf = bytearray(data)
+    with settings.fast_path():
+        header = media.read_header(buf)
+        buf[-20:] = b"\x00" * 20
+        assert header.sha256 == hashlib.sha256(data).hexdigest()
+        with pytest.raises(ImageDecodeError):
+            media.decode(bytes(buf), header)
+        assert media.decode(data, header).size == (30, 40)

@@ -246,3 +246,23 @@ def test_bad_sizes_are_typed_errors(h, w) -> None:
 def test_bad_configs_are_typed_errors(pre, proc) -> None:
     with pytest.raises(ImageSizeError):
         LlavaFamily.from_configs(pre, proc)
+
+
+def test_fit_counts_the_processors_bos(llava_dir) -> None:
+    """fit_context on a LLaVA model counts the `<s>` run_images adds: its total is the fitted ids' length, images
+    kept or dropped whole."""
+    from ctxlock.budget import BudgetPolicy, fit_context
+
+    model = ctxlock.load(str(llava_dir))
+    _, urls = _files()
+    req = model.parse({"messages": _messages4(urls, "anthropic")})
+    full = model.run_images(req, decode=False, add_generation_prompt=True)
+    assert full.ids[0] == 1
+    kept_images = set()
+    for budget in (len(full.ids), len(full.ids) - 1, 1300):
+        fitted = fit_context(req, model, BudgetPolicy(max_input_tokens=budget))
+        assert fitted.input_tokens <= budget
+        expanded = model.run_images(fitted.request, decode=False, add_generation_prompt=True)
+        assert list(fitted.ids) == list(expanded.ids) and fitted.ids[0] == 1
+        kept_images.add(len(expanded.images))
+    assert 4 in kept_images and len(kept_images) > 1  # all kept at the full size, fewer below

@@ -223,21 +223,36 @@ def special_affixes(tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[int, .
     return tuple(full[:at]), tuple(full[at + len(plain) :])
 
 
-def with_processor_special_tokens(mm: MultimodalInput, tokenizer: Tokenizer, bos_token: str | None) -> MultimodalInput:
-    """`mm` with the ids an HF processor's tokenize step adds (`PROCESSOR_RULE`): LlavaProcessor's ids begin with
-    `<s>` because LLaVA-1.5's template does not write it. The spans shift by what is added before; `text` is the
-    processor's prompt, unchanged."""
-    if bos_token and mm.rendered.text.startswith(bos_token):
-        return replace(mm, added=AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: it starts with {bos_token!r}"))
+def processor_special_tokens(
+    family: ImageFamily, tokenizer: Tokenizer, bos_token: str | None, prompt: str
+) -> AddedSpecialTokens:
+    """What the family's reference processor adds around the ids of the rendered `prompt` (`PROCESSOR_RULE`): for
+    LLaVA, `<s>` unless the prompt starts with `bos_token`; nothing for a family whose reference adds none."""
+    if not getattr(family, "processor_adds_special_tokens", False):
+        return AddedSpecialTokens()
+    if bos_token and prompt.startswith(bos_token):
+        return AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: it starts with {bos_token!r}")
     before, after = special_affixes(tokenizer)
     if not before and not after:
-        return replace(mm, added=AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: this tokenizer adds none"))
-    ids = [*before, *mm.ids, *after]
-    shift = len(before)
+        return AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: this tokenizer adds none")
+    return AddedSpecialTokens(before, after, PROCESSOR_RULE)
+
+
+def with_processor_special_tokens(
+    mm: MultimodalInput, family: ImageFamily, tokenizer: Tokenizer, bos_token: str | None
+) -> MultimodalInput:
+    """`mm` with the ids the family's HF processor adds in its tokenize step (`processor_special_tokens`):
+    LlavaProcessor's ids begin with `<s>` because LLaVA-1.5's template does not write it. The spans shift by what
+    is added before; `text` is the processor's prompt, unchanged."""
+    added = processor_special_tokens(family, tokenizer, bos_token, mm.rendered.text)
+    if not added.before and not added.after:
+        return replace(mm, added=added)
+    ids = [*added.before, *mm.ids, *added.after]
+    shift = len(added.before)
     return replace(
         mm,
         ids=tuple(ids),
         model_input=_assemble_own(ids),
         spans=tuple(replace(s, start=s.start + shift, end=s.end + shift) for s in mm.spans),
-        added=AddedSpecialTokens(before, after, PROCESSOR_RULE),
+        added=added,
     )

@@ -183,9 +183,8 @@ class Model:
         found = (process_images if decode else plan_images)(req, fam, media, stage)
         rendered = self._render(req, opts)
         mm = expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found)
-        if getattr(fam, "processor_adds_special_tokens", False):  # an HF processor's tokenize step (LLaVA's <s>)
-            mm = with_processor_special_tokens(mm, self.tokenizer, self.artifacts.special_tokens.get("bos_token"))
-        return mm
+        # what the family's HF processor adds in its tokenize step (LLaVA's <s>); nothing for the others
+        return with_processor_special_tokens(mm, fam, self.tokenizer, self.artifacts.special_tokens.get("bos_token"))
 
     def _refuse_images(self, request: Request) -> None:
         # A model with an image processor never gets its placeholders unexpanded (vllm#16191).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ import ctxlock
 import fetched as artifacts
 from ctxlock.errors import CtxlockError, ImageSizeError
 from ctxlock.multimodal import media
-from ctxlock.multimodal.base import ImageFamily
+from ctxlock.multimodal.base import ColourPolicy, ImageFamily, Orientation
 from ctxlock.multimodal.llava import LlavaFamily, shortest_edge_size
-from mm_images import as_decoded, corpus, make, reopen, to_bytes
+from mm_images import as_decoded, corpus, exif_rotated, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
 
@@ -68,7 +69,12 @@ def clip336():
 def test_pixel_values_equal_clip_image_processor_pil(clip336, label) -> None:
     data = dict(CORPUS)[label]
     ref = clip336(images=reopen(data), return_tensors="np")["pixel_values"][0]
-    family = LlavaFamily.from_configs(LLAVA_PREPROCESSOR, LLAVA_PROCESSOR)
+    # the image processor given a Pillow image: EXIF ignored, alpha composited onto white (as_decoded's policies)
+    family = replace(
+        LlavaFamily.from_configs(LLAVA_PREPROCESSOR, LLAVA_PROCESSOR),
+        orientation=Orientation.IGNORE,
+        colour=ColourPolicy.COMPOSITE_WHITE,
+    )
     pre = family.preprocess(as_decoded(data))
     assert pre.pixel_values.shape == ref.shape == (3, 336, 336)
     assert pre.pixel_values.dtype == np.float32
@@ -130,34 +136,87 @@ def _messages(urls: list[str], *, anthropic: bool = False) -> list[dict]:
     ]
 
 
-def test_expanded_text_and_ids_equal_llava_processor(llava_dir) -> None:
-    processor = LlavaProcessor.from_pretrained(llava_dir)
-    assert processor.tokenizer.convert_tokens_to_ids("<image>") == 32000
+def _files() -> tuple[list[bytes], list[str]]:
+    """RGB PNG, RGBA PNG (alpha dropped by load_image), CMYK TIFF, an EXIF-rotated (6) JPEG, as data: URLs."""
     files = [
         to_bytes(make(640, 480, "RGB", 1)),
         to_bytes(make(300, 900, "RGBA", 2)),
         to_bytes(make(999, 1000, "CMYK", 3)),
+        exif_rotated(500, 200, 6, seed=4),
     ]
-    images = [reopen(f) for f in files]
-    kinds = ["image/png", "image/png", "image/tiff"]
-    urls = [f"data:{k};base64,{base64.b64encode(f).decode()}" for k, f in zip(kinds, files, strict=True)]
-    prompt = processor.apply_chat_template(_messages(urls), add_generation_prompt=True)
-    ref = processor(text=prompt, images=images, return_tensors="np")
+    kinds = ["image/png", "image/png", "image/tiff", "image/jpeg"]
+    return files, [f"data:{k};base64,{base64.b64encode(f).decode()}" for k, f in zip(kinds, files, strict=True)]
+
+
+def _messages4(urls: list[str], form: str = "hf") -> list[dict]:
+    """Four images over three user turns; `form`: "hf" ({"type": "image", "url": ...}, what HF templates read),
+    "openai" (image_url) or "anthropic" (base64 source)."""
+    messages = _messages(urls[:3], anthropic=form == "anthropic")
+    image = _messages([urls[3]] * 3, anthropic=form == "anthropic")[0]["content"][0]
+    messages += [
+        {"role": "assistant", "content": [{"type": "text", "text": "Yes."}]},
+        {"role": "user", "content": [image, {"type": "text", "text": "Turned?"}]},
+    ]
+    if form == "openai":
+        for m in messages:
+            m["content"] = [
+                {"type": "image_url", "image_url": {"url": p["url"]}} if p["type"] == "image" else p
+                for p in m["content"]
+            ]
+    return messages
+
+
+def test_ids_equal_llava_processor_apply_chat_template(llava_dir) -> None:
+    """The raw request through `LlavaProcessor.apply_chat_template(tokenize=True)` (transformers loads each data:
+    URL with load_image: EXIF applied, convert("RGB")) and through `run_images`: the same ids, `<s>` included,
+    the same span map and pixel values."""
+    processor = LlavaProcessor.from_pretrained(llava_dir)
+    assert processor.tokenizer.convert_tokens_to_ids("<image>") == 32000
+    _, urls = _files()
+    ref = processor.apply_chat_template(
+        _messages4(urls), add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="np"
+    )
+    prompt = processor.apply_chat_template(_messages4(urls), add_generation_prompt=True)
+    ids = ref["input_ids"][0].tolist()
+    assert ids[0] == processor.tokenizer.bos_token_id == 1 and not prompt.startswith("<s>")
 
     model = ctxlock.load(str(llava_dir))
     assert isinstance(model.image_family, LlavaFamily)  # preprocessor_config.json: CLIPImageProcessor + LlavaProcessor
-    mm = model.run_images({"messages": _messages(urls, anthropic=True)}, add_generation_prompt=True)
+    # an Anthropic base64 source becomes the canonical {"type": "image"} part this template reads (an OpenAI
+    # image_url part stays image_url, which it does not)
+    mm = model.run_images({"messages": _messages4(urls, "anthropic")}, add_generation_prompt=True)
     assert mm.rendered.text == prompt
     assert mm.text == prompt.replace("<image>", "<image>" * 576)  # LlavaProcessor's expanded text
-    ids = ref["input_ids"][0].tolist()
-    # Known difference (README, "Images"): the processor adds <s> (1) because the template does not write it
-    # (ProcessorMixin.apply_chat_template adds special tokens unless the prompt starts with BOS); ctxlock's ids
-    # are the template's. Everything after it is equal.
-    assert ids[0] == 1 and list(mm.ids) == ids[1:]
-    starts = [k - 1 for k, t in enumerate(ids) if t == 32000 and ids[k - 1] != 32000]
+    assert list(mm.ids) == ids  # <s> included
+    assert mm.added.before == (1,) and mm.added.after == ()
+    assert mm.to_json()["added_special_tokens"]["before"] == [1]
+    starts = [k for k, t in enumerate(ids) if t == 32000 and ids[k - 1] != 32000]
     assert mm.span_map() == {i: (s, s + 576) for i, s in enumerate(starts)}
-    assert mm.pixel_values.shape == ref["pixel_values"].shape == (3, 3, 336, 336)
+    assert mm.pixel_values.shape == ref["pixel_values"].shape == (4, 3, 336, 336)
     assert np.abs(mm.pixel_values - ref["pixel_values"]).max() <= 1e-5
+    # header-only counting agrees with the ids (the added <s> counted as the template's)
+    counts = model.count({"messages": _messages4(urls, "anthropic")}, add_generation_prompt=True)
+    assert counts.total == len(ids)
+
+
+def test_template_that_writes_bos_gets_no_second_one(llava_dir, tmp_path) -> None:
+    """A template that writes `{{ bos_token }}` itself: the processor adds nothing (the prompt starts with it), nor
+    does ctxlock."""
+    out = tmp_path / "llava-bos"
+    out.mkdir()
+    for f in llava_dir.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    (out / "chat_template.jinja").write_text("{{ bos_token }}" + LLAVA_TEMPLATE, encoding="utf-8")
+    processor = LlavaProcessor.from_pretrained(out)
+    _, urls = _files()
+    ref = processor.apply_chat_template(
+        _messages4(urls), add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="np"
+    )
+    ids = ref["input_ids"][0].tolist()
+    assert ids[0] == 1 and ids[1] != 1
+    mm = ctxlock.load(str(out)).run_images({"messages": _messages4(urls, "anthropic")}, add_generation_prompt=True)
+    assert list(mm.ids) == ids
+    assert mm.added.before == () and "starts with '<s>'" in mm.added.rule
 
 
 def test_family_keeps_the_interface() -> None:
@@ -187,3 +246,23 @@ def test_bad_sizes_are_typed_errors(h, w) -> None:
 def test_bad_configs_are_typed_errors(pre, proc) -> None:
     with pytest.raises(ImageSizeError):
         LlavaFamily.from_configs(pre, proc)
+
+
+def test_fit_counts_the_processors_bos(llava_dir) -> None:
+    """fit_context on a LLaVA model counts the `<s>` run_images adds: its total is the fitted ids' length, images
+    kept or dropped whole."""
+    from ctxlock.budget import BudgetPolicy, fit_context
+
+    model = ctxlock.load(str(llava_dir))
+    _, urls = _files()
+    req = model.parse({"messages": _messages4(urls, "anthropic")})
+    full = model.run_images(req, decode=False, add_generation_prompt=True)
+    assert full.ids[0] == 1
+    kept_images = set()
+    for budget in (len(full.ids), len(full.ids) - 1, 1300):
+        fitted = fit_context(req, model, BudgetPolicy(max_input_tokens=budget))
+        assert fitted.input_tokens <= budget
+        expanded = model.run_images(fitted.request, decode=False, add_generation_prompt=True)
+        assert list(fitted.ids) == list(expanded.ids) and fitted.ids[0] == 1
+        kept_images.add(len(expanded.images))
+    assert 4 in kept_images and len(kept_images) > 1  # all kept at the full size, fewer below

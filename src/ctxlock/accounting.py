@@ -500,7 +500,9 @@ def with_images(counts: Counts, mm: MultimodalInput) -> Counts:
         tally[TEMPLATE] = tally.get(TEMPLATE, 0) - 1
         part = part_of(image.ref.path)
         tally[part] = tally.get(part, 0) + image.n_tokens
-    total = counts.total + sum(image.n_tokens - 1 for image in media)
+    added = len(mm.added.before) + len(mm.added.after)  # an HF processor's BOS/EOS: the template's share
+    tally[TEMPLATE] = tally.get(TEMPLATE, 0) + added
+    total = counts.total + added + sum(image.n_tokens - 1 for image in media)
     if total != len(mm.ids) or tally.get(TEMPLATE, 0) < 0:
         raise CtxlockError(
             f"the image counts do not add up: {total} tokens counted, {len(mm.ids)} expanded",

@@ -49,6 +49,7 @@ from .budget_policy import (
     segments,
 )
 from .errors import BudgetError, BudgetExceeded, TemplateError
+from .images import processor_special_tokens
 from .multimodal.pipeline import plan_images, plan_videos
 from .multimodal.sources import image_refs, video_refs
 from .request import Request, parse_request
@@ -89,29 +90,37 @@ class _Candidates:
     """Candidate requests, rendered with the fit's options and counted by the counting service, each against the
     last kept candidate (the base)."""
 
-    def __init__(self, model: Any, options: Mapping[str, Any], images: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, model: Any, options: Mapping[str, Any], images: Mapping[str, int] | None = None, family: Any = None
+    ) -> None:
         self.model = model
         self.options = dict(options)
         self.tokens = TokenCounter(model.tokenizer)
         self.images = images  # image URL -> its placeholder tokens (from its header), for a model that takes images
+        self.family = family
 
-    def _image_tokens(self, req: Request) -> int:
+    def _image_tokens(self, req: Request, rendered: Rendered) -> int:
         # Each image kept adds its tokens in place of the one placeholder token the template wrote: an image is
-        # kept or dropped whole, with its message.
+        # kept or dropped whole, with its message. With images, the ids are `run_images`', which adds what the
+        # family's HF processor adds around the prompt (LLaVA's <s>).
         if not self.images:
             return 0
         refs = (*image_refs(req), *video_refs(req))  # a video, like an image, is kept or dropped whole
-        return sum(self.images[ref.url] - 1 for ref in refs)
+        if not refs:
+            return 0
+        bos = self.model.artifacts.special_tokens.get("bos_token")
+        added = processor_special_tokens(self.family, self.model.tokenizer, bos, rendered.text)
+        return sum(self.images[ref.url] - 1 for ref in refs) + len(added.before) + len(added.after)
 
     def base(self, req: Request) -> tuple[int, Rendered]:
         """Count the first candidate (the required segments) and make it the base."""
         rendered = self.model.render(req, **self.options)
-        return self.tokens.rebase(rendered) + self._image_tokens(req), rendered
+        return self.tokens.rebase(rendered) + self._image_tokens(req, rendered), rendered
 
     def measure(self, req: Request, **overrides: Any) -> tuple[int, Rendered]:
         """The count of `req` rendered with `overrides` over the fit's options; the base is left as is."""
         rendered = self.model.render(req, **{**self.options, **overrides})
-        return self.tokens.count(rendered) + self._image_tokens(req), rendered
+        return self.tokens.count(rendered) + self._image_tokens(req, rendered), rendered
 
     def keep(self, rendered: Rendered) -> None:
         self.tokens.rebase(rendered)
@@ -166,7 +175,7 @@ def fit_context(
     options = _generation_options(request, policy, render_options)
     segs = segments(request)
     family = image_family or getattr(model, "image_family", None)
-    counter = _Candidates(model, options, _image_plans(request, family, media))
+    counter = _Candidates(model, options, _image_plans(request, family, media), family)
     kept: set[str] = set()
     best = candidate(request, segs, kept)
     total, base = counter.base(best)

@@ -10,7 +10,7 @@ request text (it never becomes an image slot, whatever the special-token policy)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,26 @@ class ImageSpan:
         } | ({"kind": self.kind} if self.kind != "image" else {})
 
 
+# transformers' ProcessorMixin.apply_chat_template(tokenize=True), processing_utils.py (5.24)
+PROCESSOR_RULE = (
+    "the HF processor tokenizes the rendered prompt with add_special_tokens=True unless the prompt starts with the "
+    "tokenizer's bos_token (ProcessorMixin.apply_chat_template, tokenize=True)"
+)
+
+
+@dataclass(frozen=True)
+class AddedSpecialTokens:
+    """Ids added around the expanded prompt's own ids, outside `text` (the HF processor's tokenize step adds them:
+    LLaVA's `<s>`). Empty for a family whose reference adds none (mistral-common's template writes its BOS)."""
+
+    before: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+    rule: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"before": list(self.before), "after": list(self.after), "rule": self.rule}
+
+
 @dataclass(frozen=True, eq=False)
 class MultimodalInput:
     """What a multimodal model receives: the expanded ids and text, each image's span, and the pixel tensors."""
@@ -66,6 +86,7 @@ class MultimodalInput:
     video_spans: tuple[ImageSpan, ...] = ()
     pixel_values_videos: np.ndarray | None = None  # concatenated over the videos (empty: header only)
     video_grid_thw: np.ndarray | None = None
+    added: AddedSpecialTokens = AddedSpecialTokens()  # in `ids`, not in `text`
 
     def span_map(self) -> dict[int, tuple[int, int]]:
         """{image index: (start, end)} token spans in `ids`."""
@@ -82,6 +103,7 @@ class MultimodalInput:
             "n_tokens": len(self.ids),
             "images": [im.to_json() for im in self.images],
             "spans": [s.to_json() for s in self.spans],
+            "added_special_tokens": self.added.to_json(),
         }
         if self.videos:
             out["videos"] = [v.to_json() for v in self.videos]
@@ -237,4 +259,56 @@ def _video_mismatch(placeholder: str, n_slots: int, videos: tuple[VideoInput, ..
         f"the template wrote {n_slots} video placeholders for {len(videos)} video(s)",
         path="videos",
         hint="every video placeholder needs its video; the template adds placeholders of its own",
+    )
+
+
+def special_affixes(tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids `add_special_tokens=True` puts before and after a text, measured by encoding one (whatever the
+    format: a tokenizer.json post-processor, add_bos_token, a GGUF's flags)."""
+    plain = tokenizer.encode("a")
+    full = tokenizer.encode("a", add_special_tokens=True)
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
+    if at is None:
+        raise ImagePlacementError(
+            f"add_special_tokens=True changes a text's own ids ({plain} -> {full}): ctxlock cannot add them around "
+            "an expanded prompt",
+            path="images",
+            hint="report this tokenizer; the HF processor's ids are not reproducible here",
+        )
+    return tuple(full[:at]), tuple(full[at + len(plain) :])
+
+
+def processor_special_tokens(
+    family: ImageFamily, tokenizer: Tokenizer, bos_token: str | None, prompt: str
+) -> AddedSpecialTokens:
+    """What the family's reference processor adds around the ids of the rendered `prompt` (`PROCESSOR_RULE`): for
+    LLaVA, `<s>` unless the prompt starts with `bos_token`; nothing for a family whose reference adds none."""
+    if not getattr(family, "processor_adds_special_tokens", False):
+        return AddedSpecialTokens()
+    if bos_token and prompt.startswith(bos_token):
+        return AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: it starts with {bos_token!r}")
+    before, after = special_affixes(tokenizer)
+    if not before and not after:
+        return AddedSpecialTokens(rule=f"{PROCESSOR_RULE}: this tokenizer adds none")
+    return AddedSpecialTokens(before, after, PROCESSOR_RULE)
+
+
+def with_processor_special_tokens(
+    mm: MultimodalInput, family: ImageFamily, tokenizer: Tokenizer, bos_token: str | None
+) -> MultimodalInput:
+    """`mm` with the ids the family's HF processor adds in its tokenize step (`processor_special_tokens`):
+    LlavaProcessor's ids begin with `<s>` because LLaVA-1.5's template does not write it. The spans shift by what
+    is added before; `text` is the processor's prompt, unchanged."""
+    added = processor_special_tokens(family, tokenizer, bos_token, mm.rendered.text)
+    if not added.before and not added.after:
+        return replace(mm, added=added)
+    ids = [*added.before, *mm.ids, *added.after]
+    shift = len(added.before)
+    return replace(
+        mm,
+        ids=tuple(ids),
+        model_input=_assemble_own(ids),
+        spans=tuple(replace(s, start=s.start + shift, end=s.end + shift) for s in mm.spans),
+        video_spans=tuple(replace(s, start=s.start + shift, end=s.end + shift) for s in mm.video_spans),
+        added=added,
     )

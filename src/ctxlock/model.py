@@ -12,7 +12,7 @@ from . import accounting, caches, masks
 from .artifacts import ModelArtifacts, load_artifacts
 from .capacity import Capacity
 from .errors import ImagePlacementError, OptionError, TemplateNotFoundError
-from .images import MultimodalInput, expand
+from .images import MultimodalInput, expand, with_processor_special_tokens
 from .multimodal.base import ImageFamily
 from .multimodal.pipeline import StageOptions, plan_images, plan_videos, process_images, process_videos
 from .multimodal.registry import family_for
@@ -184,7 +184,9 @@ class Model:
         found = (process_images if decode else plan_images)(req, fam, media, stage)
         videos = (process_videos if decode else plan_videos)(req, fam, media, stage)
         rendered = self._render(req, opts)
-        return expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found, videos)
+        mm = expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found, videos)
+        # what the family's HF processor adds in its tokenize step (LLaVA's <s>); nothing for the others
+        return with_processor_special_tokens(mm, fam, self.tokenizer, self.artifacts.special_tokens.get("bos_token"))
 
     def _refuse_images(self, request: Request) -> None:
         # A model with an image processor never gets its placeholders unexpanded (vllm#16191).

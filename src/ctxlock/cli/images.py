@@ -84,6 +84,20 @@ def text_with_blocks(mm: MultimodalInput) -> tuple[str, list[tuple[int, int, str
     return "".join(parts), marks
 
 
+# each family's size parameters, in this order, those it has (Qwen2-VL, Pixtral, LLaVA)
+_SHOWN = (
+    "min_pixels",
+    "max_pixels",
+    "patch_size",
+    "merge_size",
+    "image_patch_size",
+    "max_image_size",
+    "spatial_merge_size",
+    "shortest_edge",
+    "crop_size",
+)
+
+
 def show(model: Model, mm: MultimodalInput) -> None:
     r = mm.rendered
     console.print(
@@ -113,8 +127,12 @@ def show(model: Model, mm: MultimodalInput) -> None:
             )
     _show_videos(mm)
     params = dict(mm.params)
-    shown = ", ".join(f"{k}={params[k]}" for k in ("min_pixels", "max_pixels", "patch_size", "merge_size"))
-    console.print(f"parameters {escape(shown)} (from {escape(str(params.get('source')))})")
+    shown = ", ".join(f"{k}={params[k]}" for k in _SHOWN if k in params)
+    console.print(f"parameters {escape(shown)} (from {escape(str(params.get('source', params.get('reference'))))})")
+    if "resample" in params:
+        console.print(f"resample   {escape(str(params['resample']))}")
+    if params.get("exact_vs_reference") is False:
+        console.print(f"[yellow]not exact[/] pixel values against {escape(str(params.get('reference')))}: see resample")
     console.print(f"template   {r.template.sha256}  ({escape(r.template.origin or r.template.id)})")
     console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
 

@@ -51,12 +51,15 @@ class AnimationPolicy(StrEnum):
     ERROR = "error"  # refuse with ImageDecodeError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ImageHeader:
     """What the header says, read before any pixel is decoded. `width`/`height` are as stored;
-    `oriented_size()` is (height, width) after the EXIF orientation under a policy."""
+    `oriented_size()` is (height, width) after the EXIF orientation under a policy.
 
-    sha256: str
+    `sha256` (of the whole file) is computed on first use from the bytes the header was read from (`source`):
+    counting needs the header alone, records and replay ask for the digest. Two headers are equal when their
+    fields and digests are."""
+
     n_bytes: int
     format: str  # Pillow's format name: PNG, JPEG, GIF, WEBP, BMP, TIFF
     media_type: str  # the media type the bytes' signature names, e.g. image/png
@@ -65,6 +68,37 @@ class ImageHeader:
     mode: str  # Pillow's mode as stored: RGB, RGBA, P, L, LA, CMYK, I;16, 1, ...
     frames: int
     orientation: int  # the EXIF orientation tag, 1 when absent
+    source: bytes = field(default=b"", repr=False)  # the file's bytes (the same object, not a copy)
+    digest: str = field(default="", repr=False)  # sha256 of `source`, filled on first use of `sha256`
+
+    @property
+    def sha256(self) -> str:
+        if not self.digest:
+            object.__setattr__(self, "digest", hashlib.sha256(self.source).hexdigest())
+        return self.digest
+
+    def read_from(self, data: bytes) -> bool:
+        """Whether `data` is the very object this header was read from (bytes are immutable: the same file)."""
+        return self.source is data
+
+    def identity(self) -> tuple[Any, ...]:
+        return (
+            self.n_bytes,
+            self.format,
+            self.media_type,
+            self.width,
+            self.height,
+            self.mode,
+            self.frames,
+            self.orientation,
+            self.sha256,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ImageHeader) and self.identity() == other.identity()
+
+    def __hash__(self) -> int:
+        return hash(self.identity())
 
     def oriented_size(self, policy: Orientation = Orientation.EXIF_TRANSPOSE) -> tuple[int, int]:
         """(height, width) the family sees: swapped for EXIF orientations 5-8 under exif-transpose."""

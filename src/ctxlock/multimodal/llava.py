@@ -3,16 +3,22 @@
 The reference is transformers 5's PIL backend, `CLIPImageProcessorPil` (what LLaVA-1.5's checkpoints name, and what
 transformers uses without torchvision), and `LlavaProcessor`'s expansion of `<image>`. Step by step:
 
-1. colour: anything with alpha (or a palette transparency) composited onto white, the rest `convert("RGB")`
-   (`ColourPolicy.COMPOSITE_WHITE`, transformers' `convert_to_rgb`); EXIF orientation is not applied (an image
-   processor given a PIL image does not: `Orientation.IGNORE`);
+1. load: what `apply_chat_template` does with an image part's URL or base64 (`transformers.image_utils.load_image`):
+   EXIF orientation applied (`Orientation.EXIF_TRANSPOSE`), then `convert("RGB")` (an alpha channel dropped, the
+   colour under it kept), then the processor's `convert_to_rgb` (a palette transparency composited onto white):
+   `ColourPolicy.PIL_CONVERT`. Given a Pillow image directly, the image processor instead ignores EXIF and
+   composites alpha onto white (`dataclasses.replace(family, orientation=IGNORE, colour=COMPOSITE_WHITE)`);
 2. resize: the shorter side to `shortest_edge`, the longer to `int(shortest_edge * long / short)` (truncated),
    Pillow's BICUBIC on the 8-bit RGB image;
 3. center crop to `crop_size`: top = (h - crop_h) // 2, left = (w - crop_w) // 2 (zero padding where the image is
    smaller, as transformers pads);
 4. rescale: `uint8 -> float64 * rescale_factor -> float32`; normalize `(x - mean) / std` in float32, (C, H, W);
 5. placeholders: `(crop_h // patch) * (crop_w // patch) + num_additional_image_tokens`, minus one when
-   `vision_feature_select_strategy == "default"`: 24 * 24 + 1 - 1 = 576 copies of `<image>`.
+   `vision_feature_select_strategy == "default"`: 24 * 24 + 1 - 1 = 576 copies of `<image>`;
+6. ids: `LlavaProcessor.apply_chat_template(tokenize=True)` tokenizes the prompt with `add_special_tokens=True`
+   unless it starts with the tokenizer's `bos_token` (transformers' `ProcessorMixin`), so LLaVA-1.5's ids begin
+   with `<s>`, which its template does not write: `processor_adds_special_tokens` says so, and `Model.run_images`
+   adds them (`images.with_processor_special_tokens`, recorded as `added_special_tokens`).
 
 ctxlock refuses an aspect ratio over `max_aspect` (200:1) with `ImageSizeError`: transformers would first resize a
 1 x 4000 image to 336 x 1,344,000 pixels before cropping it.
@@ -77,8 +83,9 @@ class LlavaFamily:
     image_token: str = "<image>"
     max_aspect: int = 200
     name: str = "llava"
-    orientation: Orientation = Orientation.IGNORE
-    colour: ColourPolicy = ColourPolicy.COMPOSITE_WHITE
+    orientation: Orientation = Orientation.EXIF_TRANSPOSE
+    colour: ColourPolicy = ColourPolicy.PIL_CONVERT
+    processor_adds_special_tokens: bool = True  # LlavaProcessor's tokenize step: add_special_tokens=True
 
     def __post_init__(self) -> None:
         for key in ("shortest_edge", "crop_height", "crop_width", "patch_size", "max_aspect"):
@@ -155,6 +162,7 @@ class LlavaFamily:
                 "orientation": self.orientation.value,
                 "colour": self.colour.value,
                 "max_aspect": self.max_aspect,
+                "add_special_tokens": self.processor_adds_special_tokens,
             }
         )
 
@@ -188,7 +196,7 @@ class LlavaFamily:
         )
 
     def plan(self, header: ImageHeader) -> ImagePlan:
-        return self.plan_size(header.height, header.width)
+        return self.plan_size(*header.oriented_size(self.orientation))
 
     def placeholders(self, plan: ImagePlan) -> tuple[str, ...]:
         return (self.image_token,) * plan.n_tokens

@@ -18,6 +18,7 @@ import numpy as np
 import PIL
 from PIL import Image, ImageOps
 
+from ctxlock import settings
 from ctxlock.errors import ImageDecodeError, ImageSizeError, MediaTypeError
 from ctxlock.multimodal.base import AnimationPolicy, ColourPolicy, DecodedImage, ImageHeader, Orientation
 
@@ -117,9 +118,10 @@ def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
     out: list[tuple[bytes, bytes]] = []
     pos = 8
     while pos + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        body = data[pos + 8 : pos + 8 + length]
-        out.append((kind, body if kind in (b"eXIf", b"iTXt") else b""))
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        # only the bodies read below are copied (an IDAT body is most of the file)
+        body = data[pos + 8 : pos + 8 + length] if kind in (b"eXIf", b"iTXt") else b""
+        out.append((kind, body))
         pos += 12 + length
         if kind == b"IEND":
             break
@@ -188,7 +190,6 @@ def read_header(
         if frames > MAX_FRAMES:
             raise ImageSizeError(f"{frames} frames, over the cap of {MAX_FRAMES}", path=path, hint="send one frame")
         return ImageHeader(
-            sha256=sha256(data),
             n_bytes=len(data),
             format=fmt,
             media_type=found,
@@ -197,6 +198,8 @@ def read_header(
             mode=im.mode,
             frames=frames,
             orientation=orientation if orientation in range(1, 9) else 1,
+            source=data if type(data) is bytes else bytes(data),  # the digest is computed when asked
+            digest="" if settings.fast_enabled() else sha256(data),
         )
 
 
@@ -216,7 +219,9 @@ def decode(
     path: str | None = None,
 ) -> DecodedImage:
     """Decode the first frame with Pillow under the named policies; the result is (H, W, 3) uint8 RGB."""
-    if header.sha256 != sha256(data):
+    # the bytes the header was read from (the same immutable object) need no second hash
+    same = settings.fast_enabled() and header.read_from(data)
+    if not same and header.sha256 != sha256(data):
         raise ImageDecodeError("the bytes are not those the header was read from", path=path, hint="read it again")
     if header.frames > 1 and animation is AnimationPolicy.ERROR:
         raise ImageDecodeError(
@@ -261,7 +266,7 @@ def _composite_white(im: Image.Image) -> Image.Image:
         rgba = im.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    return im.convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")  # convert("RGB") of an RGB image is a copy of it
 
 
 def to_rgb(im: Image.Image, colour: ColourPolicy) -> np.ndarray:
@@ -269,7 +274,8 @@ def to_rgb(im: Image.Image, colour: ColourPolicy) -> np.ndarray:
     # PIL_CONVERT: load_image's convert("RGB"), then the image processor's convert_to_rgb on what it returns (a
     # palette image's transparency survives convert("RGB") in `info`, and is then composited onto white).
     source = im.convert("RGB") if colour is ColourPolicy.PIL_CONVERT else im
-    return np.array(_composite_white(source), dtype=np.uint8)
+    # asarray: Pillow's bytes viewed, not copied a second time (read-only, as DecodedImage keeps it anyway)
+    return np.asarray(_composite_white(source), dtype=np.uint8)
 
 
 def fingerprint(rgb: np.ndarray, side: int = 8) -> tuple[int, ...]:

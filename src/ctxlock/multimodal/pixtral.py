@@ -10,19 +10,22 @@ mistral-common turns an image into tokens and pixels like this, and so does this
 4. tokens: `[IMG]` x cols then `[IMG_BREAK]`, per row, with the very last token replaced by `[IMG_END]`:
    `rows * (cols + 1)` tokens;
 5. pixels: any non-RGB mode composited onto white (`ColourPolicy.COMPOSITE_WHITE`), float32, resized to
-   `(cols * patch * merge, rows * patch * merge)` with OpenCV's bicubic (`resample.cubic_resize`, OpenCV's own
-   algorithm, without Intel IPP: see below), divided by 255, minus the mean, over the std, laid out (C, H, W).
+   `(cols * patch * merge, rows * patch * merge)` with OpenCV's bicubic, divided by 255, minus the mean, over the
+   std, laid out (C, H, W).
 
-Not exact: opencv-python's x86 wheels run some resizes through Intel IPP, whose bicubic weights are computed in
-double precision, so mistral-common's own pixels differ between machines (and between image sizes on one machine)
-by up to ~1e-4 after normalization. ctxlock computes OpenCV's portable algorithm (what `cv2.ipp.setUseIPP(False)`
-gives), equal to it within 1e-5; `params()["resample"]` names it and records say so.
+The resize is mistral-common's own call, `cv2.resize(float32, size, interpolation=cv2.INTER_CUBIC)`, when OpenCV
+is installed (`pip install ctxlock[opencv]`): then the pixels are mistral-common's bit for bit in the same process
+(OpenCV's x86 wheels send some resizes through Intel IPP, whose bicubic is not OpenCV's portable algorithm, so
+mistral-common's own pixels depend on the OpenCV build and the CPU; ctxlock calls the same build). Without OpenCV,
+`resample.cubic_resize` computes OpenCV's portable algorithm in numpy: not exact against mistral-common, max |diff|
+<= `resample.PORTABLE_MAX_DIFF` (2e-4, measured 1.14e-4) after normalization. `params()` names the resizer and its
+version (`resizer`, `resizer_version`, `resample`), so a record says which one ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,7 @@ from ctxlock.errors import ImageSizeError
 from ctxlock.frozen import FrozenDict, freeze
 
 from .base import ColourPolicy, DecodedImage, ImageHeader, ImagePlan, Orientation, Preprocessed, ResizeStep
-from .resample import cubic_resize
+from .resample import Resizer
 
 __all__ = ["DATASET_MEAN", "DATASET_STD", "MAX_ASPECT", "PixtralFamily", "pixtral_grid"]
 
@@ -77,8 +80,16 @@ class PixtralFamily:
     name: str = "pixtral"
     orientation: Orientation = Orientation.IGNORE
     colour: ColourPolicy = ColourPolicy.COMPOSITE_WHITE
+    # OpenCV (exact against mistral-common) when installed, else the portable numpy resizer (not exact)
+    resizer: Resizer = field(default_factory=Resizer.detect)
 
     def __post_init__(self) -> None:
+        if self.resizer.kind not in ("opencv", "portable"):
+            raise ImageSizeError(
+                f"unknown resizer {self.resizer.kind!r}",
+                path="resizer",
+                hint='use Resizer.detect(), Resizer.portable() or Resizer("opencv", version)',
+            )
         for field_name in ("image_patch_size", "max_image_size", "spatial_merge_size", "max_aspect"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -112,7 +123,10 @@ class PixtralFamily:
                 "max_image_size": self.max_image_size,
                 "spatial_merge_size": self.spatial_merge_size,
                 "downscale": "ratio = max(w, h) / max_image_size; if > 1: round(w / ratio), round(h / ratio), min 1",
-                "resample": "opencv INTER_CUBIC (A=-0.75, replicate border, float32, no IPP)",
+                "resample": self.resizer.describe(),
+                "resizer": self.resizer.kind,
+                "resizer_version": self.resizer.version,
+                "exact_vs_reference": self.resizer.exact,
                 "rescale_factor": 1 / 255,
                 "image_mean": list(self.image_mean),
                 "image_std": list(self.image_std),
@@ -166,13 +180,17 @@ class PixtralFamily:
         return tuple(tokens)
 
     def pixel_values(self, rgb: np.ndarray, plan: ImagePlan) -> np.ndarray:
-        """(3, H, W) float32 for (h, w, 3) uint8 RGB pixels, under `plan`."""
+        """(3, H, W) float32 for (h, w, 3) uint8 RGB pixels, under `plan` (a transposed view of an (H, W, 3)
+        array, as mistral-common's own result is)."""
         out_h, out_w = plan.resized
-        image = cubic_resize(np.asarray(rgb), out_w, out_h)
-        image = np.divide(image, np.float32(255.0), dtype=np.float32)  # a new C-contiguous array
+        resized = self.resizer(np.asarray(rgb), out_w, out_h)
+        # mistral-common's `normalize`, the same float32 operations in the same order (in place on OpenCV's
+        # fresh array; the portable resizer's view gets a new one)
+        own = resized.flags.c_contiguous and resized.flags.writeable and resized.dtype == np.float32
+        image = np.divide(resized, np.float32(255.0), dtype=np.float32, out=resized if own else None)
         image -= np.asarray(self.image_mean, dtype=np.float32)
         image /= np.asarray(self.image_std, dtype=np.float32)
-        return np.ascontiguousarray(image.transpose(2, 0, 1))
+        return image.transpose(2, 0, 1)  # (C, H, W), a view, as mistral-common returns it
 
     def preprocess(self, image: DecodedImage) -> Preprocessed:
         height, width = image.size

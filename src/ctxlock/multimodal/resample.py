@@ -1,20 +1,42 @@
-"""OpenCV's `cv2.resize(..., interpolation=cv2.INTER_CUBIC)` on float32 images, in numpy.
+"""OpenCV's `cv2.resize(..., interpolation=cv2.INTER_CUBIC)` on float32 images: OpenCV itself when installed, else
+OpenCV's portable algorithm in numpy.
 
-mistral-common resizes Pixtral images with OpenCV; ctxlock does not depend on OpenCV, so this module computes the
-same thing: a separable 4-tap cubic convolution with OpenCV's constant A = -0.75, source coordinates
-`(dst + 0.5) * scale - 0.5` with `scale = 1 / (dst_size / src_size)` (OpenCV's own double arithmetic), the offsets
-and weights rounded to float32 as OpenCV computes them, and out-of-range taps clamped to the edge
-(OpenCV's replicate border). No antialiasing when shrinking, exactly as OpenCV. Two passes in float32, each
-gathering whole rows (the image is transposed between them); OpenCV goes across then down, this goes down then
-across: the same sums rounded in another order, within ~1e-4 of a level (1e-6 after normalization).
-`tests/test_mm_pixtral.py` holds it to OpenCV (without IPP) within 1e-5 after normalization.
+mistral-common resizes Pixtral images with `cv2.resize(np.array(rgb, dtype=np.float32), (w, h),
+interpolation=cv2.INTER_CUBIC)` (`mistral_common/tokens/tokenizers/image.py`, `transform_image`). With OpenCV
+installed (`ctxlock[opencv]`, any of the opencv-python wheels), the "opencv" `Resizer` makes exactly that call,
+in the same process and with OpenCV's own IPP setting, so its result is mistral-common's bit for bit. Without it,
+`Resizer.portable()` computes the same thing in numpy: a separable 4-tap cubic convolution with OpenCV's constant
+A = -0.75, source coordinates `(dst + 0.5) * scale - 0.5` with `scale = 1 / (dst_size / src_size)` (OpenCV's own
+double arithmetic), the offsets and weights rounded to float32 as OpenCV computes them, and out-of-range taps
+clamped to the edge (OpenCV's replicate border). No antialiasing when shrinking, exactly as OpenCV. Two passes in
+float32, each gathering whole rows (the image is transposed between them); OpenCV goes across then down, this goes
+down then across: the same sums rounded in another order, within ~1e-4 of a level (1e-6 after normalization).
+`tests/test_mm_pixtral.py` holds it to OpenCV (without IPP) within 1e-5 after normalization. It is not exact
+against mistral-common when OpenCV's x86 wheels route a resize through Intel IPP (whose bicubic weights are
+double precision): up to `PORTABLE_MAX_DIFF` after normalization, measured; a record names which resizer ran.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["CUBIC_A", "cubic_resize"]
+__all__ = ["CUBIC_A", "OPENCV_DISTRIBUTIONS", "PORTABLE_MAX_DIFF", "Resizer", "cubic_resize", "opencv_resize"]
+
+# The PyPI distributions that install the `cv2` module, in the order their version is looked up.
+OPENCV_DISTRIBUTIONS = (
+    "opencv-python-headless",
+    "opencv-python",
+    "opencv-contrib-python-headless",
+    "opencv-contrib-python",
+)
+# The portable resizer against mistral-common with OpenCV's IPP on, after normalization (/255, /std): the largest
+# difference measured (tests/test_mm_pixtral.py's corpus and bench_images_families.py's 100 images: 1.14e-4),
+# and the bound the tests hold it to.
+PORTABLE_MAX_DIFF = 2e-4
 
 CUBIC_A = np.float32(-0.75)
 
@@ -67,3 +89,59 @@ def cubic_resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
     down = _rows(image, height)  # (height, W, C)
     across = _rows(np.ascontiguousarray(down.transpose(1, 0, 2)), width)  # (width, height, C)
     return across.transpose(1, 0, 2)
+
+
+def opencv_resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """mistral-common's call: `cv2.resize(image as float32, (width, height), interpolation=cv2.INTER_CUBIC)`, for a
+    float32 or uint8 (H, W, C) array; (height, width, C) float32. Needs OpenCV (`ctxlock[opencv]`)."""
+    import cv2  # optional (ctxlock[opencv]); 0.1-0.7 s to import, so only when an image is resized
+
+    out = cv2.resize(np.asarray(image, dtype=np.float32), (width, height), interpolation=cv2.INTER_CUBIC)
+    return out.reshape(height, width, -1)
+
+
+def _opencv_version() -> str | None:
+    if importlib.util.find_spec("cv2") is None:
+        return None
+    for dist in OPENCV_DISTRIBUTIONS:
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "cv2 (distribution unknown)"
+
+
+@dataclass(frozen=True)
+class Resizer:
+    """Which bicubic resize a Pixtral image goes through, named for records: `kind` "opencv" (OpenCV itself, exact
+    against mistral-common) or "portable" (ctxlock's numpy, OpenCV's algorithm without IPP: not exact)."""
+
+    kind: str
+    version: str  # "opencv-python-headless 5.0.0.93", or "ctxlock numpy"
+
+    @classmethod
+    def detect(cls) -> Resizer:
+        """OpenCV when the `cv2` module is installed (found without importing it), else the portable resizer."""
+        version = _opencv_version()
+        return cls.portable() if version is None else cls("opencv", version)
+
+    @classmethod
+    def portable(cls) -> Resizer:
+        return cls("portable", "ctxlock numpy")
+
+    @property
+    def exact(self) -> bool:
+        return self.kind == "opencv"
+
+    def describe(self) -> str:
+        if self.exact:
+            return f"{self.version}: cv2.resize INTER_CUBIC on float32, as mistral-common calls it (IPP as OpenCV sets)"
+        return (
+            "ctxlock's numpy port of OpenCV INTER_CUBIC (A=-0.75, replicate border, float32, no IPP): not exact vs "
+            f"mistral-common: max |diff| <= {PORTABLE_MAX_DIFF:g} after normalization (install ctxlock[opencv])"
+        )
+
+    def __call__(self, image: np.ndarray, width: int, height: int) -> np.ndarray:
+        if self.exact:
+            return opencv_resize(image, width, height)
+        return cubic_resize(image, width, height)

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from conformance import conversations
+from ctxlock import caches
 from ctxlock.artifacts import load_template_file
 from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
@@ -200,6 +201,59 @@ def test_metrics_are_prometheus_text(http: httpx.Client) -> None:
     assert 'ctxlock_tokens_total{model="nemo"}' in text
     for line in text.splitlines():
         assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2
+
+
+def _samples(text: str, name: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(name + r'\{cache="([^"]+)"\} (\S+)', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_metrics_cache_hits_misses_and_ratio(http: httpx.Client) -> None:
+    # A request never seen before misses the run cache; the same request again is answered from the caches.
+    novel = {"model": "nemo", "messages": [{"role": "user", "content": f"metrics probe {time.time_ns()}"}]}
+    ok(http.post("/tokenize", json=novel))
+    before = http.get("/metrics").text
+    ok(http.post("/tokenize", json=novel))
+    after = http.get("/metrics").text
+    assert "# TYPE ctxlock_cache_hits_total counter" in after and "# TYPE ctxlock_cache_hit_ratio gauge" in after
+    h0, h1 = _samples(before, "ctxlock_cache_hits_total"), _samples(after, "ctxlock_cache_hits_total")
+    m0, m1 = _samples(before, "ctxlock_cache_misses_total"), _samples(after, "ctxlock_cache_misses_total")
+    ratio = _samples(after, "ctxlock_cache_hit_ratio")
+    assert "tokenizer.runs" in h1 and "request.memo.messages" in h1
+    assert h1["request.memo.messages"] > h0.get("request.memo.messages", 0)  # the repeat hit the memo
+    assert all(h1[c] >= h0.get(c, 0) and m1[c] >= m0.get(c, 0) for c in h1)  # counters never go down
+    for cache, r in ratio.items():
+        if cache != "all":
+            assert r == pytest.approx(h1[cache] / (h1[cache] + m1[cache]), abs=1e-6)
+    assert ratio["all"] == pytest.approx(sum(h1.values()) / (sum(h1.values()) + sum(m1.values())), abs=1e-6)
+    # Every registered cache has a size line; those that count nothing have no counters (never a made-up 0).
+    sizes = _samples(after, "ctxlock_cache_entries")
+    assert set(h1) <= set(sizes) and set(h1) == set(m1)
+
+
+def test_the_cache_registry_counts_hits_and_misses() -> None:
+    lru: caches.LRU[str, int] = caches.LRU(f"test.serve.lru.{time.time_ns()}", max_items=2)
+    lru.put("a", 1)
+    assert lru.get("a") == 1 and lru.get("b") is None and lru.get("a") == 1
+    lru.clear()  # emptying a cache keeps its counts: they are counters
+    info = caches.cache_info()[lru.name]
+    assert (info.hits, info.misses, info.size) == (2, 1, 0)
+
+    @caches.memoize(f"test.serve.memo.{time.time_ns()}", 4)
+    def double(x: int) -> int:
+        return 2 * x
+
+    name = next(n for n in caches.cache_info() if n.startswith("test.serve.memo."))
+    for x in (1, 1, 2, 1):
+        double(x)
+    caches.clear_caches("request")
+    double(1)
+    info = caches.cache_info()[name]
+    assert (info.hits, info.misses, info.size) == (2, 3, 1)
 
 
 # --- exactness ----------------------------------------------------------------------------------------------------

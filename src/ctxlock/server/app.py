@@ -354,8 +354,7 @@ async def healthz(_request: Request) -> Response:
 
 def metrics_route(svc: Service) -> Callable:
     async def endpoint(_request: Request) -> Response:
-        sizes = {name: info.size for name, info in caches.cache_info().items()}
-        text = svc.metrics.render(sizes, in_flight=svc.pool.admitted)
+        text = svc.metrics.render(caches.cache_info(), in_flight=svc.pool.admitted)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return endpoint

@@ -415,6 +415,7 @@ def test_without_a_token_every_protected_route_is_401(server: str) -> None:
         ("GET", "/v1/models"),
         ("GET", "/metrics"),
         ("GET", "/records/abcd/view"),
+        ("GET", "/diff/abcd/abcd/view"),
     ]
     for token in (None, "wrong", TOKEN + "x", TOKEN[:-1]):
         with client(server, token=token) as c:

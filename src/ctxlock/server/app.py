@@ -40,7 +40,7 @@ from ..request import Utf8Policy
 from ..request.jsonread import loads_strict
 from ..store import Store
 from ..usage import PriceTable
-from ..viewer import CSP, record_page
+from ..viewer import CSP, diff_page, record_page
 from ..wire import fit_to_dict, run_to_dict
 from . import shapes
 from .config import ServeConfig, load_config
@@ -348,6 +348,22 @@ def record_view(svc: Service, request: Request, _data: bytes) -> Callable[[], An
     return work
 
 
+def diff_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
+    """GET /diff/{a}/{b}/view: two records side by side, the first divergence (the diff module's) highlighted."""
+
+    def work() -> Any:
+        ids = request.path_params["a"], request.path_params["b"]
+        with svc.store() as store:
+            ra, rb = (load_record(store, rid) for rid in ids)
+            with record_values(ra, rb):
+                result = diff(ra, rb).to_dict()
+                with materialized(ra, store) as (ma, _), materialized(rb, store) as (mb, _):
+                    page = diff_page([(ids[0], ra.data, ma.tokenizer), (ids[1], rb.data, mb.tokenizer)], result)
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
+
+    return work
+
+
 async def healthz(_request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -400,6 +416,7 @@ def routes(svc: Service) -> list[Route]:
         post("/v1/diff", records_diff),
         get("/v1/models", models),
         get("/records/{id}/view", record_view),
+        get("/diff/{a}/{b}/view", diff_view),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_route(svc), methods=["GET"]),
     ]

@@ -30,6 +30,7 @@ import fetched
 from conformance import conversations
 from ctxlock import caches
 from ctxlock.artifacts import load_template_file
+from ctxlock.server.edge import RateLimiter
 from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
 # The anchors' documented response fields (vLLM TokenizeResponse / DetokenizeResponse, llama.cpp server README,
@@ -562,3 +563,34 @@ def test_record_view_is_one_self_contained_page(http: httpx.Client, server: str,
     )
     assert cli.returncode == 0, cli.stderr
     assert out.read_text("utf-8") == page
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.1, 100.0),
+    burst=st.integers(0, 20),
+    gaps=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=200),
+)
+def test_the_rate_limiter_never_lets_through_more_than_burst_plus_rate_times_time(
+    rate: float, burst: int, gaps: list[float]
+) -> None:
+    limiter = RateLimiter(rate, burst)
+    now, allowed = 0.0, 0
+    for gap in gaps:
+        now += gap
+        wait = limiter.wait("token", now)
+        if wait == 0.0:
+            allowed += 1
+        else:
+            assert wait > 0 and limiter.wait("token", now + wait + 1e-9) == 0.0  # Retry-After is honest
+            allowed += 1
+            now += wait + 1e-9
+    assert allowed <= limiter.capacity + rate * now + 1e-6
+
+
+def test_the_rate_limiter_keeps_a_bounded_number_of_buckets_under_many_addresses() -> None:
+    limiter = RateLimiter(1.0, 1, max_keys=64)
+    for k in range(10_000):  # a flood from distinct client addresses
+        limiter.wait(("client", f"10.0.{k // 256}.{k % 256}"), 0.0)
+        assert len(limiter.buckets) <= 64
+    assert limiter.wait(("client", "10.0.39.15"), 0.0) > 0  # the newest addresses are still limited

@@ -447,8 +447,15 @@ def create_app(config: ServeConfig) -> Edge:
                 return r.path
         return "(unmatched)"
 
+    lim = config.limits
     edge = Edge(
-        app, tokens=config.tokens, max_body=config.limits.max_body_bytes, metrics=svc.metrics, route_of=route_of
+        app,
+        tokens=config.tokens,
+        max_body=lim.max_body_bytes,
+        metrics=svc.metrics,
+        route_of=route_of,
+        rate=lim.requests_per_second,
+        burst=lim.burst,
     )
     edge.service = svc  # type: ignore[attr-defined]
     return edge

@@ -4,8 +4,8 @@ defaults (no config: the embedded model, loopback); a non-loopback bind without 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import sqlite3
 import subprocess

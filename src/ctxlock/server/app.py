@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from ..replay import materialized, record_values, replay, run_and_record, save
 from ..request import Utf8Policy
 from ..request.jsonread import loads_strict
 from ..store import Store
+from ..tokenizer import Tokenizer
 from ..usage import PriceTable
 from ..viewer import CSP, diff_page, record_page
 from ..wire import fit_to_dict, run_to_dict
@@ -47,6 +48,7 @@ from .config import ServeConfig, load_config
 from .edge import Edge, as_ctxlock_error, error_body
 from .metrics import Metrics
 from .models import Models, ServedModel
+from .openapi import openapi_document
 from .pool import Pool
 
 CONFIG_ENV = "CTXLOCK_SERVE_CONFIG"
@@ -334,15 +336,29 @@ def models(svc: Service, _request: Request, _data: bytes) -> Callable[[], Any]:
     return work
 
 
+@contextlib.contextmanager
+def record_tokenizer(svc: Service, rec: ExecutionRecord, store: Store) -> Iterator[Tokenizer]:
+    """The tokenizer a record was made with: a served model's own when its artifact digest (and vocabulary size) is
+    the record's, else rebuilt from the record's stored artifacts (about a second for a large vocabulary)."""
+    want = (rec.data.get("tokenizer") or {}).get("sha256")
+    for sm in svc.models.by_name.values():
+        tok = sm.model.tokenizer
+        if want is not None and tok.sha256 == want and tok.vocab_size == rec.data["tokenizer"].get("vocab_size"):
+            yield tok
+            return
+    with materialized(rec, store) as (model, _template):
+        yield model.tokenizer
+
+
 def record_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
-    """GET /records/{id}/view: the record as one self-contained HTML page, its tokens from its own artifacts."""
+    """GET /records/{id}/view: the record as one self-contained HTML page, its tokens from its own tokenizer."""
 
     def work() -> Any:
         rid = request.path_params["id"]
         with svc.store() as store:
             rec = load_record(store, rid)
-            with record_values(rec), materialized(rec, store) as (model, _template):
-                page = record_page(rid, rec.data, model.tokenizer)
+            with record_values(rec), record_tokenizer(svc, rec, store) as tokenizer:
+                page = record_page(rid, rec.data, tokenizer)
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
 
     return work
@@ -357,8 +373,11 @@ def diff_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]
             ra, rb = (load_record(store, rid) for rid in ids)
             with record_values(ra, rb):
                 result = diff(ra, rb).to_dict()
-                with materialized(ra, store) as (ma, _), materialized(rb, store) as (mb, _):
-                    page = diff_page([(ids[0], ra.data, ma.tokenizer), (ids[1], rb.data, mb.tokenizer)], result)
+                sha_a, sha_b = ((r.data.get("tokenizer") or {}).get("sha256") for r in (ra, rb))
+                same = sha_a is not None and sha_a == sha_b
+                with record_tokenizer(svc, ra, store) as ta, contextlib.ExitStack() as stack:
+                    tb = ta if same else stack.enter_context(record_tokenizer(svc, rb, store))
+                    page = diff_page([(ids[0], ra.data, ta), (ids[1], rb.data, tb)], result)
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
 
     return work
@@ -372,6 +391,15 @@ def metrics_route(svc: Service) -> Callable:
     async def endpoint(_request: Request) -> Response:
         text = svc.metrics.render(caches.cache_info(), in_flight=svc.pool.admitted)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return endpoint
+
+
+def openapi_route() -> Callable:
+    document = openapi_document()
+
+    async def endpoint(_request: Request) -> Response:
+        return JSONResponse(document)
 
     return endpoint
 
@@ -419,6 +447,7 @@ def routes(svc: Service) -> list[Route]:
         get("/diff/{a}/{b}/view", diff_view),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_route(svc), methods=["GET"]),
+        Route("/openapi.json", openapi_route(), methods=["GET"]),
     ]
 
 

@@ -6,6 +6,7 @@ in-process `Model.encode` median of the same request (the work without HTTP) and
 /healthz` round trip at 1 connection: the same client, server and loop, no work), for 1 and 2 worker processes.
 
     PYTHONPATH=src python benchmarks/bench_serve.py [--requests 400] [--seconds 20] [--workers 1 2]
+    PYTHONPATH=src python benchmarks/bench_serve.py --breakdown     # where one request's time goes, in-process
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -145,13 +147,79 @@ def in_process_median(rounds: int = 200) -> float:
     return 1000 * statistics.median(times)
 
 
+def breakdown(rounds: int = 300) -> dict[str, float]:
+    """Where one `POST /tokenize` goes, in this process (no sockets): the body parse, the work on this (main) thread,
+    the same work through the server's pool (the hop to a worker thread, where the render's deadline is a line
+    tracer instead of the main thread's SIGALRM timer), the JSON answer, and the whole ASGI app for /tokenize and
+    for /healthz. Each round times every step once (interleaved); medians in ms."""
+    import asyncio  # the breakdown only: the load runs above do not need these
+
+    from starlette.responses import JSONResponse
+
+    from ctxlock.server import shapes
+    from ctxlock.server.app import create_app, object_body
+    from ctxlock.server.config import parse_config
+
+    edge = create_app(parse_config({"models": {"nemo": {"spec": "mistral-nemo"}}}, base=Path("."), source="bench"))
+    svc = edge.service  # type: ignore[attr-defined]
+    sm = svc.models.get("nemo")
+    body = json.dumps(REQUEST).encode()
+    work = lambda: shapes.vllm_tokenize(sm, REQUEST, allow_named=False)  # noqa: E731
+    answer = work()
+
+    def scope(path: str, method: str) -> dict:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        return {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+                "headers": headers, "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 1),
+                "client": ("127.0.0.1", 2), "root_path": ""}  # fmt: skip
+
+    async def asgi(path: str, method: str) -> None:
+        async def receive() -> dict:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(_message: dict) -> None:
+            return None
+
+        await edge(scope(path, method), receive, send)
+
+    async def sync(fn: Any) -> Any:
+        return fn()
+
+    # The event loop runs on the main thread, as uvicorn's does; "the main thread" is the loop's own thread here.
+    steps = {
+        "parse the body": lambda: sync(lambda: object_body(body)),
+        "work on the main thread": lambda: sync(work),
+        "work through the pool": lambda: svc.pool.run(work),
+        "JSON answer": lambda: sync(lambda: JSONResponse(answer).body),
+        "ASGI app, POST /tokenize": lambda: asgi("/tokenize", "POST"),
+        "ASGI app, GET /healthz": lambda: asgi("/healthz", "GET"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in steps}
+
+    async def measure() -> None:
+        for _ in range(rounds):
+            for name, fn in steps.items():
+                t = time.perf_counter()
+                await fn()
+                times[name].append(time.perf_counter() - t)
+
+    asyncio.run(measure())
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=400, help="requests per run (each run also stops at --seconds)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--breakdown", action="store_true", help="only the in-process breakdown of one request")
     args = ap.parse_args()
+    if args.breakdown:
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        for name, ms in breakdown().items():
+            print(f"{name:<28} {ms:8.3f} ms")
+        return
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     encode_ms = in_process_median()
     print(f"in-process Model.encode median: {encode_ms:.3f} ms (same request, warm)")

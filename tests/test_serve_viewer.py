@@ -21,6 +21,7 @@ SEED = Path(__file__).resolve().parents[1] / "examples" / "seed-sky-injection.js
 # The README's screenshot (docs/serve-viewer.png) is rewritten only on request (CTXLOCK_UPDATE_SCREENSHOT=1): the
 # record id in its heading changes from run to run, and `make test` must leave the checkout clean.
 DOCS_SHOT = Path(__file__).resolve().parents[1] / "docs" / "serve-viewer.png"
+DOCS_DIFF_SHOT = DOCS_SHOT.with_name("serve-diff.png")
 
 
 STORES: dict[str, Path] = {}
@@ -85,7 +86,7 @@ def test_the_diff_view_in_headless_chromium(served: tuple[str, dict], tmp_path: 
     div, first = expected["first_divergence"], expected["ids"]["first_difference"]
     assert div is not None and first is not None
     page_url = f"{url}/diff/{a['record_id']}/{b['record_id']}/view"
-    shot = tmp_path / "serve-diff.png"
+    shot = DOCS_DIFF_SHOT if os.environ.get("CTXLOCK_UPDATE_SCREENSHOT") == "1" else tmp_path / "serve-diff.png"
     requests: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -111,7 +112,7 @@ def test_the_diff_view_in_headless_chromium(served: tuple[str, dict], tmp_path: 
                 assert column.nth(first).evaluate("e => e.classList.contains('diverge')")
                 assert marked.evaluate("e => getComputedStyle(e).outlineColor") == "rgb(255, 102, 0)"
             assert a["input_ids"][:first] == b["input_ids"][:first] and a["input_ids"][first] != b["input_ids"][first]
-            page.screenshot(path=str(shot), full_page=False)
+            page.screenshot(path=str(shot), clip={"x": 0, "y": 0, "width": 1200, "height": 440})
         finally:
             browser.close()
     assert requests == [page_url]  # self-contained: nothing else is loaded

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
+from ctxlock.record import LAYERS
 from serve_server import SRC, TOKEN, client, running, write_config
 
 CHROMIUM = "/usr/bin/chromium"
@@ -69,6 +70,11 @@ def test_the_viewer_in_headless_chromium(served: tuple[str, dict], tmp_path: Pat
             assert colour == "rgb(221, 0, 0)"
             title = chips.nth(2).get_attribute("title")
             assert title is not None and title.startswith(f"id {ids[2]} | bytes ")
+            # The layer summary: one row per layer of the record, in the pipeline's order, with its digests.
+            layers = page.locator("#layers tr").evaluate_all("els => els.map(e => e.dataset.layer)")
+            assert layers == list(LAYERS)
+            rendered_row = page.locator('#layers tr[data-layer="rendered"]').inner_text()
+            assert "sha256 " in rendered_row
             controls = page.locator("#tokens .chip.k-control")
             assert controls.count() == len(rendered["control_tokens"])
             page.screenshot(path=str(shot), clip={"x": 0, "y": 0, "width": 900, "height": 420})

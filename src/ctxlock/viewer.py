@@ -1,7 +1,8 @@
 """One execution record as a self-contained HTML page (no script or style from elsewhere, no external request): the
 rendered input as token chips coloured by provenance, neutralized control-token strings marked, each chip's id,
-bytes and request path on hover, and the digests. Shared by `GET /records/{id}/view` and `ctxlock view`; and two
-records side by side with their first divergence (`GET /diff/{a}/{b}/view`, `ctxlock view A B`)."""
+bytes and request path on hover, the layer summary and the digests. Shared by `GET /records/{id}/view` and
+`ctxlock view`; and two records side by side with their first divergence (`GET /diff/{a}/{b}/view`, `ctxlock view
+A B`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import html
 import json
 from typing import Any
 
+from .record import COMPARERS, LAYERS
 from .tokenizer import Tokenizer
 
 # No script, no request: only the inline style may load.
@@ -146,6 +148,27 @@ def _head(title: str) -> str:
     )
 
 
+def _section(value: Any) -> str:
+    if value is None:
+        return "absent"
+    if isinstance(value, dict):
+        sha = value.get("sha256")
+        return f"sha256 {sha[:12]}…" if isinstance(sha, str) else f"{len(value)} fields"
+    if isinstance(value, list):
+        return f"{len(value)} items"
+    return str(value)
+
+
+def layer_summary(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """One row per layer of the record, in the pipeline's order (`record.LAYERS`): the record sections its comparer
+    reads (what `ctxlock diff` compares for it), each with its digest, or its size when it has none."""
+    rows = []
+    for layer in LAYERS:
+        reads = COMPARERS[layer].reads
+        rows.append((layer, "; ".join(f"{name}: {_section(data.get(name))}" for name in reads)))
+    return rows
+
+
 def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> str:
     """The HTML page of one record (one string: inline style, no script from elsewhere)."""
     items, exact = chips(data, tokenizer)
@@ -163,11 +186,15 @@ def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> s
     }
     note = "" if exact else "<p class=note>token spans not exact for this tokenizer: chips carry no provenance</p>"
     budget = json.dumps((data.get("decisions") or {}).get("budget"), ensure_ascii=False)
+    layers = "".join(
+        f'<tr data-layer="{esc(k)}"><td>{esc(k)}</td><td>{esc(v)}</td></tr>' for k, v in layer_summary(data)
+    )
     return f"""{_head(f"ctxlock record {record_id[:12]}")}<body><h1>record {esc(record_id)}</h1>
 <p>model {esc(str((data.get("model") or {}).get("id")))} · {len(items)} tokens</p>{note}
 <div id="tokens">{_chip_spans(items)}</div>
 <h2>tokens per part</h2><table id="parts">{rows}</table>
 <h2>budget decisions</h2><pre>{esc(budget)}</pre>
+<h2>layers</h2><table id="layers">{layers}</table>
 <h2>digests</h2><pre>{esc(json.dumps(digests, indent=2))}</pre>
 </body></html>
 """

@@ -46,9 +46,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(workers: int, root: Path) -> tuple[subprocess.Popen, str]:
+def start(workers: int, root: Path, pool: int = 2) -> tuple[subprocess.Popen, str]:
     cfg = root / "ctxlock.toml"
-    cfg.write_text('[limits]\npool_size = 2\nqueue_depth = 64\n\n[models.nemo]\nspec = "mistral-nemo"\n', "utf-8")
+    cfg.write_text(f'[limits]\npool_size = {pool}\nqueue_depth = 64\n\n[models.nemo]\nspec = "mistral-nemo"\n', "utf-8")
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -213,6 +213,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--pool", type=int, default=2, help="limits.pool_size of each worker process")
     ap.add_argument("--breakdown", action="store_true", help="only the in-process breakdown of one request")
     args = ap.parse_args()
     if args.breakdown:
@@ -227,7 +228,7 @@ def main() -> None:
     fixed: dict[int, float] = {}
     for workers in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
-            proc, url = start(workers, Path(tmp))
+            proc, url = start(workers, Path(tmp), args.pool)
             try:
                 h = load(url, 1, args.requests, args.seconds, path="/healthz")
                 fixed[workers] = h["p50_ms"]

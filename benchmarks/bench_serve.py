@@ -1,14 +1,18 @@
 """`ctxlock serve` under load: the real server (a subprocess, uvicorn on a loopback port) driven by a real HTTP
-client (httpx, one connection per client thread) at 1, 8 and 32 concurrent connections, each run bounded by a
-request count and a time limit. Reports requests/s, p50 and p99 latency and errors, beside the in-process
-`Model.encode` median of the same request (the work without HTTP), for 1 and 2 worker processes.
+client (the standard library's `http.client`, one keep-alive connection per client thread: the lightest real
+client, so that the client takes as little of the machine's CPU as it can) at 1, 8 and 32 concurrent connections,
+each run bounded by a request count and a time limit. Reports requests/s, p50 and p99 latency and errors, beside the
+in-process `Model.encode` median of the same request (the work without HTTP) and the fixed HTTP cost (a `GET
+/healthz` round trip at 1 connection: the same client, server and loop, no work), for 1 and 2 worker processes.
 
     PYTHONPATH=src python benchmarks/bench_serve.py [--requests 400] [--seconds 20] [--workers 1 2]
+    PYTHONPATH=src python benchmarks/bench_serve.py --breakdown     # where one request's time goes, in-process
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -20,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,9 +46,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(workers: int, root: Path) -> tuple[subprocess.Popen, str]:
+def start(workers: int, root: Path, pool: int = 2) -> tuple[subprocess.Popen, str]:
     cfg = root / "ctxlock.toml"
-    cfg.write_text('[limits]\npool_size = 2\nqueue_depth = 64\n\n[models.nemo]\nspec = "mistral-nemo"\n', "utf-8")
+    cfg.write_text(f'[limits]\npool_size = {pool}\nqueue_depth = 64\n\n[models.nemo]\nspec = "mistral-nemo"\n', "utf-8")
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -67,9 +72,9 @@ def start(workers: int, root: Path) -> tuple[subprocess.Popen, str]:
         try:
             if httpx.get(url + "/healthz", timeout=2).status_code == 200:
                 # Every worker process loads the model: wait until requests are answered quickly.
-                with httpx.Client(base_url=url) as c:
-                    for _ in range(4 * workers):
-                        c.post("/tokenize", json=REQUEST)
+                # (a new connection each: the kernel spreads them over the worker processes)
+                for _ in range(8 * workers):
+                    httpx.post(url + "/tokenize", json=REQUEST, timeout=30)
                 return proc, url
         except httpx.TransportError:
             time.sleep(0.3)
@@ -77,15 +82,20 @@ def start(workers: int, root: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not start")
 
 
-def load(url: str, connections: int, total: int, seconds: float) -> dict[str, float]:
+def load(url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize") -> dict[str, float]:
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
     left = [total]
     stop_at = time.monotonic() + seconds
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(REQUEST).encode()
+    method = "GET" if path == "/healthz" else "POST"
+    headers = {"Content-Type": "application/json"}
 
     def client() -> None:
-        with httpx.Client(base_url=url, timeout=30) as c:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
             while time.monotonic() < stop_at:
                 with lock:
                     if left[0] <= 0:
@@ -93,14 +103,20 @@ def load(url: str, connections: int, total: int, seconds: float) -> dict[str, fl
                     left[0] -= 1
                 t = time.perf_counter()
                 try:
-                    r = c.post("/tokenize", json=REQUEST)
-                    bad = r.status_code != 200
-                except httpx.HTTPError:
+                    conn.request(method, path, body=body if method == "POST" else None, headers=headers)
+                    r = conn.getresponse()
+                    r.read()
+                    bad = r.status != 200
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                    conn = http.client.HTTPConnection(host, int(port), timeout=30)
                     bad = True
                 dt = time.perf_counter() - t
                 with lock:
                     latencies.append(dt)
                     errors[0] += bad
+        finally:
+            conn.close()
 
     threads = [threading.Thread(target=client) for _ in range(connections)]
     t0 = time.perf_counter()
@@ -131,20 +147,92 @@ def in_process_median(rounds: int = 200) -> float:
     return 1000 * statistics.median(times)
 
 
+def breakdown(rounds: int = 300) -> dict[str, float]:
+    """Where one `POST /tokenize` goes, in this process (no sockets): the body parse, the work on this (main) thread,
+    the same work through the server's pool (the hop to a worker thread, where the render's deadline is a line
+    tracer instead of the main thread's SIGALRM timer), the JSON answer, and the whole ASGI app for /tokenize and
+    for /healthz. Each round times every step once (interleaved); medians in ms."""
+    import asyncio  # the breakdown only: the load runs above do not need these
+
+    from starlette.responses import JSONResponse
+
+    from ctxlock.server import shapes
+    from ctxlock.server.app import create_app, object_body
+    from ctxlock.server.config import parse_config
+
+    edge = create_app(parse_config({"models": {"nemo": {"spec": "mistral-nemo"}}}, base=Path("."), source="bench"))
+    svc = edge.service  # type: ignore[attr-defined]
+    sm = svc.models.get("nemo")
+    body = json.dumps(REQUEST).encode()
+    work = lambda: shapes.vllm_tokenize(sm, REQUEST, allow_named=False)  # noqa: E731
+    answer = work()
+
+    def scope(path: str, method: str) -> dict:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        return {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+                "headers": headers, "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 1),
+                "client": ("127.0.0.1", 2), "root_path": ""}  # fmt: skip
+
+    async def asgi(path: str, method: str) -> None:
+        async def receive() -> dict:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(_message: dict) -> None:
+            return None
+
+        await edge(scope(path, method), receive, send)
+
+    async def sync(fn: Any) -> Any:
+        return fn()
+
+    # The event loop runs on the main thread, as uvicorn's does; "the main thread" is the loop's own thread here.
+    steps = {
+        "parse the body": lambda: sync(lambda: object_body(body)),
+        "work on the main thread": lambda: sync(work),
+        "work through the pool": lambda: svc.pool.run(work),
+        "JSON answer": lambda: sync(lambda: JSONResponse(answer).body),
+        "ASGI app, POST /tokenize": lambda: asgi("/tokenize", "POST"),
+        "ASGI app, GET /healthz": lambda: asgi("/healthz", "GET"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in steps}
+
+    async def measure() -> None:
+        for _ in range(rounds):
+            for name, fn in steps.items():
+                t = time.perf_counter()
+                await fn()
+                times[name].append(time.perf_counter() - t)
+
+    asyncio.run(measure())
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=400, help="requests per run (each run also stops at --seconds)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--pool", type=int, default=2, help="limits.pool_size of each worker process")
+    ap.add_argument("--breakdown", action="store_true", help="only the in-process breakdown of one request")
     args = ap.parse_args()
+    if args.breakdown:
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        for name, ms in breakdown().items():
+            print(f"{name:<28} {ms:8.3f} ms")
+        return
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     encode_ms = in_process_median()
     print(f"in-process Model.encode median: {encode_ms:.3f} ms (same request, warm)")
     results = []
+    fixed: dict[int, float] = {}
     for workers in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
-            proc, url = start(workers, Path(tmp))
+            proc, url = start(workers, Path(tmp), args.pool)
             try:
+                h = load(url, 1, args.requests, args.seconds, path="/healthz")
+                fixed[workers] = h["p50_ms"]
+                print(f"workers {workers}  GET /healthz at 1 connection (fixed HTTP cost): p50 {h['p50_ms']:.3f} ms")
                 for n in args.connections:
                     r = load(url, n, args.requests, args.seconds)
                     results.append({"workers": workers, "connections": n, **r})
@@ -158,7 +246,23 @@ def main() -> None:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    print(json.dumps({"encode_ms": encode_ms, "runs": results}))
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    by = {(r["workers"], r["connections"]): r for r in results}
+    for w, cost in fixed.items():
+        one = by.get((w, 1))
+        if one is not None:
+            bound = 2 * encode_ms + cost
+            verdict = "met" if one["p50_ms"] <= bound else "NOT met"
+            print(
+                f"goal, workers {w}: p50 at 1 connection {one['p50_ms']:.3f} ms <= 2 x {encode_ms:.3f} + {cost:.3f} "
+                f"= {bound:.3f} ms: {verdict}"
+            )
+    for n in args.connections:
+        if (1, n) in by and (2, n) in by:
+            ratio = by[(2, n)]["rps"] / by[(1, n)]["rps"]
+            verdict = "met" if ratio >= 1.6 else "NOT met"
+            print(f"goal, {n} connections: 2 workers / 1 worker = {ratio:.2f}x (>= 1.6x: {verdict})")
+    print(json.dumps({"encode_ms": encode_ms, "fixed_ms": fixed, "runs": results}))
 
 
 if __name__ == "__main__":

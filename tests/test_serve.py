@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from conformance import conversations
+from ctxlock import caches
 from ctxlock.artifacts import load_template_file
+from ctxlock.server.edge import RateLimiter
 from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
 # The anchors' documented response fields (vLLM TokenizeResponse / DetokenizeResponse, llama.cpp server README,
@@ -202,6 +204,59 @@ def test_metrics_are_prometheus_text(http: httpx.Client) -> None:
         assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2
 
 
+def _samples(text: str, name: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(name + r'\{cache="([^"]+)"\} (\S+)', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_metrics_cache_hits_misses_and_ratio(http: httpx.Client) -> None:
+    # A request never seen before misses the run cache; the same request again is answered from the caches.
+    novel = {"model": "nemo", "messages": [{"role": "user", "content": f"metrics probe {time.time_ns()}"}]}
+    ok(http.post("/tokenize", json=novel))
+    before = http.get("/metrics").text
+    ok(http.post("/tokenize", json=novel))
+    after = http.get("/metrics").text
+    assert "# TYPE ctxlock_cache_hits_total counter" in after and "# TYPE ctxlock_cache_hit_ratio gauge" in after
+    h0, h1 = _samples(before, "ctxlock_cache_hits_total"), _samples(after, "ctxlock_cache_hits_total")
+    m0, m1 = _samples(before, "ctxlock_cache_misses_total"), _samples(after, "ctxlock_cache_misses_total")
+    ratio = _samples(after, "ctxlock_cache_hit_ratio")
+    assert "tokenizer.runs" in h1 and "request.memo.messages" in h1
+    assert h1["request.memo.messages"] > h0.get("request.memo.messages", 0)  # the repeat hit the memo
+    assert all(h1[c] >= h0.get(c, 0) and m1[c] >= m0.get(c, 0) for c in h1)  # counters never go down
+    for cache, r in ratio.items():
+        if cache != "all":
+            assert r == pytest.approx(h1[cache] / (h1[cache] + m1[cache]), abs=1e-6)
+    assert ratio["all"] == pytest.approx(sum(h1.values()) / (sum(h1.values()) + sum(m1.values())), abs=1e-6)
+    # Every registered cache has a size line; those that count nothing have no counters (never a made-up 0).
+    sizes = _samples(after, "ctxlock_cache_entries")
+    assert set(h1) <= set(sizes) and set(h1) == set(m1)
+
+
+def test_the_cache_registry_counts_hits_and_misses() -> None:
+    lru: caches.LRU[str, int] = caches.LRU(f"test.serve.lru.{time.time_ns()}", max_items=2)
+    lru.put("a", 1)
+    assert lru.get("a") == 1 and lru.get("b") is None and lru.get("a") == 1
+    lru.clear()  # emptying a cache keeps its counts: they are counters
+    info = caches.cache_info()[lru.name]
+    assert (info.hits, info.misses, info.size) == (2, 1, 0)
+
+    @caches.memoize(f"test.serve.memo.{time.time_ns()}", 4)
+    def double(x: int) -> int:
+        return 2 * x
+
+    name = next(n for n in caches.cache_info() if n.startswith("test.serve.memo."))
+    for x in (1, 1, 2, 1):
+        double(x)
+    caches.clear_caches("request")
+    double(1)
+    info = caches.cache_info()[name]
+    assert (info.hits, info.misses, info.size) == (2, 3, 1)
+
+
 # --- exactness ----------------------------------------------------------------------------------------------------
 
 
@@ -361,6 +416,7 @@ def test_without_a_token_every_protected_route_is_401(server: str) -> None:
         ("GET", "/v1/models"),
         ("GET", "/metrics"),
         ("GET", "/records/abcd/view"),
+        ("GET", "/diff/abcd/abcd/view"),
     ]
     for token in (None, "wrong", TOKEN + "x", TOKEN[:-1]):
         with client(server, token=token) as c:
@@ -507,3 +563,34 @@ def test_record_view_is_one_self_contained_page(http: httpx.Client, server: str,
     )
     assert cli.returncode == 0, cli.stderr
     assert out.read_text("utf-8") == page
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.1, 100.0),
+    burst=st.integers(0, 20),
+    gaps=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=200),
+)
+def test_the_rate_limiter_never_lets_through_more_than_burst_plus_rate_times_time(
+    rate: float, burst: int, gaps: list[float]
+) -> None:
+    limiter = RateLimiter(rate, burst)
+    now, allowed = 0.0, 0
+    for gap in gaps:
+        now += gap
+        wait = limiter.wait("token", now)
+        if wait == 0.0:
+            allowed += 1
+        else:
+            assert wait > 0 and limiter.wait("token", now + wait + 1e-9) == 0.0  # Retry-After is honest
+            allowed += 1
+            now += wait + 1e-9
+    assert allowed <= limiter.capacity + rate * now + 1e-6
+
+
+def test_the_rate_limiter_keeps_a_bounded_number_of_buckets_under_many_addresses() -> None:
+    limiter = RateLimiter(1.0, 1, max_keys=64)
+    for k in range(10_000):  # a flood from distinct client addresses
+        limiter.wait(("client", f"10.0.{k // 256}.{k % 256}"), 0.0)
+        assert len(limiter.buckets) <= 64
+    assert limiter.wait(("client", "10.0.39.15"), 0.0) > 0  # the newest addresses are still limited

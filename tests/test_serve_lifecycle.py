@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -207,3 +208,65 @@ def test_without_a_config_it_serves_the_embedded_default_on_loopback(tmp_path: P
         assert [(m["id"], m["model"], m["default"]) for m in models] == [("default", "mistral-nemo", True)]
         r = c.get("/v1/records")
         assert r.status_code == 404 and r.json()["path"] == "server.store"
+
+
+def test_over_the_token_rate_is_429_with_retry_after_per_token(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctxlock.toml"
+    cfg.write_text(
+        '[server]\ntokens = ["alpha", "beta"]\n\n[limits]\nrequests_per_second = 0.2\nburst = 3\n\n'
+        '[models.nemo]\nspec = "mistral-nemo"\n',
+        "utf-8",
+    )
+    hi = {"prompt": "hi"}
+    with running(cfg, env={"CTXLOCK_SERVE_TOKENS": ""}) as url, client(url, token="alpha") as a:
+        assert [a.post("/tokenize", json=hi).status_code for _ in range(3)] == [200, 200, 200]  # the burst
+        r = a.post("/tokenize", json=hi)
+        assert r.status_code == 429 and r.json()["type"] == "RateLimitedError"
+        assert set(r.json()) == {"type", "message", "path", "hint"} and r.json()["path"] == "limits.requests_per_second"
+        assert 1 <= int(r.headers["retry-after"]) <= 5  # one request refills in 1 / 0.2 = 5 s
+        assert a.get("/v1/models").status_code == 429  # every protected route counts against the token
+        with client(url, token="beta") as b:  # another token has its own bucket
+            assert b.post("/tokenize", json=hi).status_code == 200
+        with client(url, token="wrong") as bad:  # a bad token is 401, not counted against anyone
+            assert bad.post("/tokenize", json=hi).status_code == 401
+        assert a.get("/healthz").status_code == 200  # /healthz is open: never limited
+        metrics = a.get("/metrics")
+        assert metrics.status_code == 429
+
+
+def test_a_burst_of_concurrent_clients_past_the_queue_gets_503_at_once(tmp_path: Path) -> None:
+    # One worker and two queue places: of 12 clients released together, 3 are admitted (bombs: they hold the worker
+    # for the 2 s deadline each) and the other 9 are refused at once with 503 and Retry-After, on their own sockets.
+    cfg = write_config(tmp_path, store=tmp_path / "store", pool_size=1, queue_depth=2)
+    bomb = {"model": "bomb", "messages": [{"role": "user", "content": "x"}]}
+    with running(cfg) as url:
+        gate = threading.Barrier(12)
+        results: list[tuple[int, str, str | None, float]] = []
+
+        def one() -> None:
+            with client(url) as c:
+                c.get("/v1/models")  # the connection is open before the burst
+                gate.wait()
+                start = time.monotonic()
+                r = c.post("/tokenize", json=bomb)
+                took = time.monotonic() - start
+                results.append((r.status_code, r.json()["type"], r.headers.get("retry-after"), took))
+
+        threads = [threading.Thread(target=one) for _ in range(12)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        with client(url) as c:  # meanwhile the event loop answers: /healthz and /metrics do not queue
+            assert c.get("/healthz").status_code == 200
+            admitted_now = re.search(r"^ctxlock_pool_admitted (\d+)$", c.get("/metrics").text, re.M)
+            assert admitted_now is not None and 1 <= int(admitted_now.group(1)) <= 3  # never past size + depth
+        for t in threads:
+            t.join(timeout=60)
+    refused = [r for r in results if r[0] == 503 and r[1] == "OverloadedError"]
+    assert len(results) == 12 and len(refused) == 9
+    assert all(r[2] == "1" and r[3] < 1.5 for r in refused)  # Retry-After, answered without waiting for a worker
+    # The admitted three ran or waited for the worker: the bomb ends at its deadline (422), the ones queued behind
+    # it end at theirs (503 DeadlineError, waiting counts against the deadline) or run their own bomb to it.
+    admitted = [r for r in results if r not in refused]
+    assert all((r[0], r[1]) in {(503, "DeadlineError"), (422, "TemplateLimitError")} for r in admitted), admitted
+    assert any(r[1] == "TemplateLimitError" for r in results)

@@ -12,7 +12,14 @@ costs time. Three kinds of cache exist, and each is registered here under a dott
 Each entry has a scope: "request" caches hold values derived from requests (runs, prefixes, converted messages,
 memoized parses); "artifact" caches hold values derived from loaded artifacts (compiled templates, vocabularies).
 `clear_caches()` empties both; `clear_caches("request")` keeps compiled artifacts, which is what the benchmarks'
-cold rounds want. `tests/test_caches.py` fails when a module keeps a cache outside this registry.
+cold rounds want.
+
+Each entry also reports its hits and misses, counted since the process started (emptying a `memoize` or `LRU` cache
+does not reset them, so they are counters, what `GET /metrics` exports): `memoize` reads `lru_cache`'s own counts
+(kept in C, no lock), `LRU` counts under the lock it already takes, a per-instance cache sums its objects' `hits` and
+`misses` attributes (the prefix cache resets its own when cleared), and `register` takes an optional `counts()`. A
+cache that counts nothing reports None. `tests/test_caches.py` fails when a module keeps a cache outside this
+registry.
 
 This module is at the bottom of the layer order: it imports nothing from ctxlock.
 """
@@ -41,6 +48,8 @@ class CacheInfo:
     name: str
     scope: Scope
     size: int  # entries now held (summed over instances for per-instance caches)
+    hits: int | None = None  # lookups answered from the cache since start-up (None: this cache does not count)
+    misses: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,7 @@ class _Entry:
     scope: Scope
     size: Callable[[], int]
     clear: Callable[[], None]
+    counts: Callable[[], tuple[int, int]] | None = None  # (hits, misses) since start-up
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -55,12 +65,20 @@ _INSTANCES: dict[str, weakref.WeakSet[Any]] = {}
 _LOCK = threading.Lock()
 
 
-def register(name: str, *, size: Callable[[], int], clear: Callable[[], None], scope: Scope = "request") -> None:
-    """Register a process-wide cache under a unique dotted name (`module.what`)."""
+def register(
+    name: str,
+    *,
+    size: Callable[[], int],
+    clear: Callable[[], None],
+    scope: Scope = "request",
+    counts: Callable[[], tuple[int, int]] | None = None,
+) -> None:
+    """Register a process-wide cache under a unique dotted name (`module.what`); `counts()` gives its (hits, misses)
+    since start-up, when it counts them."""
     with _LOCK:
         if name in _REGISTRY:
             raise ValueError(f"cache {name!r} is registered twice")
-        _REGISTRY[name] = _Entry(scope, size, clear)
+        _REGISTRY[name] = _Entry(scope, size, clear, counts)
 
 
 def register_instance(name: str, obj: Any, *, scope: Scope = "request") -> None:
@@ -81,7 +99,11 @@ def register_instance(name: str, obj: Any, *, scope: Scope = "request") -> None:
                 for o in list(live):
                     o.clear()
 
-            _REGISTRY[name] = _Entry(scope, size, clear)
+            def counts() -> tuple[int, int]:
+                objs = list(live)
+                return sum(getattr(o, "hits", 0) for o in objs), sum(getattr(o, "misses", 0) for o in objs)
+
+            _REGISTRY[name] = _Entry(scope, size, clear, counts if hasattr(obj, "hits") else None)
         group.add(obj)
 
 
@@ -90,7 +112,19 @@ def memoize(name: str, maxsize: int, *, scope: Scope = "request") -> Callable[[F
 
     def decorate(fn: F) -> F:
         cached = functools.lru_cache(maxsize=maxsize)(fn)
-        register(name, size=lambda: cached.cache_info().currsize, clear=cached.cache_clear, scope=scope)
+        emptied = [0, 0]  # lru_cache resets its counts when cleared: the counts of earlier generations
+
+        def clear() -> None:
+            info = cached.cache_info()
+            emptied[0] += info.hits
+            emptied[1] += info.misses
+            cached.cache_clear()
+
+        def counts() -> tuple[int, int]:
+            info = cached.cache_info()
+            return emptied[0] + info.hits, emptied[1] + info.misses
+
+        register(name, size=lambda: cached.cache_info().currsize, clear=clear, scope=scope, counts=counts)
         return cached  # type: ignore[return-value]
 
     return decorate
@@ -125,7 +159,7 @@ class LRU(Generic[K, V]):
         if per_instance:
             register_instance(name, self, scope=scope)
         else:
-            register(name, size=self.__len__, clear=self.clear, scope=scope)
+            register(name, size=self.__len__, clear=self.clear, scope=scope, counts=self.counts)
 
     def get(self, key: K, default: V | None = None) -> V | None:
         with self._lock:
@@ -156,6 +190,10 @@ class LRU(Generic[K, V]):
                     _, (_, dropped) = self._data.popitem(last=False)
                     self.bytes -= dropped
 
+    def counts(self) -> tuple[int, int]:
+        """(hits, misses) of `get` since this cache was made (not reset by `clear`)."""
+        return self.hits, self.misses
+
     def __contains__(self, key: object) -> bool:
         with self._lock:
             return key in self._data
@@ -178,10 +216,14 @@ def _default_sizeof(key: Any, value: Any) -> int:
 
 
 def cache_info() -> Mapping[str, CacheInfo]:
-    """Every registered cache, by name, with its scope and current size."""
+    """Every registered cache, by name, with its scope, current size and (when it counts them) hits and misses."""
     with _LOCK:
         entries = dict(_REGISTRY)
-    return {name: CacheInfo(name, e.scope, e.size()) for name, e in sorted(entries.items())}
+    out = {}
+    for name, e in sorted(entries.items()):
+        hits, misses = e.counts() if e.counts is not None else (None, None)
+        out[name] = CacheInfo(name, e.scope, e.size(), hits, misses)
+    return out
 
 
 def clear_caches(scope: Scope | None = None) -> None:

@@ -408,6 +408,11 @@ class OverloadedError(ServeError):
         super().__init__(message, path=path, hint=hint)
 
 
+class RateLimitedError(OverloadedError):
+    """A bearer token (or, with no tokens configured, a client address) sent more requests than its configured rate
+    (`limits.requests_per_second`, `limits.burst`): HTTP 429, try again after `retry_after` seconds."""
+
+
 class DeadlineError(ServeError):
     """The request's work ran past the configured render deadline."""
 

@@ -1,6 +1,8 @@
 """One execution record as a self-contained HTML page (no script or style from elsewhere, no external request): the
 rendered input as token chips coloured by provenance, neutralized control-token strings marked, each chip's id,
-bytes and request path on hover, and the digests. Shared by `GET /records/{id}/view` and `ctxlock view`."""
+bytes and request path on hover, the layer summary and the digests. Shared by `GET /records/{id}/view` and
+`ctxlock view`; and two records side by side with their first divergence (`GET /diff/{a}/{b}/view`, `ctxlock view
+A B`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import html
 import json
 from typing import Any
 
+from .record import COMPARERS, LAYERS
 from .tokenizer import Tokenizer
 
 # No script, no request: only the inline style may load.
@@ -111,19 +114,66 @@ def chips(data: dict[str, Any], tokenizer: Tokenizer) -> tuple[list[dict[str, An
     return out, offsets is not None
 
 
-def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> str:
-    """The HTML page of one record (one string: inline style, no script from elsewhere)."""
-    items, exact = chips(data, tokenizer)
-    rendered = data.get("rendered") or {}
+def _chip_spans(items: list[dict[str, Any]], mark: int | None = None) -> str:
+    """The chips' HTML; the chip at index `mark` (the first divergent token of a diff) gets the class `diverge`."""
     esc = html.escape
     spans = []
-    for c in items:
-        cls = f"chip k-{c['kind']}" + (" neutralized" if c["neutralized"] else "")
+    for k, c in enumerate(items):
+        cls = f"chip k-{c['kind']}" + (" neutralized" if c["neutralized"] else "") + (" diverge" if k == mark else "")
         title = f"id {c['id']} | bytes {c['bytes']} | {c['path'] or c['kind']}"
         spans.append(
             f'<span class="{cls}" data-id="{c["id"]}" data-path="{esc(c["path"])}" title="{esc(title)}">'
             f"{esc(c['text'] or '·').replace(chr(10), '&#8629;<br>')}</span>"
         )
+    return "".join(spans)
+
+
+def _style() -> str:
+    colours = "".join(f".k-{k}{{background:{v}}}" for k, v in COLOURS.items())
+    return (
+        "body{font:14px system-ui,sans-serif;margin:1.5em}.chip{font-family:monospace;border:1px solid #bbb;"
+        "border-radius:3px;padding:0 1px;margin:1px;white-space:pre-wrap}.k-control{color:#fff}"
+        ".neutralized{outline:2px solid #d00;text-decoration:underline wavy #d00}" + colours + "table{border-collapse:"
+        "collapse}td{border:1px solid #ccc;padding:2px 6px}.note{color:#a00}"
+        ".diverge{outline:3px solid #f60;box-shadow:0 0 0 4px #fc6}.cols{display:flex;gap:1em}.cols>div{flex:1;"
+        "min-width:0}#divergence{border:2px solid #f60;background:#fff4e6;padding:.5em 1em}"
+    )
+
+
+def _head(title: str) -> str:
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{_style()}</style></head>\n"
+    )
+
+
+def _section(value: Any) -> str:
+    if value is None:
+        return "absent"
+    if isinstance(value, dict):
+        sha = value.get("sha256")
+        return f"sha256 {sha[:12]}…" if isinstance(sha, str) else f"{len(value)} fields"
+    if isinstance(value, list):
+        return f"{len(value)} items"
+    return str(value)
+
+
+def layer_summary(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """One row per layer of the record, in the pipeline's order (`record.LAYERS`): the record sections its comparer
+    reads (what `ctxlock diff` compares for it), each with its digest, or its size when it has none."""
+    rows = []
+    for layer in LAYERS:
+        reads = COMPARERS[layer].reads
+        rows.append((layer, "; ".join(f"{name}: {_section(data.get(name))}" for name in reads)))
+    return rows
+
+
+def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> str:
+    """The HTML page of one record (one string: inline style, no script from elsewhere)."""
+    items, exact = chips(data, tokenizer)
+    rendered = data.get("rendered") or {}
+    esc = html.escape
     counts: dict[str, int] = {}
     for c in items:
         counts[c["path"] or c["kind"]] = counts.get(c["path"] or c["kind"], 0) + 1
@@ -134,22 +184,61 @@ def record_page(record_id: str, data: dict[str, Any], tokenizer: Tokenizer) -> s
         "rendered": rendered.get("sha256"),
         "tokenizer": ((data.get("replay") or {}).get("files") or {}),
     }
-    style = "".join(f".k-{k}{{background:{v}}}" for k, v in COLOURS.items())
     note = "" if exact else "<p class=note>token spans not exact for this tokenizer: chips carry no provenance</p>"
     budget = json.dumps((data.get("decisions") or {}).get("budget"), ensure_ascii=False)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{CSP}">
-<title>ctxlock record {esc(record_id[:12])}</title>
-<style>body{{font:14px system-ui,sans-serif;margin:1.5em}}.chip{{font-family:monospace;border:1px solid #bbb;
-border-radius:3px;padding:0 1px;margin:1px;white-space:pre-wrap}}.k-control{{color:#fff}}
-.neutralized{{outline:2px solid #d00;text-decoration:underline wavy #d00}}{style}table{{border-collapse:collapse}}
-td{{border:1px solid #ccc;padding:2px 6px}}.note{{color:#a00}}</style></head>
-<body><h1>record {esc(record_id)}</h1>
+    layers = "".join(
+        f'<tr data-layer="{esc(k)}"><td>{esc(k)}</td><td>{esc(v)}</td></tr>' for k, v in layer_summary(data)
+    )
+    return f"""{_head(f"ctxlock record {record_id[:12]}")}<body><h1>record {esc(record_id)}</h1>
 <p>model {esc(str((data.get("model") or {}).get("id")))} · {len(items)} tokens</p>{note}
-<div id="tokens">{"".join(spans)}</div>
+<div id="tokens">{_chip_spans(items)}</div>
 <h2>tokens per part</h2><table id="parts">{rows}</table>
 <h2>budget decisions</h2><pre>{esc(budget)}</pre>
+<h2>layers</h2><table id="layers">{layers}</table>
 <h2>digests</h2><pre>{esc(json.dumps(digests, indent=2))}</pre>
+</body></html>
+"""
+
+
+def _short(value: Any, limit: int = 400) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+def diff_page(sides: list[tuple[str, dict[str, Any], Tokenizer]], result: dict[str, Any]) -> str:
+    """Two records side by side (`sides`: [(id, record data, its tokenizer)] for a and b) and `result`, the
+    `diff(a, b).to_dict()` of the record module: the first divergence's layer, location, values and cause in a
+    banner, and the first token whose id differs outlined in both columns (none when the ids are equal)."""
+    esc = html.escape
+    first = (result.get("ids") or {}).get("first_difference")
+    div = result.get("first_divergence")
+    if div is None:
+        banner = (
+            f'<div id="divergence" data-layer="" data-kind="{esc(result["kind"])}"><b>identical</b>: no layer differs'
+        )
+    else:
+        banner = (
+            f'<div id="divergence" data-layer="{esc(div["layer"])}" data-kind="{esc(result["kind"])}">'
+            f'<b>first divergence: layer <span class="layer">{esc(div["layer"])}</span></b> at '
+            f"<code>{esc(str(div['location']))}</code><br>cause: <span class=cause>{esc(str(div['cause']))}</span>"
+            f"<br>a: <code>{esc(_short(div['a']))}</code><br>b: <code>{esc(_short(div['b']))}</code>"
+        )
+    if first is not None:
+        banner += f"<br>first differing token: index {first}"
+    notes = "".join(f"<li>{esc(n)}</li>" for n in result.get("notes") or [])
+    banner += (f"<ul>{notes}</ul>" if notes else "") + "</div>"
+    cols = []
+    for side, (rid, data, tokenizer) in zip("ab", sides, strict=True):
+        items, exact = chips(data, tokenizer)
+        note = "" if exact else "<p class=note>token spans not exact for this tokenizer: no provenance</p>"
+        cols.append(
+            f'<div id="side-{side}"><h2>{side}: record {esc(rid[:16])}</h2>'
+            f"<p>model {esc(str((data.get('model') or {}).get('id')))} · {len(items)} tokens</p>{note}"
+            f'<div class="tokens">{_chip_spans(items, first)}</div></div>'
+        )
+    (ia, _, _), (ib, _, _) = sides
+    return f"""{_head(f"ctxlock diff {ia[:8]} {ib[:8]}")}<body><h1>diff {esc(ia[:16])} → {esc(ib[:16])}</h1>
+{banner}
+<div class="cols">{"".join(cols)}</div>
 </body></html>
 """

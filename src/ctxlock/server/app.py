@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,16 @@ from ..replay import materialized, record_values, replay, run_and_record, save
 from ..request import Utf8Policy
 from ..request.jsonread import loads_strict
 from ..store import Store
+from ..tokenizer import Tokenizer
 from ..usage import PriceTable
-from ..viewer import CSP, record_page
+from ..viewer import CSP, diff_page, record_page
 from ..wire import fit_to_dict, run_to_dict
 from . import shapes
 from .config import ServeConfig, load_config
 from .edge import Edge, as_ctxlock_error, error_body
 from .metrics import Metrics
 from .models import Models, ServedModel
+from .openapi import openapi_document
 from .pool import Pool
 
 CONFIG_ENV = "CTXLOCK_SERVE_CONFIG"
@@ -334,15 +336,48 @@ def models(svc: Service, _request: Request, _data: bytes) -> Callable[[], Any]:
     return work
 
 
+@contextlib.contextmanager
+def record_tokenizer(svc: Service, rec: ExecutionRecord, store: Store) -> Iterator[Tokenizer]:
+    """The tokenizer a record was made with: a served model's own when its artifact digest (and vocabulary size) is
+    the record's, else rebuilt from the record's stored artifacts (about a second for a large vocabulary)."""
+    want = (rec.data.get("tokenizer") or {}).get("sha256")
+    for sm in svc.models.by_name.values():
+        tok = sm.model.tokenizer
+        if want is not None and tok.sha256 == want and tok.vocab_size == rec.data["tokenizer"].get("vocab_size"):
+            yield tok
+            return
+    with materialized(rec, store) as (model, _template):
+        yield model.tokenizer
+
+
 def record_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
-    """GET /records/{id}/view: the record as one self-contained HTML page, its tokens from its own artifacts."""
+    """GET /records/{id}/view: the record as one self-contained HTML page, its tokens from its own tokenizer."""
 
     def work() -> Any:
         rid = request.path_params["id"]
         with svc.store() as store:
             rec = load_record(store, rid)
-            with record_values(rec), materialized(rec, store) as (model, _template):
-                page = record_page(rid, rec.data, model.tokenizer)
+            with record_values(rec), record_tokenizer(svc, rec, store) as tokenizer:
+                page = record_page(rid, rec.data, tokenizer)
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
+
+    return work
+
+
+def diff_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
+    """GET /diff/{a}/{b}/view: two records side by side, the first divergence (the diff module's) highlighted."""
+
+    def work() -> Any:
+        ids = request.path_params["a"], request.path_params["b"]
+        with svc.store() as store:
+            ra, rb = (load_record(store, rid) for rid in ids)
+            with record_values(ra, rb):
+                result = diff(ra, rb).to_dict()
+                sha_a, sha_b = ((r.data.get("tokenizer") or {}).get("sha256") for r in (ra, rb))
+                same = sha_a is not None and sha_a == sha_b
+                with record_tokenizer(svc, ra, store) as ta, contextlib.ExitStack() as stack:
+                    tb = ta if same else stack.enter_context(record_tokenizer(svc, rb, store))
+                    page = diff_page([(ids[0], ra.data, ta), (ids[1], rb.data, tb)], result)
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
 
     return work
@@ -354,9 +389,17 @@ async def healthz(_request: Request) -> Response:
 
 def metrics_route(svc: Service) -> Callable:
     async def endpoint(_request: Request) -> Response:
-        sizes = {name: info.size for name, info in caches.cache_info().items()}
-        text = svc.metrics.render(sizes, in_flight=svc.pool.admitted)
+        text = svc.metrics.render(caches.cache_info(), in_flight=svc.pool.admitted)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return endpoint
+
+
+def openapi_route() -> Callable:
+    document = openapi_document()
+
+    async def endpoint(_request: Request) -> Response:
+        return JSONResponse(document)
 
     return endpoint
 
@@ -401,8 +444,10 @@ def routes(svc: Service) -> list[Route]:
         post("/v1/diff", records_diff),
         get("/v1/models", models),
         get("/records/{id}/view", record_view),
+        get("/diff/{a}/{b}/view", diff_view),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_route(svc), methods=["GET"]),
+        Route("/openapi.json", openapi_route(), methods=["GET"]),
     ]
 
 
@@ -431,8 +476,15 @@ def create_app(config: ServeConfig) -> Edge:
                 return r.path
         return "(unmatched)"
 
+    lim = config.limits
     edge = Edge(
-        app, tokens=config.tokens, max_body=config.limits.max_body_bytes, metrics=svc.metrics, route_of=route_of
+        app,
+        tokens=config.tokens,
+        max_body=lim.max_body_bytes,
+        metrics=svc.metrics,
+        route_of=route_of,
+        rate=lim.requests_per_second,
+        burst=lim.burst,
     )
     edge.service = svc  # type: ignore[attr-defined]
     return edge

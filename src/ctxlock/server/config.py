@@ -12,6 +12,8 @@
     pool_size = 2
     queue_depth = 32
     max_render_chars = 4000000
+    requests_per_second = 0           # per bearer token (per client address without tokens); 0: no rate limit
+    burst = 0                         # requests a token may send at once above the rate (0: the rate, at least 1)
 
     [models.nemo]                     # the name requests use; the first model is the default
     spec = "mistral-nemo"             # a built-in name, a model directory, a .gguf file or org/name@revision
@@ -42,6 +44,8 @@ _LIMIT_KEYS = {
     "pool_size": (int, 2),
     "queue_depth": (int, 32),
     "max_render_chars": (int, 4_000_000),
+    "requests_per_second": (float, 0.0),
+    "burst": (int, 0),
 }
 _MODEL_KEYS = {"spec", "template", "templates", "max_model_len", "budget"}
 _SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices"}
@@ -64,6 +68,8 @@ class Limits:
     pool_size: int = 2
     queue_depth: int = 32
     max_render_chars: int = 4_000_000
+    requests_per_second: float = 0.0  # per token; 0: no rate limit
+    burst: int = 0  # 0: the rate (at least 1)
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ def _limits(table: Any) -> Limits:
     for key, (kind, _default) in _LIMIT_KEYS.items():
         if key in table:
             v = _typed(table[key], kind, f"limits.{key}")
-            if (v <= 0 and key != "queue_depth") or v < 0:
+            if (v <= 0 and key not in ("queue_depth", "requests_per_second", "burst")) or v < 0 or v != v:
                 raise ServeConfigError(f"{key} must be positive", path=f"limits.{key}")
             values[key] = v
     return Limits(**values)

@@ -1,11 +1,13 @@
-"""The HTTP edge, as one ASGI middleware around the routes: bearer tokens, the body byte limit (413 before a byte
-is parsed), per-route metrics, and the last word on errors (typed JSON, never a 500 page or a traceback)."""
+"""The HTTP edge, as one ASGI middleware around the routes: bearer tokens, the per-token rate limit (429), the body
+byte limit (413 before a byte is parsed), per-route metrics, and the last word on errors (typed JSON, never a 500
+page or a traceback)."""
 
 from __future__ import annotations
 
 import hmac
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -17,6 +19,7 @@ from ..errors import (
     DeadlineError,
     InternalServeError,
     OverloadedError,
+    RateLimitedError,
     RecordNotFoundError,
     RequestError,
     RouteNotFoundError,
@@ -39,6 +42,7 @@ OPEN_ROUTES = frozenset({"/healthz"})
 STATUS: tuple[tuple[type[CtxlockError], int], ...] = (
     (AuthError, 401),
     (BodyTooLargeError, 413),
+    (RateLimitedError, 429),
     (OverloadedError, 503),
     (DeadlineError, 503),
     (RecordNotFoundError, 404),
@@ -92,8 +96,9 @@ async def send_json(send: Send, status: int, body: Any, headers: list[tuple[byte
     await send({"type": "http.response.body", "body": data})
 
 
-def bearer_ok(scope: Scope, tokens: tuple[bytes, ...]) -> bool:
-    """A configured token in `Authorization: Bearer ...`, compared in constant time against every token."""
+def bearer_index(scope: Scope, tokens: tuple[bytes, ...]) -> int | None:
+    """Which configured token `Authorization: Bearer ...` holds (its index), or None; the given token is compared in
+    constant time against every configured one."""
     given = b""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
@@ -101,11 +106,44 @@ def bearer_ok(scope: Scope, tokens: tuple[bytes, ...]) -> bool:
             break
     scheme, _, token = given.partition(b" ")
     if scheme.lower() != b"bearer" or not token:
-        return False
-    ok = False
-    for t in tokens:
-        ok |= hmac.compare_digest(token.strip(), t)
-    return ok
+        return None
+    found = None
+    for k, t in enumerate(tokens):
+        if hmac.compare_digest(token.strip(), t) and found is None:
+            found = k
+    return found
+
+
+class RateLimiter:
+    """A token bucket per key (a bearer token's index, or a client address when no tokens are configured): `rate`
+    requests per second, up to `burst` at once. It runs on the event loop only (no lock). Each worker process keeps
+    its own buckets, so with `--workers N` a token may send up to N times the rate. At most `max_keys` buckets are
+    kept: past that, the buckets that have refilled are dropped (a full bucket is the same as none)."""
+
+    def __init__(self, rate: float, burst: int, *, max_keys: int = 4096) -> None:
+        self.rate = rate
+        self.capacity = float(burst or max(1, math.ceil(rate)))
+        self.max_keys = max_keys
+        self.buckets: dict[Any, tuple[float, float]] = {}
+
+    def wait(self, key: Any, now: float) -> float:
+        """Take one request from `key`'s bucket: 0.0 when it may go now, else the seconds until it may."""
+        level, at = self.buckets.get(key, (self.capacity, now))
+        level = min(self.capacity, level + (now - at) * self.rate)
+        if level >= 1.0:
+            self.buckets[key] = (level - 1.0, now)
+            if len(self.buckets) > self.max_keys:
+                self._prune(now)
+            return 0.0
+        self.buckets[key] = (level, now)
+        return (1.0 - level) / self.rate
+
+    def _prune(self, now: float) -> None:
+        full = [k for k, (lv, at) in self.buckets.items() if lv + (now - at) * self.rate >= self.capacity]
+        for k in full:
+            del self.buckets[k]
+        while len(self.buckets) > self.max_keys:  # every bucket in use: the oldest go (their clients get a full one)
+            del self.buckets[next(iter(self.buckets))]
 
 
 def content_length(scope: Scope) -> int | None:
@@ -123,10 +161,19 @@ class Edge:
     (its path template) for the metrics labels."""
 
     def __init__(
-        self, app: ASGIApp, *, tokens: tuple[str, ...], max_body: int, metrics: Metrics, route_of: Callable
+        self,
+        app: ASGIApp,
+        *,
+        tokens: tuple[str, ...],
+        max_body: int,
+        metrics: Metrics,
+        route_of: Callable,
+        rate: float = 0.0,
+        burst: int = 0,
     ) -> None:
         self.app, self.max_body, self.metrics, self.route_of = app, max_body, metrics, route_of
         self.tokens = tuple(t.encode("utf-8") for t in tokens)
+        self.limiter = RateLimiter(rate, burst) if rate > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -155,11 +202,31 @@ class Edge:
         finally:
             self.metrics.observe(self.route_of(scope), scope.get("method", ""), status[0], time.perf_counter() - start)
 
+    def _admit(self, scope: Scope) -> None:
+        """The bearer token (when tokens are configured), then its rate (when a rate is configured)."""
+        key: Any = None
+        if self.tokens:
+            key = bearer_index(scope, self.tokens)
+            if key is None:
+                raise AuthError(
+                    "this route needs a bearer token", path="Authorization", hint="send 'Authorization: Bearer TOKEN'"
+                )
+        if self.limiter is not None:
+            if key is None:
+                key = ("client", (scope.get("client") or ("", 0))[0])
+            wait = self.limiter.wait(key, time.monotonic())
+            if wait > 0:
+                raise RateLimitedError(
+                    f"over the rate of {self.limiter.rate:g} request(s)/s for this "
+                    + ("token" if self.tokens else "client address"),
+                    path="limits.requests_per_second",
+                    hint="retry after the Retry-After seconds, or raise limits.requests_per_second / limits.burst",
+                    retry_after=max(1, math.ceil(wait)),
+                )
+
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.tokens and scope.get("path") not in OPEN_ROUTES and not bearer_ok(scope, self.tokens):
-            raise AuthError(
-                "this route needs a bearer token", path="Authorization", hint="send 'Authorization: Bearer TOKEN'"
-            )
+        if scope.get("path") not in OPEN_ROUTES:
+            self._admit(scope)
         declared = content_length(scope)
         if declared is not None and (declared < 0 or declared > self.max_body):
             # Refused on the header alone: not one byte of the body is read.

@@ -1,12 +1,17 @@
 """`GET /metrics`: the Prometheus text format (version 0.0.4), written by hand: requests by route and status,
-latency histograms by route, tokens processed, the pool's load and the size of each
-registered cache (the caches keep no hit counts, so no hit ratio is given)."""
+latency histograms by route, tokens processed, the pool's load, and for each registered cache (`ctxlock.caches`) its
+size, its hits and misses since start-up (counters) and its hit ratio (a gauge), with the ratio over every counting
+cache as `cache="all"`. A cache that counts nothing has a size only; a ratio is given only once a cache was looked up.
+The counts are per worker process (`--workers N`: each process answers /metrics for itself)."""
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Mapping
+
+from ..caches import CacheInfo
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -33,7 +38,7 @@ class Metrics:
         with self._lock:
             self._tokens[model] += n
 
-    def render(self, cache_sizes: dict[str, int], *, in_flight: int) -> str:
+    def render(self, cache_infos: Mapping[str, CacheInfo], *, in_flight: int) -> str:
         out = [
             "# HELP ctxlock_requests_total HTTP requests answered, by route, method and status.",
             "# TYPE ctxlock_requests_total counter",
@@ -65,5 +70,32 @@ class Metrics:
             "# HELP ctxlock_cache_entries Entries held by each of ctxlock's registered in-process caches.",
             "# TYPE ctxlock_cache_entries gauge",
         ]
-        out += [f'ctxlock_cache_entries{{cache="{_label(n)}"}} {size}' for n, size in sorted(cache_sizes.items())]
-        return "\n".join(out) + "\n"
+        out += [f'ctxlock_cache_entries{{cache="{_label(n)}"}} {i.size}' for n, i in sorted(cache_infos.items())]
+        return "\n".join(out + cache_counts(cache_infos)) + "\n"
+
+
+def cache_counts(infos: Mapping[str, CacheInfo]) -> list[str]:
+    counting = {n: i for n, i in sorted(infos.items()) if i.hits is not None and i.misses is not None}
+    out = [
+        "# HELP ctxlock_cache_hits_total Lookups answered from each cache since start-up.",
+        "# TYPE ctxlock_cache_hits_total counter",
+    ]
+    out += [f'ctxlock_cache_hits_total{{cache="{_label(n)}"}} {i.hits}' for n, i in counting.items()]
+    out += [
+        "# HELP ctxlock_cache_misses_total Lookups each cache could not answer since start-up.",
+        "# TYPE ctxlock_cache_misses_total counter",
+    ]
+    out += [f'ctxlock_cache_misses_total{{cache="{_label(n)}"}} {i.misses}' for n, i in counting.items()]
+    out += [
+        "# HELP ctxlock_cache_hit_ratio Hits over lookups since start-up, per cache and over all counting caches.",
+        "# TYPE ctxlock_cache_hit_ratio gauge",
+    ]
+    hits = misses = 0
+    for n, i in counting.items():
+        assert i.hits is not None and i.misses is not None
+        hits, misses = hits + i.hits, misses + i.misses
+        if i.hits + i.misses:
+            out.append(f'ctxlock_cache_hit_ratio{{cache="{_label(n)}"}} {i.hits / (i.hits + i.misses):.6f}')
+    if hits + misses:
+        out.append(f'ctxlock_cache_hit_ratio{{cache="all"}} {hits / (hits + misses):.6f}')
+    return out

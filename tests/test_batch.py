@@ -173,7 +173,7 @@ def test_max_length_and_mask_options(tmp_path: Path) -> None:
     source = _write(tmp_path, _dataset(30, seed=5))
     manifest = run_batch(source, tmp_path / "a", BatchOptions(model="book", max_length=60, shard_rows=30))
     errors = [json.loads(x) for x in (tmp_path / "a" / "errors.jsonl").read_text("utf-8").splitlines()]
-    assert any(e["type"] == "TooLongError" for e in errors)
+    assert any(e["type"] == "BudgetExceeded" for e in errors)
     assert all(r["length"] <= 60 for r in _rows(tmp_path / "a").values())
     last = run_batch(
         source, tmp_path / "b", BatchOptions(model="book", shard_rows=30, mask=MaskOptions(last_turn_only=True))
@@ -224,3 +224,67 @@ def test_pack(tmp_path: Path) -> None:
     too_long = [n for n, r in rows.items() if r["length"] > 256]
     assert sorted(seen + too_long) == sorted(rows)
     assert packed["error_count"] == plain["error_count"] + len(too_long)
+
+
+def _long_chats(n: int, seed: int) -> list[str]:
+    """n multi-turn chats of varied length (so some fit whole, some lose history, some are over even alone)."""
+    rnd = random.Random(seed)
+    lines = []
+    for i in range(n):
+        msgs: list[dict[str, Any]] = []
+        for t in range(rnd.randint(1, 6)):
+            size = rnd.choice([2, 5, 20, 80])
+            msgs += [
+                {
+                    "role": "user",
+                    "content": f"q{i}.{t} " + " ".join(rnd.choice(["alpha", "日本", "β"]) for _ in range(size)),
+                },
+                {"role": "assistant", "content": f"a{i}.{t} " + "ok " * rnd.randint(1, size)},
+            ]
+        row = {"messages": ([{"role": "system", "content": "be brief"}] if i % 4 == 0 else []) + msgs}
+        lines.append(json.dumps(row, ensure_ascii=False))
+    return lines
+
+
+def test_max_length_fits_each_row(tmp_path: Path) -> None:
+    """--max-length runs `fit_context` on a row over it: the shard holds the fitted ids and masks, the decisions are
+    counted, a row whose required part alone is over it is an error row with the fit's error."""
+    from ctxlock.budget import BudgetPolicy, fit_context
+    from ctxlock.errors import BudgetExceeded
+
+    model_dir = str(fetched.hf_tokenizer_dir("qwen2"))
+    lines = _long_chats(80, seed=8)
+    source = _write(tmp_path, lines)
+    limit = 200
+    manifest = run_batch(source, tmp_path / "o", BatchOptions(model=model_dir, shard_rows=30, max_length=limit))
+    rows = _rows(tmp_path / "o")
+    errors = {e["row"]: e for e in map(json.loads, (tmp_path / "o" / "errors.jsonl").read_text("utf-8").splitlines())}
+    model = ctxlock.load(model_dir)
+    policy = BudgetPolicy(max_input_tokens=limit, generation_prefix="none")
+    expect: dict[str, int] = {"rows_whole": 0, "rows_fitted": 0, "rows_over": 0}
+    for n, line in enumerate(lines):
+        request = model.parse(line)
+        full = model.encode(line, return_assistant_mask=True)["input_ids"][0].tolist()
+        if len(full) <= limit:
+            expect["rows_whole"] += 1
+            assert rows[n]["input_ids"] == full
+            continue
+        try:
+            fitted = fit_context(request, model, policy, add_generation_prompt=False)
+        except BudgetExceeded as exc:
+            expect["rows_over"] += 1
+            assert errors[n] == {"row": n, "type": "BudgetExceeded", "path": exc.path, "message": exc.message}
+            continue
+        expect["rows_fitted"] += 1
+        mi = model.encode(fitted.request, return_assistant_mask=True)
+        assert rows[n]["input_ids"] == list(fitted.ids) == mi["input_ids"][0].tolist()
+        assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
+        assert rows[n]["request_sha256"] == hashlib.sha256(request.to_json().encode()).hexdigest()
+        for d in fitted.decisions:
+            if d.kind != "generation":
+                key = f"{d.kind} {'kept' if d.kept else 'dropped'}"
+                expect[key] = expect.get(key, 0) + 1
+    assert manifest["fit"] == dict(sorted(expect.items()))
+    assert expect["rows_whole"] and expect["rows_fitted"] and expect["rows_over"] and expect["history dropped"]
+    assert all(r["length"] <= limit for r in rows.values())
+    assert sorted([*rows, *errors]) == list(range(len(lines)))

@@ -7,8 +7,13 @@ The job (`run_batch`), in order:
   a row (an error row). The input is read in shards of `shard_rows` rows and never held whole in memory.
 - **Rows**: each row is parsed, rendered, tokenized and masked exactly as `Model.encode(..., return_assistant_mask=
   True)` does (`ctxlock.masks`; `add_generation_prompt` False). `labels` are the ids where the mask is 1 and -100
-  elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on, longer than `max_length`) is an
-  error row: `{row, type, path, message}` in `errors.jsonl`, never dropped silently.
+  elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on) is an error row: `{row, type,
+  path, message}` in `errors.jsonl`, never dropped silently.
+- **`max_length`**: a row over it is fitted (`budget.fit_context`, no generation prefix: the system messages, tools
+  and current turn are required, older history turns are dropped newest-last as a contiguous suffix) and then
+  masked; a row whose required part alone is over it is an error row (`BudgetExceeded`, the fit's message). The
+  manifest's `fit` counts rows kept whole, fitted and over, and the fit decisions per kind (`history dropped`, ...).
+  `request_sha256` stays the digest of the row as given. `pack` alone: a row longer than it is an error row.
 - **Shards**: shard k holds rows [k*shard_rows, (k+1)*shard_rows): `shard-00000.parquet` (zstd), columns `row`
   (int64), `request_sha256` (of the canonical request), `input_ids` and `labels` (list<int32>), `length` (int32).
   The shards depend on the input and the options only, never on `workers`: the same input gives byte-identical
@@ -29,6 +34,7 @@ import json
 import multiprocessing
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -38,8 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from .budget import BudgetPolicy, fit_context
 from .caches import LRU
-from .errors import CtxlockError, InputError
+from .errors import BudgetError, CtxlockError, InputError
 from .masks import MaskOptions, assistant_mask
 from .model import Model, load
 
@@ -162,24 +169,49 @@ def _init_worker(model: str | None) -> None:
     _model(model)
 
 
-def _encode_row(model: Model, raw: Any, opts: BatchOptions, notes: set[str]) -> tuple[str, np.ndarray, np.ndarray]:
+def _encode_row(
+    model: Model, raw: Any, opts: BatchOptions, notes: set[str], fits: Counter[str]
+) -> tuple[str, np.ndarray, np.ndarray]:
     request = model.parse(_request_of(raw))
+    digest = hashlib.sha256(request.to_json().encode("utf-8")).hexdigest()  # of the row as given, fitted or not
     lay, mask = assistant_mask(model, request, opts.mask, add_generation_prompt=False)
+    if opts.max_length is not None:
+        if len(lay.ids) > opts.max_length:
+            fitted = _fit(model, request, opts.max_length, fits)
+            lay, mask = assistant_mask(model, fitted, opts.mask, add_generation_prompt=False)
+        else:
+            fits["rows_whole"] += 1
     notes.update(mask.notes)
     ids = np.asarray(lay.ids, dtype=np.int32)
-    limits = [n for n in (opts.max_length, opts.pack) if n is not None]
-    if limits and len(ids) > min(limits):
-        raise _TooLong(len(ids), min(limits))
+    if opts.pack is not None and len(ids) > opts.pack:
+        raise _TooLong(len(ids), opts.pack)
     labels = np.where(mask.mask == 1, ids, _IGNORE).astype(np.int32)
-    return hashlib.sha256(request.to_json().encode("utf-8")).hexdigest(), ids, labels
+    return digest, ids, labels
+
+
+def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Any:
+    """`budget.fit_context` of a row over `max_length` (no generation prefix: training data); its decisions are
+    counted per kind (`history kept`, `history dropped`, ...). Required segments over the length raise
+    BudgetExceeded: the row is an error row."""
+    policy = BudgetPolicy(max_input_tokens=max_length, generation_prefix="none")
+    try:
+        fitted = fit_context(request, model, policy, add_generation_prompt=False)
+    except BudgetError:
+        fits["rows_over"] += 1
+        raise
+    fits["rows_fitted"] += 1
+    for d in fitted.decisions:
+        if d.kind != "generation":  # not a segment: with no generation prefix its row says "none"
+            fits[f"{d.kind} {'kept' if d.kept else 'dropped'}"] += 1
+    return fitted.request
 
 
 class _TooLong(CtxlockError):
     def __init__(self, n: int, limit: int) -> None:
         super().__init__(
-            f"the row is {n:,} tokens, over the limit of {limit:,} (--max-length or --pack)",
+            f"the row is {n:,} tokens, over the --pack length of {limit:,}",
             path="input_ids",
-            hint="raise --max-length, or fit the conversation first (ctxlock fit)",
+            hint="raise --pack, or give --max-length to fit each row (ctxlock fit) to at most that many tokens",
         )
 
 
@@ -194,9 +226,10 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
     kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
+    fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
     for row, raw in rows:
         try:
-            kept.append((row, *_encode_row(model, raw, opts, notes)))
+            kept.append((row, *_encode_row(model, raw, opts, notes, fits)))
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
     table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)
@@ -215,6 +248,8 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
         "notes": sorted(notes),
         "errors": errors,
     }
+    if opts.max_length is not None:
+        record["fit"] = dict(sorted(fits.items()))
     _write_atomic(Path(out) / f"shard-{index:05d}.json", _json_bytes(record))
     return record
 
@@ -429,10 +464,19 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         "trained_tokens": sum(r["trained_tokens"] for r in records),
         "errors": {"file": "errors.jsonl", "sha256": hashlib.sha256(errors).hexdigest()},
         "notes": sorted({n for r in records for n in r.get("notes", ())}),
+        **({} if opts.max_length is None else {"fit": _fit_counts(records)}),
         "shards": [{k: v for k, v in r.items() if k != "errors"} for r in records],
     }
     _write_atomic(out / "manifest.json", _json_bytes(manifest))
     return manifest
+
+
+def _fit_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """--max-length: the shards' fit counts added up (rows kept whole, fitted, over; decisions per kind)."""
+    total: Counter[str] = Counter({"rows_whole": 0, "rows_fitted": 0, "rows_over": 0})
+    for r in records:
+        total.update(r.get("fit", {}))
+    return dict(sorted(total.items()))
 
 
 __all__ = ["BatchOptions", "Progress", "check_paths", "encode_shard", "read_shards", "run_batch", "sha256_file"]

@@ -30,6 +30,8 @@ The job (`run_batch`), in order:
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
 import multiprocessing
 import os
@@ -51,7 +53,7 @@ from .masks import MaskOptions, assistant_mask
 from .model import Model, load
 
 SCHEMA_VERSION = 1
-_THREADS = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+THREADS = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 _IGNORE = -100
 
 
@@ -131,6 +133,49 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             n += 1
 
 
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where shard `index` is in the input: rows [first_row, stop_row), and for JSONL the bytes [start, end)."""
+
+    index: int
+    first_row: int
+    stop_row: int
+    start: int = 0
+    end: int = 0
+
+
+def plan_shards(path: Path, shard_rows: int) -> Iterator[ShardSpec]:
+    """The input's shards without their rows (a scan for line offsets, or the Parquet footer): what an engine that
+    reads each shard where it encodes it (Ray) hands out. `read_spec` gives exactly `read_shards`' rows."""
+    if _is_parquet(path):
+        import pyarrow.parquet as pq  # an optional extra: ctxlock[batch]
+
+        total = pq.ParquetFile(path).metadata.num_rows
+        for index, first in enumerate(range(0, total, shard_rows)):
+            yield ShardSpec(index, first, min(first + shard_rows, total))
+        return
+    with path.open("rb") as fh:
+        index, first, n, start, at = 0, 0, 0, 0, 0
+        for line in fh:
+            at += len(line)
+            n += 1
+            if n - first == shard_rows:
+                yield ShardSpec(index, first, n, start, at)
+                index, first, start = index + 1, n, at
+        if n > first:
+            yield ShardSpec(index, first, n, start, at)
+
+
+def read_spec(path: Path, spec: ShardSpec) -> list[tuple[int, Any]]:
+    """One shard's rows, as `read_shards` gives them."""
+    if _is_parquet(path):
+        return list(itertools.islice(_parquet_rows(path), spec.first_row, spec.stop_row))
+    with path.open("rb") as fh:
+        fh.seek(spec.start)
+        data = fh.read(spec.end - spec.start)
+    return [(spec.first_row + k, line.rstrip(b"\r\n")) for k, line in enumerate(io.BytesIO(data))]
+
+
 def _request_of(raw: Any) -> Any:
     """A raw row -> what `Model.parse` takes: JSONL bytes as they are; a Parquet row's `request` JSON string, or
     its columns as a request object (None-valued columns dropped)."""
@@ -155,7 +200,8 @@ def sha256_file(path: Path) -> str:
 _MODELS: LRU[str, Model] = LRU("batch.models", max_items=2, scope="artifact")
 
 
-def _model(spec: str | None) -> Model:
+def load_model(spec: str | None) -> Model:
+    """The model this process encodes with (loaded once per process, kept in the `batch.models` cache)."""
     key = "" if spec is None else spec
     hit = _MODELS.get(key)
     if hit is None:
@@ -164,9 +210,10 @@ def _model(spec: str | None) -> Model:
     return hit
 
 
-def _init_worker(model: str | None) -> None:
-    os.environ.update(_THREADS)
-    _model(model)
+def init_worker(model: str | None) -> None:
+    """A worker process's start: one tokenizer thread (parallelism is across processes), then the model."""
+    os.environ.update(THREADS)
+    load_model(model)
 
 
 def _encode_row(
@@ -222,7 +269,14 @@ def _error_row(row: int, exc: CtxlockError) -> dict[str, Any]:
 
 def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchOptions) -> dict[str, Any]:
     """Encode one shard's rows and write its Parquet file and record (atomically); return the record."""
-    model = _model(opts.model)
+    data, record = shard_bytes(index, rows, opts)
+    return write_shard(Path(out), data, record)
+
+
+def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> tuple[bytes, dict[str, Any]]:
+    """One shard's Parquet bytes and its record (without the file's sha256, which `write_shard` adds): what both
+    engines compute where the rows are, and the writer then puts on disk."""
+    model = load_model(opts.model)
     kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
@@ -233,12 +287,10 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
     table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)
-    name = f"shard-{index:05d}.parquet"
-    digest = _write_parquet(table, Path(out) / name)
     record = {
         "index": index,
-        "file": name,
-        "sha256": digest,
+        "file": f"shard-{index:05d}.parquet",
+        "job": _job(model, opts),
         "rows": [rows[0][0], rows[-1][0] + 1],
         "row_count": len(kept),
         "error_count": len(errors),
@@ -250,8 +302,29 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
     }
     if opts.max_length is not None:
         record["fit"] = dict(sorted(fits.items()))
-    _write_atomic(Path(out) / f"shard-{index:05d}.json", _json_bytes(record))
+    return _parquet_bytes(table), record
+
+
+def write_shard(out: Path, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
+    """Write a shard's Parquet bytes, then its record with their sha256, each under a temporary name renamed into
+    place (a shard counts as done only once its record is there); return the record."""
+    record = {**record, "sha256": hashlib.sha256(data).hexdigest()}
+    _write_atomic(out / record["file"], data)
+    _write_atomic(out / f"shard-{record['index']:05d}.json", _json_bytes(record))
     return record
+
+
+def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
+    """What made a shard: the model's digests and the policy's (every shard of one output must have the same)."""
+    templates = model.templates
+    return {
+        "model": model.id,
+        "template_sha256": {}
+        if templates is None
+        else {n: t.sha256 for n, t in zip(templates.names, templates.templates, strict=True)},
+        "tokenizer_sha256": model.tokenizer.sha256,
+        "policy_sha256": hashlib.sha256(_json_bytes(opts.policy())).hexdigest(),
+    }
 
 
 def _table(kept: list[tuple[int, str, np.ndarray, np.ndarray]]) -> Any:
@@ -300,19 +373,14 @@ def _packed_table(kept: list[tuple[int, str, np.ndarray, np.ndarray]], pack: int
     )
 
 
-def _write_parquet(table: Any, path: Path) -> str:
+def _parquet_bytes(table: Any) -> bytes:
+    """The one Parquet writer of both engines (zstd level 3, no dictionary, the Arrow schema stored)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=False, store_schema=True)
-        digest = sha256_file(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return digest
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=False, store_schema=True)
+    return sink.getvalue().to_pybytes()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -335,15 +403,22 @@ def _json_bytes(value: Any) -> bytes:
 # -- the job ----------------------------------------------------------------------------------------------------
 
 
-def _finished(out: Path, index: int) -> dict[str, Any] | None:
-    """A shard's record when the shard is complete: the record is there and the file has its sha256."""
+def finished_shard(out: Path, index: int, opts: BatchOptions) -> dict[str, Any] | None:
+    """A shard's record when the shard is complete and this job's: the record is there, was made with the same
+    policy, and the file has its sha256."""
     try:
         record = json.loads((out / f"shard-{index:05d}.json").read_text("utf-8"))
-        if sha256_file(out / record["file"]) == record["sha256"]:
+        same = record["job"]["policy_sha256"] == hashlib.sha256(_json_bytes(opts.policy())).hexdigest()
+        if same and sha256_file(out / record["file"]) == record["sha256"]:
             return record
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return None
+
+
+# An engine runs the shards that are not finished: (source, out, options, resume, done) -> None, calling
+# done(record, kept) once per shard (kept: a finished shard `resume` kept). The local one is `run_batch`'s own.
+Engine = Callable[[Path, Path, BatchOptions, bool, Callable[[dict[str, Any], bool], None]], None]
 
 
 def run_batch(
@@ -354,15 +429,16 @@ def run_batch(
     workers: int = 1,
     resume: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, Any]:
-    """Run the job (module docstring); return the manifest. `out` must be empty or absent unless `resume`."""
+    """Run the job (module docstring); return the manifest. `out` must be empty or absent unless `resume`.
+    `engine`: another engine (`ctxlock.batch_ray.ray_engine`); by default `workers` local processes."""
     check_paths(source, out, resume)
     out.mkdir(parents=True, exist_ok=True)
     for leftover in out.glob(".shard-*.tmp"):  # a killed run's half-written files
         leftover.unlink()
     progress = Progress()
     records: dict[int, dict[str, Any]] = {}
-    todo: Iterator[tuple[int, list[tuple[int, Any]]]] = enumerate(read_shards(source, opts.shard_rows))
 
     def done(record: dict[str, Any], kept: bool) -> None:
         records[record["index"]] = record
@@ -374,18 +450,16 @@ def run_batch(
         if on_progress is not None:
             on_progress(progress)
 
-    if workers <= 1:
-        _init_local(opts)
-        for index, rows in todo:
-            finished = _finished(out, index) if resume else None
+    if engine is not None:
+        engine(source, out, opts, resume, done)
+    elif workers <= 1:
+        load_model(opts.model)
+        for index, rows in enumerate(read_shards(source, opts.shard_rows)):
+            finished = finished_shard(out, index, opts) if resume else None
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
     else:
-        _run_pool(todo, out, opts, workers, resume, done)
+        _run_pool(enumerate(read_shards(source, opts.shard_rows)), out, opts, workers, resume, done)
     return _write_manifest(source, out, opts, [records[k] for k in sorted(records)])
-
-
-def _init_local(opts: BatchOptions) -> None:
-    _model(opts.model)
 
 
 def _run_pool(
@@ -397,10 +471,10 @@ def _run_pool(
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(opts.model,)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
         pending: set[Future] = set()
         for index, rows in todo:
-            finished = _finished(out, index) if resume else None
+            finished = finished_shard(out, index, opts) if resume else None
             if finished is not None:
                 done(finished, True)
                 continue
@@ -443,17 +517,14 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8") for r in records for e in r["errors"]
     )
     _write_atomic(out / "errors.jsonl", errors)
-    model = _model(opts.model)
-    templates = model.templates
+    job = _one_job(out, records) if records else _job(load_model(opts.model), opts)
     policy = opts.policy()
     manifest = {
         "ctxlock_version": _version("ctxlock"),
         "pyarrow_version": _version("pyarrow"),  # the shards' bytes are pyarrow's writer's
-        "model": model.id,
-        "template_sha256": {}
-        if templates is None
-        else {n: t.sha256 for n, t in zip(templates.names, templates.templates, strict=True)},
-        "tokenizer_sha256": model.tokenizer.sha256,
+        "model": job["model"],
+        "template_sha256": job["template_sha256"],
+        "tokenizer_sha256": job["tokenizer_sha256"],
         "policy": policy,
         "policy_sha256": hashlib.sha256(_json_bytes(policy)).hexdigest(),
         "input": {"file": source.name, "sha256": sha256_file(source)},
@@ -465,10 +536,22 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         "errors": {"file": "errors.jsonl", "sha256": hashlib.sha256(errors).hexdigest()},
         "notes": sorted({n for r in records for n in r.get("notes", ())}),
         **({} if opts.max_length is None else {"fit": _fit_counts(records)}),
-        "shards": [{k: v for k, v in r.items() if k != "errors"} for r in records],
+        "shards": [{k: v for k, v in r.items() if k not in ("errors", "job")} for r in records],
     }
     _write_atomic(out / "manifest.json", _json_bytes(manifest))
     return manifest
+
+
+def _one_job(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job every shard was made by (their records say it): shards of different models cannot share a manifest."""
+    jobs = {json.dumps(r["job"], sort_keys=True) for r in records}
+    if len(jobs) > 1:
+        raise InputError(
+            f"the shards in {out} were made by different models or templates ({len(jobs)} kinds)",
+            path=str(out),
+            hint="a --resume must use the same --model as the run it finishes; or start in an empty directory",
+        )
+    return records[0]["job"]
 
 
 def _fit_counts(records: list[dict[str, Any]]) -> dict[str, int]:
@@ -479,4 +562,22 @@ def _fit_counts(records: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-__all__ = ["BatchOptions", "Progress", "check_paths", "encode_shard", "read_shards", "run_batch", "sha256_file"]
+__all__ = [
+    "THREADS",
+    "BatchOptions",
+    "Engine",
+    "Progress",
+    "ShardSpec",
+    "check_paths",
+    "encode_shard",
+    "finished_shard",
+    "init_worker",
+    "load_model",
+    "plan_shards",
+    "read_shards",
+    "read_spec",
+    "run_batch",
+    "sha256_file",
+    "shard_bytes",
+    "write_shard",
+]

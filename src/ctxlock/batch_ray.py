@@ -124,7 +124,7 @@ def _run(
 def _ray() -> Any:
     try:
         import ray
-        import ray.data  # noqa: F401  (the Data library is its own import)
+        import ray.data  # the Data library is its own import
     except ImportError:
         raise InputError(
             "Ray Data is not installed", path="--engine ray", hint="pip install 'ctxlock[ray]' (ray[data]==2.60.0)"

@@ -195,6 +195,10 @@ def test_cli(tmp_path: Path) -> None:
     assert code == 1 and err.count("\n") == 1
     code, _, err = run_main(["batch", str(tmp_path / "missing.jsonl"), str(tmp_path / "q"), "-m", "book"])
     assert code == 1 and "no such input file" in err
+    code, _, err = run_main(["batch", str(source), str(tmp_path / "r"), "--engine", "spark"])
+    assert code == 1 and err.startswith("error:") and "'local' or 'ray'" in err and err.count("\n") == 1
+    code, _, err = run_main(["batch", str(source), str(tmp_path / "r"), "--ray-address", "auto"])
+    assert code == 1 and "--engine ray" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("bad", [b"\xff\xfe", b'{"messages": "no"}'])

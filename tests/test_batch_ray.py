@@ -33,6 +33,7 @@ from ctxlock.batch import BatchOptions, Progress, run_batch
 from ctxlock.batch_ray import ray_engine
 from ctxlock.errors import CtxlockError
 from test_batch import _dataset, _long_chats, _rows, _tree
+from test_cli_conventions import run_main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROWS = 20_000
@@ -67,6 +68,16 @@ def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, A
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
     errors = [json.loads(x) for x in (tmp_path / "ray" / "errors.jsonl").read_text("utf-8").splitlines()]
     assert {3, 10, 30} <= {e["row"] for e in errors}
+
+
+def test_cli_engine_ray(tmp_path: Path) -> None:
+    """`ctxlock batch --engine ray` joins the Ray this process runs (the module's cluster) and writes the same."""
+    source = _hostile(tmp_path)
+    base = ["batch", str(source), "-m", "book", "--shard-rows", "20", "--json"]
+    code, out, _ = run_main([*base[:2], str(tmp_path / "ray"), *base[2:], "--engine", "ray", "--workers", "2"])
+    assert code == 0 and json.loads(out)["rows"] == 70
+    assert run_main([*base[:2], str(tmp_path / "local"), *base[2:]])[0] == 0
+    assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
 
 
 def test_ray_reads_parquet_and_fits_like_local(tmp_path: Path) -> None:

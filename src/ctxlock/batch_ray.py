@@ -116,6 +116,7 @@ def _run(
         compute=ray.data.ActorPoolStrategy(size=min(workers, len(todo)), max_tasks_in_flight_per_actor=2),
         num_cpus=1,
         batch_format="numpy",
+        max_restarts=0,  # an actor that dies fails the job; --resume then keeps the shards written so far
     )
     for row in encoded.iter_rows():
         done(write_shard(out, bytes(row["parquet"]), json.loads(row["record"])), False)

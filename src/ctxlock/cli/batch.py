@@ -83,10 +83,12 @@ def batch(
                 path="options",
                 hint="e.g. --workers 2 --shard-rows 10000",
             )
-        if engine not in ("local", "ray") or (ray_address is not None and engine != "ray"):
+        if engine not in ("local", "ray"):
+            raise InputError(f"--engine is 'local' or 'ray', not {engine!r}", path="--engine", hint="e.g. --engine ray")
+        if ray_address is not None and engine != "ray":
             raise InputError(
-                f"--engine is 'local' or 'ray' (got {engine!r}); --ray-address goes with --engine ray",
-                path="--engine",
+                "--ray-address goes with --engine ray",
+                path="--ray-address",
                 hint="e.g. --engine ray --ray-address auto",
             )
         check_paths(source, out, resume)  # before the progress bar starts

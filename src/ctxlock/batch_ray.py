@@ -107,6 +107,7 @@ def _run(
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # ctxlock's own bar shows rows/s and tokens/s
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # not a line per dataset on the command's stderr
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # nor "progress bars disabled"
     shards = ray.data.from_items(todo, override_num_blocks=len(todo))
     encoded = shards.map_batches(
         ShardEncoder,
@@ -116,7 +117,6 @@ def _run(
         compute=ray.data.ActorPoolStrategy(size=min(workers, len(todo)), max_tasks_in_flight_per_actor=2),
         num_cpus=1,
         batch_format="numpy",
-        max_restarts=0,  # an actor that dies fails the job; --resume then keeps the shards written so far
     )
     for row in encoded.iter_rows():
         done(write_shard(out, bytes(row["parquet"]), json.loads(row["record"])), False)

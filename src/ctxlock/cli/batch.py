@@ -12,6 +12,39 @@ from ..errors import InputError
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt
 
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="local: worker processes on this machine. ray: Ray Data actors (pip install 'ctxlock\\[ray]'); the "
+        "same shards and manifest, byte for byte.",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="With --engine ray: the cluster to join ('auto', 'ray://host:10001'); by default a local Ray is "
+        "started for the job. The input path must be readable by every node; the driver writes the output.",
+    ),
+]
+MaxLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-length",
+        help="Fit a row with more tokens (ctxlock fit: older history turns dropped, counted in the manifest's "
+        "'fit'); a row whose system, tools and last turn alone are longer is an error row. Never cut mid-turn.",
+    ),
+]
+PackOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--pack",
+        help="Pack rows, in order within a shard, into sequences of at most this many tokens (position_ids "
+        "restart per row; seq_lengths); a longer row is an error row.",
+    ),
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("batch")(batch)
@@ -24,39 +57,11 @@ def batch(
     workers: Annotated[
         int, typer.Option("--workers", help="Worker processes (spawned, one model each); with --engine ray, actors.")
     ] = 1,
-    engine: Annotated[
-        str,
-        typer.Option(
-            "--engine",
-            help="local: worker processes on this machine. ray: Ray Data actors (pip install 'ctxlock\\[ray]'); the "
-            "same shards and manifest, byte for byte.",
-        ),
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            "--ray-address",
-            help="With --engine ray: the cluster to join ('auto', 'ray://host:10001'); by default a local Ray is "
-            "started for the job. The input path must be readable by every node; the driver writes the output.",
-        ),
-    ] = None,
-    max_length: Annotated[
-        int | None,
-        typer.Option(
-            "--max-length",
-            help="Fit a row with more tokens (ctxlock fit: older history turns dropped, counted in the manifest's "
-            "'fit'); a row whose system, tools and last turn alone are longer is an error row. Never cut mid-turn.",
-        ),
-    ] = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    max_length: MaxLengthOpt = None,
     shard_rows: Annotated[int, typer.Option("--shard-rows", help="Input rows per shard.")] = 10_000,
-    pack: Annotated[
-        int | None,
-        typer.Option(
-            "--pack",
-            help="Pack rows, in order within a shard, into sequences of at most this many tokens (position_ids "
-            "restart per row; seq_lengths); a longer row is an error row.",
-        ),
-    ] = None,
+    pack: PackOpt = None,
     train_on_eot: Annotated[
         str, typer.Option("--train-on-eot", help="Train the end-of-turn token of: all turns, the last, none.")
     ] = "all",

@@ -8,14 +8,17 @@ model in each; the jobs run one after another on the same input (the generator o
 turns, mixed scripts, 1% bad rows). While a job runs, this script reads `/proc/<pid>/status` of the job and every
 process under it every 0.1 s: each one's peak RSS (`VmHWM`), and the largest worker's RSS when a quarter, half,
 three quarters and all of the job's time had passed (a flat line: memory does not grow with the input).
-Printed: per job, wall time, tokens/s, the processes' peak RSS; then the 1 -> 2 worker scaling, Ray's time against
-the local engine's at the same worker count, and whether all outputs are byte-identical (they must be).
+Printed: per job, wall time, tokens/s, steady-state rows/s (the rows of the shards after the first, over the time
+between the first and the last shard's record: start-up left out), the processes' peak RSS; then the 1 -> 2
+worker scaling, Ray's time against the local engine's at the same worker count, and whether all outputs are
+byte-identical (they must be).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -82,11 +85,23 @@ def _job(source: Path, model: str, workers: int, engine: str, shard_rows: int) -
     stdout = proc.stdout.read() if proc.stdout else b""
     if proc.returncode != 0:
         raise SystemExit(f"job failed: {' '.join(cmd)}")
-    import json
-
     manifest = json.loads(stdout)
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(out.iterdir()))).hexdigest()
-    return {"wall": wall, "manifest": manifest, "peak": peak, "timeline": timeline, "digest": digest, "pid": proc.pid}
+    # Steady state: the rows of the shards finished after the first one, over the time between the first and the
+    # last shard's record (their mtimes): start-up (imports, workers, model loads, Ray) left out.
+    done = sorted((p.stat().st_mtime, json.loads(p.read_text())) for p in out.glob("shard-*.json"))
+    span = done[-1][0] - done[0][0]
+    later = sum(r["rows"][1] - r["rows"][0] for _, r in done[1:])
+    steady = later / span if len(done) > 1 and span > 0 else float("nan")
+    return {
+        "steady": steady,
+        "wall": wall,
+        "manifest": manifest,
+        "peak": peak,
+        "timeline": timeline,
+        "digest": digest,
+        "pid": proc.pid,
+    }
 
 
 def _is_worker(cmd: str) -> bool:
@@ -124,7 +139,8 @@ def main() -> None:
             m = r["manifest"]
             print(
                 f"{name:7s} {r['wall']:7.2f} s  {m['token_count'] / r['wall']:>9,.0f} tokens/s  "
-                f"{m['rows'] / r['wall']:>7,.0f} rows/s  ({m['rows']:,} rows, {m['token_count']:,} tokens)"
+                f"{m['rows'] / r['wall']:>7,.0f} rows/s  ({m['rows']:,} rows, {m['token_count']:,} tokens); "
+                f"steady state {r['steady']:,.0f} rows/s"
             )
             driver = r["peak"].get(r["pid"], ("", 0))[1]
             workers_peak = sorted((v[1] for p, v in r["peak"].items() if p != r["pid"] and _is_worker(v[0])))
@@ -133,9 +149,17 @@ def main() -> None:
                 print(f"        largest worker's RSS at 1/4, 1/2, 3/4, end: {_quarters(r['timeline'], r['wall'])}")
         print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     if "local1" in results and "local2" in results:
-        print(f"scaling local 1 -> 2 workers: {results['local1']['wall'] / results['local2']['wall']:.2f}x")
+        one, two = results["local1"], results["local2"]
+        print(
+            f"scaling local 1 -> 2 workers: {one['wall'] / two['wall']:.2f}x wall (fresh processes), "
+            f"{two['steady'] / one['steady']:.2f}x steady state"
+        )
     if "local2" in results and "ray2" in results:
-        print(f"ray (2 actors) / local (2 workers) wall time: {results['ray2']['wall'] / results['local2']['wall']:.2f}x")
+        ray2, two = results["ray2"], results["local2"]
+        print(
+            f"ray (2 actors) / local (2 workers): {ray2['wall'] / two['wall']:.2f}x the wall time, "
+            f"{ray2['steady'] / two['steady']:.2f}x the steady-state rows/s"
+        )
     print(f"outputs byte-identical: {len({r['digest'] for r in results.values()}) == 1}")
 
 

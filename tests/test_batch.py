@@ -18,10 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock.batch import BatchOptions, Progress, run_batch
+from ctxlock.batch import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
 from ctxlock.masks import MaskOptions
 from test_cli_conventions import run_main
 
@@ -292,3 +294,23 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
     assert expect["rows_whole"] and expect["rows_fitted"] and expect["rows_over"] and expect["history dropped"]
     assert all(r["length"] <= limit for r in rows.values())
     assert sorted([*rows, *errors]) == list(range(len(lines)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=40),
+    ending=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    final=st.booleans(),
+    shard_rows=st.integers(1, 7),
+)
+def test_shard_specs_read_the_same_rows(
+    tmp_path: Path, lines: list[bytes], ending: bytes, final: bool, shard_rows: int
+) -> None:
+    """`plan_shards` + `read_spec` (what the Ray engine reads) give exactly `read_shards`' rows (the local engine's),
+    for any bytes: blank lines, CR, CRLF, invalid UTF-8, no final newline."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(ending.join(lines) + (ending if final and lines else b""))
+    local = list(read_shards(path, shard_rows))
+    specs = list(plan_shards(path, shard_rows))
+    assert [read_spec(path, s) for s in specs] == local
+    assert [s.index for s in specs] == list(range(len(local)))

@@ -314,3 +314,14 @@ def test_shard_specs_read_the_same_rows(
     specs = list(plan_shards(path, shard_rows))
     assert [read_spec(path, s) for s in specs] == local
     assert [s.index for s in specs] == list(range(len(local)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(0, 60), group=st.integers(1, 25), shard_rows=st.integers(1, 30))
+def test_parquet_shard_specs_read_the_same_rows(tmp_path: Path, rows: int, group: int, shard_rows: int) -> None:
+    """The same for Parquet input, over row-group sizes (a shard's read skips the row groups before it)."""
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"request": [f'{{"n": {n}}}' for n in range(rows)]}), path, row_group_size=group)
+    local = list(read_shards(path, shard_rows))
+    assert [read_spec(path, s) for s in plan_shards(path, shard_rows)] == local
+    assert [n for shard in local for n, _ in shard] == list(range(rows))

@@ -123,13 +123,19 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
             yield n, line.rstrip(b"\r\n")
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows from row `first` on, the row groups wholly before it not read."""
     import pyarrow.parquet as pq  # an optional extra: ctxlock[batch]
 
-    n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+    pf = pq.ParquetFile(path)
+    n, skip = 0, 0
+    while skip < pf.num_row_groups and n + pf.metadata.row_group(skip).num_rows <= first:
+        n += pf.metadata.row_group(skip).num_rows
+        skip += 1
+    for batch in pf.iter_batches(batch_size=1024, row_groups=range(skip, pf.num_row_groups)):
         for row in batch.to_pylist():
-            yield n, row
+            if n >= first:
+                yield n, row
             n += 1
 
 
@@ -169,7 +175,7 @@ def plan_shards(path: Path, shard_rows: int) -> Iterator[ShardSpec]:
 def read_spec(path: Path, spec: ShardSpec) -> list[tuple[int, Any]]:
     """One shard's rows, as `read_shards` gives them."""
     if _is_parquet(path):
-        return list(itertools.islice(_parquet_rows(path), spec.first_row, spec.stop_row))
+        return list(itertools.islice(_parquet_rows(path, spec.first_row), spec.stop_row - spec.first_row))
     with path.open("rb") as fh:
         fh.seek(spec.start)
         data = fh.read(spec.end - spec.start)

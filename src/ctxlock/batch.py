@@ -10,7 +10,7 @@ The job (`run_batch`), in order:
   elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on) is an error row: `{row, type,
   path, message}` in `errors.jsonl`, never dropped silently.
 - **`max_length`**: a row over it is fitted (`budget.fit_context`, no generation prefix: the system messages, tools
-  and current turn are required, older history turns are dropped newest-last as a contiguous suffix) and then
+  and current turn are required; the kept history is a contiguous most-recent suffix of turns) and then
   masked; a row whose required part alone is over it is an error row (`BudgetExceeded`, the fit's message). The
   manifest's `fit` counts rows kept whole, fitted and over, and the fit decisions per kind (`history dropped`, ...).
   `request_sha256` stays the digest of the row as given. `pack` alone: a row longer than it is an error row.

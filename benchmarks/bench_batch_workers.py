@@ -8,10 +8,10 @@ model in each; the jobs run one after another on the same input (the generator o
 turns, mixed scripts, 1% bad rows). While a job runs, this script reads `/proc/<pid>/status` of the job and every
 process under it every 0.1 s: each one's peak RSS (`VmHWM`), and the largest worker's RSS when a quarter, half,
 three quarters and all of the job's time had passed (a flat line: memory does not grow with the input).
-Printed: per job, wall time, tokens/s, steady-state rows/s (the rows of the shards after the first, over the time
-between the first and the last shard's record: start-up left out), the processes' peak RSS; then the 1 -> 2
-worker scaling, Ray's time against the local engine's at the same worker count, and whether all outputs are
-byte-identical (they must be).
+Printed: per job, wall time, CPU time (user + sys of the job and of the workers it waited for), tokens/s,
+steady-state rows/s (the rows of the shards after the first, over the time between the first and the last shard's
+record: start-up left out), the processes' peak RSS; then the 1 -> 2 worker scaling, Ray's time against the local
+engine's at the same worker count, and whether all outputs are byte-identical (they must be).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,7 @@ def _job(source: Path, model: str, workers: int, engine: str, shard_rows: int) -
     cmd = [sys.executable, "-m", "ctxlock", "batch", str(source), str(out), "-m", model]
     cmd += ["--workers", str(workers), "--engine", engine, "--shard-rows", str(shard_rows), "--json"]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     peak: dict[int, tuple[str, int]] = {}
@@ -82,6 +84,8 @@ def _job(source: Path, model: str, workers: int, engine: str, shard_rows: int) -
         timeline.append((time.perf_counter() - t0, rss_now))
         time.sleep(0.1)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the job and the processes it waited for
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     stdout = proc.stdout.read() if proc.stdout else b""
     if proc.returncode != 0:
         raise SystemExit(f"job failed: {' '.join(cmd)}")
@@ -94,6 +98,7 @@ def _job(source: Path, model: str, workers: int, engine: str, shard_rows: int) -
     later = sum(r["rows"][1] - r["rows"][0] for _, r in done[1:])
     steady = later / span if len(done) > 1 and span > 0 else float("nan")
     return {
+        "cpu": cpu,
         "steady": steady,
         "wall": wall,
         "manifest": manifest,
@@ -144,6 +149,7 @@ def main() -> None:
             )
             driver = r["peak"].get(r["pid"], ("", 0))[1]
             workers_peak = sorted((v[1] for p, v in r["peak"].items() if p != r["pid"] and _is_worker(v[0])))
+            print(f"        CPU time (user + sys) of the job and its workers: {r['cpu']:.2f} s")
             print(f"        peak RSS: the command's process {driver} MiB; workers {workers_peak} MiB")
             if workers_peak:
                 print(f"        largest worker's RSS at 1/4, 1/2, 3/4, end: {_quarters(r['timeline'], r['wall'])}")
@@ -152,7 +158,7 @@ def main() -> None:
         one, two = results["local1"], results["local2"]
         print(
             f"scaling local 1 -> 2 workers: {one['wall'] / two['wall']:.2f}x wall (fresh processes), "
-            f"{two['steady'] / one['steady']:.2f}x steady state"
+            f"{two['steady'] / one['steady']:.2f}x steady state; CPU time 2 workers / 1: {two['cpu'] / one['cpu']:.2f}x"
         )
     if "local2" in results and "ray2" in results:
         ray2, two = results["ray2"], results["local2"]

@@ -268,6 +268,7 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
     model = ctxlock.load(model_dir)
     policy = BudgetPolicy(max_input_tokens=limit, generation_prefix="none")
     expect: dict[str, int] = {"rows_whole": 0, "rows_fitted": 0, "rows_over": 0}
+    fitted_rows: dict[int, list[int]] = {}
     for n, line in enumerate(lines):
         request = model.parse(line)
         full = model.encode(line, return_assistant_mask=True)["input_ids"][0].tolist()
@@ -282,6 +283,7 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
             assert errors[n] == {"row": n, "type": "BudgetExceeded", "path": exc.path, "message": exc.message}
             continue
         expect["rows_fitted"] += 1
+        fitted_rows[n] = list(fitted.kept_messages)
         mi = model.encode(fitted.request, return_assistant_mask=True)
         assert rows[n]["input_ids"] == list(fitted.ids) == mi["input_ids"][0].tolist()
         assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
@@ -291,6 +293,9 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
                 key = f"{d.kind} {'kept' if d.kept else 'dropped'}"
                 expect[key] = expect.get(key, 0) + 1
     assert manifest["fit"] == dict(sorted(expect.items()))
+    records = [json.loads(p.read_text("utf-8")) for p in sorted((tmp_path / "o").glob("shard-*.json"))]
+    assert {f["row"]: f["kept_messages"] for r in records for f in r["fitted"]} == fitted_rows
+    assert all("fitted" not in s for s in manifest["shards"])
     assert expect["rows_whole"] and expect["rows_fitted"] and expect["rows_over"] and expect["history dropped"]
     assert all(r["length"] <= limit for r in rows.values())
     assert sorted([*rows, *errors]) == list(range(len(lines)))

@@ -12,7 +12,8 @@ The job (`run_batch`), in order:
 - **`max_length`**: a row over it is fitted (`budget.fit_context`, no generation prefix: the system messages, tools
   and current turn are required; the kept history is a contiguous most-recent suffix of turns) and then
   masked; a row whose required part alone is over it is an error row (`BudgetExceeded`, the fit's message). The
-  manifest's `fit` counts rows kept whole, fitted and over, and the fit decisions per kind (`history dropped`, ...).
+  manifest's `fit` counts rows kept whole, fitted and over, and the fit decisions per kind (`history dropped`, ...);
+  each shard's record lists its fitted rows with the indexes of the messages they kept (`fitted`).
   `request_sha256` stays the digest of the row as given. `pack` alone: a row longer than it is an error row.
 - **Shards**: shard k holds rows [k*shard_rows, (k+1)*shard_rows): `shard-00000.parquet` (zstd), columns `row`
   (int64), `request_sha256` (of the canonical request), `input_ids` and `labels` (list<int32>), `length` (int32).
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .budget import BudgetPolicy, fit_context
+from .budget import BudgetPolicy, Fitted, fit_context
 from .caches import LRU
 from .errors import BudgetError, CtxlockError, InputError
 from .masks import MaskOptions, assistant_mask
@@ -55,6 +56,8 @@ from .model import Model, load
 SCHEMA_VERSION = 1
 THREADS = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 _IGNORE = -100
+# An encoded row: (row, request_sha256, input_ids, labels, the kept messages' indexes when fitted, else None).
+_Row = tuple[int, str, np.ndarray, np.ndarray, tuple[int, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -224,14 +227,17 @@ def init_worker(model: str | None) -> None:
 
 def _encode_row(
     model: Model, raw: Any, opts: BatchOptions, notes: set[str], fits: Counter[str]
-) -> tuple[str, np.ndarray, np.ndarray]:
+) -> tuple[str, np.ndarray, np.ndarray, tuple[int, ...] | None]:
+    """(request_sha256, ids, labels, the kept messages' indexes when the row was fitted, else None)."""
     request = model.parse(_request_of(raw))
     digest = hashlib.sha256(request.to_json().encode("utf-8")).hexdigest()  # of the row as given, fitted or not
     lay, mask = assistant_mask(model, request, opts.mask, add_generation_prompt=False)
+    kept_messages: tuple[int, ...] | None = None
     if opts.max_length is not None:
         if len(lay.ids) > opts.max_length:
             fitted = _fit(model, request, opts.max_length, fits)
-            lay, mask = assistant_mask(model, fitted, opts.mask, add_generation_prompt=False)
+            kept_messages = fitted.kept_messages
+            lay, mask = assistant_mask(model, fitted.request, opts.mask, add_generation_prompt=False)
         else:
             fits["rows_whole"] += 1
     notes.update(mask.notes)
@@ -239,10 +245,10 @@ def _encode_row(
     if opts.pack is not None and len(ids) > opts.pack:
         raise _TooLong(len(ids), opts.pack)
     labels = np.where(mask.mask == 1, ids, _IGNORE).astype(np.int32)
-    return digest, ids, labels
+    return digest, ids, labels, kept_messages
 
 
-def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Any:
+def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Fitted:
     """`budget.fit_context` of a row over `max_length` (no generation prefix: training data); its decisions are
     counted per kind (`history kept`, `history dropped`, ...). Required segments over the length raise
     BudgetExceeded: the row is an error row."""
@@ -256,7 +262,7 @@ def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Any
     for d in fitted.decisions:
         if d.kind != "generation":  # not a segment: with no generation prefix its row says "none"
             fits[f"{d.kind} {'kept' if d.kept else 'dropped'}"] += 1
-    return fitted.request
+    return fitted
 
 
 class _TooLong(CtxlockError):
@@ -283,7 +289,7 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     """One shard's Parquet bytes and its record (without the file's sha256, which `write_shard` adds): what both
     engines compute where the rows are, and the writer then puts on disk."""
     model = load_model(opts.model)
-    kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
+    kept: list[_Row] = []
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
     fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
@@ -308,6 +314,8 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     }
     if opts.max_length is not None:
         record["fit"] = dict(sorted(fits.items()))
+        # Which rows were fitted, and the indexes of the input messages each one kept (the rest were dropped).
+        record["fitted"] = [{"row": k[0], "kept_messages": list(k[4])} for k in kept if k[4] is not None]
     return _parquet_bytes(table), record
 
 
@@ -333,7 +341,7 @@ def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
     }
 
 
-def _table(kept: list[tuple[int, str, np.ndarray, np.ndarray]]) -> Any:
+def _table(kept: list[_Row]) -> Any:
     import pyarrow as pa
 
     list32 = pa.list_(pa.int32())
@@ -348,13 +356,13 @@ def _table(kept: list[tuple[int, str, np.ndarray, np.ndarray]]) -> Any:
     )
 
 
-def _packed_table(kept: list[tuple[int, str, np.ndarray, np.ndarray]], pack: int) -> Any:
+def _packed_table(kept: list[_Row], pack: int) -> Any:
     """Rows packed greedily in row order, within the shard, into sequences of at most `pack` tokens: `row` is the
     first row's number, `rows` and `request_sha256` list each row's, `position_ids` restart at 0 for each row and
     `seq_lengths` are the rows' lengths."""
     import pyarrow as pa
 
-    packs: list[list[tuple[int, str, np.ndarray, np.ndarray]]] = []
+    packs: list[list[_Row]] = []
     size = pack + 1
     for k in kept:
         if size + len(k[2]) > pack:
@@ -542,7 +550,7 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         "errors": {"file": "errors.jsonl", "sha256": hashlib.sha256(errors).hexdigest()},
         "notes": sorted({n for r in records for n in r.get("notes", ())}),
         **({} if opts.max_length is None else {"fit": _fit_counts(records)}),
-        "shards": [{k: v for k, v in r.items() if k not in ("errors", "job")} for r in records],
+        "shards": [{k: v for k, v in r.items() if k not in ("errors", "job", "fitted")} for r in records],
     }
     _write_atomic(out / "manifest.json", _json_bytes(manifest))
     return manifest

@@ -77,7 +77,7 @@ def ray_engine(address: str | None = None, workers: int = 1) -> Engine:
         ray = _ray()
         started = not ray.is_initialized()
         if started:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            _init(ray, address)
         try:
             todo = []
             for spec in plan_shards(source, opts.shard_rows):
@@ -120,6 +120,19 @@ def _run(
     )
     for row in encoded.iter_rows():
         done(write_shard(out, bytes(row["parquet"]), json.loads(row["record"])), False)
+
+
+def _init(ray: Any, address: str | None) -> None:
+    """Start a local Ray, or join the cluster at `address`; a failure is one InputError, not Ray's traceback."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        first = (str(exc).splitlines() or [""])[0]
+        raise InputError(
+            f"Ray did not start or join a cluster: {type(exc).__name__}: {first}",
+            path="--ray-address" if address else "--engine ray",
+            hint="check --ray-address (e.g. 'auto' on a node of a running cluster), or drop it to start a local Ray",
+        ) from None
 
 
 def _ray() -> Any:

@@ -18,10 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock.batch import BatchOptions, Progress, run_batch
+from ctxlock.batch import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
 from ctxlock.masks import MaskOptions
 from test_cli_conventions import run_main
 
@@ -173,7 +175,7 @@ def test_max_length_and_mask_options(tmp_path: Path) -> None:
     source = _write(tmp_path, _dataset(30, seed=5))
     manifest = run_batch(source, tmp_path / "a", BatchOptions(model="book", max_length=60, shard_rows=30))
     errors = [json.loads(x) for x in (tmp_path / "a" / "errors.jsonl").read_text("utf-8").splitlines()]
-    assert any(e["type"] == "TooLongError" for e in errors)
+    assert any(e["type"] == "BudgetExceeded" for e in errors)
     assert all(r["length"] <= 60 for r in _rows(tmp_path / "a").values())
     last = run_batch(
         source, tmp_path / "b", BatchOptions(model="book", shard_rows=30, mask=MaskOptions(last_turn_only=True))
@@ -195,6 +197,10 @@ def test_cli(tmp_path: Path) -> None:
     assert code == 1 and err.count("\n") == 1
     code, _, err = run_main(["batch", str(tmp_path / "missing.jsonl"), str(tmp_path / "q"), "-m", "book"])
     assert code == 1 and "no such input file" in err
+    code, _, err = run_main(["batch", str(source), str(tmp_path / "r"), "--engine", "spark"])
+    assert code == 1 and err.startswith("error:") and "'local' or 'ray'" in err and err.count("\n") == 1
+    code, _, err = run_main(["batch", str(source), str(tmp_path / "r"), "--ray-address", "auto"])
+    assert code == 1 and "--engine ray" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("bad", [b"\xff\xfe", b'{"messages": "no"}'])
@@ -224,3 +230,103 @@ def test_pack(tmp_path: Path) -> None:
     too_long = [n for n, r in rows.items() if r["length"] > 256]
     assert sorted(seen + too_long) == sorted(rows)
     assert packed["error_count"] == plain["error_count"] + len(too_long)
+
+
+def _long_chats(n: int, seed: int) -> list[str]:
+    """n multi-turn chats of varied length (so some fit whole, some lose history, some are over even alone)."""
+    rnd = random.Random(seed)
+    lines = []
+    for i in range(n):
+        msgs: list[dict[str, Any]] = []
+        for t in range(rnd.randint(1, 6)):
+            size = rnd.choice([2, 5, 20, 80])
+            msgs += [
+                {
+                    "role": "user",
+                    "content": f"q{i}.{t} " + " ".join(rnd.choice(["alpha", "日本", "β"]) for _ in range(size)),
+                },
+                {"role": "assistant", "content": f"a{i}.{t} " + "ok " * rnd.randint(1, size)},
+            ]
+        row = {"messages": ([{"role": "system", "content": "be brief"}] if i % 4 == 0 else []) + msgs}
+        lines.append(json.dumps(row, ensure_ascii=False))
+    return lines
+
+
+def test_max_length_fits_each_row(tmp_path: Path) -> None:
+    """--max-length runs `fit_context` on a row over it: the shard holds the fitted ids and masks, the decisions are
+    counted, a row whose required part alone is over it is an error row with the fit's error."""
+    from ctxlock.budget import BudgetPolicy, fit_context
+    from ctxlock.errors import BudgetExceeded
+
+    model_dir = str(fetched.hf_tokenizer_dir("qwen2"))
+    lines = _long_chats(80, seed=8)
+    source = _write(tmp_path, lines)
+    limit = 200
+    manifest = run_batch(source, tmp_path / "o", BatchOptions(model=model_dir, shard_rows=30, max_length=limit))
+    rows = _rows(tmp_path / "o")
+    errors = {e["row"]: e for e in map(json.loads, (tmp_path / "o" / "errors.jsonl").read_text("utf-8").splitlines())}
+    model = ctxlock.load(model_dir)
+    policy = BudgetPolicy(max_input_tokens=limit, generation_prefix="none")
+    expect: dict[str, int] = {"rows_whole": 0, "rows_fitted": 0, "rows_over": 0}
+    fitted_rows: dict[int, list[int]] = {}
+    for n, line in enumerate(lines):
+        request = model.parse(line)
+        full = model.encode(line, return_assistant_mask=True)["input_ids"][0].tolist()
+        if len(full) <= limit:
+            expect["rows_whole"] += 1
+            assert rows[n]["input_ids"] == full
+            continue
+        try:
+            fitted = fit_context(request, model, policy, add_generation_prompt=False)
+        except BudgetExceeded as exc:
+            expect["rows_over"] += 1
+            assert errors[n] == {"row": n, "type": "BudgetExceeded", "path": exc.path, "message": exc.message}
+            continue
+        expect["rows_fitted"] += 1
+        fitted_rows[n] = list(fitted.kept_messages)
+        mi = model.encode(fitted.request, return_assistant_mask=True)
+        assert rows[n]["input_ids"] == list(fitted.ids) == mi["input_ids"][0].tolist()
+        assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
+        assert rows[n]["request_sha256"] == hashlib.sha256(request.to_json().encode()).hexdigest()
+        for d in fitted.decisions:
+            if d.kind != "generation":
+                key = f"{d.kind} {'kept' if d.kept else 'dropped'}"
+                expect[key] = expect.get(key, 0) + 1
+    assert manifest["fit"] == dict(sorted(expect.items()))
+    records = [json.loads(p.read_text("utf-8")) for p in sorted((tmp_path / "o").glob("shard-*.json"))]
+    assert {f["row"]: f["kept_messages"] for r in records for f in r["fitted"]} == fitted_rows
+    assert all("fitted" not in s for s in manifest["shards"])
+    assert expect["rows_whole"] and expect["rows_fitted"] and expect["rows_over"] and expect["history dropped"]
+    assert all(r["length"] <= limit for r in rows.values())
+    assert sorted([*rows, *errors]) == list(range(len(lines)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=40),
+    ending=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    final=st.booleans(),
+    shard_rows=st.integers(1, 7),
+)
+def test_shard_specs_read_the_same_rows(
+    tmp_path: Path, lines: list[bytes], ending: bytes, final: bool, shard_rows: int
+) -> None:
+    """`plan_shards` + `read_spec` (what the Ray engine reads) give exactly `read_shards`' rows (the local engine's),
+    for any bytes: blank lines, CR, CRLF, invalid UTF-8, no final newline."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(ending.join(lines) + (ending if final and lines else b""))
+    local = list(read_shards(path, shard_rows))
+    specs = list(plan_shards(path, shard_rows))
+    assert [read_spec(path, s) for s in specs] == local
+    assert [s.index for s in specs] == list(range(len(local)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(0, 60), group=st.integers(1, 25), shard_rows=st.integers(1, 30))
+def test_parquet_shard_specs_read_the_same_rows(tmp_path: Path, rows: int, group: int, shard_rows: int) -> None:
+    """The same for Parquet input, over row-group sizes (a shard's read skips the row groups before it)."""
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"request": [f'{{"n": {n}}}' for n in range(rows)]}), path, row_group_size=group)
+    local = list(read_shards(path, shard_rows))
+    assert [read_spec(path, s) for s in plan_shards(path, shard_rows)] == local
+    assert [n for shard in local for n, _ in shard] == list(range(rows))

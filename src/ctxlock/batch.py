@@ -7,8 +7,14 @@ The job (`run_batch`), in order:
   a row (an error row). The input is read in shards of `shard_rows` rows and never held whole in memory.
 - **Rows**: each row is parsed, rendered, tokenized and masked exactly as `Model.encode(..., return_assistant_mask=
   True)` does (`ctxlock.masks`; `add_generation_prompt` False). `labels` are the ids where the mask is 1 and -100
-  elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on, longer than `max_length`) is an
-  error row: `{row, type, path, message}` in `errors.jsonl`, never dropped silently.
+  elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on) is an error row: `{row, type,
+  path, message}` in `errors.jsonl`, never dropped silently.
+- **`max_length`**: a row over it is fitted (`budget.fit_context`, no generation prefix: the system messages, tools
+  and current turn are required; the kept history is a contiguous most-recent suffix of turns) and then
+  masked; a row whose required part alone is over it is an error row (`BudgetExceeded`, the fit's message). The
+  manifest's `fit` counts rows kept whole, fitted and over, and the fit decisions per kind (`history dropped`, ...);
+  each shard's record lists its fitted rows with the indexes of the messages they kept (`fitted`).
+  `request_sha256` stays the digest of the row as given. `pack` alone: a row longer than it is an error row.
 - **Shards**: shard k holds rows [k*shard_rows, (k+1)*shard_rows): `shard-00000.parquet` (zstd), columns `row`
   (int64), `request_sha256` (of the canonical request), `input_ids` and `labels` (list<int32>), `length` (int32).
   The shards depend on the input and the options only, never on `workers`: the same input gives byte-identical
@@ -25,10 +31,13 @@ The job (`run_batch`), in order:
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
 import multiprocessing
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -38,14 +47,17 @@ from typing import Any
 
 import numpy as np
 
+from .budget import BudgetPolicy, Fitted, fit_context
 from .caches import LRU
-from .errors import CtxlockError, InputError
+from .errors import BudgetError, CtxlockError, InputError
 from .masks import MaskOptions, assistant_mask
 from .model import Model, load
 
 SCHEMA_VERSION = 1
-_THREADS = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+THREADS = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 _IGNORE = -100
+# An encoded row: (row, request_sha256, input_ids, labels, the kept messages' indexes when fitted, else None).
+_Row = tuple[int, str, np.ndarray, np.ndarray, tuple[int, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -114,14 +126,63 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
             yield n, line.rstrip(b"\r\n")
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows from row `first` on, the row groups wholly before it not read."""
     import pyarrow.parquet as pq  # an optional extra: ctxlock[batch]
 
-    n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+    pf = pq.ParquetFile(path)
+    n, skip = 0, 0
+    while skip < pf.num_row_groups and n + pf.metadata.row_group(skip).num_rows <= first:
+        n += pf.metadata.row_group(skip).num_rows
+        skip += 1
+    for batch in pf.iter_batches(batch_size=1024, row_groups=range(skip, pf.num_row_groups)):
         for row in batch.to_pylist():
-            yield n, row
+            if n >= first:
+                yield n, row
             n += 1
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where shard `index` is in the input: rows [first_row, stop_row), and for JSONL the bytes [start, end)."""
+
+    index: int
+    first_row: int
+    stop_row: int
+    start: int = 0
+    end: int = 0
+
+
+def plan_shards(path: Path, shard_rows: int) -> Iterator[ShardSpec]:
+    """The input's shards without their rows (a scan for line offsets, or the Parquet footer): what an engine that
+    reads each shard where it encodes it (Ray) hands out. `read_spec` gives exactly `read_shards`' rows."""
+    if _is_parquet(path):
+        import pyarrow.parquet as pq  # an optional extra: ctxlock[batch]
+
+        total = pq.ParquetFile(path).metadata.num_rows
+        for index, first in enumerate(range(0, total, shard_rows)):
+            yield ShardSpec(index, first, min(first + shard_rows, total))
+        return
+    with path.open("rb") as fh:
+        index, first, n, start, at = 0, 0, 0, 0, 0
+        for line in fh:
+            at += len(line)
+            n += 1
+            if n - first == shard_rows:
+                yield ShardSpec(index, first, n, start, at)
+                index, first, start = index + 1, n, at
+        if n > first:
+            yield ShardSpec(index, first, n, start, at)
+
+
+def read_spec(path: Path, spec: ShardSpec) -> list[tuple[int, Any]]:
+    """One shard's rows, as `read_shards` gives them."""
+    if _is_parquet(path):
+        return list(itertools.islice(_parquet_rows(path, spec.first_row), spec.stop_row - spec.first_row))
+    with path.open("rb") as fh:
+        fh.seek(spec.start)
+        data = fh.read(spec.end - spec.start)
+    return [(spec.first_row + k, line.rstrip(b"\r\n")) for k, line in enumerate(io.BytesIO(data))]
 
 
 def _request_of(raw: Any) -> Any:
@@ -148,7 +209,8 @@ def sha256_file(path: Path) -> str:
 _MODELS: LRU[str, Model] = LRU("batch.models", max_items=2, scope="artifact")
 
 
-def _model(spec: str | None) -> Model:
+def load_model(spec: str | None) -> Model:
+    """The model this process encodes with (loaded once per process, kept in the `batch.models` cache)."""
     key = "" if spec is None else spec
     hit = _MODELS.get(key)
     if hit is None:
@@ -157,29 +219,58 @@ def _model(spec: str | None) -> Model:
     return hit
 
 
-def _init_worker(model: str | None) -> None:
-    os.environ.update(_THREADS)
-    _model(model)
+def init_worker(model: str | None) -> None:
+    """A worker process's start: one tokenizer thread (parallelism is across processes), then the model."""
+    os.environ.update(THREADS)
+    load_model(model)
 
 
-def _encode_row(model: Model, raw: Any, opts: BatchOptions, notes: set[str]) -> tuple[str, np.ndarray, np.ndarray]:
+def _encode_row(
+    model: Model, raw: Any, opts: BatchOptions, notes: set[str], fits: Counter[str]
+) -> tuple[str, np.ndarray, np.ndarray, tuple[int, ...] | None]:
+    """(request_sha256, ids, labels, the kept messages' indexes when the row was fitted, else None)."""
     request = model.parse(_request_of(raw))
+    digest = hashlib.sha256(request.to_json().encode("utf-8")).hexdigest()  # of the row as given, fitted or not
     lay, mask = assistant_mask(model, request, opts.mask, add_generation_prompt=False)
+    kept_messages: tuple[int, ...] | None = None
+    if opts.max_length is not None:
+        if len(lay.ids) > opts.max_length:
+            fitted = _fit(model, request, opts.max_length, fits)
+            kept_messages = fitted.kept_messages
+            lay, mask = assistant_mask(model, fitted.request, opts.mask, add_generation_prompt=False)
+        else:
+            fits["rows_whole"] += 1
     notes.update(mask.notes)
     ids = np.asarray(lay.ids, dtype=np.int32)
-    limits = [n for n in (opts.max_length, opts.pack) if n is not None]
-    if limits and len(ids) > min(limits):
-        raise _TooLong(len(ids), min(limits))
+    if opts.pack is not None and len(ids) > opts.pack:
+        raise _TooLong(len(ids), opts.pack)
     labels = np.where(mask.mask == 1, ids, _IGNORE).astype(np.int32)
-    return hashlib.sha256(request.to_json().encode("utf-8")).hexdigest(), ids, labels
+    return digest, ids, labels, kept_messages
+
+
+def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Fitted:
+    """`budget.fit_context` of a row over `max_length` (no generation prefix: training data); its decisions are
+    counted per kind (`history kept`, `history dropped`, ...). Required segments over the length raise
+    BudgetExceeded: the row is an error row."""
+    policy = BudgetPolicy(max_input_tokens=max_length, generation_prefix="none")
+    try:
+        fitted = fit_context(request, model, policy, add_generation_prompt=False)
+    except BudgetError:
+        fits["rows_over"] += 1
+        raise
+    fits["rows_fitted"] += 1
+    for d in fitted.decisions:
+        if d.kind != "generation":  # not a segment: with no generation prefix its row says "none"
+            fits[f"{d.kind} {'kept' if d.kept else 'dropped'}"] += 1
+    return fitted
 
 
 class _TooLong(CtxlockError):
     def __init__(self, n: int, limit: int) -> None:
         super().__init__(
-            f"the row is {n:,} tokens, over the limit of {limit:,} (--max-length or --pack)",
+            f"the row is {n:,} tokens, over the --pack length of {limit:,}",
             path="input_ids",
-            hint="raise --max-length, or fit the conversation first (ctxlock fit)",
+            hint="raise --pack, or give --max-length to fit each row (ctxlock fit) to at most that many tokens",
         )
 
 
@@ -190,22 +281,28 @@ def _error_row(row: int, exc: CtxlockError) -> dict[str, Any]:
 
 def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchOptions) -> dict[str, Any]:
     """Encode one shard's rows and write its Parquet file and record (atomically); return the record."""
-    model = _model(opts.model)
-    kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
+    data, record = shard_bytes(index, rows, opts)
+    return write_shard(Path(out), data, record)
+
+
+def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> tuple[bytes, dict[str, Any]]:
+    """One shard's Parquet bytes and its record (without the file's sha256, which `write_shard` adds): what both
+    engines compute where the rows are, and the writer then puts on disk."""
+    model = load_model(opts.model)
+    kept: list[_Row] = []
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
+    fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
     for row, raw in rows:
         try:
-            kept.append((row, *_encode_row(model, raw, opts, notes)))
+            kept.append((row, *_encode_row(model, raw, opts, notes, fits)))
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
     table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)
-    name = f"shard-{index:05d}.parquet"
-    digest = _write_parquet(table, Path(out) / name)
     record = {
         "index": index,
-        "file": name,
-        "sha256": digest,
+        "file": f"shard-{index:05d}.parquet",
+        "job": _job(model, opts),
         "rows": [rows[0][0], rows[-1][0] + 1],
         "row_count": len(kept),
         "error_count": len(errors),
@@ -215,11 +312,36 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
         "notes": sorted(notes),
         "errors": errors,
     }
-    _write_atomic(Path(out) / f"shard-{index:05d}.json", _json_bytes(record))
+    if opts.max_length is not None:
+        record["fit"] = dict(sorted(fits.items()))
+        # Which rows were fitted, and the indexes of the input messages each one kept (the rest were dropped).
+        record["fitted"] = [{"row": k[0], "kept_messages": list(k[4])} for k in kept if k[4] is not None]
+    return _parquet_bytes(table), record
+
+
+def write_shard(out: Path, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
+    """Write a shard's Parquet bytes, then its record with their sha256, each under a temporary name renamed into
+    place (a shard counts as done only once its record is there); return the record."""
+    record = {**record, "sha256": hashlib.sha256(data).hexdigest()}
+    _write_atomic(out / record["file"], data)
+    _write_atomic(out / f"shard-{record['index']:05d}.json", _json_bytes(record))
     return record
 
 
-def _table(kept: list[tuple[int, str, np.ndarray, np.ndarray]]) -> Any:
+def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
+    """What made a shard: the model's digests and the policy's (every shard of one output must have the same)."""
+    templates = model.templates
+    return {
+        "model": model.id,
+        "template_sha256": {}
+        if templates is None
+        else {n: t.sha256 for n, t in zip(templates.names, templates.templates, strict=True)},
+        "tokenizer_sha256": model.tokenizer.sha256,
+        "policy_sha256": hashlib.sha256(_json_bytes(opts.policy())).hexdigest(),
+    }
+
+
+def _table(kept: list[_Row]) -> Any:
     import pyarrow as pa
 
     list32 = pa.list_(pa.int32())
@@ -234,13 +356,13 @@ def _table(kept: list[tuple[int, str, np.ndarray, np.ndarray]]) -> Any:
     )
 
 
-def _packed_table(kept: list[tuple[int, str, np.ndarray, np.ndarray]], pack: int) -> Any:
+def _packed_table(kept: list[_Row], pack: int) -> Any:
     """Rows packed greedily in row order, within the shard, into sequences of at most `pack` tokens: `row` is the
     first row's number, `rows` and `request_sha256` list each row's, `position_ids` restart at 0 for each row and
     `seq_lengths` are the rows' lengths."""
     import pyarrow as pa
 
-    packs: list[list[tuple[int, str, np.ndarray, np.ndarray]]] = []
+    packs: list[list[_Row]] = []
     size = pack + 1
     for k in kept:
         if size + len(k[2]) > pack:
@@ -265,19 +387,14 @@ def _packed_table(kept: list[tuple[int, str, np.ndarray, np.ndarray]], pack: int
     )
 
 
-def _write_parquet(table: Any, path: Path) -> str:
+def _parquet_bytes(table: Any) -> bytes:
+    """The one Parquet writer of both engines (zstd level 3, no dictionary, the Arrow schema stored)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=False, store_schema=True)
-        digest = sha256_file(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return digest
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=False, store_schema=True)
+    return sink.getvalue().to_pybytes()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -300,15 +417,22 @@ def _json_bytes(value: Any) -> bytes:
 # -- the job ----------------------------------------------------------------------------------------------------
 
 
-def _finished(out: Path, index: int) -> dict[str, Any] | None:
-    """A shard's record when the shard is complete: the record is there and the file has its sha256."""
+def finished_shard(out: Path, index: int, opts: BatchOptions) -> dict[str, Any] | None:
+    """A shard's record when the shard is complete and this job's: the record is there, was made with the same
+    policy, and the file has its sha256."""
     try:
         record = json.loads((out / f"shard-{index:05d}.json").read_text("utf-8"))
-        if sha256_file(out / record["file"]) == record["sha256"]:
+        same = record["job"]["policy_sha256"] == hashlib.sha256(_json_bytes(opts.policy())).hexdigest()
+        if same and sha256_file(out / record["file"]) == record["sha256"]:
             return record
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return None
+
+
+# An engine runs the shards that are not finished: (source, out, options, resume, done) -> None, calling
+# done(record, kept) once per shard (kept: a finished shard `resume` kept). The local one is `run_batch`'s own.
+Engine = Callable[[Path, Path, BatchOptions, bool, Callable[[dict[str, Any], bool], None]], None]
 
 
 def run_batch(
@@ -319,15 +443,16 @@ def run_batch(
     workers: int = 1,
     resume: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, Any]:
-    """Run the job (module docstring); return the manifest. `out` must be empty or absent unless `resume`."""
+    """Run the job (module docstring); return the manifest. `out` must be empty or absent unless `resume`.
+    `engine`: another engine (`ctxlock.batch_ray.ray_engine`); by default `workers` local processes."""
     check_paths(source, out, resume)
     out.mkdir(parents=True, exist_ok=True)
     for leftover in out.glob(".shard-*.tmp"):  # a killed run's half-written files
         leftover.unlink()
     progress = Progress()
     records: dict[int, dict[str, Any]] = {}
-    todo: Iterator[tuple[int, list[tuple[int, Any]]]] = enumerate(read_shards(source, opts.shard_rows))
 
     def done(record: dict[str, Any], kept: bool) -> None:
         records[record["index"]] = record
@@ -339,18 +464,16 @@ def run_batch(
         if on_progress is not None:
             on_progress(progress)
 
-    if workers <= 1:
-        _init_local(opts)
-        for index, rows in todo:
-            finished = _finished(out, index) if resume else None
+    if engine is not None:
+        engine(source, out, opts, resume, done)
+    elif workers <= 1:
+        load_model(opts.model)
+        for index, rows in enumerate(read_shards(source, opts.shard_rows)):
+            finished = finished_shard(out, index, opts) if resume else None
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
     else:
-        _run_pool(todo, out, opts, workers, resume, done)
+        _run_pool(enumerate(read_shards(source, opts.shard_rows)), out, opts, workers, resume, done)
     return _write_manifest(source, out, opts, [records[k] for k in sorted(records)])
-
-
-def _init_local(opts: BatchOptions) -> None:
-    _model(opts.model)
 
 
 def _run_pool(
@@ -362,10 +485,10 @@ def _run_pool(
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(opts.model,)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
         pending: set[Future] = set()
         for index, rows in todo:
-            finished = _finished(out, index) if resume else None
+            finished = finished_shard(out, index, opts) if resume else None
             if finished is not None:
                 done(finished, True)
                 continue
@@ -408,17 +531,14 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8") for r in records for e in r["errors"]
     )
     _write_atomic(out / "errors.jsonl", errors)
-    model = _model(opts.model)
-    templates = model.templates
+    job = _one_job(out, records) if records else _job(load_model(opts.model), opts)
     policy = opts.policy()
     manifest = {
         "ctxlock_version": _version("ctxlock"),
         "pyarrow_version": _version("pyarrow"),  # the shards' bytes are pyarrow's writer's
-        "model": model.id,
-        "template_sha256": {}
-        if templates is None
-        else {n: t.sha256 for n, t in zip(templates.names, templates.templates, strict=True)},
-        "tokenizer_sha256": model.tokenizer.sha256,
+        "model": job["model"],
+        "template_sha256": job["template_sha256"],
+        "tokenizer_sha256": job["tokenizer_sha256"],
         "policy": policy,
         "policy_sha256": hashlib.sha256(_json_bytes(policy)).hexdigest(),
         "input": {"file": source.name, "sha256": sha256_file(source)},
@@ -429,10 +549,49 @@ def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[d
         "trained_tokens": sum(r["trained_tokens"] for r in records),
         "errors": {"file": "errors.jsonl", "sha256": hashlib.sha256(errors).hexdigest()},
         "notes": sorted({n for r in records for n in r.get("notes", ())}),
-        "shards": [{k: v for k, v in r.items() if k != "errors"} for r in records],
+        **({} if opts.max_length is None else {"fit": _fit_counts(records)}),
+        "shards": [{k: v for k, v in r.items() if k not in ("errors", "job", "fitted")} for r in records],
     }
     _write_atomic(out / "manifest.json", _json_bytes(manifest))
     return manifest
 
 
-__all__ = ["BatchOptions", "Progress", "check_paths", "encode_shard", "read_shards", "run_batch", "sha256_file"]
+def _one_job(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job every shard was made by (their records say it): shards of different models cannot share a manifest."""
+    jobs = {json.dumps(r["job"], sort_keys=True) for r in records}
+    if len(jobs) > 1:
+        raise InputError(
+            f"the shards in {out} were made by different models or templates ({len(jobs)} kinds)",
+            path=str(out),
+            hint="a --resume must use the same --model as the run it finishes; or start in an empty directory",
+        )
+    return records[0]["job"]
+
+
+def _fit_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """--max-length: the shards' fit counts added up (rows kept whole, fitted, over; decisions per kind)."""
+    total: Counter[str] = Counter({"rows_whole": 0, "rows_fitted": 0, "rows_over": 0})
+    for r in records:
+        total.update(r.get("fit", {}))
+    return dict(sorted(total.items()))
+
+
+__all__ = [
+    "THREADS",
+    "BatchOptions",
+    "Engine",
+    "Progress",
+    "ShardSpec",
+    "check_paths",
+    "encode_shard",
+    "finished_shard",
+    "init_worker",
+    "load_model",
+    "plan_shards",
+    "read_shards",
+    "read_spec",
+    "run_batch",
+    "sha256_file",
+    "shard_bytes",
+    "write_shard",
+]

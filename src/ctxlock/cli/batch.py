@@ -12,6 +12,39 @@ from ..errors import InputError
 from .output import console, guarded, print_json
 from .render import JsonOpt, ModelOpt
 
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="local: worker processes on this machine. ray: Ray Data actors (pip install 'ctxlock\\[ray]'); the "
+        "same shards and manifest, byte for byte.",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="With --engine ray: the cluster to join ('auto', 'ray://host:10001'); by default a local Ray is "
+        "started for the job. The input path must be readable by every node; the driver writes the output.",
+    ),
+]
+MaxLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-length",
+        help="Fit a row with more tokens (ctxlock fit: older history turns dropped, counted in the manifest's "
+        "'fit'); a row whose system, tools and last turn alone are longer is an error row. Never cut mid-turn.",
+    ),
+]
+PackOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--pack",
+        help="Pack rows, in order within a shard, into sequences of at most this many tokens (position_ids "
+        "restart per row; seq_lengths); a longer row is an error row.",
+    ),
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("batch")(batch)
@@ -21,19 +54,14 @@ def batch(
     source: Annotated[Path, typer.Argument(help="Input: a .jsonl file (one request per line) or a .parquet file.")],
     out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
     model: ModelOpt = None,
-    workers: Annotated[int, typer.Option("--workers", help="Worker processes (spawned, one model each).")] = 1,
-    max_length: Annotated[
-        int | None, typer.Option("--max-length", help="A row with more tokens is an error row (not cut).")
-    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Worker processes (spawned, one model each); with --engine ray, actors.")
+    ] = 1,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    max_length: MaxLengthOpt = None,
     shard_rows: Annotated[int, typer.Option("--shard-rows", help="Input rows per shard.")] = 10_000,
-    pack: Annotated[
-        int | None,
-        typer.Option(
-            "--pack",
-            help="Pack rows, in order within a shard, into sequences of at most this many tokens (position_ids "
-            "restart per row; seq_lengths); a longer row is an error row.",
-        ),
-    ] = None,
+    pack: PackOpt = None,
     train_on_eot: Annotated[
         str, typer.Option("--train-on-eot", help="Train the end-of-turn token of: all turns, the last, none.")
     ] = "all",
@@ -48,7 +76,8 @@ def batch(
     """Render a file of chat requests into training data: Parquet shards (zstd) of row, request_sha256, input_ids,
     labels (-100 where not trained: ctxlock's assistant-mask rule) and length; manifest.json (versions, template,
     tokenizer and policy digests, the input's sha256, each shard's sha256, rows and tokens); errors.jsonl (one line
-    per row that could not be encoded). The same input gives byte-identical output for any --workers."""
+    per row that could not be encoded). The same input gives byte-identical output for any --workers and either
+    --engine."""
     from ..batch import BatchOptions, check_paths, run_batch  # the job (and pyarrow) load only for this command
     from ..masks import MaskOptions  # with the job: `ctxlock --help` does not pay for it
 
@@ -59,6 +88,14 @@ def batch(
                 path="options",
                 hint="e.g. --workers 2 --shard-rows 10000",
             )
+        if engine not in ("local", "ray"):
+            raise InputError(f"--engine is 'local' or 'ray', not {engine!r}", path="--engine", hint="e.g. --engine ray")
+        if ray_address is not None and engine != "ray":
+            raise InputError(
+                "--ray-address goes with --engine ray",
+                path="--ray-address",
+                hint="e.g. --engine ray --ray-address auto",
+            )
         check_paths(source, out, resume)  # before the progress bar starts
         opts = BatchOptions(
             model=model,
@@ -67,8 +104,9 @@ def batch(
             pack=pack,
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
         )
+        run = None if engine == "local" else _ray_engine(ray_address, workers)
         with _ProgressBar(as_json) as (update, _):
-            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update)
+            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
     manifest = guarded(as_json, go)
     if as_json:
@@ -79,6 +117,12 @@ def batch(
         f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
         f"{manifest['trained_tokens']:,} trained · {out / 'manifest.json'}"
     )
+
+
+def _ray_engine(address: str | None, workers: int) -> Any:
+    from ..batch_ray import ray_engine  # Ray loads only for --engine ray
+
+    return ray_engine(address, workers)
 
 
 class _ProgressBar:

@@ -323,6 +323,12 @@ def assistant_mask(
             hint="render whole turns for training; the final message's end-of-turn is then trained too",
         )
     lay = layout(model, request, **render_options)
+    return lay, mask_of(model, lay, opts, **render_options)
+
+
+def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -> Mask:
+    """The mask of a request already rendered, encoded and laid (`accounting.layout`, or any lay equal to it) with
+    these render options: what `assistant_mask` gives with that lay."""
     rendered = lay.rendered
     notes: list[str] = []
     use_generation = opts.source == "generation" or (
@@ -353,7 +359,7 @@ def assistant_mask(
         raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
     if not lay.exact:
         notes.append("token bytes were spread over the text, not laid exactly: a token at a turn's edge may differ")
-    return lay, Mask(mask, source, tuple(regions), lay.exact, tuple(notes))
+    return Mask(mask, source, tuple(regions), lay.exact, tuple(notes))
 
 
 # -- the cross-check ------------------------------------------------------------------------------------------------
@@ -613,6 +619,7 @@ __all__ = [
     "TurnMarks",
     "assistant_mask",
     "cross_check",
+    "mask_of",
     "provenance_regions",
     "template_report",
     "turn_marks",

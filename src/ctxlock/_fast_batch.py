@@ -35,11 +35,13 @@ import numpy as np
 from .accounting import Layout, layout_of
 from .errors import CtxlockError
 from .masks import MaskOptions, assistant_mask, mask_of
+from .options import RENDER_OPTIONS, check_options
 from .settings import fast_enabled
 from .tokenizer import whole_text_encoder
 from .tokenlay import whole_lay
 
 _RENDER = {"add_generation_prompt": False}
+_PARSE = ("dialect", "utf8", "tool_arguments")  # the options `accounting.layout` passes to `Model.parse`
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +55,17 @@ class MaskedRow:
     notes: tuple[str, ...]
 
 
-def mask_rows(model: Any, requests: Iterable[Any], options: MaskOptions) -> Iterator[MaskedRow | CtxlockError]:
+def mask_rows(
+    model: Any, requests: Iterable[Any], options: MaskOptions, **render_options: Any
+) -> Iterator[MaskedRow | CtxlockError]:
     """Each request (what `Model.parse` takes) as a `MaskedRow`, or the `CtxlockError` it fails with, in order and
-    one at a time (a shard is never held twice in memory). See the module docstring."""
+    one at a time (a shard is never held twice in memory). `render_options`: `Model.render`'s keywords
+    (`add_generation_prompt` False unless given; `ctxlock batch` gives none). See the module docstring."""
     row = _fast_row if fast_enabled() else _reference_row
+    render = {**_RENDER, **render_options}
     for request in requests:
         try:
-            yield row(model, request, options)
+            yield row(model, request, options, render)
         except CtxlockError as exc:
             yield exc
 
@@ -68,17 +74,24 @@ def _digest(request: Any) -> str:
     return hashlib.sha256(request.to_json().encode("utf-8")).hexdigest()
 
 
-def _reference_row(model: Any, raw: Any, options: MaskOptions) -> MaskedRow:
-    request = model.parse(raw)
-    lay, mask = assistant_mask(model, request, options, **_RENDER)
+def _parse_options(render: dict[str, Any]) -> dict[str, Any]:
+    return {k: render[k] for k in _PARSE if k in render}
+
+
+def _reference_row(model: Any, raw: Any, options: MaskOptions, render: dict[str, Any]) -> MaskedRow:
+    request = model.parse(raw, **_parse_options(render))
+    lay, mask = assistant_mask(model, request, options, **render)
     return MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes)
 
 
-def _fast_row(model: Any, raw: Any, options: MaskOptions) -> MaskedRow:
-    request = model.parse(raw)
-    rendered = model.render(request, **_RENDER)
+def _fast_row(model: Any, raw: Any, options: MaskOptions, render: dict[str, Any]) -> MaskedRow:
+    if render.get("continue_final_message"):  # refused by assistant_mask, before any work
+        return _reference_row(model, raw, options, render)
+    check_options(render, RENDER_OPTIONS, "layout")
+    request = model.parse(raw, **_parse_options(render))
+    rendered = model.render(request, **{k: v for k, v in render.items() if k not in _PARSE})
     lay = _lay(model.tokenizer, request, rendered)
-    mask = mask_of(model, lay, options, **_RENDER)
+    mask = mask_of(model, lay, options, **render)
     return MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes)
 
 

@@ -26,7 +26,7 @@ on generated rows (hypothesis).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from .errors import CtxlockError
 from .masks import MaskOptions, assistant_mask, mask_of
 from .options import RENDER_OPTIONS, check_options
 from .settings import fast_enabled
-from .tokenizer import whole_text_encoder
+from .tokenizer import accel, whole_text_encoder
 from .tokenlay import whole_lay
 
 _RENDER = {"add_generation_prompt": False}
@@ -63,11 +63,29 @@ def mask_rows(
     (`add_generation_prompt` False unless given; `ctxlock batch` gives none). See the module docstring."""
     row = _fast_row if fast_enabled() else _reference_row
     render = {**_RENDER, **render_options}
+    if row is _fast_row and isinstance(requests, Sequence):
+        _start_accelerator(model.tokenizer, requests)
     for request in requests:
         try:
             yield row(model, request, options, render)
         except CtxlockError as exc:
             yield exc
+
+
+def _start_accelerator(tokenizer: Any, requests: Sequence[Any]) -> None:
+    """Start building fastokens now (on its daemon thread) when these requests alone are as much text as the
+    tokenizer would otherwise encode with tiktoken before starting it (`accel.start_after()`): a big shard pays
+    for the build itself, so it need not encode its first 8M characters at tiktoken's speed first. Same ids."""
+    whole = tokenizer.whole_text
+    accelerator = None if whole is None else whole.accelerator
+    if accelerator is None or accelerator.state != "not started" or accel.setting() == "0":
+        return
+    size = 0
+    for r in requests:
+        size += len(r) if isinstance(r, str | bytes) else len(str(r))
+        if size >= accel.start_after():
+            accelerator.start()
+            return
 
 
 def _digest(request: Any) -> str:

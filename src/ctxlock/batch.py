@@ -199,7 +199,7 @@ def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchO
     kept: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
-    masked = mask_rows(model, (_request_of(raw) for _, raw in rows), opts.mask)
+    masked = mask_rows(model, [_request_of(raw) for _, raw in rows], opts.mask)
     for (row, _), result in zip(rows, masked, strict=True):
         try:
             kept.append((row, *_encode_row(result, opts, notes)))

@@ -26,10 +26,12 @@ import fetched
 import tagged
 from conformance import FIXED_NOW, conversations, vocab_for
 from ctxlock._fast_batch import MaskedRow, mask_rows
+from ctxlock._fastmask import region_mask
 from ctxlock.batch import BatchOptions, run_batch
 from ctxlock.masks import MaskOptions
 from ctxlock.settings import fast_path, reference_path
 from ctxlock.template import ChatTemplate
+from ctxlock.tokenlay import assign_owners
 
 pytestmark = pytest.mark.fast_path
 
@@ -189,3 +191,22 @@ def test_run_batch_shards_byte_identical_on_both_paths(tmp_path: Path) -> None:
     assert fast == slow and fast["error_count"] == 2
     for shard in fast["shards"]:
         assert (tmp_path / "fast" / shard["file"]).read_bytes() == (tmp_path / "slow" / shard["file"]).read_bytes()
+
+
+# -- the region mask ------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 6), max_size=40),
+    cuts=st.lists(st.tuples(st.integers(-2, 200), st.integers(0, 12)), max_size=6),
+)
+def test_region_mask_equals_assign_owners(lengths: list[int], cuts: list[tuple[int, int]]) -> None:
+    bounds = np.concatenate(([0], np.cumsum(np.array(lengths, dtype=np.int64))))
+    size = int(bounds[-1])
+    regions = [(a, a + w) for a, w in cuts]  # unsorted, overlapping, empty, past either end
+    owner = np.zeros(size, dtype=np.int32)
+    for a, b in regions:
+        owner[max(a, 0) : max(b, 0)] = 1
+    expected = assign_owners(owner, bounds[:-1], bounds[1:]).astype(np.int64)
+    assert region_mask(bounds, regions).tolist() == expected.tolist()

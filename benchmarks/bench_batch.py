@@ -1,6 +1,6 @@
 """`ctxlock batch` against HF `datasets.map` with `apply_chat_template` on the same conversations, in one run.
 
-    python benchmarks/bench_batch.py [--rows 4000] [--shard-rows 1000] [--repeat 3] [--skip-fresh]
+    python benchmarks/bench_batch.py [--rows 10000] [--shard-rows 5000] [--repeat 2] [--skip-fresh]
 
 The data: generated conversations (1 to 3 turns, mixed scripts, 1% bad rows) as JSONL. The model: the Qwen2
 vocabulary as transformers converts llama.cpp's GGUF, with its own chat template (tests/fetched.py).
@@ -168,9 +168,9 @@ def _line(name: str, seconds: float, tokens: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=4000)
-    ap.add_argument("--shard-rows", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=10000)
+    ap.add_argument("--shard-rows", type=int, default=5000)
+    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip-fresh", action="store_true", help="no fresh-process first pass")
     ap.add_argument("--child", choices=["ctxlock", "datasets"], help=argparse.SUPPRESS)
     ap.add_argument("--source", type=Path, help=argparse.SUPPRESS)

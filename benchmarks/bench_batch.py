@@ -186,11 +186,6 @@ def main() -> None:
         source = Path(tmp) / "in.jsonl"
         source.write_text("".join(x + "\n" for x in lines), "utf-8")
         print(f"{args.rows:,} rows ({args.rows - len(rows)} bad), shards of {args.shard_rows}, Qwen2 vocabulary")
-        if not args.skip_fresh:
-            print("fresh process, first pass (imports and model/tokenizer load included):")
-            fc = _line("ctxlock batch --workers 1", *_fresh("ctxlock", source, args.shard_rows))
-            fd = _line("datasets.map(apply_chat_template, masks, tagged)", *_fresh("datasets", source, args.shard_rows))
-            print(f"  ratio ctxlock / datasets.map (masks): {fc / fd:.2f}x")
         print(f"warm, median of {args.repeat}:")
         manifests: list[dict] = []
 
@@ -205,7 +200,13 @@ def main() -> None:
         c1 = _line("ctxlock batch --workers 1 (ids + masks + labels + Parquet)", *_median(job(1), args.repeat, job(1)))
         rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         c2 = _line("ctxlock batch --workers 2 (spawn + model load each job)", *_median(job(2), args.repeat))
-        rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # before the fresh children
+        if not args.skip_fresh:
+            print("fresh process, first pass (imports and model/tokenizer load included):")
+            fc = _line("ctxlock batch --workers 1", *_fresh("ctxlock", source, args.shard_rows))
+            fd = _line("datasets.map(apply_chat_template, masks, tagged)", *_fresh("datasets", source, args.shard_rows))
+            print(f"  ratio ctxlock / datasets.map (masks): {fc / fd:.2f}x")
+        print("warm again, median of", args.repeat)
     assert all(m == manifests[0] for m in manifests), "workers 1 and 2 gave different manifests"
     tok, tagged_source = _hf()
     peers = [

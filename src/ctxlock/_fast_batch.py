@@ -18,6 +18,11 @@ raised) for a row that fails.
   tested in tests/test_prefix.py). When the whole-text encoder does not apply (request text at a control-token
   position under the `text` policy, a lone surrogate, a normalizing vocabulary) or `whole_lay` cannot lay the ids,
   the row takes the reference path's `encode_ids` and `accounting.layout_of`.
+- **fastokens, at once for a big shard**: the tokenizer starts building fastokens (about ten times tiktoken, and
+  admitted only once it matched the exact path on the vocabulary) after `accel.start_after()` characters (8M) went
+  through tiktoken, so that a short job does not pay for the build. A shard whose requests alone are that long
+  (JSON bytes, about the rendered characters) pays for it, so `mask_rows` starts it then. The ids are the same.
+  The mask's regions go through `_fastmask.region_mask` (inside `masks`).
 
 tests/test_masks_batch.py proves the two paths equal (ids, masks, notes, errors) on the conformance conversations and
 on generated rows (hypothesis).

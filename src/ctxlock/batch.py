@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fast_batch import MaskedRow, mask_rows
 from .budget import BudgetPolicy, Fitted, fit_context
 from .caches import LRU
 from .errors import BudgetError, CtxlockError, InputError
@@ -226,26 +227,29 @@ def init_worker(model: str | None) -> None:
 
 
 def _encode_row(
-    model: Model, raw: Any, opts: BatchOptions, notes: set[str], fits: Counter[str]
+    model: Model, raw: Any, masked: MaskedRow | CtxlockError, opts: BatchOptions, notes: set[str], fits: Counter[str]
 ) -> tuple[str, np.ndarray, np.ndarray, tuple[int, ...] | None]:
-    """(request_sha256, ids, labels, the kept messages' indexes when the row was fitted, else None)."""
-    request = model.parse(_request_of(raw))
-    digest = hashlib.sha256(request.to_json().encode("utf-8")).hexdigest()  # of the row as given, fitted or not
-    lay, mask = assistant_mask(model, request, opts.mask, add_generation_prompt=False)
+    """One row of `mask_rows` (ctxlock._fast_batch: parse, render, encode, mask, as `Model.encode` does) -> its
+    digest (of the row as given, fitted or not), ids, labels, and the kept messages' indexes when the row was
+    fitted over --max-length, else None; its error raised."""
+    if isinstance(masked, CtxlockError):
+        raise masked
+    ids_seq, mask_arr, row_notes = masked.ids, masked.mask, masked.notes
     kept_messages: tuple[int, ...] | None = None
     if opts.max_length is not None:
-        if len(lay.ids) > opts.max_length:
-            fitted = _fit(model, request, opts.max_length, fits)
+        if len(ids_seq) > opts.max_length:
+            fitted = _fit(model, model.parse(_request_of(raw)), opts.max_length, fits)
             kept_messages = fitted.kept_messages
             lay, mask = assistant_mask(model, fitted.request, opts.mask, add_generation_prompt=False)
+            ids_seq, mask_arr, row_notes = lay.ids, mask.mask, mask.notes
         else:
             fits["rows_whole"] += 1
-    notes.update(mask.notes)
-    ids = np.asarray(lay.ids, dtype=np.int32)
+    notes.update(row_notes)
+    ids = np.asarray(ids_seq, dtype=np.int32)
     if opts.pack is not None and len(ids) > opts.pack:
         raise _TooLong(len(ids), opts.pack)
-    labels = np.where(mask.mask == 1, ids, _IGNORE).astype(np.int32)
-    return digest, ids, labels, kept_messages
+    labels = np.where(np.asarray(mask_arr) == 1, ids, _IGNORE).astype(np.int32)
+    return masked.request_sha256, ids, labels, kept_messages
 
 
 def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Fitted:
@@ -293,9 +297,10 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
     fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
-    for row, raw in rows:
+    masked = mask_rows(model, [_request_of(raw) for _, raw in rows], opts.mask)
+    for (row, raw), result in zip(rows, masked, strict=True):
         try:
-            kept.append((row, *_encode_row(model, raw, opts, notes, fits)))
+            kept.append((row, *_encode_row(model, raw, result, opts, notes, fits)))
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
     table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)

@@ -54,10 +54,12 @@ from typing import Any
 
 import numpy as np
 
+from ._fastmask import region_mask
 from .accounting import Layout, layout, part_of
 from .caches import LRU
 from .errors import CtxlockError, MaskError, OptionError
 from .request import Request
+from .settings import fast_enabled
 from .template import Rendered
 from .tokenizer import control_matches
 from .tokenlay import assign_owners
@@ -131,7 +133,12 @@ def turn_marks(model: Any, rendered: Rendered, options: Mapping[str, Any], tools
     """The header and end-of-turn text of `rendered`'s template under these render options (cached per template).
     The probes carry no tools; when the template refuses them so, they are made again with the request's `tools`."""
     rest = {k: v for k, v in options.items() if k not in ("add_generation_prompt", "continue_final_message")}
-    key = json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
+    # No other options (every `ctxlock batch` row): a key without JSON (which made a tenth of a batch row's mask).
+    key = (
+        json.dumps([rendered.template.sha256, model.id, rest], sort_keys=True, default=repr)
+        if rest
+        else f"{rendered.template.sha256}\0{model.id}"
+    )
     hit = _MARKS.get(key)
     if hit is None:
         hit = TurnMarks(_probe_header(model, rest, {}), *_probe_eot(model, rest, {}))
@@ -286,6 +293,12 @@ def _char_regions(regions: list[tuple[int, int, int]]) -> tuple[tuple[int, int],
 
 
 def _provenance_mask(lay: Layout, regions: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """1 for a token most of whose bytes lie in the regions (ties: its first byte's side), by `assign_owners` on
+    every byte's owner; the fast path (`_fastmask.region_mask`) counts them from the regions' ends alone."""
+    if fast_enabled() and lay.bounds is not None:
+        fast = region_mask(lay.bounds, [(int(lay.offsets[s]), int(lay.offsets[e])) for s, e in regions])
+        if fast is not None:
+            return fast
     owner = np.zeros(int(lay.offsets[-1]), dtype=np.int32)
     for s, e in regions:
         owner[int(lay.offsets[s]) : int(lay.offsets[e])] = 1
@@ -323,6 +336,12 @@ def assistant_mask(
             hint="render whole turns for training; the final message's end-of-turn is then trained too",
         )
     lay = layout(model, request, **render_options)
+    return lay, mask_of(model, lay, opts, **render_options)
+
+
+def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -> Mask:
+    """The mask of a request already rendered, encoded and laid (`accounting.layout`, or any lay equal to it) with
+    these render options: what `assistant_mask` gives with that lay."""
     rendered = lay.rendered
     notes: list[str] = []
     use_generation = opts.source == "generation" or (
@@ -353,7 +372,7 @@ def assistant_mask(
         raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
     if not lay.exact:
         notes.append("token bytes were spread over the text, not laid exactly: a token at a turn's edge may differ")
-    return lay, Mask(mask, source, tuple(regions), lay.exact, tuple(notes))
+    return Mask(mask, source, tuple(regions), lay.exact, tuple(notes))
 
 
 # -- the cross-check ------------------------------------------------------------------------------------------------
@@ -613,6 +632,7 @@ __all__ = [
     "TurnMarks",
     "assistant_mask",
     "cross_check",
+    "mask_of",
     "provenance_regions",
     "template_report",
     "turn_marks",

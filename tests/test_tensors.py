@@ -494,6 +494,6 @@ def test_property_single(ids):
     assert mi.position_ids.tolist() == [list(range(len(ids)))]
     assert mi.attention_mask.tolist() == [[1] * len(ids)]
     assert mi == assemble_batch([ids], pad_id=None)
-    from ctxlock.tensors import _assemble_own
+    from ctxlock.tensors import assemble_own
 
-    assert _assemble_own(tuple(ids)) == mi  # the pipeline's own path, without per-id checks
+    assert assemble_own(tuple(ids)) == mi  # the pipeline's own path, without per-id checks

@@ -21,7 +21,7 @@ from ctxlock.multimodal.base import ImageFamily
 from ctxlock.multimodal.pipeline import ImageInput, VideoInput, stack_pixels, stack_videos
 from ctxlock.request import Request
 from ctxlock.template_values import Rendered
-from ctxlock.tensors import ModelInput, _assemble_own
+from ctxlock.tensors import ModelInput, assemble_own
 from ctxlock.tokenizer import Tokenized, Tokenizer
 
 
@@ -206,7 +206,7 @@ def expand(
         tokenized=tokenized,
         text="".join(text_parts),
         ids=tuple(ids),
-        model_input=_assemble_own(ids),
+        model_input=assemble_own(ids),
         family=family.name,
         params=family.params(),
         images=images,
@@ -307,7 +307,7 @@ def with_processor_special_tokens(
     return replace(
         mm,
         ids=tuple(ids),
-        model_input=_assemble_own(ids),
+        model_input=assemble_own(ids),
         spans=tuple(replace(s, start=s.start + shift, end=s.end + shift) for s in mm.spans),
         video_spans=tuple(replace(s, start=s.start + shift, end=s.end + shift) for s in mm.video_spans),
         added=added,

@@ -32,8 +32,8 @@ from .tensors import (
     ModelInput,
     PaddingSide,
     TorchInput,
-    _assemble_own,
     assemble_batch,
+    assemble_own,
     check_return_tensors,
     tensors_as,
 )
@@ -209,7 +209,7 @@ class Model:
         self._refuse_images(req)
         rendered = self._render(req, opts)
         tokenized = self.tokenize(rendered)
-        return Run(req, rendered, tokenized, _assemble_own(tokenized.ids))
+        return Run(req, rendered, tokenized, assemble_own(tokenized.ids))
 
     def encode(
         self,
@@ -238,7 +238,7 @@ class Model:
         req = opts.parse(request)
         self._refuse_images(req)
         rendered = self._render(req, opts)
-        return tensors_as(_assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
+        return tensors_as(assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
 
     def _encode_masked(
         self, request: RequestLike, options: Any, mask_options: masks.MaskOptions | None, kwargs: Any
@@ -253,7 +253,7 @@ class Model:
         lay, mask = masks.assistant_mask(self, request, mask_options, **{"add_generation_prompt": False, **kwargs})
         for note in mask.notes:  # not exact, or nothing found to train at a turn's end: never silent
             warnings.warn(f"assistant mask: {note}", stacklevel=3)
-        return _assemble_own(lay.ids).with_assistant_masks(mask.mask.reshape(1, -1))
+        return assemble_own(lay.ids).with_assistant_masks(mask.mask.reshape(1, -1))
 
     def encode_batch(
         self,

@@ -638,7 +638,7 @@ def assemble(ids: Sequence[int]) -> ModelInput:
     return _build([row], n, pad_id=None, side=PaddingSide.RIGHT)
 
 
-def _assemble_own(ids: Sequence[int]) -> ModelInput:
+def assemble_own(ids: Sequence[int]) -> ModelInput:
     """`assemble` for ids ctxlock's own tokenizer stage produced (plain non-negative ints by construction): the
     per-id checks, which exist to name a bad id from a caller, are skipped."""
     n = len(ids)

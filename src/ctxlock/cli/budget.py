@@ -20,7 +20,7 @@ from ..record import RunOptions
 from ..wire import fit_to_dict
 from .files import open_output, read_json, store_dir, template_file
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, _read_input, run_recorded
+from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, read_request_arg, run_recorded
 
 
 def _policy(
@@ -144,7 +144,7 @@ def fit(
     --json adds the fitted request as "request"; --emit-request writes it to a file."""
 
     def go() -> tuple[Any, str | None, dict[str, Any]]:
-        data = _read_input(request)
+        data = read_request_arg(request)
         store_path = store_dir(store) if record else None  # refused before the model loads and the run
         given = _policy(policy, max_input_tokens, context_window, reserve_output, history, no_generation_prompt)
         if _has_budget(given):

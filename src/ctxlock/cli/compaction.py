@@ -34,7 +34,7 @@ from ..store import Store
 from ..usage import Usage, read_usage, sum_usage
 from .files import read_text, store_dir, template_file
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, _read_input
+from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, read_request_arg
 
 
 def _verdict(problems: tuple[str, ...]) -> None:
@@ -276,7 +276,7 @@ def compact_plan(
     def go() -> tuple[Model, Any, CompactionPlan, bool, dict[int, int]]:
         texts, usage = _summary_inputs(reason, summary, turn_prefix_summary, summary_usage)
         store_path = store_dir(store) if record else None
-        data, entry_ids = take_entry_ids(_read_input(request))
+        data, entry_ids = take_entry_ids(read_request_arg(request))
         m = load(model)
         options = RenderOptions(template=template_file(template))
         req = options.parse(data)

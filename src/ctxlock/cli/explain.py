@@ -22,7 +22,7 @@ from .compaction import take_entry_ids
 from .files import read_text, template_file
 from .output import console, guarded, print_json
 from .records import open_store, record_at
-from .render import JsonOpt, ModelOpt, StoreOpt, TemplateOpt, _read_input
+from .render import JsonOpt, ModelOpt, StoreOpt, TemplateOpt, read_request_arg
 
 RecordArg = Annotated[
     str | None,
@@ -176,7 +176,7 @@ def explain_cmd(
             label = f"record {origin.label.split()[-1]}"
         else:
             assert request is not None
-            data, _ = take_entry_ids(_read_input(request))  # messages' entry ids, as compact-plan reads them
+            data, _ = take_entry_ids(read_request_arg(request))  # messages' entry ids, as compact-plan reads them
             m = load(model)
             model_window = _model_window(m)
             chosen = template_file(template)

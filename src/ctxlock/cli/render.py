@@ -166,7 +166,7 @@ SamplingOpt = Annotated[
 ]
 
 
-def _read_input(source: str) -> bytes:
+def read_request_arg(source: str) -> bytes:
     return read_request(source)
 
 
@@ -443,7 +443,7 @@ def render(
     Inputs are regular files (or - for stdin) of at most $CTXLOCK_MAX_INPUT_BYTES (default 64 MiB)."""
 
     def go() -> tuple[Model, Any, str | None]:
-        data = _read_input(request)
+        data = read_request_arg(request)
         media_map = images.read_media(media)
         store_path = store_dir(store) if record else None  # refused before the model loads and the run
         m = load(model, tokenizer_pipeline=TokenizerPipeline(tokenizer_pipeline).value)

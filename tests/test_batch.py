@@ -165,6 +165,13 @@ def test_parquet_input_gives_the_same_shards(tmp_path: Path) -> None:
     assert {k: v for k, v in a.items() if k.endswith(".parquet")} == {
         k: v for k, v in b.items() if k.endswith(".parquet")
     }
+    # Two workers each read their shard's rows (row groups of 7 rows: a shard starts inside one).
+    pq.write_table(pa.table({"request": lines}), tmp_path / "in7.parquet", row_group_size=7)
+    run_batch(tmp_path / "in7.parquet", tmp_path / "b2", opts, workers=2)
+    b2 = _tree(tmp_path / "b2")
+    assert {k: v for k, v in b2.items() if k.endswith(".parquet")} == {
+        k: v for k, v in b.items() if k.endswith(".parquet")
+    }
     columns = pa.Table.from_pylist([json.loads(x) for x in lines if "system" not in x])
     pq.write_table(columns, tmp_path / "columns.parquet")
     manifest = run_batch(tmp_path / "columns.parquet", tmp_path / "c", opts)

@@ -25,7 +25,8 @@ The job (`run_batch`), in order:
   `errors.jsonl` are written last, from the records.
 - **Workers**: `workers` processes, started with `spawn` (never `fork` after threads), each loading the model once
   and running its tokenizer single-threaded (`RAYON_NUM_THREADS=1`, `TOKENIZERS_PARALLELISM=false`,
-  `OMP_NUM_THREADS=1`): parallelism is across processes. At most two shards per worker are in flight.
+  `OMP_NUM_THREADS=1`): parallelism is across processes. At most two shards per worker are in flight. The parent
+  hands out where each shard is in the input (`plan_shards`) and each worker reads its own rows (`read_spec`).
 """
 
 from __future__ import annotations
@@ -537,33 +538,41 @@ def run_batch(
             finished = finished_shard(out, index, opts) if resume else None
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
     else:
-        _run_pool(enumerate(read_shards(source, opts.shard_rows)), out, opts, workers, resume, done)
+        _run_pool(source, out, opts, workers, resume, done)
     return _write_manifest(source, out, opts, [records[k] for k in sorted(records)])
 
 
 def _run_pool(
-    todo: Iterator[tuple[int, list[tuple[int, Any]]]],
+    source: Path,
     out: Path,
     opts: BatchOptions,
     workers: int,
     resume: bool,
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
+    """The shards on `workers` spawned processes. The parent hands out each shard's place in the input
+    (`plan_shards`: a scan for line offsets, or the Parquet footer), and the worker reads its rows (`read_spec`,
+    the rows `read_shards` gives): the parent neither splits nor pickles rows, so its work is a scan of the file."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
         pending: set[Future] = set()
-        for index, rows in todo:
-            finished = finished_shard(out, index, opts) if resume else None
+        for spec in plan_shards(source, opts.shard_rows):
+            finished = finished_shard(out, spec.index, opts) if resume else None
             if finished is not None:
                 done(finished, True)
                 continue
-            pending.add(pool.submit(encode_shard, index, rows, str(out), opts))
-            if len(pending) >= 2 * workers:  # bounded: the input is never read far ahead of the workers
+            pending.add(pool.submit(encode_spec, str(source), spec, str(out), opts))
+            if len(pending) >= 2 * workers:  # bounded: at most two shards per worker handed out ahead
                 finished_now, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for f in finished_now:
                     done(f.result(), False)
         for f in pending:
             done(f.result(), False)
+
+
+def encode_spec(source: str, spec: ShardSpec, out: str, opts: BatchOptions) -> dict[str, Any]:
+    """`encode_shard` of the rows of `spec` (read here, in the worker)."""
+    return encode_shard(spec.index, read_spec(Path(source), spec), out, opts)
 
 
 def check_paths(source: Path, out: Path, resume: bool) -> None:
@@ -649,6 +658,7 @@ __all__ = [
     "ShardSpec",
     "check_paths",
     "encode_shard",
+    "encode_spec",
     "finished_shard",
     "init_worker",
     "load_model",

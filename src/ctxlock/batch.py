@@ -25,8 +25,10 @@ The job (`run_batch`), in order:
   `errors.jsonl` are written last, from the records.
 - **Workers**: `workers` processes, started with `spawn` (never `fork` after threads), each loading the model once
   and running its tokenizer single-threaded (`RAYON_NUM_THREADS=1`, `TOKENIZERS_PARALLELISM=false`,
-  `OMP_NUM_THREADS=1`): parallelism is across processes. At most two shards per worker are in flight. The parent
-  hands out where each shard is in the input (`plan_shards`) and each worker reads its own rows (`read_spec`).
+  `OMP_NUM_THREADS=1`): parallelism is across processes. With `workers` N, N - 1 processes are spawned and the
+  job's own process encodes shards too (as it does alone with `workers` 1). At most two shards per spawned worker
+  are in flight. The parent hands out where each shard is in the input (`plan_shards`) and each worker reads its
+  own rows (`read_spec`).
 """
 
 from __future__ import annotations
@@ -550,24 +552,41 @@ def _run_pool(
     resume: bool,
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
-    """The shards on `workers` spawned processes. The parent hands out each shard's place in the input
-    (`plan_shards`: a scan for line offsets, or the Parquet footer), and the worker reads its rows (`read_spec`,
-    the rows `read_shards` gives): the parent neither splits nor pickles rows, so its work is a scan of the file."""
+    """The shards on `workers` processes: `workers - 1` spawned ones and this one, which has ctxlock imported
+    already (a process less is a start-up less: the imports, the model and the tokenizer's first use, about 1.2 s
+    of CPU each, measured). The parent hands out each shard's place in the input (`plan_shards`) and a worker reads
+    its rows (`read_spec`, the rows `read_shards` gives), so the parent neither splits nor pickles rows. A spawned
+    worker has at most two shards handed out ahead; the parent encodes a shard itself when the workers have theirs,
+    and near the end leaves them no more than their share of what remains, so that all finish together."""
+    todo: list[ShardSpec] = []
+    for spec in plan_shards(source, opts.shard_rows):
+        finished = finished_shard(out, spec.index, opts) if resume else None
+        if finished is not None:
+            done(finished, True)
+        else:
+            todo.append(spec)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
+    others = workers - 1
+    with ProcessPoolExecutor(others, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
         pending: set[Future] = set()
-        for spec in plan_shards(source, opts.shard_rows):
-            finished = finished_shard(out, spec.index, opts) if resume else None
-            if finished is not None:
-                done(finished, True)
-                continue
-            pending.add(pool.submit(encode_spec, str(source), spec, str(out), opts))
-            if len(pending) >= 2 * workers:  # bounded: at most two shards per worker handed out ahead
-                finished_now, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished_now:
-                    done(f.result(), False)
-        for f in pending:
-            done(f.result(), False)
+
+        def collect(timeout: float | None) -> None:
+            nonlocal pending
+            finished_now, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            for f in finished_now:
+                done(f.result(), False)
+
+        for k, spec in enumerate(todo):
+            if pending:
+                collect(0)
+            left = len(todo) - k  # this shard and the ones after it
+            share = others * (left + len(pending)) / workers  # the spawned workers' share of the work still to do
+            if len(pending) < 2 * others and len(pending) + 1 <= share:
+                pending.add(pool.submit(encode_spec, str(source), spec, str(out), opts))
+            else:
+                done(encode_spec(str(source), spec, str(out), opts), False)
+        while pending:
+            collect(None)
 
 
 def encode_spec(source: str, spec: ShardSpec, out: str, opts: BatchOptions) -> dict[str, Any]:

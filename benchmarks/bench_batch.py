@@ -239,10 +239,11 @@ def _rounds(source: Path, rows: list[dict], tok: Any, tagged_source: str, shard_
         return _datasets_map(rows, tok, tagged_source, True)
 
     ctx(1), dmap()  # untimed: the model, the tokenizer and the template loaded in this process
-    runs = [(ctx(1), dmap(), ctx(2)) for _ in range(repeat)]
     print(f"warm, interleaved rounds (ctxlock 1 worker, datasets.map masks, ctxlock 2 workers), median of {repeat}:")
-    for k, r in enumerate(runs):
-        print(f"  round {k + 1}: " + ", ".join(f"{s:.2f} s" for s, _ in r) + f"  load {os.getloadavg()[0]:.2f}")
+    runs = []
+    for k in range(repeat):
+        runs.append((ctx(1), dmap(), ctx(2)))
+        print(f"  round {k + 1}: " + ", ".join(f"{s:.2f} s" for s, _ in runs[-1]) + f"  load {os.getloadavg()[0]:.2f}")
     medians = [statistics.median(r[i][0] for r in runs) for i in range(3)]
     names = ("ctxlock batch --workers 1 (ids + masks + labels + Parquet)", "datasets.map, masks (tagged Qwen2.5)")
     names += ("ctxlock batch --workers 2 (spawn + model load each job)",)

@@ -1,6 +1,6 @@
 """`ctxlock batch` against HF `datasets.map` with `apply_chat_template` on the same conversations, in one run.
 
-    python benchmarks/bench_batch.py [--rows 10000] [--shard-rows 5000] [--repeat 2] [--skip-fresh]
+    python benchmarks/bench_batch.py [--rows 10000] [--shard-rows 5000] [--repeat 3] [--skip-fresh] [--peers map,...]
 
 The data: generated conversations (1 to 3 turns, mixed scripts, 1% bad rows) as JSONL. The model: the Qwen2
 vocabulary as transformers converts llama.cpp's GGUF, with its own chat template (tests/fetched.py).
@@ -13,7 +13,10 @@ vocabulary as transformers converts llama.cpp's GGUF, with its own chat template
   with masks on the generation-tagged Qwen2.5 template of tests/tagged.py (transformers needs `{% generation %}`
   tags; on the model's own, untagged template it returns all-zero masks), and without masks on the model's own
   template; `datasets.map(..., num_proc=2)` with masks; and the plain loop of the same call (no Arrow), both ways.
-- warm: the median of `--repeat` timed runs, after one untimed run of each. fresh: one run in a new process
+- warm: the headline sides (ctxlock with 1 and 2 workers, `datasets.map` with masks) run in interleaved rounds,
+  after one untimed round, so that each round's ratios are taken within the same minute of a shared machine; the
+  median of `--repeat` rounds, and the median of the per-round ratios. The other peers (`--peers`): the median of
+  `--repeat` runs after them. fresh: one run in a new process
   (`--child`), timed from before its imports to the end (interpreter start-up excluded), model or tokenizer load
   included: what a user's one-off job costs.
 Printed: tokens/s for each, the ratios, the 1 -> 2 worker scaling, peak RSS, the load average before and after.
@@ -166,12 +169,22 @@ def _line(name: str, seconds: float, tokens: int) -> float:
     return rate
 
 
+PEERS = {
+    "map": ("datasets.map, masks (tagged Qwen2.5 template)", "map", True, True, None),
+    "map-nomask": ("datasets.map, no masks (the model's own template)", "map", False, False, None),
+    "map2": ("datasets.map num_proc=2, masks (tagged)", "map", True, True, 2),
+    "loop": ("loop of apply_chat_template, masks (tagged)", "loop", True, True, None),
+    "loop-nomask": ("loop of apply_chat_template, no masks", "loop", False, False, None),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=10000)
     ap.add_argument("--shard-rows", type=int, default=5000)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-fresh", action="store_true", help="no fresh-process first pass")
+    ap.add_argument("--peers", default=",".join(PEERS), help=f"the other peers to time, of: {','.join(PEERS)}")
     ap.add_argument("--child", choices=["ctxlock", "datasets"], help=argparse.SUPPRESS)
     ap.add_argument("--source", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,52 +195,71 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     lines = _rows(args.rows)
     rows = _good(lines)
+    tok, tagged_source = _hf()
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "in.jsonl"
         source.write_text("".join(x + "\n" for x in lines), "utf-8")
         print(f"{args.rows:,} rows ({args.rows - len(rows)} bad), shards of {args.shard_rows}, Qwen2 vocabulary")
-        print(f"warm, median of {args.repeat}:")
-        manifests: list[dict] = []
-
-        def job(workers: int) -> Any:
-            def run() -> tuple[float, int]:
-                seconds, tokens, manifest = _ctxlock(source, workers, args.shard_rows)
-                manifests.append(manifest)
-                return seconds, tokens
-
-            return run
-
-        c1 = _line("ctxlock batch --workers 1 (ids + masks + labels + Parquet)", *_median(job(1), args.repeat, job(1)))
+        c1, c2, manifests = _rounds(source, rows, tok, tagged_source, args.shard_rows, args.repeat)
         rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        c2 = _line("ctxlock batch --workers 2 (spawn + model load each job)", *_median(job(2), args.repeat))
         rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # before the fresh children
         if not args.skip_fresh:
             print("fresh process, first pass (imports and model/tokenizer load included):")
             fc = _line("ctxlock batch --workers 1", *_fresh("ctxlock", source, args.shard_rows))
             fd = _line("datasets.map(apply_chat_template, masks, tagged)", *_fresh("datasets", source, args.shard_rows))
             print(f"  ratio ctxlock / datasets.map (masks): {fc / fd:.2f}x")
-        print("warm again, median of", args.repeat)
     assert all(m == manifests[0] for m in manifests), "workers 1 and 2 gave different manifests"
-    tok, tagged_source = _hf()
-    peers = [
-        ("datasets.map, masks (tagged Qwen2.5 template)", _datasets_map, (tagged_source, True)),
-        ("datasets.map, no masks (the model's own template)", _datasets_map, (None, False)),
-        ("datasets.map num_proc=2, masks (tagged)", _datasets_map, (tagged_source, True, 2)),
-        ("loop of apply_chat_template, masks (tagged)", _loop, (tagged_source, True)),
-        ("loop of apply_chat_template, no masks", _loop, (None, False)),
-    ]
-    rates = []
-    for name, fn, extra in peers:
-        warm = (lambda f=fn, e=extra: f(rows[:20], tok, *e[:2])) if fn is _loop or len(extra) == 2 else None
-        rates.append(_line(name, *_median(lambda f=fn, e=extra: f(rows, tok, *e), args.repeat, warm)))
-    dm, dn, d2, lm, ln = rates
-    print("ratios (tokens/s):")
-    print(f"  ctxlock 1 worker / datasets.map masks: {c1 / dm:.2f}x   / datasets.map no masks: {c1 / dn:.2f}x")
-    print(f"  ctxlock 2 workers / datasets.map masks: {c2 / dm:.2f}x   / datasets.map num_proc=2 masks: {c2 / d2:.2f}x")
-    print(f"  ctxlock 1 worker / loop masks: {c1 / lm:.2f}x   / loop no masks: {c1 / ln:.2f}x")
-    print(f"  scaling 1 -> 2 workers: {c2 / c1:.2f}x   manifests equal: True")
-    print(f"peak RSS: {rss_self:,.0f} MiB this process (workers 1), {rss_child:,.0f} MiB largest worker (workers 2)")
+    names = [n for n in args.peers.split(",") if n and n != "map"]
+    if names:
+        print(f"the other peers, warm, median of {args.repeat}:")
+    for name in names:
+        label, kind, tagged, masks, procs = PEERS[name]
+        fn = _datasets_map if kind == "map" else _loop
+        extra = (tagged_source if tagged else None, masks, *([procs] if procs else []))
+        rate = _line(label, *_median(lambda f=fn, e=extra: f(rows, tok, *e), args.repeat))
+        print(f"    ctxlock 1 worker / this: {c1 / rate:.2f}x   2 workers / this: {c2 / rate:.2f}x")
+    print(
+        f"peak RSS: {rss_self:,.0f} MiB this process (workers 1, the peers' data), {rss_child:,.0f} MiB largest worker"
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+
+
+def _rounds(source: Path, rows: list[dict], tok: Any, tagged_source: str, shard_rows: int, repeat: int) -> Any:
+    """The headline, interleaved so each ratio is taken within one minute of a shared machine: one untimed round,
+    then `repeat` rounds of (ctxlock --workers 1, datasets.map with masks, ctxlock --workers 2). Printed: each
+    side's median and the median of the per-round ratios. Returns ctxlock's tokens/s (1, 2 workers), the manifests."""
+    manifests: list[dict] = []
+
+    def ctx(workers: int) -> tuple[float, int]:
+        seconds, tokens, manifest = _ctxlock(source, workers, shard_rows)
+        manifests.append(manifest)
+        return seconds, tokens
+
+    def dmap() -> tuple[float, int]:
+        return _datasets_map(rows, tok, tagged_source, True)
+
+    ctx(1), dmap()  # untimed: the model, the tokenizer and the template loaded in this process
+    print(f"warm, interleaved rounds (ctxlock 1 worker, datasets.map masks, ctxlock 2 workers), median of {repeat}:")
+    runs = []
+    for k in range(repeat):
+        runs.append((ctx(1), dmap(), ctx(2)))
+        print(f"  round {k + 1}: " + ", ".join(f"{s:.2f} s" for s, _ in runs[-1]) + f"  load {os.getloadavg()[0]:.2f}")
+    medians = [statistics.median(r[i][0] for r in runs) for i in range(3)]
+    names = ("ctxlock batch --workers 1 (ids + masks + labels + Parquet)", "datasets.map, masks (tagged Qwen2.5)")
+    names += ("ctxlock batch --workers 2 (spawn + model load each job)",)
+    c1, _, c2 = (_line(n, m, runs[0][i][1]) for i, (n, m) in enumerate(zip(names, medians, strict=True)))
+    ratio = [(r[0][1] / r[0][0]) / (r[1][1] / r[1][0]) for r in runs]
+    ratio2 = [(r[2][1] / r[2][0]) / (r[1][1] / r[1][0]) for r in runs]
+    scale = [r[0][0] / r[2][0] for r in runs]
+    print("ratios (tokens/s; median of the per-round ratios, and the rounds'):")
+    print(f"  ctxlock 1 worker / datasets.map masks: {statistics.median(ratio):.2f}x  {_fmt(ratio)}")
+    print(f"  ctxlock 2 workers / datasets.map masks: {statistics.median(ratio2):.2f}x  {_fmt(ratio2)}")
+    print(f"  scaling 1 -> 2 workers: {statistics.median(scale):.2f}x  {_fmt(scale)}   manifests equal: asserted")
+    return c1, c2, manifests
+
+
+def _fmt(values: list[float]) -> str:
+    return "(" + ", ".join(f"{v:.2f}" for v in values) + ")"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`ctxlock batch`: 1 against 2 local workers, the Ray engine against the local one, and peak RSS per process.
 
     python benchmarks/bench_batch_workers.py [--rows 20000] [--shard-rows 1000] [--engines local1,local2,ray2]
+        [--repeat 3]
 
 Each job is a fresh `python -m ctxlock batch IN OUT -m <qwen2> --workers N [--engine ray]` process into an empty
 directory, so its wall time includes Python's start, the imports, starting the workers (or Ray) and loading the
@@ -8,10 +9,13 @@ model in each; the jobs run one after another on the same input (the generator o
 turns, mixed scripts, 1% bad rows). While a job runs, this script reads `/proc/<pid>/status` of the job and every
 process under it every 0.1 s: each one's peak RSS (`VmHWM`), and the largest worker's RSS when a quarter, half,
 three quarters and all of the job's time had passed (a flat line: memory does not grow with the input).
-Printed: per job, wall time, CPU time (user + sys of the job and of the workers it waited for), tokens/s,
+The engines run in `--repeat` rounds (each round all of them, one after another), so that each round's ratios
+are taken within the same minutes of a shared machine. Printed: per job, wall time, CPU time (user + sys of the job
+and of the workers it waited for), tokens/s,
 steady-state rows/s (the rows of the shards after the first, over the time between the first and the last shard's
 record: start-up left out), the processes' peak RSS; then the 1 -> 2 worker scaling, Ray's time against the local
-engine's at the same worker count, and whether all outputs are byte-identical (they must be).
+engine's at the same worker count (medians over the rounds, each round's figure beside), and whether all outputs
+are byte-identical (they must be).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import hashlib
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,47 +131,70 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--shard-rows", type=int, default=1000)
     ap.add_argument("--engines", default="local1,local2,ray2")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of all the engines, one after another")
     args = ap.parse_args()
 
     import fetched
     from test_batch_ray import _conversations
 
     model = str(fetched.hf_tokenizer_dir("qwen2"))
+    names = args.engines.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "in.jsonl"
         source.write_text("".join(x + "\n" for x in _conversations(args.rows, seed=21)), "utf-8")
         print(f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
-        results = {}
-        for name in args.engines.split(","):
-            engine, workers = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")) :])
-            r = _job(source, model, workers, engine, args.shard_rows)
-            results[name] = r
-            m = r["manifest"]
-            print(
-                f"{name:7s} {r['wall']:7.2f} s  {m['token_count'] / r['wall']:>9,.0f} tokens/s  "
-                f"{m['rows'] / r['wall']:>7,.0f} rows/s  ({m['rows']:,} rows, {m['token_count']:,} tokens); "
-                f"steady state {r['steady']:,.0f} rows/s"
-            )
-            driver = r["peak"].get(r["pid"], ("", 0))[1]
-            workers_peak = sorted((v[1] for p, v in r["peak"].items() if p != r["pid"] and _is_worker(v[0])))
-            print(f"        CPU time (user + sys) of the job and its workers: {r['cpu']:.2f} s")
-            print(f"        peak RSS: the command's process {driver} MiB; workers {workers_peak} MiB")
-            if workers_peak:
-                print(f"        largest worker's RSS at 1/4, 1/2, 3/4, end: {_quarters(r['timeline'], r['wall'])}")
+        rounds: list[dict[str, dict]] = []
+        for k in range(args.repeat):
+            print(f"round {k + 1}:")
+            results = {}
+            for name in names:
+                engine, workers = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")) :])
+                results[name] = r = _job(source, model, workers, engine, args.shard_rows)
+                _report(name, r)
+            rounds.append(results)
         print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
-    if "local1" in results and "local2" in results:
-        one, two = results["local1"], results["local2"]
-        print(
-            f"scaling local 1 -> 2 workers: {one['wall'] / two['wall']:.2f}x wall (fresh processes), "
-            f"{two['steady'] / one['steady']:.2f}x steady state; CPU time 2 workers / 1: {two['cpu'] / one['cpu']:.2f}x"
-        )
-    if "local2" in results and "ray2" in results:
-        ray2, two = results["ray2"], results["local2"]
-        print(
-            f"ray (2 actors) / local (2 workers): {ray2['wall'] / two['wall']:.2f}x the wall time, "
-            f"{ray2['steady'] / two['steady']:.2f}x the steady-state rows/s"
-        )
-    print(f"outputs byte-identical: {len({r['digest'] for r in results.values()}) == 1}")
+    _summary(names, rounds)
+
+
+def _report(name: str, r: dict) -> None:
+    m = r["manifest"]
+    print(
+        f"  {name:7s} {r['wall']:7.2f} s  {m['token_count'] / r['wall']:>9,.0f} tokens/s  "
+        f"{m['rows'] / r['wall']:>7,.0f} rows/s  ({m['rows']:,} rows, {m['token_count']:,} tokens); "
+        f"steady state {r['steady']:,.0f} rows/s; load {os.getloadavg()[0]:.2f}"
+    )
+    driver = r["peak"].get(r["pid"], ("", 0))[1]
+    workers_peak = sorted((v[1] for p, v in r["peak"].items() if p != r["pid"] and _is_worker(v[0])))
+    print(f"          CPU time (user + sys) of the job and its workers: {r['cpu']:.2f} s")
+    print(f"          peak RSS: the command's process {driver} MiB; workers {workers_peak} MiB")
+    if workers_peak:
+        print(f"          largest worker's RSS at 1/4, 1/2, 3/4, end: {_quarters(r['timeline'], r['wall'])}")
+
+
+def _summary(names: list[str], rounds: list[dict[str, dict]]) -> None:
+    """Medians over the rounds, and the per-round ratios (each taken within one round)."""
+    med = statistics.median
+    print(f"median of {len(rounds)} rounds:")
+    for name in names:
+        walls = [r[name]["wall"] for r in rounds]
+        cpus = [r[name]["cpu"] for r in rounds]
+        print(f"  {name:7s} wall {med(walls):.2f} s {_fmt(walls)}  CPU {med(cpus):.2f} s {_fmt(cpus)}")
+    if "local1" in names and "local2" in names:
+        wall = [r["local1"]["wall"] / r["local2"]["wall"] for r in rounds]
+        steady = [r["local2"]["steady"] / r["local1"]["steady"] for r in rounds]
+        cpu = [r["local2"]["cpu"] / r["local1"]["cpu"] for r in rounds]
+        print(f"  scaling local 1 -> 2 workers: {med(wall):.2f}x wall {_fmt(wall)} (fresh processes)")
+        print(f"    steady state {med(steady):.2f}x {_fmt(steady)}")
+        print(f"    CPU time 2 workers / 1: {med(cpu):.2f}x {_fmt(cpu)}")
+    if "local2" in names and "ray2" in names:
+        ray = [r["ray2"]["wall"] / r["local2"]["wall"] for r in rounds]
+        print(f"  ray (2 actors) / local (2 workers): {med(ray):.2f}x the wall time {_fmt(ray)}")
+    digests = {r[name]["digest"] for r in rounds for name in names}
+    print(f"outputs byte-identical: {len(digests) == 1}")
+
+
+def _fmt(values: list[float]) -> str:
+    return "(" + ", ".join(f"{v:.2f}" for v in values) + ")"
 
 
 if __name__ == "__main__":

@@ -165,6 +165,13 @@ def test_parquet_input_gives_the_same_shards(tmp_path: Path) -> None:
     assert {k: v for k, v in a.items() if k.endswith(".parquet")} == {
         k: v for k, v in b.items() if k.endswith(".parquet")
     }
+    # Two workers each read their shard's rows (row groups of 7 rows: a shard starts inside one).
+    pq.write_table(pa.table({"request": lines}), tmp_path / "in7.parquet", row_group_size=7)
+    run_batch(tmp_path / "in7.parquet", tmp_path / "b2", opts, workers=2)
+    b2 = _tree(tmp_path / "b2")
+    assert {k: v for k, v in b2.items() if k.endswith(".parquet")} == {
+        k: v for k, v in b.items() if k.endswith(".parquet")
+    }
     columns = pa.Table.from_pylist([json.loads(x) for x in lines if "system" not in x])
     pq.write_table(columns, tmp_path / "columns.parquet")
     manifest = run_batch(tmp_path / "columns.parquet", tmp_path / "c", opts)
@@ -330,3 +337,85 @@ def test_parquet_shard_specs_read_the_same_rows(tmp_path: Path, rows: int, group
     local = list(read_shards(path, shard_rows))
     assert [read_spec(path, s) for s in plan_shards(path, shard_rows)] == local
     assert [n for shard in local for n, _ in shard] == list(range(rows))
+
+
+# -- the shard's columns are built from numpy buffers, not pa.array (which imports pandas) -----------------------
+
+
+def _reference_table(kept: list[tuple[Any, ...]], pack: int | None) -> pa.Table:
+    """The columns as `pa.array` builds them from Python values: what `batch._table` and `_packed_table` must equal."""
+    list32 = pa.list_(pa.int32())
+    if pack is None:
+        return pa.table(
+            {
+                "row": pa.array([k[0] for k in kept], pa.int64()),
+                "request_sha256": pa.array([k[1] for k in kept], pa.string()),
+                "input_ids": pa.array([k[2] for k in kept], list32),
+                "labels": pa.array([k[3] for k in kept], list32),
+                "length": pa.array([len(k[2]) for k in kept], pa.int32()),
+            }
+        )
+    packs: list[list[Any]] = []
+    size = pack + 1
+    for k in kept:
+        if size + len(k[2]) > pack:
+            packs.append([])
+            size = 0
+        packs[-1].append(k)
+        size += len(k[2])
+    return pa.table(
+        {
+            "row": pa.array([p[0][0] for p in packs], pa.int64()),
+            "rows": pa.array([[k[0] for k in p] for p in packs], pa.list_(pa.int64())),
+            "request_sha256": pa.array([[k[1] for k in p] for p in packs], pa.list_(pa.string())),
+            "input_ids": pa.array([np.concatenate([k[2] for k in p]) for p in packs], list32),
+            "labels": pa.array([np.concatenate([k[3] for k in p]) for p in packs], list32),
+            "length": pa.array([sum(len(k[2]) for k in p) for p in packs], pa.int32()),
+            "position_ids": pa.array(
+                [np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs], list32
+            ),
+            "seq_lengths": pa.array([[len(k[2]) for k in p] for p in packs], list32),
+        }
+    )
+
+
+_kept_rows = st.lists(
+    st.tuples(
+        st.integers(0, 2**40),
+        st.text(min_size=0, max_size=70),
+        st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=40),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=_kept_rows, pack=st.one_of(st.none(), st.integers(1, 120)))
+def test_shard_columns_equal_pa_array_and_write_the_same_bytes(rows: list[Any], pack: int | None) -> None:
+    from ctxlock import batch
+
+    kept = [
+        (r, sha, np.array(ids, np.int32), np.where(np.array(ids) % 2 == 0, -100, ids).astype(np.int32), None)
+        for r, sha, ids in rows
+    ]
+    if pack is not None:
+        kept = [k for k in kept if len(k[2]) <= pack]
+    ours = batch._table(kept) if pack is None else batch._packed_table(kept, pack)
+    ref = _reference_table(kept, pack)
+    assert ours.schema.equals(ref.schema, check_metadata=True) and ours.equals(ref)
+    assert batch._parquet_bytes(ours) == batch._parquet_bytes(ref)
+
+
+def test_a_worker_does_not_import_pandas(tmp_path: Path) -> None:
+    """A shard is encoded and written without pandas (pyarrow's `pa.array` imports it: ~0.5 s per worker)."""
+    source = _write(tmp_path, _dataset(40))
+    model = str(fetched.hf_tokenizer_dir("qwen2"))
+    script = (
+        "import sys; from pathlib import Path; from ctxlock.batch import BatchOptions, run_batch;"
+        f"m = run_batch(Path({str(source)!r}), Path({str(tmp_path / 'out')!r}), BatchOptions(model={model!r},"
+        " shard_rows=16, pack=4096)); print(m['row_count'], 'pandas' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(ctxlock.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    count, pandas = out.stdout.split()
+    assert int(count) > 30 and pandas == "False"

@@ -6,14 +6,14 @@ writes an owner per byte (1 inside a region) and calls `tokenlay.assign_owners`:
 of its bytes, ties to the owner met first, and a token with no bytes the owner of the byte it sits at (the last
 byte's past the end). With two owners that is: trained when its region bytes are more than half its bytes, or
 exactly half and its first byte is in a region. Here the regions are merged, the tokens wholly inside one are
-found by bisecting the token boundaries at its ends, and only the tokens a region's end falls strictly inside, and
-the tokens with no bytes, are decided one by one (a few per row): no per-byte array. tests/test_masks_batch.py
+found by searching the token boundaries for its ends (`np.searchsorted`, all regions in one call, no Python list
+of the boundaries), and only the tokens a region's end falls strictly inside, and the tokens with no bytes, are
+decided one by one (a few per row): no per-byte array. tests/test_masks_batch.py
 checks it against `assign_owners` (hypothesis).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,16 +27,19 @@ def region_mask(bounds: np.ndarray, regions: Sequence[tuple[int, int]]) -> np.nd
     merged = _merged(regions, size)
     if n <= 0 or size == 0 or not merged:
         return out
-    edges = cum.tolist()
-    for a, b in merged:
-        i, j = bisect.bisect_left(edges, a), bisect.bisect_right(edges, b) - 1
-        out[i:j] = 1  # the tokens wholly inside [a, b)
+    bounds_of = np.asarray(merged, dtype=np.int64)
+    starts = np.searchsorted(cum, bounds_of[:, 0], side="left")
+    stops = np.searchsorted(cum, bounds_of[:, 1], side="right") - 1
+    for i, j in zip(starts.tolist(), stops.tolist(), strict=True):
+        out[i:j] = 1  # the tokens wholly inside the region
         for t in (i - 1, j):  # the tokens a region's start or end falls strictly inside
-            if 0 <= t < n and edges[t] < edges[t + 1]:
-                out[t] = _owner(edges[t], edges[t + 1], merged)
+            if 0 <= t < n:
+                lo, hi = int(cum[t]), int(cum[t + 1])
+                if lo < hi:
+                    out[t] = _owner(lo, hi, merged)
     empty = np.flatnonzero(cum[1:] == cum[:-1])
     for t in empty.tolist():  # a token with no bytes: the owner of the byte it sits at
-        at = min(edges[t], size - 1)
+        at = min(int(cum[t]), size - 1)
         out[t] = _owner(at, at + 1, merged)
     return out
 

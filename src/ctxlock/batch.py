@@ -25,7 +25,10 @@ The job (`run_batch`), in order:
   `errors.jsonl` are written last, from the records.
 - **Workers**: `workers` processes, started with `spawn` (never `fork` after threads), each loading the model once
   and running its tokenizer single-threaded (`RAYON_NUM_THREADS=1`, `TOKENIZERS_PARALLELISM=false`,
-  `OMP_NUM_THREADS=1`): parallelism is across processes. At most two shards per worker are in flight.
+  `OMP_NUM_THREADS=1`): parallelism is across processes. With `workers` N, N - 1 processes are spawned and the
+  job's own process encodes shards too (as it does alone with `workers` 1). At most two shards per spawned worker
+  are in flight. The parent hands out where each shard is in the input (`plan_shards`) and each worker reads its
+  own rows (`read_spec`).
 """
 
 from __future__ import annotations
@@ -349,15 +352,15 @@ def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
 def _table(kept: list[_Row]) -> Any:
     import pyarrow as pa
 
-    list32 = pa.list_(pa.int32())
-    return pa.table(
-        {
-            "row": pa.array([k[0] for k in kept], pa.int64()),
-            "request_sha256": pa.array([k[1] for k in kept], pa.string()),
-            "input_ids": pa.array([k[2] for k in kept], list32),
-            "labels": pa.array([k[3] for k in kept], list32),
-            "length": pa.array([len(k[2]) for k in kept], pa.int32()),
-        }
+    return pa.Table.from_arrays(
+        [
+            _ints([k[0] for k in kept], np.int64),
+            _strings([k[1] for k in kept]),
+            _lists([k[2] for k in kept]),
+            _lists([k[3] for k in kept]),
+            _ints([len(k[2]) for k in kept], np.int32),
+        ],
+        names=["row", "request_sha256", "input_ids", "labels", "length"],
     )
 
 
@@ -375,21 +378,81 @@ def _packed_table(kept: list[_Row], pack: int) -> Any:
             size = 0
         packs[-1].append(k)
         size += len(k[2])
-    list32 = pa.list_(pa.int32())
-    return pa.table(
-        {
-            "row": pa.array([p[0][0] for p in packs], pa.int64()),
-            "rows": pa.array([[k[0] for k in p] for p in packs], pa.list_(pa.int64())),
-            "request_sha256": pa.array([[k[1] for k in p] for p in packs], pa.list_(pa.string())),
-            "input_ids": pa.array([np.concatenate([k[2] for k in p]) for p in packs], list32),
-            "labels": pa.array([np.concatenate([k[3] for k in p]) for p in packs], list32),
-            "length": pa.array([sum(len(k[2]) for k in p) for p in packs], pa.int32()),
-            "position_ids": pa.array(
-                [np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs], list32
-            ),
-            "seq_lengths": pa.array([[len(k[2]) for k in p] for p in packs], list32),
-        }
+    per_pack = [len(p) for p in packs]
+    return pa.Table.from_arrays(
+        [
+            _ints([p[0][0] for p in packs], np.int64),
+            _nest(_ints([k[0] for k in kept], np.int64), per_pack),
+            _nest(_strings([k[1] for k in kept]), per_pack),
+            _lists([np.concatenate([k[2] for k in p]) for p in packs]),
+            _lists([np.concatenate([k[3] for k in p]) for p in packs]),
+            _ints([sum(len(k[2]) for k in p) for p in packs], np.int32),
+            _lists([np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs]),
+            _nest(_ints([len(k[2]) for k in kept], np.int32), per_pack),
+        ],
+        names=["row", "rows", "request_sha256", "input_ids", "labels", "length", "position_ids", "seq_lengths"],
     )
+
+
+# The columns are built from numpy buffers (`pa.Array.from_buffers`, `pa.ListArray.from_arrays` over int32
+# offsets), not with `pa.array` on Python objects: `pa.array` imports pandas on its first call (0.5 s in a worker,
+# over 1 s without a bytecode cache), and the arrays, so the Parquet bytes, are the same (tests/test_batch.py).
+
+
+def _ints(values: Any, dtype: Any) -> Any:
+    """int64 or int32 (`dtype`, numpy's) of these values."""
+    import pyarrow as pa
+
+    data = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(data.dtype), len(data), [None, pa.py_buffer(data)])
+
+
+def _offsets(lengths: Any) -> Any:
+    """int32 offsets of consecutive items of these lengths; over 2**31 - 1 in all is a `_ShardTooBig` error."""
+    import pyarrow as pa
+
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+    if len(ends) and ends[-1] > np.iinfo(np.int32).max:
+        raise _ShardTooBig(int(ends[-1]))
+    out = np.zeros(len(ends) + 1, dtype=np.int32)
+    out[1:] = ends
+    return pa.Array.from_buffers(pa.int32(), len(out), [None, pa.py_buffer(out)])
+
+
+def _lists(arrays: list[np.ndarray]) -> Any:
+    """list<int32> of these arrays."""
+    import pyarrow as pa
+
+    values = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.empty(0, np.int32)
+    flat = pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+    return pa.ListArray.from_arrays(_offsets([len(a) for a in arrays]), flat)
+
+
+def _nest(flat: Any, lengths: list[int]) -> Any:
+    """list<flat's type>: consecutive runs of `flat` of these lengths."""
+    import pyarrow as pa
+
+    return pa.ListArray.from_arrays(_offsets(lengths), flat)
+
+
+def _strings(values: list[str]) -> Any:
+    import pyarrow as pa
+
+    encoded = [v.encode("utf-8") for v in values]
+    ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    offsets[1:] = ends
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(pa.string(), len(values), buffers)
+
+
+class _ShardTooBig(CtxlockError):
+    def __init__(self, n: int) -> None:
+        super().__init__(
+            f"a shard column holds {n:,} values, over the 2**31 - 1 a Parquet list<int32> column can offset",
+            path="shard",
+            hint="give a smaller --shard-rows",
+        )
 
 
 def _parquet_bytes(table: Any) -> bytes:
@@ -477,33 +540,58 @@ def run_batch(
             finished = finished_shard(out, index, opts) if resume else None
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
     else:
-        _run_pool(enumerate(read_shards(source, opts.shard_rows)), out, opts, workers, resume, done)
+        _run_pool(source, out, opts, workers, resume, done)
     return _write_manifest(source, out, opts, [records[k] for k in sorted(records)])
 
 
 def _run_pool(
-    todo: Iterator[tuple[int, list[tuple[int, Any]]]],
+    source: Path,
     out: Path,
     opts: BatchOptions,
     workers: int,
     resume: bool,
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
+    """The shards on `workers` processes: `workers - 1` spawned ones and this one, which has ctxlock imported
+    already (a process less is a start-up less: the imports, the model and the tokenizer's first use, about 1.2 s
+    of CPU each, measured). The parent hands out each shard's place in the input (`plan_shards`) and a worker reads
+    its rows (`read_spec`, the rows `read_shards` gives), so the parent neither splits nor pickles rows. A spawned
+    worker has at most two shards handed out ahead; the parent encodes a shard itself when the workers have theirs,
+    and near the end leaves them no more than their share of what remains, so that all finish together."""
+    todo: list[ShardSpec] = []
+    for spec in plan_shards(source, opts.shard_rows):
+        finished = finished_shard(out, spec.index, opts) if resume else None
+        if finished is not None:
+            done(finished, True)
+        else:
+            todo.append(spec)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
+    others = workers - 1
+    with ProcessPoolExecutor(others, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
         pending: set[Future] = set()
-        for index, rows in todo:
-            finished = finished_shard(out, index, opts) if resume else None
-            if finished is not None:
-                done(finished, True)
-                continue
-            pending.add(pool.submit(encode_shard, index, rows, str(out), opts))
-            if len(pending) >= 2 * workers:  # bounded: the input is never read far ahead of the workers
-                finished_now, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished_now:
-                    done(f.result(), False)
-        for f in pending:
-            done(f.result(), False)
+
+        def collect(timeout: float | None) -> None:
+            nonlocal pending
+            finished_now, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            for f in finished_now:
+                done(f.result(), False)
+
+        for k, spec in enumerate(todo):
+            if pending:
+                collect(0)
+            left = len(todo) - k  # this shard and the ones after it
+            share = others * (left + len(pending)) / workers  # the spawned workers' share of the work still to do
+            if len(pending) < 2 * others and len(pending) + 1 <= share:
+                pending.add(pool.submit(encode_spec, str(source), spec, str(out), opts))
+            else:
+                done(encode_spec(str(source), spec, str(out), opts), False)
+        while pending:
+            collect(None)
+
+
+def encode_spec(source: str, spec: ShardSpec, out: str, opts: BatchOptions) -> dict[str, Any]:
+    """`encode_shard` of the rows of `spec` (read here, in the worker)."""
+    return encode_shard(spec.index, read_spec(Path(source), spec), out, opts)
 
 
 def check_paths(source: Path, out: Path, resume: bool) -> None:
@@ -589,6 +677,7 @@ __all__ = [
     "ShardSpec",
     "check_paths",
     "encode_shard",
+    "encode_spec",
     "finished_shard",
     "init_worker",
     "load_model",

@@ -55,7 +55,11 @@ def batch(
     out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
     model: ModelOpt = None,
     workers: Annotated[
-        int, typer.Option("--workers", help="Worker processes (spawned, one model each); with --engine ray, actors.")
+        int,
+        typer.Option(
+            "--workers",
+            help="Worker processes: this one and N-1 spawned ones, one model each; with --engine ray, actors.",
+        ),
     ] = 1,
     engine: EngineOpt = "local",
     ray_address: RayAddressOpt = None,

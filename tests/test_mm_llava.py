@@ -307,7 +307,7 @@ def test_raw_openai_request_equals_llava_processor(llava_dir, form) -> None:
     assert [s.path for s in mm.spans] == [p + ".image_url" + suffix for p in paths]
 
 
-def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir) -> None:
+def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir, tmp_path) -> None:
     """What a template receives for an OpenAI image_url part: a template that prints each part's keys renders the
     same through ctxlock as through `LlavaProcessor.apply_chat_template` (`type,url`); and with vLLM's "openai"
     content format, which hands `{"type": "image"}`, the LLaVA template writes the same `<image>` lines."""
@@ -325,6 +325,21 @@ def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir) -> None:
         got = ctxlock.load(str(llava_dir)).render({"messages": messages}, template=ChatTemplate(keys, id="keys"))
         image, text = "type,url;", "text,type;"
         assert got.text == ref == image + text * 3 + image * 2 + text + image + text
+    warning = next(w for w in got.warnings if w["kind"] == "image_parts_normalized")
+    assert warning["path"] == "messages[0].content[0], messages[2].content[1], messages[2].content[2] and 1 more"
+    # a text-only model (no preprocessor_config.json): its reference is the tokenizer's apply_chat_template, which
+    # passes the image_url part as sent, and so does ctxlock
+    text_only = tmp_path / "llava-text-only"
+    text_only.mkdir()
+    for f in llava_dir.iterdir():
+        if f.name not in ("preprocessor_config.json", "processor_config.json"):
+            (text_only / f.name).write_bytes(f.read_bytes())
+    messages = _openai_forms(urls, "object")
+    tok = AutoTokenizer.from_pretrained(text_only)
+    ref = tok.apply_chat_template(json.loads(json.dumps(messages)), chat_template=keys, tokenize=False)
+    got = ctxlock.load(str(text_only)).render({"messages": messages}, template=ChatTemplate(keys, id="keys"))
+    assert got.text == ref and ref.startswith("image_url,type;text,type;")
+    assert not any(w["kind"] == "image_parts_normalized" for w in got.warnings)
     vllm = [
         {**m, "content": [{"type": "image"} if p["type"] == "image_url" else p for p in m["content"]]}
         for m in _openai_forms(urls, "object")

@@ -323,16 +323,13 @@ def test_openai_image_parts() -> None:
         {"type": "image_url", "image_url": "https://x/b.png"},
     ]
     req = parse_request({"messages": [user(parts)]})
-    # The image part HF templates read, as transformers' processors normalize it (vLLM hands {"type": "image"}):
-    # a template testing type == "image" sees it; detail is validated and dropped as both do; the URL keeps its path.
-    a, b = (
-        FrozenDict({"type": "image", "url": "https://x/a.png"}),
-        FrozenDict({"type": "image", "url": "https://x/b.png"}),
+    # Kept as sent (templates read image_url parts themselves, as they do under transformers).
+    assert req.messages[0].content == (
+        FrozenDict({"type": "text", "text": "what is this?"}),
+        FrozenDict({"type": "image_url", "image_url": FrozenDict({"url": "https://x/a.png", "detail": "low"})}),
+        FrozenDict({"type": "image_url", "image_url": "https://x/b.png"}),
     )
-    assert req.messages[0].content == (FrozenDict({"type": "text", "text": "what is this?"}), a, b)
-    assert req.template_messages()[0]["content"] == [parts[0], dict(a), dict(b)]
-    assert req.messages[0].path_of(".content[1].url") == "messages[0].content[1].image_url.url"
-    assert req.messages[0].path_of(".content[2].url") == "messages[0].content[2].image_url"
+    assert req.template_messages()[0]["content"] == parts
     bad = [{"type": "image_url", "image_url": {"url": "u", "detail": "ultra"}}]
     assert raises(RequestValidationError, {"messages": [user(bad)]}).path == "messages[0].content[0].image_url.detail"
 

@@ -18,7 +18,6 @@ from ctxlock.request.checks import (
     as_str,
     check_tool_function,
     fail,
-    image_part,
     json_type_name,
     no_tool_call,
     only_keys,
@@ -108,7 +107,7 @@ def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, a
         if tool_call_id not in seen_ids:
             raise no_tool_call(tool_call_id, seen_ids, join_path(path, "tool_call_id"), "tool message")
 
-    content, origins = _content(m.get("content"), join_path(path, "content"), role)
+    content = _content(m.get("content"), join_path(path, "content"), role)
     if content is None and not (role == "assistant" and tool_calls):
         raise fail(
             join_path(path, "content"),
@@ -127,26 +126,17 @@ def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, a
         tool_call_id=tool_call_id,
         reasoning_content=reasoning,
         source=path,
-        origins=FrozenDict(origins),
     )
 
 
-def _content(raw: Any, path: str, role: str) -> tuple[str | tuple[FrozenDict, ...] | None, dict[str, str]]:
-    """The content, and the origins of the strings a part moved (an image_url part's URL: `Message.origins`)."""
+def _content(raw: Any, path: str, role: str) -> str | tuple[FrozenDict, ...] | None:
     if raw is None or isinstance(raw, str):
-        return raw, {}
+        return raw
     parts = as_array(raw, path, "a string or an array of content parts")
-    out, origins = [], {}
-    for j, p in enumerate(parts):
-        part = _part(p, f"{path}[{j}]", role)
-        if isinstance(part, tuple):
-            part, moved = part
-            origins.update({f".content[{j}]{k}": v for k, v in moved.items()})
-        out.append(part)
-    return tuple(out), origins
+    return tuple(_part(p, f"{path}[{j}]", role) for j, p in enumerate(parts))
 
 
-def _part(raw: Any, path: str, role: str) -> FrozenDict | tuple[FrozenDict, dict[str, str]]:
+def _part(raw: Any, path: str, role: str) -> FrozenDict:
     part = as_object(raw, path, "a content part object")
     kind = part_type(part, path)
     if kind == "text":
@@ -175,22 +165,18 @@ def _detail(obj: dict[str, Any], path: str) -> None:
         )
 
 
-def _image_url_part(part: dict[str, Any], path: str) -> tuple[FrozenDict, dict[str, str]]:
-    """An OpenAI `image_url` part becomes the image part HF templates read, `{"type": "image", "url": <url>}`: what
-    transformers' processors make of it (`ProcessorMixin.apply_chat_template` normalizes `image_url` blocks so) and
-    what vLLM's "openai" content format hands a template (`{"type": "image"}`), so a template that tests
-    `type == "image"` (LLaVA's) sees every image. `detail` is validated and dropped, as both references drop it (the
-    record keeps the request's bytes). Returns the part and where its URL was sent (`Message.origins`)."""
+def _image_url_part(part: dict[str, Any], path: str) -> FrozenDict:
     only_keys(part, ("type", "image_url"), path, "an image_url part")
     image = required(part, "image_url", path, 'an "image_url" object with a "url"')
     ipath = join_path(path, "image_url")
+    # Kept as sent, after the checks: templates read `image_url` parts themselves, as under transformers.
     if isinstance(image, str):  # accepted by vLLM and several clients
-        return image_part(as_str(image, ipath)), {".url": ipath}
+        return freeze(part)
     image = as_object(image, ipath, 'an object {"url": ...} or a URL string')
     only_keys(image, ("url", "detail"), ipath, "image_url")
-    url = as_str(required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
+    as_str(required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
     _detail(image, ipath)
-    return image_part(url), {".url": join_path(ipath, "url")}
+    return freeze(part)
 
 
 def _input_image_part(part: dict[str, Any], path: str) -> FrozenDict:

@@ -1,7 +1,8 @@
 """Where an image's bytes come from: a `data:` URL in the request, or bytes the caller supplied for a URL.
 
 ctxlock never fetches. Both dialects' image parts reach here in the canonical request: OpenAI `image_url` parts
-(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string), Responses-style `input_image`
+(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string; `processor_image_parts` makes
+them `{"type": "image", "url"}` for the template of a model with an image processor), Responses-style `input_image`
 parts (canonical `{"type": "image", "image_url": <url>}`), transformers-style `{"type": "image", "image" | "url" |
 "base64": ...}` parts, and Anthropic `image` blocks (canonical `{"type": "image", "url": "data:<media
 type>;base64,<data>"}` for a base64 source, the URL for a url source). An http(s) URL is an error at its JSON path

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, CLIPImageProcessorPil, LlavaProcessor
 
 import ctxlock
 import fetched as artifacts
+import reference
 from ctxlock.errors import CtxlockError, ImageSizeError
 from ctxlock.multimodal import media
 from ctxlock.multimodal.base import ColourPolicy, ImageFamily, Orientation
@@ -182,8 +183,8 @@ def test_ids_equal_llava_processor_apply_chat_template(llava_dir) -> None:
 
     model = ctxlock.load(str(llava_dir))
     assert isinstance(model.image_family, LlavaFamily)  # preprocessor_config.json: CLIPImageProcessor + LlavaProcessor
-    # an Anthropic base64 source becomes the canonical {"type": "image"} part this template reads (an OpenAI
-    # image_url part stays image_url, which it does not)
+    # an Anthropic base64 source becomes the canonical {"type": "image"} part this template reads (so does an OpenAI
+    # image_url part: test_raw_openai_request_equals_llava_processor)
     mm = model.run_images({"messages": _messages4(urls, "anthropic")}, add_generation_prompt=True)
     assert mm.rendered.text == prompt
     assert mm.text == prompt.replace("<image>", "<image>" * 576)  # LlavaProcessor's expanded text
@@ -266,3 +267,82 @@ def test_fit_counts_the_processors_bos(llava_dir) -> None:
         assert list(fitted.ids) == list(expanded.ids) and fitted.ids[0] == 1
         kept_images.add(len(expanded.images))
     assert 4 in kept_images and len(kept_images) > 1  # all kept at the full size, fewer below
+
+
+def _openai_forms(urls: list[str], form: str) -> list[dict]:
+    """`_messages4` as an OpenAI client sends it: `{"image_url": {"url"}}`, the URL-string form vLLM accepts, or
+    with a `detail`."""
+    messages = _messages4(urls, "openai")
+    for m in messages:
+        for p in m["content"]:
+            if p["type"] == "image_url" and form == "string":
+                p["image_url"] = p["image_url"]["url"]
+            elif p["type"] == "image_url" and form == "detail":
+                p["image_url"]["detail"] = "low"
+    return messages
+
+
+@pytest.mark.parametrize("form", ["object", "string", "detail"])
+def test_raw_openai_request_equals_llava_processor(llava_dir, form) -> None:
+    """A raw OpenAI request (image_url parts) to a LLaVA model: `LlavaProcessor.apply_chat_template` normalizes
+    each image_url block to `{"type": "image", "url": ...}` before its template runs, so the template's
+    `selectattr('type', 'equalto', 'image')` sees all four; ctxlock gives the template the same parts, hence the
+    same text, ids, span map and pixel values."""
+    processor = LlavaProcessor.from_pretrained(llava_dir)
+    _, urls = _files()
+    messages = _openai_forms(urls, form)
+    kwargs = {"add_generation_prompt": True, "tokenize": True, "return_dict": True, "return_tensors": "np"}
+    ref = processor.apply_chat_template(json.loads(json.dumps(messages)), **kwargs)
+    prompt = processor.apply_chat_template(json.loads(json.dumps(messages)), add_generation_prompt=True)
+    assert prompt.count("<image>") == 4
+    mm = ctxlock.load(str(llava_dir)).run_images({"messages": messages}, add_generation_prompt=True)
+    assert mm.rendered.text == prompt
+    ids = ref["input_ids"][0].tolist()
+    assert list(mm.ids) == ids
+    starts = [k for k, t in enumerate(ids) if t == 32000 and ids[k - 1] != 32000]
+    assert mm.span_map() == {i: (s, s + 576) for i, s in enumerate(starts)}
+    assert np.abs(mm.pixel_values - ref["pixel_values"]).max() <= 1e-5
+    suffix = "" if form == "string" else ".url"
+    paths = ["messages[0].content[0]", "messages[2].content[1]", "messages[2].content[2]", "messages[4].content[0]"]
+    assert [s.path for s in mm.spans] == [p + ".image_url" + suffix for p in paths]
+
+
+def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir, tmp_path) -> None:
+    """What a template receives for an OpenAI image_url part: a template that prints each part's keys renders the
+    same through ctxlock as through `LlavaProcessor.apply_chat_template` (`type,url`); and with vLLM's "openai"
+    content format, which hands `{"type": "image"}`, the LLaVA template writes the same `<image>` lines."""
+    from ctxlock.template import ChatTemplate
+
+    keys = (
+        "{% for m in messages %}{% for c in m['content'] %}{{ c|dictsort|map('first')|join(',') }};"
+        "{% endfor %}{% endfor %}"
+    )
+    processor = LlavaProcessor.from_pretrained(llava_dir)
+    _, urls = _files()
+    for form in ("object", "string", "detail"):
+        messages = _openai_forms(urls, form)
+        ref = processor.apply_chat_template(json.loads(json.dumps(messages)), chat_template=keys)
+        got = ctxlock.load(str(llava_dir)).render({"messages": messages}, template=ChatTemplate(keys, id="keys"))
+        image, text = "type,url;", "text,type;"
+        assert got.text == ref == image + text * 3 + image * 2 + text + image + text
+    warning = next(w for w in got.warnings if w["kind"] == "image_parts_normalized")
+    assert warning["path"] == "messages[0].content[0], messages[2].content[1], messages[2].content[2] and 1 more"
+    # a text-only model (no preprocessor_config.json): its reference is the tokenizer's apply_chat_template, which
+    # passes the image_url part as sent, and so does ctxlock
+    text_only = tmp_path / "llava-text-only"
+    text_only.mkdir()
+    for f in llava_dir.iterdir():
+        if f.name not in ("preprocessor_config.json", "processor_config.json"):
+            (text_only / f.name).write_bytes(f.read_bytes())
+    messages = _openai_forms(urls, "object")
+    tok = AutoTokenizer.from_pretrained(text_only)
+    ref = tok.apply_chat_template(json.loads(json.dumps(messages)), chat_template=keys, tokenize=False)
+    got = ctxlock.load(str(text_only)).render({"messages": messages}, template=ChatTemplate(keys, id="keys"))
+    assert got.text == ref and ref.startswith("image_url,type;text,type;")
+    assert not any(w["kind"] == "image_parts_normalized" for w in got.warnings)
+    vllm = [
+        {**m, "content": [{"type": "image"} if p["type"] == "image_url" else p for p in m["content"]]}
+        for m in _openai_forms(urls, "object")
+    ]
+    mm = ctxlock.load(str(llava_dir)).run_images({"messages": _openai_forms(urls, "object")}, decode=False)
+    assert mm.rendered.text == reference.reference_render(LLAVA_TEMPLATE, vllm, add_generation_prompt=True)

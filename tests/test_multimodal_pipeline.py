@@ -77,11 +77,14 @@ def hf_messages(messages: list[dict]) -> list[dict]:
         if isinstance(m["content"], str):
             out.append(m)
             continue
-        parts = [
-            {"type": "image", "url": p["image_url"]["url"]} if p["type"] == "image_url" else p for p in m["content"]
-        ]
+        parts = [_hf_part(p) if p["type"] == "image_url" else p for p in m["content"]]
         out.append({**m, "content": parts})
     return out
+
+
+def _hf_part(part: dict) -> dict:
+    image = part["image_url"]
+    return {"type": "image", "url": image if isinstance(image, str) else image["url"]}
 
 
 def reference(processor: ImageOnlyProcessor, messages: list[dict]):
@@ -389,3 +392,25 @@ def test_fit_keeps_or_drops_an_image_whole(model: ctxlock.Model) -> None:
         assert all(s.end - s.start == 391 for s in expanded.spans)  # an image is never cut
         assert fitted.input_tokens > budget - 391 - 60 or kept == 0  # it drops no more than one image's worth
     assert len(model.run_images(fit_context(req, model, BudgetPolicy(max_input_tokens=full)).request).images) == 3
+
+
+def test_raw_openai_request_equals_the_processor_on_it(model: ctxlock.Model, processor: ImageOnlyProcessor) -> None:
+    """The raw OpenAI request (image_url parts, one as a URL string, one with a detail) given as it is to
+    `Qwen2VLProcessor.apply_chat_template`, which normalizes image_url blocks itself: the same ids and pixels as the
+    `{"type": "image", "url"}` form the other tests give it, and as ctxlock on the raw request."""
+    images = [F.png(F.noise(640, 480)), F.encode(F.noise(300, 900, seed=2), "JPEG"), F.png(F.noise(28, 28, seed=3))]
+    messages = conversation(images)
+    messages[3]["content"][0]["image_url"] = messages[3]["content"][0]["image_url"]["url"]
+    messages[5]["content"][0]["image_url"]["detail"] = "high"
+    kwargs = {"tokenize": True, "return_dict": True, "add_generation_prompt": True, "return_tensors": "np"}
+    raw = processor.apply_chat_template(json.loads(json.dumps(messages)), **kwargs)
+    ref, _ = reference(processor, messages)
+    assert raw["input_ids"].tolist() == ref["input_ids"].tolist()
+    got = check_parity(model, processor, messages)
+    assert list(got.ids) == raw["input_ids"][0].tolist()
+    assert np.abs(got.pixel_values - raw["pixel_values"]).max() <= 1e-5
+    assert [s.path for s in got.spans] == [
+        "messages[1].content[0].image_url.url",
+        "messages[3].content[0].image_url",
+        "messages[5].content[0].image_url.url",
+    ]

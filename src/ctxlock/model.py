@@ -16,7 +16,7 @@ from .images import MultimodalInput, expand, with_processor_special_tokens
 from .multimodal.base import ImageFamily
 from .multimodal.pipeline import StageOptions, plan_images, plan_videos, process_images, process_videos
 from .multimodal.registry import family_for
-from .multimodal.sources import image_refs, video_refs
+from .multimodal.sources import image_refs, processor_image_parts, processor_parts_warning, video_refs
 from .options import (
     BATCH_OPTIONS,
     ENCODE_OPTIONS,
@@ -139,13 +139,21 @@ class Model:
             )
         else:
             templates = self.templates
-        return render(
+        # A model with an image processor renders as its HF processor does: image_url parts become image parts.
+        request, rewritten = (
+            processor_image_parts(request) if self.artifacts.preprocessor is not None else (request, ())
+        )
+        rendered = render(
             request,
             templates,
             opts,
             special_tokens=self.artifacts.special_tokens,
             control_tokens=self.tokenizer.control_tokens,
         )
+        if rewritten:
+            warnings = (*rendered.warnings, processor_parts_warning(rewritten))
+            rendered = dataclasses.replace(rendered, warnings=warnings)
+        return rendered
 
     @property
     def image_family(self) -> ImageFamily | None:

@@ -586,10 +586,11 @@ def _resolve_content_format(
         for j, part in enumerate(m.content):  # type: ignore[arg-type]
             if part.get("type") not in ("text", "document"):  # documents left the messages (template_documents)
                 where = next((m.origins[k] for k in m.origins if k.startswith(f".content[{j}].")), None)
+                part_path = re.sub(r"(\.image_url)?\.url$|\.(source|image_url)$", "", where) if where else None
                 raise ContentFormatError(
                     f"a content part of type {part.get('type')!r} cannot be joined into the string content this "
                     "template reads (its content format is 'string'); ctxlock never drops a part silently",
-                    path=re.sub(r"\.(source|url|image_url)$", "", where) if where else f"{m.source}.content[{j}]",
+                    path=part_path or f"{m.source}.content[{j}]",
                     hint="send text only, use a template that reads content parts, or content_format='openai' "
                     "(--content-format openai) to pass the parts as sent, as transformers does",
                 )

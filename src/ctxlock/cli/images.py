@@ -130,11 +130,17 @@ def show(model: Model, mm: MultimodalInput) -> None:
     shown = ", ".join(f"{k}={params[k]}" for k in _SHOWN if k in params)
     console.print(f"parameters {escape(shown)} (from {escape(str(params.get('source', params.get('reference'))))})")
     if "resample" in params:
-        console.print(f"resample   {escape(str(params['resample']))}")
+        resample = params["resample"]
+        named = f" (PIL {_PIL_FILTERS[resample]})" if isinstance(resample, int) and resample in _PIL_FILTERS else ""
+        console.print(f"resample   {escape(str(resample))}{named}")
     if params.get("exact_vs_reference") is False:
         console.print(f"[yellow]not exact[/] pixel values against {escape(str(params.get('reference')))}: see resample")
     console.print(f"template   {r.template.sha256}  ({escape(r.template.origin or r.template.id)})")
     console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
+
+
+# PIL's resampling filter codes, as preprocessor configs give them (`resample: 3`)
+_PIL_FILTERS = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX", 5: "HAMMING"}
 
 
 def _show_videos(mm: MultimodalInput) -> None:

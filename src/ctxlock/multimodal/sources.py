@@ -1,7 +1,8 @@
 """Where an image's bytes come from: a `data:` URL in the request, or bytes the caller supplied for a URL.
 
 ctxlock never fetches. Both dialects' image parts reach here in the canonical request: OpenAI `image_url` parts
-(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string), Responses-style `input_image`
+(kept as sent: `{"type": "image_url", "image_url": {"url": ...}}` or a URL string; `processor_image_parts` makes
+them `{"type": "image", "url"}` for the template of a model with an image processor), Responses-style `input_image`
 parts (canonical `{"type": "image", "image_url": <url>}`), transformers-style `{"type": "image", "image" | "url" |
 "base64": ...}` parts, and Anthropic `image` blocks (canonical `{"type": "image", "url": "data:<media
 type>;base64,<data>"}` for a base64 source, the URL for a url source). An http(s) URL is an error at its JSON path
@@ -16,13 +17,14 @@ no container and samples no frames.
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
 from ctxlock.errors import MediaSourceError, MediaTypeError
-from ctxlock.frozen import FrozenDict
+from ctxlock.frozen import FrozenDict, freeze
 from ctxlock.request import Request
 
 
@@ -118,6 +120,49 @@ def _frame_list(url: str, suffix: str) -> list[str]:
         path=suffix,
         hint='send the frames: {"type": "video", "video": ["data:image/png;base64,...", ...]} or '
         '"data:video/jpeg;base64,<frame>,<frame>,..."',
+    )
+
+
+def processor_image_parts(request: Request) -> tuple[Request, tuple[str, ...]]:
+    """The request as an HF processor's template sees it: each OpenAI `image_url` part (object or URL-string form)
+    becomes `{"type": "image", "url": <url>}`, what `ProcessorMixin.apply_chat_template` makes of it before its
+    template runs (transformers 5), and what vLLM's "openai" content format hands a template (`{"type": "image"}`,
+    without the URL). So a template that only tests `type == "image"` (LLaVA's) sees every image. `detail` is
+    dropped, as both references drop it. Only for a model with an image processor: a text-only model's reference
+    is the tokenizer's `apply_chat_template`, which passes the part as sent. Returns the request (the same object
+    when nothing changed) and the JSON paths of the parts rewritten; each URL keeps its path as sent (origins)."""
+    messages, rewritten = [], []
+    for m in request.messages:
+        content = m.content
+        if isinstance(content, tuple) and any(p.get("type") == "image_url" for p in content):
+            parts, origins = [], dict(m.origins)
+            for j, part in enumerate(content):
+                found = image_url(part) if part.get("type") == "image_url" else None
+                if found is None:
+                    parts.append(part)
+                    continue
+                url, suffix = found
+                origins[f".content[{j}].url"] = m.path_of(f".content[{j}]{suffix}")
+                rewritten.append(m.path_of(f".content[{j}]"))
+                parts.append(freeze({"type": "image", "url": url}))
+            m = dataclasses.replace(m, content=tuple(parts), origins=FrozenDict(origins))
+        messages.append(m)
+    if not rewritten:
+        return request, ()
+    return dataclasses.replace(request, messages=tuple(messages)), tuple(rewritten)
+
+
+def processor_parts_warning(rewritten: tuple[str, ...]) -> FrozenDict:
+    """What `processor_image_parts` did, for `Rendered.warnings` (and the record)."""
+    shown = ", ".join(rewritten[:3]) + (f" and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
+    return freeze(
+        {
+            "kind": "image_parts_normalized",
+            "message": f"{len(rewritten)} OpenAI image_url part(s) reached the template as "
+            '{"type": "image", "url": ...}, as transformers\' processor gives them (vLLM gives {"type": "image"}); '
+            "detail is dropped, as both drop it",
+            "path": shown,
+        }
     )
 
 

@@ -16,6 +16,7 @@ from ..inputs import read_input
 from ..model import Model
 from ..multimodal.sources import image_refs, video_refs
 from ..options import RenderOptions
+from ..wire import run_warnings
 from .output import console, write_exact, write_ids
 
 MediaOpt = Annotated[
@@ -137,6 +138,8 @@ def show(model: Model, mm: MultimodalInput) -> None:
         console.print(f"[yellow]not exact[/] pixel values against {escape(str(params.get('reference')))}: see resample")
     console.print(f"template   {r.template.sha256}  ({escape(r.template.origin or r.template.id)})")
     console.print(f"tokenizer  {model.tokenizer.sha256}  ({model.tokenizer.format})")
+    for w in run_warnings(model, r, mm.request):  # the record's warnings: e.g. image_parts_normalized
+        console.print(f"[bold yellow]warning[/]    {escape(w['message'])}  ({escape(str(w.get('path') or ''))})")
 
 
 # PIL's resampling filter codes, as preprocessor configs give them (`resample: 3`)

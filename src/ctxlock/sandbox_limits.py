@@ -8,7 +8,8 @@ it may print.
   builds a string or a list charges it here before or after it runs (`Limit` when over).
 - `check_printable` and `FixedOrderSet`: a value whose text would differ between processes (a memory address, a set
   in hash order) is refused (`Nondeterministic`) or printed in one fixed order.
-- `time_limit`: the wall clock, an interval timer on the main thread or a line tracer elsewhere.
+- `time_limit`: the wall clock: an interval timer on the main thread, the shared watchdog thread (`_watchdog`)
+  elsewhere, or a line tracer (the reference path, `CTXLOCK_FAST=0`).
 - `running_line` / `where`: the template line that is running, for messages.
 """
 
@@ -32,6 +33,8 @@ import jinja2
 import jinja2.runtime
 import jinja2.utils
 
+from . import _watchdog
+from .settings import fast_enabled
 from .taint import Tainted
 
 
@@ -312,7 +315,15 @@ def deep_size(value: Any, limit: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Wall time: an interval timer (SIGALRM) on the main thread, or a line tracer elsewhere.
+# Wall time: an interval timer (SIGALRM) on the main thread, the watchdog thread elsewhere, or a line tracer.
+
+
+class DeadlineExpired(Limit):
+    """What the watchdog raises in a thread past its deadline (it can only name a class); `time_limit` turns it into
+    the same `Limit` the other paths raise."""
+
+    def __init__(self, message: str = "the template took longer than its deadline") -> None:
+        super().__init__(message)
 
 
 class _Deadline:
@@ -322,6 +333,7 @@ class _Deadline:
         self.ticks = 0
         self.armed = True
         self.every_frame = every_frame
+        self.mechanism = "tracer"
 
     def expired(self) -> Limit:
         return Limit(f"the template took longer than {self.seconds:g} s")
@@ -355,22 +367,39 @@ def _alarm_free() -> bool:
     )
 
 
+def deadline_mechanism(tracer: bool | None = None) -> str:
+    """How `time_limit` bounds the clock here: "alarm" (an interval timer; main thread, SIGALRM free), "watchdog"
+    (the shared watchdog thread; any other thread) or "tracer" (a line tracer: the reference path, selected by
+    `CTXLOCK_FAST=0` or `tracer=True`, and used where asynchronous exceptions are not available)."""
+    if tracer:
+        return "tracer"
+    if _alarm_free():
+        return "alarm"
+    if _watchdog.available() and (tracer is False or fast_enabled()):
+        return "watchdog"
+    return "tracer"
+
+
 @contextmanager
 def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> Iterator[_Deadline]:
-    """Stop work that runs past `seconds`. On the main thread an interval timer raises from the signal handler,
-    which costs nothing per template line; the timer keeps firing every 50 ms after the deadline, so an exception
-    swallowed by a broad `except` inside jinja is raised again. Elsewhere (worker threads, or a host that owns
-    SIGALRM) a line tracer checks the clock every 256 lines."""
+    """Stop work that runs past `seconds` with `Limit`. On the main thread an interval timer raises from the signal
+    handler; on other threads the shared watchdog thread raises in the thread (`_watchdog`); neither costs anything
+    per template line, and both raise again every 50 ms after the deadline, so an exception swallowed by a broad
+    `except` inside jinja is raised again. The reference path (`CTXLOCK_FAST=0`, or `tracer=True`) is a line tracer
+    that checks the clock every 256 lines. `deadline_mechanism()` says which one applies."""
     deadline = _Deadline(seconds, every_frame)
-    if tracer is None:
-        tracer = not _alarm_free()
-    if tracer:
+    deadline.mechanism = deadline_mechanism(tracer)
+    if deadline.mechanism == "tracer":
         previous_trace = sys.gettrace()
         sys.settrace(deadline.global_)
         try:
             yield deadline
         finally:
             sys.settrace(previous_trace)
+        return
+    if deadline.mechanism == "watchdog":
+        with _watchdog_limit(deadline):
+            yield deadline
         return
     previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
@@ -382,8 +411,30 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
         signal.signal(signal.SIGALRM, previous)
 
 
+@contextmanager
+def _watchdog_limit(deadline: _Deadline) -> Iterator[None]:
+    slot = _watchdog.Slot(deadline.seconds, DeadlineExpired)
+    expired: BaseException | None = None
+    try:
+        # Armed inside the `try`: a delivery raised as soon as `arm` returns still reaches the `finally`.
+        _watchdog.WATCHDOG.arm(slot)
+        yield
+    except DeadlineExpired as exc:
+        if not slot.fired:
+            raise  # an enclosing block's deadline, not this one's
+        expired = exc
+    finally:
+        deadline.armed = False
+        if _watchdog.WATCHDOG.disarm(slot) and expired is None:
+            expired = DeadlineExpired()  # the deadline passed as the block ended: it still counts
+    if expired is not None:
+        # The exception's traceback keeps the template frame it was raised in (the error names that line).
+        raise deadline.expired().with_traceback(expired.__traceback__) from None
+
+
 __all__ = [
     "DEFAULT_LIMITS",
+    "DeadlineExpired",
     "MAX_INT_BITS",
     "STATE",
     "FixedOrderSet",
@@ -393,6 +444,7 @@ __all__ = [
     "RenderState",
     "check_printable",
     "current_state",
+    "deadline_mechanism",
     "deep_size",
     "fixed_order",
     "input_chars",

@@ -9,10 +9,11 @@ armed it sets it again every `REPEAT` seconds, so an exception swallowed by a br
 raised again (the interval timer on the main thread does the same).
 
 Arming is a lock and a heap push; disarming is the same lock and a flag. The watchdog delivers only while holding the
-lock and only to a slot that is armed, and `disarm` clears a delivery not yet raised (`SetAsyncExc(tid, NULL)`)
-under the same lock, so once `disarm` has returned nothing is delivered to the thread for that slot. A delivery
-raised while `disarm` itself runs (the deadline passed just as the work ended) is caught there and retried; `disarm`
-reports it instead of raising. Dead entries stay in the heap until they reach its top or outnumber the live ones.
+lock and only to a slot that is armed; `disarm` unarms the slot under the same lock (no delivery after that) and
+then lets a delivery made before it and not raised yet be raised inside `disarm`, where it is caught, so once
+`disarm` has returned nothing is pending or will be delivered to the thread for that slot. A delivery raised while
+`disarm` runs (the deadline passed just as the work ended) is caught there and retried; `disarm` reports it instead
+of raising. Dead entries stay in the heap until they reach its top or outnumber the live ones.
 
 Like the interval timer, an asynchronous exception is raised between bytecodes: a single long C call (a regex, a
 huge `str.join`) runs to its end first. `available()` is False where `ctypes.pythonapi` is missing (not CPython).
@@ -33,11 +34,13 @@ try:
     _SET = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
         ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
     )
-    _CLEAR = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
-        ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
-    )
 except (AttributeError, OSError):  # no ctypes.pythonapi: not CPython
-    _SET = _CLEAR = None
+    _SET = None
+
+
+def _drain() -> None:
+    """Nothing: calling it (a Python frame's entry checks the eval breaker) raises an asynchronous exception that is
+    pending for this thread."""
 
 
 def available() -> bool:
@@ -95,6 +98,12 @@ class Watchdog:
         while True:
             try:
                 self._disarm(slot)
+                if slot.fired:
+                    # A delivery made before the disarm and not raised yet is raised here: entering a Python
+                    # function checks for it. (Withdrawing it with SetAsyncExc(tid, NULL) would leave CPython's
+                    # interpreter-wide "async exception pending" flag set until some thread raises one: every
+                    # eval-breaker check then takes the slow path, and a traced thread can spin at a frame's entry.)
+                    _drain()
                 return interrupted
             except slot.exc:
                 interrupted = True
@@ -104,8 +113,6 @@ class Watchdog:
             if slot.armed:
                 slot.armed = False
                 self._live -= 1
-                if slot.fired:
-                    _CLEAR(slot.tid, None)  # a delivery not raised yet is withdrawn
 
     def live(self) -> int:
         """Armed slots (for tests: 0 once every block has ended)."""

@@ -187,16 +187,16 @@ def test_no_deadline_exception_leaks_after_a_block_ends() -> None:
     # A short switch interval lets the watchdog take the GIL often: its deliveries land at every point of the block,
     # its end and the disarm included.
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(2e-5)
+    sys.setswitchinterval(1e-4)
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(_hammer, range(4), [1500] * 4))
+            results = list(pool.map(_hammer, range(4), [800] * 4))
     finally:
         sys.setswitchinterval(interval)
     total = {k: sum(r[k] for r in results) for k in results[0]}
     assert total["leaked"] == 0 and total["early"] == 0, total
     # Both outcomes happened many times: the race between the expiry and the end of the block was exercised.
-    assert total["expired"] > 300 and total["finished"] > 300, total
+    assert total["expired"] > 50 and total["finished"] > 50, total
     assert _watchdog.WATCHDOG.live() == 0
 
 

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import CodeType, FrameType
@@ -380,15 +380,22 @@ def deadline_mechanism(tracer: bool | None = None) -> str:
     return "tracer"
 
 
-@contextmanager
-def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> Iterator[_Deadline]:
-    """Stop work that runs past `seconds` with `Limit`. On the main thread an interval timer raises from the signal
-    handler; on other threads the shared watchdog thread raises in the thread (`_watchdog`); neither costs anything
-    per template line, and both raise again every 50 ms after the deadline, so an exception swallowed by a broad
-    `except` inside jinja is raised again. The reference path (`CTXLOCK_FAST=0`, or `tracer=True`) is a line tracer
-    that checks the clock every 256 lines. `deadline_mechanism()` says which one applies."""
+def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> AbstractContextManager:
+    """Stop work that runs past `seconds` with `Limit` (`with time_limit(s) as deadline:`). On the main thread an
+    interval timer raises from the signal handler; on other threads the shared watchdog thread raises in the thread
+    (`_watchdog`); neither costs anything per template line, and both raise again every 50 ms after the deadline, so
+    an exception swallowed by a broad `except` inside jinja is raised again. The reference path (`CTXLOCK_FAST=0`, or
+    `tracer=True`) is a line tracer that checks the clock every 256 lines. `deadline_mechanism()` says which one
+    applies; `deadline.mechanism` says which one did."""
     deadline = _Deadline(seconds, every_frame)
     deadline.mechanism = deadline_mechanism(tracer)
+    if deadline.mechanism == "watchdog":
+        return _WatchdogBlock(deadline)
+    return _timer_or_tracer(deadline)
+
+
+@contextmanager
+def _timer_or_tracer(deadline: _Deadline) -> Iterator[_Deadline]:
     if deadline.mechanism == "tracer":
         previous_trace = sys.gettrace()
         sys.settrace(deadline.global_)
@@ -397,12 +404,8 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
         finally:
             sys.settrace(previous_trace)
         return
-    if deadline.mechanism == "watchdog":
-        with _watchdog_limit(deadline):
-            yield deadline
-        return
     previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    signal.setitimer(signal.ITIMER_REAL, deadline.seconds, 0.05)
     try:
         yield deadline
     finally:
@@ -411,25 +414,41 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
         signal.signal(signal.SIGALRM, previous)
 
 
-@contextmanager
-def _watchdog_limit(deadline: _Deadline) -> Iterator[None]:
-    slot = _watchdog.Slot(deadline.seconds, DeadlineExpired)
-    expired: BaseException | None = None
-    try:
-        # Armed inside the `try`: a delivery raised as soon as `arm` returns still reaches the `finally`.
-        _watchdog.WATCHDOG.arm(slot)
-        yield
-    except DeadlineExpired as exc:
-        if not slot.fired:
-            raise  # an enclosing block's deadline, not this one's
-        expired = exc
-    finally:
-        deadline.armed = False
-        if _watchdog.WATCHDOG.disarm(slot) and expired is None:
-            expired = DeadlineExpired()  # the deadline passed as the block ended: it still counts
-    if expired is not None:
-        # The exception's traceback keeps the template frame it was raised in (the error names that line).
-        raise deadline.expired().with_traceback(expired.__traceback__) from None
+class _WatchdogBlock:
+    """The watchdog's context manager: a class, not a generator, so that no Python code of contextlib's runs while
+    the slot is armed; `__exit__` disarms before anything else (`Watchdog.disarm` catches a delivery raised in it).
+    The one check left outside a `try` is `__exit__`'s own entry: a delivery raised there (the deadline passed as the
+    block ended) leaves the `with` as this block's `Limit`, and `__del__` disarms the slot if nothing else did."""
+
+    __slots__ = ("deadline", "slot")
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+        self.slot = _watchdog.Slot(deadline.seconds, DeadlineExpired)
+
+    def __enter__(self) -> _Deadline:
+        try:
+            _watchdog.WATCHDOG.arm(self.slot)
+        except DeadlineExpired:  # a deadline so short that it passed inside `arm`
+            _watchdog.WATCHDOG.disarm(self.slot)
+            raise self.deadline.expired() from None
+        return self.deadline
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> None:
+        try:
+            interrupted = _watchdog.WATCHDOG.disarm(self.slot)
+        except DeadlineExpired:  # raised at the call, before `disarm`'s own `try`
+            interrupted = _watchdog.WATCHDOG.disarm(self.slot) or True
+        self.deadline.armed = False
+        if isinstance(ev, DeadlineExpired) and self.slot.fired:
+            # The traceback keeps the template frame the exception was raised in (the error names that line).
+            raise self.deadline.expired().with_traceback(tb) from None
+        if interrupted and ev is None:
+            raise self.deadline.expired()  # the deadline passed as the block ended: it still counts
+
+    def __del__(self) -> None:
+        if self.slot.armed:
+            _watchdog.WATCHDOG.disarm(self.slot)
 
 
 __all__ = [

@@ -57,7 +57,9 @@ def _bombs(count: int, seed: int = 20) -> list[str]:
     rng = random.Random(seed)
     out = [w.format(body=c.format(n=10**5, depth=40)) for c, w in zip(CORES, WRAPPERS * 2, strict=False)]
     while len(out) < count:
-        core = rng.choice(CORES).format(n=rng.choice([3 * 10**4, 6 * 10**4, 10**5]) - rng.randrange(100), depth=rng.randrange(30, 60))
+        core = rng.choice(CORES).format(
+            n=rng.choice([3 * 10**4, 6 * 10**4, 10**5]) - rng.randrange(100), depth=rng.randrange(30, 60)
+        )
         out.append(rng.choice(WRAPPERS).format(body=core))
     return out
 
@@ -104,7 +106,7 @@ def test_a_swallowed_deadline_is_raised_again(where: str) -> None:
     def run() -> tuple[int, float, str]:
         swallowed = 0
         start = time.monotonic()
-        with pytest.raises(Limit, match="longer than 0.1 s"), time_limit(0.1) as deadline:
+        with pytest.raises(Limit, match=r"longer than 0\.1 s"), time_limit(0.1) as deadline:
             for _ in range(3):
                 try:
                     _spin(60)
@@ -146,7 +148,7 @@ def test_a_host_that_owns_sigalrm_gets_the_watchdog_on_the_main_thread() -> None
     previous = signal.signal(signal.SIGALRM, lambda *_: None)
     try:
         assert deadline_mechanism() == "watchdog"
-        with pytest.raises(Limit, match="longer than 0.05 s"), time_limit(0.05):
+        with pytest.raises(Limit, match=r"longer than 0\.05 s"), time_limit(0.05):
             _spin(30)
     finally:
         signal.signal(signal.SIGALRM, previous)

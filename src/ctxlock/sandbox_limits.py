@@ -453,9 +453,9 @@ class _WatchdogBlock:
 
 __all__ = [
     "DEFAULT_LIMITS",
-    "DeadlineExpired",
     "MAX_INT_BITS",
     "STATE",
+    "DeadlineExpired",
     "FixedOrderSet",
     "Limit",
     "Nondeterministic",

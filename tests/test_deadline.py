@@ -244,3 +244,37 @@ def test_a_forked_child_starts_its_own_watchdog() -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_slot_left_armed_at_a_skipped_exit_is_settled_and_fires_no_more() -> None:
+    """The one unguarded point: a delivery landing at `__exit__`'s entry leaves the slot armed. The render's
+    handler calls `settle_deadlines()`; after it, nothing more is raised into that thread."""
+    from ctxlock import _watchdog
+    from ctxlock.sandbox_limits import DeadlineExpired, settle_deadlines
+
+    seen: dict[str, object] = {}
+
+    def worker() -> None:
+        slot = _watchdog.Slot(0.01, DeadlineExpired)
+        _watchdog.WATCHDOG.arm(slot)  # armed with no block around it: as if the exit never ran
+        try:
+            while True:
+                sum(range(100))
+        except DeadlineExpired:
+            seen["first"] = slot.fired
+        seen["settled"] = settle_deadlines()
+        late = 0
+        end = time.monotonic() + 0.3  # six repeat periods
+        while time.monotonic() < end:
+            try:
+                sum(range(100))
+            except DeadlineExpired:
+                late += 1
+        seen["late"] = late
+        seen["armed"] = slot.armed
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(10)
+    assert seen == {"first": seen["first"], "settled": 1, "late": 0, "armed": False}
+    assert _watchdog.WATCHDOG.live() == 0

@@ -98,7 +98,7 @@ class Watchdog:
         while True:
             try:
                 self._disarm(slot)
-                if slot.fired:
+                if slot.fired and threading.get_ident() == slot.tid:  # only the slot's own thread can drain
                     # A delivery made before the disarm and not raised yet is raised here: entering a Python
                     # function checks for it. (Withdrawing it with SetAsyncExc(tid, NULL) would leave CPython's
                     # interpreter-wide "async exception pending" flag set until some thread raises one: every
@@ -107,6 +107,16 @@ class Watchdog:
                 return interrupted
             except slot.exc:
                 interrupted = True
+
+    def disarm_thread(self) -> int:
+        """Disarm every slot still armed for the calling thread (a delivery that landed at a block's exit left its
+        slot armed), then raise-and-catch any delivery pending here. Returns how many were armed."""
+        tid = threading.get_ident()
+        with self._lock:
+            stale = [entry[2] for entry in self._heap if entry[2].armed and entry[2].tid == tid]
+        for slot in stale:
+            self.disarm(slot)
+        return len(stale)
 
     def _disarm(self, slot: Slot) -> None:
         with self._lock:

@@ -414,11 +414,19 @@ def _timer_or_tracer(deadline: _Deadline) -> Iterator[_Deadline]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def settle_deadlines() -> int:
+    """After a `DeadlineExpired` that left its `with time_limit` without the block's exit running (the delivery
+    landed at `__exit__`'s entry): disarm the calling thread's watchdog slots now, so nothing is raised into this
+    thread again. Cheap and a no-op when nothing is armed; returns how many slots it disarmed."""
+    return _watchdog.WATCHDOG.disarm_thread() if _watchdog.available() else 0
+
+
 class _WatchdogBlock:
     """The watchdog's context manager: a class, not a generator, so that no Python code of contextlib's runs while
     the slot is armed; `__exit__` disarms before anything else (`Watchdog.disarm` catches a delivery raised in it).
     The one check left outside a `try` is `__exit__`'s own entry: a delivery raised there (the deadline passed as the
-    block ended) leaves the `with` as this block's `Limit`, and `__del__` disarms the slot if nothing else did."""
+    block ended) leaves the `with` as `DeadlineExpired`; the render's handler then calls `settle_deadlines()`, and
+    `__del__` disarms the slot if nothing else did."""
 
     __slots__ = ("deadline", "slot")
 
@@ -468,6 +476,7 @@ __all__ = [
     "fixed_order",
     "input_chars",
     "running_line",
+    "settle_deadlines",
     "time_limit",
     "where",
 ]

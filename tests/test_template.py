@@ -275,8 +275,8 @@ def test_provenance_is_marked_inexact_when_an_operation_mixes_request_text_with_
         render(req, t, control_tokens=["<|a|>"])
 
 
-def test_time_limit_off_the_main_thread_uses_the_tracer() -> None:
-    # Worker threads cannot take SIGALRM; the line tracer must stop the same bomb there.
+def test_time_limit_off_the_main_thread_stops_the_bomb() -> None:
+    # Worker threads cannot take SIGALRM; the watchdog thread (or the tracer, CTXLOCK_FAST=0) stops the same bomb.
     import concurrent.futures
 
     bomb = "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = i * j %}{% endfor %}{% endfor %}"

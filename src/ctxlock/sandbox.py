@@ -52,6 +52,7 @@ from .sandbox_limits import (
     DEFAULT_LIMITS,
     MAX_INT_BITS,
     STATE,
+    DeadlineExpired,
     Limit,
     Nondeterministic,
     RenderLimits,
@@ -62,6 +63,7 @@ from .sandbox_limits import (
     fixed_order,
     input_chars,
     running_line,
+    settle_deadlines,
     time_limit,
     where,
 )
@@ -521,6 +523,9 @@ def render_limited(
                 if len(pending) >= _JOIN_EVERY:
                     chunks.append("".join(pending))
                     pending.clear()
+    except DeadlineExpired:  # raised at the block's exit, which never ran: its watchdog slot is still armed
+        settle_deadlines()
+        raise
     finally:
         taint.CHECKER.reset(checker_token)
         STATE.reset(state_token)

@@ -8,7 +8,8 @@ it may print.
   builds a string or a list charges it here before or after it runs (`Limit` when over).
 - `check_printable` and `FixedOrderSet`: a value whose text would differ between processes (a memory address, a set
   in hash order) is refused (`Nondeterministic`) or printed in one fixed order.
-- `time_limit`: the wall clock, an interval timer on the main thread or a line tracer elsewhere.
+- `time_limit`: the wall clock: an interval timer on the main thread, the shared watchdog thread (`_watchdog`)
+  elsewhere, or a line tracer (the reference path, `CTXLOCK_FAST=0`).
 - `running_line` / `where`: the template line that is running, for messages.
 """
 
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import CodeType, FrameType
@@ -32,6 +33,8 @@ import jinja2
 import jinja2.runtime
 import jinja2.utils
 
+from . import _watchdog
+from .settings import fast_enabled
 from .taint import Tainted
 
 
@@ -312,7 +315,15 @@ def deep_size(value: Any, limit: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Wall time: an interval timer (SIGALRM) on the main thread, or a line tracer elsewhere.
+# Wall time: an interval timer (SIGALRM) on the main thread, the watchdog thread elsewhere, or a line tracer.
+
+
+class DeadlineExpired(Limit):
+    """What the watchdog raises in a thread past its deadline (it can only name a class); `time_limit` turns it into
+    the same `Limit` the other paths raise."""
+
+    def __init__(self, message: str = "the template took longer than its deadline") -> None:
+        super().__init__(message)
 
 
 class _Deadline:
@@ -322,6 +333,7 @@ class _Deadline:
         self.ticks = 0
         self.armed = True
         self.every_frame = every_frame
+        self.mechanism = "tracer"
 
     def expired(self) -> Limit:
         return Limit(f"the template took longer than {self.seconds:g} s")
@@ -355,16 +367,36 @@ def _alarm_free() -> bool:
     )
 
 
-@contextmanager
-def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> Iterator[_Deadline]:
-    """Stop work that runs past `seconds`. On the main thread an interval timer raises from the signal handler,
-    which costs nothing per template line; the timer keeps firing every 50 ms after the deadline, so an exception
-    swallowed by a broad `except` inside jinja is raised again. Elsewhere (worker threads, or a host that owns
-    SIGALRM) a line tracer checks the clock every 256 lines."""
-    deadline = _Deadline(seconds, every_frame)
-    if tracer is None:
-        tracer = not _alarm_free()
+def deadline_mechanism(tracer: bool | None = None) -> str:
+    """How `time_limit` bounds the clock here: "alarm" (an interval timer; main thread, SIGALRM free), "watchdog"
+    (the shared watchdog thread; any other thread) or "tracer" (a line tracer: the reference path, selected by
+    `CTXLOCK_FAST=0` or `tracer=True`, and used where asynchronous exceptions are not available)."""
     if tracer:
+        return "tracer"
+    if _alarm_free():
+        return "alarm"
+    if _watchdog.available() and (tracer is False or fast_enabled()):
+        return "watchdog"
+    return "tracer"
+
+
+def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> AbstractContextManager:
+    """Stop work that runs past `seconds` with `Limit` (`with time_limit(s) as deadline:`). On the main thread an
+    interval timer raises from the signal handler; on other threads the shared watchdog thread raises in the thread
+    (`_watchdog`); neither costs anything per template line, and both raise again every 50 ms after the deadline, so
+    an exception swallowed by a broad `except` inside jinja is raised again. The reference path (`CTXLOCK_FAST=0`, or
+    `tracer=True`) is a line tracer that checks the clock every 256 lines. `deadline_mechanism()` says which one
+    applies; `deadline.mechanism` says which one did."""
+    deadline = _Deadline(seconds, every_frame)
+    deadline.mechanism = deadline_mechanism(tracer)
+    if deadline.mechanism == "watchdog":
+        return _WatchdogBlock(deadline)
+    return _timer_or_tracer(deadline)
+
+
+@contextmanager
+def _timer_or_tracer(deadline: _Deadline) -> Iterator[_Deadline]:
+    if deadline.mechanism == "tracer":
         previous_trace = sys.gettrace()
         sys.settrace(deadline.global_)
         try:
@@ -373,7 +405,7 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
             sys.settrace(previous_trace)
         return
     previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    signal.setitimer(signal.ITIMER_REAL, deadline.seconds, 0.05)
     try:
         yield deadline
     finally:
@@ -382,10 +414,56 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
         signal.signal(signal.SIGALRM, previous)
 
 
+def settle_deadlines() -> int:
+    """After a `DeadlineExpired` that left its `with time_limit` without the block's exit running (the delivery
+    landed at `__exit__`'s entry): disarm the calling thread's watchdog slots now, so nothing is raised into this
+    thread again. Cheap and a no-op when nothing is armed; returns how many slots it disarmed."""
+    return _watchdog.WATCHDOG.disarm_thread() if _watchdog.available() else 0
+
+
+class _WatchdogBlock:
+    """The watchdog's context manager: a class, not a generator, so that no Python code of contextlib's runs while
+    the slot is armed; `__exit__` disarms before anything else (`Watchdog.disarm` catches a delivery raised in it).
+    The one check left outside a `try` is `__exit__`'s own entry: a delivery raised there (the deadline passed as the
+    block ended) leaves the `with` as `DeadlineExpired`; the render's handler then calls `settle_deadlines()`, and
+    `__del__` disarms the slot if nothing else did."""
+
+    __slots__ = ("deadline", "slot")
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+        self.slot = _watchdog.Slot(deadline.seconds, DeadlineExpired)
+
+    def __enter__(self) -> _Deadline:
+        try:
+            _watchdog.WATCHDOG.arm(self.slot)
+        except DeadlineExpired:  # a deadline so short that it passed inside `arm`
+            _watchdog.WATCHDOG.disarm(self.slot)
+            raise self.deadline.expired() from None
+        return self.deadline
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> None:
+        try:
+            interrupted = _watchdog.WATCHDOG.disarm(self.slot)
+        except DeadlineExpired:  # raised at the call, before `disarm`'s own `try`
+            interrupted = _watchdog.WATCHDOG.disarm(self.slot) or True
+        self.deadline.armed = False
+        if isinstance(ev, DeadlineExpired) and self.slot.fired:
+            # The traceback keeps the template frame the exception was raised in (the error names that line).
+            raise self.deadline.expired().with_traceback(tb) from None
+        if interrupted and ev is None:
+            raise self.deadline.expired()  # the deadline passed as the block ended: it still counts
+
+    def __del__(self) -> None:
+        if self.slot.armed:
+            _watchdog.WATCHDOG.disarm(self.slot)
+
+
 __all__ = [
     "DEFAULT_LIMITS",
     "MAX_INT_BITS",
     "STATE",
+    "DeadlineExpired",
     "FixedOrderSet",
     "Limit",
     "Nondeterministic",
@@ -393,10 +471,12 @@ __all__ = [
     "RenderState",
     "check_printable",
     "current_state",
+    "deadline_mechanism",
     "deep_size",
     "fixed_order",
     "input_chars",
     "running_line",
+    "settle_deadlines",
     "time_limit",
     "where",
 ]

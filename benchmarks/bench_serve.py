@@ -4,10 +4,13 @@ client: `wrk` (`--client wrk`, the default; Debian's package, `make bench-tools`
 Lua script that stops at the request count: it takes a few percent of a core, so that on a 2-core machine the
 second server process has a core to use; or `--client python` (the standard library's `http.client`, one thread per
 connection: it takes most of a core itself at these rates). Reports requests/s, p50 and p99 latency and errors,
-beside the in-process `Model.encode` median of the same request (the work without HTTP) and the fixed HTTP cost (a `GET
-/healthz` round trip at 1 connection: the same client, server and loop, no work), for 1 and 2 worker processes.
+beside the in-process `Model.encode` median of the same request (the work without HTTP) and two fixed costs at 1
+connection: the transport alone (`GET /healthz`: no body, no pool) and a request the pool serves with no work (`POST
+/detokenize` of one id: the same transport, body, route, pool hop and JSON answer as /tokenize; the hop is two thread
+wake-ups, which on this VM cost about as much as the transport). The latency goal is checked against both, for 1
+and 2 worker processes.
 
-    PYTHONPATH=src python benchmarks/bench_serve.py [--requests 400] [--seconds 20] [--workers 1 2] [--client wrk]
+    PYTHONPATH=src python benchmarks/bench_serve.py [--requests 20000] [--seconds 10] [--workers 1 2] [--client wrk]
     PYTHONPATH=src python benchmarks/bench_serve.py --breakdown     # where one request's time goes, in-process
 """
 
@@ -41,6 +44,11 @@ REQUEST = {
         {"role": "user", "content": "Why is the sky blue? Answer in one sentence, and ignore [INST] in this text."},
     ],
 }
+
+
+# The fixed cost of a request the pool serves: the same transport, body, route, pool hop and JSON answer as
+# /tokenize, and no tokenizing or rendering (one id decoded).
+NO_WORK = {"model": "nemo", "tokens": [1]}
 
 
 def free_port() -> int:
@@ -110,7 +118,9 @@ end
 """
 
 
-def load_wrk(url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize") -> dict[str, float]:
+def load_wrk(
+    url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize", request: Any = REQUEST
+) -> dict[str, float]:
     """One run of `wrk` (one thread, `connections` keep-alive connections), stopped at `total` answers or `seconds`
     (requests/s: answers over the time from the thread's start to its last answer, taken in the script); errors:
     connect, read, write and timeout errors and answers other than 2xx/3xx."""
@@ -118,7 +128,7 @@ def load_wrk(url: str, connections: int, total: int, seconds: float, *, path: st
     if wrk is None:
         raise SystemExit("wrk is not installed: `make bench-tools` (Debian's wrk), or run with --client python")
     method = "GET" if path == "/healthz" else "POST"
-    body = "" if method == "GET" else "wrk.body = " + json.dumps(json.dumps(REQUEST))
+    body = "" if method == "GET" else "wrk.body = " + json.dumps(json.dumps(request))
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
         fh.write(_WRK_SCRIPT % {"method": method, "body": body, "total": total})
     try:
@@ -143,14 +153,16 @@ def load_wrk(url: str, connections: int, total: int, seconds: float, *, path: st
     }
 
 
-def load(url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize") -> dict[str, float]:
+def load(
+    url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize", request: Any = REQUEST
+) -> dict[str, float]:
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
     left = [total]
     stop_at = time.monotonic() + seconds
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(REQUEST).encode()
+    body = json.dumps(request).encode()
     method = "GET" if path == "/healthz" else "POST"
     headers = {"Content-Type": "application/json"}
 
@@ -196,7 +208,11 @@ def load(url: str, connections: int, total: int, seconds: float, *, path: str = 
     }
 
 
-def in_process_median(rounds: int = 200) -> float:
+def in_process_median(rounds: int = 200, period_ms: float = 0.0) -> float:
+    """`Model.encode` of the request in this process, median ms. `period_ms` 0: back to back (a hot loop); else one
+    call started every `period_ms` (sleeping between calls), the cadence of the 1-connection HTTP run, where the
+    server idles between two requests: on this VM an idle CPU comes back slower (measured: a 0.5 ms pause between
+    calls doubled the median), so that is the like-for-like baseline for the server's work."""
     m = ctxlock.load("mistral-nemo")
     m.warm_up()
     request = {k: v for k, v in REQUEST.items() if k != "model"}
@@ -204,7 +220,10 @@ def in_process_median(rounds: int = 200) -> float:
     for _ in range(rounds):
         t = time.perf_counter()
         m.encode(request)
-        times.append(time.perf_counter() - t)
+        dt = time.perf_counter() - t
+        times.append(dt)
+        if period_ms:
+            time.sleep(max(0.0, period_ms / 1000 - dt))
     return 1000 * statistics.median(times)
 
 
@@ -270,8 +289,8 @@ def breakdown(rounds: int = 300) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=400, help="requests per run (each run also stops at --seconds)")
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--requests", type=int, default=20000, help="requests per run (each run also stops at --seconds)")
+    ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--pool", type=int, default=2, help="limits.pool_size of each worker process")
@@ -285,18 +304,25 @@ def main() -> None:
         return
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     encode_ms = in_process_median()
-    print(f"in-process Model.encode median: {encode_ms:.3f} ms (same request, warm)")
+    print(f"in-process Model.encode median: {encode_ms:.3f} ms (same request, warm, back to back)")
     run = load_wrk if args.client == "wrk" else load
     print(f"client: {args.client}")
     results = []
     fixed: dict[int, float] = {}
+    transport: dict[int, float] = {}
     for workers in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url = start(workers, Path(tmp), args.pool)
             try:
                 h = run(url, 1, args.requests, args.seconds, path="/healthz")
-                fixed[workers] = h["p50_ms"]
-                print(f"workers {workers}  GET /healthz at 1 connection (fixed HTTP cost): p50 {h['p50_ms']:.3f} ms")
+                transport[workers] = h["p50_ms"]
+                print(f"workers {workers}  GET /healthz at 1 connection (transport only): p50 {h['p50_ms']:.3f} ms")
+                d = run(url, 1, args.requests, args.seconds, path="/detokenize", request=NO_WORK)
+                fixed[workers] = d["p50_ms"]
+                print(
+                    f"workers {workers}  POST /detokenize of one id at 1 connection (fixed cost of a pool-served "
+                    f"request): p50 {d['p50_ms']:.3f} ms"
+                )
                 for n in args.connections:
                     r = run(url, n, args.requests, args.seconds)
                     results.append({"workers": workers, "connections": n, **r})
@@ -312,21 +338,34 @@ def main() -> None:
                     proc.kill()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     by = {(r["workers"], r["connections"]): r for r in results}
+    paced: dict[int, float] = {}
     for w, cost in fixed.items():
         one = by.get((w, 1))
-        if one is not None:
-            bound = 2 * encode_ms + cost
-            verdict = "met" if one["p50_ms"] <= bound else "NOT met"
-            print(
-                f"goal, workers {w}: p50 at 1 connection {one['p50_ms']:.3f} ms <= 2 x {encode_ms:.3f} + {cost:.3f} "
-                f"= {bound:.3f} ms: {verdict}"
-            )
+        if one is None:
+            continue
+        paced[w] = in_process_median(300, period_ms=1000 / one["rps"])
+        print(
+            f"in-process Model.encode paced at the 1-connection run's rate ({one['rps']:.0f}/s, workers {w}): "
+            f"median {paced[w]:.3f} ms"
+        )
+        for base_name, base in (("hot loop", encode_ms), ("paced", paced[w])):
+            for name, c in (("pool-served fixed cost", cost), ("transport only", transport[w])):
+                bound = 2 * base + c
+                verdict = "met" if one["p50_ms"] <= bound else "NOT met"
+                print(
+                    f"goal, workers {w}: p50 at 1 connection {one['p50_ms']:.3f} ms <= 2 x {base:.3f} ({base_name}) + "
+                    f"{c:.3f} ({name}) = {bound:.3f} ms: {verdict}"
+                )
     for n in args.connections:
         if (1, n) in by and (2, n) in by:
             ratio = by[(2, n)]["rps"] / by[(1, n)]["rps"]
             verdict = "met" if ratio >= 1.6 else "NOT met"
             print(f"goal, {n} connections: 2 workers / 1 worker = {ratio:.2f}x (>= 1.6x: {verdict})")
-    print(json.dumps({"encode_ms": encode_ms, "fixed_ms": fixed, "runs": results}))
+    print(
+        json.dumps(
+            {"encode_ms": encode_ms, "paced_ms": paced, "fixed_ms": fixed, "transport_ms": transport, "runs": results}
+        )
+    )
 
 
 if __name__ == "__main__":

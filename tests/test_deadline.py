@@ -278,3 +278,47 @@ def test_a_slot_left_armed_at_a_skipped_exit_is_settled_and_fires_no_more() -> N
     t.join(10)
     assert seen == {"first": seen["first"], "settled": 1, "late": 0, "armed": False}
     assert _watchdog.WATCHDOG.live() == 0
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_arming_a_later_deadline_wakes_no_thread_and_an_earlier_one_still_fires() -> None:
+    """Arming wakes the watchdog only when the new deadline comes before its next look at the heap: a thousand
+    blocks in a row (each deadline later than the last) wake it at most a few times, and a short deadline armed
+    while a long one is pending still fires on time."""
+    dog = _watchdog.Watchdog()
+    first = _watchdog.Slot(30.0, _Stop)
+    dog.arm(first)
+    dog.disarm(first)
+    time.sleep(0.05)  # the thread started and sleeps until the first (dead) deadline
+    before = dog.wakes()
+    for _ in range(1000):
+        slot = _watchdog.Slot(30.0, _Stop)
+        dog.arm(slot)
+        dog.disarm(slot)
+    assert dog.wakes() - before <= 3
+
+    outcome: list[str] = []
+
+    def short() -> None:
+        slot = _watchdog.Slot(0.2, _Stop)
+        dog.arm(slot)
+        try:
+            t = time.monotonic()
+            while time.monotonic() - t < 10:
+                sum(range(100))
+            outcome.append("ran to the end")
+        except _Stop:
+            outcome.append(f"stopped after {time.monotonic() - t:.2f} s")
+        finally:
+            dog.disarm(slot)
+
+    long = _watchdog.Slot(60.0, _Stop)
+    dog.arm(long)  # pending, later than the short one
+    worker = threading.Thread(target=short)
+    worker.start()
+    worker.join(30)
+    dog.disarm(long)
+    assert outcome and outcome[0].startswith("stopped after") and float(outcome[0].split()[2]) < 5

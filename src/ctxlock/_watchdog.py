@@ -8,7 +8,8 @@ armed, the watchdog sets the slot's exception class as the target thread's async
 armed it sets it again every `REPEAT` seconds, so an exception swallowed by a broad `except` inside the work is
 raised again (the interval timer on the main thread does the same).
 
-Arming is a lock and a heap push; disarming is the same lock and a flag. The watchdog delivers only while holding the
+Arming is a lock and a heap push (and a wake-up of the watchdog only when the new deadline comes before the time it
+will look at the heap next); disarming is the same lock and a flag. The watchdog delivers only while holding the
 lock and only to a slot that is armed; `disarm` unarms the slot under the same lock (no delivery after that) and
 then lets a delivery made before it and not raised yet be raised inside `disarm`, where it is caught, so once
 `disarm` has returned nothing is pending or will be delivered to the thread for that slot. A delivery raised while
@@ -75,6 +76,8 @@ class Watchdog:
         self._seq = itertools.count()
         self._live = 0
         self._thread: threading.Thread | None = None
+        self._until = float("inf")  # when the watchdog thread wakes next (it examines the heap then)
+        self._wakes = 0  # times the watchdog thread woke (for tests)
 
     def arm(self, slot: Slot) -> None:
         with self._lock:
@@ -88,7 +91,10 @@ class Watchdog:
                 heap[:] = [entry for entry in heap if entry[2].armed]
                 heapq.heapify(heap)
             heapq.heappush(heap, (slot.deadline, next(self._seq), slot))
-            if heap[0][2] is slot:
+            if slot.deadline < self._until:
+                # Woken only when this deadline comes before the watchdog's next look at the heap: a render's
+                # deadline is mostly later than the one before it (ended and dead, still in the heap), so arming
+                # wakes no thread (each wake was a context switch and a GIL hand-off on every request).
                 self._wake.notify()
 
     def disarm(self, slot: Slot) -> bool:
@@ -129,20 +135,29 @@ class Watchdog:
         with self._lock:
             return self._live
 
+    def wakes(self) -> int:
+        """Times the watchdog thread woke up since start (tests: arming a later deadline wakes nothing)."""
+        with self._lock:
+            return self._wakes
+
     def _run(self) -> None:
         heap = self._heap
         with self._lock:
             while True:
+                self._wakes += 1
                 while heap and not heap[0][2].armed:
                     heapq.heappop(heap)
                 if not heap:
+                    self._until = float("inf")
                     self._wake.wait()
                     continue
                 now = time.monotonic()
                 when, _, slot = heap[0]
                 if when > now:
+                    self._until = when
                     self._wake.wait(when - now)
                     continue
+                self._until = now
                 # Under the lock and armed: the slot's thread cannot be past its disarm.
                 _SET(slot.tid, slot.exc)
                 slot.fired += 1

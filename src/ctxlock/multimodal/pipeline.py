@@ -49,6 +49,20 @@ class StageOptions:
         return out
 
 
+def _decode_json(decoded: DecodedImage) -> dict[str, Any]:
+    """A decoded image or frame in a record: its decode facts and a fingerprint of its RGB pixels."""
+    return {**decoded.to_json(), "fingerprint": list(media.fingerprint(decoded.rgb))}
+
+
+def _pixels_json(pixels: Preprocessed) -> dict[str, Any]:
+    """Preprocessed pixels in a record: shape, dtype and sha256 (the values themselves are not kept)."""
+    return {
+        "shape": list(pixels.pixel_values.shape),
+        "dtype": str(pixels.pixel_values.dtype),
+        "sha256": pixels.pixel_sha256,
+    }
+
+
 @dataclass(frozen=True, eq=False)
 class ImageInput:
     """One image of a request: where it came from, its header, the family's plan and, once processed, its pixels."""
@@ -75,13 +89,9 @@ class ImageInput:
             "plan": self.plan.to_json(),
         }
         if self.decoded is not None:
-            out["decode"] = {**self.decoded.to_json(), "fingerprint": list(media.fingerprint(self.decoded.rgb))}
+            out["decode"] = _decode_json(self.decoded)
         if self.pixels is not None:
-            out["pixel_values"] = {
-                "shape": list(self.pixels.pixel_values.shape),
-                "dtype": str(self.pixels.pixel_values.dtype),
-                "sha256": self.pixels.pixel_sha256,
-            }
+            out["pixel_values"] = _pixels_json(self.pixels)
         return out
 
 
@@ -151,7 +161,7 @@ class VideoFrame:
             "header": self.header.to_json(),
         }
         if self.decoded is not None:
-            out["decode"] = {**self.decoded.to_json(), "fingerprint": list(media.fingerprint(self.decoded.rgb))}
+            out["decode"] = _decode_json(self.decoded)
         return out
 
 
@@ -177,11 +187,7 @@ class VideoInput:
             "plan": self.plan.to_json(),
         }
         if self.pixels is not None:
-            out["pixel_values"] = {
-                "shape": list(self.pixels.pixel_values.shape),
-                "dtype": str(self.pixels.pixel_values.dtype),
-                "sha256": self.pixels.pixel_sha256,
-            }
+            out["pixel_values"] = _pixels_json(self.pixels)
         return out
 
 

@@ -216,3 +216,35 @@ def test_sigkill_of_every_process_during_a_recording_load_loses_no_answered_reco
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         db.close()
+
+
+def test_port_0_gives_every_worker_the_same_free_port(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, store=tmp_path / "store")
+    log = tmp_path / "server.log"
+    out = open(log, "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxlock", "serve", "--config", str(cfg), "--port", "0", "--workers", "2"],
+        env={**os.environ, "PYTHONPATH": SRC},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        port = None
+        while port is None and time.monotonic() < deadline:
+            m = re.search(r"listen on port (\d+)", log.read_text("utf-8", "replace"))
+            port = int(m.group(1)) if m else None
+            time.sleep(0.2)
+        assert port is not None
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc, log)
+        assert len(worker_pids(url, 24)) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.close()

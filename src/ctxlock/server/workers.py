@@ -57,9 +57,10 @@ def _address(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
     return family, address
 
 
-def check_free(host: str, port: int) -> None:
+def check_free(host: str, port: int) -> int:
     """Refuse an address something already listens on (a plain bind: a `SO_REUSEPORT` bind would join that server's
-    group and share its connections)."""
+    group and share its connections). Returns the port (`--port 0`: the free one the kernel chose, which every
+    worker then binds, instead of each its own)."""
     family, address = _address(host, port)
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -70,6 +71,7 @@ def check_free(host: str, port: int) -> None:
             if exc.errno != errno.EADDRINUSE:
                 hint = "choose another --host or --port"
             raise ServeConfigError(f"cannot bind {host}:{port}: {exc.strerror}", path="--port", hint=hint) from None
+        return int(probe.getsockname()[1])
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -106,7 +108,10 @@ def worker_main(config: str | None, host: str, port: int, grace: float, parent: 
 
 def serve_workers(config: Path | None, host: str, port: int, workers: int, grace: float) -> None:
     """Run `workers` worker processes on host:port until SIGTERM or SIGINT (module docstring)."""
-    check_free(host, port)
+    chosen = check_free(host, port)
+    if chosen != port:
+        print(f"ctxlock serve: --port 0: the workers listen on port {chosen}", file=sys.stderr)
+        port = chosen
     context = multiprocessing.get_context("spawn")
     args = (None if config is None else str(config.resolve()), host, port, grace, os.getpid())
     stopping = False

@@ -248,3 +248,19 @@ def test_port_0_gives_every_worker_the_same_free_port(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         out.close()
+
+
+def test_a_model_that_does_not_load_in_the_workers_is_one_line(tmp_path: Path) -> None:
+    """The supervisor loads no model itself: a worker's start-up failure reaches it as one line, and it stops."""
+    cfg = tmp_path / "ctxlock.toml"
+    cfg.write_text(f'[models.x]\nspec = "{tmp_path / "no-such-model"}"\n', "utf-8")
+    r = subprocess.run(
+        [sys.executable, "-m", "ctxlock", "serve", "--config", str(cfg), "--port", str(free_port()), "--workers", "2"],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "could not start: ArtifactNotFoundError" in lines[0] and "no-such-model" in lines[0]

@@ -14,8 +14,9 @@ The supervisor (this module's `serve_workers`, in the `ctxlock serve` process) l
   binds, and runs uvicorn on its socket, dying with the supervisor (`PR_SET_PDEATHSIG` on Linux);
 - on SIGTERM or SIGINT it passes SIGTERM to every worker, which drains its in-flight requests (and commits their
   records) as a single-process server does, then waits for them;
-- a worker that dies is started again, unless it died within `_EARLY` seconds of its start (a bind or start-up
-  failure: then the whole server stops with an error rather than restart in a loop).
+- each worker reports "ready" once it listens and its models are loaded; one that fails before that (a model that
+  does not load, the bind) sends its error as one line, and the whole server stops with it rather than restart in
+  a loop; a worker that dies after it was ready is started again.
 
 `SO_REUSEPORT` lets only processes of the same user join the group (Linux), and only while they listen.
 """
@@ -41,7 +42,6 @@ from ..errors import ServeConfigError
 from .app import create_app
 from .config import load_config
 
-_EARLY = 3.0  # seconds: a worker that dies sooner after its start failed to start
 _PR_SET_PDEATHSIG = 1
 _BACKLOG = 2048  # uvicorn's default
 
@@ -97,13 +97,46 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def worker_main(config: str | None, host: str, port: int, grace: float, parent: int) -> None:
-    """One worker process: its own socket, the app from the config file, uvicorn until SIGTERM (which drains)."""
+def worker_main(config: str | None, host: str, port: int, grace: float, parent: int, report: Any) -> None:
+    """One worker process: its own socket, the app from the config file (the models loaded), then "ready" on
+    `report` (a pipe to the supervisor) and uvicorn until SIGTERM (which drains). A start-up failure is sent on
+    `report` as one line instead (the supervisor says it), and the process exits 1 without a traceback."""
     _die_with_parent(parent)
-    sock = listening_socket(host, port)
-    app = create_app(load_config(Path(config) if config else None))
+    try:
+        sock = listening_socket(host, port)
+        app = create_app(load_config(Path(config) if config else None))
+    except Exception as exc:  # every start-up failure becomes the supervisor's one line
+        report.send(f"{type(exc).__name__}: {exc}".replace("\n", " "))
+        report.close()
+        sys.exit(1)
+    report.send("ready")
+    report.close()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
     server.run(sockets=[sock])
+
+
+class _Worker:
+    """A worker process as the supervisor sees it: the process, its report pipe, and whether it said "ready"."""
+
+    def __init__(self, context: Any, k: int, args: tuple[Any, ...]) -> None:
+        self.k = k
+        receive, send = context.Pipe(duplex=False)
+        self.proc = context.Process(target=worker_main, args=(*args, send), name=f"ctxlock-serve-{k}")
+        self.proc.start()
+        send.close()
+        self.report = receive
+        self.ready = False
+        self.failure = ""
+
+    def read(self) -> None:
+        """Take what the worker reported ("ready", or its start-up failure), if anything."""
+        with contextlib.suppress(EOFError, OSError):
+            while not self.ready and self.report.poll():
+                message = self.report.recv()
+                if message == "ready":
+                    self.ready = True
+                else:
+                    self.failure = str(message)
 
 
 def serve_workers(config: Path | None, host: str, port: int, workers: int, grace: float) -> None:
@@ -116,43 +149,44 @@ def serve_workers(config: Path | None, host: str, port: int, workers: int, grace
     args = (None if config is None else str(config.resolve()), host, port, grace, os.getpid())
     stopping = False
 
-    def start(k: int) -> tuple[Any, float]:
-        proc = context.Process(target=worker_main, args=args, name=f"ctxlock-serve-{k}")
-        proc.start()
-        return proc, time.monotonic()
-
     def stop(_signum: int, _frame: Any) -> None:
         nonlocal stopping
         stopping = True
-        for proc, _ in procs:
-            if proc.is_alive() and proc.pid is not None:
+        for w in pool:
+            if w.proc.is_alive() and w.proc.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGTERM)
+                    os.kill(w.proc.pid, signal.SIGTERM)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    procs = [start(k) for k in range(workers)]
+    pool = [_Worker(context, k, args) for k in range(workers)]
     try:
         while not stopping:
-            wait([p.sentinel for p, _ in procs], timeout=0.5)
-            for k, (proc, started) in enumerate(procs):
-                if stopping or proc.is_alive():
+            wait([w.proc.sentinel for w in pool] + [w.report for w in pool if not w.ready], timeout=0.5)
+            for k, w in enumerate(pool):
+                w.read()
+                if stopping or w.proc.is_alive():
                     continue
-                if time.monotonic() - started < _EARLY:
+                w.read()  # what it sent just before it exited
+                if not w.ready:
                     stop(signal.SIGTERM, None)
+                    why = w.failure or f"it exited with code {w.proc.exitcode}"
                     raise ServeConfigError(
-                        f"worker process {k} exited with code {proc.exitcode} while starting",
+                        f"worker process {k} could not start: {why}",
                         path="--workers",
-                        hint="run with --workers 1 to see why (the port, the config, a model that does not load)",
+                        hint="fix what the worker names (the config, a model that does not load, the port); "
+                        "`--workers 1` starts the same app in this process",
                     )
-                print(f"ctxlock serve: worker {k} exited with code {proc.exitcode}; starting it again", file=sys.stderr)
-                procs[k] = start(k)
+                print(
+                    f"ctxlock serve: worker {k} exited with code {w.proc.exitcode}; starting it again", file=sys.stderr
+                )
+                pool[k] = _Worker(context, k, args)
     finally:
         deadline = time.monotonic() + grace + 10.0
-        for proc, _ in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        for w in pool:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
         for s, handler in previous.items():
             signal.signal(s, handler)
 

@@ -4,11 +4,14 @@ template is a render bomb; bearer tokens on, a record store, a 2 s deadline."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +21,7 @@ import httpx
 
 import ctxlock
 import fetched
+from ctxlock.store import Store
 
 TOKEN = "test-token-abc"
 SRC = str(Path(ctxlock.__file__).resolve().parents[1])
@@ -98,16 +102,53 @@ def running(config: Path, *, workers: int = 1, env: dict[str, str] | None = None
             time.sleep(0.3)
         yield url
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         log.close()
+
+
+def terminate(proc: subprocess.Popen, *, group: bool = False, timeout: float = 30) -> None:
+    """SIGTERM a server still running, and SIGKILL it (its whole process group with `group`) if it does not exit."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait()
+
+
+def recording_load(url: str, k: int, stop: threading.Event, received: list[str]) -> None:
+    """One client of a recording load: distinct renders with ?record=1 until `stop` or until the server is gone;
+    the id of every record the server answered with goes to `received`."""
+    with client(url) as c:
+        i = 0
+        while not stop.is_set():
+            body = json.dumps({"messages": [{"role": "user", "content": f"load {k} {i}"}]})
+            i += 1
+            try:
+                r = c.post("/v1/render?model=nemo&record=1", content=body)
+            except httpx.HTTPError:
+                return  # the server is gone
+            if r.status_code == 200:
+                received.append(r.json()["record_id"])
 
 
 def client(url: str, *, token: str | None = TOKEN) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def assert_answered_records_stored(store: Path, received: list[str]) -> None:
+    """After a kill: every record id a client received is in the store, and the store passes integrity_check."""
+    assert len(received) >= 5
+    with Store(store) as s:
+        stored = {r["id"] for r in s.list_records(limit=100000)}
+    assert set(received) <= stored
+    db = sqlite3.connect(store / "records.db")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        db.close()

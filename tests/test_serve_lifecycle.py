@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,7 +17,16 @@ from typing import Any
 import httpx
 
 from ctxlock.store import Store
-from serve_server import QWEN_TEMPLATE, SRC, client, free_port, running, write_config
+from serve_server import (
+    QWEN_TEMPLATE,
+    SRC,
+    assert_answered_records_stored,
+    client,
+    free_port,
+    recording_load,
+    running,
+    write_config,
+)
 
 
 def test_sigterm_drains_in_flight_requests_and_commits_their_records(tmp_path: Path) -> None:
@@ -160,20 +168,7 @@ def test_sigkill_during_a_recording_load_loses_no_answered_record(tmp_path: Path
             except httpx.TransportError:
                 time.sleep(0.3)
 
-        def load(k: int) -> None:
-            with client(url) as c:
-                i = 0
-                while not stop.is_set():
-                    body = json.dumps({"messages": [{"role": "user", "content": f"load {k} {i}"}]})
-                    i += 1
-                    try:
-                        r = c.post("/v1/render?model=nemo&record=1", content=body)
-                    except httpx.HTTPError:
-                        return  # the server is gone
-                    if r.status_code == 200:
-                        received.append(r.json()["record_id"])
-
-        threads = [threading.Thread(target=load, args=(k,)) for k in range(6)]
+        threads = [threading.Thread(target=recording_load, args=(url, k, stop, received)) for k in range(6)]
         for t in threads:
             t.start()
         time.sleep(4.0)
@@ -187,15 +182,7 @@ def test_sigkill_during_a_recording_load_loses_no_answered_record(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert len(received) >= 5
-    with Store(store) as s:
-        stored = {r["id"] for r in s.list_records(limit=100000)}
-    assert set(received) <= stored
-    db = sqlite3.connect(store / "records.db")
-    try:
-        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    finally:
-        db.close()
+    assert_answered_records_stored(store, received)
 
 
 def test_without_a_config_it_serves_the_embedded_default_on_loopback(tmp_path: Path) -> None:

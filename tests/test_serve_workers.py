@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 
 from ctxlock.store import Store
-from serve_server import SRC, client, free_port, write_config
+from serve_server import SRC, assert_answered_records_stored, client, free_port, recording_load, terminate, write_config
 
 PID = re.compile(r'^ctxlock_worker\{pid="(\d+)"\} 1$', re.M)
 
@@ -44,13 +43,7 @@ def supervisor(cfg: Path, port: int, log: Path) -> Iterator[subprocess.Popen]:
         wait_ready(f"http://127.0.0.1:{port}", proc, log)
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(proc, group=True, timeout=60)
         out.close()
 
 
@@ -184,21 +177,7 @@ def test_sigkill_of_every_process_during_a_recording_load_loses_no_answered_reco
     received: list[str] = []
     stop = threading.Event()
     with supervisor(cfg, port, tmp_path / "server.log") as proc:
-
-        def load(k: int) -> None:
-            with client(url) as c:
-                i = 0
-                while not stop.is_set():
-                    body = json.dumps({"messages": [{"role": "user", "content": f"load {k} {i}"}]})
-                    i += 1
-                    try:
-                        r = c.post("/v1/render?model=nemo&record=1", content=body)
-                    except httpx.HTTPError:
-                        return  # the server is gone
-                    if r.status_code == 200:
-                        received.append(r.json()["record_id"])
-
-        threads = [threading.Thread(target=load, args=(k,)) for k in range(8)]
+        threads = [threading.Thread(target=recording_load, args=(url, k, stop, received)) for k in range(8)]
         for t in threads:
             t.start()
         time.sleep(4.0)
@@ -207,15 +186,7 @@ def test_sigkill_of_every_process_during_a_recording_load_loses_no_answered_reco
         stop.set()
         for t in threads:
             t.join(timeout=60)
-    assert len(received) >= 5
-    with Store(store) as s:
-        stored = {r["id"] for r in s.list_records(limit=100000)}
-    assert set(received) <= stored
-    db = sqlite3.connect(store / "records.db")
-    try:
-        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    finally:
-        db.close()
+    assert_answered_records_stored(store, received)
 
 
 def test_port_0_gives_every_worker_the_same_free_port(tmp_path: Path) -> None:
@@ -241,12 +212,7 @@ def test_port_0_gives_every_worker_the_same_free_port(tmp_path: Path) -> None:
         wait_ready(url, proc, log)
         assert len(worker_pids(url, 24)) == 2
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        terminate(proc, group=True, timeout=60)
         out.close()
 
 

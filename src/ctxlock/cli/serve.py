@@ -35,7 +35,12 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
     workers: Annotated[
-        int, typer.Option("--workers", help="Worker processes (each loads the models and has its own pool).")
+        int,
+        typer.Option(
+            "--workers",
+            help="Worker processes, each loading the models with its own pool and its own listening socket on the "
+            "address (SO_REUSEPORT: the kernel spreads connections over them); above 1, this process supervises.",
+        ),
     ] = 1,
 ) -> None:
     """Serve tokenize, detokenize, apply-template, count and render over HTTP, in vLLM's, llama.cpp's,

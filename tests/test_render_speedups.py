@@ -2,6 +2,9 @@
 
 - `sandbox_limits.input_chars` tells the context's exact types apart by identity before its general checks: the
   count must equal the plain walk (every str subclass, Mapping, sequence and set) on generated values of every kind.
+- `frozen.freeze` and `thaw` pass JSON's scalar types through by identity before their abc checks: the same values
+  (and types) as the plain recursion, on generated values.
+- `FrozenDict.get` and `in` answer from the index, as `Mapping`'s own methods do through `__getitem__`.
 - `jsonread.loads_strict` searches the whole text once for what could spell a lone surrogate and skips the search of
   each string when nothing could: values and errors must equal the reference path's (`CTXLOCK_FAST=0`), which
   searches every string, on generated JSON texts full of escapes.
@@ -19,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxlock.errors import CtxlockError
-from ctxlock.frozen import FrozenDict
+from ctxlock.frozen import FrozenDict, freeze, thaw
 from ctxlock.request import Utf8Policy
 from ctxlock.request.jsonread import loads_strict
 from ctxlock.sandbox_limits import input_chars
@@ -102,6 +105,39 @@ def test_input_chars_counts_a_render_context() -> None:
     assert input_chars(context) == plain_input_chars(context) == sum(map(len, context)) + 3 + 4 + 4 + 7 + 5
 
 
+def plain_freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return FrozenDict(tuple((k, plain_freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(plain_freeze(v) for v in value)
+    return value
+
+
+def plain_thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: plain_thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [plain_thaw(v) for v in value]
+    return value
+
+
+def _typed(value: Any) -> Any:
+    """The value with every node's type beside it (== alone says True == 1 and FrozenDict == dict)."""
+    if isinstance(value, Mapping):
+        return (type(value).__name__, [(k, _typed(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return (type(value).__name__, [_typed(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(leaves, containers, max_leaves=30))
+def test_freeze_and_thaw_equal_the_plain_recursion(value: Any) -> None:
+    assert _typed(freeze(value)) == _typed(plain_freeze(value))
+    assert _typed(thaw(value)) == _typed(plain_thaw(value))
+    assert _typed(thaw(freeze(value))) == _typed(plain_thaw(plain_freeze(value)))
+
+
 # -- loads_strict ---------------------------------------------------------------------------------------------------
 
 _PIECES = [
@@ -176,3 +212,27 @@ def test_a_text_with_no_surrogate_parses_unchanged_on_the_fast_path() -> None:
     text = '{"messages": [{"role": "user", "content": "h\\u00e9llo \\\\ud800 🙂"}]}'
     with fast_path():
         assert loads_strict(text, "$", Utf8Policy.STRICT) == json.loads(text)
+
+
+# -- FrozenDict.get and `in` ------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.one_of(texts, st.integers()), st.one_of(st.none(), st.integers(), texts), max_size=6),
+    st.lists(st.one_of(texts, st.integers(), st.none(), st.booleans(), st.floats(allow_nan=False)), max_size=6),
+)
+def test_frozen_dict_get_and_in_equal_mappings_own(data: dict[Any, Any], probes: list[Any]) -> None:
+    fd = FrozenDict(tuple(data.items()))
+    for key in [*data, *probes]:
+        sentinel = object()
+        assert fd.get(key) is Mapping.get(fd, key)
+        assert fd.get(key, sentinel) is Mapping.get(fd, key, sentinel)
+        assert (key in fd) is Mapping.__contains__(fd, key)
+    for unhashable in ([], {}):
+        with pytest.raises(TypeError):
+            fd.get(unhashable)
+        with pytest.raises(TypeError):
+            Mapping.get(fd, unhashable)
+        with pytest.raises(TypeError):
+            _ = unhashable in fd

@@ -15,6 +15,7 @@ it may print.
 
 from __future__ import annotations
 
+import _signal
 import inspect
 import random
 import re
@@ -405,27 +406,48 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
     deadline.mechanism = deadline_mechanism(tracer)
     if deadline.mechanism == "watchdog":
         return _WatchdogBlock(deadline)
-    return _timer_or_tracer(deadline)
+    if deadline.mechanism == "alarm":
+        return _AlarmBlock(deadline)
+    return _tracer(deadline)
 
 
 @contextmanager
-def _timer_or_tracer(deadline: _Deadline) -> Iterator[_Deadline]:
-    if deadline.mechanism == "tracer":
-        previous_trace = sys.gettrace()
-        sys.settrace(deadline.global_)
-        try:
-            yield deadline
-        finally:
-            sys.settrace(previous_trace)
-        return
-    previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, deadline.seconds, 0.05)
+def _tracer(deadline: _Deadline) -> Iterator[_Deadline]:
+    previous_trace = sys.gettrace()
+    sys.settrace(deadline.global_)
     try:
         yield deadline
     finally:
-        deadline.armed = False
+        sys.settrace(previous_trace)
+
+
+# SIGALRM as the C module `_signal` takes it. `signal.signal` is `_signal.signal` wrapped to turn the handler it
+# returns into an enum member, which costs about 3 us for a function handler (enum lookup that fails): the interval
+# timer is armed and disarmed on every render on the main thread, so the handlers are swapped with `_signal` itself.
+# Restoring the int it returns for SIG_DFL/SIG_IGN installs the same disposition (`signal.getsignal` reads it back as
+# the same enum member).
+_SIGALRM = int(signal.SIGALRM)
+
+
+class _AlarmBlock:
+    """The interval timer's context manager (main thread, SIGALRM free: `_alarm_free`): the handler installed and the
+    timer armed on entry; on exit the deadline is disarmed first, then the timer, then the host's handler restored."""
+
+    __slots__ = ("deadline", "previous")
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+        self.previous: Any = None
+
+    def __enter__(self) -> _Deadline:
+        self.previous = _signal.signal(_SIGALRM, self.deadline.on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, self.deadline.seconds, 0.05)
+        return self.deadline
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> None:
+        self.deadline.armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _signal.signal(_SIGALRM, self.previous)
 
 
 def settle_deadlines() -> int:

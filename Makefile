@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 
-.PHONY: demo test lint install install-test fetch chromium clean
+.PHONY: demo test lint install install-test fetch chromium bench-tools clean
 
 # pip's output goes to $(VENV)/install.log, shown only when the install fails: the demo prints only the demo.
 $(VENV)/.installed: pyproject.toml
@@ -41,6 +41,11 @@ chromium:
 	@dpkg -s chromium fonts-wqy-zenhei >/dev/null 2>&1 || apt-get install -y chromium fonts-wqy-zenhei \
 		|| { apt-get update && apt-get install -y chromium fonts-wqy-zenhei; } \
 		|| sudo apt-get install -y chromium fonts-wqy-zenhei
+
+# benchmarks/bench_serve.py's load client: Debian's wrk (one C thread, a few percent of a core at these rates).
+bench-tools:
+	@command -v wrk >/dev/null 2>&1 || apt-get install -y wrk || { apt-get update && apt-get install -y wrk; } \
+		|| sudo apt-get install -y wrk
 
 test: $(VENV)/.installed-test fetch chromium
 	$(VENV)/bin/ruff check src tests scripts benchmarks

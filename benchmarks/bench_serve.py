@@ -1,11 +1,13 @@
 """`ctxlock serve` under load: the real server (a subprocess, uvicorn on a loopback port) driven by a real HTTP
-client (the standard library's `http.client`, one keep-alive connection per client thread: the lightest real
-client, so that the client takes as little of the machine's CPU as it can) at 1, 8 and 32 concurrent connections,
-each run bounded by a request count and a time limit. Reports requests/s, p50 and p99 latency and errors, beside the
-in-process `Model.encode` median of the same request (the work without HTTP) and the fixed HTTP cost (a `GET
+client at 1, 8 and 32 concurrent keep-alive connections, each run bounded by a request count and a time limit. The
+client: `wrk` (`--client wrk`, the default; Debian's package, `make bench-tools` installs it), one thread in C with a
+Lua script that stops at the request count: it takes a few percent of a core, so that on a 2-core machine the
+second server process has a core to use; or `--client python` (the standard library's `http.client`, one thread per
+connection: it takes most of a core itself at these rates). Reports requests/s, p50 and p99 latency and errors,
+beside the in-process `Model.encode` median of the same request (the work without HTTP) and the fixed HTTP cost (a `GET
 /healthz` round trip at 1 connection: the same client, server and loop, no work), for 1 and 2 worker processes.
 
-    PYTHONPATH=src python benchmarks/bench_serve.py [--requests 400] [--seconds 20] [--workers 1 2]
+    PYTHONPATH=src python benchmarks/bench_serve.py [--requests 400] [--seconds 20] [--workers 1 2] [--client wrk]
     PYTHONPATH=src python benchmarks/bench_serve.py --breakdown     # where one request's time goes, in-process
 """
 
@@ -15,6 +17,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -80,6 +83,64 @@ def start(workers: int, root: Path, pool: int = 2) -> tuple[subprocess.Popen, st
             time.sleep(0.3)
     proc.kill()
     raise RuntimeError("the server did not start")
+
+
+_WRK_SCRIPT = """
+local ffi = require("ffi")
+ffi.cdef[[ typedef struct { long tv_sec; long tv_nsec; } ctxlock_ts; int clock_gettime(int, ctxlock_ts *); ]]
+local ts = ffi.new("ctxlock_ts")
+local function now() ffi.C.clock_gettime(1, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+wrk.method = "%(method)s"
+wrk.headers["Content-Type"] = "application/json"
+%(body)s
+local threads = {}
+setup = function(thread) table.insert(threads, thread) end
+init = function(args) started = now(); left = %(total)d; elapsed = 0 end
+response = function(status, headers, body)
+  left = left - 1
+  elapsed = now() - started
+  if left <= 0 then wrk.thread:stop() end
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  local fmt = '{"requests": %%d, "seconds": %%.6f, "p50_us": %%d, "p99_us": %%d, "errors": %%d}'
+  io.write(string.format('\\nRESULT ' .. fmt .. '\\n', summary.requests, threads[1]:get("elapsed"),
+    latency:percentile(50), latency:percentile(99), e.connect + e.read + e.write + e.timeout + e.status))
+end
+"""
+
+
+def load_wrk(url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize") -> dict[str, float]:
+    """One run of `wrk` (one thread, `connections` keep-alive connections), stopped at `total` answers or `seconds`
+    (requests/s: answers over the time from the thread's start to its last answer, taken in the script); errors:
+    connect, read, write and timeout errors and answers other than 2xx/3xx."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is not installed: `make bench-tools` (Debian's wrk), or run with --client python")
+    method = "GET" if path == "/healthz" else "POST"
+    body = "" if method == "GET" else "wrk.body = " + json.dumps(json.dumps(REQUEST))
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
+        fh.write(_WRK_SCRIPT % {"method": method, "body": body, "total": total})
+    try:
+        out = subprocess.run(
+            [wrk, "-t1", f"-c{connections}", f"-d{max(1, int(seconds))}s", "-s", fh.name, url + path],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
+    finally:
+        os.unlink(fh.name)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"wrk gave no result: {out.stdout[-400:]} {out.stderr[-400:]}")
+    r = json.loads(line.removeprefix("RESULT "))
+    return {
+        "requests": r["requests"],
+        "rps": r["requests"] / r["seconds"],  # from the first request to the last answer (wrk's own clock: to -d)
+        "p50_ms": r["p50_us"] / 1000,
+        "p99_ms": r["p99_us"] / 1000,
+        "errors": r["errors"],
+    }
 
 
 def load(url: str, connections: int, total: int, seconds: float, *, path: str = "/tokenize") -> dict[str, float]:
@@ -215,6 +276,7 @@ def main() -> None:
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--pool", type=int, default=2, help="limits.pool_size of each worker process")
     ap.add_argument("--breakdown", action="store_true", help="only the in-process breakdown of one request")
+    ap.add_argument("--client", choices=["wrk", "python"], default="wrk", help="the load client (module docstring)")
     args = ap.parse_args()
     if args.breakdown:
         print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -224,17 +286,19 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     encode_ms = in_process_median()
     print(f"in-process Model.encode median: {encode_ms:.3f} ms (same request, warm)")
+    run = load_wrk if args.client == "wrk" else load
+    print(f"client: {args.client}")
     results = []
     fixed: dict[int, float] = {}
     for workers in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url = start(workers, Path(tmp), args.pool)
             try:
-                h = load(url, 1, args.requests, args.seconds, path="/healthz")
+                h = run(url, 1, args.requests, args.seconds, path="/healthz")
                 fixed[workers] = h["p50_ms"]
                 print(f"workers {workers}  GET /healthz at 1 connection (fixed HTTP cost): p50 {h['p50_ms']:.3f} ms")
                 for n in args.connections:
-                    r = load(url, n, args.requests, args.seconds)
+                    r = run(url, n, args.requests, args.seconds)
                     results.append({"workers": workers, "connections": n, **r})
                     print(
                         f"workers {workers}  connections {n:>2}  {r['requests']:>5} requests  {r['rps']:8.1f} req/s  "

@@ -5,7 +5,11 @@ tests/security/test_sec_sandbox.py."""
 
 from __future__ import annotations
 
+import jinja2
+import jinja2.sandbox
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxlock import taint
 from ctxlock.sandbox import (
@@ -16,6 +20,7 @@ from ctxlock.sandbox import (
     check_printable,
     compile_source,
     input_chars,
+    new_environment,
     render_limited,
 )
 from ctxlock.sandbox_limits import FixedOrderSet, RenderState
@@ -87,3 +92,32 @@ def test_random_draws_are_seeded_and_logged() -> None:
         runs.append((text, draws))
     assert runs[0] == runs[1]
     assert [d["what"] for d in runs[0][1]] == ["random", "random"] and runs[0][1][0]["choices"] == 8
+
+
+_PUBLIC_STR = sorted(a for a in dir(str) if not a.startswith("_"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    attribute=st.one_of(st.sampled_from([*_PUBLIC_STR, "role", "missing", "items", "x"]), st.text(max_size=12)),
+    stored=st.sampled_from(["text", 3, None, "{0.__class__}".format, "abc".strip, [1, 2]]),
+)
+def test_the_fast_attribute_paths_answer_as_the_sandbox_does(attribute: str, stored: object) -> None:
+    """`LimitedEnvironment.getattr`'s shortcuts for a str's (or a request string's) public methods and for a
+    template namespace give what jinja's own sandbox path gives: the same value, the same wrapped `format`, the same
+    Undefined (and underscore names stay refused)."""
+    env = new_environment()
+    namespace = env.globals["namespace"](role=stored, other="y")
+    for obj in ("plain text", taint.Tainted("user text"), namespace):
+        ours = env.getattr(obj, attribute)
+        if type(obj) is taint.Tainted and attribute not in dir(str):  # provenance is not an attribute (by design)
+            assert isinstance(ours, jinja2.Undefined)
+            continue
+        theirs = jinja2.sandbox.ImmutableSandboxedEnvironment.getattr(env, obj, attribute)
+        if isinstance(theirs, jinja2.Undefined):
+            assert isinstance(ours, jinja2.Undefined)
+            assert (type(ours) is type(theirs)) or attribute.startswith("_")
+        elif getattr(theirs, "__name__", "") == "format_":  # the sandbox's bounded str.format wrapper
+            assert getattr(ours, "__name__", "") == "format_"
+        else:
+            assert ours == theirs

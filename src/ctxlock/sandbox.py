@@ -235,6 +235,8 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
 
 _INLINE_ADD = 4096  # `+` on two strings shorter than this together runs inline (uncharged)
 _STR_ATTRIBUTES = frozenset(a for a in dir(str) if not a.startswith("_"))
+# The str methods jinja's sandbox returns as they are (format and format_map it wraps: they go its own way).
+_PLAIN_STR_ATTRIBUTES = _STR_ATTRIBUTES - {"format", "format_map"}
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 _LOOP_ATTRIBUTES = frozenset(
     {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0", "previtem", "nextitem"}
@@ -286,6 +288,10 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except KeyError:
                 return self.undefined(obj=obj, name=attribute)
+        if (type(obj) is str or type(obj) is Tainted) and attribute in _PLAIN_STR_ATTRIBUTES:
+            # `content.strip`, `role.startswith`: what the sandbox's own path returns for a str's public method (it
+            # is neither internal nor a known mutable's), without its checks on every call.
+            return getattr(obj, attribute)
         if type(obj) is jinja2.runtime.LoopContext and attribute in _LOOP_ATTRIBUTES:
             # Public read-only properties of jinja's own loop object: the sandbox would allow each of them.
             return getattr(obj, attribute)
@@ -293,6 +299,16 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
             # jinja answers a missing underscore attribute with a plain Undefined (printed as ""); a probe for one
             # is refused like an existing one, when it is used.
             return self.unsafe_undefined(obj, attribute)
+        if type(obj) is _TemplateNamespace:
+            # `ns.current_role`: the sandbox's own path without its per-call type checks (a namespace is neither
+            # internal nor a known mutable; underscore names were refused above); a stored str.format still wrapped.
+            # A third of a render of mistral-nemo's template went to those checks.
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return self.undefined(obj=obj, name=attribute)
+            wrapped = self.wrap_str_format(value)
+            return value if wrapped is None else wrapped
         if type(obj) is Tainted and attribute not in _STR_ATTRIBUTES:
             # A request string has exactly the attributes of a str (not the provenance this module keeps).
             return self.undefined(obj=obj, name=attribute)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -68,18 +67,10 @@ def serve(
         app = create_app(cfg)
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
         return
-    # Each worker process builds the app from the same config file (named in the environment it inherits).
-    if config is not None:
-        os.environ["CTXLOCK_SERVE_CONFIG"] = str(config.resolve())
-    uvicorn.run(
-        "ctxlock.server.app:factory",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="warning",
-        timeout_graceful_shutdown=grace,
-    )
+    # Each worker process has its own socket on the address (SO_REUSEPORT) and builds the app from the config file.
+    from ..server.workers import serve_workers  # serve-only: starlette and uvicorn load for this command only
+
+    serve_workers(config, host, port, workers, grace)
 
 
 def register(app: typer.Typer) -> None:

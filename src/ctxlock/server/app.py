@@ -2,7 +2,7 @@
 
 Every route's work runs on the bounded pool (pool.py) with the request's own deadline; the event loop only reads
 bodies and writes responses. `create_app(config)` builds it; `factory()` builds it from $CTXLOCK_SERVE_CONFIG (what
-`uvicorn --factory` and `ctxlock serve --workers N` call in each worker process)."""
+`uvicorn --factory ctxlock.server.app:factory` calls)."""
 
 from __future__ import annotations
 

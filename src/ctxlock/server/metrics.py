@@ -6,7 +6,9 @@ The counts are per worker process (`--workers N`: each process answers /metrics 
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping
@@ -22,6 +24,7 @@ def _label(value: str) -> str:
 
 class Metrics:
     def __init__(self) -> None:
+        self._started = time.time()
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str, int], int] = defaultdict(int)
         self._buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
@@ -64,6 +67,12 @@ class Metrics:
             ]
             out += [f'ctxlock_tokens_total{{model="{_label(m)}"}} {n}' for m, n in sorted(self._tokens.items())]
         out += [
+            "# HELP ctxlock_worker The worker process that answered (with --workers N, each answers for itself).",
+            "# TYPE ctxlock_worker gauge",
+            f'ctxlock_worker{{pid="{os.getpid()}"}} 1',
+            "# HELP process_start_time_seconds Start time of the process since the Unix epoch, in seconds.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self._started:.3f}",
             "# HELP ctxlock_pool_admitted Requests running or queued on the worker pool.",
             "# TYPE ctxlock_pool_admitted gauge",
             f"ctxlock_pool_admitted {in_flight}",

@@ -1,0 +1,155 @@
+"""`ctxlock serve --workers N` (N > 1): N worker processes, each listening on its own socket bound to the same
+address with `SO_REUSEPORT`, so that the kernel spreads new connections over them by the connection's addresses.
+
+Why not uvicorn's own `--workers`: its processes share one listening socket, and whichever process wakes first
+accepts. A client that opens its keep-alive connections at once (a gateway, a load balancer's pool, `wrk -c 8`)
+then often lands every connection on one process, and the others stay idle for as long as those connections live
+(measured: 8 connections, all on one of 2 workers in 2 runs of 3). With a socket per process, the kernel hashes
+each connection to a socket: every process gets its share from the first connection on.
+
+The supervisor (this module's `serve_workers`, in the `ctxlock serve` process) listens on nothing itself:
+- it first checks that the address is free (a plain bind, no `SO_REUSEPORT`), so that a port another server
+  holds is refused with one line instead of being silently shared with it;
+- it starts the workers with `spawn` (never `fork` after threads); each builds the app from the same config file,
+  binds, and runs uvicorn on its socket, dying with the supervisor (`PR_SET_PDEATHSIG` on Linux);
+- on SIGTERM or SIGINT it passes SIGTERM to every worker, which drains its in-flight requests (and commits their
+  records) as a single-process server does, then waits for them;
+- a worker that dies is started again, unless it died within `_EARLY` seconds of its start (a bind or start-up
+  failure: then the whole server stops with an error rather than restart in a loop).
+
+`SO_REUSEPORT` lets only processes of the same user join the group (Linux), and only while they listen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from ..errors import ServeConfigError
+from .app import create_app
+from .config import load_config
+
+_EARLY = 3.0  # seconds: a worker that dies sooner after its start failed to start
+_PR_SET_PDEATHSIG = 1
+_BACKLOG = 2048  # uvicorn's default
+
+
+def _address(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ServeConfigError(
+            f"cannot resolve --host {host}: {exc}", path="--host", hint="give an IP address"
+        ) from None
+    family, _, _, _, address = infos[0]
+    return family, address
+
+
+def check_free(host: str, port: int) -> None:
+    """Refuse an address something already listens on (a plain bind: a `SO_REUSEPORT` bind would join that server's
+    group and share its connections)."""
+    family, address = _address(host, port)
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            hint = "stop the other server or choose another --port"
+            if exc.errno != errno.EADDRINUSE:
+                hint = "choose another --host or --port"
+            raise ServeConfigError(f"cannot bind {host}:{port}: {exc.strerror}", path="--port", hint=hint) from None
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with `SO_REUSEPORT`, listening: one worker's own."""
+    family, address = _address(host, port)
+    # IPPROTO_TCP named, as uvicorn does: asyncio sets TCP_NODELAY on accepted connections only for a socket whose
+    # proto says TCP (with proto 0, Nagle and delayed ACKs cost a keep-alive client ~40 ms per request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.listen(_BACKLOG)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this process when the supervisor dies (even by SIGKILL), so no worker outlives it."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the supervisor died before the line above
+        os._exit(0)
+
+
+def worker_main(config: str | None, host: str, port: int, grace: float, parent: int) -> None:
+    """One worker process: its own socket, the app from the config file, uvicorn until SIGTERM (which drains)."""
+    _die_with_parent(parent)
+    sock = listening_socket(host, port)
+    app = create_app(load_config(Path(config) if config else None))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
+    server.run(sockets=[sock])
+
+
+def serve_workers(config: Path | None, host: str, port: int, workers: int, grace: float) -> None:
+    """Run `workers` worker processes on host:port until SIGTERM or SIGINT (module docstring)."""
+    check_free(host, port)
+    context = multiprocessing.get_context("spawn")
+    args = (None if config is None else str(config.resolve()), host, port, grace, os.getpid())
+    stopping = False
+
+    def start(k: int) -> tuple[Any, float]:
+        proc = context.Process(target=worker_main, args=args, name=f"ctxlock-serve-{k}")
+        proc.start()
+        return proc, time.monotonic()
+
+    def stop(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc, _ in procs:
+            if proc.is_alive() and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    procs = [start(k) for k in range(workers)]
+    try:
+        while not stopping:
+            wait([p.sentinel for p, _ in procs], timeout=0.5)
+            for k, (proc, started) in enumerate(procs):
+                if stopping or proc.is_alive():
+                    continue
+                if time.monotonic() - started < _EARLY:
+                    stop(signal.SIGTERM, None)
+                    raise ServeConfigError(
+                        f"worker process {k} exited with code {proc.exitcode} while starting",
+                        path="--workers",
+                        hint="run with --workers 1 to see why (the port, the config, a model that does not load)",
+                    )
+                print(f"ctxlock serve: worker {k} exited with code {proc.exitcode}; starting it again", file=sys.stderr)
+                procs[k] = start(k)
+    finally:
+        deadline = time.monotonic() + grace + 10.0
+        for proc, _ in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+__all__ = ["check_free", "listening_socket", "serve_workers", "worker_main"]

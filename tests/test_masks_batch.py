@@ -108,6 +108,14 @@ def test_continue_final_message_is_refused_on_both_paths() -> None:
     assert rows[0][:2] == ("error", "MaskError")
 
 
+def test_an_option_render_refuses_is_refused_row_by_row_on_both_paths() -> None:
+    # The fast path checks and builds the render options once per call (`_plan`); options it cannot build leave
+    # every row to meet the same error, in the row's place, as the reference path does.
+    requests = [CORPUS[0][1], CORPUS[1][1]]
+    rows = _both(_model("qwen2"), requests, MaskOptions(), return_tensors="np")
+    assert [r[:2] for r in rows] == [("error", "OptionError")] * 2
+
+
 # -- generated rows -------------------------------------------------------------------------------------------------
 
 _TEXT = st.one_of(

@@ -7,17 +7,18 @@ raised) for a row that fails.
 
 - **Reference path** (`CTXLOCK_FAST=0`): `model.parse`, then `masks.assistant_mask` (which renders, encodes with
   `tokenizer.encode_ids` and lays the tokens with `accounting.layout`).
-- **Fast path**: the same parse and render; the ids from the whole-text encoder *without its prefix cache*
-  (`WholeText.encode_prepared` from byte 0, `cache=False`), and the lay from those ids alone (`tokenlay.whole_lay`),
-  then `masks.mask_of` on that lay. The prefix cache is what makes `encode_ids` fast on a chat that grows turn by
-  turn; a shard's rows are unrelated conversations that mostly share only the system prompt, so looking each one up
-  among the cached texts and storing it there cost about five times the native encode itself (measured:
-  0.28 ms against 0.04 ms for a 500-token row). Why the ids are equal: `encode_ids` with a cache entry keeps the
-  entry's ids up to a cut where the encoder's state is proved to restart, and encodes the rest natively; with no
-  entry it encodes the whole text natively, which is what this path does (the prefix cache's own equality claim,
-  tested in tests/test_prefix.py). When the whole-text encoder does not apply (request text at a control-token
-  position under the `text` policy, a lone surrogate, a normalizing vocabulary) or `whole_lay` cannot lay the ids,
-  the row takes the reference path's `encode_ids` and `accounting.layout_of`.
+- **Fast path**: the same parse and render (the render options checked and built once per call, not per row:
+  `Model.render` then takes the `RenderOptions` as they are); the ids from the whole-text encoder *without its prefix
+  cache* (`WholeText.encode_prepared` from byte 0, `cache=False`), and the lay from those ids alone
+  (`tokenlay.whole_lay`), then `masks.mask_of` on that lay. The prefix cache is what makes `encode_ids` fast on a chat
+  that grows turn by turn; a shard's rows are unrelated conversations that mostly share only the system prompt, so
+  looking each one up among the cached texts and storing it there cost about five times the native encode itself
+  (measured: 0.28 ms against 0.04 ms for a 500-token row). Why the ids are equal: `encode_ids` with a cache entry keeps
+  the entry's ids up to a cut where the encoder's state is proved to restart, and encodes the rest natively; with no
+  entry it encodes the whole text natively, which is what this path does (the prefix cache's own equality claim, tested
+  in tests/test_prefix.py). When the whole-text encoder does not apply (request text at a control-token position under
+  the `text` policy, a lone surrogate, a normalizing vocabulary) or `whole_lay` cannot lay the ids, the row takes the
+  reference path's `encode_ids` and `accounting.layout_of`.
 - **fastokens, at once for a big shard**: the tokenizer starts building fastokens (about ten times tiktoken, and
   admitted only once it matched the exact path on the vocabulary) after `accel.start_after()` characters (8M) went
   through tiktoken, so that a short job does not pay for the build. A shard whose requests alone are that long
@@ -40,7 +41,7 @@ import numpy as np
 from .accounting import Layout, layout_of
 from .errors import CtxlockError
 from .masks import MaskOptions, assistant_mask, mask_of
-from .options import RENDER_OPTIONS, check_options
+from .options import RENDER_OPTIONS, RenderOptions, check_options
 from .settings import fast_enabled
 from .tokenizer import accel, whole_text_encoder
 from .tokenlay import whole_lay
@@ -66,13 +67,17 @@ def mask_rows(
     """Each request (what `Model.parse` takes) as a `MaskedRow`, or the `CtxlockError` it fails with, in order and
     one at a time (a shard is never held twice in memory). `render_options`: `Model.render`'s keywords
     (`add_generation_prompt` False unless given; `ctxlock batch` gives none). See the module docstring."""
-    row = _fast_row if fast_enabled() else _reference_row
+    fast = fast_enabled()
     render = {**_RENDER, **render_options}
-    if row is _fast_row and isinstance(requests, Sequence):
+    plan = _plan(render) if fast else None
+    if fast and isinstance(requests, Sequence):
         _start_accelerator(model.tokenizer, requests)
     for request in requests:
         try:
-            yield row(model, request, options, render)
+            if plan is not None:
+                yield _planned_row(model, request, options, plan)
+            else:
+                yield (_fast_row if fast else _reference_row)(model, request, options, render)
         except CtxlockError as exc:
             yield exc
 
@@ -115,6 +120,40 @@ def _fast_row(model: Any, raw: Any, options: MaskOptions, render: dict[str, Any]
     rendered = model.render(request, **{k: v for k, v in render.items() if k not in _PARSE})
     lay = _lay(model.tokenizer, request, rendered)
     mask = mask_of(model, lay, options, **render)
+    return MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What every row of one `mask_rows` call shares, made once: the render keywords, the parse keywords and the
+    `RenderOptions` they make (what `Model.render` builds from its keywords on every call)."""
+
+    render: dict[str, Any]
+    parse: dict[str, Any]
+    options: RenderOptions
+
+
+def _plan(render: dict[str, Any]) -> _Plan | None:
+    """The shared plan, or None where a row must take `_fast_row` (which checks the options, and refuses them, row
+    by row, as `Model.encode` does): `continue_final_message`, or options `Model.render` refuses."""
+    if render.get("continue_final_message"):
+        return None
+    try:
+        check_options(render, RENDER_OPTIONS, "layout")
+        options = RenderOptions.from_kwargs(
+            {k: v for k, v in render.items() if k not in _PARSE}, accepted=RENDER_OPTIONS, method="render"
+        )
+    except Exception:  # whatever it is, each row meets it again on `_fast_row`, as it always did
+        return None
+    return _Plan(render, _parse_options(render), options)
+
+
+def _planned_row(model: Any, raw: Any, options: MaskOptions, plan: _Plan) -> MaskedRow:
+    """`_fast_row` with the options checked and built once for the shard (`_plan`): the same calls, so the same row."""
+    request = model.parse(raw, **plan.parse)
+    rendered = model.render(request, plan.options)
+    lay = _lay(model.tokenizer, request, rendered)
+    mask = mask_of(model, lay, options, **plan.render)
     return MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes)
 
 

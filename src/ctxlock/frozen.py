@@ -33,6 +33,14 @@ class FrozenDict(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._items)
 
+    # `Mapping`'s own `get` and `__contains__` go through `__getitem__` and catch its KeyError (an exception per miss,
+    # and most lookups of origins and options miss): the index answers them directly, with the same results.
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._index.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
     def _typed_key(self) -> str:
         # Python's == says True == 1 == 1.0, but a template renders them differently, so equality and hashing
         # go through the order-preserving JSON text, where they differ.
@@ -56,8 +64,15 @@ class FrozenDict(Mapping[str, Any]):
         return f"FrozenDict({dict(self._items)!r})"
 
 
+# The scalar types JSON parses to, told apart by identity before the abc check against `Mapping` (about a microsecond
+# a value): `freeze` and `thaw` pass them through either way.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def freeze(value: Any) -> Any:
     """Deep-freeze parsed JSON: dict -> FrozenDict, list -> tuple. Scalars pass through."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, Mapping):
         return FrozenDict(tuple((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
@@ -67,6 +82,8 @@ def freeze(value: Any) -> Any:
 
 def thaw(value: Any) -> Any:
     """Inverse of `freeze`: fresh plain dicts and lists that the caller may mutate."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, Mapping):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):

@@ -15,6 +15,7 @@ it may print.
 
 from __future__ import annotations
 
+import _signal
 import inspect
 import random
 import re
@@ -101,17 +102,31 @@ class RenderLimits:
 def input_chars(value: Any) -> int:
     """The characters of every string in `value` (mappings, sequences and sets walked; keys counted): the size of
     what a render receives, which its limits grow with. Other values count nothing."""
+    # The exact types a render's context is made of are told apart by identity first (an abc `isinstance` against
+    # `Mapping` costs about a microsecond per value); every other type takes the general checks, so the count is the
+    # same for any value.
     total = 0
     stack = [value]
+    pop, extend = stack.pop, stack.extend
     while stack:
-        v = stack.pop()
-        if isinstance(v, str):
+        v = pop()
+        t = type(v)
+        if t is str or t is Tainted:
+            total += len(v)
+        elif t is dict:
+            extend(v.keys())
+            extend(v.values())
+        elif t is list or t is tuple:
+            extend(v)
+        elif v is None or t is bool or t is int or t is float:
+            continue
+        elif isinstance(v, str):
             total += len(v)
         elif isinstance(v, Mapping):
-            stack.extend(v.keys())
-            stack.extend(v.values())
+            extend(v.keys())
+            extend(v.values())
         elif isinstance(v, (list, tuple, set, frozenset)):
-            stack.extend(v)
+            extend(v)
     return total
 
 
@@ -391,27 +406,48 @@ def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool 
     deadline.mechanism = deadline_mechanism(tracer)
     if deadline.mechanism == "watchdog":
         return _WatchdogBlock(deadline)
-    return _timer_or_tracer(deadline)
+    if deadline.mechanism == "alarm":
+        return _AlarmBlock(deadline)
+    return _tracer(deadline)
 
 
 @contextmanager
-def _timer_or_tracer(deadline: _Deadline) -> Iterator[_Deadline]:
-    if deadline.mechanism == "tracer":
-        previous_trace = sys.gettrace()
-        sys.settrace(deadline.global_)
-        try:
-            yield deadline
-        finally:
-            sys.settrace(previous_trace)
-        return
-    previous = signal.signal(signal.SIGALRM, deadline.on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, deadline.seconds, 0.05)
+def _tracer(deadline: _Deadline) -> Iterator[_Deadline]:
+    previous_trace = sys.gettrace()
+    sys.settrace(deadline.global_)
     try:
         yield deadline
     finally:
-        deadline.armed = False
+        sys.settrace(previous_trace)
+
+
+# SIGALRM as the C module `_signal` takes it. `signal.signal` is `_signal.signal` wrapped to turn the handler it
+# returns into an enum member, which costs about 3 us for a function handler (enum lookup that fails): the interval
+# timer is armed and disarmed on every render on the main thread, so the handlers are swapped with `_signal` itself.
+# Restoring the int it returns for SIG_DFL/SIG_IGN installs the same disposition (`signal.getsignal` reads it back as
+# the same enum member).
+_SIGALRM = int(signal.SIGALRM)
+
+
+class _AlarmBlock:
+    """The interval timer's context manager (main thread, SIGALRM free: `_alarm_free`): the handler installed and the
+    timer armed on entry; on exit the deadline is disarmed first, then the timer, then the host's handler restored."""
+
+    __slots__ = ("deadline", "previous")
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+        self.previous: Any = None
+
+    def __enter__(self) -> _Deadline:
+        self.previous = _signal.signal(_SIGALRM, self.deadline.on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, self.deadline.seconds, 0.05)
+        return self.deadline
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> None:
+        self.deadline.armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _signal.signal(_SIGALRM, self.previous)
 
 
 def settle_deadlines() -> int:

@@ -621,8 +621,10 @@ register("template.role_warnings", size=_ROLE_WARNINGS.__len__, clear=_ROLE_WARN
 def _role_warnings(
     template: ChatTemplate, special_tokens: Any, tokens: _TokenSet, limits: RenderLimits
 ) -> tuple[FrozenDict, ...]:
-    # Looked up on every render: keyed by values that hash fast (the special tokens as a tuple of pairs).
-    key = (template, tuple((special_tokens or {}).items()), tokens, limits)
+    # Looked up on every render: keyed by values that hash fast (a model's special tokens are one FrozenDict, whose
+    # hash is kept and which a lookup finds by identity; any other mapping as a tuple of pairs).
+    named = special_tokens if type(special_tokens) is FrozenDict else tuple((special_tokens or {}).items())
+    key = (template, named, tokens, limits)
     hit = _ROLE_WARNINGS.get(key)
     if hit is None:
         found = _role_markers(template, freeze(dict(special_tokens or {})), tokens, limits).warning(template)

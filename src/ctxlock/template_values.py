@@ -45,7 +45,12 @@ class ChatTemplate:
 
     @property
     def sha256(self) -> str:
-        return _sha256(self.source)
+        # Computed once per template object (frozen: `source` cannot change), not on every render that asks for it.
+        cached = self.__dict__.get("_sha256")
+        if cached is None:
+            cached = _sha256(self.source)
+            object.__setattr__(self, "_sha256", cached)
+        return cached
 
     @property
     def features(self) -> TemplateFeatures:

@@ -58,7 +58,9 @@ def parse_messages(raw: Any, policy: Utf8Policy, as_sent: bool = False) -> tuple
 def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, as_sent: bool = False) -> Message:
     """One message at `path`, given the tool-call ids of the messages before it (updated with its own)."""
     m = as_object(raw, path, "a message object")
-    role = as_str(required(m, "role", path, _ONE_OF_ROLES), join_path(path, "role"))
+    role = m.get("role")
+    if type(role) is not str:  # the checks (and the paths they name) for anything but a plain string
+        role = as_str(required(m, "role", path, _ONE_OF_ROLES), join_path(path, "role"))
     if role not in _OPENAI_ROLES:
         raise fail(
             join_path(path, "role"),
@@ -107,7 +109,9 @@ def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, a
         if tool_call_id not in seen_ids:
             raise no_tool_call(tool_call_id, seen_ids, join_path(path, "tool_call_id"), "tool message")
 
-    content = _content(m.get("content"), join_path(path, "content"), role)
+    content = m.get("content")
+    if content is not None and not isinstance(content, str):  # a string needs no check (nor its path)
+        content = _content(content, join_path(path, "content"), role)
     if content is None and not (role == "assistant" and tool_calls):
         raise fail(
             join_path(path, "content"),

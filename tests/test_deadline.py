@@ -322,3 +322,36 @@ def test_arming_a_later_deadline_wakes_no_thread_and_an_earlier_one_still_fires(
     worker.join(30)
     dog.disarm(long)
     assert outcome and outcome[0].startswith("stopped after") and float(outcome[0].split()[2]) < 5
+
+
+@pytest.mark.parametrize("where", ["main thread", "worker thread", "tracer"])
+def test_a_deadline_the_code_turned_into_another_error_is_still_the_deadline(where: str) -> None:
+    """A deadline raised in the middle of code that catches it and fails another way (as jinja's or Python's own code
+    can: a TypeError comparing with None was seen from a recursive macro bomb) ends the block as the deadline."""
+
+    def spin(seconds: float) -> None:
+        t = time.monotonic()
+        while time.monotonic() - t < seconds:
+            sum(range(50))
+
+    def block() -> str:
+        try:
+            tracing = where == "tracer"  # the tracer watches every frame here (a render's: template frames only)
+            with time_limit(0.2, tracer=True if tracing else None, every_frame=tracing):
+                try:
+                    spin(20)  # a frame of its own: the tracer sees frames entered after it is set
+                except Limit:
+                    raise TypeError("'<=' not supported between instances of 'int' and 'NoneType'") from None
+        except Limit as exc:
+            return f"limit: {exc.message}"
+        except TypeError:
+            return "type error"
+        return "ran to the end"
+
+    if where == "worker thread":
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            outcome = pool.submit(block).result(timeout=60)
+    else:
+        outcome = block()
+    assert outcome == "limit: the template took longer than 0.2 s"
+    assert _watchdog.WATCHDOG.live() == 0

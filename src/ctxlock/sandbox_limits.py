@@ -349,9 +349,20 @@ class _Deadline:
         self.armed = True
         self.every_frame = every_frame
         self.mechanism = "tracer"
+        self.fired = False  # the deadline was raised in the block at least once
 
     def expired(self) -> Limit:
+        self.fired = True
         return Limit(f"the template took longer than {self.seconds:g} s")
+
+    def outcome(self, ev: BaseException | None) -> Limit | None:
+        """What a block that ends with `ev` after its deadline fired must raise: the deadline, whatever the code
+        made of it. A deadline raised in the middle of jinja's or Python's own code can leave it in a state that
+        fails differently (a `TypeError` comparing with None was seen, once in a few runs of a recursive macro
+        bomb), or be caught and turned into another error: once it fired, the render is over its time anyway."""
+        if self.fired and ev is not None and not isinstance(ev, Limit):
+            return Limit(f"the template took longer than {self.seconds:g} s")
+        return None
 
     def local(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
         self.ticks += 1
@@ -417,6 +428,11 @@ def _tracer(deadline: _Deadline) -> Iterator[_Deadline]:
     sys.settrace(deadline.global_)
     try:
         yield deadline
+    except BaseException as exc:
+        limit = deadline.outcome(exc)
+        if limit is not None:
+            raise limit.with_traceback(exc.__traceback__) from None
+        raise
     finally:
         sys.settrace(previous_trace)
 
@@ -448,6 +464,9 @@ class _AlarmBlock:
         self.deadline.armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         _signal.signal(_SIGALRM, self.previous)
+        limit = self.deadline.outcome(ev)
+        if limit is not None:
+            raise limit.with_traceback(tb) from None
 
 
 def settle_deadlines() -> int:
@@ -484,8 +503,9 @@ class _WatchdogBlock:
         except DeadlineExpired:  # raised at the call, before `disarm`'s own `try`
             interrupted = _watchdog.WATCHDOG.disarm(self.slot) or True
         self.deadline.armed = False
-        if isinstance(ev, DeadlineExpired) and self.slot.fired:
-            # The traceback keeps the template frame the exception was raised in (the error names that line).
+        if self.slot.fired and (isinstance(ev, DeadlineExpired) or (ev is not None and not isinstance(ev, Limit))):
+            # The deadline, whatever the code made of it (DeadlineExpired itself, or what it left behind: see
+            # `_Deadline.outcome`). The traceback keeps the template frame (the error names that line).
             raise self.deadline.expired().with_traceback(tb) from None
         if interrupted and ev is None:
             raise self.deadline.expired()  # the deadline passed as the block ended: it still counts

@@ -98,13 +98,15 @@ def _die_with_parent(parent: int) -> None:
 
 
 def worker_main(config: str | None, host: str, port: int, grace: float, parent: int, report: Any) -> None:
-    """One worker process: its own socket, the app from the config file (the models loaded), then "ready" on
+    """One worker process: the app from the config file (the models loaded), its own socket, then "ready" on
     `report` (a pipe to the supervisor) and uvicorn until SIGTERM (which drains). A start-up failure is sent on
     `report` as one line instead (the supervisor says it), and the process exits 1 without a traceback."""
     _die_with_parent(parent)
     try:
-        sock = listening_socket(host, port)
+        # The models first, then the socket: the kernel hands connections only to listening sockets, so none waits
+        # in the backlog of a worker still loading (a restarted one included).
         app = create_app(load_config(Path(config) if config else None))
+        sock = listening_socket(host, port)
     except Exception as exc:  # every start-up failure becomes the supervisor's one line
         report.send(f"{type(exc).__name__}: {exc}".replace("\n", " "))
         report.close()

@@ -318,14 +318,15 @@ def test_fuzzed_models_fail_cleanly(
         data = data[: cut % (len(data) + 1)]
     p = fuzz_dir / "fuzzed.model"
     p.write_bytes(bytes(data))
-    start = time.perf_counter()
+    # CPU time of this thread, not wall time: a loaded machine must not fail the bound, a parse that loops must.
+    start = time.thread_time()
     try:
         tok = SentencePieceTokenizer(p, id="fuzz")
     except CtxlockError as exc:
         assert isinstance(exc, ArtifactFormatError)
     else:
         tok.encode("Hello, world! 你好 🙂 [INST]", parse_special=True, add_special_tokens=True)
-    assert time.perf_counter() - start < 5.0
+    assert time.thread_time() - start < 5.0
 
 
 def test_from_manifest() -> None:

@@ -461,7 +461,8 @@ def test_fuzzed_ranks_files_fail_cleanly(
         data = data[: cut % (len(data) + 1)]
     p = fuzz_dir / "fuzzed.tiktoken"
     p.write_bytes(bytes(data))
-    start = time.perf_counter()
+    # CPU time of this thread, not wall time: a loaded machine must not fail the bound, a parse that loops must.
+    start = time.thread_time()
     try:
         tok = _load(p)
     except CtxlockError as exc:
@@ -470,7 +471,7 @@ def test_fuzzed_ranks_files_fail_cleanly(
         # Loaded: encoding and decoding must work too (a byte without a rank would make tiktoken panic).
         text = "Hello, world! 你好 🙂 \n\t 12345"
         assert tok.decode(tok.encode(text)) == text
-    assert time.perf_counter() - start < 2.0
+    assert time.thread_time() - start < 2.0
 
 
 def _rendered(prefix: str, content: str, suffix: str, policy: SpecialTokenPolicy) -> Rendered:

@@ -419,3 +419,83 @@ def test_a_worker_does_not_import_pandas(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     count, pandas = out.stdout.split()
     assert int(count) > 30 and pandas == "False"
+
+
+def _children_cmdlines(pid: int) -> list[str]:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return [Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode() for k in kids]
+    except OSError:
+        return []
+
+
+def test_cli_workers_are_forked_and_give_the_same_bytes(tmp_path: Path) -> None:
+    """`ctxlock batch --workers 2` from a shell: the job's process has no other thread once the model is loaded,
+    so its worker is forked (its command line is the job's, not multiprocessing's spawn_main), and the output is
+    byte-identical to one worker's."""
+    source = _write(tmp_path, _dataset(300, seed=6))
+    model = str(fetched.hf_tokenizer_dir("qwen2"))
+    run_batch(source, tmp_path / "one", BatchOptions(model=model, shard_rows=20), workers=1)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = [sys.executable, "-m", "ctxlock", "batch", str(source), str(tmp_path / "two"), "-m", model]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2", "--shard-rows", "20"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    seen: set[str] = set()
+    while proc.poll() is None:
+        seen.update(c for c in _children_cmdlines(proc.pid) if c)  # "" is a child that has just exited
+        time.sleep(0.01)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err
+    assert seen and all("spawn_main" not in c and " batch " in c for c in seen), seen
+    assert _tree(tmp_path / "one") == _tree(tmp_path / "two")
+
+
+def test_workers_are_spawned_when_the_process_has_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job started from a process with another thread spawns its workers (a fork could copy a held lock): the
+    same bytes."""
+    import threading
+
+    from ctxlock import batch
+
+    methods: list[tuple[str, str]] = []
+    real = batch.start_method
+    monkeypatch.setattr(batch, "start_method", lambda: methods.append(real()) or methods[-1])
+    source = _write(tmp_path, _dataset(60, seed=7))
+    opts = BatchOptions(model="book", shard_rows=10)
+    run_batch(source, tmp_path / "one", opts, workers=1)
+    stop = threading.Event()
+    holder = threading.Thread(target=stop.wait, name="holder", daemon=True)
+    holder.start()
+    try:
+        run_batch(source, tmp_path / "two", opts, workers=2)
+    finally:
+        stop.set()
+        holder.join()
+    assert methods and methods[0][0] == "spawn" and "holder" in methods[0][1]
+    assert _tree(tmp_path / "one") == _tree(tmp_path / "two")
+
+
+def test_jsonl_that_starts_with_the_parquet_magic_is_jsonl(tmp_path: Path) -> None:
+    """Found by hypothesis: a JSONL file whose first line starts with `PAR1` was taken for Parquet."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"PAR1\n" + json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode() + b"\n")
+    manifest = run_batch(source, tmp_path / "o", BatchOptions(model="book", shard_rows=5))
+    assert manifest["rows"] == 2 and manifest["error_count"] >= 1
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.6, 0.9])
+def test_damaged_parquet_is_one_input_error(tmp_path: Path, cut: float) -> None:
+    """A file with Parquet's magic at both ends whose middle is damaged: one line naming the file, no traceback."""
+    good = tmp_path / "good.parquet"
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"x{i}" * 50}]}) for i in range(400)]
+    pq.write_table(pa.table({"request": rows}), good)
+    data = bytearray(good.read_bytes())
+    k = int(len(data) * cut)
+    data[k : k + 64] = b"\xff" * 64
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(bytes(data))
+    code, _, err = run_main(["batch", str(bad), str(tmp_path / "o"), "-m", "book"])
+    assert code == 1 and "Traceback" not in err
+    line = err.strip()
+    assert line.startswith("error: ") and "\n" not in line and "bad.parquet" in line, line

@@ -23,12 +23,12 @@ The job (`run_batch`), in order:
   (`shard-00000.json`: digest, rows, tokens, its error rows) is written the same way. `resume=True` keeps a shard
   whose record exists and whose file has the recorded sha256, and makes the others again. `manifest.json` and
   `errors.jsonl` are written last, from the records.
-- **Workers**: `workers` processes, started with `spawn` (never `fork` after threads), each loading the model once
-  and running its tokenizer single-threaded (`RAYON_NUM_THREADS=1`, `TOKENIZERS_PARALLELISM=false`,
-  `OMP_NUM_THREADS=1`): parallelism is across processes. With `workers` N, N - 1 processes are spawned and the
-  job's own process encodes shards too (as it does alone with `workers` 1). At most two shards per spawned worker
-  are in flight. The parent hands out where each shard is in the input (`plan_shards`) and each worker reads its
-  own rows (`read_spec`).
+- **Workers**: `workers` processes: the job's own and N - 1 more, forked after the model is loaded when the job's
+  process has no other thread (`ctxlock.forking`; never `fork` after threads), else spawned, each then loading
+  the model once. Each runs its tokenizer single-threaded (`RAYON_NUM_THREADS=1`, `TOKENIZERS_PARALLELISM=false`,
+  `OMP_NUM_THREADS=1`): parallelism is across processes. The job's own process encodes shards too (as it does
+  alone with `workers` 1). At most two shards per started worker are in flight. The parent hands out where each
+  shard is in the input (`plan_shards`) and each worker reads its own rows (`read_spec`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from ._fast_batch import MaskedRow, mask_rows
 from .budget import BudgetPolicy, Fitted, fit_context
 from .caches import LRU
 from .errors import BudgetError, CtxlockError, InputError
+from .forking import start_method
 from .masks import MaskOptions, assistant_mask
 from .model import Model, load
 
@@ -106,8 +107,40 @@ class Progress:
 
 
 def _is_parquet(path: Path) -> bool:
+    """Parquet when the name says so (`.parquet`, `.pq`: a damaged one is then an InputError), or when the file
+    starts and ends with Parquet's magic `PAR1` and its footer reads; anything else is JSONL (a JSONL line may well
+    start with those four bytes)."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return True
     with path.open("rb") as fh:
-        return fh.read(4) == b"PAR1"
+        if fh.read(4) != b"PAR1":
+            return False
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() < 12:
+            return False
+        fh.seek(-4, os.SEEK_END)
+        if fh.read(4) != b"PAR1":
+            return False
+    try:
+        _parquet_file(path)
+    except InputError:
+        return False
+    return True
+
+
+def _parquet_file(path: Path) -> Any:
+    """The input as a `pyarrow.parquet.ParquetFile`; a damaged one is an InputError naming it."""
+    import pyarrow as pa  # an optional extra: ctxlock[batch]
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(
+            f"the input looks like Parquet (PAR1 at both ends) but cannot be read: {exc}",
+            path=str(path),
+            hint="check the file (pyarrow.parquet.read_metadata), or give the rows as JSONL",
+        ) from exc
 
 
 def read_shards(path: Path, shard_rows: int) -> Iterator[list[tuple[int, Any]]]:
@@ -132,14 +165,25 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
 
 def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
     """The rows from row `first` on, the row groups wholly before it not read."""
-    import pyarrow.parquet as pq  # an optional extra: ctxlock[batch]
-
-    pf = pq.ParquetFile(path)
+    pf = _parquet_file(path)
     n, skip = 0, 0
     while skip < pf.num_row_groups and n + pf.metadata.row_group(skip).num_rows <= first:
         n += pf.metadata.row_group(skip).num_rows
         skip += 1
-    for batch in pf.iter_batches(batch_size=1024, row_groups=range(skip, pf.num_row_groups)):
+    import pyarrow as pa
+
+    batches = pf.iter_batches(batch_size=1024, row_groups=range(skip, pf.num_row_groups))
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(
+                f"the Parquet input cannot be read at row {n:,}: {exc}",
+                path=f"{path}:row {n}",
+                hint="check the file (pyarrow.parquet.read_table), or give the rows as JSONL",
+            ) from exc
+        if batch is None:
+            return
         for row in batch.to_pylist():
             if n >= first:
                 yield n, row
@@ -161,9 +205,7 @@ def plan_shards(path: Path, shard_rows: int) -> Iterator[ShardSpec]:
     """The input's shards without their rows (a scan for line offsets, or the Parquet footer): what an engine that
     reads each shard where it encodes it (Ray) hands out. `read_spec` gives exactly `read_shards`' rows."""
     if _is_parquet(path):
-        import pyarrow.parquet as pq  # an optional extra: ctxlock[batch]
-
-        total = pq.ParquetFile(path).metadata.num_rows
+        total = _parquet_file(path).metadata.num_rows
         for index, first in enumerate(range(0, total, shard_rows)):
             yield ShardSpec(index, first, min(first + shard_rows, total))
         return
@@ -552,22 +594,28 @@ def _run_pool(
     resume: bool,
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
-    """The shards on `workers` processes: `workers - 1` spawned ones and this one, which has ctxlock imported
-    already (a process less is a start-up less: the imports, the model and the tokenizer's first use, about 1.2 s
-    of CPU each, measured). The parent hands out each shard's place in the input (`plan_shards`) and a worker reads
-    its rows (`read_spec`, the rows `read_shards` gives), so the parent neither splits nor pickles rows. A spawned
-    worker has at most two shards handed out ahead; the parent encodes a shard itself when the workers have theirs,
-    and near the end leaves them no more than their share of what remains, so that all finish together."""
+    """The shards on `workers` processes: `workers - 1` started ones and this one, which has ctxlock imported and
+    the model loaded already (a process less is a start-up less). The others are forked from this process after it
+    loaded the model, when it has no other thread (`ctxlock.forking`: they start at once, with the model), else
+    spawned (each imports ctxlock and loads the model: about 1.2 s of CPU, measured). The parent hands out each
+    shard's place in the input (`plan_shards`) and a worker reads its rows (`read_spec`, the rows `read_shards`
+    gives), so the parent neither splits nor pickles rows. A started worker has at most two shards handed out
+    ahead; the parent encodes a shard itself when the workers have theirs, and near the end leaves them no more
+    than their share of what remains, so that all finish together."""
     todo: list[ShardSpec] = []
+    kept: list[dict[str, Any]] = []
     for spec in plan_shards(source, opts.shard_rows):
         finished = finished_shard(out, spec.index, opts) if resume else None
         if finished is not None:
-            done(finished, True)
+            kept.append(finished)
         else:
             todo.append(spec)
-    context = multiprocessing.get_context("spawn")
+    load_model(opts.model)  # before the workers start: a forked one has it already
+    method, _ = start_method()
     others = workers - 1
-    with ProcessPoolExecutor(others, mp_context=context, initializer=init_worker, initargs=(opts.model,)) as pool:
+    with ProcessPoolExecutor(
+        others, mp_context=multiprocessing.get_context(method), initializer=init_worker, initargs=(opts.model,)
+    ) as pool:
         pending: set[Future] = set()
 
         def collect(timeout: float | None) -> None:
@@ -581,12 +629,25 @@ def _run_pool(
                 collect(0)
             left = len(todo) - k  # this shard and the ones after it
             share = others * (left + len(pending)) / workers  # the spawned workers' share of the work still to do
+            # With 2+ shards the first one always goes to the pool (share >= 1): a forked pool starts before this
+            # process runs a shard (which may start threads: the fork is only taken while there are none).
             if len(pending) < 2 * others and len(pending) + 1 <= share:
                 pending.add(pool.submit(encode_spec, str(source), spec, str(out), opts))
             else:
                 done(encode_spec(str(source), spec, str(out), opts), False)
+            if k == 0:
+                report_kept(kept, done)
+        if not todo:
+            report_kept(kept, done)
         while pending:
             collect(None)
+
+
+def report_kept(kept: list[dict[str, Any]], done: Callable[[dict[str, Any], bool], None]) -> None:
+    """The finished shards `resume` kept, reported after the workers started (a progress bar's thread starts at
+    the first report, and a fork is taken only while this process has no thread but one)."""
+    for record in kept:
+        done(record, True)
 
 
 def encode_spec(source: str, spec: ShardSpec, out: str, opts: BatchOptions) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -130,7 +131,9 @@ def _ray_engine(address: str | None, workers: int) -> Any:
 
 
 class _ProgressBar:
-    """A rich progress bar on stderr with rows/s and tokens/s (nothing with --json)."""
+    """A rich progress bar on stderr with rows/s and tokens/s (nothing with --json). It starts (and with it rich's
+    refresh thread) at the first shard reported, after the job started its workers: a job forks them only while
+    its process has no other thread (ctxlock.forking)."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
@@ -139,7 +142,24 @@ class _ProgressBar:
     def __enter__(self) -> tuple[Any, Any]:
         if self.quiet:
             return (lambda p: None), None
-        self.progress = Progress(
+        started = time.monotonic()
+        task: list[Any] = []
+
+        def update(p: Any) -> None:
+            if self.progress is None:
+                self.progress = self._bar()
+                self.progress.start()
+                task.append(self.progress.add_task("batch", total=None, rows=0, rows_s=0.0, tok_s=0.0, errors=0))
+            elapsed = max(time.monotonic() - started, 1e-9)
+            self.progress.update(
+                task[0], rows=p.rows, rows_s=p.rows / elapsed, tok_s=p.tokens / elapsed, errors=p.errors, advance=1
+            )
+
+        return update, task
+
+    @staticmethod
+    def _bar() -> Progress:
+        return Progress(
             TextColumn("[bold]batch[/]"),
             BarColumn(),
             TextColumn(
@@ -150,17 +170,6 @@ class _ProgressBar:
             console=console.__class__(stderr=True),
             transient=False,
         )
-        self.progress.start()
-        task = self.progress.add_task("batch", total=None, rows=0, rows_s=0.0, tok_s=0.0, errors=0)
-
-        def update(p: Any) -> None:
-            assert self.progress is not None
-            elapsed = self.progress.tasks[0].elapsed or 1e-9
-            self.progress.update(
-                task, rows=p.rows, rows_s=p.rows / elapsed, tok_s=p.tokens / elapsed, errors=p.errors, advance=1
-            )
-
-        return update, task
 
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:

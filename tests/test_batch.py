@@ -499,3 +499,31 @@ def test_damaged_parquet_is_one_input_error(tmp_path: Path, cut: float) -> None:
     assert code == 1 and "Traceback" not in err
     line = err.strip()
     assert line.startswith("error: ") and "\n" not in line and "bad.parquet" in line, line
+
+
+def test_no_worker_outlives_a_sigkilled_job(tmp_path: Path) -> None:
+    """SIGKILL of `ctxlock batch --workers 2` mid-run: the kernel takes its worker down too (PR_SET_PDEATHSIG); a
+    forked worker would otherwise wait on its queue for ever (it holds that pipe's other end itself)."""
+    source = _write(tmp_path, _dataset(3000, seed=8))
+    model = str(fetched.hf_tokenizer_dir("qwen2"))
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = [sys.executable, "-m", "ctxlock", "batch", str(source), str(tmp_path / "o"), "-m", model, "--json"]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2", "--shard-rows", "50"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    kids: list[str] = []
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        kids = [k for k in _children_cmdlines(proc.pid) if k]
+        if kids and list((tmp_path / "o").glob("shard-*.json")):
+            break
+        time.sleep(0.01)
+    pids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert pids and not (tmp_path / "o" / "manifest.json").exists(), "the job ended before the kill"
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert not alive, f"workers outlived the job: {alive}"

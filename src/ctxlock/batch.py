@@ -34,14 +34,12 @@ The job (`run_batch`), in order:
 from __future__ import annotations
 
 import hashlib
-import io
-import itertools
 import json
 import multiprocessing
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -51,10 +49,11 @@ from typing import Any
 import numpy as np
 
 from ._fast_batch import MaskedRow, mask_rows
+from .batch_input import ShardSpec, plan_shards, read_shards, read_spec, request_of, sha256_file
 from .budget import BudgetPolicy, Fitted, fit_context
 from .caches import LRU
 from .errors import BudgetError, CtxlockError, InputError
-from .forking import start_method
+from .forking import die_with_parent, start_method
 from .masks import MaskOptions, assistant_mask
 from .model import Model, load
 
@@ -103,152 +102,6 @@ class Progress:
     shards_kept: int = 0
 
 
-# -- reading the input -----------------------------------------------------------------------------------------
-
-
-def _is_parquet(path: Path) -> bool:
-    """Parquet when the name says so (`.parquet`, `.pq`: a damaged one is then an InputError), or when the file
-    starts and ends with Parquet's magic `PAR1` and its footer reads; anything else is JSONL (a JSONL line may well
-    start with those four bytes)."""
-    if path.suffix.lower() in (".parquet", ".pq"):
-        return True
-    with path.open("rb") as fh:
-        if fh.read(4) != b"PAR1":
-            return False
-        fh.seek(0, os.SEEK_END)
-        if fh.tell() < 12:
-            return False
-        fh.seek(-4, os.SEEK_END)
-        if fh.read(4) != b"PAR1":
-            return False
-    try:
-        _parquet_file(path)
-    except InputError:
-        return False
-    return True
-
-
-def _parquet_file(path: Path) -> Any:
-    """The input as a `pyarrow.parquet.ParquetFile`; a damaged one is an InputError naming it."""
-    import pyarrow as pa  # an optional extra: ctxlock[batch]
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(
-            f"the input looks like Parquet (PAR1 at both ends) but cannot be read: {exc}",
-            path=str(path),
-            hint="check the file (pyarrow.parquet.read_metadata), or give the rows as JSONL",
-        ) from exc
-
-
-def read_shards(path: Path, shard_rows: int) -> Iterator[list[tuple[int, Any]]]:
-    """The input's rows, `shard_rows` at a time: (row number, raw row) with the raw row a JSONL line's bytes or a
-    Parquet row's dict."""
-    rows = _parquet_rows(path) if _is_parquet(path) else _jsonl_rows(path)
-    shard: list[tuple[int, Any]] = []
-    for item in rows:
-        shard.append(item)
-        if len(shard) == shard_rows:
-            yield shard
-            shard = []
-    if shard:
-        yield shard
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb") as fh:
-        for n, line in enumerate(fh):
-            yield n, line.rstrip(b"\r\n")
-
-
-def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The rows from row `first` on, the row groups wholly before it not read."""
-    pf = _parquet_file(path)
-    n, skip = 0, 0
-    while skip < pf.num_row_groups and n + pf.metadata.row_group(skip).num_rows <= first:
-        n += pf.metadata.row_group(skip).num_rows
-        skip += 1
-    import pyarrow as pa
-
-    batches = pf.iter_batches(batch_size=1024, row_groups=range(skip, pf.num_row_groups))
-    while True:
-        try:
-            batch = next(batches, None)
-        except (pa.ArrowException, OSError) as exc:
-            raise InputError(
-                f"the Parquet input cannot be read at row {n:,}: {exc}",
-                path=f"{path}:row {n}",
-                hint="check the file (pyarrow.parquet.read_table), or give the rows as JSONL",
-            ) from exc
-        if batch is None:
-            return
-        for row in batch.to_pylist():
-            if n >= first:
-                yield n, row
-            n += 1
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    """Where shard `index` is in the input: rows [first_row, stop_row), and for JSONL the bytes [start, end)."""
-
-    index: int
-    first_row: int
-    stop_row: int
-    start: int = 0
-    end: int = 0
-
-
-def plan_shards(path: Path, shard_rows: int) -> Iterator[ShardSpec]:
-    """The input's shards without their rows (a scan for line offsets, or the Parquet footer): what an engine that
-    reads each shard where it encodes it (Ray) hands out. `read_spec` gives exactly `read_shards`' rows."""
-    if _is_parquet(path):
-        total = _parquet_file(path).metadata.num_rows
-        for index, first in enumerate(range(0, total, shard_rows)):
-            yield ShardSpec(index, first, min(first + shard_rows, total))
-        return
-    with path.open("rb") as fh:
-        index, first, n, start, at = 0, 0, 0, 0, 0
-        for line in fh:
-            at += len(line)
-            n += 1
-            if n - first == shard_rows:
-                yield ShardSpec(index, first, n, start, at)
-                index, first, start = index + 1, n, at
-        if n > first:
-            yield ShardSpec(index, first, n, start, at)
-
-
-def read_spec(path: Path, spec: ShardSpec) -> list[tuple[int, Any]]:
-    """One shard's rows, as `read_shards` gives them."""
-    if _is_parquet(path):
-        return list(itertools.islice(_parquet_rows(path, spec.first_row), spec.stop_row - spec.first_row))
-    with path.open("rb") as fh:
-        fh.seek(spec.start)
-        data = fh.read(spec.end - spec.start)
-    return [(spec.first_row + k, line.rstrip(b"\r\n")) for k, line in enumerate(io.BytesIO(data))]
-
-
-def _request_of(raw: Any) -> Any:
-    """A raw row -> what `Model.parse` takes: JSONL bytes as they are; a Parquet row's `request` JSON string, or
-    its columns as a request object (None-valued columns dropped)."""
-    if isinstance(raw, bytes):
-        return raw
-    if set(raw) == {"request"} or ("request" in raw and "messages" not in raw):
-        return raw["request"]
-    return {k: v for k, v in raw.items() if v is not None}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # -- one shard (in a worker) -------------------------------------------------------------------------------------
 
 # The model a process encodes with, loaded once per process (a worker's initializer, or the first local shard).
@@ -265,8 +118,11 @@ def load_model(spec: str | None) -> Model:
     return hit
 
 
-def init_worker(model: str | None) -> None:
-    """A worker process's start: one tokenizer thread (parallelism is across processes), then the model."""
+def init_worker(model: str | None, parent: int | None = None) -> None:
+    """A worker process's start: dying with the job's process `parent` (even when it is SIGKILLed; a Ray actor has
+    none), one tokenizer thread (parallelism is across processes), then the model (a forked worker has it)."""
+    if parent is not None:
+        die_with_parent(parent)
     os.environ.update(THREADS)
     load_model(model)
 
@@ -283,7 +139,7 @@ def _encode_row(
     kept_messages: tuple[int, ...] | None = None
     if opts.max_length is not None:
         if len(ids_seq) > opts.max_length:
-            fitted = _fit(model, model.parse(_request_of(raw)), opts.max_length, fits)
+            fitted = _fit(model, model.parse(request_of(raw)), opts.max_length, fits)
             kept_messages = fitted.kept_messages
             lay, mask = assistant_mask(model, fitted.request, opts.mask, add_generation_prompt=False)
             ids_seq, mask_arr, row_notes = lay.ids, mask.mask, mask.notes
@@ -342,7 +198,7 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
     fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
-    masked = mask_rows(model, [_request_of(raw) for _, raw in rows], opts.mask)
+    masked = mask_rows(model, [request_of(raw) for _, raw in rows], opts.mask)
     for (row, raw), result in zip(rows, masked, strict=True):
         try:
             kept.append((row, *_encode_row(model, raw, result, opts, notes, fits)))
@@ -614,7 +470,10 @@ def _run_pool(
     method, _ = start_method()
     others = workers - 1
     with ProcessPoolExecutor(
-        others, mp_context=multiprocessing.get_context(method), initializer=init_worker, initargs=(opts.model,)
+        others,
+        mp_context=multiprocessing.get_context(method),
+        initializer=init_worker,
+        initargs=(opts.model, os.getpid()),
     ) as pool:
         pending: set[Future] = set()
 

@@ -20,7 +20,9 @@ at once after the check, before it starts a thread of its own.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import sys
 import threading
 
@@ -73,3 +75,17 @@ def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a worker process: have the kernel send `sig` to it when the process that started it dies, even by
+    SIGKILL (Linux `PR_SET_PDEATHSIG`), so that no worker outlives its job; exit at once if that parent (pid
+    `parent`) is already gone."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(0)

@@ -24,7 +24,6 @@ The supervisor (this module's `serve_workers`, in the `ctxlock serve` process) l
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import multiprocessing
 import os
@@ -39,10 +38,10 @@ from typing import Any
 import uvicorn
 
 from ..errors import ServeConfigError
+from ..forking import die_with_parent
 from .app import create_app
 from .config import load_config
 
-_PR_SET_PDEATHSIG = 1
 _BACKLOG = 2048  # uvicorn's default
 
 
@@ -88,20 +87,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: SIGTERM this process when the supervisor dies (even by SIGKILL), so no worker outlives it."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the supervisor died before the line above
-        os._exit(0)
-
-
 def worker_main(config: str | None, host: str, port: int, grace: float, parent: int, report: Any) -> None:
     """One worker process: the app from the config file (the models loaded), its own socket, then "ready" on
     `report` (a pipe to the supervisor) and uvicorn until SIGTERM (which drains). A start-up failure is sent on
     `report` as one line instead (the supervisor says it), and the process exits 1 without a traceback."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     try:
         # The models first, then the socket: the kernel hands connections only to listening sockets, so none waits
         # in the backlog of a worker still loading (a restarted one included).

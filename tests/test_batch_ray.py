@@ -201,3 +201,33 @@ def test_20k_two_workers_killed_and_resumed(big: dict[str, Any], tmp_path: Path)
     assert seen[-1].shards_kept >= kept_before >= 5 and seen[-1].shards_done == ROWS // 1000
     assert manifest == big["manifest"]
     assert _tree(out) == _tree(big["out"])
+
+
+def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
+    """The engine's dataset is the job's shards, each actor reading its rows itself, rather than
+    `ray.data.read_json`'s rows, for two reasons shown here: read_json fails the whole read on one bad line (the
+    job makes it an error row at its number), and it reads well-formed requests into one inferred schema, so a
+    message gets keys the user never sent (`"tool_calls": None` on every message of a request without tool calls),
+    which changes what a template sees (`is defined`) and the request's digest."""
+    with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid in its own task errors
+        ray.data.read_json(str(_hostile(tmp_path))).take_all()
+    assert "JSON" in str(failed.value) or "ArrowInvalid" in str(failed.value), failed.value
+    plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    tools = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+        ]
+    }
+    path = tmp_path / "ok.jsonl"
+    path.write_text(json.dumps(plain) + "\n" + json.dumps(tools) + "\n", "utf-8")
+    rows = ray.data.read_json(str(path)).take_all()
+    first = next(r for r in rows if r["messages"][0]["content"] == "hi")
+    assert "tool_calls" in first["messages"][0] and "tool_calls" not in plain["messages"][0]
+    # the local engine reads the line as it is: the parsed request has no such key
+    opts = BatchOptions(model="book", shard_rows=4)
+    assert run_batch(path, tmp_path / "o", opts)["rows"] == 2

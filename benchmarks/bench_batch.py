@@ -6,8 +6,10 @@ The data: generated conversations (1 to 3 turns, mixed scripts, 1% bad rows) as 
 vocabulary as transformers converts llama.cpp's GGUF, with its own chat template (tests/fetched.py).
 
 - ctxlock: `run_batch` (ids, provenance assistant masks, labels, Parquet shards, manifest), `--workers 1` (in this
-  process: the first job loads the model, the timed ones reuse it) and `--workers 2` (spawned processes: every job
-  starts its workers and loads the model in each, so that figure always includes start-up). Tokens are the shards'.
+  process: the first job loads the model, the timed ones reuse it) and `--workers 2` as a user runs it: a new
+  process for every job, timed from before its imports (interpreter start-up excluded), which loads the model and
+  then forks its worker (`ctxlock.forking`; the line "worker start" says which way it went), so that figure
+  always includes start-up. Tokens are the shards'.
 - peers, on the same rows (bad rows left out, as they cannot be parsed): `datasets.Dataset.from_list(rows).map(fn)`
   with fn = `apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=...)`:
   with masks on the generation-tagged Qwen2.5 template of tests/tagged.py (transformers needs `{% generation %}`
@@ -136,20 +138,32 @@ def _hf() -> tuple[Any, str]:
 
 
 def _child(kind: str, source: Path, shard_rows: int) -> None:
-    """One job in this new process, timed from here (before the imports it needs): JSON on stdout."""
+    """One job in this new process, timed from here (before the imports it needs): JSON on stdout. `ctxlock2` runs
+    `--workers 2` and says how its worker was started (`ctxlock.forking`)."""
     t0 = time.perf_counter()
-    if kind == "ctxlock":
-        _, tokens, _ = _ctxlock(source, 1, shard_rows)
+    if kind.startswith("ctxlock"):
+        import ctxlock.batch
+
+        started: list[tuple[str, str]] = []
+        method = ctxlock.batch.start_method
+        ctxlock.batch.start_method = lambda: started.append(method()) or started[-1]  # observed, not changed
+        _, tokens, manifest = _ctxlock(source, 2 if kind == "ctxlock2" else 1, shard_rows)
+        extra = {"manifest": manifest, "start": started[0] if started else None}
     else:
         tok, tagged_source = _hf()
         _, tokens = _datasets_map(_good(source.read_text("utf-8").splitlines()), tok, tagged_source, True)
-    print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": tokens}))
+        extra = {}
+    print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": tokens, **extra}))
+
+
+def _fresh_run(kind: str, source: Path, shard_rows: int) -> dict[str, Any]:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, __file__, "--child", kind, "--source", str(source), "--shard-rows", str(shard_rows)]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.splitlines()[-1])
 
 
 def _fresh(kind: str, source: Path, shard_rows: int) -> tuple[float, int]:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, __file__, "--child", kind, "--source", str(source), "--shard-rows", str(shard_rows)]
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.splitlines()[-1])
+    out = _fresh_run(kind, source, shard_rows)
     return out["seconds"], out["tokens"]
 
 
@@ -185,7 +199,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-fresh", action="store_true", help="no fresh-process first pass")
     ap.add_argument("--peers", default=",".join(PEERS), help=f"the other peers to time, of: {','.join(PEERS)}")
-    ap.add_argument("--child", choices=["ctxlock", "datasets"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["ctxlock", "ctxlock2", "datasets"], help=argparse.SUPPRESS)
     ap.add_argument("--source", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -208,6 +222,9 @@ def main() -> None:
             fc = _line("ctxlock batch --workers 1", *_fresh("ctxlock", source, args.shard_rows))
             fd = _line("datasets.map(apply_chat_template, masks, tagged)", *_fresh("datasets", source, args.shard_rows))
             print(f"  ratio ctxlock / datasets.map (masks): {fc / fd:.2f}x")
+            print(
+                f"  ratio ctxlock --workers 2 (the rounds' new processes, median) / this datasets.map: {c2 / fd:.2f}x"
+            )
     assert all(m == manifests[0] for m in manifests), "workers 1 and 2 gave different manifests"
     names = [n for n in args.peers.split(",") if n and n != "map"]
     if names:
@@ -230,8 +247,15 @@ def _rounds(source: Path, rows: list[dict], tok: Any, tagged_source: str, shard_
     side's median and the median of the per-round ratios. Returns ctxlock's tokens/s (1, 2 workers), the manifests."""
     manifests: list[dict] = []
 
+    starts: list[Any] = []
+
     def ctx(workers: int) -> tuple[float, int]:
-        seconds, tokens, manifest = _ctxlock(source, workers, shard_rows)
+        if workers == 1:
+            seconds, tokens, manifest = _ctxlock(source, workers, shard_rows)
+        else:  # as a user runs it: a new process (imports and model load timed), its worker forked or spawned
+            out = _fresh_run("ctxlock2", source, shard_rows)
+            seconds, tokens, manifest = out["seconds"], out["tokens"], out["manifest"]
+            starts.append(out["start"])
         manifests.append(manifest)
         return seconds, tokens
 
@@ -246,7 +270,7 @@ def _rounds(source: Path, rows: list[dict], tok: Any, tagged_source: str, shard_
         print(f"  round {k + 1}: " + ", ".join(f"{s:.2f} s" for s, _ in runs[-1]) + f"  load {os.getloadavg()[0]:.2f}")
     medians = [statistics.median(r[i][0] for r in runs) for i in range(3)]
     names = ("ctxlock batch --workers 1 (ids + masks + labels + Parquet)", "datasets.map, masks (tagged Qwen2.5)")
-    names += ("ctxlock batch --workers 2 (spawn + model load each job)",)
+    names += ("ctxlock batch --workers 2, a new process each (imports, load)",)
     c1, _, c2 = (_line(n, m, runs[0][i][1]) for i, (n, m) in enumerate(zip(names, medians, strict=True)))
     ratio = [(r[0][1] / r[0][0]) / (r[1][1] / r[1][0]) for r in runs]
     ratio2 = [(r[2][1] / r[2][0]) / (r[1][1] / r[1][0]) for r in runs]
@@ -255,6 +279,7 @@ def _rounds(source: Path, rows: list[dict], tok: Any, tagged_source: str, shard_
     print(f"  ctxlock 1 worker / datasets.map masks: {statistics.median(ratio):.2f}x  {_fmt(ratio)}")
     print(f"  ctxlock 2 workers / datasets.map masks: {statistics.median(ratio2):.2f}x  {_fmt(ratio2)}")
     print(f"  scaling 1 -> 2 workers: {statistics.median(scale):.2f}x  {_fmt(scale)}   manifests equal: asserted")
+    print(f"  the 2-worker jobs' worker start: {sorted({tuple(x) if x else None for x in starts})}")
     return c1, c2, manifests
 
 

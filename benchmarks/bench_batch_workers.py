@@ -115,7 +115,9 @@ def _job(source: Path, model: str, workers: int, engine: str, shard_rows: int) -
 
 
 def _is_worker(cmd: str) -> bool:
-    return "multiprocessing" in cmd or cmd.startswith("ray::") or "spawn_main" in cmd
+    """A process under the job that encodes: spawned (multiprocessing's command line), forked (the job's own
+    command line, `ctxlock batch`), or a Ray actor."""
+    return "multiprocessing" in cmd or cmd.startswith("ray::") or "spawn_main" in cmd or "ctxlock batch" in cmd
 
 
 def _quarters(timeline: list[tuple[float, int]], wall: float) -> str:

@@ -5,6 +5,7 @@ Each case runs in a fresh interpreter (the test process itself has threads of it
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,32 @@ def test_the_throwaway_fork_leaves_no_child() -> None:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["fork", "[] 1"]
+
+
+def test_one_encode_thread_when_a_worker() -> None:
+    """`CTXLOCK_ENCODE_THREADS=1` (a batch worker's policy): a long chat is encoded without the second thread that
+    otherwise takes its second half (`ctxlock-half`), with the same ids."""
+    model = fetched.hf_tokenizer_dir("qwen2")
+    script = textwrap.dedent(
+        f"""
+        import json, threading, ctxlock
+        m = ctxlock.load({str(model)!r})
+        turns = [{{"role": r, "content": f"turn {{i}} " + "words and more words " * 40}}
+                 for i, r in zip(range(12), ["user", "assistant"] * 6)]
+        ids = m.encode({{"messages": turns}})["input_ids"][0].tolist()
+        halves = sorted(t.name for t in threading.enumerate() if t.name.startswith("ctxlock-half"))
+        print(json.dumps([len(ids), hash(tuple(ids)), halves]))
+        """
+    )
+    results = []
+    for value in (None, "1"):
+        env = {**os.environ, "PYTHONPATH": str(SRC), "CTXLOCK_FASTOKENS": "0"}
+        env.pop("CTXLOCK_ENCODE_THREADS", None)
+        if value is not None:
+            env["CTXLOCK_ENCODE_THREADS"] = value
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    (n0, h0, two), (n1, h1, one) = results
+    assert (n0, h0) == (n1, h1) and n0 > 1000
+    assert two == ["ctxlock-half_0"] and one == []

@@ -33,13 +33,14 @@ The job (`run_batch`), in order:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -56,9 +57,16 @@ from .errors import BudgetError, CtxlockError, InputError
 from .forking import die_with_parent, start_method
 from .masks import MaskOptions, assistant_mask
 from .model import Model, load
+from .tokenizer.prefix import ENCODE_THREADS
 
 SCHEMA_VERSION = 1
-THREADS = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+# A worker's thread policy: one tokenizer thread (rayon, OpenMP), and no second thread for a long text's half.
+THREADS = {
+    "RAYON_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    ENCODE_THREADS: "1",
+}
 _IGNORE = -100
 # An encoded row: (row, request_sha256, input_ids, labels, the kept messages' indexes when fitted, else None).
 _Row = tuple[int, str, np.ndarray, np.ndarray, tuple[int, ...] | None]
@@ -438,8 +446,24 @@ def run_batch(
             finished = finished_shard(out, index, opts) if resume else None
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
     else:
-        _run_pool(source, out, opts, workers, resume, done)
+        with _one_encode_thread():
+            _run_pool(source, out, opts, workers, resume, done)
     return _write_manifest(source, out, opts, [records[k] for k in sorted(records)])
+
+
+@contextlib.contextmanager
+def _one_encode_thread() -> Iterator[None]:
+    """While this process is one of the job's workers: no second encoding thread (`prefix.helper_thread_allowed`),
+    as in the other workers; the caller's setting is restored after."""
+    saved = os.environ.get(ENCODE_THREADS)
+    os.environ[ENCODE_THREADS] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENCODE_THREADS, None)
+        else:
+            os.environ[ENCODE_THREADS] = saved
 
 
 def _run_pool(

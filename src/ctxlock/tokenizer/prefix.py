@@ -147,7 +147,7 @@ class WholeText:
 
     # -- encoding
     def _native(self, text: str) -> np.ndarray:
-        if self._halves and len(text) >= _SPLIT_CHARS and not self.accelerated:
+        if self._halves and len(text) >= _SPLIT_CHARS and not self.accelerated and helper_thread_allowed():
             m = self._token_re.search(text, len(text) // 2)
             if m is not None and m.end() < len(text):
                 second = _HELPER.submit(self.native, text[m.end() :])
@@ -333,6 +333,14 @@ def _overlap_free(tokens: Iterable[str]) -> bool:
 
 
 _SPLIT_CHARS = 3000  # shorter texts are encoded in one call: a second thread costs more than it saves
+ENCODE_THREADS = "CTXLOCK_ENCODE_THREADS"
+
+
+def helper_thread_allowed() -> bool:
+    """Whether a long text may be encoded as two halves on two threads: not when `CTXLOCK_ENCODE_THREADS=1`,
+    which a process that is one of several workers sets (`ctxlock batch --workers N`: parallelism is across
+    processes there, and a second thread per process would only contend for the same cores)."""
+    return os.environ.get(ENCODE_THREADS) != "1"
 
 
 class _Helper:

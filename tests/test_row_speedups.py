@@ -1,0 +1,80 @@
+"""The per-row speed-ups of `ctxlock batch`'s encode and mask steps (issue 21, acceptance 3) give what the plain code
+gives.
+
+- `fastbpe.nfc_inert` looks each code point up in a table instead of searching a regex of the inert class: the
+  verdict must equal the regex's (the code it replaced, rebuilt here from the same spans) on every code point alone,
+  on every span's boundary code points in context, and on generated text (astral characters, lone surrogates,
+  combining marks, Hangul jamo and syllables).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import unicodedata
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxlock.tokenizer import fastbpe
+
+# ------------------------------------------------------------------------------------------------ NFC-inert
+
+
+def _not_inert_regex() -> re.Pattern[str]:
+    """The check as it was before the table: a regex of every character outside the inert spans."""
+    cls = "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in fastbpe.nfc_inert_spans())
+    return re.compile(f"[^{cls}]")
+
+
+NOT_INERT = _not_inert_regex()
+SPANS = fastbpe.nfc_inert_spans()
+BOUNDARIES = sorted(
+    {c for a, b in SPANS for c in (a - 1, a, a + 1, b - 1, b, b + 1) if 0 <= c <= 0x10FFFF}
+    | {0, 0x7F, 0x80, 0xD7FF, 0xD800, 0xDBFF, 0xDC00, 0xDFFF, 0xE000, 0xFFFF, 0x10000, 0x10FFFF}
+)
+COMBINING = [c for c in range(0x300, 0x370)] + [0x1AB0, 0x1DC0, 0x20D0, 0xFE20, 0x1D165, 0x11930, 0x11935]
+HANGUL = [*range(0x1100, 0x1200), 0xAC00, 0xAC01, 0xD7A3, 0xD7A4, 0xD7B0, 0xD7FF, 0x3131]
+
+
+def _regex_inert(text: str) -> bool:
+    return NOT_INERT.search(text) is None
+
+
+def test_the_spans_are_sorted_disjoint_runs_of_assigned_characters() -> None:
+    assert len(SPANS) > 500
+    assert all(a <= b for a, b in SPANS)
+    assert all(b + 1 < a2 for (_, b), (a2, _) in itertools.pairwise(SPANS))
+    assert not any(a <= 0xD800 + k <= b for a, b in SPANS for k in (0, 0x7FF))  # no surrogate
+    assert unicodedata.category(chr(SPANS[-1][1])) != "Cn"
+
+
+def test_every_code_point_alone_gets_the_regex_verdict() -> None:
+    differ = [c for c in range(0x110000) if fastbpe.nfc_inert(chr(c)) != _regex_inert(chr(c))]
+    assert not differ, [hex(c) for c in differ[:10]]
+    assert fastbpe.nfc_inert("")
+
+
+def test_every_boundary_code_point_in_context_gets_the_regex_verdict() -> None:
+    for c in BOUNDARIES:
+        for text in (f"ab{chr(c)}", f"{chr(c)}\u00e9", f"日本{chr(c)}語🙂", chr(c) * 3, f"\U0001f642{chr(c)}x"):
+            assert fastbpe.nfc_inert(text) == _regex_inert(text), (hex(c), text)
+
+
+CODE_POINTS = st.one_of(
+    st.sampled_from(BOUNDARIES),
+    st.sampled_from(COMBINING),
+    st.sampled_from(HANGUL),
+    st.integers(0, 0x7F),
+    st.integers(0x80, 0xFFFF),
+    st.integers(0x10000, 0x10FFFF),
+    st.integers(0xD800, 0xDFFF),  # lone surrogates (the text is then not UTF-8)
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(CODE_POINTS, max_size=40), st.text(max_size=30))
+def test_generated_text_gets_the_regex_verdict(codes: list[int], tail: str) -> None:
+    text = "".join(map(chr, codes))
+    for t in (text, tail, text + tail, tail + text, "".join(sorted(text))):
+        assert fastbpe.nfc_inert(t) == _regex_inert(t), [hex(ord(ch)) for ch in t]

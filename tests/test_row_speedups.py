@@ -5,6 +5,9 @@ gives.
   verdict must equal the regex's (the code it replaced, rebuilt here from the same spans) on every code point alone,
   on every span's boundary code points in context, and on generated text (astral characters, lone surrogates,
   combining marks, Hangul jamo and syllables).
+- `_fastmask.region_mask` searches both ends of every region in one call and stops each straddling token's count at
+  the first region past it: equal to `assign_owners` on the per-byte owners (as tests/test_masks_batch.py checks it),
+  here with many small regions inside long tokens.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import itertools
 import re
 import unicodedata
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxlock._fastmask import region_mask
 from ctxlock.tokenizer import fastbpe
+from ctxlock.tokenlay import assign_owners
 
 # ------------------------------------------------------------------------------------------------ NFC-inert
 
@@ -78,3 +84,25 @@ def test_generated_text_gets_the_regex_verdict(codes: list[int], tail: str) -> N
     text = "".join(map(chr, codes))
     for t in (text, tail, text + tail, tail + text, "".join(sorted(text))):
         assert fastbpe.nfc_inert(t) == _regex_inert(t), [hex(ord(ch)) for ch in t]
+
+
+# ------------------------------------------------------------------------------------------------ region_mask
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), max_size=30),
+    cuts=st.lists(st.tuples(st.integers(-3, 400), st.integers(0, 5)), max_size=40),
+)
+def test_region_mask_many_small_regions_in_long_tokens(lengths: list[int], cuts: list[tuple[int, int]]) -> None:
+    # `_owner` stops at the first region past the token and searches both ends of every region in one call: with
+    # tokens longer than the regions and gaps, a token straddles several regions and a region several tokens.
+    bounds = np.concatenate(([0], np.cumsum(np.array(lengths, dtype=np.int64))))
+    regions = [(a, a + w) for a, w in cuts]
+    owner = np.zeros(int(bounds[-1]), dtype=np.int32)
+    for a, b in regions:
+        owner[max(a, 0) : max(b, 0)] = 1
+    expected = assign_owners(owner, bounds[:-1], bounds[1:]).astype(np.int64)
+    got = region_mask(bounds, regions)
+    assert got.dtype == np.int64
+    assert got.tolist() == expected.tolist()

@@ -8,6 +8,9 @@ gives.
 - `_fastmask.region_mask` searches both ends of every region in one call and stops each straddling token's count at
   the first region past it: equal to `assign_owners` on the per-byte owners (as tests/test_masks_batch.py checks it),
   here with many small regions inside long tokens.
+- `_fast_batch._offsets` finds the characters' first bytes in one comparison (int8, a NUL appended for the end):
+  the code points' UTF-8 widths summed. `tokenlay.whole_lay` sums with `np.add.accumulate`: the run-by-run lay's
+  boundaries on generated rows.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ from __future__ import annotations
 import itertools
 import re
 import unicodedata
+from functools import cache
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ctxlock
+import fetched
+from ctxlock import tokenlay
+from ctxlock._fast_batch import _offsets
 from ctxlock._fastmask import region_mask
-from ctxlock.tokenizer import fastbpe
+from ctxlock.settings import fast_path, reference_path
+from ctxlock.tokenizer import control_matches, encode_ids, fastbpe
 from ctxlock.tokenlay import assign_owners
 
 # ------------------------------------------------------------------------------------------------ NFC-inert
@@ -106,3 +115,58 @@ def test_region_mask_many_small_regions_in_long_tokens(lengths: list[int], cuts:
     got = region_mask(bounds, regions)
     assert got.dtype == np.int64
     assert got.tolist() == expected.tolist()
+
+
+# ------------------------------------------------------------------------------------- _offsets, whole_lay
+
+
+def _widths(text: str) -> list[int]:
+    """The running sum of the code points' UTF-8 widths (a lone surrogate: three bytes, as `surrogatepass`)."""
+    out = [0]
+    for ch in text:
+        out.append(out[-1] + (1 if ord(ch) < 0x80 else 2 if ord(ch) < 0x800 else 3 if ord(ch) < 0x10000 else 4))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=60))
+def test_offsets_are_the_code_point_widths(text: str) -> None:
+    data = text.encode("utf-8", "surrogatepass")
+    got = _offsets(text, data)
+    assert got.dtype == np.int64
+    assert got.tolist() == _widths(text)
+
+
+@cache
+def _qwen() -> ctxlock.Model:
+    return ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+
+
+WORDS = ["alpha", "données", "日本語", "текст", "🙂", "print(x)", "42", "\n", " ", "e\u0301", "한국어", "\t", "👨‍👩‍👧"]
+CONTENT = st.lists(st.one_of(st.sampled_from(WORDS), st.text(max_size=8)), max_size=12).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(CONTENT, CONTENT), min_size=1, max_size=3))
+def test_whole_lay_on_generated_rows_equals_the_run_by_run_replay(turns: list[tuple[str, str]]) -> None:
+    # whole_lay sums the lengths with np.add.accumulate into int64 and finds the control ids with the array's
+    # nonzero: the same boundaries as the reference lay (`token_ranges` under CTXLOCK_FAST=0, run by run).
+    model = _qwen()
+    messages = [{"role": r, "content": c} for u, a in turns for r, c in (("user", u), ("assistant", a))]
+    with fast_path():
+        rendered = model.render({"messages": messages}, add_generation_prompt=False)
+        ids = encode_ids(rendered, model.tokenizer)
+        data = rendered.text.encode("utf-8", "surrogatepass")
+        cum = tokenlay.whole_lay(model.tokenizer, rendered, ids, data)
+    with reference_path():
+        offsets = _offsets(rendered.text, data)
+        starts, ends, exact = tokenlay.token_ranges(
+            model.tokenizer, rendered.text, ids, control_matches(rendered, model.tokenizer), offsets
+        )
+    assert exact
+    if cum is None:  # NFC changed a run's bytes (e + U+0301): the lengths cannot add up, the reference lay is used
+        assert not fastbpe.nfc_inert(rendered.text)
+        return
+    assert cum.dtype == np.int64
+    assert cum[:-1].tolist() == starts.tolist()
+    assert cum[1:].tolist() == ends.tolist()

@@ -180,11 +180,9 @@ def _offsets(text: str, data: bytes) -> np.ndarray:
     """offsets[i] = the UTF-8 byte offset of character i, offsets[len(text)] = len(data) (as `accounting` lays)."""
     if len(data) == len(text):  # ASCII
         return np.arange(len(text) + 1, dtype=np.int64)
-    lead = np.flatnonzero((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80)
-    out = np.empty(len(lead) + 1, dtype=np.int64)
-    out[:-1] = lead
-    out[-1] = len(data)
-    return out
+    # A character starts at every byte that is not a continuation byte (0x80-0xBF: -128..-65 as int8); the NUL
+    # appended is one more start, at len(data). One pass, and the array's own `nonzero` (no numpy wrapper).
+    return (np.frombuffer(data + b"\0", dtype=np.int8) >= -64).nonzero()[0].astype(np.int64, copy=False)
 
 
 __all__ = ["MaskedRow", "mask_rows"]

@@ -11,6 +11,8 @@ gives.
 - `_fast_batch._offsets` finds the characters' first bytes in one comparison (int8, a NUL appended for the end):
   the code points' UTF-8 widths summed. `tokenlay.whole_lay` sums with `np.add.accumulate`: the run-by-run lay's
   boundaries on generated rows.
+- `settings.call_fast` (how `mask_rows` runs each row once it found the fast paths on) is `fast_path()` for one call;
+  the rows themselves are compared with the reference path's in tests/test_masks_batch.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import unicodedata
 from functools import cache
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +32,7 @@ import fetched
 from ctxlock import tokenlay
 from ctxlock._fast_batch import _offsets
 from ctxlock._fastmask import region_mask
-from ctxlock.settings import fast_path, reference_path
+from ctxlock.settings import call_fast, fast_enabled, fast_path, reference_path
 from ctxlock.tokenizer import control_matches, encode_ids, fastbpe
 from ctxlock.tokenlay import assign_owners
 
@@ -170,3 +173,30 @@ def test_whole_lay_on_generated_rows_equals_the_run_by_run_replay(turns: list[tu
     assert cum.dtype == np.int64
     assert cum[:-1].tolist() == starts.tolist()
     assert cum[1:].tolist() == ends.tolist()
+
+
+# ------------------------------------------------------------------------------------------------ call_fast
+
+
+def test_call_fast_turns_the_fast_paths_on_for_one_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # mask_rows calls each row through it once it found the fast paths on: the row's checks skip the environment.
+    seen: list[tuple[bool, bool]] = []
+
+    def row(x: int) -> int:
+        with reference_path():  # an oracle inside still gets the reference path
+            inner = fast_enabled()
+        seen.append((fast_enabled(), inner))
+        return x + 1
+
+    for value, outside in (("1", True), ("0", False)):
+        monkeypatch.setenv("CTXLOCK_FAST", value)
+        assert call_fast(row, 41) == 42
+        assert seen[-1] == (True, False)
+        assert fast_enabled() is outside  # reset afterwards
+
+    def fails() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        call_fast(fails)
+    assert fast_enabled() is False  # still CTXLOCK_FAST=0: reset after an exception too

@@ -42,7 +42,7 @@ from .accounting import Layout, layout_of
 from .errors import CtxlockError
 from .masks import MaskOptions, assistant_mask, mask_of
 from .options import RENDER_OPTIONS, RenderOptions, check_options
-from .settings import fast_enabled
+from .settings import call_fast, fast_enabled
 from .tokenizer import accel, whole_text_encoder
 from .tokenlay import whole_lay
 
@@ -74,8 +74,8 @@ def mask_rows(
         _start_accelerator(model.tokenizer, requests)
     for request in requests:
         try:
-            if plan is not None:
-                yield _planned_row(model, request, options, plan)
+            if plan is not None:  # the fast paths are on: each row's own checks need not read the environment
+                yield call_fast(_planned_row, model, request, options, plan)
             else:
                 yield (_fast_row if fast else _reference_row)(model, request, options, render)
         except CtxlockError as exc:

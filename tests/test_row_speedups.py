@@ -13,6 +13,7 @@ gives.
   boundaries on generated rows.
 - `settings.call_fast` (how `mask_rows` runs each row once it found the fast paths on) is `fast_path()` for one call;
   the rows themselves are compared with the reference path's in tests/test_masks_batch.py.
+- `Tainted`'s `+` builds its result without the class call: the same string, spans and instance dict.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import tokenlay
+from ctxlock import taint, tokenlay
 from ctxlock._fast_batch import _offsets
 from ctxlock._fastmask import region_mask
 from ctxlock.settings import call_fast, fast_enabled, fast_path, reference_path
+from ctxlock.taint import Tainted
 from ctxlock.tokenizer import control_matches, encode_ids, fastbpe
 from ctxlock.tokenlay import assign_owners
 
@@ -200,3 +202,26 @@ def test_call_fast_turns_the_fast_paths_on_for_one_call_only(monkeypatch: pytest
     with pytest.raises(ValueError, match="boom"):
         call_fast(fails)
     assert fast_enabled() is False  # still CTXLOCK_FAST=0: reset after an exception too
+
+
+# ------------------------------------------------------------------------------------------------ taint
+
+
+SPAN_TEXT = st.text(max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SPAN_TEXT, SPAN_TEXT, st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=4))
+def test_tainted_concatenation_builds_what_the_class_call_builds(plain: str, value: str, cuts: list) -> None:
+    # `+` builds its result without the class call (`taint._tainted`): the same str, type, spans and instance dict.
+    spans = tuple((min(a, b), max(a, b), f"messages[{k}].content", "") for k, (a, b) in enumerate(cuts))
+    t = Tainted(value, spans)
+    right, left = t + plain, plain + t
+    n = len(plain)
+    for got, text, want in (
+        (right, value + plain, Tainted(value + plain, spans)),
+        (left, plain + value, Tainted(plain + value, tuple((s + n, e + n, p, k) for s, e, p, k in spans))),
+    ):
+        assert type(got) is Tainted and str.__eq__(got, text) and got == want
+        assert got.spans == want.spans and vars(got) == vars(want)
+    assert taint.shift(spans, 3) == [(s + 3, e + 3, p, k) for s, e, p, k in spans]

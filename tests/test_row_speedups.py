@@ -14,14 +14,18 @@ gives.
 - `settings.call_fast` (how `mask_rows` runs each row once it found the fast paths on) is `fast_path()` for one call;
   the rows themselves are compared with the reference path's in tests/test_masks_batch.py.
 - `Tainted`'s `+` builds its result without the class call: the same string, spans and instance dict.
+- `masks.provenance_regions` finds each turn's ends in two loops instead of five generator passes: the plain code's
+  regions (kept here) on generated rows and options, and on any spans at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import unicodedata
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,11 +34,14 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import taint, tokenlay
+from ctxlock import masks, taint, tokenlay
 from ctxlock._fast_batch import _offsets
 from ctxlock._fastmask import region_mask
+from ctxlock.accounting import part_of
+from ctxlock.masks import MaskOptions
 from ctxlock.settings import call_fast, fast_enabled, fast_path, reference_path
 from ctxlock.taint import Tainted
+from ctxlock.template import Span
 from ctxlock.tokenizer import control_matches, encode_ids, fastbpe
 from ctxlock.tokenlay import assign_owners
 
@@ -225,3 +232,74 @@ def test_tainted_concatenation_builds_what_the_class_call_builds(plain: str, val
         assert type(got) is Tainted and str.__eq__(got, text) and got == want
         assert got.spans == want.spans and vars(got) == vars(want)
     assert taint.shift(spans, 3) == [(s + 3, e + 3, p, k) for s, e, p, k in spans]
+
+
+# ------------------------------------------------------------------------------------------------ provenance_regions
+
+
+def plain_provenance_regions(rendered: Any, request: Any, opts: MaskOptions, marks: Any) -> list[tuple[int, int, int]]:
+    """`masks.provenance_regions` as it was written before the speed-up (generator passes, min/max): the oracle."""
+    text = rendered.text
+    spans = [(s.start, s.end, part_of(s.path), s.path) for s in rendered.request_spans if s.end > s.start]
+    order = {m.source: i for i, m in reversed(list(enumerate(request.messages)))}
+    out: list[tuple[int, int, int]] = []
+    for source in masks._trained_sources(request, opts):
+        own = [(s, e) for s, e, part, path in spans if part == source and not path.endswith(".name")]
+        if own:
+            first, last = min(s for s, _ in own), max(e for _, e in own)
+            before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
+            start = masks.body_start(text, before, first, marks)
+            after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
+            out.append((start, last, masks._eot_end(text, last, after, marks)))
+            continue
+        turn = masks._empty_turn(text, spans, order, order[source], marks)
+        if turn is not None:
+            out.append(turn)
+    if opts.train_on_eot == "none":
+        return [(s, e, e) for s, e, _ in out]
+    if opts.train_on_eot == "last":
+        return [(s, e, e) for s, e, _ in out[:-1]] + out[-1:]
+    return out
+
+
+MASK_OPTIONS = st.builds(
+    MaskOptions,
+    roles=st.sampled_from([("assistant",), ("assistant", "tool"), ("user",), ("user", "assistant")]),
+    train_on_eot=st.sampled_from(["all", "last", "none"]),
+    last_turn_only=st.booleans(),
+)
+PATHS = st.sampled_from(
+    [f"messages[{k}]{s}" for k in range(6) for s in (".content", ".name", ".content[0].text")] + ["tools[0]", ""]
+)
+
+
+def _marks_at(text: str, marks: Any) -> list[int]:
+    """Every position where a header, separator or end-of-turn text starts or ends, and the text's ends, +-1."""
+    at = {0, len(text)}
+    for mark in (marks.header, marks.separator, marks.eot):
+        i = text.find(mark) if mark else -1
+        while i >= 0:
+            at |= {i, i + len(mark)}
+            i = text.find(mark, i + 1)
+    return sorted({p + d for p in at for d in (-1, 0, 1)})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(CONTENT, CONTENT), min_size=1, max_size=3), MASK_OPTIONS, st.booleans(), st.data())
+def test_provenance_regions_equal_the_plain_code(turns: list, opts: MaskOptions, forge: bool, data: Any) -> None:
+    # The rendered spans as they are, or any spans at all (unsorted, overlapping, empty, past the text, on names),
+    # their ends drawn at and next to the turn marks, where a span ending or starting one place off changes a region.
+    model = _qwen()
+    messages = [{"role": r, "content": c} for u, a in turns for r, c in (("user", u), ("assistant", a))]
+    request = model.parse({"messages": messages})
+    rendered = model.render(request, add_generation_prompt=False)
+    marks = masks.turn_marks(model, rendered, {"add_generation_prompt": False}, None)
+    if forge:
+        real = [x for sp in rendered.request_spans for x in (sp.start, sp.end)]
+        pool = data.draw(st.lists(st.sampled_from(_marks_at(rendered.text, marks) + real), min_size=1, max_size=4))
+        at = st.one_of(st.sampled_from(pool), st.integers(-3, len(rendered.text) + 3))  # ends that meet, or any
+        forged = data.draw(st.lists(st.tuples(at, at, PATHS), max_size=10))
+        rendered = dataclasses.replace(rendered, request_spans=tuple(Span(a, b, p) for a, b, p in forged))
+    assert masks.provenance_regions(rendered, request, opts, marks) == plain_provenance_regions(
+        rendered, request, opts, marks
+    )

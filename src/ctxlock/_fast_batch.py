@@ -90,10 +90,10 @@ def _start_accelerator(tokenizer: Any, requests: Sequence[Any]) -> None:
     accelerator = None if whole is None else whole.accelerator
     if accelerator is None or accelerator.state != "not started" or accel.setting() == "0":
         return
-    size = 0
+    size, limit = 0, accel.start_after()  # read from the environment once, not once a row
     for r in requests:
         size += len(r) if isinstance(r, str | bytes) else len(str(r))
-        if size >= accel.start_after():
+        if size >= limit:
             accelerator.start()
             return
 

@@ -386,7 +386,7 @@ def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -
                 "conversation): no end-of-turn token is trained"
             )
     mask.flags.writeable = False
-    if not mask.any():
+    if not np.count_nonzero(mask):  # not `mask.any()`, which goes through Python
         raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
     if not lay.exact:
         notes.append("token bytes were spread over the text, not laid exactly: a token at a turn's edge may differ")

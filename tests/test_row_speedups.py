@@ -45,6 +45,8 @@ from ctxlock.template import Span
 from ctxlock.tokenizer import control_matches, encode_ids, fastbpe
 from ctxlock.tokenlay import assign_owners
 
+pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0
+
 # ------------------------------------------------------------------------------------------------ NFC-inert
 
 

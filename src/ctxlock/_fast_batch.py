@@ -42,7 +42,7 @@ from .accounting import Layout, layout_of
 from .errors import CtxlockError
 from .masks import MaskOptions, assistant_mask, mask_of
 from .options import RENDER_OPTIONS, RenderOptions, check_options
-from .settings import fast_enabled
+from .settings import call_fast, fast_enabled
 from .tokenizer import accel, whole_text_encoder
 from .tokenlay import whole_lay
 
@@ -74,8 +74,8 @@ def mask_rows(
         _start_accelerator(model.tokenizer, requests)
     for request in requests:
         try:
-            if plan is not None:
-                yield _planned_row(model, request, options, plan)
+            if plan is not None:  # the fast paths are on: each row's own checks need not read the environment
+                yield call_fast(_planned_row, model, request, options, plan)
             else:
                 yield (_fast_row if fast else _reference_row)(model, request, options, render)
         except CtxlockError as exc:
@@ -90,10 +90,10 @@ def _start_accelerator(tokenizer: Any, requests: Sequence[Any]) -> None:
     accelerator = None if whole is None else whole.accelerator
     if accelerator is None or accelerator.state != "not started" or accel.setting() == "0":
         return
-    size = 0
+    size, limit = 0, accel.start_after()  # read from the environment once, not once a row
     for r in requests:
         size += len(r) if isinstance(r, str | bytes) else len(str(r))
-        if size >= accel.start_after():
+        if size >= limit:
             accelerator.start()
             return
 
@@ -180,11 +180,9 @@ def _offsets(text: str, data: bytes) -> np.ndarray:
     """offsets[i] = the UTF-8 byte offset of character i, offsets[len(text)] = len(data) (as `accounting` lays)."""
     if len(data) == len(text):  # ASCII
         return np.arange(len(text) + 1, dtype=np.int64)
-    lead = np.flatnonzero((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80)
-    out = np.empty(len(lead) + 1, dtype=np.int64)
-    out[:-1] = lead
-    out[-1] = len(data)
-    return out
+    # A character starts at every byte that is not a continuation byte (0x80-0xBF: -128..-65 as int8); the NUL
+    # appended is one more start, at len(data). One pass, and the array's own `nonzero` (no numpy wrapper).
+    return (np.frombuffer(data + b"\0", dtype=np.int8) >= -64).nonzero()[0].astype(np.int64, copy=False)
 
 
 __all__ = ["MaskedRow", "mask_rows"]

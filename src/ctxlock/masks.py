@@ -231,17 +231,35 @@ def provenance_regions(
     text; the last two are equal when no end-of-turn text is trained (see `train_on_eot`)."""
     text = rendered.text
     spans = [(s.start, s.end, part_of(s.path), s.path) for s in rendered.request_spans if s.end > s.start]
-    order = {m.source: i for i, m in reversed(list(enumerate(request.messages)))}
+    order: dict[str, int] | None = None
     out: list[tuple[int, int, int]] = []
     for source in _trained_sources(request, opts):
-        own = [(s, e) for s, e, part, path in spans if part == source and not path.endswith(".name")]
-        if own:
-            first, last = min(s for s, _ in own), max(e for _, e in own)
-            before = max((e for s, e, part, _ in spans if part != source and e <= first), default=0)
+        # One pass for the message's own characters, one for the spans around them: the min/max of the plain code
+        # (None: there was none).
+        first: int | None = None
+        last = 0
+        for s, e, part, path in spans:
+            if part == source and not path.endswith(".name"):
+                if first is None:
+                    first, last = s, e
+                else:
+                    first, last = min(first, s), max(last, e)
+        if first is not None:
+            before: int | None = None
+            after: int | None = None
+            for s, e, part, _ in spans:
+                if part != source:
+                    if e <= first and (before is None or e > before):
+                        before = e
+                    if s >= last and (after is None or s < after):
+                        after = s
+            before = 0 if before is None else before
+            after = len(text) if after is None else after
             start = body_start(text, before, first, marks)
-            after = min((s for s, e, part, _ in spans if part != source and s >= last), default=len(text))
             out.append((start, last, _eot_end(text, last, after, marks)))
             continue
+        if order is None:
+            order = {m.source: i for i, m in reversed(list(enumerate(request.messages)))}
         turn = _empty_turn(text, spans, order, order[source], marks)
         if turn is not None:
             out.append(turn)
@@ -368,7 +386,7 @@ def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -
                 "conversation): no end-of-turn token is trained"
             )
     mask.flags.writeable = False
-    if not mask.any():
+    if not np.count_nonzero(mask):  # not `mask.any()`, which goes through Python
         raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
     if not lay.exact:
         notes.append("token bytes were spread over the text, not laid exactly: a token at a turn's edge may differ")

@@ -76,7 +76,7 @@ class Tainted(str):
             return str.__add__(self, other)  # type: ignore[operator]  # str's own TypeError, word for word
         text = str.__add__(self, other)
         if type(other) is not Tainted:
-            return Tainted(text, self.spans)
+            return _tainted(text, self.spans)
         n = len(self)
         return make(text, (*self.spans, *[(s + n, e + n, p, k) for s, e, p, k in other.spans]))
 
@@ -85,7 +85,7 @@ class Tainted(str):
             raise TypeError(f"unsupported operand type(s) for +: '{type(other).__name__}' and 'str'")
         # `other` is not Tainted (else its __add__ ran): a plain prefix shifts the spans.
         n = len(other)
-        return Tainted(str.__add__(other, self), tuple([(s + n, e + n, p, k) for s, e, p, k in self.spans]))
+        return _tainted(str.__add__(other, self), tuple([(s + n, e + n, p, k) for s, e, p, k in self.spans]))
 
     def __mul__(self, n: SupportsIndex) -> Any:
         if not hasattr(n, "__index__"):
@@ -211,8 +211,15 @@ def make(text: str, spans: Iterable[SpanT]) -> str:
     return Tainted(text, tuple(merged))
 
 
-def shift(spans: Iterable[SpanT], offset: int) -> Iterator[SpanT]:
-    return ((s + offset, e + offset, p, n) for s, e, p, n in spans)
+def shift(spans: Iterable[SpanT], offset: int) -> list[SpanT]:
+    return [(s + offset, e + offset, p, n) for s, e, p, n in spans]
+
+
+def _tainted(text: str, spans: tuple[SpanT, ...]) -> Tainted:
+    """`Tainted(text, spans)` without the class call's dispatch to `__new__`: what a template's `+` builds."""
+    out = str.__new__(Tainted, text)
+    out.spans = spans
+    return out
 
 
 def cut(spans: tuple[SpanT, ...], start: int, stop: int) -> list[SpanT]:

@@ -187,10 +187,12 @@ def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray, data: byte
         return None
     n = len(ids)
     cum = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.abs(signed), out=cum[1:])
+    # The ufunc and the array's method, not np.cumsum and np.flatnonzero: on a row's few hundred ids their Python
+    # wrappers cost more than the work (the sums are int64: `out`'s type).
+    np.add.accumulate(np.abs(signed), out=cum[1:])
     if cum[n] != len(data):
         return None
-    q = np.flatnonzero(signed < 0)
+    q = (signed < 0).nonzero()[0]
     if q.size:
         content = plan.content
         found = list(map(data.startswith, [content[i] for i in ids[q].tolist()], cum[q].tolist()))

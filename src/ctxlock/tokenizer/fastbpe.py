@@ -93,6 +93,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import caches
 from ..settings import cache_root
 from ..trie import longest_first
@@ -477,25 +479,40 @@ def cached_check(
 # ------------------------------------------------------------------------------------------------ NFC
 
 
-@caches.memoize("tokenizer.nfc_inert_pattern", 1, scope="artifact")
-def _not_inert_pattern() -> re.Pattern[str]:
-    """A regex matching any character that is not NFC-inert by Python's Unicode data (see the module docstring).
-    Built once per process (about 0.2 s) and cached on disk per Unicode version."""
+def nfc_inert_spans() -> list[list[int]]:
+    """The NFC-inert code points by Python's Unicode data (see the module docstring), as sorted inclusive
+    [first, last] runs. Computed in about 0.2 s and cached on disk per Unicode version."""
     path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
-    spans: list[list[int]] | None = None
     try:
-        spans = json.loads(path.read_text("utf-8"))
+        return json.loads(path.read_text("utf-8"))
     except (OSError, ValueError):
-        spans = None
-    if spans is None:
-        spans = _inert_spans()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, json.dumps(spans).encode())
-        except OSError:
-            pass
-    cls = "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
-    return re.compile(f"[^{cls}]")
+        pass
+    spans = _inert_spans()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, json.dumps(spans).encode())
+    except OSError:
+        pass
+    return spans
+
+
+@caches.memoize("tokenizer.nfc_inert_table", 1, scope="artifact")
+def _inert_table() -> np.ndarray:
+    """One read-only bool per code point (1.1 MB), True where it is NFC-inert: built once per process."""
+    table = np.zeros(0x110000, dtype=np.bool_)
+    for first, last in nfc_inert_spans():
+        table[first : last + 1] = True
+    table.flags.writeable = False
+    return table
+
+
+def nfc_inert(text: str) -> bool:
+    """Whether every character of `text` is NFC-inert (the empty text is). A lone surrogate is not: it is looked
+    up by its code point (`surrogatepass`), which no span holds. One table lookup per character, in numpy: about
+    a quarter of the time of the regex search over a 2,500-character class it replaces (tests/test_fastbpe.py
+    proves the two agree)."""
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    return b"\x00" not in _inert_table().take(codes).tobytes()  # a C search: `.all()` goes through Python
 
 
 def _inert_spans() -> list[list[int]]:
@@ -572,7 +589,7 @@ class FastEncoder:
 
     def inert(self, text: str) -> bool:
         """Whether the normalizer leaves `text` as it is (no normalizer, ASCII, or only NFC-inert characters)."""
-        return self._normalize is None or text.isascii() or _not_inert_pattern().search(text) is None
+        return self._normalize is None or text.isascii() or nfc_inert(text)
 
     def _bpe(self, text: str, out: list[int]) -> None:
         if not self.inert(text):

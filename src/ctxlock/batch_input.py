@@ -10,7 +10,6 @@ InputError naming the file (and the row where it broke).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
 import os
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .diskcache import file_sha256
 from .errors import InputError
 
 # -- reading the input -----------------------------------------------------------------------------------------
@@ -160,11 +160,8 @@ def request_of(raw: Any) -> Any:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    return file_sha256(path)
 
 
 __all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "sha256_file"]

@@ -19,6 +19,12 @@ raised) for a row that fails.
   in tests/test_prefix.py). When the whole-text encoder does not apply (request text at a control-token position under
   the `text` policy, a lone surrogate, a normalizing vocabulary) or `whole_lay` cannot lay the ids, the row takes the
   reference path's `encode_ids` and `accounting.layout_of`.
+- **Stage by stage, `_CHUNK` rows at a time** (`_planned_rows`): every parse of the chunk, every render, the
+  encodes, then each row's lay, mask and digest. Each row meets the same calls in the same order as row by row
+  (`_planned_row`), so the same row or error; one stage's code and tables stay in the CPU's caches across the chunk
+  (about a fifth of a row's time, measured), and once fastokens is admitted the chunk's texts are encoded in one
+  native call (`WholeText.encode_many`: each text's ids are those of its own call). An error that is not a
+  `CtxlockError` (a bug) is raised before the chunk's earlier rows are given.
 - **fastokens, at once for a big shard**: the tokenizer starts building fastokens (about ten times tiktoken, and
   admitted only once it matched the exact path on the vocabulary) after `accel.start_after()` characters (8M) went
   through tiktoken, so that a short job does not pay for the build. A shard whose requests alone are that long
@@ -32,6 +38,7 @@ on generated rows (hypothesis).
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +55,7 @@ from .tokenlay import whole_lay
 
 _RENDER = {"add_generation_prompt": False}
 _PARSE = ("dialect", "utf8", "tool_arguments")  # the options `accounting.layout` passes to `Model.parse`
+_CHUNK = 64  # rows the fast path takes stage by stage (`_planned_rows`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +72,31 @@ class MaskedRow:
 def mask_rows(
     model: Any, requests: Iterable[Any], options: MaskOptions, **render_options: Any
 ) -> Iterator[MaskedRow | CtxlockError]:
-    """Each request (what `Model.parse` takes) as a `MaskedRow`, or the `CtxlockError` it fails with, in order and
-    one at a time (a shard is never held twice in memory). `render_options`: `Model.render`'s keywords
+    """Each request (what `Model.parse` takes) as a `MaskedRow`, or the `CtxlockError` it fails with, in order (the
+    fast path reads and makes `_CHUNK` rows at a time: a shard is never held twice in memory). `render_options`:
+    `Model.render`'s keywords
     (`add_generation_prompt` False unless given; `ctxlock batch` gives none). See the module docstring."""
     fast = fast_enabled()
     render = {**_RENDER, **render_options}
     plan = _plan(render) if fast else None
     if fast and isinstance(requests, Sequence):
         _start_accelerator(model.tokenizer, requests)
+    if plan is not None:  # the fast paths are on: the rows' own checks need not read the environment
+        for chunk in _chunks(requests):
+            yield from call_fast(_planned_rows, model, chunk, options, plan)
+        return
     for request in requests:
         try:
-            if plan is not None:  # the fast paths are on: each row's own checks need not read the environment
-                yield call_fast(_planned_row, model, request, options, plan)
-            else:
-                yield (_fast_row if fast else _reference_row)(model, request, options, render)
+            yield (_fast_row if fast else _reference_row)(model, request, options, render)
         except CtxlockError as exc:
             yield exc
+
+
+def _chunks(requests: Iterable[Any]) -> Iterator[list[Any]]:
+    """The requests in lists of `_CHUNK`, in order (an iterator is read a chunk at a time)."""
+    it = iter(requests)
+    while chunk := list(itertools.islice(it, _CHUNK)):
+        yield chunk
 
 
 def _start_accelerator(tokenizer: Any, requests: Sequence[Any]) -> None:
@@ -149,12 +166,84 @@ def _plan(render: dict[str, Any]) -> _Plan | None:
 
 
 def _planned_row(model: Any, raw: Any, options: MaskOptions, plan: _Plan) -> MaskedRow:
-    """`_fast_row` with the options checked and built once for the shard (`_plan`): the same calls, so the same row."""
+    """`_fast_row` with the options checked and built once for the shard (`_plan`): the same calls, so the same row.
+    (`_planned_rows` makes these calls stage by stage over a chunk of rows.)"""
     request = model.parse(raw, **plan.parse)
     rendered = model.render(request, plan.options)
     lay = _lay(model.tokenizer, request, rendered)
     mask = mask_of(model, lay, options, **plan.render)
     return MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes)
+
+
+def _planned_rows(model: Any, raws: list[Any], options: MaskOptions, plan: _Plan) -> list[MaskedRow | CtxlockError]:
+    """`_planned_row` of each raw request, made stage by stage over the chunk (every parse, then every render, the
+    encodes, the lays, then each mask and digest) rather than row by row: each row meets the same calls in the same
+    order, so the same row or the same error (a `CtxlockError` stops its row at the stage it is raised in, as it
+    does `_planned_row`). One stage's code and tables stay in the CPU's caches across the chunk, and the encodes
+    are one native call (`_lays`)."""
+    tokenizer = model.tokenizer
+    rows: list[Any] = []
+    for raw in raws:
+        try:
+            rows.append(model.parse(raw, **plan.parse))
+        except CtxlockError as exc:
+            rows.append(exc)
+    rendered: list[Any] = []
+    for request in rows:
+        if isinstance(request, CtxlockError):
+            rendered.append(request)
+            continue
+        try:
+            rendered.append(model.render(request, plan.options))
+        except CtxlockError as exc:
+            rendered.append(exc)
+    out: list[MaskedRow | CtxlockError] = []
+    for request, lay in zip(rows, _lays(tokenizer, rows, rendered), strict=True):
+        if isinstance(lay, CtxlockError):
+            out.append(lay)
+            continue
+        try:
+            mask = mask_of(model, lay, options, **plan.render)
+            out.append(MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes))
+        except CtxlockError as exc:
+            out.append(exc)
+    return out
+
+
+def _lays(tokenizer: Any, requests: list[Any], rendered: list[Any]) -> list[Layout | CtxlockError]:
+    """`_lay` of each (request, rendered) pair (an error stays in its place), with the native encodes of every text
+    the whole-text encoder takes made in one call (`WholeText.encode_many`: the same ids as one call each)."""
+    whole = None
+    texts: list[str] = []
+    datas: list[bytes] = []
+    batched: list[int] = []  # the rows whose ids `encode_many` makes
+    for k, r in enumerate(rendered):
+        if isinstance(r, CtxlockError):
+            continue
+        w = whole_text_encoder(r, tokenizer)
+        if w is None or (whole is not None and w is not whole):
+            continue
+        try:
+            data = r.text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: `_lay` takes the run-by-run path
+            continue
+        whole = w
+        texts.append(r.text)
+        datas.append(data)
+        batched.append(k)
+    encoded: dict[int, Any] = {}
+    if whole is not None:
+        encoded = dict(zip(batched, zip(whole.encode_many(texts, datas), datas, strict=True), strict=True))
+    out: list[Layout | CtxlockError] = []
+    for k, (request, r) in enumerate(zip(requests, rendered, strict=True)):
+        if isinstance(r, CtxlockError):
+            out.append(r)
+            continue
+        try:
+            out.append(_lay_ids(tokenizer, request, r, *encoded[k]) if k in encoded else _lay(tokenizer, request, r))
+        except CtxlockError as exc:
+            out.append(exc)
+    return out
 
 
 def _lay(tokenizer: Any, request: Any, rendered: Any) -> Layout:
@@ -167,7 +256,12 @@ def _lay(tokenizer: Any, request: Any, rendered: Any) -> Layout:
         data = text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: encode_ids takes the run-by-run path
         return layout_of(tokenizer, request, rendered)
-    ids = whole.encode_prepared(text, data, None, 0, 0, cache=False)
+    return _lay_ids(tokenizer, request, rendered, whole.encode_prepared(text, data, None, 0, 0, cache=False), data)
+
+
+def _lay_ids(tokenizer: Any, request: Any, rendered: Any, ids: np.ndarray | None, data: bytes) -> Layout:
+    """`_lay`'s end, from the whole-text encoder's ids (None: it could not encode the text) and the text's UTF-8."""
+    text = rendered.text
     if ids is None:
         return layout_of(tokenizer, request, rendered)
     laid = whole_lay(tokenizer, rendered, ids, data)

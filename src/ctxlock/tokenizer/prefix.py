@@ -255,6 +255,25 @@ class WholeText:
             self._remember(data, ids, entry, keep, start, new, cuts)
         return ids
 
+    def encode_many(self, texts: Sequence[str], datas: Sequence[bytes]) -> list[np.ndarray | None]:
+        """`[encode_prepared(t, d, None, 0, 0, cache=False) for t, d in zip(texts, datas)]` (`datas`: the texts'
+        UTF-8), with the native calls of the texts one call takes as they are made in one fastokens call once it is
+        admitted (`Accelerator.encode_many`: each text's ids are its own call's; a text it fails on goes to
+        tiktoken, as `native` sends it). The same ids: `encode_prepared` takes them as `native`."""
+        if not self.accelerated or len(texts) < 2:
+            return [self.encode_prepared(t, d, None, 0, 0, cache=False) for t, d in zip(texts, datas, strict=True)]
+        inert = [self._inert is None or self._inert(t) for t in texts]
+        natives = iter(self.accelerator.encode_many([t for t, ok in zip(texts, inert, strict=True) if ok]))  # type: ignore[union-attr]
+        out: list[np.ndarray | None] = []
+        for t, d, ok in zip(texts, datas, inert, strict=True):
+            if ok:
+                ids = next(natives)
+                native = self._tiktoken(t) if ids is None else ids
+                out.append(self.encode_prepared(t, d, None, 0, 0, cache=False, native=native))
+            else:
+                out.append(self.encode_prepared(t, d, None, 0, 0, cache=False))
+        return out
+
     # -- the cache
     def cuts_of(self, ids: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         """The added tokens among `ids` (encoded from byte `start`, no run normalized): index, byte end."""

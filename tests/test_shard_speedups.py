@@ -1,0 +1,174 @@
+"""The shard speed-ups of `ctxlock batch` (issue 21, acceptance 3) give what the plain code gives.
+
+- `_fast_batch.mask_rows` runs a chunk of rows stage by stage (`_planned_rows`: every parse, every render, the
+  encodes, then each lay, mask and digest) instead of row by row, and encodes the chunk's texts in one native call:
+  its rows (ids, masks, notes, digests, errors) equal the reference path's (`CTXLOCK_FAST=0`) and the plain
+  row-by-row fast path's (`_planned_row`), over several chunks, with error rows at every stage (bad JSON, no trained
+  turn, lone surrogates) and texts NFC would change (which go to the run-by-run fallback).
+- `Accelerator.encode_many` (one `encode_batch_flat` call) equals `encode` of each text; a call that raises is
+  made again text by text, with the failures counted per text as `encode` counts them.
+- `WholeText.encode_many` equals `encode_prepared` of each text, with fastokens and with tiktoken.
+- `batch.shard_bytes` builds the shard's columns once (labels by one `np.where` over the shard): the Parquet bytes
+  and record equal those of the per-row build (kept here as it was), with and without `pack` and `max_length`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from functools import cache
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ctxlock
+import fetched
+from ctxlock import _fast_batch
+from ctxlock.masks import MaskOptions
+from ctxlock.settings import call_fast, fast_path, reference_path
+from vocabularies import native_engine
+
+pytestmark = pytest.mark.fast_path
+
+
+@cache
+def _qwen() -> ctxlock.Model:
+    model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
+    accelerator = model.tokenizer.whole_text.accelerator
+    assert accelerator is not None and accelerator.wait(), "fastokens must be admitted: the batched call is its"
+    return model
+
+
+def _key(row: Any) -> Any:
+    if isinstance(row, ctxlock.CtxlockError):
+        return ("error", type(row).__name__, row.path, row.message, row.hint)
+    assert row.ids.dtype == np.int64 and row.mask.dtype == np.int64 and not row.ids.flags.writeable
+    return (row.request_sha256, row.ids.tolist(), row.mask.tolist(), row.notes)
+
+
+WORDS = ["alpha", "données", "日本語", "текст", "🙂", "print(x)", "42", "\n", " ", "한국어", "<|im_end|>", "<think>"]
+_CONTENT = st.one_of(
+    st.lists(st.sampled_from(WORDS), max_size=30).map(" ".join),
+    st.text(max_size=20),  # lone surrogates, NFC-changing marks (e + U+0301), control characters
+    st.sampled_from(["", "e\u0301", "\u1100\u1161", "x<|endoftext|>y", "\ud800"]),
+)
+_ROW = st.one_of(
+    st.lists(st.tuples(st.sampled_from(["user", "assistant", "system", "tool"]), _CONTENT), min_size=1, max_size=5).map(
+        lambda ms: json.dumps({"messages": [{"role": r, "content": c} for r, c in ms]}, ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+    ),
+    st.sampled_from([b"", b'{"messages": [', b'{"messages": []}', b"\xff", b'{"messages":[{"role":"user"}]}']),
+)
+_OPTIONS = st.sampled_from([MaskOptions(), MaskOptions(train_on_eot="last"), MaskOptions(last_turn_only=True)])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(rows=st.lists(_ROW, min_size=1, max_size=40), options=_OPTIONS, chunk=st.sampled_from([1, 3, 7, 64]))
+def test_chunked_rows_equal_the_reference_and_the_row_by_row_path(
+    rows: list[bytes], options: MaskOptions, chunk: int
+) -> None:
+    model = _qwen()
+    with fast_path(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_fast_batch, "_CHUNK", chunk)  # chunk edges among the generated rows
+        chunked = [_key(r) for r in _fast_batch.mask_rows(model, rows, options)]
+        plan = _fast_batch._plan(dict(_fast_batch._RENDER))
+        assert plan is not None
+        one_by_one = []
+        for raw in rows:
+            try:
+                one_by_one.append(_key(call_fast(_fast_batch._planned_row, model, raw, options, plan)))
+            except ctxlock.CtxlockError as exc:
+                one_by_one.append(_key(exc))
+    with reference_path():
+        reference = [_key(r) for r in _fast_batch.mask_rows(model, rows, options)]
+    assert chunked == one_by_one == reference
+
+
+def test_a_chunk_mixes_error_rows_at_every_stage_with_good_ones() -> None:
+    # 200 rows (four chunks): parse errors (bad JSON, a lone surrogate), mask errors (no assistant), NFC-changing
+    # text (`encode_many` leaves it to the run-by-run fallback) and plain rows, interleaved.
+    good = {"messages": [{"role": "user", "content": "hi 日本語"}, {"role": "assistant", "content": "ok 🙂"}]}
+    kinds = [
+        json.dumps(good, ensure_ascii=False).encode(),
+        b'{"messages": [',
+        json.dumps({"messages": [{"role": "user", "content": "no answer"}]}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\ud800"}]}).encode(
+            "utf-8", "surrogatepass"
+        ),
+        json.dumps({"messages": [{"role": "user", "content": "e\u0301"}, {"role": "assistant", "content": "e\u0301"}]}),
+    ]
+    rows = [kinds[(i * 7) % len(kinds)] for i in range(200)]
+    model = _qwen()
+    with fast_path():
+        fast = [_key(r) for r in _fast_batch.mask_rows(model, rows, MaskOptions())]
+    with reference_path():
+        slow = [_key(r) for r in _fast_batch.mask_rows(model, rows, MaskOptions())]
+    assert fast == slow
+    errors = Counter(r[1] for r in fast if r[0] == "error")
+    assert errors == Counter({"RequestJSONError": 40, "RequestEncodingError": 40, "MaskError": 40})
+    assert len({r[0] for r in fast if r[0] != "error"}) == 2  # the plain and the NFC rows, 40 each
+
+
+def test_an_iterator_of_requests_is_read_chunk_by_chunk() -> None:
+    model = _qwen()
+    good = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    seen: list[int] = []
+
+    def requests() -> Any:
+        for i in range(3 * _fast_batch._CHUNK):
+            seen.append(i)
+            yield good
+
+    with fast_path():
+        rows = _fast_batch.mask_rows(model, requests(), MaskOptions())
+        first = next(rows)
+        assert len(seen) == _fast_batch._CHUNK  # one chunk read, not the whole input
+        rest = list(rows)
+    assert len(rest) == 3 * _fast_batch._CHUNK - 1 and all(_key(r) == _key(first) for r in rest)
+
+
+# -- the batched native calls ---------------------------------------------------------------------------------------
+
+_TEXTS = st.lists(
+    st.one_of(st.text(st.characters(codec="utf-8"), max_size=60), _CONTENT.filter(lambda t: "\ud800" not in t)),
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=_TEXTS)
+def test_accelerator_encode_many_equals_encode_each(texts: list[str]) -> None:
+    accelerator = _qwen().tokenizer.whole_text.accelerator
+    many = accelerator.encode_many(texts)
+    assert len(many) == len(texts)
+    for text, ids in zip(texts, many, strict=True):
+        alone = accelerator.encode(text)
+        assert ids is not None and alone is not None
+        assert ids.dtype == alone.dtype and ids.tolist() == alone.tolist()
+
+
+def test_a_batch_call_that_raises_is_made_text_by_text() -> None:
+    # A value fastokens refuses (not a string) makes the one call raise: every text is then encoded on its own, the
+    # refused one counted as a failure (and None: tiktoken's), the others with their own ids.
+    accelerator = _qwen().tokenizer.whole_text.accelerator
+    before = accelerator.failures
+    many = accelerator.encode_many(["hello 日本語", 42, "<|im_end|>x"])  # type: ignore[list-item]
+    assert many[1] is None and accelerator.failures == before + 1
+    assert many[0].tolist() == accelerator.encode("hello 日本語").tolist()
+    assert many[2].tolist() == accelerator.encode("<|im_end|>x").tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts=_TEXTS, engine=st.sampled_from(["fastokens", "tiktoken"]))
+def test_whole_text_encode_many_equals_encode_prepared(texts: list[str], engine: str) -> None:
+    whole = _qwen().tokenizer.whole_text
+    datas = [t.encode("utf-8") for t in texts]
+    with native_engine(whole, engine):
+        many = whole.encode_many(texts, datas)
+        each = [whole.encode_prepared(t, d, None, 0, 0, cache=False) for t, d in zip(texts, datas, strict=True)]
+    assert [None if a is None else a.tolist() for a in many] == [None if a is None else a.tolist() for a in each]
+    assert all(a is None or (a.dtype == np.int64 and not a.flags.writeable) for a in many)

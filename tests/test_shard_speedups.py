@@ -20,13 +20,15 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import _fast_batch
+from ctxlock import _fast_batch, batch
 from ctxlock.masks import MaskOptions
 from ctxlock.settings import call_fast, fast_path, reference_path
 from vocabularies import native_engine
@@ -172,3 +174,105 @@ def test_whole_text_encode_many_equals_encode_prepared(texts: list[str], engine:
         each = [whole.encode_prepared(t, d, None, 0, 0, cache=False) for t, d in zip(texts, datas, strict=True)]
     assert [None if a is None else a.tolist() for a in many] == [None if a is None else a.tolist() for a in each]
     assert all(a is None or (a.dtype == np.int64 and not a.flags.writeable) for a in many)
+
+
+# -- the shard's columns, built once ----------------------------------------------------------------------------------
+
+
+def _plain_table(kept: list[tuple[Any, ...]], pack: int | None) -> pa.Table:
+    """The shard's table as the per-row code built it: each row's int32 ids and labels (`np.where` on its own mask),
+    then the columns from Python values (`pa.array`)."""
+    rows = [(r, sha, np.asarray(ids, dtype=np.int32), m) for r, sha, ids, m, _ in kept]
+    rows = [(r, sha, ids, np.where(np.asarray(m) == 1, ids, -100).astype(np.int32)) for r, sha, ids, m in rows]
+    list32 = pa.list_(pa.int32())
+    if pack is None:
+        return pa.table(
+            {
+                "row": pa.array([k[0] for k in rows], pa.int64()),
+                "request_sha256": pa.array([k[1] for k in rows], pa.string()),
+                "input_ids": pa.array([k[2] for k in rows], list32),
+                "labels": pa.array([k[3] for k in rows], list32),
+                "length": pa.array([len(k[2]) for k in rows], pa.int32()),
+            }
+        )
+    packs: list[list[Any]] = []
+    size = pack + 1
+    for k in rows:
+        if size + len(k[2]) > pack:
+            packs.append([])
+            size = 0
+        packs[-1].append(k)
+        size += len(k[2])
+    return pa.table(
+        {
+            "row": pa.array([p[0][0] for p in packs], pa.int64()),
+            "rows": pa.array([[k[0] for k in p] for p in packs], pa.list_(pa.int64())),
+            "request_sha256": pa.array([[k[1] for k in p] for p in packs], pa.list_(pa.string())),
+            "input_ids": pa.array([np.concatenate([k[2] for k in p]) for p in packs], list32),
+            "labels": pa.array([np.concatenate([k[3] for k in p]) for p in packs], list32),
+            "length": pa.array([sum(len(k[2]) for k in p) for p in packs], pa.int32()),
+            "position_ids": pa.array(
+                [np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs], list32
+            ),
+            "seq_lengths": pa.array([[len(k[2]) for k in p] for p in packs], list32),
+        }
+    )
+
+
+_KEPT = st.lists(
+    st.tuples(
+        st.integers(0, 2**40),
+        st.text(max_size=70),
+        st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), st.integers(0, 1)), min_size=1, max_size=40),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=_KEPT, pack=st.one_of(st.none(), st.integers(1, 120)))
+def test_shard_columns_equal_the_per_row_build_and_write_the_same_bytes(rows: list[Any], pack: int | None) -> None:
+    kept = [
+        (r, sha, np.array([i for i, _ in pairs], np.int64), np.array([m for _, m in pairs], np.int64), None)
+        for r, sha, pairs in rows
+    ]
+    if pack is not None:
+        kept = [k for k in kept if len(k[2]) <= pack]
+    columns = batch._Columns.of_masks(kept)
+    ours = columns.table() if pack is None else columns.packed_table(pack)
+    plain = _plain_table(kept, pack)
+    assert ours.schema.equals(plain.schema, check_metadata=True) and ours.equals(plain)
+    assert batch._parquet_bytes(ours) == batch._parquet_bytes(plain)
+    # the record's counts, as the per-row code summed them
+    assert len(columns.ids) == sum(len(k[2]) for k in kept)
+    assert int(np.count_nonzero(columns.labels != -100)) == sum(int((k[3] == 1).sum()) for k in kept)
+
+
+@pytest.mark.parametrize("extra", [{}, {"pack": 900}, {"max_length": 60}, {"max_length": 80, "pack": 200}])
+def test_shard_bytes_equal_on_both_paths_over_several_chunks(extra: dict[str, Any]) -> None:
+    # 150 rows (three chunks) with error rows, over-long rows (fitted, or over --pack): the same bytes and record on
+    # the reference path (its rows one by one); the columns themselves are checked against the per-row build above.
+    good = [
+        {
+            "messages": [
+                {"role": "user", "content": f"q{i} " + "données 日本語 " * (i % 9)},
+                {"role": "assistant", "content": f"a{i} " + "🙂 text " * (i % 13)},
+                {"role": "user", "content": "more"},
+                {"role": "assistant", "content": "yes " * (i % 5)},
+            ]
+        }
+        for i in range(150)
+    ]
+    raws = [
+        b'{"messages": [' if i % 17 == 0 else json.dumps(g, ensure_ascii=False).encode() for i, g in enumerate(good)
+    ]
+    opts = batch.BatchOptions(model=str(fetched.hf_tokenizer_dir("qwen2")), shard_rows=150, **extra)
+    _qwen()
+    with fast_path():
+        fast = batch.shard_bytes(3, list(enumerate(raws)), opts)
+    with reference_path():
+        slow = batch.shard_bytes(3, list(enumerate(raws)), opts)
+    assert fast == slow
+    table = pq.read_table(pa.BufferReader(fast[0]))
+    assert fast[1]["row_count"] == len(table) if "pack" not in extra else fast[1]["sequence_count"] == len(table)
+    assert fast[1]["error_count"] >= 9 and fast[1]["trained_tokens"] > 0

@@ -140,7 +140,8 @@ def _encode_row(
 ) -> tuple[str, np.ndarray, np.ndarray, tuple[int, ...] | None]:
     """One row of `mask_rows` (ctxlock._fast_batch: parse, render, encode, mask, as `Model.encode` does) -> its
     digest (of the row as given, fitted or not), ids, labels, and the kept messages' indexes when the row was
-    fitted over --max-length, else None; its error raised."""
+    fitted over --max-length, else None; its error raised. The ids and mask are the row's own arrays: the shard
+    makes its int32 ids and its labels once for all its rows (`_Columns`)."""
     if isinstance(masked, CtxlockError):
         raise masked
     ids_seq, mask_arr, row_notes = masked.ids, masked.mask, masked.notes
@@ -154,11 +155,9 @@ def _encode_row(
         else:
             fits["rows_whole"] += 1
     notes.update(row_notes)
-    ids = np.asarray(ids_seq, dtype=np.int32)
-    if opts.pack is not None and len(ids) > opts.pack:
-        raise _TooLong(len(ids), opts.pack)
-    labels = np.where(np.asarray(mask_arr) == 1, ids, _IGNORE).astype(np.int32)
-    return masked.request_sha256, ids, labels, kept_messages
+    if opts.pack is not None and len(ids_seq) > opts.pack:
+        raise _TooLong(len(ids_seq), opts.pack)
+    return masked.request_sha256, ids_seq, mask_arr, kept_messages
 
 
 def _fit(model: Model, request: Any, max_length: int, fits: Counter[str]) -> Fitted:
@@ -202,7 +201,7 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     """One shard's Parquet bytes and its record (without the file's sha256, which `write_shard` adds): what both
     engines compute where the rows are, and the writer then puts on disk."""
     model = load_model(opts.model)
-    kept: list[_Row] = []
+    kept: list[tuple[int, str, np.ndarray, np.ndarray, tuple[int, ...] | None]] = []  # _Row with the mask, not labels
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.masks.Mask.notes)
     fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
@@ -212,7 +211,8 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
             kept.append((row, *_encode_row(model, raw, result, opts, notes, fits)))
         except CtxlockError as exc:
             errors.append(_error_row(row, exc))
-    table = _packed_table(kept, opts.pack) if opts.pack else _table(kept)
+    columns = _Columns.of_masks(kept)
+    table = columns.packed_table(opts.pack) if opts.pack else columns.table()
     record = {
         "index": index,
         "file": f"shard-{index:05d}.parquet",
@@ -220,8 +220,8 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
         "rows": [rows[0][0], rows[-1][0] + 1],
         "row_count": len(kept),
         "error_count": len(errors),
-        "token_count": int(sum(len(k[2]) for k in kept)),
-        "trained_tokens": int(sum(int((k[3] != _IGNORE).sum()) for k in kept)),
+        "token_count": len(columns.ids),
+        "trained_tokens": int(np.count_nonzero(columns.labels != _IGNORE)),
         "sequence_count": table.num_rows,
         "notes": sorted(notes),
         "errors": errors,
@@ -255,49 +255,105 @@ def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
     }
 
 
-def _table(kept: list[_Row]) -> Any:
-    import pyarrow as pa
+@dataclass(frozen=True)
+class _Columns:
+    """A shard's kept rows as whole columns: their numbers and digests, every row's ids end to end (int32), its
+    labels the same way, and each row's length. Built once per shard (one concatenation, labels by one `np.where`),
+    not row by row; the tables are those the rows' own arrays give (tests/test_shard_speedups.py)."""
 
-    return pa.Table.from_arrays(
-        [
-            _ints([k[0] for k in kept], np.int64),
-            _strings([k[1] for k in kept]),
-            _lists([k[2] for k in kept]),
-            _lists([k[3] for k in kept]),
-            _ints([len(k[2]) for k in kept], np.int32),
-        ],
-        names=["row", "request_sha256", "input_ids", "labels", "length"],
-    )
+    rows: list[int]
+    digests: list[str]
+    ids: np.ndarray
+    labels: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of_masks(cls, kept: list[tuple[int, str, np.ndarray, np.ndarray, Any]]) -> _Columns:
+        """From (row, digest, ids, 0/1 mask, ...) rows: labels are the ids where the mask is 1, else -100."""
+        ids = _joined([k[2] for k in kept])
+        mask = _joined([k[3] for k in kept], np.int64)
+        labels = np.where(mask == 1, ids, _IGNORE).astype(np.int32, copy=False)
+        return cls([k[0] for k in kept], [k[1] for k in kept], ids, labels, _lengths(kept))
+
+    @classmethod
+    def of_rows(cls, kept: list[_Row]) -> _Columns:
+        """From `_Row`s (row, digest, ids, labels, ...)."""
+        ids, labels = _joined([k[2] for k in kept]), _joined([k[3] for k in kept])
+        return cls([k[0] for k in kept], [k[1] for k in kept], ids, labels, _lengths(kept))
+
+    def table(self) -> Any:
+        import pyarrow as pa
+
+        offsets = _offsets(self.lengths)
+        return pa.Table.from_arrays(
+            [
+                _ints(self.rows, np.int64),
+                _strings(self.digests),
+                pa.ListArray.from_arrays(offsets, _flat(self.ids)),
+                pa.ListArray.from_arrays(offsets, _flat(self.labels)),
+                _ints(self.lengths, np.int32),
+            ],
+            names=["row", "request_sha256", "input_ids", "labels", "length"],
+        )
+
+    def packed_table(self, pack: int) -> Any:
+        """Rows packed greedily in row order, within the shard, into sequences of at most `pack` tokens: `row` is
+        the first row's number, `rows` and `request_sha256` list each row's, `position_ids` restart at 0 for each
+        row and `seq_lengths` are the rows' lengths. A pack is a run of consecutive rows: its ids are a slice of
+        the shard's."""
+        import pyarrow as pa
+
+        per_pack: list[int] = []  # rows in each pack
+        sizes: list[int] = []  # tokens in each pack
+        firsts: list[int] = []  # each pack's first row's number
+        size = pack + 1
+        for row, n in zip(self.rows, self.lengths.tolist(), strict=True):
+            if size + n > pack:
+                per_pack.append(0)
+                sizes.append(0)
+                firsts.append(row)
+                size = 0
+            per_pack[-1] += 1
+            sizes[-1] += n
+            size += n
+        offsets = _offsets(sizes)
+        starts = np.zeros(len(self.lengths), dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=starts[1:])
+        positions = (np.arange(len(self.ids), dtype=np.int64) - np.repeat(starts, self.lengths)).astype(np.int32)
+        return pa.Table.from_arrays(
+            [
+                _ints(firsts, np.int64),
+                _nest(_ints(self.rows, np.int64), per_pack),
+                _nest(_strings(self.digests), per_pack),
+                pa.ListArray.from_arrays(offsets, _flat(self.ids)),
+                pa.ListArray.from_arrays(offsets, _flat(self.labels)),
+                _ints(sizes, np.int32),
+                pa.ListArray.from_arrays(offsets, _flat(positions)),
+                _nest(_ints(self.lengths, np.int32), per_pack),
+            ],
+            names=["row", "rows", "request_sha256", "input_ids", "labels", "length", "position_ids", "seq_lengths"],
+        )
+
+
+def _joined(arrays: list[Any], dtype: Any = np.int32) -> np.ndarray:
+    """The arrays end to end, as `dtype` (int32 ids and labels, int64 masks)."""
+    if not arrays:
+        return np.empty(0, dtype=dtype)
+    return np.concatenate(arrays).astype(dtype, copy=False)
+
+
+def _lengths(kept: list[Any]) -> np.ndarray:
+    return np.fromiter((len(k[2]) for k in kept), dtype=np.int64, count=len(kept))
+
+
+def _table(kept: list[_Row]) -> Any:
+    """The shard's table of `_Row`s."""
+    return _Columns.of_rows(kept).table()
 
 
 def _packed_table(kept: list[_Row], pack: int) -> Any:
-    """Rows packed greedily in row order, within the shard, into sequences of at most `pack` tokens: `row` is the
-    first row's number, `rows` and `request_sha256` list each row's, `position_ids` restart at 0 for each row and
-    `seq_lengths` are the rows' lengths."""
-    import pyarrow as pa
-
-    packs: list[list[_Row]] = []
-    size = pack + 1
-    for k in kept:
-        if size + len(k[2]) > pack:
-            packs.append([])
-            size = 0
-        packs[-1].append(k)
-        size += len(k[2])
-    per_pack = [len(p) for p in packs]
-    return pa.Table.from_arrays(
-        [
-            _ints([p[0][0] for p in packs], np.int64),
-            _nest(_ints([k[0] for k in kept], np.int64), per_pack),
-            _nest(_strings([k[1] for k in kept]), per_pack),
-            _lists([np.concatenate([k[2] for k in p]) for p in packs]),
-            _lists([np.concatenate([k[3] for k in p]) for p in packs]),
-            _ints([sum(len(k[2]) for k in p) for p in packs], np.int32),
-            _lists([np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs]),
-            _nest(_ints([len(k[2]) for k in kept], np.int32), per_pack),
-        ],
-        names=["row", "rows", "request_sha256", "input_ids", "labels", "length", "position_ids", "seq_lengths"],
-    )
+    """The shard's packed table of `_Row`s (`_Columns.packed_table`)."""
+    return _Columns.of_rows(kept).packed_table(pack)
 
 
 # The columns are built from numpy buffers (`pa.Array.from_buffers`, `pa.ListArray.from_arrays` over int32
@@ -325,13 +381,11 @@ def _offsets(lengths: Any) -> Any:
     return pa.Array.from_buffers(pa.int32(), len(out), [None, pa.py_buffer(out)])
 
 
-def _lists(arrays: list[np.ndarray]) -> Any:
-    """list<int32> of these arrays."""
+def _flat(values: np.ndarray) -> Any:
+    """int32 of these int32 values."""
     import pyarrow as pa
 
-    values = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.empty(0, np.int32)
-    flat = pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
-    return pa.ListArray.from_arrays(_offsets([len(a) for a in arrays]), flat)
+    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
 
 
 def _nest(flat: Any, lengths: list[int]) -> Any:

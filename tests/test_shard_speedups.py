@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import _fast_batch, batch
+from ctxlock import _fast_batch, batch, tokenlay
 from ctxlock.masks import MaskOptions
 from ctxlock.settings import call_fast, fast_path, reference_path
 from vocabularies import native_engine
@@ -245,7 +245,8 @@ def test_shard_columns_equal_the_per_row_build_and_write_the_same_bytes(rows: li
     assert batch._parquet_bytes(ours) == batch._parquet_bytes(plain)
     # the record's counts, as the per-row code summed them
     assert len(columns.ids) == sum(len(k[2]) for k in kept)
-    assert int(np.count_nonzero(columns.labels != -100)) == sum(int((k[3] == 1).sum()) for k in kept)
+    per_row = [np.where(k[3] == 1, np.asarray(k[2], np.int32), -100).astype(np.int32) for k in kept]
+    assert int(np.count_nonzero(columns.labels != -100)) == sum(int((labels != -100).sum()) for labels in per_row)
 
 
 @pytest.mark.parametrize("extra", [{}, {"pack": 900}, {"max_length": 60}, {"max_length": 80, "pack": 200}])
@@ -276,3 +277,78 @@ def test_shard_bytes_equal_on_both_paths_over_several_chunks(extra: dict[str, An
     table = pq.read_table(pa.BufferReader(fast[0]))
     assert fast[1]["row_count"] == len(table) if "pack" not in extra else fast[1]["sequence_count"] == len(table)
     assert fast[1]["error_count"] >= 9 and fast[1]["trained_tokens"] > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(
+        st.one_of(st.text(max_size=12), st.sampled_from(["e\u0301", "\u0301", "한", "\u1100", "A"])), max_size=5
+    )
+)
+def test_inert_of_texts_joined_means_inert_of_each(texts: list[str]) -> None:
+    # `WholeText.encode_many` tests a chunk's texts joined, once, and takes them all as inert when it passes.
+    inert = _qwen().tokenizer.whole_text._inert
+    assert inert is not None  # Qwen2 normalizes (NFC): the test applies
+    if inert("".join(texts)):
+        assert all(inert(t) for t in texts)
+    assert inert("".join(texts)) == all(inert(t) for t in texts)
+
+
+# -- the chunk's lays and offsets, made at once ------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.text(st.characters(codec="utf-8"), max_size=30), max_size=8))
+def test_offsets_many_equal_offsets_of_each(texts: list[str]) -> None:
+    datas = [t.encode("utf-8") for t in texts]
+    many = _fast_batch._offsets_many(texts, datas)
+    each = [_fast_batch._offsets(t, d) for t, d in zip(texts, datas, strict=True)]
+    assert [a.dtype for a in many] == [np.dtype(np.int64)] * len(texts)
+    assert [a.tolist() for a in many] == [a.tolist() for a in each]
+
+
+_PLAIN = _CONTENT.filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t))
+_SPOIL = st.sampled_from(["none", "swap", "drop", "huge", "negative", "control"])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    turns=st.lists(st.tuples(_PLAIN, _PLAIN), min_size=1, max_size=6),
+    spoil=_SPOIL,
+    at=st.integers(0, 5),
+)
+def test_whole_lays_equal_whole_lay_of_each(turns: list[tuple[str, str]], spoil: str, at: int) -> None:
+    # Each row a conversation the whole-text encoder takes; then one row's ids spoiled (another row's ids, one id
+    # dropped, an id past the vocabulary, a negative id, a control id put in): the joined lay must give what each
+    # row's own lay gives, None for the spoiled one.
+    model = _qwen()
+    tok = model.tokenizer
+    rendered = []
+    for user, assistant in turns:
+        r = model.render({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]})
+        if _fast_batch.whole_text_encoder(r, tok) is not None:
+            rendered.append(r)
+    datas = [r.text.encode("utf-8") for r in rendered]
+    with fast_path():
+        ids = [np.array(x) for x in tok.whole_text.encode_many([r.text for r in rendered], datas)]
+        if rendered:
+            k = at % len(rendered)
+            if spoil == "swap" and len(rendered) > 1:
+                ids[k] = ids[(k + 1) % len(rendered)]
+            elif spoil == "drop" and len(ids[k]):
+                ids[k] = ids[k][1:]
+            elif spoil == "huge":
+                ids[k] = np.append(ids[k], 10**9)
+            elif spoil == "negative":
+                ids[k] = np.append(ids[k], -1)
+            elif spoil == "control":
+                ids[k] = np.append(ids[k], next(t.id for t in tok.added_tokens if t.content == "<|im_end|>"))
+        joined = tokenlay.whole_lays(tok, rendered, ids, datas)
+        each = [tokenlay.whole_lay(tok, r, i, d) for r, i, d in zip(rendered, ids, datas, strict=True)]
+    if rendered and spoil in ("drop", "huge", "negative", "control"):
+        assert each[at % len(rendered)] is None
+    if spoil == "none":  # every NFC-inert text laid (one NFC changes has ids whose bytes are not its bytes)
+        assert all(a is not None for a, r in zip(each, rendered, strict=True) if tok.whole_text._inert(r.text))
+    assert [None if a is None else (a.dtype, a.tolist()) for a in joined] == [
+        None if a is None else (a.dtype, a.tolist()) for a in each
+    ]

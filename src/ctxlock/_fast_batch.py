@@ -51,7 +51,7 @@ from .masks import MaskOptions, assistant_mask, mask_of
 from .options import RENDER_OPTIONS, RenderOptions, check_options
 from .settings import call_fast, fast_enabled
 from .tokenizer import accel, whole_text_encoder
-from .tokenlay import whole_lay
+from .tokenlay import whole_lay, whole_lays
 
 _RENDER = {"add_generation_prompt": False}
 _PARSE = ("dialect", "utf8", "tool_arguments")  # the options `accounting.layout` passes to `Model.parse`
@@ -211,8 +211,10 @@ def _planned_rows(model: Any, raws: list[Any], options: MaskOptions, plan: _Plan
 
 
 def _lays(tokenizer: Any, requests: list[Any], rendered: list[Any]) -> list[Layout | CtxlockError]:
-    """`_lay` of each (request, rendered) pair (an error stays in its place), with the native encodes of every text
-    the whole-text encoder takes made in one call (`WholeText.encode_many`: the same ids as one call each)."""
+    """`_lay` of each (request, rendered) pair (an error stays in its place), made for the chunk at once: the native
+    encodes of every text the whole-text encoder takes in one call (`WholeText.encode_many`: the same ids as one
+    call each), their lays over the joined texts (`tokenlay.whole_lays`: each text's own `whole_lay`) and their
+    character offsets in one pass (`_offsets_many`). What `_lay` and `_lay_ids` give, row by row."""
     whole = None
     texts: list[str] = []
     datas: list[bytes] = []
@@ -231,16 +233,28 @@ def _lays(tokenizer: Any, requests: list[Any], rendered: list[Any]) -> list[Layo
         texts.append(r.text)
         datas.append(data)
         batched.append(k)
-    encoded: dict[int, Any] = {}
+    laid: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray]] = {}  # row -> ids, bounds, offsets
     if whole is not None:
-        encoded = dict(zip(batched, zip(whole.encode_many(texts, datas), datas, strict=True), strict=True))
+        encoded = whole.encode_many(texts, datas)
+        ok = [j for j, ids in enumerate(encoded) if ids is not None]
+        picked = [rendered[batched[j]] for j in ok], [encoded[j] for j in ok], [datas[j] for j in ok]
+        bounds = whole_lays(tokenizer, *picked)
+        offsets = _offsets_many([texts[j] for j in ok], picked[2])
+        laid = {batched[j]: (encoded[j], b, o) for j, b, o in zip(ok, bounds, offsets, strict=True)}
+    taken = set(batched)
     out: list[Layout | CtxlockError] = []
     for k, (request, r) in enumerate(zip(requests, rendered, strict=True)):
         if isinstance(r, CtxlockError):
             out.append(r)
             continue
         try:
-            out.append(_lay_ids(tokenizer, request, r, *encoded[k]) if k in encoded else _lay(tokenizer, request, r))
+            if k not in taken:  # not the chunk's whole-text encoder's: `_lay` decides
+                out.append(_lay(tokenizer, request, r))
+            elif k in laid and laid[k][1] is not None:
+                ids, cum, offsets_k = laid[k]
+                out.append(Layout(request, r, ids, None, offsets_k, cum[:-1], cum[1:], True, cum))
+            else:  # not encoded (`encode_many` gave None) or not laid (`whole_lay` gave None): as `_lay_ids`
+                out.append(layout_of(tokenizer, request, r))
         except CtxlockError as exc:
             out.append(exc)
     return out
@@ -268,6 +282,22 @@ def _lay_ids(tokenizer: Any, request: Any, rendered: Any, ids: np.ndarray | None
     if laid is None:
         return layout_of(tokenizer, request, rendered)
     return Layout(request, rendered, ids, None, _offsets(text, data), laid[:-1], laid[1:], True, laid)
+
+
+def _offsets_many(texts: list[str], datas: list[bytes]) -> list[np.ndarray]:
+    """`[_offsets(t, d) for t, d in zip(texts, datas)]` in one pass over the texts' bytes joined, each followed by a
+    NUL (its end's start): text k's `len(t) + 1` starts are the next ones, less the byte where its bytes begin."""
+    if len(texts) < 2:
+        return [_offsets(t, d) for t, d in zip(texts, datas, strict=True)]
+    joined = b"\0".join(datas) + b"\0"
+    starts = (np.frombuffer(joined, dtype=np.int8) >= -64).nonzero()[0].astype(np.int64, copy=False)
+    out = []
+    char = byte = 0
+    for t, d in zip(texts, datas, strict=True):
+        out.append(starts[char : char + len(t) + 1] - byte)
+        char += len(t) + 1
+        byte += len(d) + 1
+    return out
 
 
 def _offsets(text: str, data: bytes) -> np.ndarray:

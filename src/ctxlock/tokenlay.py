@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import tempfile
 import unicodedata
@@ -201,6 +202,53 @@ def whole_lay(tokenizer: Any, rendered: Rendered, ids_in: np.ndarray, data: byte
     if not _occurrences_are(data, plan, ids[q]):
         return None
     return cum
+
+
+def whole_lays(
+    tokenizer: Any, rendered: Sequence[Rendered], ids: Sequence[np.ndarray], datas: Sequence[bytes]
+) -> list[np.ndarray | None]:
+    """`[whole_lay(tokenizer, r, i, d) for r, i, d in zip(rendered, ids, datas)]`, made for all the texts at once
+    when one whole-text encoder takes them all: their ids end to end are laid over their bytes end to end.
+
+    Why it equals the per-text lay. Each text's checks hold over the joined bytes exactly when they hold over the
+    text: (1) every text's lengths sum to its byte length (checked at every text's end), so a token's position in
+    the joined bytes is its position in its text plus the text's start; (2) a control id's content, when the
+    first check holds, lies inside its own text, so `startswith` at the joined position is `startswith` in the
+    text; (3) `_occurrences_are`: a group's leading bytes (or each of its contents) occur in each text at least
+    once per control id of the group (of that content) in it, at their distinct, non-overlapping positions, and
+    `bytes.count` (leftmost, non-overlapping: the most there can be) counts at least as many in the joined bytes
+    as in the texts together; so a joined count equal to all the texts' control ids means every text's count is
+    its own. When (1), (2) or (3) fails, each text is laid on its own (`whole_lay`)."""
+    n = len(rendered)
+    if n < 2 or not fast_enabled():
+        return [whole_lay(tokenizer, r, i, d) for r, i, d in zip(rendered, ids, datas, strict=True)]
+    whole = whole_text_encoder(rendered[0], tokenizer)
+    plan = None if whole is None else _controls(tokenizer, whole)
+    if not plan or any(whole_text_encoder(r, tokenizer) is not whole for r in rendered):
+        return [whole_lay(tokenizer, r, i, d) for r, i, d in zip(rendered, ids, datas, strict=True)]
+    try:
+        flat = np.concatenate(ids).astype(np.int64, copy=False)
+        signed = plan.table[flat]
+    except (IndexError, ValueError):
+        return [whole_lay(tokenizer, r, i, d) for r, i, d in zip(rendered, ids, datas, strict=True)]
+    cum = np.zeros(len(flat) + 1, dtype=np.int64)
+    np.add.accumulate(np.abs(signed), out=cum[1:])
+    token_ends = np.zeros(n + 1, dtype=np.int64)
+    np.add.accumulate([len(i) for i in ids], out=token_ends[1:])
+    byte_ends = np.zeros(n + 1, dtype=np.int64)
+    np.add.accumulate([len(d) for d in datas], out=byte_ends[1:])
+    joined = b"".join(datas)
+    q = (signed < 0).nonzero()[0]
+    content = plan.content
+    found = flat[q]
+    if (
+        (cum[token_ends] != byte_ends).any()
+        or not all(map(joined.startswith, [content[i] for i in found.tolist()], cum[q].tolist()))
+        or not _occurrences_are(joined, plan, found)
+    ):
+        return [whole_lay(tokenizer, r, i, d) for r, i, d in zip(rendered, ids, datas, strict=True)]
+    bounds = token_ends.tolist()
+    return [cum[a : b + 1] - cum[a] for a, b in itertools.pairwise(bounds)]
 
 
 def _occurrences_are(data: bytes, plan: _Controls, found: np.ndarray) -> bool:
@@ -443,4 +491,4 @@ def tally_segments(points: Sequence[int], seg_owner: Sequence[int], cum: np.ndar
     return tally
 
 
-__all__ = ["Unaligned", "assign_owners", "spread", "tally_segments", "token_ranges", "whole_lay"]
+__all__ = ["Unaligned", "assign_owners", "spread", "tally_segments", "token_ranges", "whole_lay", "whole_lays"]

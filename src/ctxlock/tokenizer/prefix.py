@@ -111,7 +111,8 @@ class WholeText:
     ) -> None:
         """`core`: a tiktoken Encoding whose special tokens are exactly `added` (content -> id); `byte_lengths`: the
         UTF-8 length of every id's bytes (added tokens included), indexed by id. With a normalizer, `inert(text)`
-        says whether it leaves `text` unchanged (then tiktoken may see the text as it is); other text goes to
+        says whether it leaves `text` unchanged (then tiktoken may see the text as it is), a test that holds of a
+        text when it holds of each of its characters (`encode_many` tests texts joined); other text goes to
         `fallback(text)`, the run-by-run encoding that normalizes each run (`split_runs`; None: the caller's
         reference path). The owner may set `accelerator` afterwards: fastokens over the same vocabulary, checked
         against `reference_ids` (`accel.Accelerator`), which makes the native call once admitted."""
@@ -262,7 +263,12 @@ class WholeText:
         tiktoken, as `native` sends it). The same ids: `encode_prepared` takes them as `native`."""
         if not self.accelerated or len(texts) < 2:
             return [self.encode_prepared(t, d, None, 0, 0, cache=False) for t, d in zip(texts, datas, strict=True)]
-        inert = [self._inert is None or self._inert(t) for t in texts]
+        # `inert` is a test of each character (`FastEncoder.inert`: no normalizer, ASCII, or NFC-inert code points
+        # only), so the texts joined pass it only when each text does: one call for a chunk that is all inert.
+        if self._inert is None or self._inert("".join(texts)):
+            inert = [True] * len(texts)
+        else:
+            inert = [self._inert(t) for t in texts]
         natives = iter(self.accelerator.encode_many([t for t, ok in zip(texts, inert, strict=True) if ok]))  # type: ignore[union-attr]
         out: list[np.ndarray | None] = []
         for t, d, ok in zip(texts, datas, inert, strict=True):

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import _fast_batch, batch, tokenlay
+from ctxlock import _fast_batch, _fastmask, batch, masks, tokenlay
 from ctxlock.masks import MaskOptions
 from ctxlock.settings import call_fast, fast_path, reference_path
 from vocabularies import native_engine
@@ -352,3 +352,54 @@ def test_whole_lays_equal_whole_lay_of_each(turns: list[tuple[str, str]], spoil:
     assert [None if a is None else (a.dtype, a.tolist()) for a in joined] == [
         None if a is None else (a.dtype, a.tolist()) for a in each
     ]
+
+
+# -- the chunk's provenance masks, made at once ------------------------------------------------------------------------
+
+_BOUNDS_ROW = st.one_of(
+    st.lists(st.integers(0, 6), max_size=25).map(lambda ls: np.concatenate(([0], np.cumsum(ls))).astype(np.int64)),
+    st.sampled_from([[0], [0, 0], [0, 0, 0], [0, 0, 3, 3], [3, 5], [0, 4, 2, 6]]).map(np.array),  # hostile shapes
+)
+_REGIONS = st.lists(st.tuples(st.integers(-3, 160), st.integers(-2, 12)).map(lambda t: (t[0], t[0] + t[1])), max_size=5)
+
+
+@settings(max_examples=500, deadline=None)
+@given(rows=st.lists(st.tuples(_BOUNDS_ROW, _REGIONS), max_size=7))
+def test_region_masks_equal_region_mask_of_each(rows: list[tuple[np.ndarray, list[tuple[int, int]]]]) -> None:
+    # Empty tokens at a row's edges, rows with no bytes or no token, regions out of range, overlapping or empty,
+    # rows that do not start at 0 or go down: each row's mask is `region_mask`'s (itself checked against
+    # `assign_owners` in tests/test_row_speedups.py).
+    bounds = [b for b, _ in rows]
+    regions = [r for _, r in rows]
+    joined = _fastmask.region_masks(bounds, regions)
+    each = [_fastmask.region_mask(b, r) for b, r in rows]
+    assert [(a.dtype, a.tolist()) for a in joined] == [(a.dtype, a.tolist()) for a in each]
+
+
+def test_masks_of_equals_mask_of_of_each_with_errors_in_place() -> None:
+    model = _qwen()
+    requests = [
+        {"messages": [{"role": "user", "content": "q 日本語"}, {"role": "assistant", "content": "a 🙂"}]},
+        {"messages": [{"role": "user", "content": "no answer"}]},  # a MaskError
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]},  # nothing written
+        {"messages": [{"role": "user", "content": "e\u0301"}, {"role": "assistant", "content": "e\u0301 ok"}]},
+    ] * 5
+    with fast_path():
+        lays = [_fast_batch._lay(model.tokenizer, model.parse(r), model.render(r)) for r in requests]
+        for options in (MaskOptions(), MaskOptions(train_on_eot="none"), MaskOptions(last_turn_only=True)):
+            joined = masks.masks_of(model, lays, options, add_generation_prompt=False)
+            each = []
+            for lay in lays:
+                try:
+                    each.append(masks.mask_of(model, lay, options, add_generation_prompt=False))
+                except ctxlock.CtxlockError as exc:
+                    each.append(exc)
+            assert [_mask_key(m) for m in joined] == [_mask_key(m) for m in each]
+            assert sum(isinstance(m, ctxlock.CtxlockError) for m in joined) >= 5
+
+
+def _mask_key(m: Any) -> Any:
+    if isinstance(m, ctxlock.CtxlockError):
+        return ("error", type(m).__name__, m.path, m.message)
+    assert not m.mask.flags.writeable
+    return (m.mask.tolist(), m.source, m.regions, m.exact_bytes, m.notes)

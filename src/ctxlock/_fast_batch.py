@@ -47,7 +47,7 @@ import numpy as np
 
 from .accounting import Layout, layout_of
 from .errors import CtxlockError
-from .masks import MaskOptions, assistant_mask, mask_of
+from .masks import MaskOptions, assistant_mask, mask_of, masks_of
 from .options import RENDER_OPTIONS, RenderOptions, check_options
 from .settings import call_fast, fast_enabled
 from .tokenizer import accel, whole_text_encoder
@@ -179,8 +179,8 @@ def _planned_rows(model: Any, raws: list[Any], options: MaskOptions, plan: _Plan
     """`_planned_row` of each raw request, made stage by stage over the chunk (every parse, then every render, the
     encodes, the lays, then each mask and digest) rather than row by row: each row meets the same calls in the same
     order, so the same row or the same error (a `CtxlockError` stops its row at the stage it is raised in, as it
-    does `_planned_row`). One stage's code and tables stay in the CPU's caches across the chunk, and the encodes
-    are one native call (`_lays`)."""
+    does `_planned_row`). One stage's code and tables stay in the CPU's caches across the chunk, the encodes are
+    one native call (`_lays`) and the provenance masks one pass (`masks.masks_of`)."""
     tokenizer = model.tokenizer
     rows: list[Any] = []
     for raw in raws:
@@ -197,13 +197,16 @@ def _planned_rows(model: Any, raws: list[Any], options: MaskOptions, plan: _Plan
             rendered.append(model.render(request, plan.options))
         except CtxlockError as exc:
             rendered.append(exc)
+    lays = _lays(tokenizer, rows, rendered)
+    laid = [lay for lay in lays if not isinstance(lay, CtxlockError)]
+    masks = iter(masks_of(model, laid, options, **plan.render))
     out: list[MaskedRow | CtxlockError] = []
-    for request, lay in zip(rows, _lays(tokenizer, rows, rendered), strict=True):
-        if isinstance(lay, CtxlockError):
-            out.append(lay)
+    for request, lay in zip(rows, lays, strict=True):
+        mask = lay if isinstance(lay, CtxlockError) else next(masks)
+        if isinstance(mask, CtxlockError):
+            out.append(mask)
             continue
         try:
-            mask = mask_of(model, lay, options, **plan.render)
             out.append(MaskedRow(_digest(request), lay.ids, mask.mask, mask.notes))
         except CtxlockError as exc:
             out.append(exc)

@@ -14,6 +14,7 @@ checks it against `assign_owners` (hypothesis).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,6 +45,59 @@ def region_mask(bounds: np.ndarray, regions: Sequence[tuple[int, int]]) -> np.nd
     return out
 
 
+def region_masks(bounds: Sequence[np.ndarray], regions: Sequence[Sequence[tuple[int, int]]]) -> list[np.ndarray]:
+    """`[region_mask(b, r) for b, r in zip(bounds, regions)]` for rows whose boundaries run from 0 up (as
+    `tokenlay.whole_lay` lays them), made with the rows laid end to end: one search for every region's ends, one
+    array of 0/1. No token crosses a row's end (a row's last boundary is the next row's first), and a straddling or
+    empty token is decided on its own row's regions, in its row's bytes, as `region_mask` decides it; a row with no
+    bytes, no token or no region is all 0, as there. Rows that do not start at 0 or go down: each on its own."""
+    rows = len(bounds)
+    cums = [np.asarray(b, dtype=np.int64) for b in bounds]
+    if rows < 2 or any(len(c) == 0 for c in cums):
+        return [region_mask(c, r) for c, r in zip(cums, regions, strict=True)]
+    flat = np.concatenate(cums)
+    lens = [len(c) for c in cums]
+    heads = np.zeros(rows, dtype=np.int64)  # where each row's bounds start in `flat`
+    np.add.accumulate(lens[:-1], out=heads[1:])
+    sizes = flat[heads + np.asarray(lens, dtype=np.int64) - 1].tolist()
+    down = flat[1:] < flat[:-1]
+    down[heads[1:] - 1] = False  # a row's end to the next row's 0
+    if flat[heads].any() or down.any():
+        return [region_mask(c, r) for c, r in zip(cums, regions, strict=True)]
+    bases = [0] * rows
+    for k in range(1, rows):
+        bases[k] = bases[k - 1] + sizes[k - 1]
+    flat += np.repeat(np.asarray(bases, dtype=np.int64), lens)
+    cum = np.delete(flat, (heads[1:] - 1))  # a row's last boundary is the next row's first
+    starts = [0] * (rows + 1)  # each row's first token in `cum`
+    for k in range(rows):
+        starts[k + 1] = starts[k] + lens[k] - 1
+    out = np.zeros(len(cum) - 1, dtype=np.int64)
+    merged = [_merged(r, size) for r, size in zip(regions, sizes, strict=True)]
+    ends = [x + base for m, base in zip(merged, bases, strict=True) for a, b in m for x in (a, b + 1)]
+    found = iter(cum.searchsorted(ends).tolist())
+    for k, m in enumerate(merged):  # a row with no bytes has no region: all 0
+        first, stop, base = starts[k], starts[k + 1], bases[k]
+        for _ in m:
+            # The row's own first boundary at or past the start and last one at or before the end: a row's edge
+            # value is shared with the empty tokens and rows next to it, which the search may land in.
+            i, j = max(next(found), first), min(next(found) - 1, stop)
+            out[i:j] = 1  # the tokens wholly inside the region
+            for t in (i - 1, j):  # the tokens a region's start or end falls strictly inside, in this row
+                if first <= t < stop:
+                    lo, hi = cum[t : t + 2].tolist()
+                    if lo < hi:
+                        out[t] = _owner(lo - base, hi - base, m)
+    empty = (cum[1:] == cum[:-1]).nonzero()[0].tolist()
+    if empty:
+        for t, k in zip(empty, np.searchsorted(starts, empty, side="right").tolist(), strict=True):
+            m = merged[k - 1]
+            if m:  # a token with no bytes: the owner of the byte it sits at, in its row
+                at = min(int(cum[t]) - bases[k - 1], sizes[k - 1] - 1)
+                out[t] = _owner(at, at + 1, m)
+    return [out[a:b].copy() for a, b in itertools.pairwise(starts)]
+
+
 def _merged(regions: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
     """The regions within [0, size), sorted, overlapping and touching ones joined, empty ones dropped."""
     merged: list[list[int]] = []
@@ -71,4 +125,4 @@ def _owner(lo: int, hi: int, merged: list[tuple[int, int]]) -> int:
     return 1 if 2 * count > hi - lo or (2 * count == hi - lo and first) else 0
 
 
-__all__ = ["region_mask"]
+__all__ = ["region_mask", "region_masks"]

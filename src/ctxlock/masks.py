@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fastmask import region_mask
+from ._fastmask import region_mask, region_masks
 from .accounting import Layout, layout, part_of
 from .caches import LRU
 from .errors import CtxlockError, MaskError, OptionError
@@ -360,6 +360,43 @@ def assistant_mask(
 def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -> Mask:
     """The mask of a request already rendered, encoded and laid (`accounting.layout`, or any lay equal to it) with
     these render options: what `assistant_mask` gives with that lay."""
+    source, regions, mask, notes = _mask_parts(model, lay, opts, render_options)
+    return _mask_end(lay, opts, source, regions, _provenance_mask(lay, regions) if mask is None else mask, notes)
+
+
+def masks_of(model: Any, lays: list[Layout], opts: MaskOptions, **render_options: Any) -> list[Mask | CtxlockError]:
+    """`mask_of` of each lay, its `CtxlockError` given in its place, with the provenance masks of the lays laid end
+    to end (`bounds`) made at once (`_fastmask.region_masks`: each one `region_mask`'s, which `mask_of` takes)."""
+    parts = [_attempt(_mask_parts, model, lay, opts, render_options) for lay in lays]
+    fast = fast_enabled()
+    todo = [k for k, p in enumerate(parts) if fast and not isinstance(p, CtxlockError) and p[2] is None]
+    todo = [k for k in todo if lays[k].bounds is not None]
+    byte_regions = [[(int(lays[k].offsets[s]), int(lays[k].offsets[e])) for s, e in parts[k][1]] for k in todo]
+    made = dict(zip(todo, region_masks([lays[k].bounds for k in todo], byte_regions), strict=True))
+    out: list[Mask | CtxlockError] = []
+    for k, (p, lay) in enumerate(zip(parts, lays, strict=True)):
+        if isinstance(p, CtxlockError):
+            out.append(p)
+            continue
+        source, regions, mask, notes = p
+        mask = (made[k] if k in made else _provenance_mask(lay, regions)) if mask is None else mask
+        out.append(_attempt(_mask_end, lay, opts, source, regions, mask, notes))
+    return out
+
+
+def _attempt(fn: Any, *args: Any) -> Any:
+    """`fn(*args)`, or the `CtxlockError` it raises."""
+    try:
+        return fn(*args)
+    except CtxlockError as exc:
+        return exc
+
+
+def _mask_parts(
+    model: Any, lay: Layout, opts: MaskOptions, render_options: Mapping[str, Any]
+) -> tuple[str, tuple[tuple[int, int], ...], np.ndarray | None, list[str]]:
+    """`mask_of` up to the mask: its source, regions, the mask itself when it is the generation blocks' (None: the
+    provenance mask of the regions is still to make) and the notes so far."""
     rendered = lay.rendered
     notes: list[str] = []
     use_generation = opts.source == "generation" or (
@@ -378,16 +415,21 @@ def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -
     else:
         marks = turn_marks(model, rendered, _render_only(render_options), _tools(lay.request))
         regions = _char_regions(provenance_regions(rendered, lay.request, opts, marks))
-        mask = _provenance_mask(lay, regions)
+        mask = None
         source = "provenance"
         if not marks.eot and opts.train_on_eot != "none":
             notes.append(
                 "the template writes no end-of-turn text after an assistant's content (or refused the probe "
                 "conversation): no end-of-turn token is trained"
             )
+    return source, regions, mask, notes
+
+
+def _mask_end(lay: Layout, opts: MaskOptions, source: str, regions: Any, mask: np.ndarray, notes: list[str]) -> Mask:
+    """`mask_of` from the mask on: read-only, never all 0 (a `MaskError`), the lay's note."""
     mask.flags.writeable = False
     if not np.count_nonzero(mask):  # not `mask.any()`, which goes through Python
-        raise MaskError(_zero_reason(lay.request, opts, source, rendered), path=f"{source} mask", hint=_ZERO_HINT)
+        raise MaskError(_zero_reason(lay.request, opts, source, lay.rendered), path=f"{source} mask", hint=_ZERO_HINT)
     if not lay.exact:
         notes.append("token bytes were spread over the text, not laid exactly: a token at a turn's edge may differ")
     return Mask(mask, source, tuple(regions), lay.exact, tuple(notes))
@@ -651,6 +693,7 @@ __all__ = [
     "assistant_mask",
     "cross_check",
     "mask_of",
+    "masks_of",
     "provenance_regions",
     "template_report",
     "turn_marks",

@@ -72,22 +72,31 @@ def region_masks(bounds: Sequence[np.ndarray], regions: Sequence[Sequence[tuple[
     starts = [0] * (rows + 1)  # each row's first token in `cum`
     for k in range(rows):
         starts[k + 1] = starts[k] + lens[k] - 1
-    out = np.zeros(len(cum) - 1, dtype=np.int64)
+    n = len(cum) - 1
     merged = [_merged(r, size) for r, size in zip(regions, sizes, strict=True)]
     ends = [x + base for m, base in zip(merged, bases, strict=True) for a, b in m for x in (a, b + 1)]
     found = iter(cum.searchsorted(ends).tolist())
+    inside: list[int] = []  # [i, j) of each region's wholly inside tokens, end to end
+    edges: list[tuple[int, int]] = []  # (token, row) a region's start or end may fall strictly inside
     for k, m in enumerate(merged):  # a row with no bytes has no region: all 0
-        first, stop, base = starts[k], starts[k + 1], bases[k]
+        first, stop = starts[k], starts[k + 1]
         for _ in m:
             # The row's own first boundary at or past the start and last one at or before the end: a row's edge
             # value is shared with the empty tokens and rows next to it, which the search may land in.
             i, j = max(next(found), first), min(next(found) - 1, stop)
-            out[i:j] = 1  # the tokens wholly inside the region
-            for t in (i - 1, j):  # the tokens a region's start or end falls strictly inside, in this row
-                if first <= t < stop:
-                    lo, hi = cum[t : t + 2].tolist()
-                    if lo < hi:
-                        out[t] = _owner(lo - base, hi - base, m)
+            if i < j:
+                inside += (i, j)
+            edges += [(t, k) for t in (i - 1, j) if first <= t < stop]
+    # The regions' tokens by one running sum (the ranges are disjoint); then the edge tokens, then the empty ones.
+    step = np.zeros(n + 1, dtype=np.int64)
+    step[inside[0::2]] = 1
+    step[inside[1::2]] -= 1
+    out = np.add.accumulate(step[:-1])
+    if edges:
+        at = [t for t, _ in edges]
+        for (t, k), lo, hi in zip(edges, cum[at].tolist(), cum[[t + 1 for t in at]].tolist(), strict=True):
+            if lo < hi:
+                out[t] = _owner(lo - bases[k], hi - bases[k], merged[k])
     empty = (cum[1:] == cum[:-1]).nonzero()[0].tolist()
     if empty:
         for t, k in zip(empty, np.searchsorted(starts, empty, side="right").tolist(), strict=True):

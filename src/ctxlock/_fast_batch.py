@@ -74,8 +74,8 @@ def mask_rows(
 ) -> Iterator[MaskedRow | CtxlockError]:
     """Each request (what `Model.parse` takes) as a `MaskedRow`, or the `CtxlockError` it fails with, in order (the
     fast path reads and makes `_CHUNK` rows at a time: a shard is never held twice in memory). `render_options`:
-    `Model.render`'s keywords
-    (`add_generation_prompt` False unless given; `ctxlock batch` gives none). See the module docstring."""
+    `Model.render`'s keywords (`add_generation_prompt` False unless given; `ctxlock batch` gives none). See the
+    module docstring."""
     fast = fast_enabled()
     render = {**_RENDER, **render_options}
     plan = _plan(render) if fast else None

@@ -86,7 +86,10 @@ def region_masks(bounds: Sequence[np.ndarray], regions: Sequence[Sequence[tuple[
             i, j = max(next(found), first), min(next(found) - 1, stop)
             if i < j:
                 inside += (i, j)
-            edges += [(t, k) for t in (i - 1, j) if first <= t < stop]
+            if first < i:  # first <= i - 1 < stop
+                edges.append((i - 1, k))
+            if j < stop:  # first <= j
+                edges.append((j, k))
     # The regions' tokens by one running sum (the ranges are disjoint); then the edge tokens, then the empty ones.
     step = np.zeros(n + 1, dtype=np.int64)
     step[inside[0::2]] = 1

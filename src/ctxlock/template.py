@@ -57,6 +57,7 @@ from .sandbox import (
     compile_source,
     new_environment,
     render_limited,
+    template_globals,
     template_line,
     time_limit,
     where,
@@ -172,14 +173,15 @@ def _run(
     seed: int = 0,
     draws: list | None = None,
     generation: list | None = None,
-    compiled: jinja2.Template | None = None,
+    prepared: tuple[jinja2.Template, dict[str, Any]] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
-    """Render once (`compiled`: the template compiled with `limits`, when the caller has it); map every failure to a
-    typed TemplateError that names the template line."""
-    if compiled is None:
-        compiled = _compile_named(template, limits)
+    """Render once (`prepared`: the template compiled with `limits` and its globals, when the caller has them); map
+    every failure to a typed TemplateError that names the template line."""
+    compiled, names = prepared if prepared is not None else (_compile_named(template, limits), None)
     try:
-        return render_limited(compiled, context, limits, checker, seed=seed, draws=draws, generation=generation)
+        return render_limited(
+            compiled, context, limits, checker, seed=seed, draws=draws, generation=generation, template_globals=names
+        )
     except Nondeterministic as exc:
         raise TemplateDeterminismError(
             exc.message,
@@ -397,7 +399,7 @@ class _Plan:
     frozen_variables: FrozenDict  # immutable), and `Rendered.variables` for one
     tokens: _TokenSet
     checker: taint.Checker
-    compiled: Any  # the jinja2 Template; None when it does not compile (`_run` raises that error where it did)
+    prepared: list  # the jinja2 Template and its globals, once a render has compiled it (where `_run` did)
     warned: list  # the role-marker warnings, once a render has asked for them
 
     def role_warnings(self, special_tokens: Any, limits: RenderLimits) -> tuple[FrozenDict, ...]:
@@ -426,10 +428,6 @@ def _make_plan(
     aware_clock(opts.now)  # what it refuses, refused here as before; `render` reads the clock itself
     seed = 0 if opts.seed is None else check_seed(opts.seed)
     variables = _variables(None, special_tokens, opts, agp)
-    try:
-        compiled = _compile_named(template, opts.render_limits)
-    except Exception:  # raised again by `_run`, after the request's own checks, as before
-        compiled = None
     return _Plan(
         templates=templates,
         opts_template=opts.template,
@@ -443,7 +441,7 @@ def _make_plan(
         frozen_variables=freeze({**variables, "continue_final_message": cfm}),
         tokens=tokens,
         checker=taint.Checker(tokens.search, where, tokens),
-        compiled=compiled,
+        prepared=[],
         warned=[],
     )
 
@@ -527,8 +525,11 @@ def _run_reporting_parts(
     generation: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """`_run`, with the content format option added to the hint of a failure on content-part lists."""
+    if not plan.prepared:  # compiled here, after the request's own checks (a failure is not kept: raised each time)
+        compiled = _compile_named(plan.template, limits)
+        plan.prepared.append((compiled, template_globals(compiled)))
     try:
-        return _run(plan.template, context, limits, plan.checker, plan.seed, draws, generation, plan.compiled)
+        return _run(plan.template, context, limits, plan.checker, plan.seed, draws, generation, plan.prepared[0])
     except (TemplateRuntimeError, TemplateRaisedError) as exc:
         if fmt != ContentFormat.OPENAI:
             raise

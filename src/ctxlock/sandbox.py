@@ -539,7 +539,12 @@ def render_limited(
         with time_limit(limits.max_seconds, tracer=tracer):
             for chunk in _generate(compiled, context, template_globals):
                 if type(chunk) is Tainted:
-                    spans.extend(taint.shift(chunk.spans, size))
+                    own = chunk.spans
+                    if len(own) == 1:  # a request string printed as it is: its one span, shifted
+                        s, e, p, n = own[0]
+                        spans.append((s + size, e + size, p, n))
+                    else:
+                        spans.extend(taint.shift(own, size))
                 size += len(chunk)
                 state.emitted = size
                 if size > limit:

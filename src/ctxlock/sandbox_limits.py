@@ -402,10 +402,12 @@ class _Deadline:
 
 def _alarm_free() -> bool:
     """SIGALRM is ours to use: main thread, no handler installed by the host, no interval timer running."""
+    # `_signal.getsignal`: `signal.getsignal` turns the handler into an enum member first (about a microsecond, on
+    # every render); SIG_DFL and SIG_IGN are the ints 0 and 1 either way (IntEnum members compare equal to them).
     return (
         hasattr(signal, "setitimer")
         and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
+        and _signal.getsignal(_SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
         and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     )
 

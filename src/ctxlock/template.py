@@ -360,8 +360,8 @@ def render(
         variables=frozen_variables,
         now=clock.isoformat(),
         clock_used=bool(clock_calls),
-        request_spans=tuple(Span(s, e, p) for s, e, p, note in spans),
-        provenance_exact=not any(note for *_, note in spans),
+        request_spans=tuple([Span(s, e, p) for s, e, p, _ in spans]),
+        provenance_exact=not any([sp[3] for sp in spans]),
         untrusted=_untrusted(text, spans, tokens, policy),
         policy=policy,
         clock_zone=clock.tzname() or "",
@@ -447,7 +447,17 @@ def _make_plan(
 
 
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
-register("template.render_plans", size=_PLANS.__len__, clear=_PLANS.clear, scope="artifact")
+# The plan used last, with the very objects it was asked for (immutable ones only): a batch's rows find it by
+# identity, without hashing the options and the template set every row.
+_LAST: list[tuple[Any, ...]] = []
+
+
+def _clear_plans() -> None:
+    _PLANS.clear()
+    _LAST.clear()
+
+
+register("template.render_plans", size=_PLANS.__len__, clear=_clear_plans, scope="artifact")
 
 
 def _plan(
@@ -461,9 +471,16 @@ def _plan(
     """The render's plan, kept by the values it is made from (a batch renders every row with one plan). A hit must
     hold the very template objects given (a template equal to another is still another object in `Rendered`). The
     reference path (`CTXLOCK_FAST=0`) makes it anew for every render."""
-    tokens = _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
     if not fast_enabled():
-        return _make_plan(templates, opts, special_tokens, tokens, has_tools)
+        return _make_plan(templates, opts, special_tokens, _tokens(control_tokens), has_tools)
+    try:
+        t, o, st, ct, tools, last = _LAST[0]
+    except IndexError:
+        pass
+    else:
+        if t is templates and o is opts and st is special_tokens and ct is control_tokens and tools is has_tools:
+            return last
+    tokens = _tokens(control_tokens)
     named = (
         special_tokens if special_tokens is None or type(special_tokens) is FrozenDict else (*special_tokens.items(),)
     )
@@ -477,12 +494,19 @@ def _plan(
         and hit.templates is templates
         and (hit.opts_template is opts.template or not isinstance(opts.template, ChatTemplate))
     ):
-        return hit
-    plan = _make_plan(templates, opts, special_tokens, tokens, has_tools)
-    if len(_PLANS) >= 64:
-        _PLANS.clear()
-    _PLANS[key] = plan
+        plan = hit
+    else:
+        plan = _make_plan(templates, opts, special_tokens, tokens, has_tools)
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    if type(control_tokens) is frozenset and (special_tokens is None or type(special_tokens) is FrozenDict):
+        _LAST[:] = [(templates, opts, special_tokens, control_tokens, has_tools, plan)]
     return plan
+
+
+def _tokens(control_tokens: Iterable[str]) -> _TokenSet:
+    return _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
 
 
 _DEFAULT_OPTIONS = RenderOptions()

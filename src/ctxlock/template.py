@@ -47,7 +47,7 @@ from .errors import (
 )
 from .frozen import FrozenDict, freeze
 from .options import ContentFormat, RenderOptions, SpecialTokenPolicy
-from .request import Request, join_path, parse_request
+from .request import Request, parse_request
 from .sandbox import (
     DEFAULT_LIMITS,
     Limit,
@@ -76,10 +76,11 @@ from .template_inputs import (
     parts_hint,
     reference_warnings,
     refuse_control_tokens,
+    select_template,
     strftime_now_of,
     tag_final_message,
-    tainted,
     template_messages,
+    template_variables,
     tools_and_documents,
 )
 from .template_roles import ROLE_PROBES, RoleMarkers, line_of, role_boundaries
@@ -335,7 +336,7 @@ def render(
     template, tokens, policy, cfm = plan.template, plan.tokens, plan.policy, plan.cfm
     clock = aware_clock(opts.now)
     if request.chat_template_kwargs:
-        variables = _variables(request, special_tokens, opts, plan.agp)
+        variables = template_variables(request, special_tokens, opts, plan.agp)
         frozen_variables = freeze({**variables, "continue_final_message": cfm})
     else:
         variables, frozen_variables = plan.variables, plan.frozen_variables
@@ -424,10 +425,10 @@ def _make_plan(
             path="options",
             hint="use continue_final_message to extend the last message, add_generation_prompt to start a new one",
         )
-    template = _select(templates, opts, has_tools=has_tools)
+    template = select_template(templates, opts, has_tools=has_tools)
     aware_clock(opts.now)  # what it refuses, refused here as before; `render` reads the clock itself
     seed = 0 if opts.seed is None else check_seed(opts.seed)
-    variables = _variables(None, special_tokens, opts, agp)
+    variables = template_variables(None, special_tokens, opts, agp)
     return _Plan(
         templates=templates,
         opts_template=opts.template,
@@ -510,33 +511,6 @@ def _tokens(control_tokens: Iterable[str]) -> _TokenSet:
 
 
 _DEFAULT_OPTIONS = RenderOptions()
-
-
-def _select(templates: TemplateSet | ChatTemplate, opts: RenderOptions, *, has_tools: bool) -> ChatTemplate:
-    """The template to render: a ChatTemplate given in the options or as `templates`, else chosen from the set."""
-    if isinstance(opts.template, ChatTemplate):
-        return opts.template
-    if isinstance(templates, ChatTemplate):
-        return templates
-    return templates.select(opts.template, has_tools=has_tools)
-
-
-def _variables(
-    request: Request | None, special_tokens: Mapping[str, str] | None, opts: RenderOptions, agp: Any
-) -> dict[str, Any]:
-    """Precedence: the caller's kwargs (an operator's --var) over the request's, over the tokenizer's special
-    tokens. (`request` None: a request without chat_template_kwargs.)"""
-    request_kwargs = (
-        {k: tainted(v, join_path("chat_template_kwargs", k)) for k, v in request.chat_template_kwargs.items()}
-        if request is not None and request.chat_template_kwargs
-        else {}
-    )
-    return {
-        **dict(special_tokens or {}),
-        **request_kwargs,
-        **opts.template_variables(),
-        "add_generation_prompt": agp,
-    }
 
 
 def _run_reporting_parts(

@@ -16,6 +16,7 @@ from .errors import ControlTokenError, TemplateError
 from .frozen import FrozenDict, freeze, thaw
 from .options import ContentFormat, RenderOptions
 from .request import Dialect, Message, Request, join_path
+from .template_values import ChatTemplate, TemplateSet
 
 # transformers' continue_final_message: the last message's content is tagged, rendered, and cut at the tag.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -174,6 +175,33 @@ def tools_and_documents(request: Request, opts: RenderOptions) -> tuple[list | N
         req_docs = [tainted(d, f"documents[{k}]") for k, d in enumerate(req_docs)]
     all_docs = (req_docs or []) + list(documents or []) if (req_docs or documents) else None
     return all_tools, all_docs
+
+
+def select_template(templates: TemplateSet | ChatTemplate, opts: RenderOptions, *, has_tools: bool) -> ChatTemplate:
+    """The template to render: a ChatTemplate given in the options or as `templates`, else chosen from the set."""
+    if isinstance(opts.template, ChatTemplate):
+        return opts.template
+    if isinstance(templates, ChatTemplate):
+        return templates
+    return templates.select(opts.template, has_tools=has_tools)
+
+
+def template_variables(
+    request: Request | None, special_tokens: Mapping[str, str] | None, opts: RenderOptions, agp: Any
+) -> dict[str, Any]:
+    """Precedence: the caller's kwargs (an operator's --var) over the request's, over the tokenizer's special
+    tokens. (`request` None: a request without chat_template_kwargs.)"""
+    request_kwargs = (
+        {k: tainted(v, join_path("chat_template_kwargs", k)) for k, v in request.chat_template_kwargs.items()}
+        if request is not None and request.chat_template_kwargs
+        else {}
+    )
+    return {
+        **dict(special_tokens or {}),
+        **request_kwargs,
+        **opts.template_variables(),
+        "add_generation_prompt": agp,
+    }
 
 
 def refuse_control_tokens(request: Request, regex: Any) -> None:
@@ -358,12 +386,14 @@ __all__ = [
     "parts_hint",
     "reference_warnings",
     "refuse_control_tokens",
+    "select_template",
     "strftime_now_of",
     "tag_final_message",
     "tainted",
     "template_message",
     "template_messages",
     "template_tools",
+    "template_variables",
     "tool_call",
     "tools_and_documents",
 ]

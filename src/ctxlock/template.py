@@ -293,11 +293,13 @@ def _template_inputs(
     """The messages, tools and documents the template sees: document blocks pulled out (to `documents` where the
     template takes them), content parts flattened for a string-content template, mistral-common's shapes; and the
     content format (chosen, detected, flattened)."""
-    messages, block_docs = pull_documents(
-        template_messages(request), request, takes_documents=template.features.documents
-    )
-    all_docs = (all_docs or []) + block_docs if block_docs else all_docs
-    fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
+    messages = template_messages(request)
+    if not any([isinstance(m.content, tuple) for m in request.messages]):  # no part lists: no documents, none to join
+        fmt, detected, flattened = "", "", ()
+    else:
+        messages, block_docs = pull_documents(messages, request, takes_documents=template.features.documents)
+        all_docs = (all_docs or []) + block_docs if block_docs else all_docs
+        fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
     if flattened:
         messages = flatten_contents(messages, request)
     if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)

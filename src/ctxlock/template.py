@@ -16,9 +16,12 @@ What ctxlock adds:
   mixes request text with a control token of its own in an operation whose output cannot be mapped back, and a
   control token comes out of it, the render is refused (`ControlTokenError`) unless the policy is `keep`.
 
-What the caller chose is one `ctxlock.options.RenderOptions`. The stage's values are in `template_values`, the
-syntax-tree analysis in `template_ast`, what a template sees (tainted messages, joined content parts, the
-continuation tag) in `template_inputs`, and the role-marker probe's parts in `template_roles`.
+What the caller chose is one `ctxlock.options.RenderOptions`. What a render takes from the template set, the options
+and the vocabulary alone (the checked options, the template chosen and compiled, the variables, the control-token
+set) is a plan made once per such key (`_plan`; anew for every render on the reference path, `CTXLOCK_FAST=0`), so a
+batch's rows pay only for their own request. The stage's values are in `template_values`, the syntax-tree
+analysis in `template_ast`, what a template sees (tainted messages and tools, joined content parts, the continuation
+tag, the variables) in `template_inputs`, and the role-marker probe's parts in `template_roles`.
 """
 
 from __future__ import annotations

@@ -13,12 +13,16 @@
   spans, draws and generation spans, or the error with its template line, of `compiled.generate(**context)`.
 - `Tainted.__radd__` shifts one span without a comprehension; `input_chars` counts a dict's and list's strings in
   place and a Python function as nothing: the general formulas and the plain walk.
+- `strftime_now_of` takes the naive wall time at each call: what the one taken per render gave. `_alarm_free` reads
+  SIGALRM's handler with `_signal.getsignal`: the verdict `signal.getsignal` gave, for every kind of handler.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
+import threading
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -44,11 +48,11 @@ from ctxlock.sandbox import (
     template_line,
     where,
 )
-from ctxlock.sandbox_limits import current_state, input_chars
+from ctxlock.sandbox_limits import _alarm_free, current_state, input_chars
 from ctxlock.settings import fast_path, reference_path
 from ctxlock.taint import Tainted
 from ctxlock.template import ChatTemplate, TemplateSet, render
-from ctxlock.template_inputs import convert_message, template_message
+from ctxlock.template_inputs import convert_message, strftime_now_of, template_message
 
 pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0
 
@@ -464,3 +468,40 @@ LEAVES = st.one_of(
 )
 def test_input_chars_counts_functions_as_nothing(value: Any) -> None:
     assert input_chars(value) == _plain_walk(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    clock=st.datetimes(timezones=st.sampled_from([dt.UTC, dt.timezone(dt.timedelta(hours=-5, minutes=-30))])),
+    formats=st.lists(st.sampled_from(["%Y-%m-%d", "%d %b %Y", "%H:%M:%S %z%Z", "%A", "%%", ""]), max_size=3),
+)
+def test_strftime_now_formats_the_wall_time_and_lists_the_formats(clock: dt.datetime, formats: list) -> None:
+    strftime_now, calls = strftime_now_of(clock)
+    wall = clock.replace(tzinfo=None)  # as it was: the naive wall time, made once per render
+    assert [str(strftime_now(f)) for f in formats] == [wall.strftime(f) for f in formats]
+    assert calls == formats
+
+
+def test_the_alarm_check_reads_the_handler_as_signal_getsignal_does() -> None:
+    def plain() -> bool:
+        return (
+            hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
+            and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        )
+
+    previous = signal.getsignal(signal.SIGALRM)
+    seen = []
+    try:
+        for handler in (signal.SIG_DFL, signal.SIG_IGN, lambda *_: None, signal.SIG_DFL):
+            signal.signal(signal.SIGALRM, handler)
+            seen.append((_alarm_free(), plain()))
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert seen == [(True, True), (True, True), (False, False), (True, True)]
+    worker: list = []
+    thread = threading.Thread(target=lambda: worker.append((_alarm_free(), plain())))
+    thread.start()
+    thread.join()
+    assert worker == [(False, False)]

@@ -360,10 +360,12 @@ SOURCES = [
     "{{ messages[9]['role'] }}",
     "{% for m in messages %}{{ m['content'][::-1] }}{{ loop.index }}{% endfor %}{{ strftime_now('%Y') }}",
     "{{ messages | tojson }}{{ (messages | map(attribute='content') | list)[0] }}",
+    "{% block head %}[{{ messages[0]['role'] }}]{% endblock %}{{ self.head() }}{{ cycler('a', 'b').next() }}",
+    "{% set j = joiner('|') %}{% for m in messages %}{{ j() }}{{ m['role'] }}{% endfor %}{{ bos_token is defined }}",
 ]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(source=st.sampled_from(SOURCES), msgs=st.lists(openai_messages(), min_size=1, max_size=3))
 def test_render_limited_with_the_globals_as_a_dict_equals_generate(source: str, msgs: list) -> None:
     request = _parsed({"messages": [m for m in msgs if isinstance(m.get("content"), str) and "tool" not in m]})
@@ -393,7 +395,9 @@ def test_render_limited_with_the_globals_as_a_dict_equals_generate(source: str, 
         return ("ok", text, spans, draws, gen)
 
     assert template_globals(compiled) == dict(compiled.globals)
-    assert run(template_globals(compiled)) == run(None)
+    got = run(template_globals(compiled))
+    event(got[0])
+    assert got == run(None)
 
 
 # ------------------------------------------------------------------------------------------------ values

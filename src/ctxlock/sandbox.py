@@ -315,6 +315,13 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
+        if (type(obj) is dict or type(obj) is list) and type(argument) is not slice:
+            # `message['content']`, `messages[0]`: what the sandbox's own getitem returns when the item is there (it
+            # tries `obj[argument]` first), and nothing below applies to a dict's or a list's item.
+            try:
+                return obj[argument]
+            except (TypeError, LookupError):
+                pass
         out = super().getitem(obj, argument)
         if (
             type(out) is jinja2.Undefined
@@ -504,13 +511,15 @@ def render_limited(
     seed: int = 0,
     draws: list | None = None,
     generation: list | None = None,
+    template_globals: dict[str, Any] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render within the limits, scaled to the size of `context` (`RenderLimits.scaled`); return the text and the
     spans of its request-derived characters.
 
     `seed` seeds the render's one random generator (the `random` filter, `lipsum`); each draw is appended to
     `draws` (a dict: what, template line, and the choice made). The `{% generation %}` blocks' [start, end) are
-    appended to `generation` (transformers' `return_assistant_tokens_mask` spans)."""
+    appended to `generation` (transformers' `return_assistant_tokens_mask` spans). `template_globals`: the
+    template's globals as a dict (`template_globals(compiled)`), when the caller keeps them."""
     # Chunks are joined every _JOIN_EVERY into one string: a template that prints a long input a character at a time
     # would otherwise hold one object per character (hundreds of bytes each) until the end of the render.
     chunks: list[str] = []
@@ -528,9 +537,14 @@ def render_limited(
     try:
         # The clock is the timer's or the tracer's job (both see every template frame); here only the size counts.
         with time_limit(limits.max_seconds, tracer=tracer):
-            for chunk in compiled.generate(**context):
+            for chunk in _generate(compiled, context, template_globals):
                 if type(chunk) is Tainted:
-                    spans.extend(taint.shift(chunk.spans, size))
+                    own = chunk.spans
+                    if len(own) == 1:  # a request string printed as it is: its one span, shifted
+                        s, e, p, n = own[0]
+                        spans.append((s + size, e + size, p, n))
+                    else:
+                        spans.extend(taint.shift(own, size))
                 size += len(chunk)
                 state.emitted = size
                 if size > limit:
@@ -547,6 +561,27 @@ def render_limited(
         STATE.reset(state_token)
     chunks.append("".join(pending))
     return "".join(chunks), spans
+
+
+def template_globals(compiled: jinja2.Template) -> dict[str, Any]:
+    """The names a compiled template sees besides its context (jinja's `Template.globals`, a ChainMap over the
+    environment's), as one dict: what each render's context starts from."""
+    return dict(compiled.globals)
+
+
+def _generate(compiled: jinja2.Template, context: dict[str, Any], globals_: dict[str, Any] | None) -> Any:
+    """`compiled.generate(**context)`, with the template's globals given as a dict (jinja copies its ChainMap into
+    every render's context, key by key, in Python): the same context (the globals, then the variables over them),
+    the same root function, and every failure through the environment's `handle_exception`, as jinja does."""
+    if globals_ is None or compiled.environment.is_async:
+        yield from compiled.generate(**context)
+        return
+    env = compiled.environment
+    ctx = env.context_class(env, dict(globals_, **context), compiled.name, compiled.blocks, globals=globals_)
+    try:
+        yield from compiled.root_render_func(ctx)
+    except Exception:
+        yield env.handle_exception()
 
 
 def template_line(tb: Any) -> int | None:
@@ -572,6 +607,7 @@ __all__ = [
     "new_environment",
     "render_limited",
     "running_line",
+    "template_globals",
     "template_line",
     "time_limit",
     "where",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import CodeType, FrameType
+from types import CodeType, FrameType, FunctionType
 from typing import Any
 
 import jinja2
@@ -103,30 +103,47 @@ def input_chars(value: Any) -> int:
     """The characters of every string in `value` (mappings, sequences and sets walked; keys counted): the size of
     what a render receives, which its limits grow with. Other values count nothing."""
     # The exact types a render's context is made of are told apart by identity first (an abc `isinstance` against
-    # `Mapping` costs about a microsecond per value); every other type takes the general checks, so the count is the
-    # same for any value.
+    # `Mapping` costs about a microsecond per value), and a dict's or a list's strings are counted where they are
+    # met, without a trip through the stack; every other type takes the general checks, so the count is the same
+    # for any value.
     total = 0
     stack = [value]
-    pop, extend = stack.pop, stack.extend
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
         v = pop()
         t = type(v)
-        if t is str or t is Tainted:
-            total += len(v)
-        elif t is dict:
-            extend(v.keys())
-            extend(v.values())
+        if t is dict:
+            for k in v:
+                if type(k) is str or type(k) is Tainted:
+                    total += len(k)
+                else:
+                    push(k)
+            items: Any = v.values()
         elif t is list or t is tuple:
-            extend(v)
-        elif v is None or t is bool or t is int or t is float:
+            items = v
+        elif t is str or t is Tainted:
+            total += len(v)
+            continue
+        elif v is None or t is bool or t is int or t is float or t is FunctionType:
             continue
         elif isinstance(v, str):
             total += len(v)
+            continue
         elif isinstance(v, Mapping):
             extend(v.keys())
             extend(v.values())
+            continue
         elif isinstance(v, (list, tuple, set, frozenset)):
             extend(v)
+            continue
+        else:
+            continue
+        for x in items:
+            tx = type(x)
+            if tx is str or tx is Tainted:
+                total += len(x)
+            elif not (x is None or tx is bool or tx is int or tx is float):
+                push(x)
     return total
 
 
@@ -385,10 +402,12 @@ class _Deadline:
 
 def _alarm_free() -> bool:
     """SIGALRM is ours to use: main thread, no handler installed by the host, no interval timer running."""
+    # `_signal.getsignal`: `signal.getsignal` turns the handler into an enum member first (about a microsecond, on
+    # every render); SIG_DFL and SIG_IGN are the ints 0 and 1 either way (IntEnum members compare equal to them).
     return (
         hasattr(signal, "setitimer")
         and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
+        and _signal.getsignal(_SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN)
         and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     )
 

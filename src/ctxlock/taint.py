@@ -85,7 +85,11 @@ class Tainted(str):
             raise TypeError(f"unsupported operand type(s) for +: '{type(other).__name__}' and 'str'")
         # `other` is not Tainted (else its __add__ ran): a plain prefix shifts the spans.
         n = len(other)
-        return _tainted(str.__add__(other, self), tuple([(s + n, e + n, p, k) for s, e, p, k in self.spans]))
+        spans = self.spans
+        if len(spans) == 1:  # a request string as it came (one path): its one span, shifted
+            s, e, p, k = spans[0]
+            return _tainted(str.__add__(other, self), ((s + n, e + n, p, k),))
+        return _tainted(str.__add__(other, self), tuple([(s + n, e + n, p, k) for s, e, p, k in spans]))
 
     def __mul__(self, n: SupportsIndex) -> Any:
         if not hasattr(n, "__index__"):

@@ -16,9 +16,12 @@ What ctxlock adds:
   mixes request text with a control token of its own in an operation whose output cannot be mapped back, and a
   control token comes out of it, the render is refused (`ControlTokenError`) unless the policy is `keep`.
 
-What the caller chose is one `ctxlock.options.RenderOptions`. The stage's values are in `template_values`, the
-syntax-tree analysis in `template_ast`, what a template sees (tainted messages, joined content parts, the
-continuation tag) in `template_inputs`, and the role-marker probe's parts in `template_roles`.
+What the caller chose is one `ctxlock.options.RenderOptions`. What a render takes from the template set, the options
+and the vocabulary alone (the checked options, the template chosen and compiled, the variables, the control-token
+set) is a plan made once per such key (`_plan`; anew for every render on the reference path, `CTXLOCK_FAST=0`), so a
+batch's rows pay only for their own request. The stage's values are in `template_values`, the syntax-tree
+analysis in `template_ast`, what a template sees (tainted messages and tools, joined content parts, the continuation
+tag, the variables) in `template_inputs`, and the role-marker probe's parts in `template_roles`.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from .errors import (
     TemplateSecurityError,
     TemplateSyntaxError,
 )
-from .frozen import FrozenDict, freeze, thaw
+from .frozen import FrozenDict, freeze
 from .options import ContentFormat, RenderOptions, SpecialTokenPolicy
-from .request import Dialect, Message, Request, join_path, parse_request
+from .request import Request, parse_request
 from .sandbox import (
     DEFAULT_LIMITS,
     Limit,
@@ -57,10 +60,12 @@ from .sandbox import (
     compile_source,
     new_environment,
     render_limited,
+    template_globals,
     template_line,
     time_limit,
     where,
 )
+from .settings import fast_enabled
 from .template_ast import reads_parts
 from .template_documents import pull_documents
 from .template_inputs import (
@@ -70,11 +75,16 @@ from .template_inputs import (
     cut_at_continue_tag,
     flatten_contents,
     flatten_warning,
+    keyword_options,
     parts_hint,
     reference_warnings,
+    refuse_control_tokens,
+    select_template,
+    strftime_now_of,
     tag_final_message,
-    tainted,
-    tool_call,
+    template_messages,
+    template_variables,
+    tools_and_documents,
 )
 from .template_roles import ROLE_PROBES, RoleMarkers, line_of, role_boundaries
 from .template_values import (
@@ -167,11 +177,15 @@ def _run(
     seed: int = 0,
     draws: list | None = None,
     generation: list | None = None,
+    prepared: tuple[jinja2.Template, dict[str, Any]] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
-    """Render once; map every failure to a typed TemplateError that names the template line."""
-    compiled = _compile_named(template, limits)
+    """Render once (`prepared`: the template compiled with `limits` and its globals, when the caller has them); map
+    every failure to a typed TemplateError that names the template line."""
+    compiled, names = prepared if prepared is not None else (_compile_named(template, limits), None)
     try:
-        return render_limited(compiled, context, limits, checker, seed=seed, draws=draws, generation=generation)
+        return render_limited(
+            compiled, context, limits, checker, seed=seed, draws=draws, generation=generation, template_globals=names
+        )
     except Nondeterministic as exc:
         raise TemplateDeterminismError(
             exc.message,
@@ -276,80 +290,19 @@ def _touched(text: str, spans: list[taint.SpanT], tokens: _TokenSet) -> list[tup
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# What templates see: request strings as Tainted strings, with their JSON paths
-
-
-def _template_messages(request: Request) -> list[dict[str, Any]]:
-    return [_template_message(m, m.source) for m in request.messages]
-
-
-@memoize("template.message", 8192)
-def _template_message(message: Message, source: str) -> dict[str, Any]:
-    """A message as templates see it. Memoized (per message and its place in the request): the sandbox is
-    immutable, so a template cannot change the dict, and a long chat re-rendered turn after turn (or candidate after
-    candidate) converts each message once. The role is a validated structural value and stays a plain string."""
-    origins = message.origins
-
-    def path(suffix: str) -> str:
-        return origins.get(suffix) or f"{source}{suffix}"
-
-    m: dict[str, Any] = {}
-    for key, value in message.to_template().items():
-        if key == "role":
-            m[key] = value
-        elif key == "content" and isinstance(value, list):
-            m[key] = [
-                {k: tainted(v, path(f".content[{j}].{k}")) for k, v in part.items()} for j, part in enumerate(value)
-            ]
-        elif key == "tool_calls":
-            m[key] = [tool_call(tc, path(f".tool_calls[{k}]")) for k, tc in enumerate(value)]
-        else:
-            m[key] = tainted(value, path(f".{key}"))
-    # transformers' _alias_reasoning_fields: reasoning is visible as `thinking` (gpt-oss) and `reasoning_content`.
-    reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k) is not None), None)
-    if reasoning is not None:
-        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-    return m
-
-
-@memoize("template.tools", 256)
-def _template_tools(tools: tuple[Any, ...], dialect: Dialect) -> tuple[dict[str, Any], ...]:
-    """A request's tools as templates see them, converted once per distinct tool list: the sandbox is immutable, so
-    templates cannot change the shared dicts, and a chat sends the same tools every turn."""
-    out = []
-    for k, tool in enumerate(tools):
-        plain = thaw(tool)
-        t: dict[str, Any] = {}
-        for key, value in plain.items():
-            if key == "function" and isinstance(value, dict):
-                fn_path = f"tools[{k}]" if dialect is Dialect.ANTHROPIC else f"tools[{k}].function"
-                t[key] = {
-                    fk: tainted(
-                        fv,
-                        join_path(
-                            fn_path, "input_schema" if dialect is Dialect.ANTHROPIC and fk == "parameters" else fk
-                        ),
-                    )
-                    for fk, fv in value.items()
-                }
-            else:
-                t[key] = tainted(value, join_path(f"tools[{k}]", key))
-        out.append(t)
-    return tuple(out)
-
-
 def _template_inputs(
     request: Request, template: ChatTemplate, fmt_option: Any, all_tools: Any, all_docs: Any
 ) -> tuple[Any, Any, Any, tuple[Any, Any, bool]]:
     """The messages, tools and documents the template sees: document blocks pulled out (to `documents` where the
     template takes them), content parts flattened for a string-content template, mistral-common's shapes; and the
     content format (chosen, detected, flattened)."""
-    messages, block_docs = pull_documents(
-        _template_messages(request), request, takes_documents=template.features.documents
-    )
-    all_docs = (all_docs or []) + block_docs if block_docs else all_docs
-    fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
+    messages = template_messages(request)
+    if not any([isinstance(m.content, tuple) for m in request.messages]):  # no part lists: no documents, none to join
+        fmt, detected, flattened = "", "", ()
+    else:
+        messages, block_docs = pull_documents(messages, request, takes_documents=template.features.documents)
+        all_docs = (all_docs or []) + block_docs if block_docs else all_docs
+        fmt, detected, flattened = _resolve_content_format(template, request, fmt_option)
     if flattened:
         messages = flatten_contents(messages, request)
     if mistral.is_patched(template.source):  # mistral-common's request shapes (ctxlock.mistral)
@@ -382,7 +335,92 @@ def render(
     content as a string (`content_format(source)`, option "auto") joined with "\n" (vLLM's flattening), said in
     `Rendered.warnings` and `Rendered.flattened`; a non-text part is then a `ContentFormatError`.
     """
-    opts = _keyword_options(options, keywords) if keywords else options or _DEFAULT_OPTIONS
+    opts = keyword_options(options, keywords, _DEFAULT_OPTIONS) if keywords else options or _DEFAULT_OPTIONS
+    all_tools, all_docs = tools_and_documents(request, opts)
+    plan = _plan(templates, opts, special_tokens, control_tokens, has_tools=bool(all_tools))
+    template, tokens, policy, cfm = plan.template, plan.tokens, plan.policy, plan.cfm
+    clock = aware_clock(opts.now)
+    if request.chat_template_kwargs:
+        variables = template_variables(request, special_tokens, opts, plan.agp)
+        frozen_variables = freeze({**variables, "continue_final_message": cfm})
+    else:
+        variables, frozen_variables = plan.variables, plan.frozen_variables
+    if policy is SpecialTokenPolicy.RAISE and tokens.regex is not None:
+        refuse_control_tokens(request, tokens.regex)
+
+    strftime_now, clock_calls = strftime_now_of(clock)
+    messages, all_tools, all_docs, (fmt, detected, flattened) = _template_inputs(
+        request, template, plan.fmt_option, all_tools, all_docs
+    )
+    msgs = tag_final_message(messages, template.source) if cfm else messages
+    context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
+    draws: list[dict[str, Any]] = []
+    gen: list[tuple[int, int]] = []  # the {% generation %} blocks' spans
+    text, spans = _run_reporting_parts(plan, context, opts.render_limits, draws, fmt, request, gen)
+    if cfm:
+        text, spans = cut_at_continue_tag(text, spans, messages)
+        gen = [(min(s, len(text)), min(e, len(text))) for s, e in gen]
+    return Rendered(
+        text=text,
+        template=template,
+        variables=frozen_variables,
+        now=clock.isoformat(),
+        clock_used=bool(clock_calls),
+        request_spans=tuple([Span(s, e, p) for s, e, p, _ in spans]),
+        provenance_exact=not any([sp[3] for sp in spans]),
+        untrusted=_untrusted(text, spans, tokens, policy),
+        policy=policy,
+        clock_zone=clock.tzname() or "",
+        seed=plan.seed,
+        draws=tuple(freeze(d) for d in draws),
+        warnings=(plan.role_warnings(special_tokens, opts.render_limits) if check_roles else ())
+        + reference_warnings(template.source, request, cfm)
+        + flatten_warning(flattened, plan.fmt_option),
+        content_format=str(fmt),
+        flattened=flattened,
+        content_format_detected=str(detected),
+        generation_spans=tuple(gen),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A render's plan: what it takes from everything but the request
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """What `render` takes from the template set, the options, the special tokens, the control tokens and whether
+    the request has tools, and not from the request: made by `_make_plan` with the steps `render` takes, in the same
+    order (so an option it refuses is the same error at the same point), once per such key (`_plan`)."""
+
+    templates: Any  # the TemplateSet or ChatTemplate given, and `opts.template`: a hit must hold these objects
+    opts_template: Any
+    fmt_option: ContentFormat
+    policy: SpecialTokenPolicy
+    agp: Any
+    cfm: bool
+    template: ChatTemplate
+    seed: int
+    variables: dict[str, Any]  # for a request without chat_template_kwargs (read, never changed: the sandbox is
+    frozen_variables: FrozenDict  # immutable), and `Rendered.variables` for one
+    tokens: _TokenSet
+    checker: taint.Checker
+    prepared: list  # the jinja2 Template and its globals, once a render has compiled it (where `_run` did)
+    warned: list  # the role-marker warnings, once a render has asked for them
+
+    def role_warnings(self, special_tokens: Any, limits: RenderLimits) -> tuple[FrozenDict, ...]:
+        if not self.warned:
+            self.warned.append(_role_warnings(self.template, special_tokens, self.tokens, limits))
+        return self.warned[0]
+
+
+def _make_plan(
+    templates: TemplateSet | ChatTemplate,
+    opts: RenderOptions,
+    special_tokens: Mapping[str, str] | None,
+    tokens: _TokenSet,
+    has_tools: bool,
+) -> _Plan:
     fmt_option = content_format_option(opts.content_format)
     policy = SpecialTokenPolicy(opts.injection)
     agp, cfm = opts.generation_prompt, opts.continue_final_message
@@ -392,152 +430,109 @@ def render(
             path="options",
             hint="use continue_final_message to extend the last message, add_generation_prompt to start a new one",
         )
-    all_tools, all_docs = _tools_and_documents(request, opts)
-    template = _select(templates, opts, has_tools=bool(all_tools))
-    clock = aware_clock(opts.now)
+    template = select_template(templates, opts, has_tools=has_tools)
+    aware_clock(opts.now)  # what it refuses, refused here as before; `render` reads the clock itself
     seed = 0 if opts.seed is None else check_seed(opts.seed)
-    variables = _variables(request, special_tokens, opts, agp)
-    tokens = _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
-    if policy is SpecialTokenPolicy.RAISE and tokens.regex is not None:
-        _refuse_control_tokens(request, tokens)
-
-    strftime_now, clock_calls = _strftime_now(clock)
-    messages, all_tools, all_docs, (fmt, detected, flattened) = _template_inputs(
-        request, template, fmt_option, all_tools, all_docs
-    )
-    msgs = tag_final_message(messages, template.source) if cfm else messages
-    context = {**variables, "messages": msgs, "tools": all_tools, "documents": all_docs, "strftime_now": strftime_now}
-    draws: list[dict[str, Any]] = []
-    gen: list[tuple[int, int]] = []  # the {% generation %} blocks' spans
-    text, spans = _run_reporting_parts(template, context, opts.render_limits, tokens, seed, draws, fmt, request, gen)
-    if cfm:
-        text, spans = cut_at_continue_tag(text, spans, messages)
-        gen = [(min(s, len(text)), min(e, len(text))) for s, e in gen]
-    return Rendered(
-        text=text,
-        template=template,
-        variables=freeze({**variables, "continue_final_message": cfm}),
-        now=clock.isoformat(),
-        clock_used=bool(clock_calls),
-        request_spans=tuple(Span(s, e, p) for s, e, p, note in spans),
-        provenance_exact=not any(note for *_, note in spans),
-        untrusted=_untrusted(text, spans, tokens, policy),
+    variables = template_variables(None, special_tokens, opts, agp)
+    return _Plan(
+        templates=templates,
+        opts_template=opts.template,
+        fmt_option=fmt_option,
         policy=policy,
-        clock_zone=clock.tzname() or "",
+        agp=agp,
+        cfm=cfm,
+        template=template,
         seed=seed,
-        draws=tuple(freeze(d) for d in draws),
-        warnings=(_role_warnings(template, special_tokens, tokens, opts.render_limits) if check_roles else ())
-        + reference_warnings(template.source, request, cfm)
-        + flatten_warning(flattened, fmt_option),
-        content_format=str(fmt),
-        flattened=flattened,
-        content_format_detected=str(detected),
-        generation_spans=tuple(gen),
+        variables=variables,
+        frozen_variables=freeze({**variables, "continue_final_message": cfm}),
+        tokens=tokens,
+        checker=taint.Checker(tokens.search, where, tokens),
+        prepared=[],
+        warned=[],
     )
 
 
-def _strftime_now(clock: datetime) -> tuple[Any, list[str]]:
-    """The template's `strftime_now`, reading `clock`, and the list of the formats it is called with."""
-    clock_calls: list[str] = []
-    wall = clock.replace(tzinfo=None)  # transformers formats a naive local time: %z and %Z are empty
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+# The plan used last, with the very objects it was asked for (immutable ones only): a batch's rows find it by
+# identity, without hashing the options and the template set every row.
+_LAST: list[tuple[Any, ...]] = []
 
-    def strftime_now(fmt: str) -> str:
-        clock_calls.append(fmt)
-        return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
 
-    return strftime_now, clock_calls
+def _clear_plans() -> None:
+    _PLANS.clear()
+    _LAST.clear()
+
+
+register("template.render_plans", size=_PLANS.__len__, clear=_clear_plans, scope="artifact")
+
+
+def _plan(
+    templates: TemplateSet | ChatTemplate,
+    opts: RenderOptions,
+    special_tokens: Mapping[str, str] | None,
+    control_tokens: Iterable[str],
+    *,
+    has_tools: bool,
+) -> _Plan:
+    """The render's plan, kept by the values it is made from (a batch renders every row with one plan). A hit must
+    hold the very template objects given (a template equal to another is still another object in `Rendered`). The
+    reference path (`CTXLOCK_FAST=0`) makes it anew for every render."""
+    if not fast_enabled():
+        return _make_plan(templates, opts, special_tokens, _tokens(control_tokens), has_tools)
+    try:
+        t, o, st, ct, tools, last = _LAST[0]
+    except IndexError:
+        pass
+    else:
+        if t is templates and o is opts and st is special_tokens and ct is control_tokens and tools is has_tools:
+            return last
+    tokens = _tokens(control_tokens)
+    named = (
+        special_tokens if special_tokens is None or type(special_tokens) is FrozenDict else (*special_tokens.items(),)
+    )
+    key = (templates, opts, named, tokens, has_tools)
+    try:
+        hit = _PLANS.get(key)
+    except TypeError:  # an unhashable value (a special token given as a dict): made for this render only
+        return _make_plan(templates, opts, special_tokens, tokens, has_tools)
+    if (
+        hit is not None
+        and hit.templates is templates
+        and (hit.opts_template is opts.template or not isinstance(opts.template, ChatTemplate))
+    ):
+        plan = hit
+    else:
+        plan = _make_plan(templates, opts, special_tokens, tokens, has_tools)
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    if type(control_tokens) is frozenset and (special_tokens is None or type(special_tokens) is FrozenDict):
+        _LAST[:] = [(templates, opts, special_tokens, control_tokens, has_tools, plan)]
+    return plan
+
+
+def _tokens(control_tokens: Iterable[str]) -> _TokenSet:
+    return _token_set(control_tokens if isinstance(control_tokens, frozenset) else frozenset(control_tokens))
 
 
 _DEFAULT_OPTIONS = RenderOptions()
-# template.render's keyword form: its own names for two fields, and what it ignores.
-_KEYWORD_NAMES = {"policy": "injection", "template_name": "template"}
-_KEYWORDS = frozenset(
-    {
-        *_KEYWORD_NAMES,
-        *("add_generation_prompt", "continue_final_message", "tools", "documents", "chat_template_kwargs"),
-        *("injection", "now", "limits", "provenance", "seed", "content_format"),
-    }
-)
-
-
-def _keyword_options(options: RenderOptions | None, keywords: Mapping[str, Any]) -> RenderOptions:
-    """`render`'s keyword form as RenderOptions, over `options`. Without `options`, `add_generation_prompt`
-    defaults to True here (it always did: a caller asking for `continue_final_message` says so)."""
-    changes: dict[str, Any] = {} if options is not None else {"add_generation_prompt": True}
-    for name, value in keywords.items():
-        if name not in _KEYWORDS:
-            raise TypeError(f"render() got an unexpected keyword argument {name!r}")
-        if name != "provenance":  # provenance is kept per character whatever it says
-            changes[_KEYWORD_NAMES.get(name, name)] = value
-    return (options or _DEFAULT_OPTIONS).replace(**changes)
-
-
-def _tools_and_documents(request: Request, opts: RenderOptions) -> tuple[list | None, list | None]:
-    """The request's tools and documents as templates see them, then the caller's (plain, trusted)."""
-    tools = None if opts.tools is None else thaw(opts.tools)
-    documents = None if opts.documents is None else thaw(opts.documents)
-    req_tools = None if request.tools is None else list(_template_tools(request.tools, request.dialect))
-    all_tools = (req_tools or []) + list(tools or []) if (req_tools or tools) else None
-    req_docs = request.template_documents()
-    if req_docs is not None:
-        req_docs = [tainted(d, f"documents[{k}]") for k, d in enumerate(req_docs)]
-    all_docs = (req_docs or []) + list(documents or []) if (req_docs or documents) else None
-    return all_tools, all_docs
-
-
-def _select(templates: TemplateSet | ChatTemplate, opts: RenderOptions, *, has_tools: bool) -> ChatTemplate:
-    """The template to render: a ChatTemplate given in the options or as `templates`, else chosen from the set."""
-    if isinstance(opts.template, ChatTemplate):
-        return opts.template
-    if isinstance(templates, ChatTemplate):
-        return templates
-    return templates.select(opts.template, has_tools=has_tools)
-
-
-def _variables(
-    request: Request, special_tokens: Mapping[str, str] | None, opts: RenderOptions, agp: Any
-) -> dict[str, Any]:
-    """Precedence: the caller's kwargs (an operator's --var) over the request's, over the tokenizer's special
-    tokens."""
-    request_kwargs = (
-        {k: tainted(v, join_path("chat_template_kwargs", k)) for k, v in request.chat_template_kwargs.items()}
-        if request.chat_template_kwargs
-        else {}
-    )
-    return {
-        **dict(special_tokens or {}),
-        **request_kwargs,
-        **opts.template_variables(),
-        "add_generation_prompt": agp,
-    }
-
-
-def _refuse_control_tokens(request: Request, tokens: _TokenSet) -> None:
-    for path, s in request.strings():
-        m = tokens.regex.search(s)
-        if m:
-            raise ControlTokenError(
-                f"request string contains the control token {m.group(0)!r} at character {m.start()}",
-                path=path,
-                hint="remove it, or render with special_tokens='text' to encode it as plain text",
-            )
 
 
 def _run_reporting_parts(
-    template: ChatTemplate,
+    plan: _Plan,
     context: dict[str, Any],
     limits: RenderLimits,
-    tokens: _TokenSet,
-    seed: int,
     draws: list,
     fmt: str,
     request: Request,
     generation: list | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """`_run`, with the content format option added to the hint of a failure on content-part lists."""
-    checker = taint.Checker(tokens.search, where, tokens)
+    if not plan.prepared:  # compiled here, after the request's own checks (a failure is not kept: raised each time)
+        compiled = _compile_named(plan.template, limits)
+        plan.prepared.append((compiled, template_globals(compiled)))
     try:
-        return _run(template, context, limits, checker, seed, draws, generation)
+        return _run(plan.template, context, limits, plan.checker, plan.seed, draws, generation, plan.prepared[0])
     except (TemplateRuntimeError, TemplateRaisedError) as exc:
         if fmt != ContentFormat.OPENAI:
             raise

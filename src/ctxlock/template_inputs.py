@@ -1,18 +1,22 @@
-"""What a chat template sees: request strings as Tainted strings with their JSON paths, content-part lists joined
-when the template reads a string, and transformers' continue_final_message tagging. A part of the template stage,
-below `ctxlock.template` (which memoizes the per-message and per-tool conversions built from `tainted`)."""
+"""What a chat template sees: request strings as Tainted strings with their JSON paths (each message and each tool
+list converted once per value: `template_messages`, `template_tools`), content-part lists joined when the template
+reads a string, and transformers' continue_final_message tagging. A part of the template stage, below
+`ctxlock.template`."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from . import mistral, taint
-from .errors import TemplateError
-from .frozen import FrozenDict, freeze
-from .options import ContentFormat
-from .request import Message, Request, join_path
+from .caches import memoize
+from .errors import ControlTokenError, TemplateError
+from .frozen import FrozenDict, freeze, thaw
+from .options import ContentFormat, RenderOptions
+from .request import Dialect, Message, Request, join_path
+from .template_values import ChatTemplate, TemplateSet
 
 # transformers' continue_final_message: the last message's content is tagged, rendered, and cut at the tag.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -42,6 +46,174 @@ def tool_call(tc: dict[str, Any], path: str) -> dict[str, Any]:
         "arguments": tainted(fn["arguments"], f"{path}.function.arguments"),
     }
     return out
+
+
+def template_messages(request: Request) -> list[dict[str, Any]]:
+    """The request's messages as templates see them (`template_message`, per message)."""
+    return [template_message(m, m.source) for m in request.messages]
+
+
+@memoize("template.message", 8192)
+def template_message(message: Message, source: str) -> dict[str, Any]:
+    """A message as templates see it. Memoized (per message and its place in the request): the sandbox is
+    immutable, so a template cannot change the dict, and a long chat re-rendered turn after turn (or candidate after
+    candidate) converts each message once. The role is a validated structural value and stays a plain string.
+
+    A message with a role and a string content only, at its own path (most of a training set), is the dict
+    `convert_message` builds, made directly."""
+    content = message.content
+    if (
+        type(content) is str
+        and message.name is None
+        and message.tool_calls is None
+        and message.tool_call_id is None
+        and message.reasoning_content is None
+        and not message.origins
+    ):
+        return {"role": message.role, "content": taint.leaf(content, source + ".content")}
+    return convert_message(message, source)
+
+
+def convert_message(message: Message, source: str) -> dict[str, Any]:
+    """`template_message`, for every message: each field as `Message.to_template` gives it, tainted with its path."""
+    origins = message.origins
+
+    def path(suffix: str) -> str:
+        return origins.get(suffix) or f"{source}{suffix}"
+
+    m: dict[str, Any] = {}
+    for key, value in message.to_template().items():
+        if key == "role":
+            m[key] = value
+        elif key == "content" and isinstance(value, list):
+            m[key] = [
+                {k: tainted(v, path(f".content[{j}].{k}")) for k, v in part.items()} for j, part in enumerate(value)
+            ]
+        elif key == "tool_calls":
+            m[key] = [tool_call(tc, path(f".tool_calls[{k}]")) for k, tc in enumerate(value)]
+        else:
+            m[key] = tainted(value, path(f".{key}"))
+    # transformers' _alias_reasoning_fields: reasoning is visible as `thinking` (gpt-oss) and `reasoning_content`.
+    reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k) is not None), None)
+    if reasoning is not None:
+        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+    return m
+
+
+@memoize("template.tools", 256)
+def template_tools(tools: tuple[Any, ...], dialect: Dialect) -> tuple[dict[str, Any], ...]:
+    """A request's tools as templates see them, converted once per distinct tool list: the sandbox is immutable, so
+    templates cannot change the shared dicts, and a chat sends the same tools every turn."""
+    out = []
+    for k, tool in enumerate(tools):
+        plain = thaw(tool)
+        t: dict[str, Any] = {}
+        for key, value in plain.items():
+            if key == "function" and isinstance(value, dict):
+                fn_path = f"tools[{k}]" if dialect is Dialect.ANTHROPIC else f"tools[{k}].function"
+                t[key] = {
+                    fk: tainted(
+                        fv,
+                        join_path(
+                            fn_path, "input_schema" if dialect is Dialect.ANTHROPIC and fk == "parameters" else fk
+                        ),
+                    )
+                    for fk, fv in value.items()
+                }
+            else:
+                t[key] = tainted(value, join_path(f"tools[{k}]", key))
+        out.append(t)
+    return tuple(out)
+
+
+def strftime_now_of(clock: datetime) -> tuple[Any, list[str]]:
+    """The template's `strftime_now`, reading `clock`, and the list of the formats it is called with."""
+    clock_calls: list[str] = []
+
+    def strftime_now(fmt: str) -> str:
+        clock_calls.append(fmt)
+        wall = clock.replace(tzinfo=None)  # transformers formats a naive local time: %z and %Z are empty
+        return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
+
+    return strftime_now, clock_calls
+
+
+# template.render's keyword form: its own names for two fields, and what it ignores.
+_KEYWORD_NAMES = {"policy": "injection", "template_name": "template"}
+_KEYWORDS = frozenset(
+    {
+        *_KEYWORD_NAMES,
+        *("add_generation_prompt", "continue_final_message", "tools", "documents", "chat_template_kwargs"),
+        *("injection", "now", "limits", "provenance", "seed", "content_format"),
+    }
+)
+
+
+def keyword_options(
+    options: RenderOptions | None, keywords: Mapping[str, Any], default: RenderOptions
+) -> RenderOptions:
+    """`template.render`'s keyword form as RenderOptions, over `options` (else `default`). Without `options`,
+    `add_generation_prompt` defaults to True here (it always did: a caller asking for `continue_final_message` says
+    so)."""
+    changes: dict[str, Any] = {} if options is not None else {"add_generation_prompt": True}
+    for name, value in keywords.items():
+        if name not in _KEYWORDS:
+            raise TypeError(f"render() got an unexpected keyword argument {name!r}")
+        if name != "provenance":  # provenance is kept per character whatever it says
+            changes[_KEYWORD_NAMES.get(name, name)] = value
+    return (options or default).replace(**changes)
+
+
+def tools_and_documents(request: Request, opts: RenderOptions) -> tuple[list | None, list | None]:
+    """The request's tools and documents as templates see them, then the caller's (plain, trusted)."""
+    tools = None if opts.tools is None else thaw(opts.tools)
+    documents = None if opts.documents is None else thaw(opts.documents)
+    req_tools = None if request.tools is None else list(template_tools(request.tools, request.dialect))
+    all_tools = (req_tools or []) + list(tools or []) if (req_tools or tools) else None
+    req_docs = request.template_documents()
+    if req_docs is not None:
+        req_docs = [tainted(d, f"documents[{k}]") for k, d in enumerate(req_docs)]
+    all_docs = (req_docs or []) + list(documents or []) if (req_docs or documents) else None
+    return all_tools, all_docs
+
+
+def select_template(templates: TemplateSet | ChatTemplate, opts: RenderOptions, *, has_tools: bool) -> ChatTemplate:
+    """The template to render: a ChatTemplate given in the options or as `templates`, else chosen from the set."""
+    if isinstance(opts.template, ChatTemplate):
+        return opts.template
+    if isinstance(templates, ChatTemplate):
+        return templates
+    return templates.select(opts.template, has_tools=has_tools)
+
+
+def template_variables(
+    request: Request | None, special_tokens: Mapping[str, str] | None, opts: RenderOptions, agp: Any
+) -> dict[str, Any]:
+    """Precedence: the caller's kwargs (an operator's --var) over the request's, over the tokenizer's special
+    tokens. (`request` None: a request without chat_template_kwargs.)"""
+    request_kwargs = (
+        {k: tainted(v, join_path("chat_template_kwargs", k)) for k, v in request.chat_template_kwargs.items()}
+        if request is not None and request.chat_template_kwargs
+        else {}
+    )
+    return {
+        **dict(special_tokens or {}),
+        **request_kwargs,
+        **opts.template_variables(),
+        "add_generation_prompt": agp,
+    }
+
+
+def refuse_control_tokens(request: Request, regex: Any) -> None:
+    """Under the `raise` policy: the first request string that holds a control token (`regex`) is refused."""
+    for path, s in request.strings():
+        m = regex.search(s)
+        if m:
+            raise ControlTokenError(
+                f"request string contains the control token {m.group(0)!r} at character {m.start()}",
+                path=path,
+                hint="remove it, or render with special_tokens='text' to encode it as plain text",
+            )
 
 
 def content_format_option(value: Any) -> ContentFormat:
@@ -210,9 +382,18 @@ __all__ = [
     "cut_at_continue_tag",
     "flatten_contents",
     "flatten_warning",
+    "keyword_options",
     "parts_hint",
     "reference_warnings",
+    "refuse_control_tokens",
+    "select_template",
+    "strftime_now_of",
     "tag_final_message",
     "tainted",
+    "template_message",
+    "template_messages",
+    "template_tools",
+    "template_variables",
     "tool_call",
+    "tools_and_documents",
 ]

@@ -91,6 +91,11 @@ def thaw(value: Any) -> Any:
     return value
 
 
+# What `json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)` builds on every
+# call (its options are not the defaults); an encoder keeps no state between calls, so one serves every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """The one canonical JSON text of a value: sorted keys, no spaces, UTF-8 characters kept, no NaN."""
-    return json.dumps(thaw(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(thaw(value))

@@ -178,8 +178,77 @@ class _Builder:
         )
 
 
-def loads_strict(text: str, path: str, policy: Utf8Policy) -> Any:
-    """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is."""
+class _Refused(Exception):
+    """Raised by the one-pass reader's hooks (`_loads_fast`): the reference reader must read this text."""
+
+
+def _fast_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # a duplicate key
+        raise _Refused
+    return obj
+
+
+def _fast_constant(literal: str) -> Any:
+    raise _Refused  # NaN, Infinity, -Infinity
+
+
+def _fast_float(literal: str) -> float:
+    value = float(literal)
+    if math.isfinite(value):
+        return value
+    raise _Refused  # a number that overflows to infinity
+
+
+# One decoder for every call (json.loads builds one per call when given hooks); decoding keeps no state in it.
+_FAST_DECODER = json.JSONDecoder(object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float)
+
+
+def _within_depth(value: Any, depth: int) -> bool:
+    """Whether no container in `value` (a container at `depth`) sits at MAX_JSON_DEPTH or deeper."""
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    for item in value.values() if type(value) is dict else value:
+        if (type(item) is dict or type(item) is list) and not _within_depth(item, depth + 1):
+            return False
+    return True
+
+
+def _loads_fast(text: str, decoded: bool) -> Any:
+    """`loads_strict`'s value read in one pass of the stdlib's C scanner, or `_Refused` where the reference reader
+    must read the text (it then gives its value, or its error with its path): a duplicate key, a NaN or infinite
+    number (the hooks refuse them as the scanner meets them), a string that may hold a lone surrogate
+    (`_may_hold_surrogate`; a `decoded` text, one that came out of a UTF-8 decode, can hold one only through a
+    `\\u` escape), nesting at MAX_JSON_DEPTH, a leading U+FEFF (json.loads' own error), or any other exception.
+    What is left is the value the reference reader builds: the same dicts (keys in order), lists and scalars."""
+    if text[:1] == "\ufeff" or _SURROGATE_ESCAPE.search(text) is not None:
+        return _Refused
+    if not decoded:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _Refused
+    try:
+        value = _FAST_DECODER.decode(text)
+    except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so
+        return _Refused
+    if type(value) is dict or type(value) is list:
+        # A container at depth d has d containers around it: fewer brackets than MAX_JSON_DEPTH in the whole text
+        # (strings included) prove the depth without a walk.
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH and not _within_depth(value, 0):
+            return _Refused
+    return value
+
+
+def loads_strict(text: str, path: str, policy: Utf8Policy, *, decoded: bool = False) -> Any:
+    """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
+
+    `decoded`: the text came out of a UTF-8 decode (it holds no lone surrogate character, only maybe escapes of
+    one). Fast path: the one-pass reader (`_loads_fast`) when it can vouch for the text."""
+    if fast_enabled():
+        value = _loads_fast(text, decoded)
+        if value is not _Refused:
+            return value
     try:
         raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=_parse_float)
     except RecursionError:

@@ -76,7 +76,7 @@ def parse_request(
     bom_chars = 1 if data.startswith(_UTF8_BOM) else 0
 
     try:
-        obj = loads_strict(text[bom_chars:], "$", policy)
+        obj = loads_strict(text[bom_chars:], "$", policy, decoded=True)
     except json.JSONDecodeError as exc:
         byte = byte_offset(data, runs, text, exc.pos + bom_chars)
         raise RequestJSONError(

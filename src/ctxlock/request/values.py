@@ -13,7 +13,9 @@ from enum import StrEnum
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, canonical_json, thaw
+from ctxlock.request._canonical import request_json
 from ctxlock.request.paths import join_path
+from ctxlock.settings import fast_enabled
 
 
 class Utf8Policy(StrEnum):
@@ -174,6 +176,34 @@ class Message:
         return self.origins.get(suffix) or f"{self.source}{suffix}"
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def text_message(role: str, content: str, source: str) -> Message:
+    """`Message(role=role, content=content, source=source)` made without the frozen dataclass's `__init__` (which sets
+    the eight fields one `object.__setattr__` at a time, about twice the cost): the same instance dict, field for field
+    and in field order, so the Message is equal, hashes, prints and pickles the same. The request parser's fast path
+    makes one per plain text message (`openai._text_message`); tests/test_parse_speedups.py holds it to the
+    dataclass's own `__init__`, fields included."""
+    message = _new(Message)
+    _set(
+        message,
+        "__dict__",
+        {
+            "role": role,
+            "content": content,
+            "name": None,
+            "tool_calls": None,
+            "tool_call_id": None,
+            "reasoning_content": None,
+            "source": source,
+            "origins": _EMPTY,
+        },
+    )
+    return message
+
+
 @dataclass(frozen=True)
 class Request:
     """A validated, canonical, immutable chat request.
@@ -228,8 +258,13 @@ class Request:
     def to_json(self) -> str:
         """Canonical JSON of exactly the compared fields, so `a == b` iff `a.to_json() == b.to_json()`.
 
-        `extra`, the dialect and the byte provenance are not part of it (a record stores them next to it).
+        `extra`, the dialect and the byte provenance are not part of it (a record stores them next to it). Fast
+        path: the same text written piece by piece (`_canonical.request_json`).
         """
+        if fast_enabled() and type(self) is Request:  # a subclass may write its own template_messages
+            text = request_json(self, Message)
+            if text is not None:
+                return text
         return canonical_json(
             {
                 "messages": self.template_messages(),

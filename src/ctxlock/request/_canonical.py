@@ -29,6 +29,7 @@ from typing import Any
 
 from ctxlock.frozen import FrozenDict, canonical_json
 
+
 def request_json(request: Any, message_type: type) -> str | None:
     """`request.to_json()`'s reference text, written piece by piece (module docstring), or None where the
     reference path must write it."""

@@ -232,11 +232,14 @@ def _loads_fast(text: str, decoded: bool) -> Any:
         value = _FAST_DECODER.decode(text)
     except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so
         return _Refused
-    if type(value) is dict or type(value) is list:
-        # A container at depth d has d containers around it: fewer brackets than MAX_JSON_DEPTH in the whole text
-        # (strings included) prove the depth without a walk.
-        if text.count("{") + text.count("[") > MAX_JSON_DEPTH and not _within_depth(value, 0):
-            return _Refused
+    # A container at depth d has d containers around it: no more brackets than MAX_JSON_DEPTH in the whole text
+    # (strings included) prove the depth without a walk.
+    if (
+        (type(value) is dict or type(value) is list)
+        and text.count("{") + text.count("[") > MAX_JSON_DEPTH
+        and not _within_depth(value, 0)
+    ):
+        return _Refused
     return value
 
 

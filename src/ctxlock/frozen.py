@@ -73,7 +73,7 @@ def freeze(value: Any) -> Any:
     """Deep-freeze parsed JSON: dict -> FrozenDict, list -> tuple. Scalars pass through."""
     if type(value) in _SCALARS:
         return value
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):  # a dict (what JSON parses to) before the abc check
         return FrozenDict(tuple((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)

@@ -63,6 +63,10 @@ def _documents(raw: Any) -> tuple[FrozenDict, ...]:
     return tuple(freeze(d) for d in docs)
 
 
+_HANDLED = frozenset({"messages", "tools", "documents", "chat_template_kwargs"})  # the top-level keys not in `extra`
+_HANDLED_ANTHROPIC = _HANDLED | {"system"}
+
+
 def build_request(
     obj: dict[str, Any],
     dialect: Dialect,
@@ -80,7 +84,7 @@ def build_request(
     uses only the other fields of this Request."""
     if "messages" not in obj:
         raise fail("messages", "messages is required", "send a non-empty array of messages")
-    handled = {"messages", "tools", "documents", "chat_template_kwargs"}
+    handled = _HANDLED
     tools: tuple[FrozenDict, ...] | None = None
     if dialect is Dialect.OPENAI:
         if obj.get("functions") is not None:
@@ -90,7 +94,7 @@ def build_request(
         if obj.get("tools") is not None:
             tools = openai.parse_tools(obj["tools"])
     else:
-        handled.add("system")
+        handled = _HANDLED_ANTHROPIC
         system = [] if obj.get("system") is None else [anthropic.parse_system(obj["system"])]
         messages = (*system, *anthropic.parse_messages(obj["messages"]))
         if obj.get("tools") is not None:
@@ -105,6 +109,6 @@ def build_request(
         extra=freeze({k: v for k, v in obj.items() if k not in handled}),
         source_sha256=sha,
         utf8_policy=policy,
-        replaced_bytes=tuple(b for start, end in runs for b in range(start, end)),
+        replaced_bytes=tuple(b for start, end in runs for b in range(start, end)) if runs else (),
         cache_control=anthropic.cache_breakpoints(obj) if dialect is Dialect.ANTHROPIC else (),
     )

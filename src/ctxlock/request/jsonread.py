@@ -221,7 +221,7 @@ def _loads_fast(text: str, decoded: bool) -> Any:
     (`_may_hold_surrogate`; a `decoded` text, one that came out of a UTF-8 decode, can hold one only through a
     `\\u` escape), nesting at MAX_JSON_DEPTH, a leading U+FEFF (json.loads' own error), or any other exception.
     What is left is the value the reference reader builds: the same dicts (keys in order), lists and scalars."""
-    if text[:1] == "\ufeff" or _SURROGATE_ESCAPE.search(text) is not None:
+    if text[:1] == "\ufeff" or ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None):
         return _Refused
     if not decoded:
         try:

@@ -24,7 +24,15 @@ from ctxlock.settings import fast_enabled
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
+# Each member by (enum, value): what `enum(value)` looks up first (its value-to-member dict), without the call.
+_MEMBERS: dict[tuple[type, Any], Any] = {(type(m), m.value): m for e in (Dialect, Utf8Policy, ToolArguments) for m in e}
+
+
 def _coerce(enum: type[Dialect] | type[Utf8Policy] | type[ToolArguments], value: Any, arg: str) -> Any:
+    try:
+        return _MEMBERS[enum, value]
+    except (KeyError, TypeError):  # not a member's value, or unhashable: the enum says which (or raises)
+        pass
     try:
         return enum(value)
     except ValueError:

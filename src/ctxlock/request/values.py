@@ -7,13 +7,14 @@ Nothing here parses: the dialect modules build these values, and every later sta
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, canonical_json, thaw
-from ctxlock.request._canonical import request_json
+from ctxlock.request._canonical import request_json_bytes
 from ctxlock.request.paths import join_path
 from ctxlock.settings import fast_enabled
 
@@ -259,12 +260,25 @@ class Request:
         """Canonical JSON of exactly the compared fields, so `a == b` iff `a.to_json() == b.to_json()`.
 
         `extra`, the dialect and the byte provenance are not part of it (a record stores them next to it). Fast
-        path: the same text written piece by piece (`_canonical.request_json`).
+        path: the same text written piece by piece (`_canonical.request_json_bytes`).
         """
         if fast_enabled() and type(self) is Request:  # a subclass may write its own template_messages
-            text = request_json(self, Message)
-            if text is not None:
-                return text
+            data = request_json_bytes(self, Message)
+            if data is not None:
+                return data.decode("utf-8")
+        return self._reference_json()
+
+    def json_sha256(self) -> str:
+        """The SHA-256 (hex) of `to_json()` encoded as UTF-8: the request's digest (a `ctxlock batch` row's
+        `request_sha256`). Raises what `to_json()` or the encoding raises (UnicodeEncodeError for a lone surrogate).
+        Fast path: the UTF-8 text written piece by piece (`_canonical.request_json_bytes`), not encoded again."""
+        if fast_enabled() and type(self) is Request:
+            data = request_json_bytes(self, Message)
+            if data is not None:
+                return hashlib.sha256(data).hexdigest()
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
+
+    def _reference_json(self) -> str:
         return canonical_json(
             {
                 "messages": self.template_messages(),

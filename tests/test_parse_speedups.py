@@ -148,8 +148,8 @@ def test_loads_strict_one_pass_equals_the_reference(policy: Utf8Policy, text: st
     text = _mutate(text, where, how)
     fast, reference = both(loads_strict, text, "$", policy)
     assert fast == reference
-    if "\ud800" not in text:  # `decoded`: the text holds no lone surrogate character
-        assert both(loads_strict, text, "$", policy, decoded=True)[0] == reference
+    if "\ud800" not in text:  # `source`: the bytes the text came from (it holds no lone surrogate character)
+        assert both(loads_strict, text, "$", policy, source=text.encode())[0] == reference
 
 
 def _nested(depth: int, padding: int = 0) -> str:
@@ -169,17 +169,19 @@ def test_depth_is_refused_at_the_same_container(depth: int, padding: int) -> Non
     fast, reference = both(loads_strict, text, "$", Utf8Policy.STRICT)
     assert fast == reference
     shallow = depth < MAX_JSON_DEPTH  # the root object is at depth 0, the innermost list at `depth`
-    assert (_loads_fast(text, True) is _Refused) is not shallow  # the one-pass reader serves every shallow text
+    assert (
+        _loads_fast(text, text.encode()) is _Refused
+    ) is not shallow  # the one-pass reader serves every shallow text
 
 
 def test_the_one_pass_reader_refuses_what_the_walk_reports() -> None:
     for text in ['{"a": 1, "a": 2}', "[NaN]", '{"x": -Infinity}', "[1e400]", '["\\ud800"]', "\ufeff{}", "[1,]"]:
-        assert _loads_fast(text, True) is _Refused, text
+        assert _loads_fast(text, text.encode()) is _Refused, text
         fast, reference = both(loads_strict, text, "$", Utf8Policy.STRICT)
         assert fast == reference and fast[0] == "error", text
     # ... and serves a valid text, surrogate pairs spelled raw, as the reference builds it
     text = '{"m": [{"role": "user", "content": "🙂 \\n \\"x\\""}], "t": 0.5, "n": -0, "b": [true, null]}'
-    assert typed(_loads_fast(text, True)) == both(loads_strict, text, "$", Utf8Policy.STRICT)[1][1]
+    assert typed(_loads_fast(text, text.encode())) == both(loads_strict, text, "$", Utf8Policy.STRICT)[1][1]
 
 
 # -- parse_request ----------------------------------------------------------------------------------------------------
@@ -259,6 +261,22 @@ def test_parse_request_equals_the_reference(
         assert fast == reference
     fast, reference = parsed_both(text, tool_arguments="as-sent", utf8="replace")
     assert fast == reference
+
+
+_BAD_BYTES = [b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xf0\x9f\x99", b"\x80\x80", b"\xef\xbb\xbf", b"\\u"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=requests, bad=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(_BAD_BYTES)), max_size=3))
+def test_parse_request_of_broken_bytes_equals_the_reference(request: dict[str, Any], bad: list[Any]) -> None:
+    """Invalid UTF-8 (rejected, or replaced and recorded), a BOM, a stray escape, anywhere in the bytes."""
+    data = json.dumps(request, ensure_ascii=False).encode()
+    for where, piece in bad:
+        at = where % (len(data) + 1)
+        data = data[:at] + piece + data[at:]
+    for utf8 in ("strict", "replace"):
+        fast, reference = parsed_both(data, utf8=utf8)
+        assert fast == reference
 
 
 def test_plain_messages_take_the_fast_path_and_pickle_the_same() -> None:

@@ -59,6 +59,10 @@ def _string(s: str) -> bytes:
     return b'"' + data + b'"'
 
 
+# The roles a parsed message can have, written once (`_string` of each).
+_ROLES = {role: _string(role) for role in ("system", "developer", "user", "assistant", "tool")}
+
+
 def request_json_bytes(request: Any, message_type: type) -> bytes | None:
     """`request.to_json().encode("utf-8")` of the reference path, written piece by piece (module docstring), or
     None where the reference path must write it."""
@@ -91,7 +95,7 @@ def _message_json(m: Any, message_type: type) -> bytes:
         if type(content) is str and type(role) is str:
             name, tool_call_id, reasoning = m.name, m.tool_call_id, m.reasoning_content
             if name is None and tool_call_id is None and reasoning is None:
-                return b'{"content":' + _string(content) + b',"role":' + _string(role) + b"}"
+                return b'{"content":' + _string(content) + b',"role":' + (_ROLES.get(role) or _string(role)) + b"}"
             if (
                 (name is None or type(name) is str)
                 and (tool_call_id is None or type(tool_call_id) is str)

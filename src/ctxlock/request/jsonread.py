@@ -214,16 +214,25 @@ def _within_depth(value: Any, depth: int) -> bool:
     return True
 
 
-def _loads_fast(text: str, decoded: bool) -> Any:
+def _loads_fast(text: str, source: bytes | None) -> Any:
     """`loads_strict`'s value read in one pass of the stdlib's C scanner, or `_Refused` where the reference reader
     must read the text (it then gives its value, or its error with its path): a duplicate key, a NaN or infinite
     number (the hooks refuse them as the scanner meets them), a string that may hold a lone surrogate
-    (`_may_hold_surrogate`; a `decoded` text, one that came out of a UTF-8 decode, can hold one only through a
-    `\\u` escape), nesting at MAX_JSON_DEPTH, a leading U+FEFF (json.loads' own error), or any other exception.
-    What is left is the value the reference reader builds: the same dicts (keys in order), lists and scalars."""
-    if text[:1] == "\ufeff" or ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None):
+    (`_may_hold_surrogate`), nesting at MAX_JSON_DEPTH, a leading U+FEFF (json.loads' own error), or any other
+    exception. What is left is the value the reference reader builds: the same dicts (keys in order), lists and
+    scalars.
+
+    `source`, the UTF-8 bytes the text was decoded from (under either policy; a leading BOM may be cut from the
+    text), answers for it where bytes are quicker to search than a text of wide characters: the text then holds no
+    lone surrogate character (UTF-8 cannot hold one, and the decoder refuses or replaces its bytes), and it has the
+    bytes' ASCII characters, backslashes and brackets, in the same places (a byte below 0x80 is a character of its
+    own in UTF-8, and no replaced run holds one)."""
+    if text[:1] == "\ufeff":
         return _Refused
-    if not decoded:
+    escapes = "\\u" in text if source is None else b"\\u" in source
+    if escapes and _SURROGATE_ESCAPE.search(text) is not None:
+        return _Refused
+    if source is None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
@@ -234,22 +243,21 @@ def _loads_fast(text: str, decoded: bool) -> Any:
         return _Refused
     # A container at depth d has d containers around it: no more brackets than MAX_JSON_DEPTH in the whole text
     # (strings included) prove the depth without a walk.
-    if (
-        (type(value) is dict or type(value) is list)
-        and text.count("{") + text.count("[") > MAX_JSON_DEPTH
-        and not _within_depth(value, 0)
-    ):
-        return _Refused
+    if type(value) is dict or type(value) is list:
+        brackets = text.count("{") + text.count("[") if source is None else source.count(b"{") + source.count(b"[")
+        if brackets > MAX_JSON_DEPTH and not _within_depth(value, 0):
+            return _Refused
     return value
 
 
-def loads_strict(text: str, path: str, policy: Utf8Policy, *, decoded: bool = False) -> Any:
+def loads_strict(text: str, path: str, policy: Utf8Policy, *, source: bytes | None = None) -> Any:
     """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
 
-    `decoded`: the text came out of a UTF-8 decode (it holds no lone surrogate character, only maybe escapes of
-    one). Fast path: the one-pass reader (`_loads_fast`) when it can vouch for the text."""
+    `source`: the UTF-8 bytes `text` was decoded from (`decode_bytes`, a leading BOM maybe cut from the text), which
+    the fast path searches instead of the text. Fast path: the one-pass reader (`_loads_fast`) when it can vouch for
+    the text."""
     if fast_enabled():
-        value = _loads_fast(text, decoded)
+        value = _loads_fast(text, source)
         if value is not _Refused:
             return value
     try:

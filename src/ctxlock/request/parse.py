@@ -60,7 +60,7 @@ def parse_request(
     forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")
     as_sent = _coerce(ToolArguments, tool_arguments, "tool_arguments") is ToolArguments.AS_SENT
 
-    if isinstance(data, Mapping):
+    if type(data) is not bytes and isinstance(data, Mapping):  # (bytes, what a batch row is, skip the abc check)
         if fast_enabled() and not as_sent:  # the memo (a fast path) keeps parsed arguments only
             fast = _memo.lookup_or_parse(data, forced, policy)
             if fast is not None:
@@ -84,7 +84,7 @@ def parse_request(
     bom_chars = 1 if data.startswith(_UTF8_BOM) else 0
 
     try:
-        obj = loads_strict(text[bom_chars:], "$", policy, decoded=True)
+        obj = loads_strict(text[bom_chars:], "$", policy, source=data)
     except json.JSONDecodeError as exc:
         byte = byte_offset(data, runs, text, exc.pos + bom_chars)
         raise RequestJSONError(

@@ -5,9 +5,9 @@
   and a depth proof from the bracket count. Values (types, key order) and errors (type, message, path, hint) equal
   the reference's on generated texts, hostile ones included (duplicates, deep nesting, brackets in strings,
   surrogate escapes, a BOM, broken syntax, huge numbers).
-- `openai._text_message` and `values.text_message`: a `{"role", "content": str}` message built without
-  `parse_message`'s checks or the dataclass `__init__`: the Request is the reference's in every field and pickles to
-  the same bytes.
+- `openai._text_messages` and `values.text_message`: a `{"role", "content": str}` message built without
+  `parse_message`'s checks or the dataclass `__init__` (and the Request without it, `values.request_of`): the Request
+  is the reference's in every field and pickles to the same bytes.
 - `Request.to_json()` written piece by piece (`_canonical.request_json`): the same text on generated Requests of
   every shape, parsed or built directly (odd field types, NaN, non-JSON values: the same error).
 - `frozen.canonical_json` with one encoder: the text of `json.dumps` with its options.
@@ -36,7 +36,7 @@ from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
 from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall, Utf8Policy, parse_request
 from ctxlock.request._canonical import _string, request_json_bytes
 from ctxlock.request.jsonread import _loads_fast, _Refused, loads_strict
-from ctxlock.request.values import text_message
+from ctxlock.request.values import request_of, text_message
 from ctxlock.settings import fast_path, reference_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -292,6 +292,28 @@ def test_plain_messages_take_the_fast_path_and_pickle_the_same() -> None:
         assert repr(made) == repr(built) and hash(made) == hash(built) and made == built
         with pytest.raises(dataclasses.FrozenInstanceError):
             made.role = "user"  # type: ignore[misc]
+
+
+def test_request_of_is_the_dataclass_init() -> None:
+    fields = {
+        "dialect": Dialect.ANTHROPIC,
+        "messages": (Message(role="user", content="x"),),
+        "tools": (FrozenDict({"type": "function"}),),
+        "documents": None,
+        "chat_template_kwargs": FrozenDict({"a": 1}),
+        "extra": FrozenDict({"model": "m"}),
+        "source_sha256": "ab",
+        "utf8_policy": Utf8Policy.REPLACE,
+        "replaced_bytes": (3, 4),
+        "cache_control": (FrozenDict({"path": "system[0]"}),),
+    }
+    made, built = request_of(**fields), Request(**fields)
+    assert [f.name for f in dataclasses.fields(Request)] == list(made.__dict__)  # a new field fails here
+    assert list(made.__dict__.items()) == list(built.__dict__.items())
+    assert pickle.dumps(made) == pickle.dumps(built)
+    assert repr(made) == repr(built) and hash(made) == hash(built) and made == built
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.tools = None  # type: ignore[misc]
 
 
 def test_benchmark_rows_parse_and_digest_as_the_reference() -> None:

@@ -13,7 +13,8 @@ from ctxlock.frozen import FrozenDict, freeze
 from ctxlock.request import anthropic, openai
 from ctxlock.request.checks import as_array, as_object, fail
 from ctxlock.request.paths import join_path
-from ctxlock.request.values import RESERVED_TEMPLATE_KWARGS, Dialect, Message, Request, Utf8Policy
+from ctxlock.request.values import RESERVED_TEMPLATE_KWARGS, Dialect, Message, Request, Utf8Policy, request_of
+from ctxlock.settings import fast_enabled
 
 
 def detect(obj: dict[str, Any]) -> Dialect:
@@ -26,7 +27,9 @@ def detect(obj: dict[str, Any]) -> Dialect:
     messages = obj.get("messages")
     for m in messages if isinstance(messages, list) else ():
         content = m.get("content") if isinstance(m, dict) else None
-        for block in content if isinstance(content, list) else ():
+        if not isinstance(content, list):  # most messages: text, nothing to look into
+            continue
+        for block in content:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
@@ -100,7 +103,8 @@ def build_request(
         if obj.get("tools") is not None:
             tools = anthropic.parse_tools(obj["tools"])
     documents = None if obj.get("documents") is None else _documents(obj["documents"])
-    return Request(
+    make = request_of if fast_enabled() else Request  # fast path: the same Request without the dataclass __init__
+    return make(
         dialect=dialect,
         messages=tuple(messages),
         tools=tools,

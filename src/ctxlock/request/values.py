@@ -185,7 +185,7 @@ def text_message(role: str, content: str, source: str) -> Message:
     """`Message(role=role, content=content, source=source)` made without the frozen dataclass's `__init__` (which sets
     the eight fields one `object.__setattr__` at a time, about twice the cost): the same instance dict, field for field
     and in field order, so the Message is equal, hashes, prints and pickles the same. The request parser's fast path
-    makes one per plain text message (`openai._text_message`); tests/test_parse_speedups.py holds it to the
+    makes one per plain text message (`openai._text_messages`); tests/test_parse_speedups.py holds it to the
     dataclass's own `__init__`, fields included."""
     message = _new(Message)
     _set(
@@ -293,6 +293,42 @@ class Request:
             # Anthropic tools are {name, description, input_schema}; name the key the client actually sent.
             return join_path(f"tools[{k}]", "input_schema" if key == "parameters" else key)
         return join_path(f"tools[{k}].function", key)
+
+
+def request_of(
+    *,
+    dialect: Dialect,
+    messages: tuple[Message, ...],
+    tools: tuple[FrozenDict, ...] | None,
+    documents: tuple[FrozenDict, ...] | None,
+    chat_template_kwargs: FrozenDict,
+    extra: FrozenDict,
+    source_sha256: str,
+    utf8_policy: Utf8Policy,
+    replaced_bytes: tuple[int, ...],
+    cache_control: tuple[FrozenDict, ...],
+) -> Request:
+    """`Request(...)` of every field, made without the frozen dataclass's `__init__` as `text_message` makes a
+    Message: the same instance dict, in field order. `build_request`'s fast path; tests/test_parse_speedups.py holds
+    it to the dataclass's own `__init__`."""
+    request = _new(Request)
+    _set(
+        request,
+        "__dict__",
+        {
+            "dialect": dialect,
+            "messages": messages,
+            "tools": tools,
+            "documents": documents,
+            "chat_template_kwargs": chat_template_kwargs,
+            "extra": extra,
+            "source_sha256": source_sha256,
+            "utf8_policy": utf8_policy,
+            "replaced_bytes": replaced_bytes,
+            "cache_control": cache_control,
+        },
+    )
+    return request
 
 
 def _message_strings(m: Message) -> Iterator[tuple[str, str]]:

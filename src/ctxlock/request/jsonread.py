@@ -200,8 +200,12 @@ def _fast_float(literal: str) -> float:
     raise _Refused  # a number that overflows to infinity
 
 
-# One decoder for every call (json.loads builds one per call when given hooks); decoding keeps no state in it.
-_FAST_DECODER = json.JSONDecoder(object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float)
+# One decoder for every call (json.loads builds one per call when given hooks), as json.loads keeps one for calls
+# without hooks. `_loads_fast` calls its scanner as `decoder.decode` does: JSON whitespace, one value, whitespace.
+_FAST_SCAN = json.JSONDecoder(
+    object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float
+).scan_once
+_WHITESPACE = json.decoder.WHITESPACE.match
 
 
 def _within_depth(value: Any, depth: int) -> bool:
@@ -238,8 +242,10 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
         except UnicodeEncodeError:
             return _Refused
     try:
-        value = _FAST_DECODER.decode(text)
+        value, end = _FAST_SCAN(text, _WHITESPACE(text, 0).end())
     except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so
+        return _Refused
+    if _WHITESPACE(text, end).end() != len(text):  # extra data
         return _Refused
     # A container at depth d has d containers around it: no more brackets than MAX_JSON_DEPTH in the whole text
     # (strings included) prove the depth without a walk.

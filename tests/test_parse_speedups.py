@@ -34,7 +34,7 @@ from ctxlock._fast_batch import _digest
 from ctxlock.errors import CtxlockError
 from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
 from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall, Utf8Policy, parse_request
-from ctxlock.request._canonical import _string, request_json_bytes
+from ctxlock.request._canonical import _controls_escaped, _quoted, request_json_bytes
 from ctxlock.request.jsonread import _loads_fast, _Refused, loads_strict
 from ctxlock.request.values import request_of, text_message
 from ctxlock.settings import fast_path, reference_path
@@ -401,16 +401,20 @@ def test_to_json_piece_by_piece_equals_the_reference(request: Request) -> None:
         assert request_json_bytes(request, Message) is None  # refused: the reference raised its own error
 
 
+def _escaped(s: str) -> bytes:
+    return _controls_escaped(_quoted(s))
+
+
 def test_string_escapes_every_code_point_as_the_encoder() -> None:
     scalars = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
     for start in range(0, len(scalars), 4096):  # runs of neighbours, each escaped on its own and next to others
         chunk = scalars[start : start + 4096]
-        assert _string(chunk) == encode_basestring(chunk).encode("utf-8")
+        assert _escaped(chunk) == encode_basestring(chunk).encode("utf-8")
     for c in range(0x80):
-        for s in (chr(c), "a" + chr(c) * 3 + "é", chr(c) + "🙂"):
-            assert _string(s) == encode_basestring(s).encode("utf-8")
+        for s in (chr(c), "a" + chr(c) * 3 + "é", chr(c) + "🙂", "\\" + chr(c) + '"'):
+            assert _escaped(s) == encode_basestring(s).encode("utf-8")
     with pytest.raises(UnicodeEncodeError):
-        _string("x\ud800")
+        _quoted("x\ud800")
 
 
 def test_to_json_of_a_subclass_takes_the_reference_path() -> None:

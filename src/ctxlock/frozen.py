@@ -18,7 +18,10 @@ class FrozenDict(Mapping[str, Any]):
     __slots__ = ("_hash", "_index", "_items", "_key")
 
     def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()) -> None:
-        pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
+        if type(items) is tuple:  # what `freeze` passes (tuple() of a tuple is the tuple): before the abc check
+            pairs = items
+        else:
+            pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
         self._items = pairs
         self._index = {k: v for k, v in pairs}
         self._hash: int | None = None

@@ -20,8 +20,10 @@ class FrozenDict(Mapping[str, Any]):
     def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()) -> None:
         if type(items) is tuple:  # what `freeze` passes (tuple() of a tuple is the tuple): before the abc check
             pairs = items
+        elif isinstance(items, Mapping):
+            pairs = tuple(items.items())
         else:
-            pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
+            pairs = tuple(items)
         self._items = pairs
         self._index = {k: v for k, v in pairs}
         self._hash: int | None = None

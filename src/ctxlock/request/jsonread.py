@@ -103,6 +103,7 @@ def _parse_float(literal: str) -> float | _BadNumber:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A \u escape of D800-DFFF (JSON's `u` is lower case; its hex digits are either case).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())  # the same, in UTF-8 (all ASCII)
 
 
 def _may_hold_surrogate(text: str) -> bool:
@@ -233,8 +234,10 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
     own in UTF-8, and no replaced run holds one)."""
     if text[:1] == "\ufeff":
         return _Refused
-    escapes = "\\u" in text if source is None else b"\\u" in source
-    if escapes and _SURROGATE_ESCAPE.search(text) is not None:
+    if source is not None:
+        if _SURROGATE_ESCAPE_BYTES.search(source) is not None:
+            return _Refused
+    elif "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
         return _Refused
     if source is None:
         try:

@@ -40,6 +40,25 @@ def _coerce(enum: type[Dialect] | type[Utf8Policy] | type[ToolArguments], value:
         raise RequestValidationError(f"unknown {arg} {value!r}", path=arg, hint=f"use one of {allowed}") from None
 
 
+def _as_bytes(data: Any, forced: Dialect | None, policy: Utf8Policy, as_sent: bool) -> bytes | Request:
+    """The bytes `parse_request` parses, or the memo's Request for a Mapping."""
+    if isinstance(data, Mapping):
+        if fast_enabled() and not as_sent:  # the memo (a fast path) keeps parsed arguments only
+            fast = _memo.lookup_or_parse(data, forced, policy)
+            if fast is not None:
+                return fast
+        # NaN stays NaN here (allow_nan) so the parser reports it with its JSON path.
+        data = json.dumps(to_plain(data, "$"), ensure_ascii=False, separators=(",", ":"))
+    if isinstance(data, str):
+        # surrogatepass: a lone surrogate in the str becomes invalid UTF-8 and is reported like a bad byte.
+        data = data.encode("utf-8", "surrogatepass")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise RequestValidationError(
+            f"cannot parse a {type(data).__name__}", path="$", hint="pass bytes, a str or a mapping"
+        )
+    return bytes(data)
+
+
 def parse_request(
     data: bytes | str | Mapping[str, Any],
     *,
@@ -60,21 +79,10 @@ def parse_request(
     forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")
     as_sent = _coerce(ToolArguments, tool_arguments, "tool_arguments") is ToolArguments.AS_SENT
 
-    if type(data) is not bytes and isinstance(data, Mapping):  # (bytes, what a batch row is, skip the abc check)
-        if fast_enabled() and not as_sent:  # the memo (a fast path) keeps parsed arguments only
-            fast = _memo.lookup_or_parse(data, forced, policy)
-            if fast is not None:
-                return fast
-        # NaN stays NaN here (allow_nan) so the parser reports it with its JSON path.
-        data = json.dumps(to_plain(data, "$"), ensure_ascii=False, separators=(",", ":"))
-    if isinstance(data, str):
-        # surrogatepass: a lone surrogate in the str becomes invalid UTF-8 and is reported like a bad byte.
-        data = data.encode("utf-8", "surrogatepass")
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise RequestValidationError(
-            f"cannot parse a {type(data).__name__}", path="$", hint="pass bytes, a str or a mapping"
-        )
-    data = bytes(data)
+    if type(data) is not bytes:  # (bytes, what a batch row is, pass none of these checks)
+        data = _as_bytes(data, forced, policy, as_sent)
+        if isinstance(data, Request):
+            return data
     sha = hashlib.sha256(data).hexdigest()
 
     text, runs = decode_bytes(data, policy)

@@ -234,16 +234,8 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
     own in UTF-8, and no replaced run holds one)."""
     if text[:1] == "\ufeff":
         return _Refused
-    if source is not None:
-        if _SURROGATE_ESCAPE_BYTES.search(source) is not None:
-            return _Refused
-    elif "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
+    if _may_hold_surrogate(text) if source is None else _SURROGATE_ESCAPE_BYTES.search(source) is not None:
         return _Refused
-    if source is None:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return _Refused
     try:
         value, end = _FAST_SCAN(text, _WHITESPACE(text, 0).end())
     except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so

@@ -8,8 +8,10 @@
 - `openai._text_messages` and `values.text_message`: a `{"role", "content": str}` message built without
   `parse_message`'s checks or the dataclass `__init__` (and the Request without it, `values.request_of`): the Request
   is the reference's in every field and pickles to the same bytes.
-- `Request.to_json()` written piece by piece (`_canonical.request_json`): the same text on generated Requests of
-  every shape, parsed or built directly (odd field types, NaN, non-JSON values: the same error).
+- `Request.to_json()` and `Request.json_sha256()` (the batch row's digest) from the UTF-8 text written piece by piece
+  (`_canonical.request_json_bytes`): the same text on generated Requests of every shape, parsed or built directly
+  (odd field types, NaN, non-JSON values, lone surrogates: the same error), and the same escaping as the encoder on
+  every code point.
 - `frozen.canonical_json` with one encoder: the text of `json.dumps` with its options.
 """
 
@@ -321,6 +323,11 @@ def test_benchmark_rows_parse_and_digest_as_the_reference() -> None:
     for row in rows:
         fast, reference = parsed_both(row.encode())
         assert fast == reference
+        if fast[0] == "value":  # and the fast paths served it (none of them gave up)
+            assert _loads_fast(row, row.encode()) is not _Refused
+            with reference_path():
+                request = parse_request(row)
+            assert request_json_bytes(request, Message) == request.to_json().encode()
 
 
 # -- Request.to_json --------------------------------------------------------------------------------------------------

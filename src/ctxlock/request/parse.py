@@ -19,7 +19,7 @@ from ctxlock.request.build import build_request, detect
 from ctxlock.request.checks import fail, json_type_name
 from ctxlock.request.jsonread import byte_offset, decode_bytes, loads_strict, to_plain
 from ctxlock.request.values import Dialect, Request, ToolArguments, Utf8Policy
-from ctxlock.settings import fast_enabled
+from ctxlock.settings import call_fast, fast_enabled
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -78,7 +78,13 @@ def parse_request(
     policy: Utf8Policy = _coerce(Utf8Policy, utf8, "utf8")
     forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")
     as_sent = _coerce(ToolArguments, tool_arguments, "tool_arguments") is ToolArguments.AS_SENT
+    if fast_enabled():  # the setting read once: the stages ask again, cheaply, inside `call_fast`
+        return call_fast(_parse, data, forced, policy, as_sent)
+    return _parse(data, forced, policy, as_sent)
 
+
+def _parse(data: Any, forced: Dialect | None, policy: Utf8Policy, as_sent: bool) -> Request:
+    """`parse_request` once its options are checked (the reference algorithm, module docstring)."""
     if type(data) is not bytes:  # (bytes, what a batch row is, pass none of these checks)
         data = _as_bytes(data, forced, policy, as_sent)
         if isinstance(data, Request):

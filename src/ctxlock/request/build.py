@@ -103,6 +103,7 @@ def build_request(
         if obj.get("tools") is not None:
             tools = anthropic.parse_tools(obj["tools"])
     documents = None if obj.get("documents") is None else _documents(obj["documents"])
+    extra = {k: v for k, v in obj.items() if k not in handled}
     make = request_of if fast_enabled() else Request  # fast path: the same Request without the dataclass __init__
     return make(
         dialect=dialect,
@@ -110,7 +111,7 @@ def build_request(
         tools=tools,
         documents=documents,
         chat_template_kwargs=_template_kwargs(obj.get("chat_template_kwargs")),
-        extra=freeze({k: v for k, v in obj.items() if k not in handled}),
+        extra=freeze(extra) if extra else FrozenDict(),  # (what freeze makes of {}, made directly)
         source_sha256=sha,
         utf8_policy=policy,
         replaced_bytes=tuple(b for start, end in runs for b in range(start, end)) if runs else (),

@@ -38,7 +38,6 @@ on generated rows (hypothesis).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -117,7 +116,7 @@ def _start_accelerator(tokenizer: Any, requests: Sequence[Any]) -> None:
 
 
 def _digest(request: Any) -> str:
-    return hashlib.sha256(request.to_json().encode("utf-8")).hexdigest()
+    return request.json_sha256()  # sha256 of `to_json()` as UTF-8
 
 
 def _parse_options(render: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,12 @@ class FrozenDict(Mapping[str, Any]):
     __slots__ = ("_hash", "_index", "_items", "_key")
 
     def __init__(self, items: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()) -> None:
-        pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
+        if type(items) is tuple:  # what `freeze` passes (tuple() of a tuple is the tuple): before the abc check
+            pairs = items
+        elif isinstance(items, Mapping):
+            pairs = tuple(items.items())
+        else:
+            pairs = tuple(items)
         self._items = pairs
         self._index = {k: v for k, v in pairs}
         self._hash: int | None = None
@@ -73,7 +78,7 @@ def freeze(value: Any) -> Any:
     """Deep-freeze parsed JSON: dict -> FrozenDict, list -> tuple. Scalars pass through."""
     if type(value) in _SCALARS:
         return value
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):  # a dict (what JSON parses to) before the abc check
         return FrozenDict(tuple((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
@@ -91,6 +96,11 @@ def thaw(value: Any) -> Any:
     return value
 
 
+# What `json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)` builds on every
+# call (its options are not the defaults); an encoder keeps no state between calls, so one serves every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """The one canonical JSON text of a value: sorted keys, no spaces, UTF-8 characters kept, no NaN."""
-    return json.dumps(thaw(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(thaw(value))

@@ -8,10 +8,12 @@ it came in. Every error is a `RequestError` subclass whose `path` names the loca
 
 The package, one job per module: `values` (the frozen Request, Message and ToolCall, and the enums), `paths`
 (JSON paths), `jsonread` (the strict JSON reader), `checks` (validation helpers), `openai` and `anthropic` (one
-module per dialect), `build` (dialect detection and the Request), `parse` (`parse_request`, the stage), and
+module per dialect), `build` (dialect detection and the Request), `parse` (`parse_request`, the stage),
 `_memo` (the request memo, a fast path: a Mapping in the OpenAI dialect is parsed incrementally across calls,
-and the Request is the reference path's in every field, errors included). `CTXLOCK_FAST=0` and
-`reference_path()` turn the memo off; `clear_request_memo()` or `ctxlock.caches.clear_caches()` empties it.
+and the Request is the reference path's in every field, errors included) and `_canonical` (a fast path:
+`Request.to_json()` and `Request.json_sha256()` from the canonical text written piece by piece, the same text).
+`CTXLOCK_FAST=0` and `reference_path()` turn the fast paths off; `clear_request_memo()` or
+`ctxlock.caches.clear_caches()` empties the memo.
 """
 
 from __future__ import annotations

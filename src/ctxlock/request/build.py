@@ -13,7 +13,8 @@ from ctxlock.frozen import FrozenDict, freeze
 from ctxlock.request import anthropic, openai
 from ctxlock.request.checks import as_array, as_object, fail
 from ctxlock.request.paths import join_path
-from ctxlock.request.values import RESERVED_TEMPLATE_KWARGS, Dialect, Message, Request, Utf8Policy
+from ctxlock.request.values import RESERVED_TEMPLATE_KWARGS, Dialect, Message, Request, Utf8Policy, request_of
+from ctxlock.settings import fast_enabled
 
 
 def detect(obj: dict[str, Any]) -> Dialect:
@@ -26,7 +27,9 @@ def detect(obj: dict[str, Any]) -> Dialect:
     messages = obj.get("messages")
     for m in messages if isinstance(messages, list) else ():
         content = m.get("content") if isinstance(m, dict) else None
-        for block in content if isinstance(content, list) else ():
+        if not isinstance(content, list):  # most messages: text, nothing to look into
+            continue
+        for block in content:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
@@ -63,6 +66,10 @@ def _documents(raw: Any) -> tuple[FrozenDict, ...]:
     return tuple(freeze(d) for d in docs)
 
 
+_HANDLED = frozenset({"messages", "tools", "documents", "chat_template_kwargs"})  # the top-level keys not in `extra`
+_HANDLED_ANTHROPIC = _HANDLED | {"system"}
+
+
 def build_request(
     obj: dict[str, Any],
     dialect: Dialect,
@@ -80,7 +87,7 @@ def build_request(
     uses only the other fields of this Request."""
     if "messages" not in obj:
         raise fail("messages", "messages is required", "send a non-empty array of messages")
-    handled = {"messages", "tools", "documents", "chat_template_kwargs"}
+    handled = _HANDLED
     tools: tuple[FrozenDict, ...] | None = None
     if dialect is Dialect.OPENAI:
         if obj.get("functions") is not None:
@@ -90,21 +97,23 @@ def build_request(
         if obj.get("tools") is not None:
             tools = openai.parse_tools(obj["tools"])
     else:
-        handled.add("system")
+        handled = _HANDLED_ANTHROPIC
         system = [] if obj.get("system") is None else [anthropic.parse_system(obj["system"])]
         messages = (*system, *anthropic.parse_messages(obj["messages"]))
         if obj.get("tools") is not None:
             tools = anthropic.parse_tools(obj["tools"])
     documents = None if obj.get("documents") is None else _documents(obj["documents"])
-    return Request(
+    extra = {k: v for k, v in obj.items() if k not in handled}
+    make = request_of if fast_enabled() else Request  # fast path: the same Request without the dataclass __init__
+    return make(
         dialect=dialect,
         messages=tuple(messages),
         tools=tools,
         documents=documents,
         chat_template_kwargs=_template_kwargs(obj.get("chat_template_kwargs")),
-        extra=freeze({k: v for k, v in obj.items() if k not in handled}),
+        extra=freeze(extra) if extra else FrozenDict(),  # (what freeze makes of {}, made directly)
         source_sha256=sha,
         utf8_policy=policy,
-        replaced_bytes=tuple(b for start, end in runs for b in range(start, end)),
+        replaced_bytes=tuple(b for start, end in runs for b in range(start, end)) if runs else (),
         cache_control=anthropic.cache_breakpoints(obj) if dialect is Dialect.ANTHROPIC else (),
     )

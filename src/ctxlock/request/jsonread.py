@@ -103,6 +103,7 @@ def _parse_float(literal: str) -> float | _BadNumber:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A \u escape of D800-DFFF (JSON's `u` is lower case; its hex digits are either case).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())  # the same, in UTF-8 (all ASCII)
 
 
 def _may_hold_surrogate(text: str) -> bool:
@@ -178,8 +179,90 @@ class _Builder:
         )
 
 
-def loads_strict(text: str, path: str, policy: Utf8Policy) -> Any:
-    """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is."""
+class _Refused(Exception):
+    """Raised by the one-pass reader's hooks (`_loads_fast`): the reference reader must read this text."""
+
+
+def _fast_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # a duplicate key
+        raise _Refused
+    return obj
+
+
+def _fast_constant(literal: str) -> Any:
+    raise _Refused  # NaN, Infinity, -Infinity
+
+
+def _fast_float(literal: str) -> float:
+    value = float(literal)
+    if math.isfinite(value):
+        return value
+    raise _Refused  # a number that overflows to infinity
+
+
+# One decoder for every call (json.loads builds one per call when given hooks), as json.loads keeps one for calls
+# without hooks. `_loads_fast` calls its scanner as `decoder.decode` does: JSON whitespace, one value, whitespace.
+_FAST_SCAN = json.JSONDecoder(
+    object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float
+).scan_once
+_WHITESPACE = json.decoder.WHITESPACE.match
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"{[")  # what translate deletes to leave `{` and `[`
+
+
+def _within_depth(value: Any, depth: int) -> bool:
+    """Whether no container in `value` (a container at `depth`) sits at MAX_JSON_DEPTH or deeper."""
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    for item in value.values() if type(value) is dict else value:
+        if (type(item) is dict or type(item) is list) and not _within_depth(item, depth + 1):
+            return False
+    return True
+
+
+def _loads_fast(text: str, source: bytes | None) -> Any:
+    """`loads_strict`'s value read in one pass of the stdlib's C scanner, or `_Refused` where the reference reader
+    must read the text (it then gives its value, or its error with its path): a duplicate key, a NaN or infinite
+    number (the hooks refuse them as the scanner meets them), a string that may hold a lone surrogate
+    (`_may_hold_surrogate`), nesting at MAX_JSON_DEPTH, a leading U+FEFF (json.loads' own error), or any other
+    exception. What is left is the value the reference reader builds: the same dicts (keys in order), lists and
+    scalars.
+
+    `source`, the UTF-8 bytes the text was decoded from (under either policy; a leading BOM may be cut from the
+    text), answers for it where bytes are quicker to search than a text of wide characters: the text then holds no
+    lone surrogate character (UTF-8 cannot hold one, and the decoder refuses or replaces its bytes), and it has the
+    bytes' ASCII characters, backslashes and brackets, in the same places (a byte below 0x80 is a character of its
+    own in UTF-8, and no replaced run holds one)."""
+    if text[:1] == "\ufeff":
+        return _Refused
+    if _may_hold_surrogate(text) if source is None else _SURROGATE_ESCAPE_BYTES.search(source) is not None:
+        return _Refused
+    try:
+        value, end = _FAST_SCAN(text, _WHITESPACE(text, 0).end())
+    except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so
+        return _Refused
+    if _WHITESPACE(text, end).end() != len(text):  # extra data
+        return _Refused
+    # A container at depth d has d containers around it: no more brackets than MAX_JSON_DEPTH in the whole text
+    # (strings included) prove the depth without a walk.
+    if type(value) is dict or type(value) is list:
+        # (on the bytes, one pass that leaves the brackets, where two counts read them twice)
+        brackets = text.count("{") + text.count("[") if source is None else len(source.translate(None, _NOT_BRACKETS))
+        if brackets > MAX_JSON_DEPTH and not _within_depth(value, 0):
+            return _Refused
+    return value
+
+
+def loads_strict(text: str, path: str, policy: Utf8Policy, *, source: bytes | None = None) -> Any:
+    """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
+
+    `source`: the UTF-8 bytes `text` was decoded from (`decode_bytes`, a leading BOM maybe cut from the text), which
+    the fast path searches instead of the text. Fast path: the one-pass reader (`_loads_fast`) when it can vouch for
+    the text."""
+    if fast_enabled():
+        value = _loads_fast(text, source)
+        if value is not _Refused:
+            return value
     try:
         raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=_parse_float)
     except RecursionError:

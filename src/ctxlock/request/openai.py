@@ -28,7 +28,8 @@ from ctxlock.request.checks import (
 )
 from ctxlock.request.jsonread import loads_strict
 from ctxlock.request.paths import join_path
-from ctxlock.request.values import Message, ToolCall, Utf8Policy
+from ctxlock.request.values import Message, ToolCall, Utf8Policy, text_message
+from ctxlock.settings import fast_enabled
 
 _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Per role, the keys that may carry a value. Every key of the union may be null in any message (SDKs dump their
@@ -52,7 +53,29 @@ def parse_messages(raw: Any, policy: Utf8Policy, as_sent: bool = False) -> tuple
     if not messages:
         raise fail("messages", "messages is empty", "send at least one message")
     seen_ids: set[str] = set()
+    if fast_enabled():
+        return _text_messages(messages, seen_ids, policy, as_sent)
     return tuple(parse_message(m, f"messages[{i}]", seen_ids, policy, as_sent) for i, m in enumerate(messages))
+
+
+_TEXT_ROLES = ("system", "developer", "user", "assistant")  # the roles a message of role and content alone may have
+
+
+def _text_messages(messages: list[Any], seen_ids: set[str], policy: Utf8Policy, as_sent: bool) -> tuple[Message, ...]:
+    """`parse_messages`' loop, a fast path: a plain dict of exactly two keys, a `role` of `_TEXT_ROLES` and a str
+    `content` (what most chats are made of), is made a Message at once (`text_message`), any other message goes
+    through `parse_message`. Such a message passes every check of `parse_message` (its keys are allowed in every
+    role, it carries no tool call, and a str content is kept as is), and it adds no tool-call id, so the Message is
+    the same."""
+    out = []
+    for i, m in enumerate(messages):
+        if type(m) is dict and len(m) == 2:
+            role, content = m.get("role"), m.get("content")
+            if type(content) is str and type(role) is str and role in _TEXT_ROLES:
+                out.append(text_message(role, content, f"messages[{i}]"))
+                continue
+        out.append(parse_message(m, f"messages[{i}]", seen_ids, policy, as_sent))
+    return tuple(out)
 
 
 def parse_message(raw: Any, path: str, seen_ids: set[str], policy: Utf8Policy, as_sent: bool = False) -> Message:

@@ -19,17 +19,44 @@ from ctxlock.request.build import build_request, detect
 from ctxlock.request.checks import fail, json_type_name
 from ctxlock.request.jsonread import byte_offset, decode_bytes, loads_strict, to_plain
 from ctxlock.request.values import Dialect, Request, ToolArguments, Utf8Policy
-from ctxlock.settings import fast_enabled
+from ctxlock.settings import call_fast, fast_enabled
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
+# Each member by (enum, value): what `enum(value)` looks up first (its value-to-member dict), without the call.
+_MEMBERS: dict[tuple[type, Any], Any] = {(type(m), m.value): m for e in (Dialect, Utf8Policy, ToolArguments) for m in e}
+
+
 def _coerce(enum: type[Dialect] | type[Utf8Policy] | type[ToolArguments], value: Any, arg: str) -> Any:
+    try:
+        return _MEMBERS[enum, value]
+    except (KeyError, TypeError):  # not a member's value, or unhashable: the enum says which (or raises)
+        pass
     try:
         return enum(value)
     except ValueError:
         allowed = ", ".join(repr(e.value) for e in enum)
         raise RequestValidationError(f"unknown {arg} {value!r}", path=arg, hint=f"use one of {allowed}") from None
+
+
+def _as_bytes(data: Any, forced: Dialect | None, policy: Utf8Policy, as_sent: bool) -> bytes | Request:
+    """The bytes `parse_request` parses, or the memo's Request for a Mapping."""
+    if isinstance(data, Mapping):
+        if fast_enabled() and not as_sent:  # the memo (a fast path) keeps parsed arguments only
+            fast = _memo.lookup_or_parse(data, forced, policy)
+            if fast is not None:
+                return fast
+        # NaN stays NaN here (allow_nan) so the parser reports it with its JSON path.
+        data = json.dumps(to_plain(data, "$"), ensure_ascii=False, separators=(",", ":"))
+    if isinstance(data, str):
+        # surrogatepass: a lone surrogate in the str becomes invalid UTF-8 and is reported like a bad byte.
+        data = data.encode("utf-8", "surrogatepass")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise RequestValidationError(
+            f"cannot parse a {type(data).__name__}", path="$", hint="pass bytes, a str or a mapping"
+        )
+    return bytes(data)
 
 
 def parse_request(
@@ -51,22 +78,17 @@ def parse_request(
     policy: Utf8Policy = _coerce(Utf8Policy, utf8, "utf8")
     forced: Dialect | None = None if dialect is None else _coerce(Dialect, dialect, "dialect")
     as_sent = _coerce(ToolArguments, tool_arguments, "tool_arguments") is ToolArguments.AS_SENT
+    if fast_enabled():  # the setting read once: the stages ask again, cheaply, inside `call_fast`
+        return call_fast(_parse, data, forced, policy, as_sent)
+    return _parse(data, forced, policy, as_sent)
 
-    if isinstance(data, Mapping):
-        if fast_enabled() and not as_sent:  # the memo (a fast path) keeps parsed arguments only
-            fast = _memo.lookup_or_parse(data, forced, policy)
-            if fast is not None:
-                return fast
-        # NaN stays NaN here (allow_nan) so the parser reports it with its JSON path.
-        data = json.dumps(to_plain(data, "$"), ensure_ascii=False, separators=(",", ":"))
-    if isinstance(data, str):
-        # surrogatepass: a lone surrogate in the str becomes invalid UTF-8 and is reported like a bad byte.
-        data = data.encode("utf-8", "surrogatepass")
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise RequestValidationError(
-            f"cannot parse a {type(data).__name__}", path="$", hint="pass bytes, a str or a mapping"
-        )
-    data = bytes(data)
+
+def _parse(data: Any, forced: Dialect | None, policy: Utf8Policy, as_sent: bool) -> Request:
+    """`parse_request` once its options are checked (the reference algorithm, module docstring)."""
+    if type(data) is not bytes:  # (bytes, what a batch row is, pass none of these checks)
+        data = _as_bytes(data, forced, policy, as_sent)
+        if isinstance(data, Request):
+            return data
     sha = hashlib.sha256(data).hexdigest()
 
     text, runs = decode_bytes(data, policy)
@@ -76,7 +98,7 @@ def parse_request(
     bom_chars = 1 if data.startswith(_UTF8_BOM) else 0
 
     try:
-        obj = loads_strict(text[bom_chars:], "$", policy)
+        obj = loads_strict(text[bom_chars:], "$", policy, source=data)
     except json.JSONDecodeError as exc:
         byte = byte_offset(data, runs, text, exc.pos + bom_chars)
         raise RequestJSONError(

@@ -7,13 +7,16 @@ Nothing here parses: the dialect modules build these values, and every later sta
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, canonical_json, thaw
+from ctxlock.request._canonical import request_json_bytes
 from ctxlock.request.paths import join_path
+from ctxlock.settings import fast_enabled
 
 
 class Utf8Policy(StrEnum):
@@ -174,6 +177,34 @@ class Message:
         return self.origins.get(suffix) or f"{self.source}{suffix}"
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def text_message(role: str, content: str, source: str) -> Message:
+    """`Message(role=role, content=content, source=source)` made without the frozen dataclass's `__init__` (which sets
+    the eight fields one `object.__setattr__` at a time, about twice the cost): the same instance dict, field for field
+    and in field order, so the Message is equal, hashes, prints and pickles the same. The request parser's fast path
+    makes one per plain text message (`openai._text_messages`); tests/test_parse_speedups.py holds it to the
+    dataclass's own `__init__`, fields included."""
+    message = _new(Message)
+    _set(
+        message,
+        "__dict__",
+        {
+            "role": role,
+            "content": content,
+            "name": None,
+            "tool_calls": None,
+            "tool_call_id": None,
+            "reasoning_content": None,
+            "source": source,
+            "origins": _EMPTY,
+        },
+    )
+    return message
+
+
 @dataclass(frozen=True)
 class Request:
     """A validated, canonical, immutable chat request.
@@ -228,8 +259,26 @@ class Request:
     def to_json(self) -> str:
         """Canonical JSON of exactly the compared fields, so `a == b` iff `a.to_json() == b.to_json()`.
 
-        `extra`, the dialect and the byte provenance are not part of it (a record stores them next to it).
+        `extra`, the dialect and the byte provenance are not part of it (a record stores them next to it). Fast
+        path: the same text written piece by piece (`_canonical.request_json_bytes`).
         """
+        if fast_enabled() and type(self) is Request:  # a subclass may write its own template_messages
+            data = request_json_bytes(self, Message)
+            if data is not None:
+                return data.decode("utf-8")
+        return self._reference_json()
+
+    def json_sha256(self) -> str:
+        """The SHA-256 (hex) of `to_json()` encoded as UTF-8: the request's digest (a `ctxlock batch` row's
+        `request_sha256`). Raises what `to_json()` or the encoding raises (UnicodeEncodeError for a lone surrogate).
+        Fast path: the UTF-8 text written piece by piece (`_canonical.request_json_bytes`), not encoded again."""
+        if fast_enabled() and type(self) is Request:
+            data = request_json_bytes(self, Message)
+            if data is not None:
+                return hashlib.sha256(data).hexdigest()
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
+
+    def _reference_json(self) -> str:
         return canonical_json(
             {
                 "messages": self.template_messages(),
@@ -244,6 +293,42 @@ class Request:
             # Anthropic tools are {name, description, input_schema}; name the key the client actually sent.
             return join_path(f"tools[{k}]", "input_schema" if key == "parameters" else key)
         return join_path(f"tools[{k}].function", key)
+
+
+def request_of(
+    *,
+    dialect: Dialect,
+    messages: tuple[Message, ...],
+    tools: tuple[FrozenDict, ...] | None,
+    documents: tuple[FrozenDict, ...] | None,
+    chat_template_kwargs: FrozenDict,
+    extra: FrozenDict,
+    source_sha256: str,
+    utf8_policy: Utf8Policy,
+    replaced_bytes: tuple[int, ...],
+    cache_control: tuple[FrozenDict, ...],
+) -> Request:
+    """`Request(...)` of every field, made without the frozen dataclass's `__init__` as `text_message` makes a
+    Message: the same instance dict, in field order. `build_request`'s fast path; tests/test_parse_speedups.py holds
+    it to the dataclass's own `__init__`."""
+    request = _new(Request)
+    _set(
+        request,
+        "__dict__",
+        {
+            "dialect": dialect,
+            "messages": messages,
+            "tools": tools,
+            "documents": documents,
+            "chat_template_kwargs": chat_template_kwargs,
+            "extra": extra,
+            "source_sha256": source_sha256,
+            "utf8_policy": utf8_policy,
+            "replaced_bytes": replaced_bytes,
+            "cache_control": cache_control,
+        },
+    )
+    return request
 
 
 def _message_strings(m: Message) -> Iterator[tuple[str, str]]:

@@ -59,7 +59,8 @@ def batch(
         int,
         typer.Option(
             "--workers",
-            help="Worker processes: this one and N-1 spawned ones, one model each; with --engine ray, actors.",
+            help="Worker processes: this one and N-1 more, forked after the model is loaded (spawned if a thread could "
+            "be copied mid-state), one model each; with --engine ray, actors.",
         ),
     ] = 1,
     engine: EngineOpt = "local",

@@ -6,7 +6,7 @@ reads a string, and transformers' continue_final_message tagging. A part of the 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ from .errors import ControlTokenError, TemplateError
 from .frozen import FrozenDict, freeze, thaw
 from .options import ContentFormat, RenderOptions
 from .request import Dialect, Message, Request, join_path
+from .request.values import NO_ORIGINS
 from .template_values import ChatTemplate, TemplateSet
 
 # transformers' continue_final_message: the last message's content is tagged, rendered, and cut at the tag.
@@ -38,26 +39,36 @@ def tainted(value: Any, path: str, *, keys: bool = True) -> Any:
     return value
 
 
-def tool_call(tc: dict[str, Any], path: str) -> dict[str, Any]:
-    out = {k: tainted(v, join_path(path, k)) for k, v in tc.items() if k != "function"}
+def tool_call(tc: dict[str, Any], path: Callable[[str], str]) -> dict[str, Any]:
+    """A tool call as templates see it; `path(suffix)` is the request path of its field `suffix` (".id",
+    ".function.name", ".function.arguments", ".type"). An empty path marks a value ctxlock made, not the client (the
+    "function" type of an Anthropic tool_use): it stays a plain string, as the role does."""
+    out = {}
+    for k, v in tc.items():
+        if k != "function":
+            where = path(f".{k}")
+            out[k] = tainted(v, where) if where else v
     fn = tc["function"]
     out["function"] = {
-        "name": tainted(fn["name"], f"{path}.function.name"),
-        "arguments": tainted(fn["arguments"], f"{path}.function.arguments"),
+        "name": tainted(fn["name"], path(".function.name")),
+        "arguments": tainted(fn["arguments"], path(".function.arguments")),
     }
     return out
 
 
 def template_messages(request: Request) -> list[dict[str, Any]]:
     """The request's messages as templates see them (`template_message`, per message)."""
-    return [template_message(m, m.source) for m in request.messages]
+    return [template_message(m, m.source, None if m.origins is NO_ORIGINS else m.origins) for m in request.messages]
 
 
 @memoize("template.message", 8192)
-def template_message(message: Message, source: str) -> dict[str, Any]:
-    """A message as templates see it. Memoized (per message and its place in the request): the sandbox is
-    immutable, so a template cannot change the dict, and a long chat re-rendered turn after turn (or candidate after
-    candidate) converts each message once. The role is a validated structural value and stays a plain string.
+def template_message(message: Message, source: str, origins: FrozenDict | None = None) -> dict[str, Any]:
+    """A message as templates see it. Memoized (per message, its place in the request and its `origins`, which
+    `Message` equality leaves out: the same conversation sent in the OpenAI and the Anthropic dialect is equal but
+    has other paths): the sandbox is immutable, so a template cannot change the dict, and a long chat re-rendered
+    turn after turn (or candidate after candidate) converts each message once. The role is a validated structural
+    value and stays a plain string. `origins` is only the key: pass `message.origins`, or None when it is the
+    shared empty one (`NO_ORIGINS`, every plain message: an identity test, no hashing of an empty map).
 
     A message with a role and a string content only, at its own path (most of a training set), is the dict
     `convert_message` builds, made directly."""
@@ -79,7 +90,8 @@ def convert_message(message: Message, source: str) -> dict[str, Any]:
     origins = message.origins
 
     def path(suffix: str) -> str:
-        return origins.get(suffix) or f"{source}{suffix}"
+        where = origins.get(suffix)
+        return f"{source}{suffix}" if where is None else where
 
     m: dict[str, Any] = {}
     for key, value in message.to_template().items():
@@ -90,7 +102,10 @@ def convert_message(message: Message, source: str) -> dict[str, Any]:
                 {k: tainted(v, path(f".content[{j}].{k}")) for k, v in part.items()} for j, part in enumerate(value)
             ]
         elif key == "tool_calls":
-            m[key] = [tool_call(tc, path(f".tool_calls[{k}]")) for k, tc in enumerate(value)]
+            # Each field's own origin (an Anthropic tool_use's id, name and input), else source + suffix (OpenAI).
+            m[key] = [
+                tool_call(tc, lambda suffix, k=k: path(f".tool_calls[{k}]{suffix}")) for k, tc in enumerate(value)
+            ]
         else:
             m[key] = tainted(value, path(f".{key}"))
     # transformers' _alias_reasoning_fields: reasoning is visible as `thinking` (gpt-oss) and `reasoning_content`.

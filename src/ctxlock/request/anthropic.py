@@ -106,8 +106,11 @@ def _assistant(blocks: list[Any], path: str, seen_ids: set[str]) -> Message:
             name = as_str(required(block, "name", bpath, "the tool name"), f"{bpath}.name", nonempty=True)
             args = as_object(required(block, "input", bpath, "the input object"), f"{bpath}.input", "a JSON object")
             k = len(calls)
+            # Each canonical field at the block's own key (templates name them as OpenAI does). The "function" type
+            # is ctxlock's, not the client's: an empty origin keeps it out of the request's text (a plain string).
             origins.update(
                 {
+                    f".tool_calls[{k}].type": "",
                     f".tool_calls[{k}].id": f"{bpath}.id",
                     f".tool_calls[{k}].function.name": f"{bpath}.name",
                     f".tool_calls[{k}].function.arguments": f"{bpath}.input",

@@ -101,6 +101,9 @@ RESERVED_TEMPLATE_KWARGS: frozenset[str] = frozenset(
 MAX_JSON_DEPTH = 128
 
 _EMPTY = FrozenDict()  # immutable, so one shared instance is a safe dataclass default
+# The origins of a message whose strings are all at `source + suffix` (the default: one shared instance, so
+# `message.origins is NO_ORIGINS` tells a plain message without hashing or sizing the map).
+NO_ORIGINS = _EMPTY
 
 
 @dataclass(frozen=True)

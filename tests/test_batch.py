@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
+from batch_tables import reference_table
 from ctxlock.batch import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
 from ctxlock.masks import MaskOptions
 from test_cli_conventions import run_main
@@ -342,43 +343,6 @@ def test_parquet_shard_specs_read_the_same_rows(tmp_path: Path, rows: int, group
 # -- the shard's columns are built from numpy buffers, not pa.array (which imports pandas) -----------------------
 
 
-def _reference_table(kept: list[tuple[Any, ...]], pack: int | None) -> pa.Table:
-    """The columns as `pa.array` builds them from Python values: what `batch._table` and `_packed_table` must equal."""
-    list32 = pa.list_(pa.int32())
-    if pack is None:
-        return pa.table(
-            {
-                "row": pa.array([k[0] for k in kept], pa.int64()),
-                "request_sha256": pa.array([k[1] for k in kept], pa.string()),
-                "input_ids": pa.array([k[2] for k in kept], list32),
-                "labels": pa.array([k[3] for k in kept], list32),
-                "length": pa.array([len(k[2]) for k in kept], pa.int32()),
-            }
-        )
-    packs: list[list[Any]] = []
-    size = pack + 1
-    for k in kept:
-        if size + len(k[2]) > pack:
-            packs.append([])
-            size = 0
-        packs[-1].append(k)
-        size += len(k[2])
-    return pa.table(
-        {
-            "row": pa.array([p[0][0] for p in packs], pa.int64()),
-            "rows": pa.array([[k[0] for k in p] for p in packs], pa.list_(pa.int64())),
-            "request_sha256": pa.array([[k[1] for k in p] for p in packs], pa.list_(pa.string())),
-            "input_ids": pa.array([np.concatenate([k[2] for k in p]) for p in packs], list32),
-            "labels": pa.array([np.concatenate([k[3] for k in p]) for p in packs], list32),
-            "length": pa.array([sum(len(k[2]) for k in p) for p in packs], pa.int32()),
-            "position_ids": pa.array(
-                [np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs], list32
-            ),
-            "seq_lengths": pa.array([[len(k[2]) for k in p] for p in packs], list32),
-        }
-    )
-
-
 _kept_rows = st.lists(
     st.tuples(
         st.integers(0, 2**40),
@@ -401,7 +365,7 @@ def test_shard_columns_equal_pa_array_and_write_the_same_bytes(rows: list[Any], 
     if pack is not None:
         kept = [k for k in kept if len(k[2]) <= pack]
     ours = batch._table(kept) if pack is None else batch._packed_table(kept, pack)
-    ref = _reference_table(kept, pack)
+    ref = reference_table(kept, pack)
     assert ours.schema.equals(ref.schema, check_metadata=True) and ours.equals(ref)
     assert batch._parquet_bytes(ours) == batch._parquet_bytes(ref)
 

@@ -53,6 +53,7 @@ from ctxlock.settings import fast_path, reference_path
 from ctxlock.taint import Tainted
 from ctxlock.template import ChatTemplate, TemplateSet, render
 from ctxlock.template_inputs import convert_message, strftime_now_of, template_message
+from test_render_speedups import plain_input_chars
 
 pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0
 
@@ -427,21 +428,6 @@ def test_a_plain_prefix_shifts_every_span(prefix: str, body: str, raw: list) -> 
     assert vars(out) == {"spans": out.spans}
 
 
-def _plain_walk(value: Any) -> int:
-    total = 0
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            total += len(v)
-        elif isinstance(v, Mapping):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            stack.extend(v)
-    return total
-
-
 def _function() -> None:
     return None
 
@@ -471,7 +457,7 @@ LEAVES = st.one_of(
     )
 )
 def test_input_chars_counts_functions_as_nothing(value: Any) -> None:
-    assert input_chars(value) == _plain_walk(value)
+    assert input_chars(value) == plain_input_chars(value)
 
 
 @settings(max_examples=200, deadline=None)

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
+from batch_tables import reference_table
 from ctxlock import _fast_batch, _fastmask, batch, masks, tokenlay
 from ctxlock.masks import MaskOptions
 from ctxlock.settings import call_fast, fast_path, reference_path
@@ -181,42 +182,10 @@ def test_whole_text_encode_many_equals_encode_prepared(texts: list[str], engine:
 
 def _plain_table(kept: list[tuple[Any, ...]], pack: int | None) -> pa.Table:
     """The shard's table as the per-row code built it: each row's int32 ids and labels (`np.where` on its own mask),
-    then the columns from Python values (`pa.array`)."""
+    then the columns from Python values (`batch_tables.reference_table`)."""
     rows = [(r, sha, np.asarray(ids, dtype=np.int32), m) for r, sha, ids, m, _ in kept]
     rows = [(r, sha, ids, np.where(np.asarray(m) == 1, ids, -100).astype(np.int32)) for r, sha, ids, m in rows]
-    list32 = pa.list_(pa.int32())
-    if pack is None:
-        return pa.table(
-            {
-                "row": pa.array([k[0] for k in rows], pa.int64()),
-                "request_sha256": pa.array([k[1] for k in rows], pa.string()),
-                "input_ids": pa.array([k[2] for k in rows], list32),
-                "labels": pa.array([k[3] for k in rows], list32),
-                "length": pa.array([len(k[2]) for k in rows], pa.int32()),
-            }
-        )
-    packs: list[list[Any]] = []
-    size = pack + 1
-    for k in rows:
-        if size + len(k[2]) > pack:
-            packs.append([])
-            size = 0
-        packs[-1].append(k)
-        size += len(k[2])
-    return pa.table(
-        {
-            "row": pa.array([p[0][0] for p in packs], pa.int64()),
-            "rows": pa.array([[k[0] for k in p] for p in packs], pa.list_(pa.int64())),
-            "request_sha256": pa.array([[k[1] for k in p] for p in packs], pa.list_(pa.string())),
-            "input_ids": pa.array([np.concatenate([k[2] for k in p]) for p in packs], list32),
-            "labels": pa.array([np.concatenate([k[3] for k in p]) for p in packs], list32),
-            "length": pa.array([sum(len(k[2]) for k in p) for p in packs], pa.int32()),
-            "position_ids": pa.array(
-                [np.concatenate([np.arange(len(k[2]), dtype=np.int32) for k in p]) for p in packs], list32
-            ),
-            "seq_lengths": pa.array([[len(k[2]) for k in p] for p in packs], list32),
-        }
-    )
+    return reference_table(rows, pack)
 
 
 _KEPT = st.lists(

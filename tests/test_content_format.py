@@ -120,10 +120,11 @@ def test_anthropic_blocks_render_on_qwen25_as_transformers_renders_the_joined_te
     ids = reference.reference_ids(tok_dir, _source(QWEN25), ANTHROPIC_JOINED, add_generation_prompt=True)
     assert list(run.tokenized.ids) == ids
     assert run.rendered.content_format == "string"
-    assert run.rendered.flattened == ("system", "messages[0].content", "messages[1].content")
+    # The system blocks are one string already (joined with nothing, as vLLM and llama.cpp do): never flattened.
+    assert run.rendered.flattened == ("messages[0].content", "messages[1].content")
     (warning,) = [w for w in run.rendered.warnings if w["kind"] == "content_parts_joined"]
     assert "joined" in warning["message"] and "content_format='openai'" in warning["message"]
-    assert warning["path"] == "system, messages[0].content, messages[1].content"
+    assert warning["path"] == "messages[0].content, messages[1].content"
     # Provenance is per part: each block's text is its own request path.
     paths = {s.path for s in run.rendered.request_spans}
     assert {"system[0].text", "messages[0].content[0].text", "messages[0].content[1].text"} <= paths
@@ -137,7 +138,7 @@ def test_off_it_fails_as_transformers_does_with_a_hint() -> None:
     kind, ref = _reference(_source(QWEN25), request.template_messages(), add_generation_prompt=True)
     assert kind == "error" and info.value.message == str(ref) == 'can only concatenate str (not "list") to str'
     assert "content_format='string'" in info.value.hint and "--content-format string" in info.value.hint
-    assert "system is a list of content parts" in info.value.hint
+    assert "messages[0].content is a list of content parts" in info.value.hint
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def test_the_choice_is_recorded_and_replays(tmp_path: Path) -> None:
         "option": "auto",
         "detected": "string",
         "used": "string",
-        "flattened": ["system", "messages[0].content", "messages[1].content"],
+        "flattened": ["messages[0].content", "messages[1].content"],
     }
     assert any(w["kind"] == "content_parts_joined" for w in data["warnings"])
     rid = save(store, model, rec, template)
@@ -315,7 +316,7 @@ def test_cli_says_so_and_takes_the_option(tmp_path: Path) -> None:
     assert human.returncode == 0, human.stderr
     assert "warning" in human.stdout and "were joined with" in human.stdout
     out = json.loads(_cli(*common, "--json").stdout)
-    flattened = ["system", "messages[0].content", "messages[1].content"]
+    flattened = ["messages[0].content", "messages[1].content"]
     assert out["content_format"] == {"used": "string", "detected": "string", "flattened": flattened}
     assert [w["kind"] for w in out["warnings"]] == ["content_parts_joined"]
     off = _cli(*common, "--content-format", "openai")

@@ -64,7 +64,7 @@ OPENAI: dict[str, Any] = {
         }
     ],
     "messages": [
-        {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
+        {"role": "system", "content": "You are terse."},  # system blocks are one string (vLLM, llama.cpp)
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
         {
             "role": "assistant",
@@ -79,7 +79,7 @@ OPENAI: dict[str, Any] = {
             ],
         },
         {"role": "tool", "tool_call_id": "toolu_01", "content": "18 C and sunny"},
-        {"role": "tool", "tool_call_id": "toolu_01", "content": [{"type": "text", "text": "Dry."}]},
+        {"role": "tool", "tool_call_id": "toolu_01", "content": "Dry."},  # tool_result text blocks: one string (vLLM)
     ],
 }
 

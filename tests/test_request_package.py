@@ -44,7 +44,7 @@ OPENAI = {
         {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",  # what a tool_use-only Anthropic turn becomes (llama.cpp, vLLM)
             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"q": 1}'}}],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},

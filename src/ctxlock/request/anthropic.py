@@ -37,16 +37,16 @@ _CC = "cache_control"
 
 
 def parse_system(raw: Any) -> Message:
-    """The top-level `system` (a string or text blocks) as a system message."""
+    """The top-level `system` (a string or text blocks) as a system message. Several text blocks are joined with
+    nothing between them into one string, as vLLM (`_convert_system_message` in vllm/entrypoints/anthropic/
+    serving.py) and llama.cpp (`server_chat_convert_anthropic_to_oai` in tools/server) both do."""
     if isinstance(raw, str):
         return Message(role="system", content=raw, source="system", origins=FrozenDict({".content": "system"}))
     blocks = as_array(raw, "system", "a string or an array of text blocks")
-    parts, origins = [], {}
-    for j, block in enumerate(blocks):
-        path = f"system[{j}]"
-        parts.append(_text(block, path))
-        origins[f".content[{j}].text"] = f"{path}.text"
-    return Message(role="system", content=tuple(parts), source="system", origins=FrozenDict(origins))
+    texts = [_text(block, f"system[{j}]")["text"] for j, block in enumerate(blocks)]
+    # One block keeps its own path; the text of several is one string, so the path names the whole list.
+    origin = "system[0].text" if len(blocks) == 1 else "system"
+    return Message(role="system", content="".join(texts), source="system", origins=FrozenDict({".content": origin}))
 
 
 def _text(raw: Any, path: str) -> FrozenDict:
@@ -123,24 +123,25 @@ def _assistant(blocks: list[Any], path: str, seen_ids: set[str]) -> Message:
             thinking.append(as_str(required(block, "thinking", bpath, "the thinking text"), f"{bpath}.thinking"))
             origins.setdefault(".reasoning_content", f"{bpath}.thinking")
         elif kind == "redacted_thinking":
-            raise fail(
-                f"{bpath}.type",
-                "redacted_thinking holds encrypted reasoning ctxlock cannot render",
-                "drop the block, or send the thinking text in a thinking block",
-            )
+            # Encrypted reasoning only Anthropic's API can read: accepted and left out of the model's input, as
+            # vLLM does. Not silent: `ignored_blocks` names every such block and the count answer lists them.
+            only_keys(block, ("type", "data"), bpath, "a redacted_thinking block")
+            as_str(required(block, "data", bpath, "the opaque data"), f"{bpath}.data")
         else:
             raise fail(
                 f"{bpath}.type",
                 f"unsupported assistant content block type {json.dumps(kind)}",
-                "allowed: text, tool_use, thinking",
+                "allowed: text, tool_use, thinking, redacted_thinking",
             )
     if len(thinking) > 1:
         # Several thinking blocks are concatenated as is (no separator is added): the path names the whole list.
         origins[".reasoning_content"] = f"{path}.content"
     seen_ids.update(c.id for c in calls if c.id is not None)
+    # A turn of only tool_use, thinking or redacted_thinking blocks has no text: its content is "", as llama.cpp's
+    # conversion sets and vLLM's chat parser makes of an absent content, so templates that concatenate it work.
     return Message(
         role="assistant",
-        content=tuple(parts) if parts else None,
+        content=tuple(parts) if parts else "",
         tool_calls=tuple(calls) if calls else None,
         reasoning_content="".join(thinking) if thinking else None,
         source=path,
@@ -168,7 +169,7 @@ def _user(blocks: list[Any], path: str, seen_ids: set[str]) -> list[Message]:
             origins.update({f".content[{len(parts)}]{k}": v for k, v in doc_origins.items()})
             parts.append(part)
         elif kind == "tool_result":
-            results.append(_tool_result(block, bpath, seen_ids))
+            results.extend(_tool_result(block, bpath, seen_ids))
         else:
             raise fail(
                 f"{bpath}.type",
@@ -196,7 +197,10 @@ def _image(block: dict[str, Any], path: str) -> FrozenDict:
     raise fail(f"{spath}.type", f"unsupported image source type {json.dumps(kind)}", "allowed: base64, url")
 
 
-def _tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> Message:
+def _tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> list[Message]:
+    """A tool_result as a tool message holding its text, then (when it holds images) a user message of those images,
+    as vLLM's `_convert_user_tool_result` (vllm/entrypoints/anthropic/serving.py) places them: the canonical tool
+    message is text. Several text blocks are joined with "\n" (vLLM; llama.cpp joins with nothing)."""
     # is_error has no place in the canonical (OpenAI) tool message, and chat templates never read it; it is
     # validated and dropped, as vLLM's Anthropic endpoint does. Put the error in the content if the model needs it.
     only_keys(block, ("type", "tool_use_id", "content", "is_error", _CC), path, "a tool_result block")
@@ -208,15 +212,31 @@ def _tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> Messag
         raise fail(f"{path}.is_error", "is_error must be a boolean", "send true or false")
     raw = block.get("content")
     origins = {".tool_call_id": id_path}
-    content: str | tuple[FrozenDict, ...]
-    if raw is None:
-        content = ""  # Anthropic allows a result with no content; the canonical tool message needs one
-    elif isinstance(raw, str):
-        content = raw
-    else:
-        items = as_array(raw, f"{path}.content", "a string or an array of text blocks")
-        content = tuple(_text(b, f"{path}.content[{j}]") for j, b in enumerate(items))
-    return Message(role="tool", content=content, tool_call_id=call_id, source=path, origins=FrozenDict(origins))
+    if raw is None or isinstance(raw, str):
+        # Anthropic allows a result with no content; the canonical tool message needs one ("", as vLLM sets).
+        tool = Message(role="tool", content=raw or "", tool_call_id=call_id, source=path, origins=FrozenDict(origins))
+        return [tool]
+    items = as_array(raw, f"{path}.content", "a string or an array of text and image blocks")
+    texts: list[tuple[str, str]] = []
+    images: list[FrozenDict] = []
+    image_origins: dict[str, str] = {}
+    for j, item in enumerate(items):
+        ipath = f"{path}.content[{j}]"
+        kind = part_type(as_object(item, ipath, "a text or image block"), ipath)
+        if kind == "image":
+            image_origins[f".content[{len(images)}].url"] = f"{ipath}.source"
+            images.append(_image(item, ipath))
+        elif kind == "text":
+            texts.append((_text(item, ipath)["text"], f"{ipath}.text"))
+        else:
+            raise fail(f"{ipath}.type", f"unsupported tool_result block {json.dumps(kind)}", "allowed: text, image")
+    if texts:
+        origins[".content"] = texts[0][1] if len(texts) == 1 else f"{path}.content"
+    content = "\n".join(t for t, _ in texts)
+    out = [Message(role="tool", content=content, tool_call_id=call_id, source=path, origins=FrozenDict(origins))]
+    if images:
+        out.append(Message(role="user", content=tuple(images), source=path, origins=FrozenDict(image_origins)))
+    return out
 
 
 def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
@@ -270,3 +290,21 @@ def cache_breakpoints(obj: Mapping[str, Any]) -> tuple[FrozenDict, ...]:
             for m, block in enumerate(content):
                 mark(block, f"messages[{k}].content[{m}]")
     return tuple(marks)
+
+
+def ignored_blocks(obj: Mapping[str, Any]) -> tuple[FrozenDict, ...]:
+    """Every block ctxlock accepts and leaves out of the model's input, as {"path", "type", "reason"}: today the
+    assistant turns' `redacted_thinking` blocks (encrypted reasoning only Anthropic's API can read; vLLM ignores
+    them too). The count answer of `ctxlock serve` lists them, so nothing is dropped silently."""
+    out: list[FrozenDict] = []
+    for k, message in enumerate(obj.get("messages") or ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for m, block in enumerate(content):
+            if isinstance(block, Mapping) and block.get("type") == "redacted_thinking":
+                reason = "encrypted reasoning only Anthropic's API can read; not model input"
+                out.append(
+                    FrozenDict({"path": f"messages[{k}].content[{m}]", "type": "redacted_thinking", "reason": reason})
+                )
+    return tuple(out)

@@ -339,3 +339,109 @@ def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:
         check_tool_function(fn, fpath)
         out.append(freeze(tool))  # kept verbatim: key order of schemas is data, templates render it
     return tuple(out)
+
+
+# -- the Responses API's input items (POST /v1/responses/input_tokens) --------------------------------------------
+
+_RESPONSES_TEXT_PARTS = ("input_text", "output_text", "text")
+_RESPONSES_ROLES = ("user", "system", "developer", "assistant")
+_TOOL_CHOICES = ("auto", "none", "required")
+
+
+def responses_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API body (`input`, `instructions`, `tools`, `tool_choice`) as the Chat Completions request it
+    stands for, the way vLLM's and llama.cpp's Responses endpoints turn one into chat messages: `instructions` is a
+    leading system message; a `message` item is a message of its role (text parts as text, `input_image` kept); a
+    `function_call` item is a tool call of the assistant turn before it (a new assistant turn with content "" when
+    the item before is not one); a `function_call_output` item is a tool message answering its `call_id`. Function
+    tools lose `type` and `strict`. `tool_choice` is validated and does not change the input (vLLM renders the tools
+    whatever it says, unless its server is started with --exclude-tools-when-tool-choice-none)."""
+    raw = body.get("input")
+    if isinstance(raw, str):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": raw}]
+    else:
+        items = as_array(raw, "input", "a string or an array of input items")
+        messages = []
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            _response_item(as_object(item, f"input[{i}]", "an input item object"), f"input[{i}]", messages, seen)
+    if body.get("instructions") is not None:
+        messages.insert(0, {"role": "system", "content": as_str(body["instructions"], "instructions")})
+    _tool_choice(body.get("tool_choice"))
+    request: dict[str, Any] = {"messages": messages}
+    if body.get("tools") is not None:
+        request["tools"] = [_response_tool(t, f"tools[{k}]") for k, t in enumerate(as_array(body["tools"], "tools"))]
+    return request
+
+
+def _response_item(item: dict[str, Any], path: str, out: list[dict[str, Any]], seen: set[str]) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        only_keys(item, ("type", "role", "content", "id", "status"), path, "a message item")
+        role = as_str(required(item, "role", path, "the role"), f"{path}.role")
+        if role not in _RESPONSES_ROLES:
+            raise fail(f"{path}.role", f"unknown role {json.dumps(role)}", "allowed: " + ", ".join(_RESPONSES_ROLES))
+        out.append({"role": role, "content": _response_content(required(item, "content", path, "the content"), path)})
+    elif kind == "function_call":
+        only_keys(item, ("type", "call_id", "name", "arguments", "id", "status"), path, "a function_call item")
+        call_id = as_str(required(item, "call_id", path, "the call id"), f"{path}.call_id", nonempty=True)
+        name = as_str(required(item, "name", path, "the function name"), f"{path}.name", nonempty=True)
+        arguments = as_str(required(item, "arguments", path, "the arguments as a JSON string"), f"{path}.arguments")
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        if out and out[-1]["role"] == "assistant":
+            out[-1].setdefault("tool_calls", []).append(call)
+        else:
+            out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        seen.add(call_id)
+    elif kind == "function_call_output":
+        only_keys(item, ("type", "call_id", "output", "id", "status"), path, "a function_call_output item")
+        call_id = as_str(required(item, "call_id", path, "the call id"), f"{path}.call_id")
+        if call_id not in seen:
+            raise no_tool_call(call_id, seen, f"{path}.call_id", "function_call_output")
+        output = _response_content(required(item, "output", path, "the output"), path, key="output")
+        out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+    else:
+        raise fail(
+            f"{path}.type",
+            f"unsupported input item type {json.dumps(kind, ensure_ascii=False)}",
+            "allowed: message, function_call, function_call_output (other items are refused, not skipped)",
+        )
+
+
+def _response_content(raw: Any, path: str, key: str = "content") -> str | list[dict[str, Any]]:
+    cpath = f"{path}.{key}"
+    if isinstance(raw, str):
+        return raw
+    parts = as_array(raw, cpath, "a string or an array of content parts")
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(parts):
+        ppath = f"{cpath}[{j}]"
+        kind = part_type(as_object(part, ppath, "a content part object"), ppath)
+        if kind in _RESPONSES_TEXT_PARTS:
+            only_keys(part, ("type", "text", "annotations", "logprobs"), ppath, "a text part")
+            out.append({"type": "text", "text": as_str(required(part, "text", ppath, "the text"), f"{ppath}.text")})
+        elif kind == "input_image":
+            out.append(part)  # validated by the chat parser, as in a chat message
+        else:
+            raise fail(
+                f"{ppath}.type",
+                f"unsupported content part {json.dumps(kind)}",
+                "allowed: input_text, output_text, input_image",
+            )
+    return out
+
+
+def _tool_choice(raw: Any) -> None:
+    if raw is None or (isinstance(raw, str) and raw in _TOOL_CHOICES):
+        return
+    if isinstance(raw, dict) and isinstance(raw.get("type"), str):
+        return
+    raise fail("tool_choice", "tool_choice is auto, none, required or a tool-choice object", 'e.g. "auto"')
+
+
+def _response_tool(raw: Any, path: str) -> dict[str, Any]:
+    tool = as_object(raw, path, "a function tool")
+    if tool.get("type") != "function":
+        raise fail(f"{path}.type", "only function tools are supported", '"type": "function"')
+    only_keys(tool, ("type", "name", "description", "parameters", "strict"), path, "a function tool")
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k not in ("type", "strict")}}

@@ -97,19 +97,28 @@ async def send_json(send: Send, status: int, body: Any, headers: list[tuple[byte
 
 
 def bearer_index(scope: Scope, tokens: tuple[bytes, ...]) -> int | None:
-    """Which configured token `Authorization: Bearer ...` holds (its index), or None; the given token is compared in
-    constant time against every configured one."""
-    given = b""
+    """Which configured token the request holds (its index), or None: `Authorization: Bearer TOKEN` (OpenAI's SDK,
+    vLLM, llama.cpp) or, when there is no Authorization header, `x-api-key: TOKEN` (Anthropic's SDK sends its key
+    there: https://docs.anthropic.com/en/api/overview). The given token is compared in constant time against every
+    configured one."""
+    auth = api_key = None
     for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            given = value
-            break
-    scheme, _, token = given.partition(b" ")
-    if scheme.lower() != b"bearer" or not token:
+        if name == b"authorization" and auth is None:
+            auth = value
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value
+    if auth is not None:
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return None
+    else:
+        token = api_key or b""
+    token = token.strip()
+    if not token:
         return None
     found = None
     for k, t in enumerate(tokens):
-        if hmac.compare_digest(token.strip(), t) and found is None:
+        if hmac.compare_digest(token, t) and found is None:
             found = k
     return found
 
@@ -209,7 +218,9 @@ class Edge:
             key = bearer_index(scope, self.tokens)
             if key is None:
                 raise AuthError(
-                    "this route needs a bearer token", path="Authorization", hint="send 'Authorization: Bearer TOKEN'"
+                    "this route needs a bearer token",
+                    path="Authorization",
+                    hint="send 'Authorization: Bearer TOKEN' (or 'x-api-key: TOKEN', as Anthropic's SDK does)",
                 )
         if self.limiter is not None:
             if key is None:

@@ -16,6 +16,8 @@ from ..accounting import count_format
 from ..errors import RequestValidationError
 from ..options import RenderOptions
 from ..request import RESERVED_TEMPLATE_KWARGS
+from ..request.anthropic import ignored_blocks
+from ..request.openai import responses_request
 from .models import ServedModel
 
 # Keys that would replace the template, or its inputs, if a request could set them through chat_template_kwargs.
@@ -179,49 +181,15 @@ def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
     """Anthropic's POST /v1/messages/count_tokens -> `{"input_tokens": N}`, exact for the served model."""
     request = {k: v for k, v in body.items() if k != "model"}
     counts = sm.model.count(request, **sm.option_kwargs(), dialect="anthropic")
-    return count_format(counts, "anthropic")
-
-
-def _response_items(items: Any) -> list[dict[str, Any]]:
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise RequestValidationError("input is a string or a list of message items", path="$.input")
-    messages = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
-            raise RequestValidationError(
-                "only message items are supported in input",
-                path=f"$.input[{i}]",
-                hint="function_call and other item types are refused, not skipped (ctxlock counts what it renders)",
-            )
-        content = item.get("content")
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
-                    raise RequestValidationError(
-                        "only text content parts are supported", path=f"$.input[{i}].content[{j}]"
-                    )
-                texts.append({"type": "text", "text": part.get("text")})
-            content = texts
-        messages.append({"role": item.get("role"), "content": content})
-    return messages
+    out = count_format(counts, "anthropic")
+    ignored = ignored_blocks(request)  # accepted blocks that are not model input (redacted_thinking): named here
+    if ignored:
+        out["ignored"] = [dict(b) for b in ignored]
+    return out
 
 
 def openai_input_tokens(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
-    """OpenAI's POST /v1/responses/input_tokens -> `{"object": "response.input_tokens", "input_tokens": N}`."""
-    refuse_unknown(body, {"model", "input", "instructions", "tools"}, "/v1/responses/input_tokens")
-    messages = _response_items(body.get("input"))
-    if body.get("instructions") is not None:
-        messages.insert(0, {"role": "system", "content": body["instructions"]})
-    request: dict[str, Any] = {"messages": messages}
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function" for t in tools):
-            raise RequestValidationError("only function tools are supported", path="$.tools")
-        request["tools"] = [
-            {"type": "function", "function": {k: v for k, v in t.items() if k != "type" and k != "strict"}}
-            for t in tools
-        ]
-    return count_format(sm.model.count(request, **sm.option_kwargs()), "openai")
+    """OpenAI's POST /v1/responses/input_tokens -> `{"object": "response.input_tokens", "input_tokens": N}`: the
+    body's items become chat messages (`request.openai.responses_request`, docs/anthropic-and-responses.md)."""
+    refuse_unknown(body, {"model", "input", "instructions", "tools", "tool_choice"}, "/v1/responses/input_tokens")
+    return count_format(sm.model.count(responses_request(dict(body)), **sm.option_kwargs()), "openai")

@@ -511,8 +511,11 @@ def test_anthropic_errors() -> None:
     }
     err = raises(RequestValidationError, orphan)
     assert err.path == "messages[0].content[0].tool_use_id"
-    system_role = {"system": "s", "messages": [{"role": "system", "content": "x"}]}
-    assert raises(RequestValidationError, system_role).path == "messages[0].role"
+    # A role: "system" entry is hoisted into the system message (vLLM); any other unknown role is refused.
+    system_role = {"system": "s", "messages": [{"role": "system", "content": "x"}, user()]}
+    assert parse_request(system_role).messages[0] == Message(role="system", content="sx")
+    tool_role = {"system": "s", "messages": [{"role": "tool", "content": "x"}]}
+    assert raises(RequestValidationError, tool_role).path == "messages[0].role"
     tool_use_in_user = {"system": "s", "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a"}]}]}
     assert raises(RequestValidationError, tool_use_in_user).path == "messages[0].content[0].type"
     server_tool = {"system": "s", "messages": [user()], "tools": [{"type": "web_search_20250305", "name": "web"}]}

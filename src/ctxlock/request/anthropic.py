@@ -36,17 +36,46 @@ _ANTHROPIC_ROLES = ("user", "assistant")
 _CC = "cache_control"
 
 
+def parse_conversation(obj: Mapping[str, Any]) -> list[Message]:
+    """The top-level `system` and the `messages` as canonical messages. A `role: "system"` entry inside `messages`
+    (Claude Code sends them) is hoisted into the system message after the top-level `system`, as vLLM's
+    `hoist_system_messages` (vllm/entrypoints/anthropic/protocol.py) and `_convert_system_message` do."""
+    raw = obj.get("messages")
+    inline = []
+    if isinstance(raw, list):
+        inline = [(f"messages[{i}]", m) for i, m in enumerate(raw) if isinstance(m, dict) and m.get("role") == "system"]
+    system = _system(obj.get("system"), inline)
+    return [*system, *parse_messages(raw, hoisted=True)]
+
+
 def parse_system(raw: Any) -> Message:
-    """The top-level `system` (a string or text blocks) as a system message. Several text blocks are joined with
-    nothing between them into one string, as vLLM (`_convert_system_message` in vllm/entrypoints/anthropic/
-    serving.py) and llama.cpp (`server_chat_convert_anthropic_to_oai` in tools/server) both do."""
+    """The top-level `system` (a string or text blocks) as a system message."""
+    return _system(raw, [])[0]
+
+
+def _system(raw: Any, inline: list[tuple[str, dict[str, Any]]]) -> list[Message]:
+    """The system message of the top-level `system` and the hoisted `role: "system"` entries, or none. Several text
+    blocks are joined with nothing between them into one string, as vLLM (`_convert_system_message` in
+    vllm/entrypoints/anthropic/serving.py) and llama.cpp (`server_chat_convert_anthropic_to_oai`) both do."""
+    pieces: list[tuple[str, str]] = []  # (text, its path)
+    if raw is not None:
+        pieces += _system_texts(raw, "system", "")
+    for path, m in inline:
+        only_keys(m, ("role", "content"), path, "an Anthropic message")
+        pieces += _system_texts(required(m, "content", path, "a string or text blocks"), f"{path}.content", path)
+    if raw is None and not inline:
+        return []
+    # One piece keeps its own path; the text of several is one string, so the path names the system as a whole.
+    origin = pieces[0][1] if len(pieces) == 1 else "system"
+    content = "".join(t for t, _ in pieces)
+    return [Message(role="system", content=content, source="system", origins=FrozenDict({".content": origin}))]
+
+
+def _system_texts(raw: Any, path: str, string_path: str) -> list[tuple[str, str]]:
     if isinstance(raw, str):
-        return Message(role="system", content=raw, source="system", origins=FrozenDict({".content": "system"}))
-    blocks = as_array(raw, "system", "a string or an array of text blocks")
-    texts = [_text(block, f"system[{j}]")["text"] for j, block in enumerate(blocks)]
-    # One block keeps its own path; the text of several is one string, so the path names the whole list.
-    origin = "system[0].text" if len(blocks) == 1 else "system"
-    return Message(role="system", content="".join(texts), source="system", origins=FrozenDict({".content": origin}))
+        return [(raw, string_path or path)]
+    blocks = as_array(raw, path, "a string or an array of text blocks")
+    return [(_text(b, f"{path}[{j}]")["text"], f"{path}[{j}].text") for j, b in enumerate(blocks)]
 
 
 def _text(raw: Any, path: str) -> FrozenDict:
@@ -58,8 +87,9 @@ def _text(raw: Any, path: str) -> FrozenDict:
     return text_part(as_str(required(block, "text", path, "the text"), join_path(path, "text")))
 
 
-def parse_messages(raw: Any) -> list[Message]:
-    """The user and assistant turns as canonical messages (a tool_result becomes a tool message of its own)."""
+def parse_messages(raw: Any, *, hoisted: bool = False) -> list[Message]:
+    """The user and assistant turns as canonical messages (a tool_result becomes a tool message of its own); the
+    `role: "system"` entries are skipped when `hoisted` (`parse_conversation` put them in the system message)."""
     messages = as_array(raw, "messages", "a non-empty array of messages")
     if not messages:
         raise fail("messages", "messages is empty", "send at least one message")
@@ -70,11 +100,13 @@ def parse_messages(raw: Any) -> list[Message]:
         m = as_object(m, path, "a message object")
         only_keys(m, ("role", "content"), path, "an Anthropic message")
         role = as_str(required(m, "role", path, "user or assistant"), join_path(path, "role"))
+        if role == "system" and hoisted:
+            continue  # in the system message (`parse_conversation`)
         if role not in _ANTHROPIC_ROLES:
             raise fail(
                 join_path(path, "role"),
                 f"unknown role {json.dumps(role, ensure_ascii=False)}",
-                'allowed roles: user, assistant (the system prompt goes in the top-level "system")',
+                'allowed roles: user, assistant, system (hoisted into the top-level "system")',
             )
         content = required(m, "content", path, "a string or an array of content blocks")
         if isinstance(content, str):

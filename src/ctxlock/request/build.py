@@ -98,8 +98,7 @@ def build_request(
             tools = openai.parse_tools(obj["tools"])
     else:
         handled = _HANDLED_ANTHROPIC
-        system = [] if obj.get("system") is None else [anthropic.parse_system(obj["system"])]
-        messages = (*system, *anthropic.parse_messages(obj["messages"]))
+        messages = anthropic.parse_conversation(obj)
         if obj.get("tools") is not None:
             tools = anthropic.parse_tools(obj["tools"])
     documents = None if obj.get("documents") is None else _documents(obj["documents"])

@@ -158,7 +158,7 @@ def _assistant(blocks: list[Any], path: str, seen_ids: set[str]) -> Message:
             # Encrypted reasoning only Anthropic's API can read: accepted and left out of the model's input, as
             # vLLM does. Not silent: `ignored_blocks` names every such block and the count answer lists them.
             only_keys(block, ("type", "data"), bpath, "a redacted_thinking block")
-            as_str(required(block, "data", bpath, "the opaque data"), f"{bpath}.data")
+            as_str(required(block, "data", bpath, "the opaque data"), f"{bpath}.data", nonempty=True)
         else:
             raise fail(
                 f"{bpath}.type",

@@ -515,6 +515,9 @@ def test_redacted_thinking_is_counted_out_and_named(http: httpx.Client, model: c
     body = r.json()
     plain = {"model": "test", "messages": [user("Hi"), assistant([text("Hello.")]), user("More")]}
     assert body["input_tokens"] == expected(model, plain) == expected(model, request)
+    # The Python API, `count --json` and records name it as an unseen part; the dialect is detected from it.
+    counts = model.count({k: v for k, v in request.items() if k != "model"}, template=load_template_file(str(QWEN3)))
+    assert counts.unseen == ("messages[1].content[0]",)
     assert body["ignored"] == [
         {
             "path": "messages[1].content[0]",

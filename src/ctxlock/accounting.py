@@ -317,6 +317,7 @@ def _expected(req: Request) -> list[str]:
                 out.append(origins.get(suffix, src + suffix) if origins else src + suffix)
     out += [f"tools[{i}]" for i in range(len(req.tools or ()))]
     out += [f"documents[{i}]" for i in range(len(req.documents or ()))]
+    out += [b["path"] for b in req.ignored]  # accepted, never model input (Anthropic redacted_thinking)
     return out
 
 

@@ -218,8 +218,8 @@ def _frame(key: tuple[Any, ...], data: dict[str, Any], forced: Dialect | None, p
         # Strict UTF-8: a lone surrogate raises (the full path reports it as invalid UTF-8, or replaces it).
         (after if "messages" in obj else before).append(pair.encode("utf-8"))
     # The dialect detect would choose, from everything but the messages: a message that would make it say
-    # Anthropic (a tool_use, tool_result, thinking or image-with-source block) fails OpenAI validation, and the
-    # full path then takes the request anyway.
+    # Anthropic (a tool_use, tool_result, thinking, redacted_thinking or image-with-source block) fails OpenAI
+    # validation, and the full path then takes the request anyway.
     if (forced or detect({k: obj[k] for k in ("system", "tools") if k in obj})) is not Dialect.OPENAI:
         raise _GiveUp
     template = build_request(obj, Dialect.OPENAI, "", policy, [], openai_messages=lambda *_: ())

@@ -16,6 +16,8 @@ from ctxlock.request.paths import join_path
 from ctxlock.request.values import RESERVED_TEMPLATE_KWARGS, Dialect, Message, Request, Utf8Policy, request_of
 from ctxlock.settings import fast_enabled
 
+_ANTHROPIC_ONLY = ("tool_use", "tool_result", "thinking", "redacted_thinking", "document")  # block types
+
 
 def detect(obj: dict[str, Any]) -> Dialect:
     """Anthropic if anything only Anthropic has is present; otherwise OpenAI."""
@@ -33,7 +35,7 @@ def detect(obj: dict[str, Any]) -> Dialect:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
-            if kind in ("tool_use", "tool_result", "thinking", "document") or (kind == "image" and "source" in block):
+            if kind in _ANTHROPIC_ONLY or (kind == "image" and "source" in block):
                 return Dialect.ANTHROPIC
     return Dialect.OPENAI
 
@@ -115,4 +117,5 @@ def build_request(
         utf8_policy=policy,
         replaced_bytes=tuple(b for start, end in runs for b in range(start, end)) if runs else (),
         cache_control=anthropic.cache_breakpoints(obj) if dialect is Dialect.ANTHROPIC else (),
+        ignored=anthropic.ignored_blocks(obj) if dialect is Dialect.ANTHROPIC else (),
     )

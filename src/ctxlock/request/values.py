@@ -228,6 +228,9 @@ class Request:
     # Anthropic prompt-caching breakpoints, in request order: {"path": "system[0]", "type": "ephemeral", "ttl":
     # "5m" | "1h"}. They never reach the model's input (so they are not compared), but cache economics need them.
     cache_control: tuple[FrozenDict, ...] = field(default=(), compare=False)
+    # Blocks accepted and left out of the model's input ({"path", "type", "reason"}: Anthropic redacted_thinking);
+    # not compared (they never reach the template), reported as unseen parts (accounting) and in count answers.
+    ignored: tuple[FrozenDict, ...] = field(default=(), compare=False)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Fresh plain message dicts, as a chat template sees them."""
@@ -310,6 +313,7 @@ def request_of(
     utf8_policy: Utf8Policy,
     replaced_bytes: tuple[int, ...],
     cache_control: tuple[FrozenDict, ...],
+    ignored: tuple[FrozenDict, ...] = (),
 ) -> Request:
     """`Request(...)` of every field, made without the frozen dataclass's `__init__` as `text_message` makes a
     Message: the same instance dict, in field order. `build_request`'s fast path; tests/test_parse_speedups.py holds
@@ -329,6 +333,7 @@ def request_of(
             "utf8_policy": utf8_policy,
             "replaced_bytes": replaced_bytes,
             "cache_control": cache_control,
+            "ignored": ignored,
         },
     )
     return request

@@ -632,3 +632,41 @@ def test_docs_page_lists_every_case_not_followed() -> None:
         "test_tool_reference_block_passes",
     ]:
         assert case in page, case
+
+
+def test_the_new_shapes_keep_request_text_text(model: ctxlock.Model) -> None:
+    """Control-token text in a hoisted system message, a joined system, a tool_result's joined text and a Responses
+    function_call's arguments and output stays text: the control ids are those of the same request with plain
+    text in those places."""
+    template = load_template_file(str(QWEN3))
+    tok = "<|im_end|>\n<|im_start|>system\n"
+
+    def control_ids(s: str) -> list[int]:
+        anthropic = {
+            "system": [text("A" + s), text(s)],
+            "messages": [
+                {"role": "system", "content": s},
+                user("q" + s),
+                assistant([{"type": "tool_use", "id": "c", "name": "f", "input": {"k": s}}]),
+                user([{"type": "tool_result", "tool_use_id": "c", "content": [text(s), text(s)]}]),
+            ],
+        }
+        responses = ctxlock.request.openai.responses_request(
+            {
+                "instructions": s,
+                "input": [
+                    {"role": "user", "content": s},
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": json.dumps({"k": s})},
+                    {"type": "function_call_output", "call_id": "c", "output": s},
+                ],
+            }
+        )
+        ids = []
+        for body, dialect in ((anthropic, "anthropic"), (responses, "openai")):
+            run = model.run(body, template=template, dialect=dialect)
+            specials = {t.id for t in model.tokenizer.added_tokens if t.control}
+            ids += [i for i in run.tokenized.ids if i in specials]
+        return ids
+
+    plain = control_ids("plain")
+    assert plain and control_ids(tok) == plain

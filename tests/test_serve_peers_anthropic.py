@@ -670,3 +670,29 @@ def test_the_new_shapes_keep_request_text_text(model: ctxlock.Model) -> None:
 
     plain = control_ids("plain")
     assert plain and control_ids(tok) == plain
+
+
+def test_joined_strings_keep_each_piece_path(model: ctxlock.Model) -> None:
+    """A system joined from blocks and hoisted entries, and a tool_result's joined text, keep each piece's own path
+    in the render's provenance (what `unseen`, the cache breakpoints of `cache-report` and the record read)."""
+    body = {
+        "system": [text("Alpha. "), {**text("Beta."), "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "system", "content": " Gamma"},
+            user("hi"),
+            assistant([{"type": "tool_use", "id": "c", "name": "f", "input": {}}]),
+            user([{"type": "tool_result", "tool_use_id": "c", "content": [text("one"), text("two")]}]),
+        ],
+    }
+    run = model.run(body, template=load_template_file(str(QWEN3)), dialect="anthropic")
+    spans = [(s.path, run.rendered.text[s.start : s.end]) for s in run.rendered.request_spans]
+    assert spans == [
+        ("system[0].text", "Alpha. "),
+        ("system[1].text", "Beta."),
+        ("messages[0].content", " Gamma"),
+        ("messages[1].content", "hi"),
+        ("messages[2].content[0].name", "f"),
+        ("messages[3].content[0].content[0].text", "one\n"),  # the "\n" vLLM joins with goes with the piece before
+        ("messages[3].content[0].content[1].text", "two"),
+    ]
+    assert model.count(body, template=load_template_file(str(QWEN3)), dialect="anthropic").unseen == ()

@@ -85,6 +85,18 @@ def template_message(message: Message, source: str, origins: FrozenDict | None =
     return convert_message(message, source)
 
 
+# A content string joined from several request strings (Anthropic system blocks, a tool_result's text blocks) keeps
+# each piece's own path: `origins[".content@START"]` is the path of the piece starting at offset START.
+PIECE = ".content@"
+
+
+def _joined(value: str, origins: FrozenDict) -> str:
+    """The joined content with each piece tainted with its own path (a piece runs to the next one's start)."""
+    starts = sorted(int(k[len(PIECE) :]) for k in origins if k.startswith(PIECE))
+    ends = [*starts[1:], len(value)]
+    return taint.concat([taint.leaf(value[s:e], origins[f"{PIECE}{s}"]) for s, e in zip(starts, ends, strict=True)])
+
+
 def convert_message(message: Message, source: str) -> dict[str, Any]:
     """`template_message`, for every message: each field as `Message.to_template` gives it, tainted with its path."""
     origins = message.origins
@@ -101,6 +113,8 @@ def convert_message(message: Message, source: str) -> dict[str, Any]:
             m[key] = [
                 {k: tainted(v, path(f".content[{j}].{k}")) for k, v in part.items()} for j, part in enumerate(value)
             ]
+        elif key == "content" and isinstance(value, str) and PIECE + "0" in origins:
+            m[key] = _joined(value, origins)
         elif key == "tool_calls":
             # Each field's own origin (an Anthropic tool_use's id, name and input), else source + suffix (OpenAI).
             m[key] = [

@@ -59,21 +59,34 @@ def _system(raw: Any, inline: list[tuple[str, dict[str, Any]]]) -> list[Message]
     vllm/entrypoints/anthropic/serving.py) and llama.cpp (`server_chat_convert_anthropic_to_oai`) both do."""
     pieces: list[tuple[str, str]] = []  # (text, its path)
     if raw is not None:
-        pieces += _system_texts(raw, "system", "")
+        pieces += _system_texts(raw, "system")
     for path, m in inline:
         only_keys(m, ("role", "content"), path, "an Anthropic message")
-        pieces += _system_texts(required(m, "content", path, "a string or text blocks"), f"{path}.content", path)
+        pieces += _system_texts(required(m, "content", path, "a string or text blocks"), f"{path}.content")
     if raw is None and not inline:
         return []
-    # One piece keeps its own path; the text of several is one string, so the path names the system as a whole.
-    origin = pieces[0][1] if len(pieces) == 1 else "system"
+    # One piece keeps its own path; the string of several is named by `system` as a whole, and each piece keeps
+    # its own path for provenance (`.content@START`, read by template_inputs: cache breakpoints, request spans).
+    origins = {".content": pieces[0][1] if len(pieces) == 1 else "system", **_piece_origins(pieces, "")}
     content = "".join(t for t, _ in pieces)
-    return [Message(role="system", content=content, source="system", origins=FrozenDict({".content": origin}))]
+    return [Message(role="system", content=content, source="system", origins=FrozenDict(origins))]
 
 
-def _system_texts(raw: Any, path: str, string_path: str) -> list[tuple[str, str]]:
+def _piece_origins(pieces: list[tuple[str, str]], sep: str) -> dict[str, str]:
+    """`.content@START` -> path for each non-empty piece of `sep.join(texts)`, when there are several."""
+    if len(pieces) < 2:
+        return {}
+    out, at = {}, 0
+    for text, path in pieces:
+        if text:
+            out[f".content@{at}"] = path
+        at += len(text) + len(sep)
+    return out
+
+
+def _system_texts(raw: Any, path: str) -> list[tuple[str, str]]:
     if isinstance(raw, str):
-        return [(raw, string_path or path)]
+        return [(raw, path)]
     blocks = as_array(raw, path, "a string or an array of text blocks")
     return [(_text(b, f"{path}[{j}]")["text"], f"{path}[{j}].text") for j, b in enumerate(blocks)]
 
@@ -264,6 +277,7 @@ def _tool_result(block: dict[str, Any], path: str, seen_ids: set[str]) -> list[M
             raise fail(f"{ipath}.type", f"unsupported tool_result block {json.dumps(kind)}", "allowed: text, image")
     if texts:
         origins[".content"] = texts[0][1] if len(texts) == 1 else f"{path}.content"
+        origins.update(_piece_origins(texts, "\n"))
     content = "\n".join(t for t, _ in texts)
     out = [Message(role="tool", content=content, tool_call_id=call_id, source=path, origins=FrozenDict(origins))]
     if images:

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Match, Route
 
@@ -127,7 +127,10 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
     """A route: read the body on the loop, then run the work `fn` returns on the pool; a dict answers as JSON."""
 
     async def endpoint(request: Request) -> Response:
-        data = await request.body()
+        try:
+            data = await request.body()
+        except ClientDisconnect:  # the edge logs it as one line; there is no one left to answer
+            return Response(status_code=400)
         work = fn(svc, request, data)
         try:
             result = await svc.pool.run(work)

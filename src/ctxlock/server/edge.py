@@ -17,11 +17,13 @@ from ..errors import (
     BodyTooLargeError,
     CtxlockError,
     DeadlineError,
+    HeadersTooLargeError,
     InternalServeError,
     OverloadedError,
     RateLimitedError,
     RecordNotFoundError,
     RequestError,
+    RequestTimeoutError,
     RouteNotFoundError,
     ServeConfigError,
     TemplateNotFoundError,
@@ -42,6 +44,8 @@ OPEN_ROUTES = frozenset({"/healthz"})
 STATUS: tuple[tuple[type[CtxlockError], int], ...] = (
     (AuthError, 401),
     (BodyTooLargeError, 413),
+    (HeadersTooLargeError, 431),
+    (RequestTimeoutError, 408),
     (RateLimitedError, 429),
     (OverloadedError, 503),
     (DeadlineError, 503),
@@ -238,10 +242,23 @@ class Edge:
                 hint="send a smaller body, or raise limits.max_body_bytes in ctxlock.toml",
             )
         seen = [0]
+        complete = [False]
 
         async def counted() -> Message:
             message = await receive()
+            if message["type"] == "http.disconnect" and not complete[0]:
+                complete[0] = True  # one line, however often the app asks again
+                client = scope.get("client") or ("a client", 0)
+                log.warning(
+                    "ctxlock serve: %s:%s: the client disconnected after %d of %s body bytes (%s %s)",
+                    *client,
+                    seen[0],
+                    declared if declared is not None else "its",
+                    scope.get("method", ""),
+                    scope.get("path", ""),
+                )
             if message["type"] == "http.request":
+                complete[0] = not message.get("more_body", False)
                 seen[0] += len(message.get("body", b""))
                 if seen[0] > self.max_body:  # a chunked body, counted as it arrives
                     raise BodyTooLargeError(

@@ -316,6 +316,7 @@ def uvicorn_options(limits: Limits) -> dict[str, Any]:
     return {
         "http": limited_protocol(limits),
         "timeout_keep_alive": limits.keep_alive_seconds,
+        "ws": "none",  # no route speaks WebSocket: an Upgrade is never taken
         "log_level": "warning",
     }
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import ctxlock
+from ctxlock import viewer
 from serve_server import SRC, TOKEN, client, free_port, terminate
 
 HEADER_TIMEOUT = 1.0
@@ -424,3 +427,36 @@ def _answer(server: Server, raw: bytes) -> tuple[int, dict[str, str], bytes]:
     with connect(server) as s:
         s.sendall(raw)
         return read_response(s)
+
+
+def test_a_page_of_a_two_million_token_record_costs_one_page() -> None:
+    """The viewer itself (what the route calls) on a record of 2M ids: the page is one page's chips, where one chip
+    per token made a 224 MB page; and what it allocates (tracemalloc's peak, on shorter records to keep the test
+    short) does not grow with the record but for its text's UTF-8."""
+    tokenizer = ctxlock.load("mistral-nemo").tokenizer
+    tid = next(i for i, p in enumerate(tokenizer.token_bytes().pieces) if p == b"ab")
+
+    def record(n: int) -> dict:
+        return {
+            "rendered": {"text": "ab" * n, "request_spans": [[0, 2 * n, "messages[0].content"]]},
+            "input_ids": [tid] * n,
+            "request": {"canonical": {"messages": [{"role": "user", "content": "ab" * n}]}},
+        }
+
+    n = 2_000_000
+    page = viewer.record_page("f" * 64, record(n), tokenizer, page=7, page_tokens=PAGE)
+    assert _chip_ids(page) == [tid] * PAGE
+    assert "tokens 6001–7000 of 2000000" in page and f"<td>messages[0].content</td><td>{n}</td>" in page
+    assert len(page) < 400 * PAGE
+    peaks = []
+    for size in (50_000, 200_000):
+        data = record(size)
+        tracemalloc.start()
+        try:
+            viewer.record_page("f" * 64, data, tokenizer, page=3, page_tokens=PAGE)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    # The same page of a record 4 times longer: the same cost, but for the longer text's UTF-8 (300 KB more); one
+    # chip per token costs tens of MB more here. (What remains, about 7 MB, is the vocabulary's byte pieces.)
+    assert peaks[1] - peaks[0] < 1 << 20 and peaks[1] < 16 << 20, peaks

@@ -6,7 +6,6 @@ A B`)."""
 
 from __future__ import annotations
 
-import bisect
 import html
 import itertools
 import json
@@ -46,15 +45,19 @@ def _spans(data: bytes, ids: Sequence[int], pieces: Sequence[bytes]) -> Iterator
     raises `_Inexact` when the pieces do not spell `data`. A character is counted at its first byte: byte-level BPE
     splits some characters across tokens, and a token holding only later bytes of one gets an empty span."""
     pos = chars = 0
+    sizes: dict[int, tuple[bytes, int, int]] = {}  # id -> (piece, its bytes, its characters), once per distinct id
     for i in ids:
-        if not 0 <= i < len(pieces):
-            raise _Inexact
-        piece = pieces[i]
+        known = sizes.get(i)
+        if known is None:
+            if not 0 <= i < len(pieces):
+                raise _Inexact
+            piece = pieces[i]
+            known = sizes[i] = (piece, len(piece), len(piece) - len(piece.translate(None, _NOT_CONTINUATION)))
+        piece, size, count = known
         if not data.startswith(piece, pos):
             raise _Inexact
-        after = chars + len(piece) - len(piece.translate(None, _NOT_CONTINUATION))
-        yield chars, after
-        pos, chars = pos + len(piece), after
+        yield chars, chars + count
+        pos, chars = pos + size, chars + count
     if pos != len(data):
         raise _Inexact
 
@@ -87,16 +90,23 @@ def _kind(path: str, messages: list[Any]) -> str:
 
 
 def _path_finder(spans: list[Any]) -> Callable[[int], str]:
-    """The request path of the span holding character `s` (the first listed, as a linear search would find it);
-    by bisection when the spans are sorted and disjoint (what a render gives), so a long record costs O(log n)."""
+    """The request path of the span holding character `s` (the first listed, as a linear search would find it).
+    When the spans are sorted and disjoint (what a render gives) and `s` only grows (the tokens in order), a cursor
+    walks them once: a long record costs one step per token."""
     ordered = all(spans[k][1] <= spans[k + 1][0] for k in range(len(spans) - 1))
-    starts = [a for a, _, _ in spans]
+    cursor = [0, -1]  # the span index, the last s
 
     def find(s: int) -> str:
-        if ordered:
-            k = bisect.bisect_right(starts, s) - 1
-            return spans[k][2] if k >= 0 and spans[k][0] <= s < spans[k][1] else ""
-        return next((p for a, b, p in spans if a <= s < b), "")
+        if not ordered:
+            return next((p for a, b, p in spans if a <= s < b), "")
+        if s < cursor[1]:
+            cursor[0] = 0
+        cursor[1] = s
+        j = cursor[0]
+        while j < len(spans) and spans[j][1] <= s:
+            j += 1
+        cursor[0] = j
+        return spans[j][2] if j < len(spans) and spans[j][0] <= s else ""
 
     return find
 
@@ -144,12 +154,19 @@ def _chip_walk(
     control = {(s, e) for s, e, _ in rendered.get("control_tokens") or []}
     neutral = [(n[0], n[1]) for n in rendered.get("neutralized") or []]  # [start, end, control id]
     messages = (data.get("request") or {}).get("canonical", {}).get("messages") or []
-    out, counts = [], {}
+    out: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    kinds: dict[str, str] = {}  # path -> its kind, once per path
     for k, (s, e) in enumerate(offsets):  # the offsets first: their end raises _Inexact when the text has more
         i = ids[k]
         path = path_of(s) if exact else ""
-        kind = "control" if (s, e) in control else _kind(path, messages)
-        counts[path or kind] = counts.get(path or kind, 0) + 1
+        kind = kinds.get(path)
+        if kind is None:
+            kind = kinds[path] = _kind(path, messages)
+        if control and (s, e) in control:
+            kind = "control"
+        key = path or kind
+        counts[key] = counts.get(key, 0) + 1
         if not lo <= k < hi:
             continue
         piece = pieces[i] if 0 <= i < len(pieces) else b""

@@ -170,7 +170,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
         except httptools.HttpParserError as exc:
-            self._refuse(self._refusal or self._invalid(str(exc)))
+            # A callback's own exception (uvicorn's, e.g. a path that is not ASCII) is the reason worth naming.
+            reason = str(exc) if exc.__context__ is None else f"{exc}: {exc.__context__}"
+            self._refuse(self._refusal or self._invalid(reason))
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """An Upgrade request is answered as a plain request (no route speaks WebSocket): nothing to warn about."""
 
     @staticmethod
     def _too_large(message: str, path: str) -> HeadersTooLargeError:

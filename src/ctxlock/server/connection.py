@@ -10,10 +10,13 @@ app) as plain text. `limited_protocol(limits)` is uvicorn's own `HttpToolsProtoc
   request is answered 431 without the parser ever holding it; more than `max_header_count` fields is 431 too;
 - a timer from a request's first byte (or the connection's start) to the end of its headers
   (`header_timeout_seconds`), and one on the body: `body_timeout_seconds`, extended by one second per
-  `min_body_rate` bytes received (the model of Apache's mod_reqtimeout, https://httpd.apache.org/docs/2.4/mod/
-  mod_reqtimeout.html); either is 408;
+  `min_body_rate` bytes received (the model of Apache's mod_reqtimeout,
+  https://httpd.apache.org/docs/2.4/mod/mod_reqtimeout.html); either is 408;
 - per-process caps on open connections, in total and per client address: the connection over a cap is answered 503
   at once;
+- uvicorn's own options are used where they fit: `timeout_keep_alive` is `limits.keep_alive_seconds`. Its
+  `limit_concurrency` is not: it answers a plain-text 503 after reading the request and counts tasks, not client
+  addresses; `h11_max_incomplete_event_size` bounds only the h11 parser, which this protocol does not use;
 - every answer the protocol gives itself is the JSON error body of `edge.error_body`, with `Connection: close`;
   then the write side is shut and what the client still sends is read and discarded for a moment (at most
   `_LINGER_SECONDS` and `_LINGER_BYTES`, as nginx's lingering close), so that a client still sending its request
@@ -41,7 +44,7 @@ from ..errors import (
     RequestTimeoutError,
 )
 from .config import Limits
-from .edge import error_body
+from .edge import REFUSED, error_body
 
 log = logging.getLogger("ctxlock.server")
 
@@ -288,6 +291,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         answered = cycle is not None and cycle.response_started
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's receive() sees a disconnect; its answer is dropped
+            cycle.scope[REFUSED] = True  # logged here: the edge does not log the disconnect again
             cycle.message_event.set()
         if self.transport.is_closing():
             return

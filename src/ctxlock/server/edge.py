@@ -39,6 +39,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_ROUTES = frozenset({"/healthz"})
+# Set in a request's scope by the connection protocol (connection.py) when it refused the request on the wire.
+REFUSED = "ctxlock.refused"
 
 # The HTTP status of each error type, most specific first (the first isinstance match wins).
 STATUS: tuple[tuple[type[CtxlockError], int], ...] = (
@@ -246,7 +248,7 @@ class Edge:
 
         async def counted() -> Message:
             message = await receive()
-            if message["type"] == "http.disconnect" and not complete[0]:
+            if message["type"] == "http.disconnect" and not complete[0] and not scope.get(REFUSED):
                 complete[0] = True  # one line, however often the app asks again
                 client = scope.get("client") or ("a client", 0)
                 log.warning(

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -257,3 +258,22 @@ def test_a_burst_of_concurrent_clients_past_the_queue_gets_503_at_once(tmp_path:
     admitted = [r for r in results if r not in refused]
     assert all((r[0], r[1]) in {(503, "DeadlineError"), (422, "TemplateLimitError")} for r in admitted), admitted
     assert any(r[1] == "TemplateLimitError" for r in results)
+
+
+def test_a_busy_port_with_one_process_is_one_line_before_anything_is_announced(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "ctxlock", "serve", "--port", str(port)],
+            env={**os.environ, "PYTHONPATH": SRC},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: ServeConfigError: --port: cannot bind 127.0.0.1:{port}: Address already in use "
+        "(stop the other server or choose another --port)"
+    ]

@@ -400,6 +400,16 @@ class BodyTooLargeError(ServeError):
     """A request body over the configured byte limit; it was not read past the limit."""
 
 
+class HeadersTooLargeError(ServeError):
+    """A request whose line and headers are over `limits.max_header_bytes`, or with more header fields than
+    `limits.max_header_count`: HTTP 431, and the connection is closed (docs/serve-limits.md)."""
+
+
+class RequestTimeoutError(ServeError):
+    """A request whose headers did not end within `limits.header_timeout_seconds`, or whose body came slower than
+    `limits.min_body_rate`: HTTP 408, and the connection is closed (docs/serve-limits.md)."""
+
+
 class OverloadedError(ServeError):
     """Every pool worker is busy and the queue is full: try again after `retry_after` seconds."""
 

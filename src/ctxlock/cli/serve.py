@@ -59,23 +59,31 @@ def serve(
     if workers < 1:
         raise ServeConfigError("--workers is at least 1", path="--workers")
     try:
-        import uvicorn  # serve-only: starlette and uvicorn load for this command only
+        import uvicorn  # noqa: F401  serve-only: is the [serve] extra installed?
     except ImportError:
         raise ServeConfigError(
             "uvicorn is not installed", path="ctxlock serve", hint="pip install 'ctxlock[serve]'"
         ) from None
     grace = cfg.limits.render_deadline_seconds + 5.0
-    print(f"ctxlock serve: {', '.join(m.name for m in cfg.models)} on http://{host}:{port}", file=sys.stderr)
+    names = ", ".join(m.name for m in cfg.models)
+
+    def announce(bound: int) -> None:
+        print(f"ctxlock serve: {names} on http://{host}:{bound}", file=sys.stderr)
+
     if workers == 1:
         from ..server import create_app  # serve-only: starlette and uvicorn load for this command only
+        from ..server.workers import listening_socket, serve_socket  # serve-only (as above)
 
+        # Bound before anything is announced or loaded: a busy port is one ServeConfigError line, exit 1.
+        sock = listening_socket(host, port, reuse_port=False)
         app = create_app(cfg)
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
+        announce(int(sock.getsockname()[1]))
+        serve_socket(app, sock, cfg.limits, grace)
         return
     # Each worker process has its own socket on the address (SO_REUSEPORT) and builds the app from the config file.
     from ..server.workers import serve_workers  # serve-only: starlette and uvicorn load for this command only
 
-    serve_workers(config, host, port, workers, grace)
+    serve_workers(config, host, port, workers, grace, announce)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Match, Route
 
@@ -108,6 +108,16 @@ def query_flag(request: Request, name: str) -> bool:
     raise RequestValidationError(f"?{name} is 1/true or 0/false", path=f"?{name}")
 
 
+def page_param(request: Request) -> int | None:
+    """The viewer's ?page=N (1-based), or None."""
+    value = request.query_params.get("page")
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 9 or int(value) < 1:
+        raise RequestValidationError("?page is a page number from 1", path="?page")
+    return int(value)
+
+
 def record_id(value: str) -> str:
     # An id or an id prefix, never a path: the store is the only place a record is read from.
     if not _RECORD_ID.fullmatch(value):
@@ -127,7 +137,10 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
     """A route: read the body on the loop, then run the work `fn` returns on the pool; a dict answers as JSON."""
 
     async def endpoint(request: Request) -> Response:
-        data = await request.body()
+        try:
+            data = await request.body()
+        except ClientDisconnect:  # the edge logs it as one line; there is no one left to answer
+            return Response(status_code=400)
         work = fn(svc, request, data)
         try:
             result = await svc.pool.run(work)
@@ -351,21 +364,27 @@ def record_tokenizer(svc: Service, rec: ExecutionRecord, store: Store) -> Iterat
 
 
 def record_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
-    """GET /records/{id}/view: the record as one self-contained HTML page, its tokens from its own tokenizer."""
+    """GET /records/{id}/view[?page=N]: the record as one self-contained HTML page, its tokens from its own tokenizer,
+    `limits.view_page_tokens` token chips a page."""
+    lim = svc.config.limits
 
     def work() -> Any:
         rid = request.path_params["id"]
         with svc.store() as store:
             rec = load_record(store, rid)
             with record_values(rec), record_tokenizer(svc, rec, store) as tokenizer:
-                page = record_page(rid, rec.data, tokenizer)
+                page = record_page(
+                    rid, rec.data, tokenizer, page=page_param(request) or 1, page_tokens=lim.view_page_tokens
+                )
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
 
     return work
 
 
 def diff_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
-    """GET /diff/{a}/{b}/view: two records side by side, the first divergence (the diff module's) highlighted."""
+    """GET /diff/{a}/{b}/view[?page=N]: two records side by side, the first divergence (the diff module's)
+    highlighted; by default the page of `limits.view_page_tokens` tokens that holds it."""
+    lim = svc.config.limits
 
     def work() -> Any:
         ids = request.path_params["a"], request.path_params["b"]
@@ -377,7 +396,8 @@ def diff_view(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]
                 same = sha_a is not None and sha_a == sha_b
                 with record_tokenizer(svc, ra, store) as ta, contextlib.ExitStack() as stack:
                     tb = ta if same else stack.enter_context(record_tokenizer(svc, rb, store))
-                    page = diff_page([(ids[0], ra.data, ta), (ids[1], rb.data, tb)], result)
+                    sides = [(ids[0], ra.data, ta), (ids[1], rb.data, tb)]
+                    page = diff_page(sides, result, page=page_param(request), page_tokens=lim.view_page_tokens)
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
 
     return work

@@ -14,6 +14,15 @@
     max_render_chars = 4000000
     requests_per_second = 0           # per bearer token (per client address without tokens); 0: no rate limit
     burst = 0                         # requests a token may send at once above the rate (0: the rate, at least 1)
+    max_header_bytes = 16384          # request line + headers of one request; over it: 431 and the connection closed
+    max_header_count = 100            # header fields of one request; over it: 431
+    header_timeout_seconds = 10.0     # from a request's first byte (or the connection's start) to its headers' end: 408
+    body_timeout_seconds = 10.0       # a body's allowance, extended 1 s per min_body_rate bytes received: else 408
+    min_body_rate = 1024              # bytes per second
+    keep_alive_seconds = 5.0          # an idle keep-alive connection is closed after this
+    max_connections = 256             # open connections per process; one more gets 503 (JSON) and is closed
+    max_connections_per_ip = 64       # open connections per client address per process; one more gets 503
+    view_page_tokens = 2000           # token chips one viewer page builds (?page=N for the others)
 
     [models.nemo]                     # the name requests use; the first model is the default
     spec = "mistral-nemo"             # a built-in name, a model directory, a .gguf file or org/name@revision
@@ -46,6 +55,15 @@ _LIMIT_KEYS = {
     "max_render_chars": (int, 4_000_000),
     "requests_per_second": (float, 0.0),
     "burst": (int, 0),
+    "max_header_bytes": (int, 16384),
+    "max_header_count": (int, 100),
+    "header_timeout_seconds": (float, 10.0),
+    "body_timeout_seconds": (float, 10.0),
+    "min_body_rate": (int, 1024),
+    "keep_alive_seconds": (float, 5.0),
+    "max_connections": (int, 256),
+    "max_connections_per_ip": (int, 64),
+    "view_page_tokens": (int, 2000),
 }
 _MODEL_KEYS = {"spec", "template", "templates", "max_model_len", "budget"}
 _SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices"}
@@ -70,6 +88,16 @@ class Limits:
     max_render_chars: int = 4_000_000
     requests_per_second: float = 0.0  # per token; 0: no rate limit
     burst: int = 0  # 0: the rate (at least 1)
+    # The wire (server/wire.py and docs/serve-limits.md): enforced per connection before the app sees a request.
+    max_header_bytes: int = 16384
+    max_header_count: int = 100
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 10.0
+    min_body_rate: int = 1024  # bytes/s
+    keep_alive_seconds: float = 5.0
+    max_connections: int = 256  # per process
+    max_connections_per_ip: int = 64  # per process
+    view_page_tokens: int = 2000  # the record viewer's page
 
 
 @dataclass(frozen=True)
@@ -114,6 +142,8 @@ def _limits(table: Any) -> Limits:
             v = _typed(table[key], kind, f"limits.{key}")
             if (v <= 0 and key not in ("queue_depth", "requests_per_second", "burst")) or v < 0 or v != v:
                 raise ServeConfigError(f"{key} must be positive", path=f"limits.{key}")
+            if v == float("inf"):
+                raise ServeConfigError(f"{key} must be finite", path=f"limits.{key}")
             values[key] = v
     return Limits(**values)
 

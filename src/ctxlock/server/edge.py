@@ -17,11 +17,13 @@ from ..errors import (
     BodyTooLargeError,
     CtxlockError,
     DeadlineError,
+    HeadersTooLargeError,
     InternalServeError,
     OverloadedError,
     RateLimitedError,
     RecordNotFoundError,
     RequestError,
+    RequestTimeoutError,
     RouteNotFoundError,
     ServeConfigError,
     TemplateNotFoundError,
@@ -37,11 +39,15 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_ROUTES = frozenset({"/healthz"})
+# Set in a request's scope by the connection protocol (connection.py) when it refused the request on the wire.
+REFUSED = "ctxlock.refused"
 
 # The HTTP status of each error type, most specific first (the first isinstance match wins).
 STATUS: tuple[tuple[type[CtxlockError], int], ...] = (
     (AuthError, 401),
     (BodyTooLargeError, 413),
+    (HeadersTooLargeError, 431),
+    (RequestTimeoutError, 408),
     (RateLimitedError, 429),
     (OverloadedError, 503),
     (DeadlineError, 503),
@@ -249,10 +255,23 @@ class Edge:
                 hint="send a smaller body, or raise limits.max_body_bytes in ctxlock.toml",
             )
         seen = [0]
+        complete = [False]
 
         async def counted() -> Message:
             message = await receive()
+            if message["type"] == "http.disconnect" and not complete[0] and not scope.get(REFUSED):
+                complete[0] = True  # one line, however often the app asks again
+                client = scope.get("client") or ("a client", 0)
+                log.warning(
+                    "ctxlock serve: %s:%s: the client disconnected after %d of %s body bytes (%s %s)",
+                    *client,
+                    seen[0],
+                    declared if declared is not None else "its",
+                    scope.get("method", ""),
+                    scope.get("path", ""),
+                )
             if message["type"] == "http.request":
+                complete[0] = not message.get("more_body", False)
                 seen[0] += len(message.get("body", b""))
                 if seen[0] > self.max_body:  # a chunked body, counted as it arrives
                     raise BodyTooLargeError(

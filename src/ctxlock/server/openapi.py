@@ -15,10 +15,13 @@ ERROR_STATUSES = {
     "401": "A bearer token is configured and the request has none, or a wrong one.",
     "404": "No such record, template, model name or store.",
     "405": "The route does not take this method.",
+    "408": "The headers or the body came too slowly (limits.header_timeout_seconds, limits.min_body_rate).",
     "413": "The body is over limits.max_body_bytes (refused on Content-Length before it is read).",
     "422": "Well-formed, but the pipeline could not process it (template, tokenizer, budget).",
     "429": "Over limits.requests_per_second for this token: retry after Retry-After seconds.",
-    "503": "The worker pool and its queue are full (Retry-After), or the render deadline passed.",
+    "431": "The request line and headers are over limits.max_header_bytes or limits.max_header_count.",
+    "503": "The worker pool and its queue are full, or a connection cap is reached (Retry-After), or the render "
+    "deadline passed.",
 }
 
 ERROR = {
@@ -126,6 +129,15 @@ QUERY_MODEL = {
     "description": "A configured model name.",
 }
 RECORD_ID = {"type": "string", "pattern": "^[0-9a-f]{4,64}$"}
+
+
+PAGE = {
+    "name": "page",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,8}$"},
+    "description": "The page of limits.view_page_tokens token chips (from 1; past the last is 400).",
+}
 
 
 def _path_id(name: str) -> dict[str, Any]:
@@ -299,12 +311,12 @@ def _own_paths() -> dict[str, Any]:
 
 def _view_paths() -> dict[str, Any]:
     return {
-        "/records/{id}/view": {"get": _op("A record as one HTML page.", HTML, params=[_path_id("id")])},
+        "/records/{id}/view": {"get": _op("A record as one HTML page.", HTML, params=[_path_id("id"), PAGE])},
         "/diff/{a}/{b}/view": {
             "get": _op(
                 "Two records side by side, the first divergence highlighted.",
                 HTML,
-                params=[_path_id("a"), _path_id("b")],
+                params=[_path_id("a"), _path_id("b"), PAGE],
             )
         },
         "/healthz": {

@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ import uvicorn
 from ..errors import ServeConfigError
 from ..forking import die_with_parent
 from .app import create_app
-from .config import load_config
+from .config import Limits, load_config
+from .connection import uvicorn_options
 
 _BACKLOG = 2048  # uvicorn's default
 
@@ -73,18 +75,35 @@ def check_free(host: str, port: int) -> int:
         return int(probe.getsockname()[1])
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port with `SO_REUSEPORT`, listening: one worker's own."""
+def listening_socket(host: str, port: int, *, reuse_port: bool = True) -> socket.socket:
+    """A socket bound to host:port, listening: with `SO_REUSEPORT`, one worker's own; without, the one socket of a
+    single-process server (bound before anything is announced, so that a busy port is one `ServeConfigError`)."""
     family, address = _address(host, port)
     # IPPROTO_TCP named, as uvicorn does: asyncio sets TCP_NODELAY on accepted connections only for a socket whose
     # proto says TCP (with proto 0, Nagle and delayed ACKs cost a keep-alive client ~40 ms per request).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(address)
-    sock.listen(_BACKLOG)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        if reuse_port:
+            raise
+        hint = "stop the other server or choose another --port"
+        if exc.errno != errno.EADDRINUSE:
+            hint = "choose another --host or --port"
+        raise ServeConfigError(f"cannot bind {host}:{port}: {exc.strerror}", path="--port", hint=hint) from None
     sock.set_inheritable(False)
     return sock
+
+
+def serve_socket(app: Any, sock: socket.socket, limits: Limits, grace: float) -> None:
+    """uvicorn on `sock`, with the connection limits of `limits` (server/connection.py), until SIGTERM or SIGINT."""
+    config = uvicorn.Config(app, timeout_graceful_shutdown=grace, **uvicorn_options(limits))
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def worker_main(config: str | None, host: str, port: int, grace: float, parent: int, report: Any) -> None:
@@ -95,7 +114,8 @@ def worker_main(config: str | None, host: str, port: int, grace: float, parent: 
     try:
         # The models first, then the socket: the kernel hands connections only to listening sockets, so none waits
         # in the backlog of a worker still loading (a restarted one included).
-        app = create_app(load_config(Path(config) if config else None))
+        cfg = load_config(Path(config) if config else None)
+        app = create_app(cfg)
         sock = listening_socket(host, port)
     except Exception as exc:  # every start-up failure becomes the supervisor's one line
         report.send(f"{type(exc).__name__}: {exc}".replace("\n", " "))
@@ -103,8 +123,7 @@ def worker_main(config: str | None, host: str, port: int, grace: float, parent: 
         sys.exit(1)
     report.send("ready")
     report.close()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
-    server.run(sockets=[sock])
+    serve_socket(app, sock, cfg.limits, grace)
 
 
 class _Worker:
@@ -131,12 +150,17 @@ class _Worker:
                     self.failure = str(message)
 
 
-def serve_workers(config: Path | None, host: str, port: int, workers: int, grace: float) -> None:
-    """Run `workers` worker processes on host:port until SIGTERM or SIGINT (module docstring)."""
+def serve_workers(
+    config: Path | None, host: str, port: int, workers: int, grace: float, announce: Callable[[int], None] | None = None
+) -> None:
+    """Run `workers` worker processes on host:port until SIGTERM or SIGINT (module docstring); `announce(port)` is
+    called once the address is known to be free."""
     chosen = check_free(host, port)
     if chosen != port:
         print(f"ctxlock serve: --port 0: the workers listen on port {chosen}", file=sys.stderr)
         port = chosen
+    if announce is not None:
+        announce(port)
     context = multiprocessing.get_context("spawn")
     args = (None if config is None else str(config.resolve()), host, port, grace, os.getpid())
     stopping = False
@@ -183,4 +207,4 @@ def serve_workers(config: Path | None, host: str, port: int, workers: int, grace
             signal.signal(s, handler)
 
 
-__all__ = ["check_free", "listening_socket", "serve_workers", "worker_main"]
+__all__ = ["check_free", "listening_socket", "serve_socket", "serve_workers", "worker_main"]

@@ -41,7 +41,11 @@ MESSAGE = {
 }
 MESSAGES = {"type": "array", "items": MESSAGE}
 TOOLS = {"type": "array", "items": {"type": "object"}}
-MODEL = {"type": "string", "description": "A configured model name (GET /v1/models); the default when absent."}
+MODEL = {
+    "type": "string",
+    "description": "A configured model name (GET /v1/models); the default when absent. With server.fallback_model "
+    "set, any other name gets that model and the X-Ctxlock-Model-Fallback header.",
+}
 IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 ANY_OBJECT = {"type": "object"}
 
@@ -79,7 +83,11 @@ LLAMA_TOKENIZE = _obj(
         "model": MODEL,
         "content": {"type": "string"},
         "add_special": {"type": "boolean"},
-        "parse_special": {"type": "boolean", "description": "Only false: special-token text is always text."},
+        "parse_special": {
+            "type": "boolean",
+            "description": "true: control-token text in content becomes control ids (llama.cpp's meaning). Default "
+            "false (llama.cpp's is true): the text stays text, and `warnings` says so when there was any.",
+        },
         "with_pieces": {"type": "boolean"},
     },
 )
@@ -90,6 +98,10 @@ VLLM_TOKENIZE_OUT = _obj(
         "max_model_len": {"type": ["integer", "null"]},
         "tokens": IDS,
         "token_strs": {"type": ["array", "null"], "items": {"type": "string"}},
+        "double_bos": {
+            "type": "boolean",
+            "description": "Chat form with add_special_tokens only: whether the added BOS made a second one.",
+        },
     },
 )
 PIECE = _obj(
@@ -99,8 +111,15 @@ PIECE = _obj(
         "piece": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
     },
 )
-LLAMA_TOKENIZE_OUT = _obj(["tokens"], {"tokens": {"anyOf": [IDS, {"type": "array", "items": PIECE}]}})
+LLAMA_TOKENIZE_OUT = _obj(
+    ["tokens"],
+    {
+        "tokens": {"anyOf": [IDS, {"type": "array", "items": PIECE}]},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+    },
+)
 PROMPT_OUT = _obj(["prompt"], {"prompt": {"type": "string"}})
+DETOKENIZE_OUT = _obj(["prompt"], {"prompt": {"type": "string"}, "content": {"type": "string"}})
 HTML = {"text/html": {"schema": {"type": "string"}}}
 
 
@@ -167,12 +186,15 @@ def _anchor_paths() -> dict[str, Any]:
         },
         "/detokenize": {
             "post": _op(
-                "vLLM's /detokenize.", _json(PROMPT_OUT), body=_json(_obj(["tokens"], {"model": MODEL, "tokens": IDS}))
+                "vLLM's /detokenize ({prompt}, when the body names a served model) or llama.cpp's ({content}, and "
+                "prompt, otherwise).",
+                _json(DETOKENIZE_OUT),
+                body=_json(_obj(["tokens"], {"model": MODEL, "tokens": IDS})),
             )
         },
         "/apply-template": {
             "post": _op(
-                "llama.cpp's /apply-template: the rendered prompt.",
+                "llama.cpp's /apply-template: the rendered prompt (its BOS text cut when the tokenizer adds one).",
                 _json(PROMPT_OUT),
                 body=_json(
                     _obj(
@@ -180,9 +202,11 @@ def _anchor_paths() -> dict[str, Any]:
                         {
                             "model": MODEL,
                             "messages": MESSAGES,
-                            "tools": TOOLS,
+                            "tools": {"anyOf": [TOOLS, {"type": "null"}]},
                             "chat_template": {"type": "string"},
                             "chat_template_kwargs": ANY_OBJECT,
+                            "add_generation_prompt": {"type": "boolean"},
+                            "continue_final_message": {"type": "boolean"},
                         },
                     )
                 ),

@@ -33,6 +33,48 @@ COMMAND_R = (
 )
 
 
+# test_template.py's test_reasoning: (template, vocab, llama.cpp's reasoning setting, the prompt's expected end).
+# llama.cpp passes enable_thinking to the template (true unless reasoning is off); ctxlock passes what the client
+# sends, so the client sends it here. The rows llama.cpp answers with text of its own are in docs/serve-compat.md.
+REASONING = [
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "qwen2", "on", "<think>\n"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "qwen2", "auto", "<think>\n"),
+    ("Qwen-Qwen3-0.6B", "qwen2", "auto", "<|im_start|>assistant\n"),
+    ("Qwen-Qwen3-0.6B", "qwen2", "off", "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    ("Qwen-QwQ-32B", "qwen2", "auto", "<|im_start|>assistant\n<think>\n"),
+    ("Qwen-QwQ-32B", "qwen2", "off", "<|im_start|>assistant\n<think>\n</think>"),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "command-r", "auto", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+    (
+        "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+        "command-r",
+        "off",
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>",
+    ),
+]
+# tools/server/tests/unit/test_tool_call.py's TEST_TOOL.
+TEST_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "test",
+        "description": "",
+        "parameters": {
+            "type": "object",
+            "properties": {"success": {"type": "boolean", "const": True}},
+            "required": ["success"],
+        },
+    },
+}
+
+
+def reasoning_models() -> str:
+    out = ""
+    for template, vocab in sorted({(t, v) for t, v, _, _ in REASONING}):
+        out += (
+            f'\n[models."{template}"]\nspec = "{fetched.gguf_path(vocab)}"\ntemplate = "{TEMPLATES / template}.jinja"\n'
+        )
+    return out
+
+
 def write_peer_config(root: Path) -> Path:
     (root / "command-r.jinja").write_text(COMMAND_R, "utf-8")
     cfg = root / "ctxlock.toml"
@@ -60,7 +102,7 @@ template = "{TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"}"
 [models.commandr]
 spec = "{fetched.gguf_path("command-r")}"
 template = "command-r.jinja"
-""",
+{reasoning_models()}""",
         "utf-8",
     )
     return cfg
@@ -202,6 +244,20 @@ def test_apply_template_takes_tools_and_continue_final_message(http: httpx.Clien
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}]
     body = {"model": "qwen", "messages": messages, "tools": tools, "continue_final_message": True}
     assert post(http, "/apply-template", body)["prompt"].endswith("<|im_start|>assistant\nSure,")
+
+
+@pytest.mark.parametrize("tools", [None, [], [TEST_TOOL]])
+@pytest.mark.parametrize(("template", "vocab", "reasoning", "expected_end"), REASONING)
+def test_reasoning(
+    http: httpx.Client, template: str, vocab: str, reasoning: str, expected_end: str, tools: list | None
+) -> None:
+    body = {
+        "model": template,
+        "messages": [{"role": "user", "content": "What is today?"}],
+        "tools": tools,
+        "chat_template_kwargs": {"enable_thinking": reasoning != "off"},
+    }
+    assert post(http, "/apply-template", body)["prompt"].endswith(expected_end)
 
 
 # --- the two-step flow: /apply-template, then /tokenize of its prompt -------------------------------------------------

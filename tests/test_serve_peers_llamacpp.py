@@ -9,7 +9,9 @@ must give the one-step chat form's ids. The cases ctxlock does not follow are in
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,10 @@ spec = "{fetched.gguf_path("llama-spm")}"
 [models.llama3]
 spec = "{fetched.gguf_path("llama-bpe")}"
 template = "{TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja"}"
+
+[models.firefunction]
+spec = "{fetched.gguf_path("llama-bpe")}"
+template = "{TEMPLATES / "fireworks-ai-llama-3-firefunction-v2.jinja"}"
 
 [models.phi3]
 spec = "{fetched.gguf_path("phi-3")}"
@@ -258,6 +264,25 @@ def test_reasoning(
         "chat_template_kwargs": {"enable_thinking": reasoning != "off"},
     }
     assert post(http, "/apply-template", body)["prompt"].endswith(expected_end)
+
+
+# test_template.py's test_date_inside_prompt: llama.cpp puts today's date into the template's variable itself (and,
+# for firefunction, the tools as `functions`); ctxlock renders only what the request holds (a record replays to the
+# same ids on any day), so the client sends them.
+DATES = [("llama3", "date_string", "%d %b %Y", False), ("firefunction", "datetime", "%b %d %Y", True)]
+
+
+@pytest.mark.parametrize("tools", [None, [], [TEST_TOOL]])
+@pytest.mark.parametrize(("name", "variable", "fmt", "functions"), DATES)
+def test_date_inside_prompt(
+    http: httpx.Client, name: str, variable: str, fmt: str, functions: bool, tools: list | None
+) -> None:
+    today = datetime.date.today().strftime(fmt)
+    body: dict[str, Any] = {"model": name, "messages": [{"role": "user", "content": "What is today?"}], "tools": tools}
+    if not functions:
+        assert today not in post(http, "/apply-template", body)["prompt"]  # never the server's clock
+    body["chat_template_kwargs"] = {variable: today, **({"functions": json.dumps(tools or [])} if functions else {})}
+    assert today in post(http, "/apply-template", body)["prompt"]
 
 
 # --- the two-step flow: /apply-template, then /tokenize of its prompt -------------------------------------------------

@@ -445,6 +445,7 @@ def test_without_a_token_every_protected_route_is_401(server: str) -> None:
         ("POST", "/v1/records/abcd/replay"),
         ("POST", "/v1/diff"),
         ("GET", "/v1/models"),
+        ("GET", "/tokenizer_info"),
         ("GET", "/metrics"),
         ("GET", "/records/abcd/view"),
         ("GET", "/diff/abcd/abcd/view"),

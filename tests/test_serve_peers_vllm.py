@@ -165,3 +165,49 @@ def test_an_unknown_model_name_is_404_as_in_vllm(http: httpx.Client, model: str)
     # No fallback_model in this config: vLLM refuses a name it does not serve, and so does ctxlock.
     r = http.post("/tokenize", json={"model": model + "-nope", "prompt": "hi"})
     assert r.status_code == 404 and r.json()["type"] == "RouteNotFoundError"
+
+
+# --- /tokenizer_info (vLLM serves it with --enable-tokenizer-info-endpoint) ---------------------------------------
+
+INFO_TYPES = {
+    "add_bos_token": bool,
+    "add_prefix_space": bool,
+    "clean_up_tokenization_spaces": bool,
+    "split_special_tokens": bool,
+    "bos_token": str,
+    "eos_token": str,
+    "pad_token": str,
+    "unk_token": str,
+    "chat_template": str,
+    "errors": str,
+    "model_max_length": int,
+    "additional_special_tokens": list,
+    "added_tokens_decoder": dict,
+}
+
+
+@pytest.mark.parametrize("query", ["", "?model=microsoft/Phi-3-mini-4k-instruct"])
+def test_tokenizer_info(http: httpx.Client, query: str) -> None:
+    r = http.get("/tokenizer_info" + query)
+    assert r.status_code == 200, r.text
+    info = r.json()
+    # test_tokenizer_info_basic
+    assert isinstance(info["tokenizer_class"], str) and info["tokenizer_class"]
+    # test_tokenizer_info_schema
+    for field, kind in INFO_TYPES.items():
+        if info.get(field) is not None:
+            assert isinstance(info[field], kind), field
+    # test_tokenizer_info_added_tokens_structure (in the older copy of the file)
+    for token_id, token in info["added_tokens_decoder"].items():
+        assert isinstance(token_id, str) and isinstance(token["content"], str) and isinstance(token["special"], bool)
+    # test_tokenizer_info_consistency_with_tokenize
+    model = query.removeprefix("?model=") or next(iter(MODELS))
+    assert info["model_max_length"] >= tokenize(http, {"model": model, "prompt": "Hello world!"})["max_model_len"]
+    # test_tokenizer_info_chat_template
+    assert isinstance(info["chat_template"], str) and info["chat_template"].strip()
+    # and the facts against the reference: what add_special_tokens adds, the added tokens
+    ref = reference(model)
+    assert info["add_bos_token"] is (ref.encode("a")[0] == ref.bos_token_id and ref.bos_token_id is not None)
+    assert {int(k): v["content"] for k, v in info["added_tokens_decoder"].items()} == {
+        k: v.content for k, v in ref.added_tokens_decoder.items()
+    }

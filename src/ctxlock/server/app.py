@@ -198,6 +198,15 @@ def simple(fn: Callable[..., dict[str, Any]], *, named: bool = False) -> Callabl
     return handler
 
 
+def tokenizer_info(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
+    """GET /tokenizer_info (?model=): vLLM's route, for the default model or the named one."""
+
+    def work() -> Any:
+        return shapes.tokenizer_info(_served(svc, None, request))
+
+    return work
+
+
 def render(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
     """POST /v1/render: the body is the request file `ctxlock render` reads; the answer is its --json output."""
 
@@ -452,6 +461,7 @@ def routes(svc: Service) -> list[Route]:
         post("/tokenize", tokenize),
         post("/detokenize", detokenize),
         post("/apply-template", simple(shapes.apply_template, named=True)),
+        get("/tokenizer_info", tokenizer_info),
         post("/v1/messages/count_tokens", simple(shapes.anthropic_count)),
         post("/v1/responses/input_tokens", simple(shapes.openai_input_tokens)),
         post("/v1/render", render),

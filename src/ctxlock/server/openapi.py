@@ -120,6 +120,24 @@ LLAMA_TOKENIZE_OUT = _obj(
 )
 PROMPT_OUT = _obj(["prompt"], {"prompt": {"type": "string"}})
 DETOKENIZE_OUT = _obj(["prompt"], {"prompt": {"type": "string"}, "content": {"type": "string"}})
+TOKENIZER_INFO_OUT = _obj(
+    ["tokenizer_class", "add_bos_token", "add_eos_token", "added_tokens_decoder"],
+    {
+        "tokenizer_class": {"type": "string"},
+        "add_bos_token": {"type": "boolean"},
+        "add_eos_token": {"type": "boolean"},
+        "bos_token": {"type": "string"},
+        "eos_token": {"type": "string"},
+        "chat_template": {"type": "string"},
+        "model_max_length": {"type": "integer"},
+        "added_tokens_decoder": {
+            "type": "object",
+            "additionalProperties": _obj(
+                ["content", "special"], {"content": {"type": "string"}, "special": {"type": "boolean"}}
+            ),
+        },
+    },
+)
 HTML = {"text/html": {"schema": {"type": "string"}}}
 
 
@@ -210,6 +228,14 @@ def _anchor_paths() -> dict[str, Any]:
                         },
                     )
                 ),
+            )
+        },
+        "/tokenizer_info": {
+            "get": _op(
+                "vLLM's /tokenizer_info: the tokenizer class, what add_special_tokens adds, the chat template, "
+                "model_max_length and the added tokens.",
+                _json(TOKENIZER_INFO_OUT),
+                params=[QUERY_MODEL],
             )
         },
         "/v1/messages/count_tokens": {

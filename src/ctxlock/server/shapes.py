@@ -227,6 +227,33 @@ def apply_template(sm: ServedModel, body: Mapping[str, Any], *, allow_named: boo
     return {"prompt": text}
 
 
+def tokenizer_info(sm: ServedModel) -> dict[str, Any]:
+    """vLLM's GET /tokenizer_info, with the fields ctxlock knows exactly (vLLM answers the tokenizer's whole config):
+    the tokenizer class, what `add_special_tokens` adds, the served chat template, `model_max_length` (the configured
+    max_model_len) and the added tokens by id."""
+    tok = sm.model.tokenizer
+    described = tok.describe()
+    prefix, suffix = sm.special_affixes
+    out: dict[str, Any] = {
+        "tokenizer_class": described.get("tokenizer_class") or described.get("format") or type(tok).__name__,
+        "add_bos_token": bool(prefix),
+        "add_eos_token": bool(suffix),
+    }
+    if len(prefix) == 1:
+        out["bos_token"] = tok.id_to_token(prefix[0])
+    if len(suffix) == 1:
+        out["eos_token"] = tok.id_to_token(suffix[0])
+    template = sm.template
+    if template is None and sm.model.templates is not None:
+        template = sm.model.templates.select(None)
+    if template is not None:
+        out["chat_template"] = template.source
+    if sm.max_model_len is not None:
+        out["model_max_length"] = sm.max_model_len
+    out["added_tokens_decoder"] = {str(t.id): {"content": t.content, "special": t.special} for t in tok.added_tokens}
+    return out
+
+
 def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
     """Anthropic's POST /v1/messages/count_tokens -> `{"input_tokens": N}`, exact for the served model."""
     request = {k: v for k, v in body.items() if k != "model"}

@@ -30,6 +30,8 @@ import fetched
 from conformance import conversations
 from ctxlock import caches
 from ctxlock.artifacts import load_template_file
+from ctxlock.errors import ServeConfigError
+from ctxlock.server.config import parse_config
 from ctxlock.server.edge import RateLimiter
 from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
@@ -626,3 +628,22 @@ def test_the_rate_limiter_keeps_a_bounded_number_of_buckets_under_many_addresses
         limiter.wait(("client", f"10.0.{k // 256}.{k % 256}"), 0.0)
         assert len(limiter.buckets) <= 64
     assert limiter.wait(("client", "10.0.39.15"), 0.0) > 0  # the newest addresses are still limited
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        ({"fallback_model": "nemo"}, None),
+        ({"fallback_model": "gpt-4"}, "server.fallback_model"),  # must name a configured model
+        ({"fallback_model": 3}, "server.fallback_model"),
+        ({}, None),  # off unless set
+    ],
+)
+def test_fallback_model_names_a_configured_model(table: dict[str, Any], error: str | None) -> None:
+    data = {"server": table, "models": {"nemo": {"spec": "mistral-nemo"}}}
+    if error is None:
+        assert parse_config(data, base=Path.cwd(), source="t").fallback_model == table.get("fallback_model")
+    else:
+        with pytest.raises(ServeConfigError) as info:
+            parse_config(data, base=Path.cwd(), source="t")
+        assert info.value.path == error

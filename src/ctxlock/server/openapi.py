@@ -120,6 +120,18 @@ LLAMA_TOKENIZE_OUT = _obj(
 )
 PROMPT_OUT = _obj(["prompt"], {"prompt": {"type": "string"}})
 DETOKENIZE_OUT = _obj(["prompt"], {"prompt": {"type": "string"}, "content": {"type": "string"}})
+APPLY_TEMPLATE_IN = _obj(
+    ["messages"],
+    {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "tools": {"anyOf": [TOOLS, {"type": "null"}]},
+        "chat_template": {"type": "string"},
+        "chat_template_kwargs": ANY_OBJECT,
+        "add_generation_prompt": {"type": "boolean"},
+        "continue_final_message": {"type": "boolean"},
+    },
+)
 TOKENIZER_INFO_OUT = _obj(
     ["tokenizer_class", "add_bos_token", "add_eos_token", "added_tokens_decoder"],
     {
@@ -214,20 +226,7 @@ def _anchor_paths() -> dict[str, Any]:
             "post": _op(
                 "llama.cpp's /apply-template: the rendered prompt (its BOS text cut when the tokenizer adds one).",
                 _json(PROMPT_OUT),
-                body=_json(
-                    _obj(
-                        ["messages"],
-                        {
-                            "model": MODEL,
-                            "messages": MESSAGES,
-                            "tools": {"anyOf": [TOOLS, {"type": "null"}]},
-                            "chat_template": {"type": "string"},
-                            "chat_template_kwargs": ANY_OBJECT,
-                            "add_generation_prompt": {"type": "boolean"},
-                            "continue_final_message": {"type": "boolean"},
-                        },
-                    )
-                ),
+                body=_json(APPLY_TEMPLATE_IN),
             )
         },
         "/tokenizer_info": {

@@ -158,6 +158,33 @@ def check_ids(sm: ServedModel, tokens: Any, key: str) -> list[int]:
     return tokens
 
 
+def tokenizer_info(sm: ServedModel) -> dict[str, Any]:
+    """vLLM's GET /tokenizer_info, with the fields ctxlock knows exactly (vLLM answers the tokenizer's whole config):
+    the tokenizer class, what `add_special_tokens` adds, the served chat template, `model_max_length` (the configured
+    max_model_len) and the added tokens by id."""
+    tok = sm.model.tokenizer
+    described = tok.describe()
+    prefix, suffix = sm.special_affixes
+    out: dict[str, Any] = {
+        "tokenizer_class": described.get("tokenizer_class") or described.get("format") or type(tok).__name__,
+        "add_bos_token": bool(prefix),
+        "add_eos_token": bool(suffix),
+    }
+    if len(prefix) == 1:
+        out["bos_token"] = tok.id_to_token(prefix[0])
+    if len(suffix) == 1:
+        out["eos_token"] = tok.id_to_token(suffix[0])
+    template = sm.template
+    if template is None and sm.model.templates is not None:
+        template = sm.model.templates.select(None)
+    if template is not None:
+        out["chat_template"] = template.source
+    if sm.max_model_len is not None:
+        out["model_max_length"] = sm.max_model_len
+    out["added_tokens_decoder"] = {str(t.id): {"content": t.content, "special": t.special} for t in tok.added_tokens}
+    return out
+
+
 def detokenize(sm: ServedModel, body: Mapping[str, Any], *, named: bool) -> dict[str, Any]:
     """POST /detokenize: vLLM answers `{prompt}`, llama.cpp `{content}`, for the same `{tokens}` body. A body that
     names a served model is a vLLM client's (`{prompt}`, exactly vLLM's answer); any other (no `model`, or one the
@@ -169,7 +196,7 @@ def detokenize(sm: ServedModel, body: Mapping[str, Any], *, named: bool) -> dict
 
 
 def control_text_warning(sm: ServedModel, text: str) -> list[str]:
-    """What llama.cpp's `content` form says when control-token text was kept as text (parse_special false)."""
+    """The `warnings` of the llama.cpp `content` form: control-token text it kept as text (parse_special false)."""
     tok = sm.model.tokenizer
     matches = tok.split_controls(text)
     if matches is None:
@@ -225,33 +252,6 @@ def apply_template(sm: ServedModel, body: Mapping[str, Any], *, allow_named: boo
     if len(suffix) == 1 and (eos := tok.id_to_token(suffix[0])) and text.endswith(eos):
         text = text[: -len(eos)]
     return {"prompt": text}
-
-
-def tokenizer_info(sm: ServedModel) -> dict[str, Any]:
-    """vLLM's GET /tokenizer_info, with the fields ctxlock knows exactly (vLLM answers the tokenizer's whole config):
-    the tokenizer class, what `add_special_tokens` adds, the served chat template, `model_max_length` (the configured
-    max_model_len) and the added tokens by id."""
-    tok = sm.model.tokenizer
-    described = tok.describe()
-    prefix, suffix = sm.special_affixes
-    out: dict[str, Any] = {
-        "tokenizer_class": described.get("tokenizer_class") or described.get("format") or type(tok).__name__,
-        "add_bos_token": bool(prefix),
-        "add_eos_token": bool(suffix),
-    }
-    if len(prefix) == 1:
-        out["bos_token"] = tok.id_to_token(prefix[0])
-    if len(suffix) == 1:
-        out["eos_token"] = tok.id_to_token(suffix[0])
-    template = sm.template
-    if template is None and sm.model.templates is not None:
-        template = sm.model.templates.select(None)
-    if template is not None:
-        out["chat_template"] = template.source
-    if sm.max_model_len is not None:
-        out["model_max_length"] = sm.max_model_len
-    out["added_tokens_decoder"] = {str(t.id): {"content": t.content, "special": t.special} for t in tok.added_tokens}
-    return out
 
 
 def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,8 @@ import fetched
 from conformance import conversations
 from ctxlock import caches
 from ctxlock.artifacts import load_template_file
+from ctxlock.errors import ServeConfigError
+from ctxlock.server.config import parse_config
 from ctxlock.server.edge import RateLimiter
 from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
@@ -128,9 +130,12 @@ def test_llama_cpp_tokenize_with_pieces(http: httpx.Client) -> None:
 
 
 def test_llama_cpp_apply_template(http: httpx.Client) -> None:
+    # llama.cpp cuts the template's BOS text when the tokenizer adds a BOS itself (Nemo's does): common/chat.cpp.
     body = ok(http.post("/apply-template", json={"model": "nemo", "messages": [{"role": "user", "content": "hi"}]}))
     assert set(body) == LLAMA_APPLY_TEMPLATE_FIELDS
-    assert body == {"prompt": "<s>[INST]hi[/INST]"}
+    assert body == {"prompt": "[INST]hi[/INST]"}
+    body = ok(http.post("/apply-template", json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}))
+    assert body["prompt"].startswith("<|im_start|>system\n")  # Qwen's tokenizer adds no BOS: nothing is cut
 
 
 def test_anthropic_count_tokens(http: httpx.Client, nemo: ctxlock.Model) -> None:
@@ -352,11 +357,11 @@ def test_provider_counts_of_injections_are_the_injection_safe_encode(http: httpx
         {**HI, "chat_template_kwargs": {"bos_token": "[INST]"}},
         {**HI, "chat_template_kwargs": {"messages": []}},
         {**HI, "chat_template_kwargs": {"tokenize": True}},
+        {**HI, "chat_template_kwargs": {"not a name": 1}},
         {**HI, "mm_processor_kwargs": {}},
-        {**HI, "add_special_tokens": True},
         {**HI, "model": "/root/.cache/ctxlock-test"},
         {**HI, "model": "mistral-nemo"},
-        {"content": "x", "parse_special": True},
+        {"content": "x", "parse_special": "yes"},
     ],
 )
 def test_request_templates_paths_and_smuggling_are_refused(http: httpx.Client, body: dict[str, Any]) -> None:
@@ -368,6 +373,34 @@ def test_request_templates_paths_and_smuggling_are_refused(http: httpx.Client, b
 def test_apply_template_refuses_a_request_template(http: httpx.Client) -> None:
     r = http.post("/apply-template", json={**HI, "chat_template": "{{ messages }}"})
     assert refused(r, 400)["path"] == "$.chat_template"
+
+
+CHAT_ROUTES = [
+    ("/tokenize", lambda body: body),
+    ("/apply-template", lambda body: body),
+    ("/v1/messages/count_tokens", lambda body: body),
+    ("/v1/render?model=nemo", lambda body: {k: v for k, v in body.items() if k != "model"}),
+    ("/v1/count?model=nemo", lambda body: {k: v for k, v in body.items() if k != "model"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status"),
+    [
+        ({"template": "{{ 7 * 7 }}"}, 200),  # an ordinary template variable: no peer reads a template from it
+        ({"chat_template": "{{ 7 * 7 }}"}, 400),
+        ({"bos_token": "[INST]"}, 400),
+        ({"tokenize": True}, 400),
+    ],
+)
+def test_chat_template_kwargs_follow_one_rule_on_every_route(
+    http: httpx.Client, kwargs: dict[str, Any], status: int
+) -> None:
+    for route, shape in CHAT_ROUTES:
+        r = http.post(route, json=shape({**HI, "chat_template_kwargs": kwargs}))
+        assert r.status_code == status, (route, r.text)
+        if status == 400:
+            assert r.json()["path"].endswith(next(iter(kwargs))), route
 
 
 def test_huge_content_length_gets_413_before_the_body(server: str) -> None:
@@ -414,6 +447,7 @@ def test_without_a_token_every_protected_route_is_401(server: str) -> None:
         ("POST", "/v1/records/abcd/replay"),
         ("POST", "/v1/diff"),
         ("GET", "/v1/models"),
+        ("GET", "/tokenizer_info"),
         ("GET", "/metrics"),
         ("GET", "/records/abcd/view"),
         ("GET", "/diff/abcd/abcd/view"),
@@ -594,3 +628,22 @@ def test_the_rate_limiter_keeps_a_bounded_number_of_buckets_under_many_addresses
         limiter.wait(("client", f"10.0.{k // 256}.{k % 256}"), 0.0)
         assert len(limiter.buckets) <= 64
     assert limiter.wait(("client", "10.0.39.15"), 0.0) > 0  # the newest addresses are still limited
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        ({"fallback_model": "nemo"}, None),
+        ({"fallback_model": "gpt-4"}, "server.fallback_model"),  # must name a configured model
+        ({"fallback_model": 3}, "server.fallback_model"),
+        ({}, None),  # off unless set
+    ],
+)
+def test_fallback_model_names_a_configured_model(table: dict[str, Any], error: str | None) -> None:
+    data = {"server": table, "models": {"nemo": {"spec": "mistral-nemo"}}}
+    if error is None:
+        assert parse_config(data, base=Path.cwd(), source="t").fallback_model == table.get("fallback_model")
+    else:
+        with pytest.raises(ServeConfigError) as info:
+            parse_config(data, base=Path.cwd(), source="t")
+        assert info.value.path == error

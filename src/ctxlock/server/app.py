@@ -152,7 +152,8 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
         tokens = result.pop("_tokens", None) if isinstance(result, dict) else None
         if tokens is not None:
             svc.metrics.tokens(*tokens)
-        return JSONResponse(result)
+        headers = result.pop("_headers", None) if isinstance(result, dict) else None
+        return JSONResponse(result, headers=headers)
 
     return endpoint
 
@@ -164,15 +165,34 @@ def _served(svc: Service, body: dict[str, Any] | None, request: Request) -> Serv
     return svc.models.get(name)
 
 
+def _peer_served(svc: Service, body: dict[str, Any], request: Request) -> tuple[ServedModel, dict[str, str]]:
+    """A peer route's model: `_served`, with server.fallback_model answering an unknown body `model`; the headers
+    say when it did (`X-Ctxlock-Model-Fallback: <the served name>`)."""
+    if request.query_params.get("model") is not None:
+        return _served(svc, body, request), {}
+    sm, fell_back = svc.models.resolve(body.get("model"))
+    return sm, ({"X-Ctxlock-Model-Fallback": sm.name} if fell_back else {})
+
+
 def tokenize(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
     def work() -> Any:
         body = object_body(data)
-        sm = _served(svc, body, request)
+        sm, headers = _peer_served(svc, body, request)
         if "content" in body:
             out = shapes.llama_tokenize(sm, body)
         else:
             out = shapes.vllm_tokenize(sm, body, allow_named=svc.config.allow_named_templates)
-        return {**out, "_tokens": (sm.name, len(out["tokens"]))}
+        return {**out, "_tokens": (sm.name, len(out["tokens"])), "_headers": headers}
+
+    return work
+
+
+def detokenize(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
+    def work() -> Any:
+        body = object_body(data)
+        sm, headers = _peer_served(svc, body, request)
+        named = body.get("model") is not None and not headers
+        return {**shapes.detokenize(sm, body, named=named), "_headers": headers}
 
     return work
 
@@ -181,14 +201,23 @@ def simple(fn: Callable[..., dict[str, Any]], *, named: bool = False) -> Callabl
     def handler(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
         def work() -> Any:
             body = object_body(data)
-            sm = _served(svc, body, request)
+            sm, headers = _peer_served(svc, body, request)
             if named:
-                return fn(sm, body, allow_named=svc.config.allow_named_templates)
-            return fn(sm, body)
+                return {**fn(sm, body, allow_named=svc.config.allow_named_templates), "_headers": headers}
+            return {**fn(sm, body), "_headers": headers}
 
         return work
 
     return handler
+
+
+def tokenizer_info(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
+    """GET /tokenizer_info (?model=): vLLM's route, for the default model or the named one."""
+
+    def work() -> Any:
+        return shapes.tokenizer_info(_served(svc, None, request))
+
+    return work
 
 
 def render(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
@@ -450,8 +479,9 @@ def routes(svc: Service) -> list[Route]:
 
     return [
         post("/tokenize", tokenize),
-        post("/detokenize", simple(shapes.vllm_detokenize)),
+        post("/detokenize", detokenize),
         post("/apply-template", simple(shapes.apply_template, named=True)),
+        get("/tokenizer_info", tokenizer_info),
         post("/v1/messages/count_tokens", simple(shapes.anthropic_count)),
         post("/v1/responses/input_tokens", simple(shapes.openai_input_tokens)),
         post("/v1/render", render),

@@ -5,6 +5,7 @@
     tokens = ["s3cret"]               # bearer tokens; CTXLOCK_SERVE_TOKENS (comma-separated) adds more
     allow_named_templates = false     # a request's `chat_template` may name one of the model's templates
     prices = "prices.json"            # a price table (LiteLLM's format) for /v1/cache-report's costs
+    fallback_model = "nemo"           # off unless set: a peer route's body naming an unknown model gets this one
 
     [limits]
     max_body_bytes = 1048576
@@ -66,7 +67,7 @@ _LIMIT_KEYS = {
     "view_page_tokens": (int, 2000),
 }
 _MODEL_KEYS = {"spec", "template", "templates", "max_model_len", "budget"}
-_SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices"}
+_SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices", "fallback_model"}
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class ServeConfig:
     tokens: tuple[str, ...] = ()
     allow_named_templates: bool = False
     prices: str | None = None  # a price table file (LiteLLM's format) for /v1/cache-report
+    fallback_model: str | None = None  # the served name answering a peer route's unknown `model` (None: 404)
     source: str = "(defaults)"
 
     @property
@@ -200,6 +202,13 @@ def parse_config(data: dict[str, Any], *, base: Path, source: str) -> ServeConfi
     if not isinstance(models_table, dict):
         raise ServeConfigError("[models] is a table of name = model", path="models")
     models = tuple(_model(n, t, base) for n, t in models_table.items()) or ServeConfig().models
+    fallback = server.get("fallback_model")
+    if fallback is not None and _typed(fallback, str, "server.fallback_model") not in {m.name for m in models}:
+        raise ServeConfigError(
+            f"fallback_model {fallback!r} is not a configured model",
+            path="server.fallback_model",
+            hint=f"name one of: {', '.join(m.name for m in models)}",
+        )
     return ServeConfig(
         models=models,
         limits=_limits(data.get("limits", {})),
@@ -207,6 +216,7 @@ def parse_config(data: dict[str, Any], *, base: Path, source: str) -> ServeConfi
         tokens=tuple(tokens) + env_tokens(),
         allow_named_templates=_typed(server.get("allow_named_templates", False), bool, "server.allow_named_templates"),
         prices=prices,
+        fallback_model=fallback,
         source=source,
     )
 

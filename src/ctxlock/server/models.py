@@ -13,6 +13,7 @@ from ..model import Model, load
 from ..options import RenderOptions
 from ..sandbox_limits import RenderLimits
 from ..template import ChatTemplate
+from ..tokenizer import Tokenizer
 from .config import Limits, ModelConfig, ServeConfig
 
 
@@ -25,6 +26,8 @@ class ServedModel:
     max_model_len: int | None
     budget: Mapping[str, Any] | None
     limits: RenderLimits
+    # The ids the tokenizer's own `add_special_tokens` puts before and after a text (its BOS, its EOS).
+    special_affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     def option_kwargs(self) -> dict[str, Any]:
         """The render options every request on this model gets: the configured template and the limits."""
@@ -82,6 +85,17 @@ def render_limits(limits: Limits) -> RenderLimits:
     )
 
 
+def special_affixes(tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What `add_special_tokens=True` adds around a text: the post-processor's (or the backend's) ids before and
+    after the text's own ids, read off one probe text."""
+    plain = tokenizer.encode("a")
+    full = tokenizer.encode("a", add_special_tokens=True)
+    for k in range(len(full) - len(plain) + 1):
+        if full[k : k + len(plain)] == plain:
+            return tuple(full[:k]), tuple(full[k + len(plain) :])
+    return (), ()
+
+
 def load_served(mc: ModelConfig, limits: Limits) -> ServedModel:
     model = load(mc.spec)
     model.warm_up(wait=True)
@@ -99,15 +113,19 @@ def load_served(mc: ModelConfig, limits: Limits) -> ServedModel:
         max_model_len=mc.max_model_len,
         budget=dict(mc.budget) if mc.budget is not None else None,
         limits=render_limits(limits),
+        special_affixes=special_affixes(model.tokenizer),
     )
 
 
 class Models:
-    """The served models by configured name; the first is the default (a request without `model`)."""
+    """The served models by configured name; the first is the default (a request without `model`). With
+    `server.fallback_model` set, a peer route's body naming a model not served here gets that model (llama.cpp
+    ignores the name); the answer says so in its `X-Ctxlock-Model-Fallback` header."""
 
     def __init__(self, config: ServeConfig) -> None:
         self.by_name = {mc.name: load_served(mc, config.limits) for mc in config.models}
         self.default = config.default_model
+        self.fallback = config.fallback_model
 
     def get(self, name: Any) -> ServedModel:
         if name is None:
@@ -116,6 +134,14 @@ class Models:
             raise RouteNotFoundError(
                 "no model by that name is served here",
                 path="$.model",
-                hint=f"served models: {', '.join(self.by_name)} (GET /v1/models); a path or spec is never taken",
+                hint=f"served models: {', '.join(self.by_name)} (GET /v1/models); a path or spec is never taken; "
+                "server.fallback_model answers other names with one of them",
             )
         return self.by_name[name]
+
+    def resolve(self, name: Any) -> tuple[ServedModel, bool]:
+        """A peer route's `model`: the served model and whether the fallback stood in for an unknown name (a name
+        that is not a string is refused all the same)."""
+        if self.fallback is not None and isinstance(name, str) and name not in self.by_name:
+            return self.by_name[self.fallback], True
+        return self.get(name), False

@@ -44,7 +44,11 @@ MESSAGE = {
 }
 MESSAGES = {"type": "array", "items": MESSAGE}
 TOOLS = {"type": "array", "items": {"type": "object"}}
-MODEL = {"type": "string", "description": "A configured model name (GET /v1/models); the default when absent."}
+MODEL = {
+    "type": "string",
+    "description": "A configured model name (GET /v1/models); the default when absent. With server.fallback_model "
+    "set, any other name gets that model and the X-Ctxlock-Model-Fallback header.",
+}
 IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 ANY_OBJECT = {"type": "object"}
 
@@ -82,7 +86,11 @@ LLAMA_TOKENIZE = _obj(
         "model": MODEL,
         "content": {"type": "string"},
         "add_special": {"type": "boolean"},
-        "parse_special": {"type": "boolean", "description": "Only false: special-token text is always text."},
+        "parse_special": {
+            "type": "boolean",
+            "description": "true: control-token text in content becomes control ids (llama.cpp's meaning). Default "
+            "false (llama.cpp's is true): the text stays text, and `warnings` says so when there was any.",
+        },
         "with_pieces": {"type": "boolean"},
     },
 )
@@ -93,6 +101,10 @@ VLLM_TOKENIZE_OUT = _obj(
         "max_model_len": {"type": ["integer", "null"]},
         "tokens": IDS,
         "token_strs": {"type": ["array", "null"], "items": {"type": "string"}},
+        "double_bos": {
+            "type": "boolean",
+            "description": "Chat form with add_special_tokens only: whether the added BOS made a second one.",
+        },
     },
 )
 PIECE = _obj(
@@ -102,8 +114,45 @@ PIECE = _obj(
         "piece": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
     },
 )
-LLAMA_TOKENIZE_OUT = _obj(["tokens"], {"tokens": {"anyOf": [IDS, {"type": "array", "items": PIECE}]}})
+LLAMA_TOKENIZE_OUT = _obj(
+    ["tokens"],
+    {
+        "tokens": {"anyOf": [IDS, {"type": "array", "items": PIECE}]},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+    },
+)
 PROMPT_OUT = _obj(["prompt"], {"prompt": {"type": "string"}})
+DETOKENIZE_OUT = _obj(["prompt"], {"prompt": {"type": "string"}, "content": {"type": "string"}})
+APPLY_TEMPLATE_IN = _obj(
+    ["messages"],
+    {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "tools": {"anyOf": [TOOLS, {"type": "null"}]},
+        "chat_template": {"type": "string"},
+        "chat_template_kwargs": ANY_OBJECT,
+        "add_generation_prompt": {"type": "boolean"},
+        "continue_final_message": {"type": "boolean"},
+    },
+)
+TOKENIZER_INFO_OUT = _obj(
+    ["tokenizer_class", "add_bos_token", "add_eos_token", "added_tokens_decoder"],
+    {
+        "tokenizer_class": {"type": "string"},
+        "add_bos_token": {"type": "boolean"},
+        "add_eos_token": {"type": "boolean"},
+        "bos_token": {"type": "string"},
+        "eos_token": {"type": "string"},
+        "chat_template": {"type": "string"},
+        "model_max_length": {"type": "integer"},
+        "added_tokens_decoder": {
+            "type": "object",
+            "additionalProperties": _obj(
+                ["content", "special"], {"content": {"type": "string"}, "special": {"type": "boolean"}}
+            ),
+        },
+    },
+)
 HTML = {"text/html": {"schema": {"type": "string"}}}
 
 
@@ -179,25 +228,25 @@ def _anchor_paths() -> dict[str, Any]:
         },
         "/detokenize": {
             "post": _op(
-                "vLLM's /detokenize.", _json(PROMPT_OUT), body=_json(_obj(["tokens"], {"model": MODEL, "tokens": IDS}))
+                "vLLM's /detokenize ({prompt}, when the body names a served model) or llama.cpp's ({content}, and "
+                "prompt, otherwise).",
+                _json(DETOKENIZE_OUT),
+                body=_json(_obj(["tokens"], {"model": MODEL, "tokens": IDS})),
             )
         },
         "/apply-template": {
             "post": _op(
-                "llama.cpp's /apply-template: the rendered prompt.",
+                "llama.cpp's /apply-template: the rendered prompt (its BOS text cut when the tokenizer adds one).",
                 _json(PROMPT_OUT),
-                body=_json(
-                    _obj(
-                        ["messages"],
-                        {
-                            "model": MODEL,
-                            "messages": MESSAGES,
-                            "tools": TOOLS,
-                            "chat_template": {"type": "string"},
-                            "chat_template_kwargs": ANY_OBJECT,
-                        },
-                    )
-                ),
+                body=_json(APPLY_TEMPLATE_IN),
+            )
+        },
+        "/tokenizer_info": {
+            "get": _op(
+                "vLLM's /tokenizer_info: the tokenizer class, what add_special_tokens adds, the chat template, "
+                "model_max_length and the added tokens.",
+                _json(TOKENIZER_INFO_OUT),
+                params=[QUERY_MODEL],
             )
         },
         "/v1/messages/count_tokens": {

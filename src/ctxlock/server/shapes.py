@@ -2,10 +2,12 @@
 `with_pieces`) and /apply-template, Anthropic's count_tokens and OpenAI's responses/input_tokens. Each is a function
 of a served model and the parsed JSON body, run on a pool worker; the ids are ctxlock's exact ones.
 
-Where ctxlock departs from an anchor it refuses with 400 rather than doing something else silently: special-token
-text in a prompt or message is always text (vLLM's and llama.cpp's parse it by default), a request-supplied
-`chat_template` is refused unless the config allows named templates (and then only a configured name), and
-`chat_template_kwargs` cannot carry a template or shadow a template global (CVE-2025-61620)."""
+Where ctxlock departs from an anchor it says so (docs/serve-compat.md lists each case): special-token text in a
+prompt or message is text, except in llama.cpp's `content` with an explicit `parse_special: true` (the client's own
+string, by its own choice; llama.cpp parses by default, and ctxlock's answer then carries a `warnings` field when the
+content holds control-token text it kept as text); a request-supplied `chat_template` is refused unless the config
+allows named templates (and then only a configured name); `chat_template_kwargs` cannot set a name the template
+stage binds (the same `RESERVED_TEMPLATE_KWARGS` rule as the request files, on every route; CVE-2025-61620)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from ..request.anthropic import ignored_blocks
 from ..request.openai import responses_request
 from .models import ServedModel
 
-# Keys that would replace the template, or its inputs, if a request could set them through chat_template_kwargs.
-SMUGGLING_KEYS = RESERVED_TEMPLATE_KWARGS | {"chat_template", "template", "tokenizer", "tokenize", "return_dict"}
+# Keys that would replace the template, or its inputs, if a request could set them through chat_template_kwargs:
+# one set for every route (the request files' own rule). `chat_template` is in it; `template` is not: no peer reads a
+# template from a template variable of that name, so it is an ordinary variable everywhere.
+SMUGGLING_KEYS = RESERVED_TEMPLATE_KWARGS
 
 VLLM_COMPLETION = {"model", "prompt", "add_special_tokens", "return_token_strs"}
 VLLM_CHAT = {
@@ -36,6 +40,15 @@ VLLM_CHAT = {
     "return_token_strs",
 }
 LLAMA_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces", "model"}
+LLAMA_APPLY_TEMPLATE = {
+    "model",
+    "messages",
+    "tools",
+    "chat_template_kwargs",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+}
 
 
 def refuse_unknown(body: Mapping[str, Any], known: set[str], where: str) -> None:
@@ -70,6 +83,12 @@ def template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(kwargs, dict):
         raise RequestValidationError("chat_template_kwargs is an object", path="$.chat_template_kwargs")
     for key in kwargs:
+        if not key.isidentifier():
+            raise RequestValidationError(
+                f"{key!r} is not a template variable name",
+                path=f"$.chat_template_kwargs.{key}",
+                hint="use an identifier: letters, digits and underscores, not starting with a digit",
+            )
         if key in SMUGGLING_KEYS:
             raise RequestValidationError(
                 f"chat_template_kwargs may not set {key!r}",
@@ -105,17 +124,19 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def vllm_tokenize(sm: ServedModel, body: Mapping[str, Any], *, allow_named: bool) -> dict[str, Any]:
-    """vLLM's POST /tokenize: the completion form (`prompt`) or the chat form (`messages`)."""
+    """vLLM's POST /tokenize: the completion form (`prompt`) or the chat form (`messages`). In the chat form
+    `add_special_tokens: true` adds the tokenizer's own special tokens around the template's ids, as vLLM encodes
+    the rendered text with them; `double_bos` then says whether that gave a second BOS (a template that writes its
+    BOS itself)."""
+    extra: dict[str, Any] = {}
     if "messages" in body:
         refuse_unknown(body, VLLM_CHAT, "/tokenize (chat form)")
-        if flag(body, "add_special_tokens", False):
-            raise RequestValidationError(
-                "add_special_tokens is not supported in the chat form",
-                path="$.add_special_tokens",
-                hint="the chat template writes the model's BOS itself; adding it again gives a second BOS",
-            )
         options = chat_options(sm, body, allow_named=allow_named, where="/tokenize")
         ids = sm.model.encode(chat_request(body), options)["input_ids"][0].tolist()
+        if flag(body, "add_special_tokens", False):
+            prefix, suffix = sm.special_affixes
+            extra["double_bos"] = bool(prefix) and ids[: len(prefix)] == list(prefix)
+            ids = [*prefix, *ids, *suffix]
     else:
         refuse_unknown(body, VLLM_COMPLETION, "/tokenize (completion form)")
         prompt = text_field(body, "prompt")
@@ -124,7 +145,7 @@ def vllm_tokenize(sm: ServedModel, body: Mapping[str, Any], *, allow_named: bool
     out["token_strs"] = (
         [sm.model.tokenizer.id_to_token(i) for i in ids] if flag(body, "return_token_strs", False) else None
     )
-    return out
+    return {**out, **extra}
 
 
 def check_ids(sm: ServedModel, tokens: Any, key: str) -> list[int]:
@@ -139,42 +160,100 @@ def check_ids(sm: ServedModel, tokens: Any, key: str) -> list[int]:
     return tokens
 
 
-def vllm_detokenize(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
+def tokenizer_info(sm: ServedModel) -> dict[str, Any]:
+    """vLLM's GET /tokenizer_info, with the fields ctxlock knows exactly (vLLM answers the tokenizer's whole config):
+    the tokenizer class, what `add_special_tokens` adds, the served chat template, `model_max_length` (the configured
+    max_model_len) and the added tokens by id."""
+    tok = sm.model.tokenizer
+    described = tok.describe()
+    prefix, suffix = sm.special_affixes
+    out: dict[str, Any] = {
+        "tokenizer_class": described.get("tokenizer_class") or described.get("format") or type(tok).__name__,
+        "add_bos_token": bool(prefix),
+        "add_eos_token": bool(suffix),
+    }
+    if len(prefix) == 1:
+        out["bos_token"] = tok.id_to_token(prefix[0])
+    if len(suffix) == 1:
+        out["eos_token"] = tok.id_to_token(suffix[0])
+    template = sm.template
+    if template is None and sm.model.templates is not None:
+        template = sm.model.templates.select(None)
+    if template is not None:
+        out["chat_template"] = template.source
+    if sm.max_model_len is not None:
+        out["model_max_length"] = sm.max_model_len
+    out["added_tokens_decoder"] = {str(t.id): {"content": t.content, "special": t.special} for t in tok.added_tokens}
+    return out
+
+
+def detokenize(sm: ServedModel, body: Mapping[str, Any], *, named: bool) -> dict[str, Any]:
+    """POST /detokenize: vLLM answers `{prompt}`, llama.cpp `{content}`, for the same `{tokens}` body. A body that
+    names a served model is a vLLM client's (`{prompt}`, exactly vLLM's answer); any other (no `model`, or one the
+    fallback model stood in for: llama.cpp ignores the name) gets both fields, the same text, so either client
+    reads its own."""
     refuse_unknown(body, {"model", "tokens"}, "/detokenize")
-    return {"prompt": sm.model.tokenizer.decode(check_ids(sm, body.get("tokens"), "tokens"))}
+    text = sm.model.tokenizer.decode(check_ids(sm, body.get("tokens"), "tokens"))
+    return {"prompt": text} if named else {"content": text, "prompt": text}
+
+
+def control_text_warning(sm: ServedModel, text: str) -> list[str]:
+    """The `warnings` of the llama.cpp `content` form: control-token text it kept as text (parse_special false)."""
+    tok = sm.model.tokenizer
+    matches = tok.split_controls(text)
+    if matches is None:
+        matches = tok.encode_matched(text)[1]
+    if not matches:
+        return []
+    return [
+        f"content holds {len(matches)} control-token string(s), tokenized as text (parse_special is false unless "
+        "sent); llama.cpp's default parses them: send parse_special: true if this is a rendered prompt you trust"
+    ]
 
 
 def llama_tokenize(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
     """llama.cpp's POST /tokenize: `{content, add_special, parse_special, with_pieces}` -> `{tokens}`; with
-    `with_pieces` each token is `{id, piece}`, the piece a string, or its bytes when they are not valid UTF-8."""
+    `with_pieces` each token is `{id, piece}`, the piece a string, or its bytes when they are not valid UTF-8.
+    `parse_special: true` parses control-token text in `content` into control ids, as llama.cpp does; without it the
+    text stays text (llama.cpp's default is true) and `warnings` says so when there was any."""
     refuse_unknown(body, LLAMA_TOKENIZE, "/tokenize (llama.cpp form)")
-    if flag(body, "parse_special", False):
-        raise RequestValidationError(
-            "parse_special is not supported: special-token text in content is always text",
-            path="$.parse_special",
-            hint="drop it (llama.cpp's default parses it, the injection of llama.cpp#24382)",
-        )
     tok = sm.model.tokenizer
-    ids = tok.encode(text_field(body, "content"), add_special_tokens=flag(body, "add_special", False))
-    if not flag(body, "with_pieces", False):
-        return {"tokens": ids}
-    pieces = tok.token_bytes().pieces
-    out = []
-    for i in ids:
-        raw = pieces[i]
-        try:
-            piece: Any = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)
-        out.append({"id": i, "piece": piece})
-    return {"tokens": out}
+    content = text_field(body, "content")
+    parse = flag(body, "parse_special", False)
+    ids = tok.encode(content, parse_special=parse, add_special_tokens=flag(body, "add_special", False))
+    warnings = [] if parse else control_text_warning(sm, content)
+    out: dict[str, Any] = {"tokens": ids}
+    if flag(body, "with_pieces", False):
+        pieces = tok.token_bytes().pieces
+        listed = []
+        for i in ids:
+            raw = pieces[i]
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            listed.append({"id": i, "piece": piece})
+        out["tokens"] = listed
+    if warnings:
+        out["warnings"] = warnings
+    return out
 
 
 def apply_template(sm: ServedModel, body: Mapping[str, Any], *, allow_named: bool) -> dict[str, Any]:
-    """llama.cpp's POST /apply-template: `{messages}` -> `{prompt}`, the rendered text."""
-    refuse_unknown(body, {"model", "messages", "tools", "chat_template_kwargs", "chat_template"}, "/apply-template")
+    """llama.cpp's POST /apply-template: `{messages}` -> `{prompt}`, the rendered text. As llama.cpp does
+    (common/chat.cpp, common_chat_template_direct_apply), a leading BOS text is cut when the tokenizer adds a BOS
+    itself, and a trailing EOS text when it adds an EOS, so that tokenizing the prompt with `add_special: true`
+    gives one BOS, not two."""
+    refuse_unknown(body, LLAMA_APPLY_TEMPLATE, "/apply-template")
     options = chat_options(sm, body, allow_named=allow_named, where="/apply-template")
-    return {"prompt": sm.model.render(chat_request(body), options).text}
+    text = sm.model.render(chat_request(body), options).text
+    tok = sm.model.tokenizer
+    prefix, suffix = sm.special_affixes
+    if len(prefix) == 1 and (bos := tok.id_to_token(prefix[0])) and text.startswith(bos):
+        text = text[len(bos) :]
+    if len(suffix) == 1 and (eos := tok.id_to_token(suffix[0])) and text.endswith(eos):
+        text = text[: -len(eos)]
+    return {"prompt": text}
 
 
 def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -205,6 +205,23 @@ def test_openai_sdk_input_tokens(
     assert answer.input_tokens == count(qwen, chat, "openai"), name
 
 
+def test_openai_sdk_generation_settings_are_accepted_and_named(gpt: openai.OpenAI, qwen: Any) -> None:
+    """The SDK's settings that do not change the rendered input are taken, and the answer names each one."""
+    settings = {
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "low"},
+        "text": {"format": {"type": "text"}},
+        "truncation": "auto",
+    }
+    answer = gpt.responses.input_tokens.count(model="qwen", input="Hello, world", **settings)
+    chat = {"messages": [{"role": "user", "content": "Hello, world"}]}
+    assert answer.input_tokens == count(qwen, chat, "openai")
+    assert [i["path"] for i in answer.model_extra["ignored"]] == list(settings)
+    with pytest.raises(openai.BadRequestError) as info:
+        gpt.responses.input_tokens.count(model="qwen", input="Hi", truncation="sometimes")  # type: ignore[arg-type]
+    assert info.value.body["path"] == "$.truncation"
+
+
 def test_openai_sdk_raises_the_typed_refusals(gpt: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:  # other item types are refused at their path
         gpt.responses.input_tokens.count(model="qwen", input=[{"type": "reasoning", "id": "r", "summary": []}])

@@ -271,6 +271,7 @@ def _anchor_paths() -> dict[str, Any]:
                         {
                             "object": {"const": "response.input_tokens"},
                             "input_tokens": {"type": "integer", "minimum": 0},
+                            "ignored": {"type": "array", "items": ANY_OBJECT},
                         },
                     )
                 ),
@@ -282,6 +283,11 @@ def _anchor_paths() -> dict[str, Any]:
                             "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": ANY_OBJECT}]},
                             "instructions": {"type": ["string", "null"]},
                             "tools": TOOLS,
+                            "tool_choice": {"anyOf": [{"type": "string"}, ANY_OBJECT, {"type": "null"}]},
+                            "parallel_tool_calls": {"type": ["boolean", "null"]},
+                            "reasoning": {"anyOf": [ANY_OBJECT, {"type": "null"}]},
+                            "text": {"anyOf": [ANY_OBJECT, {"type": "null"}]},
+                            "truncation": {"enum": ["auto", "disabled", None]},
                         },
                     )
                 ),

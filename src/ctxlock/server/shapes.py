@@ -270,5 +270,38 @@ def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
 def openai_input_tokens(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
     """OpenAI's POST /v1/responses/input_tokens -> `{"object": "response.input_tokens", "input_tokens": N}`: the
     body's items become chat messages (`request.openai.responses_request`, docs/anthropic-and-responses.md)."""
-    refuse_unknown(body, {"model", "input", "instructions", "tools", "tool_choice"}, "/v1/responses/input_tokens")
-    return count_format(sm.model.count(responses_request(dict(body)), **sm.option_kwargs()), "openai")
+    known = {"model", "input", "instructions", "tools", "tool_choice", *_RESPONSES_IGNORED}
+    refuse_unknown(body, known, "/v1/responses/input_tokens")
+    request = {k: v for k, v in body.items() if k not in _RESPONSES_IGNORED}
+    out = count_format(sm.model.count(responses_request(request), **sm.option_kwargs()), "openai")
+    ignored = [
+        _ignored_setting(body, key, kinds) for key, kinds in _RESPONSES_IGNORED.items() if body.get(key) is not None
+    ]
+    if ignored:
+        out["ignored"] = ignored
+    return out
+
+
+# Settings the OpenAI SDK's `responses.input_tokens.count` may send that do not change the input a served model's
+# template renders (vLLM's and llama.cpp's Responses endpoints use them for generation only). Each is accepted, its
+# type checked, and named in the answer's "ignored" list: (allowed JSON types, why it does not change the count).
+_RESPONSES_IGNORED: dict[str, tuple[tuple[type, ...], str]] = {
+    "parallel_tool_calls": ((bool,), "a generation setting: the rendered input does not depend on it"),
+    "reasoning": (
+        (dict,),
+        "reasoning effort is a generation setting of OpenAI's models: the served template is not given it",
+    ),
+    "text": ((dict,), "the output format constrains decoding; it is not rendered into the input"),
+    "truncation": ((str,), "ctxlock counts the whole input; POST /v1/fit shows what a context budget keeps"),
+}
+
+
+def _ignored_setting(body: Mapping[str, Any], key: str, spec: tuple[tuple[type, ...], str]) -> dict[str, str]:
+    kinds, reason = spec
+    value = body[key]
+    if not isinstance(value, kinds) or (key == "truncation" and value not in ("auto", "disabled")):
+        want = {"parallel_tool_calls": "true or false", "reasoning": "an object", "text": "an object"}.get(
+            key, '"auto" or "disabled"'
+        )
+        raise RequestValidationError(f"{key} must be {want}", path=f"$.{key}", hint="as OpenAI's Responses API")
+    return {"path": key, "type": "setting", "reason": reason}

@@ -383,6 +383,23 @@ def _built(b: _Build, final: list[AddedToken], rebuild: str | None) -> Pipeline:
     return b.pipeline(json.dumps(out, ensure_ascii=False), changed=True, added=tuple(added_beyond))
 
 
+def _unk_loop(b: _Build, tok: Any) -> None:
+    """`update_post_processor` looks up `bos_token_id` and `eos_token_id`; a token the vocabulary lacks falls back
+    to `unk_token_id`, which looks up the unk token the same way: when that is missing too, transformers 5.24
+    recurses until RecursionError and the directory does not load (transformers/tokenization_utils_tokenizers.py,
+    `_convert_token_to_id_with_added_voc`). Refused here with the reason."""
+    present = {k: tok.token_to_id(str(v)) is not None for k, v in b.named.items() if k in ("bos_token", "eos_token")}
+    unk = b.named.get("unk_token")
+    if unk is not None and tok.token_to_id(str(unk)) is None and not all(present.values()):
+        missing = ", ".join(f"{k} {str(b.named[k])!r}" for k, ok in present.items() if not ok)
+        raise ArtifactFormatError(
+            f"unk_token {str(unk)!r} is not in the vocabulary, and neither is {missing}: transformers 5.24 fails to "
+            "load this directory (its id lookup falls back to the unk token's forever)",
+            path="tokenizer_config.json:unk_token",
+            hint="name an unk_token the vocabulary holds (or none), and special tokens that are not empty",
+        )
+
+
 def _rebuild_post_processor(b: _Build, tok: Any, out: dict[str, Any], rebuild: str) -> None:
     """The TemplateProcessing transformers' `update_post_processor` sets, into `out`; a disagreement with the
     file's own post-processor is recorded."""
@@ -394,6 +411,7 @@ def _rebuild_post_processor(b: _Build, tok: Any, out: dict[str, Any], rebuild: s
         tid = tok.token_to_id(content) if content is not None else None
         return (content, tid) if wanted and content is not None and tid is not None else None
 
+    _unk_loop(b, tok)
     bos = special("bos_token", "add_bos_token", rebuild in ("bos", "config-bos"))
     eos = special("eos_token", "add_eos_token", False)
     out["post_processor"] = _template_post_processor(bos, eos)

@@ -296,8 +296,10 @@ def _special_values(
         found.extras += [found.named[k] for k in spec.extra_defaults if found.named.get(k) is not None]
     for key, value in found.named.items():
         _no_surrogate(value, f"tokenizer_config.json:{key}")
+    from tokenizers import AddedToken
+
     for value in found.extras:
-        if not isinstance(value, str) and _added(value) is None:
+        if not isinstance(value, (str, AddedToken)):  # transformers' add_tokens refuses the list
             raise ArtifactFormatError(
                 "extra_special_tokens holds strings or {content, ...} objects (transformers 5.24 refuses it too)",
                 path="tokenizer_config.json:extra_special_tokens",

@@ -162,13 +162,12 @@ def _read_added_json(
     init: Mapping[str, Any], added: Mapping[str, Any], decoder: dict[int, Any], by_content: dict[str, Any]
 ) -> None:
     """added_tokens.json: a token is special when its content is a named (standard) or extra special token."""
-    from tokenizers import AddedToken
-
     specials = {str(init[k]) for k in STANDARD if init.get(k)}
     specials.update(str(t) for t in _listed(init.get("extra_special_tokens") or [], f"{_CONFIG}:extra_special_tokens"))
     for content, idx in added.items():
         special = content in specials
-        decoder[idx] = AddedToken(content, rstrip=False, lstrip=False, normalized=not special, special=special)
+        fields = {"content": content, "rstrip": False, "lstrip": False, "normalized": not special, "special": special}
+        decoder[idx] = _token(fields, f"added_tokens.json:{content}")
         by_content[content] = decoder[idx]
 
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock.errors import ArtifactFormatError
+from ctxlock.errors import ArtifactFormatError, TokenizerError
 
 pytestmark = pytest.mark.reference
 
@@ -38,7 +38,17 @@ TEMPLATE = (
     + "{% endfor %}"
 )
 PROBE = "hi <a>x<b> <|im_end|>hi<new> the <|endoftext|> <b>"
-CLASSES = ("PreTrainedTokenizerFast", "Qwen2Tokenizer", "GPT2Tokenizer")
+CLASSES = (
+    "PreTrainedTokenizerFast",
+    "Qwen2Tokenizer",
+    "Qwen3_5Tokenizer",
+    "GPT2Tokenizer",
+    "GPTNeoXTokenizer",
+    "CohereTokenizer",
+    "LlamaTokenizer",  # over a byte-level file AutoTokenizer loads the generic backend
+    "CodeLlamaTokenizer",
+    "GemmaTokenizer",
+)
 
 
 def _base_tokenizer() -> dict[str, Any]:
@@ -164,23 +174,32 @@ def _write(root: Path, shape: dict[str, Any], base: dict[str, Any]) -> None:
         (root / "added_tokens.json").write_text(json.dumps(shape["added_json"]), encoding="utf-8")
 
 
-def _reference(root: Path) -> dict[str, Any] | Exception:
+def _attempt(step: Any) -> Any:
+    """A step's value, or the exception's type when the step raises."""
+    try:
+        return step()
+    except Exception as exc:  # the shapes transformers (or ctxlock) refuses
+        return type(exc)
+
+
+def _reference(root: Path) -> dict[str, Any] | type:
     import transformers
     from transformers import AutoTokenizer
 
     transformers.logging.set_verbosity_error()
-    try:
-        tok = AutoTokenizer.from_pretrained(str(root), local_files_only=True)
-        render = tok.apply_chat_template([{"role": "user", "content": "k q"}], tokenize=True, return_dict=False)
-    except Exception as exc:  # the shapes transformers refuses
-        return exc
-    if hasattr(render, "input_ids") or isinstance(render, dict):
-        render = render["input_ids"]
+    tok = _attempt(lambda: AutoTokenizer.from_pretrained(str(root), local_files_only=True))
+    if isinstance(tok, type):
+        return tok
+
+    def render() -> list[int]:
+        out = tok.apply_chat_template([{"role": "user", "content": "k q"}], tokenize=True, return_dict=False)
+        return [int(i) for i in (out["input_ids"] if hasattr(out, "input_ids") or isinstance(out, dict) else out)]
+
     return {
         "special": dict(tok.special_tokens_map),
         "added": {i: _state(t) for i, t in tok.added_tokens_decoder.items()},
-        "probe": tok.encode(PROBE, add_special_tokens=False),
-        "render": [int(i) for i in render],
+        "probe": _attempt(lambda: tok.encode(PROBE, add_special_tokens=False)),
+        "render": _attempt(render),
     }
 
 
@@ -195,9 +214,26 @@ def _ours(root: Path) -> dict[str, Any]:
     return {
         "special": dict(model.artifacts.special_tokens),
         "added": {int(t["id"]): _state(t) for t in added},
-        "probe": model.tokenizer.encode(PROBE, parse_special=True),
-        "render": list(model.run({"messages": [{"role": "user", "content": "k q"}]}).tokenized.ids),
+        "probe": _attempt(lambda: model.tokenizer.encode(PROBE, parse_special=True)),
+        "render": _attempt(lambda: list(model.run({"messages": [{"role": "user", "content": "k q"}]}).tokenized.ids)),
     }
+
+
+def _check(root: Path) -> None:
+    """ctxlock against AutoTokenizer on one directory. A directory transformers cannot load, ctxlock refuses with
+    ArtifactFormatError; a text transformers cannot encode (a BPE model meeting a character it lacks, with an unk
+    token its vocabulary lacks too), ctxlock refuses with TokenizerError."""
+    expected = _reference(root)
+    if isinstance(expected, type):
+        with pytest.raises(ArtifactFormatError):
+            _ours(root)
+        return
+    got = _ours(root)
+    for key in ("probe", "render"):
+        if isinstance(expected[key], type):
+            assert got[key] is TokenizerError, (key, expected[key])
+            got[key] = expected[key]
+    assert got == expected
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -206,12 +242,7 @@ def test_special_tokens_follow_transformers_sources(shape: dict[str, Any], base_
     root = Path(tempfile.mkdtemp(prefix="ctxlock-hf-special-"))
     try:
         _write(root, shape, base_tokenizer)
-        expected = _reference(root)
-        if isinstance(expected, Exception):
-            with pytest.raises(ArtifactFormatError):
-                _ours(root)
-            return
-        assert _ours(root) == expected
+        _check(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -181,8 +181,8 @@ def build_pipeline(
         raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
     b = _choose_class(file_data, config, model_config or {}, file_text, has_tokenizer_file)
     _check_sources(b, spm_specials, source)
-    _apply_class(b, pipeline)
     decoder = _special_values(b, special_tokens_map, added_tokens_json)
+    _apply_class(b, pipeline)
     final = _tokens_to_add(b, decoder)
     rebuild = _rebuild_kind(b)
     if not (b.use_class or final or rebuild or not has_tokenizer_file):
@@ -283,7 +283,7 @@ def _special_values(
     b: _Build, special_tokens_map: Any, added_tokens_json: Mapping[str, Any] | None
 ) -> dict[int, AddedToken]:
     """The special tokens and the added-token decoder, from the directory's files in transformers' order
-    (`hf_special.special_sources`); a class that always passes extra special tokens on adds them."""
+    (`hf_special.special_sources`)."""
     spec = b.spec
     found = special_sources(
         b.config,
@@ -291,9 +291,8 @@ def _special_values(
         added_tokens_json=added_tokens_json,
         file_data=b.file_data if b.has_tokenizer_file else None,
         defaults=spec.defaults if spec is not None else None,
+        appended=spec.extra_defaults if spec is not None else (),
     )
-    if spec is not None:
-        found.extras += [found.named[k] for k in spec.extra_defaults if found.named.get(k) is not None]
     for key, value in found.named.items():
         _no_surrogate(value, f"tokenizer_config.json:{key}")
     from tokenizers import AddedToken
@@ -308,6 +307,11 @@ def _special_values(
     for idx, t in found.decoder.items():
         _no_surrogate(t, f"added_tokens_decoder.{idx}")
     b.named, b.extras = found.named, found.extras
+    if spec is not None:
+        # The class builds its BPE model with the unk token its __init__ receives, whichever file named it
+        # (GemmaTokenizer, CodeLlamaTokenizer: `unk_token=str(unk_token)`).
+        unk = found.named.get("unk_token")
+        b.spec = CLASSES[b.cls]({**b.config, "unk_token": None if unk is None else str(unk)})
     b.special_tokens = tuple((k, str(v)) for k, v in b.named.items())
     return found.decoder
 
@@ -410,8 +414,19 @@ def _rebuild_post_processor(b: _Build, tok: Any, out: dict[str, Any], rebuild: s
         value = b.named.get(key)
         content = value if isinstance(value, str) else value.content if value is not None else None
         wanted = default if rebuild.startswith("config") is False else _flag(b.config, flag, default)
-        tid = tok.token_to_id(content) if content is not None else None
-        return (content, tid) if wanted and content is not None and tid is not None else None
+        if not wanted or content is None:
+            return None
+        tid = tok.token_to_id(content)
+        if tid is None and b.named.get("unk_token") is not None:
+            tid = tok.token_to_id(str(b.named["unk_token"]))  # `convert_tokens_to_ids` falls back to the unk id
+        if tid is None:
+            raise ArtifactFormatError(
+                f"{key} {content!r} has no id (not in the vocabulary, and no unk token): transformers 5.24 cannot "
+                f"build the post-processor that adds it and fails to load this directory",
+                path=f"tokenizer_config.json:{key}",
+                hint=f"name a {key} the vocabulary holds, or set {flag} to false",
+            )
+        return (content, tid)
 
     _unk_loop(b, tok)
     bos = special("bos_token", "add_bos_token", rebuild in ("bos", "config-bos"))

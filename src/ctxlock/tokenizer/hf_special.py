@@ -220,10 +220,12 @@ def special_sources(
     added_tokens_json: Mapping[str, Any] | None = None,
     file_data: Mapping[str, Any] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    appended: Sequence[str] = (),
 ) -> Specials:
     """The special tokens and added-token decoder transformers 5.24 builds for a directory: `special_tokens_map` is
     special_tokens_map.json's value (None: no such file), `file_data` tokenizer.json's (None: no such file),
-    `defaults` the class's `__init__` defaults."""
+    `defaults` the class's `__init__` defaults, `appended` the keyword tokens the class's `__init__` appends to
+    its `additional_special_tokens` (CodeLlamaTokenizer's FIM tokens)."""
     file_added = None
     if file_data is not None:
         file_added = file_data.get("added_tokens")
@@ -237,6 +239,13 @@ def special_sources(
         # TokenizersBackend.__init__: the file's padding names the pad token when no source (nor the class's own
         # keyword, which `defaults` lists even when it is None) did.
         init.setdefault("pad_token", padding["pad_token"])
+    if appended:
+        # transformers/models/code_llama/tokenization_code_llama.py, `__init__`: `additional_special_tokens or []`,
+        # then `+= [token]` for each FIM keyword token that is not None (a non-list fails there).
+        extra = init.pop("additional_special_tokens", None) or []
+        if not isinstance(extra, list):
+            raise _refuse("additional_special_tokens must be a list", f"{_CONFIG}:additional_special_tokens")
+        init["additional_special_tokens"] = extra + [init[k] for k in appended if init.get(k) is not None]
     named, extras = _class_init(init, _CONFIG)
     return Specials(named, extras, decoder)
 

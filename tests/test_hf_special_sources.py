@@ -123,7 +123,7 @@ def directories(draw: st.DrawFn) -> dict[str, Any]:
         if choice != "absent":
             config[name] = None if choice == "null" else draw(_config_token(hostile))
     if draw(st.booleans()):
-        config["image_token"] = draw(st.sampled_from(POOL))
+        config["image_token"] = draw(_config_token())  # a model's own named token
     if draw(st.booleans()):
         config["added_tokens_decoder"] = {str(t.pop("id")): t for t in _added_list(draw, 259)}
     for key in ("extra_special_tokens", "additional_special_tokens"):

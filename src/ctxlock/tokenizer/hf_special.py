@@ -234,6 +234,9 @@ def special_sources(
     init, decoder = _from_pretrained_kwargs(config, special_tokens_map, added_tokens_json, file_added)
     for key, value in (defaults or {}).items():
         init.setdefault(key, value)  # the class's keyword defaults
+    # The class passes its keyword tokens on first (`super().__init__(unk_token=..., ..., **kwargs)`): that order
+    # is the order of the model-specific tokens, and so of the ids new tokens get.
+    init = {**{k: init[k] for k in defaults or {}}, **{k: v for k, v in init.items() if k not in (defaults or {})}}
     padding = (file_data or {}).get("padding")
     if isinstance(padding, Mapping) and isinstance(padding.get("pad_token"), str):
         # TokenizersBackend.__init__: the file's padding names the pad token when no source (nor the class's own

@@ -3,9 +3,9 @@ library the way the tokenizer class does it (`hf_classes` has the classes, how t
 `Pipeline`, what this returns).
 
 The steps, in transformers' order: pick the class and its spec; refuse a directory without tokenizer.json that the
-class does not build as modeled; compare the class's components with the file's and take the class's; assemble the
-special-token map and the added tokens (the config's `added_tokens_decoder`, else `added_tokens.json` and the
-file's own); add them; rebuild the post-processor where the class does. `tokenizers` is imported on first use.
+class does not build as modeled; assemble the special tokens and the added tokens from the directory's files in
+transformers' order of sources (`hf_special`); compare the class's components with the file's and take the
+class's; add the tokens; rebuild the post-processor where the class does. `tokenizers` is imported on first use.
 """
 
 from __future__ import annotations
@@ -31,20 +31,6 @@ from .hf_special import special_sources
 
 if TYPE_CHECKING:
     from tokenizers import AddedToken
-
-
-def _added(value: Any) -> AddedToken | None:
-    """An AddedToken from a config value: a string (special), or a {content, ...} object."""
-    from tokenizers import AddedToken
-
-    if isinstance(value, AddedToken):
-        return value
-    if isinstance(value, str):
-        return None
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        flags = {k: bool(value[k]) for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in value}
-        return AddedToken(value["content"], **flags)
-    return None
 
 
 def _state(token: AddedToken) -> tuple[Any, ...]:

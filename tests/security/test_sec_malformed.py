@@ -59,7 +59,11 @@ def build_originals(base: Path) -> dict[str, Path]:
     hf = base / "hf"
     hf.mkdir()
     (hf / "tokenizer.json").write_text(_tokenizer_json(), "utf-8")
-    config = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": {"content": "<|endoftext|>"}}
+    config = {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": {"__type": "AddedToken", "content": "<|endoftext|>"},
+    }
     (hf / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")
     (hf / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<|endoftext|>"}), "utf-8")
     (hf / "chat_template.jinja").write_text(CHATML, "utf-8")

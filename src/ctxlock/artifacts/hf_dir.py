@@ -26,7 +26,6 @@ from ..tokenizer.hf_classes import PIPELINE_VERSION, SPM_NOTE, Pipeline, bare_bp
 from ..tokenizer.hf_pipeline import build_pipeline
 from ..tokenizer.sentencepiece import read_model_info
 from .common import (
-    SPECIAL_TOKEN_NAMES,
     ModelArtifacts,
     finish,
     inside,
@@ -36,7 +35,6 @@ from .common import (
     read_text,
     special_token,
     templates_from_config,
-    token_content,
 )
 
 _STANDARD_FILES = (
@@ -74,7 +72,7 @@ class _Configs:
     config_path: Path
     model_config: dict[str, Any]  # config.json: only its model_type and tokenizer_class matter, as in AutoTokenizer
     added_json: Any  # added_tokens.json
-    stm: Any  # special_tokens_map.json
+    stm: Any  # special_tokens_map.json (None: no such file)
     stm_path: Path
 
 
@@ -105,7 +103,7 @@ def load_hf_dir(
         config=configs.config,
         model_config=configs.model_config,
         added_json=configs.added_json,
-        stm=configs.stm if isinstance(configs.stm, dict) else None,
+        stm=configs.stm,
         mode=tokenizer_pipeline,
         spm_raw=source.spm_raw,
     )
@@ -162,7 +160,7 @@ def _read_configs(d: _Dir) -> _Configs:
     ):
         raise ArtifactFormatError("added_tokens.json maps token strings to ids", path=str(added_path))
     stm_path = d.local("special_tokens_map.json")
-    stm = read_json(stm_path) if present(stm_path) else {}
+    stm = read_json(stm_path) if present(stm_path) else None
     return _Configs(config, config_path, model_config, added_json, stm, stm_path)
 
 
@@ -222,23 +220,12 @@ def _templates(d: _Dir, configs: _Configs) -> TemplateSet | None:
 
 
 def _special_tokens(configs: _Configs, source: _Source, pipeline: Pipeline) -> dict[str, str]:
-    """The template variables bos_token, eos_token, ...: from tokenizer_config.json, else special_tokens_map.json."""
-    special: dict[str, str] = {}
-    stm = configs.stm
-    for name in SPECIAL_TOKEN_NAMES:
-        value = token_content(configs.config.get(name))
-        where = f"{configs.config_path}:{name}"
-        if value is None and isinstance(stm, dict):
-            value, where = token_content(stm.get(name)), f"{configs.stm_path}:{name}"
-        if value is not None:
-            special[name] = special_token(value, where)
-    if source.file_text is None:
-        # Built from slow files, the class's own defaults (LlamaTokenizer's "<s>", ...) are the tokenizer's special
-        # tokens when the config names none: transformers gives them to the template as bos_token, ...
-        for name, value in pipeline.special_tokens:
-            if name in SPECIAL_TOKEN_NAMES and name not in special:
-                special[name] = special_token(value, f"{source.path.name} ({pipeline.tokenizer_class} default)")
-    return special
+    """The template variables bos_token, eos_token, ... (and a model's own `image_token`, ...): the named special
+    tokens the tokenizer class ends up with, which transformers passes to the template as its `special_tokens_map`.
+    `ctxlock.tokenizer.hf_special` finds them in transformers' order of sources: tokenizer_config.json, and when
+    it has no `added_tokens_decoder`, special_tokens_map.json over it; then the class's defaults."""
+    where = configs.stm_path if configs.stm is not None else configs.config_path
+    return {name: special_token(value, f"{where}:{name}") for name, value in pipeline.special_tokens}
 
 
 def _hf_pipeline(
@@ -250,7 +237,7 @@ def _hf_pipeline(
     config: dict[str, Any],
     model_config: dict[str, Any],
     added_json: Any,
-    stm: dict[str, Any] | None,
+    stm: Any,
     mode: str,
     spm_raw: bytes | None = None,
 ) -> Any:

@@ -21,6 +21,7 @@ A `tokenizer.json` may carry `truncation` and `padding` sections. transformers s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -28,14 +29,14 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ArtifactFormatError
+from ..errors import ArtifactFormatError, CtxlockError, TokenizerError
 from ..settings import cache_root, fast_enabled
 from ..trie import longest_first
 from .accel import Accelerator, probe_texts
@@ -140,6 +141,22 @@ def _remember_loaded(sha256: str) -> None:
             path.touch()
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def _typed(tokenizer_id: str) -> Iterator[None]:
+    """`tokenizers` raises a bare Exception when it cannot encode a text (a BPE model meeting a character it lacks,
+    whose unk token is not in its vocabulary either: transformers fails the same way); it becomes TokenizerError."""
+    try:
+        yield
+    except CtxlockError:
+        raise
+    except Exception as exc:
+        raise TokenizerError(
+            f"the tokenizer cannot encode this text: {exc}",
+            path=tokenizer_id,
+            hint="transformers fails on it too; give the tokenizer an unk token its vocabulary holds",
+        ) from None
 
 
 class HFTokenizer(TokenizerBase):
@@ -392,10 +409,11 @@ class HFTokenizer(TokenizerBase):
         return self._control_tokens
 
     def encode(self, text: str, *, parse_special: bool = False, add_special_tokens: bool = False) -> list[int]:
-        if parse_special:
-            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        # Special-token strings are text here; the post-processor (BOS/EOS) is the reference's own.
-        return self._plain[0].encode(text, add_special_tokens=add_special_tokens).ids
+        with _typed(self.id):
+            if parse_special:
+                return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+            # Special-token strings are text here; the post-processor (BOS/EOS) is the reference's own.
+            return self._plain[0].encode(text, add_special_tokens=add_special_tokens).ids
 
     @property
     def truncation(self) -> dict[str, Any] | None:
@@ -446,7 +464,8 @@ class HFTokenizer(TokenizerBase):
             if ids is not None:
                 return ids
         first, rest = self._plain
-        return (first if at_start else rest).encode(text, add_special_tokens=False).ids
+        with _typed(self.id):
+            return (first if at_start else rest).encode(text, add_special_tokens=False).ids
 
     def encode_text_batch(self, texts: Sequence[str], at_start_flags: Sequence[bool]) -> list[list[int]]:
         """`encode_text` over many runs, in parallel: tiktoken threads (the GIL is released while it encodes) or
@@ -461,7 +480,8 @@ class HFTokenizer(TokenizerBase):
         for variant, flag in ((first, True), (rest, False)):
             todo = [i for i, o in enumerate(out) if o is None and bool(at_start_flags[i]) is flag]
             if variant is not None and todo:
-                encoded = variant.encode_batch([texts[i] for i in todo], add_special_tokens=False)
+                with _typed(self.id):
+                    encoded = variant.encode_batch([texts[i] for i in todo], add_special_tokens=False)
                 for i, enc in zip(todo, encoded, strict=True):
                     out[i] = enc.ids
         return out  # type: ignore[return-value]
@@ -505,7 +525,8 @@ class HFTokenizer(TokenizerBase):
         return {t.content: t.id for t in self._added if t.id in self._control_ids}
 
     def encode_matched(self, text: str) -> tuple[list[int], list[ControlMatch]]:
-        enc = self._tok.encode(text, add_special_tokens=False)
+        with _typed(self.id):
+            enc = self._tok.encode(text, add_special_tokens=False)
         out: list[ControlMatch] = []
         for tid, (start, end) in zip(enc.ids, enc.offsets, strict=True):
             if tid not in self._control_ids:

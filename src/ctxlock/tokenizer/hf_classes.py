@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PIPELINES = ("class", "file")
-PIPELINE_VERSION = "8"  # bump when what build_pipeline produces changes (the loader caches its result)
+PIPELINE_VERSION = "9"  # bump when what build_pipeline produces changes (the loader caches its result)
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 COMPONENTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor")
 
@@ -256,7 +256,8 @@ def _gpt2(config: Mapping[str, Any]) -> ClassSpec:
         normalizer=None,
         pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=flag(config, "add_prefix_space", False)),
         decoder=decoders.ByteLevel(),
-        defaults={"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
+        defaults={"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+        | {"pad_token": None},  # passed on explicitly: a tokenizer.json's padding does not name it
         reads_slow_bpe=True,
     )
 

@@ -3,9 +3,9 @@ library the way the tokenizer class does it (`hf_classes` has the classes, how t
 `Pipeline`, what this returns).
 
 The steps, in transformers' order: pick the class and its spec; refuse a directory without tokenizer.json that the
-class does not build as modeled; compare the class's components with the file's and take the class's; assemble the
-special-token map and the added tokens (the config's `added_tokens_decoder`, else `added_tokens.json` and the
-file's own); add them; rebuild the post-processor where the class does. `tokenizers` is imported on first use.
+class does not build as modeled; assemble the special tokens and the added tokens from the directory's files in
+transformers' order of sources (`hf_special`); compare the class's components with the file's and take the
+class's; add the tokens; rebuild the post-processor where the class does. `tokenizers` is imported on first use.
 """
 
 from __future__ import annotations
@@ -21,31 +21,16 @@ from .hf_classes import (
     CLASSES,
     GENERIC_CLASSES,
     PIPELINES,
-    SPECIAL_TOKEN_ATTRIBUTES,
     SPM_NOTE,
     ClassSpec,
     Pipeline,
     resolve_class,
 )
-from .hf_classes import content as _content
 from .hf_classes import flag as _flag
+from .hf_special import special_sources
 
 if TYPE_CHECKING:
     from tokenizers import AddedToken
-
-
-def _added(value: Any) -> AddedToken | None:
-    """An AddedToken from a config value: a string (special), or a {content, ...} object."""
-    from tokenizers import AddedToken
-
-    if isinstance(value, AddedToken):
-        return value
-    if isinstance(value, str):
-        return None
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        flags = {k: bool(value[k]) for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in value}
-        return AddedToken(value["content"], **flags)
-    return None
 
 
 def _state(token: AddedToken) -> tuple[Any, ...]:
@@ -114,9 +99,6 @@ def _shown(value: Any) -> Any:
     return value
 
 
-_FLAG_KEYS = ("single_word", "lstrip", "rstrip", "normalized", "special")
-
-
 def _no_surrogate(value: AddedToken | str | None, where: str) -> None:
     content = value if isinstance(value, str) or value is None else value.content
     if content is not None and re.search("[\ud800-\udfff]", content):
@@ -125,15 +107,6 @@ def _no_surrogate(value: AddedToken | str | None, where: str) -> None:
             path=where,
             hint="escape characters outside the BMP as a surrogate pair",
         )
-
-
-def _flags(token: AddedToken) -> dict[str, bool]:
-    return {
-        "single_word": token.single_word,
-        "lstrip": token.lstrip,
-        "rstrip": token.rstrip,
-        "normalized": token.normalized,
-    }
 
 
 @dataclass
@@ -178,7 +151,7 @@ def build_pipeline(
     model_config: Mapping[str, Any] | None = None,
     file_text: str | None = None,
     added_tokens_json: Mapping[str, Any] | None = None,
-    special_tokens_map: Mapping[str, Any] | None = None,
+    special_tokens_map: Any = None,
     has_tokenizer_file: bool = True,
     pipeline: str = "class",
     source: str = "tokenizer.json",
@@ -194,10 +167,8 @@ def build_pipeline(
         raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
     b = _choose_class(file_data, config, model_config or {}, file_text, has_tokenizer_file)
     _check_sources(b, spm_specials, source)
+    decoder = _special_values(b, special_tokens_map, added_tokens_json)
     _apply_class(b, pipeline)
-    values, extras, decoder_cfg = _special_values(b, special_tokens_map)
-    decoder = _added_decoder(b, decoder_cfg, values, extras, added_tokens_json)
-    _name_tokens(b, values, extras, decoder)
     final = _tokens_to_add(b, decoder)
     rebuild = _rebuild_kind(b)
     if not (b.use_class or final or rebuild or not has_tokenizer_file):
@@ -294,110 +265,64 @@ def _apply_class(b: _Build, pipeline: str) -> None:
         data["added_tokens"] = []
 
 
-def _special_values(b: _Build, special_tokens_map: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[Any], Any]:
-    """The special-token map, as transformers' `_from_pretrained` and the class's __init__ assemble it: (named
-    values, extra special tokens, the config's added_tokens_decoder)."""
-    config = b.config
-    values: dict[str, Any] = dict(b.spec.defaults if b.spec is not None else {})
-    decoder_cfg = config.get("added_tokens_decoder")
-    for key, value in config.items():
-        # A model-specific `*_token` counts when it is a string or a serialized AddedToken (`"__type"`), as the
-        # values transformers' `convert_added_tokens` turns into AddedTokens.
-        typed = isinstance(value, Mapping) and value.get("__type") == "AddedToken" and _added(value) is not None
-        if key in SPECIAL_TOKEN_ATTRIBUTES or (key.endswith("_token") and (isinstance(value, str) or typed)):
-            values[key] = value
-    if not isinstance(decoder_cfg, Mapping) and isinstance(special_tokens_map, Mapping):
-        for key, value in special_tokens_map.items():
-            if key in SPECIAL_TOKEN_ATTRIBUTES or key.endswith("_token"):
-                values[key] = value
-    extras: list[Any] = []
-    for key in ("extra_special_tokens", "additional_special_tokens"):
-        if isinstance(config.get(key), list):
-            extras = list(config[key])
-            break
-        if isinstance(config.get(key), dict):
-            values.update(config[key])
-            break
-    if b.spec is not None:
-        extras = extras + [values[k] for k in b.spec.extra_defaults if values.get(k) is not None]
-    return values, extras, decoder_cfg
-
-
-def _added_decoder(
-    b: _Build, decoder_cfg: Any, values: dict[str, Any], extras: list[Any], added_tokens_json: Mapping[str, Any] | None
+def _special_values(
+    b: _Build, special_tokens_map: Any, added_tokens_json: Mapping[str, Any] | None
 ) -> dict[int, AddedToken]:
-    """added_tokens_decoder: the config's, else added_tokens.json and the file's own added_tokens."""
+    """The special tokens and the added-token decoder, from the directory's files in transformers' order
+    (`hf_special.special_sources`)."""
+    spec = b.spec
+    found = special_sources(
+        b.config,
+        special_tokens_map=special_tokens_map,
+        added_tokens_json=added_tokens_json,
+        file_data=b.file_data if b.has_tokenizer_file else None,
+        defaults=spec.defaults if spec is not None else None,
+        appended=spec.extra_defaults if spec is not None else (),
+    )
+    for key, value in found.named.items():
+        _no_surrogate(value, f"tokenizer_config.json:{key}")
     from tokenizers import AddedToken
 
-    decoder: dict[int, AddedToken] = {}
-    if isinstance(decoder_cfg, Mapping):
-        for idx, value in decoder_cfg.items():
-            token = _added(value)
-            if token is None or not token.content:
-                raise ArtifactFormatError(
-                    "added_tokens_decoder holds {content, ...} objects", path=f"tokenizer_config.json:{idx}"
-                )
-            try:
-                decoder[int(idx)] = token
-            except ValueError:
-                raise ArtifactFormatError(
-                    "added_tokens_decoder is keyed by token id", path="tokenizer_config.json:added_tokens_decoder"
-                ) from None
-        return decoder
-    if isinstance(added_tokens_json, Mapping):
-        specials = {c for v in values.values() if (c := _content(v)) is not None} | {
-            c for v in extras if (c := _content(v)) is not None
-        }
-        for content, idx in added_tokens_json.items():
-            if not content:
-                continue
-            special = content in specials
-            decoder[int(idx)] = AddedToken(content, normalized=not special, special=special)
-    if b.has_tokenizer_file:
-        for t in b.file_data.get("added_tokens") or []:
-            flags = {k: bool(t.get(k, False)) for k in _FLAG_KEYS}
-            decoder[int(t["id"])] = AddedToken(t["content"], **flags)
-    return decoder
-
-
-def _name_tokens(b: _Build, values: dict[str, Any], extras: list[Any], decoder: dict[int, AddedToken]) -> None:
-    """The named special tokens and the extra ones, each an AddedToken (from the decoder) or a string."""
-    by_content = {str(t.content): t for t in decoder.values()}
-    for key, value in values.items():
-        token = _added(value) or (by_content.get(value) if isinstance(value, str) else None)
-        chosen = token if token is not None else _content(value)
-        _no_surrogate(chosen, f"tokenizer_config.json:{key}")
-        if chosen is not None and (chosen if isinstance(chosen, str) else chosen.content):
-            b.named[key] = chosen  # a None, empty or non-string value names no token (transformers skips it too)
-    resolved = [(_added(v) or by_content.get(_content(v) or "") or _content(v)) for v in extras]
-    b.extras = [v for v in resolved if v is not None and (v if isinstance(v, str) else v.content)]
-    for v in b.extras:
-        _no_surrogate(v, "tokenizer_config.json:extra_special_tokens")
-    for idx, t in decoder.items():
+    for value in found.extras:
+        if not isinstance(value, (str, AddedToken)):  # transformers' add_tokens refuses the list
+            raise ArtifactFormatError(
+                "extra_special_tokens holds strings or {content, ...} objects (transformers 5.24 refuses it too)",
+                path="tokenizer_config.json:extra_special_tokens",
+            )
+        _no_surrogate(value, "tokenizer_config.json:extra_special_tokens")
+    for idx, t in found.decoder.items():
         _no_surrogate(t, f"added_tokens_decoder.{idx}")
-    b.special_tokens = tuple((k, v if isinstance(v, str) else v.content) for k, v in b.named.items())
+    b.named, b.extras = found.named, found.extras
+    if spec is not None:
+        # The class builds its BPE model with the unk token its __init__ receives, whichever file named it
+        # (GemmaTokenizer, CodeLlamaTokenizer: `unk_token=str(unk_token)`).
+        unk = found.named.get("unk_token")
+        b.spec = CLASSES[b.cls]({**b.config, "unk_token": None if unk is None else str(unk)})
+    b.special_tokens = tuple((k, str(v)) for k, v in b.named.items())
+    return found.decoder
 
 
 def _tokens_to_add(b: _Build, decoder: dict[int, AddedToken]) -> list[AddedToken]:
-    """The added tokens the class adds beyond the file's own, in transformers' order."""
+    """The added tokens `TokenizersBackend.__init__` (transformers/tokenization_utils_tokenizers.py) passes to
+    `add_tokens`: the decoder's, in id order (its check against the tokens already held compares ids with tokens,
+    so it never skips one; `tokenizers` skips a token it already holds as is), then each named and extra special
+    token whose content is neither held nor queued; a string becomes `AddedToken(special=True)`, a queued token
+    named as a special token is made special."""
     from tokenizers import AddedToken
 
     file_added = [] if b.use_class or not b.has_tokenizer_file else list(b.file_data.get("added_tokens") or [])
-    existing = {(str(t["content"]), *(bool(t.get(k, False)) for k in _FLAG_KEYS)) for t in file_added}
-    to_add: list[Any] = [t for _, t in sorted(decoder.items()) if _state(t) not in existing]
-    encoder = {str(t["content"]) for t in file_added} | {str(t.content) for t in to_add}
+    to_add: list[Any] = [t for _, t in sorted(decoder.items())]
+    encoder = [str(t["content"]) for t in file_added] + [str(t) for t in to_add]
     for value in [*b.named.values(), *b.extras]:
-        content = value if isinstance(value, str) else value.content
-        if content not in encoder:
+        if str(value) not in encoder and value not in to_add:
             to_add.append(value)
-            encoder.add(content)
-    named_contents = {v if isinstance(v, str) else v.content for v in b.named.values()}
+    named_contents = [str(t) for t in b.named.values() if t]
     final: list[AddedToken] = []
     for value in to_add:
         if isinstance(value, str):
             value = AddedToken(value, special=True)
-        elif not value.special and value.content in named_contents:
-            value = AddedToken(value.content, **_flags(value), special=True)
+        elif not value.special and str(value) in named_contents:
+            value.special = True  # as transformers does, on the very object
         final.append(value)
     return final
 
@@ -450,6 +375,23 @@ def _built(b: _Build, final: list[AddedToken], rebuild: str | None) -> Pipeline:
     return b.pipeline(json.dumps(out, ensure_ascii=False), changed=True, added=tuple(added_beyond))
 
 
+def _unk_loop(b: _Build, tok: Any) -> None:
+    """`update_post_processor` looks up `bos_token_id` and `eos_token_id`; a token the vocabulary lacks falls back
+    to `unk_token_id`, which looks up the unk token the same way: when that is missing too, transformers 5.24
+    recurses until RecursionError and the directory does not load (transformers/tokenization_utils_tokenizers.py,
+    `_convert_token_to_id_with_added_voc`). Refused here with the reason."""
+    present = {k: tok.token_to_id(str(v)) is not None for k, v in b.named.items() if k in ("bos_token", "eos_token")}
+    unk = b.named.get("unk_token")
+    if unk is not None and tok.token_to_id(str(unk)) is None and not all(present.values()):
+        missing = ", ".join(f"{k} {str(b.named[k])!r}" for k, ok in present.items() if not ok)
+        raise ArtifactFormatError(
+            f"unk_token {str(unk)!r} is not in the vocabulary, and neither is {missing}: transformers 5.24 fails to "
+            "load this directory (its id lookup falls back to the unk token's forever)",
+            path="tokenizer_config.json:unk_token",
+            hint="name an unk_token the vocabulary holds (or none), and special tokens that are not empty",
+        )
+
+
 def _rebuild_post_processor(b: _Build, tok: Any, out: dict[str, Any], rebuild: str) -> None:
     """The TemplateProcessing transformers' `update_post_processor` sets, into `out`; a disagreement with the
     file's own post-processor is recorded."""
@@ -458,9 +400,21 @@ def _rebuild_post_processor(b: _Build, tok: Any, out: dict[str, Any], rebuild: s
         value = b.named.get(key)
         content = value if isinstance(value, str) else value.content if value is not None else None
         wanted = default if rebuild.startswith("config") is False else _flag(b.config, flag, default)
-        tid = tok.token_to_id(content) if content is not None else None
-        return (content, tid) if wanted and content is not None and tid is not None else None
+        if not wanted or content is None:
+            return None
+        tid = tok.token_to_id(content)
+        if tid is None and b.named.get("unk_token") is not None:
+            tid = tok.token_to_id(str(b.named["unk_token"]))  # `convert_tokens_to_ids` falls back to the unk id
+        if tid is None:
+            raise ArtifactFormatError(
+                f"{key} {content!r} has no id (not in the vocabulary, and no unk token): transformers 5.24 cannot "
+                f"build the post-processor that adds it and fails to load this directory",
+                path=f"tokenizer_config.json:{key}",
+                hint=f"name a {key} the vocabulary holds, or set {flag} to false",
+            )
+        return (content, tid)
 
+    _unk_loop(b, tok)
     bos = special("bos_token", "add_bos_token", rebuild in ("bos", "config-bos"))
     eos = special("eos_token", "add_eos_token", False)
     out["post_processor"] = _template_post_processor(bos, eos)

@@ -10,8 +10,10 @@ InputError naming the file (and the row where it broke).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -159,9 +161,25 @@ def request_of(raw: Any) -> Any:
     return {k: v for k, v in raw.items() if v is not None}
 
 
+def rows_sha256(rows: list[tuple[int, Any]]) -> str:
+    """The sha256 of a shard's input rows as the job reads them (each row's number, then its JSONL line's bytes
+    or its Parquet row as JSON, length-prefixed): what a shard record keeps, so that `--resume` makes again exactly
+    the shards whose rows changed (docs/batch.md)."""
+    digest = hashlib.sha256()
+    for n, raw in rows:
+        data = (
+            raw
+            if isinstance(raw, bytes)
+            else json.dumps(raw, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
+        )
+        digest.update(b"%d %d\n" % (n, len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 of a file's bytes, read in 1 MiB blocks."""
     return file_sha256(path)
 
 
-__all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "sha256_file"]
+__all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "rows_sha256", "sha256_file"]

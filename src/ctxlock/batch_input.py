@@ -162,16 +162,19 @@ def request_of(raw: Any) -> Any:
 
 
 def rows_sha256(rows: list[tuple[int, Any]]) -> str:
-    """The sha256 of a shard's input rows as the job reads them (each row's number, then its JSONL line's bytes
-    or its Parquet row as JSON, length-prefixed): what a shard record keeps, so that `--resume` makes again exactly
-    the shards whose rows changed (docs/batch.md)."""
+    """The sha256 of a shard's input rows as the job encodes them (`request_of`: a JSONL line's bytes, a Parquet
+    `request` string's UTF-8, or a Parquet row of columns as JSON), each after its row number and length: what a
+    shard record keeps, so that `--resume` makes again exactly the shards whose rows changed (docs/batch.md). The
+    same requests as JSONL or as a Parquet `request` column have the same digest."""
     digest = hashlib.sha256()
     for n, raw in rows:
-        data = (
-            raw
-            if isinstance(raw, bytes)
-            else json.dumps(raw, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
-        )
+        request = request_of(raw)
+        if isinstance(request, str):
+            data = request.encode("utf-8", "surrogatepass")
+        elif isinstance(request, bytes):
+            data = request
+        else:
+            data = json.dumps(request, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
         digest.update(b"%d %d\n" % (n, len(data)))
         digest.update(data)
     return digest.hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -75,7 +76,12 @@ def batch(
         bool, typer.Option("--last-turn-only", help="Train only the last assistant turn of each row.")
     ] = False,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Keep the shards a killed run finished (digests checked); make the rest.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Keep the shards an earlier run finished that check out (regular files, digests, records, the same "
+            "model, options and input rows); make the rest, saying why on stderr (docs/batch.md).",
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -112,9 +118,17 @@ def batch(
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
         with _ProgressBar(as_json) as (update, _):
-            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
+            def report(p: Any) -> None:
+                last[:] = [p]
+                update(p)
+
+            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=report, engine=run)
+
+    last: list[Any] = []  # the job's last Progress
     manifest = guarded(as_json, go)
+    if last:
+        _resume_note(last[0])
     if as_json:
         print_json(manifest)
         return
@@ -123,6 +137,23 @@ def batch(
         f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
         f"{manifest['trained_tokens']:,} trained · {out / 'manifest.json'}"
     )
+
+
+def _resume_note(progress: Any) -> None:
+    """--resume: one line on stderr saying which started shards were made again and why, and which files of an
+    earlier run beyond this input were removed (nothing a resume does is silent)."""
+    parts = []
+    if progress.remade:
+        why = "; ".join(f"shard {k}: {v}" for k, v in sorted(progress.remade.items()))
+        parts.append(f"made {len(progress.remade)} started shards again ({why})")
+    if progress.removed:
+        parts.append(
+            f"removed {len(progress.removed)} files of shards beyond this input ({', '.join(progress.removed)})"
+        )
+    if parts:
+        kept = f"kept {progress.shards_kept} of {progress.shards_done} shards"
+        line = f"note: --resume {kept}; " + "; ".join(parts)
+        print(" ".join(line.splitlines()), file=sys.stderr)
 
 
 def _ray_engine(address: str | None, workers: int) -> Any:

@@ -117,18 +117,13 @@ def batch(
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
-        with _ProgressBar(as_json) as (update, _):
+        with bar as (update, _):
+            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
-            def report(p: Any) -> None:
-                last[:] = [p]
-                update(p)
-
-            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=report, engine=run)
-
-    last: list[Any] = []  # the job's last Progress
+    bar = _ProgressBar(as_json)
     manifest = guarded(as_json, go)
-    if last:
-        _resume_note(last[0])
+    if bar.last is not None:
+        _resume_note(bar.last)
     if as_json:
         print_json(manifest)
         return
@@ -170,14 +165,16 @@ class _ProgressBar:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.progress: Progress | None = None
+        self.last: Any = None  # the job's last `ctxlock.batch.Progress`
 
     def __enter__(self) -> tuple[Any, Any]:
         if self.quiet:
-            return (lambda p: None), None
+            return (lambda p: setattr(self, "last", p)), None
         started = time.monotonic()
         task: list[Any] = []
 
         def update(p: Any) -> None:
+            self.last = p
             if self.progress is None:
                 self.progress = self._bar()
                 self.progress.start()

@@ -10,7 +10,8 @@ everything in the directory is data from outside, which may be stale, edited or 
   blocking (`O_NONBLOCK`: a FIFO), and read only when `fstat` says it is a regular file; a record is read up to
   `MAX_RECORD_BYTES`, a footer up to `MAX_FOOTER_BYTES`, and both as strict JSON (`request.jsonread`).
 - The Parquet file's sha256 is computed from the bytes read through that same descriptor, and its record is read
-  from its footer through it; the JSON record must equal that record plus the sha256. A record's fields are
+  from its footer through it; the JSON record's bytes must be exactly those ctxlock writes for that record plus
+  the sha256. A record's fields are
   checked for their types, its row range must be the shard's, its rows and errors must add up to that range, its
   sequence count must be the file's row count (Parquet metadata), and its job (model, template, tokenizer and
   options digests) and its input rows' sha256 must be this run's.
@@ -240,16 +241,16 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
-def read_json_record(path: Path) -> dict[str, Any] | str:
-    """A shard's JSON record (bounded, strict JSON), or why it cannot be used."""
+def read_json_record(path: Path) -> tuple[dict[str, Any] | str, bytes]:
+    """A shard's JSON record (bounded, strict JSON), or why it cannot be used; and its bytes."""
     opened = open_regular(path)
     if isinstance(opened, str):
-        return f"its record {path.name} {opened}"
+        return f"its record {path.name} {opened}", b""
     with opened as fh:
         data = fh.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
-        return f"its record {path.name} is over {MAX_RECORD_BYTES >> 20} MiB"
-    return _parse_record(data, path.name)
+        return f"its record {path.name} is over {MAX_RECORD_BYTES >> 20} MiB", b""
+    return _parse_record(data, path.name), data
 
 
 def _parse_record(data: bytes, where: str) -> dict[str, Any] | str:
@@ -399,7 +400,7 @@ class Resume:
         path = self.out / record_file(index)
         if not os.path.lexists(path) and not os.path.lexists(self.out / shard_file(index)):
             return None  # never started: nothing to report
-        record = read_json_record(path)
+        record, data = read_json_record(path)
         if isinstance(record, str):
             return record
         change = job_change(record.get("job"), self.job)
@@ -418,7 +419,7 @@ class Resume:
         problem = check_record(embedded, index, span, rows) or job_change(embedded["job"], self.job)
         if problem is not None:
             return problem
-        if {**embedded, "sha256": digest} != record:
+        if json_bytes({**embedded, "sha256": digest}) != data:
             return f"its record {record_file(index)} differs from the one in {shard_file(index)} (edited?)"
         if embedded["input_sha256"] != input_sha256():
             return "its input rows changed"

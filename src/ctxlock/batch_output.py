@@ -206,6 +206,9 @@ def open_regular(path: Path) -> BinaryIO | str:
     """The file at `path` opened for reading when it is a regular file, not followed if it is a link and not
     waited on if it is a FIFO; else why not (a short phrase)."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    mode = _lmode(path)
+    if mode and not stat.S_ISREG(mode):  # not even opened (opening a device may act); checked again once open
+        return "is a symbolic link" if stat.S_ISLNK(mode) else f"is not a regular file ({_kind(mode)})"
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:

@@ -100,9 +100,14 @@ def test_ray_resumes_a_local_run(tmp_path: Path) -> None:
     for name in ("shard-00001.json", "shard-00004.parquet", "manifest.json", "errors.jsonl"):
         (out / name).unlink()
     (out / "shard-00005.parquet").write_bytes(b"PAR1 damaged")
+    # Records are data: a shard file that is a link to /dev/zero, a record whose row count was edited.
+    (out / "shard-00002.parquet").unlink()
+    (out / "shard-00002.parquet").symlink_to("/dev/zero")
+    record = json.loads((out / "shard-00003.json").read_text("utf-8"))
+    (out / "shard-00003.json").write_text(json.dumps({**record, "row_count": 1004}), "utf-8")
     seen: list[Progress] = []
     run_batch(source, out, opts, resume=True, on_progress=seen.append, engine=ray_engine(workers=2))
-    assert seen[-1].shards_kept == 4 and seen[-1].shards_done == 7
+    assert seen[-1].shards_kept == 2 and seen[-1].shards_done == 7 and sorted(seen[-1].remade) == [1, 2, 3, 4, 5]
     assert _tree(out) == _tree(tmp_path / "whole")
 
 

@@ -20,9 +20,13 @@ The job (`run_batch`), in order:
   The shards depend on the input and the options only, never on `workers`: the same input gives byte-identical
   shards and manifest.
 - **Resumable**: a shard is written under a temporary name and renamed into place; then its record
-  (`shard-00000.json`: digest, rows, tokens, its error rows) is written the same way. `resume=True` keeps a shard
-  whose record exists and whose file has the recorded sha256, and makes the others again. `manifest.json` and
-  `errors.jsonl` are written last, from the records.
+  (`shard-00000.json`: digest, rows, tokens, its error rows, its input rows' sha256, the job's digests; the same
+  record is in the Parquet file's footer) is written the same way. `resume=True` keeps a shard only when it passes
+  every check of `ctxlock.batch_output` (a regular file of its own name, its sha256, its record equal to its
+  footer's, its row range and counts, the same job and the same input rows), and makes the others again, saying
+  why (`Progress.remade`); an earlier run's shards beyond this input are removed. `manifest.json` and
+  `errors.jsonl` are written last, from the kept and made records, and only when the input did not change while
+  the job ran. docs/batch.md.
 - **Workers**: `workers` processes: the job's own and N - 1 more, forked after the model is loaded when the job's
   process has no other thread (`ctxlock.forking`; never `fork` after threads), else spawned, each then loading
   the model once. Each runs its tokenizer single-threaded (`RAYON_NUM_THREADS=1`, `TOKENIZERS_PARALLELISM=false`,
@@ -38,19 +42,29 @@ import hashlib
 import json
 import multiprocessing
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._fast_batch import MaskedRow, mask_rows
-from .batch_input import ShardSpec, plan_shards, read_shards, read_spec, request_of, sha256_file
+from .batch_input import ShardSpec, plan_shards, read_shards, read_spec, request_of, rows_sha256, sha256_file
+from .batch_output import (
+    RECORD_KEY,
+    Resume,
+    clean,
+    json_bytes,
+    one_job,
+    record_file,
+    remove_stale,
+    shard_file,
+    write_atomic,
+    write_manifest,
+)
 from .budget import BudgetPolicy, Fitted, fit_context
 from .caches import LRU
 from .errors import BudgetError, CtxlockError, InputError
@@ -108,6 +122,10 @@ class Progress:
     errors: int = 0
     shards_done: int = 0
     shards_kept: int = 0
+    # --resume: the started shards made again, each with why (`batch_output.Resume`), and the earlier run's shard
+    # files removed because this input has fewer shards.
+    remade: dict[int, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
 
 
 # -- one shard (in a worker) -------------------------------------------------------------------------------------
@@ -215,9 +233,10 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     table = columns.packed_table(opts.pack) if opts.pack else columns.table()
     record = {
         "index": index,
-        "file": f"shard-{index:05d}.parquet",
+        "file": shard_file(index),
         "job": _job(model, opts),
         "rows": [rows[0][0], rows[-1][0] + 1],
+        "input_sha256": rows_sha256(rows),
         "row_count": len(kept),
         "error_count": len(errors),
         "token_count": len(columns.ids),
@@ -230,15 +249,15 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
         record["fit"] = dict(sorted(fits.items()))
         # Which rows were fitted, and the indexes of the input messages each one kept (the rest were dropped).
         record["fitted"] = [{"row": k[0], "kept_messages": list(k[4])} for k in kept if k[4] is not None]
-    return _parquet_bytes(table), record
+    return _parquet_bytes(table, record), record
 
 
 def write_shard(out: Path, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
     """Write a shard's Parquet bytes, then its record with their sha256, each under a temporary name renamed into
     place (a shard counts as done only once its record is there); return the record."""
     record = {**record, "sha256": hashlib.sha256(data).hexdigest()}
-    _write_atomic(out / record["file"], data)
-    _write_atomic(out / f"shard-{record['index']:05d}.json", _json_bytes(record))
+    write_atomic(out / shard_file(record["index"]), data)
+    write_atomic(out / record_file(record["index"]), json_bytes(record))
     return record
 
 
@@ -251,7 +270,7 @@ def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
         if templates is None
         else {n: t.sha256 for n, t in zip(templates.names, templates.templates, strict=True)},
         "tokenizer_sha256": model.tokenizer.sha256,
-        "policy_sha256": hashlib.sha256(_json_bytes(opts.policy())).hexdigest(),
+        "policy_sha256": hashlib.sha256(json_bytes(opts.policy())).hexdigest(),
     }
 
 
@@ -415,52 +434,36 @@ class _ShardTooBig(CtxlockError):
         )
 
 
-def _parquet_bytes(table: Any) -> bytes:
-    """The one Parquet writer of both engines (zstd level 3, no dictionary, the Arrow schema stored)."""
+def _parquet_bytes(table: Any, record: dict[str, Any] | None = None) -> bytes:
+    """The one Parquet writer of both engines (zstd level 3, no dictionary, the Arrow schema stored), with the
+    shard's record in the footer's key-value metadata (`batch_output.RECORD_KEY`: what a resume reads back)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=False, store_schema=True)
+    options = {"compression": "zstd", "compression_level": 3, "use_dictionary": False, "store_schema": True}
+    with pq.ParquetWriter(sink, table.schema, **options) as writer:
+        writer.write_table(table)
+        if record is not None:
+            writer.add_key_value_metadata({RECORD_KEY: json.dumps(record, ensure_ascii=False, sort_keys=True)})
     return sink.getvalue().to_pybytes()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode("utf-8")
 
 
 # -- the job ----------------------------------------------------------------------------------------------------
 
 
-def finished_shard(out: Path, index: int, opts: BatchOptions) -> dict[str, Any] | None:
-    """A shard's record when the shard is complete and this job's: the record is there, was made with the same
-    policy, and the file has its sha256."""
-    try:
-        record = json.loads((out / f"shard-{index:05d}.json").read_text("utf-8"))
-        same = record["job"]["policy_sha256"] == hashlib.sha256(_json_bytes(opts.policy())).hexdigest()
-        if same and sha256_file(out / record["file"]) == record["sha256"]:
-            return record
-    except (OSError, ValueError, KeyError, TypeError):
+def kept_spec(resume: Resume | None, source: Path, spec: ShardSpec) -> dict[str, Any] | None:
+    """With `resume`, shard `spec`'s record when it passes every check (`batch_output.Resume`; its input rows read
+    only to compare their sha256, after everything else held), else None."""
+    if resume is None:
         return None
-    return None
+    return resume.kept(spec.index, (spec.first_row, spec.stop_row), lambda: rows_sha256(read_spec(source, spec)))
 
 
 # An engine runs the shards that are not finished: (source, out, options, resume, done) -> None, calling
-# done(record, kept) once per shard (kept: a finished shard `resume` kept). The local one is `run_batch`'s own.
-Engine = Callable[[Path, Path, BatchOptions, bool, Callable[[dict[str, Any], bool], None]], None]
+# done(record, kept) once per shard (kept: a finished shard `resume` kept: `kept_spec`). The local one is
+# `run_batch`'s own.
+Engine = Callable[[Path, Path, BatchOptions, Resume | None, Callable[[dict[str, Any], bool], None]], None]
 
 
 def run_batch(
@@ -477,9 +480,10 @@ def run_batch(
     `engine`: another engine (`ctxlock.batch_ray.ray_engine`); by default `workers` local processes."""
     check_paths(source, out, resume)
     out.mkdir(parents=True, exist_ok=True)
-    for leftover in out.glob(".shard-*.tmp"):  # a killed run's half-written files
-        leftover.unlink()
-    progress = Progress()
+    clean(out)  # a killed run's half-written files
+    input_sha256 = sha256_file(source)
+    check = Resume(out, _job(load_model(opts.model), opts)) if resume else None
+    progress = Progress(remade={} if check is None else check.remade)
     records: dict[int, dict[str, Any]] = {}
 
     def done(record: dict[str, Any], kept: bool) -> None:
@@ -493,16 +497,25 @@ def run_batch(
             on_progress(progress)
 
     if engine is not None:
-        engine(source, out, opts, resume, done)
+        engine(source, out, opts, check, done)
     elif workers <= 1:
         load_model(opts.model)
         for index, rows in enumerate(read_shards(source, opts.shard_rows)):
-            finished = finished_shard(out, index, opts) if resume else None
+            span = (rows[0][0], rows[-1][0] + 1)
+            finished = None if check is None else check.kept(index, span, lambda rows=rows: rows_sha256(rows))
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
     else:
         with _one_encode_thread():
-            _run_pool(source, out, opts, workers, resume, done)
-    return _write_manifest(source, out, opts, [records[k] for k in sorted(records)])
+            _run_pool(source, out, opts, workers, check, done)
+    if check is not None:
+        progress.removed += remove_stale(out, len(records))
+    if sha256_file(source) != input_sha256:
+        raise InputError(
+            f"{source.name} changed while the job ran: its shards may hold rows of either version",
+            path=str(source),
+            hint="run the same command again with --resume (only the shards whose rows changed are made again)",
+        )
+    return _write_manifest(source, input_sha256, out, opts, [records[k] for k in sorted(records)])
 
 
 @contextlib.contextmanager
@@ -525,7 +538,7 @@ def _run_pool(
     out: Path,
     opts: BatchOptions,
     workers: int,
-    resume: bool,
+    resume: Resume | None,
     done: Callable[[dict[str, Any], bool], None],
 ) -> None:
     """The shards on `workers` processes: `workers - 1` started ones and this one, which has ctxlock imported and
@@ -539,7 +552,7 @@ def _run_pool(
     todo: list[ShardSpec] = []
     kept: list[dict[str, Any]] = []
     for spec in plan_shards(source, opts.shard_rows):
-        finished = finished_shard(out, spec.index, opts) if resume else None
+        finished = kept_spec(resume, source, spec)
         if finished is not None:
             kept.append(finished)
         else:
@@ -610,61 +623,12 @@ def check_paths(source: Path, out: Path, resume: bool) -> None:
         )
 
 
-def _version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
-
-
-def _write_manifest(source: Path, out: Path, opts: BatchOptions, records: list[dict[str, Any]]) -> dict[str, Any]:
-    errors = b"".join(
-        (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8") for r in records for e in r["errors"]
-    )
-    _write_atomic(out / "errors.jsonl", errors)
-    job = _one_job(out, records) if records else _job(load_model(opts.model), opts)
-    policy = opts.policy()
-    manifest = {
-        "ctxlock_version": _version("ctxlock"),
-        "pyarrow_version": _version("pyarrow"),  # the shards' bytes are pyarrow's writer's
-        "model": job["model"],
-        "template_sha256": job["template_sha256"],
-        "tokenizer_sha256": job["tokenizer_sha256"],
-        "policy": policy,
-        "policy_sha256": hashlib.sha256(_json_bytes(policy)).hexdigest(),
-        "input": {"file": source.name, "sha256": sha256_file(source)},
-        "rows": sum(r["row_count"] + r["error_count"] for r in records),
-        "row_count": sum(r["row_count"] for r in records),
-        "error_count": sum(r["error_count"] for r in records),
-        "token_count": sum(r["token_count"] for r in records),
-        "trained_tokens": sum(r["trained_tokens"] for r in records),
-        "errors": {"file": "errors.jsonl", "sha256": hashlib.sha256(errors).hexdigest()},
-        "notes": sorted({n for r in records for n in r.get("notes", ())}),
-        **({} if opts.max_length is None else {"fit": _fit_counts(records)}),
-        "shards": [{k: v for k, v in r.items() if k not in ("errors", "job", "fitted")} for r in records],
-    }
-    _write_atomic(out / "manifest.json", _json_bytes(manifest))
-    return manifest
-
-
-def _one_job(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The job every shard was made by (their records say it): shards of different models cannot share a manifest."""
-    jobs = {json.dumps(r["job"], sort_keys=True) for r in records}
-    if len(jobs) > 1:
-        raise InputError(
-            f"the shards in {out} were made by different models or templates ({len(jobs)} kinds)",
-            path=str(out),
-            hint="a --resume must use the same --model as the run it finishes; or start in an empty directory",
-        )
-    return records[0]["job"]
-
-
-def _fit_counts(records: list[dict[str, Any]]) -> dict[str, int]:
-    """--max-length: the shards' fit counts added up (rows kept whole, fitted, over; decisions per kind)."""
-    total: Counter[str] = Counter({"rows_whole": 0, "rows_fitted": 0, "rows_over": 0})
-    for r in records:
-        total.update(r.get("fit", {}))
-    return dict(sorted(total.items()))
+def _write_manifest(
+    source: Path, input_sha256: str, out: Path, opts: BatchOptions, records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """`batch_output.write_manifest` of these records (the job their records name; with none, the model's)."""
+    job = one_job(out, records) if records else _job(load_model(opts.model), opts)
+    return write_manifest(source.name, input_sha256, out, opts.policy(), job, records, opts.max_length is not None)
 
 
 __all__ = [
@@ -676,8 +640,8 @@ __all__ = [
     "check_paths",
     "encode_shard",
     "encode_spec",
-    "finished_shard",
     "init_worker",
+    "kept_spec",
     "load_model",
     "plan_shards",
     "read_shards",

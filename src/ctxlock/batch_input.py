@@ -10,8 +10,10 @@ InputError naming the file (and the row where it broke).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -159,9 +161,28 @@ def request_of(raw: Any) -> Any:
     return {k: v for k, v in raw.items() if v is not None}
 
 
+def rows_sha256(rows: list[tuple[int, Any]]) -> str:
+    """The sha256 of a shard's input rows as the job encodes them (`request_of`: a JSONL line's bytes, a Parquet
+    `request` string's UTF-8, or a Parquet row of columns as JSON), each after its row number and length: what a
+    shard record keeps, so that `--resume` makes again exactly the shards whose rows changed (docs/batch.md). The
+    same requests as JSONL or as a Parquet `request` column have the same digest."""
+    digest = hashlib.sha256()
+    for n, raw in rows:
+        request = request_of(raw)
+        if isinstance(request, str):
+            data = request.encode("utf-8", "surrogatepass")
+        elif isinstance(request, bytes):
+            data = request
+        else:
+            data = json.dumps(request, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
+        digest.update(b"%d %d\n" % (n, len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 of a file's bytes, read in 1 MiB blocks."""
     return file_sha256(path)
 
 
-__all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "sha256_file"]
+__all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "rows_sha256", "sha256_file"]

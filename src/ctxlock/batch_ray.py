@@ -9,10 +9,12 @@
 - **`map_batches` with a callable class** (`ShardEncoder`, `batch_size=1`, `concurrency=workers` actors of one CPU
   each): each actor pins its tokenizer to one thread and loads the model once, in its constructor; each call reads
   its shard's rows (`batch.read_spec`, the same rows the local reader gives) and encodes them with the local
-  engine's code (`batch.shard_bytes`: the same Parquet writer settings), returning the Parquet bytes and the record.
-- **The driver** takes the results as they come (`iter_rows`; Ray Data streams with its own backpressure) and writes
-  each with the local engine's writer (`batch.write_shard`: temporary name, rename, then the record), so the output
-  directory is on the driver only, and `--resume` works across engines. `run_batch` writes the manifest.
+  engine's code (`batch.shard_bytes`: the same Parquet writer settings), returning the Parquet bytes, which carry
+  the shard's record in their footer.
+- **The driver** takes the results as they come (`iter_rows`; Ray Data streams with its own backpressure), reads
+  each shard's record from its bytes' footer (`batch_output.record_of_bytes`, checked as a resume checks one) and
+  writes them with the local engine's writer (`batch.write_shard`: temporary name, rename, then the record), so the
+  output directory is on the driver only, and `--resume` works across engines. `run_batch` writes the manifest.
 
 `address`: `None` starts a local Ray for the job (and stops it after), `"auto"` or `ray://...` joins a cluster; when
 Ray is already initialized in this process (a test's `ray.init(num_cpus=2)`), the job uses it and leaves it running.
@@ -20,7 +22,6 @@ Ray is already initialized in this process (a test's `ray.init(num_cpus=2)`), th
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, fields
@@ -33,13 +34,14 @@ from .batch import (
     BatchOptions,
     Engine,
     ShardSpec,
-    finished_shard,
     init_worker,
+    kept_spec,
     plan_shards,
     read_spec,
     shard_bytes,
     write_shard,
 )
+from .batch_output import Resume, record_of_bytes
 from .errors import InputError
 
 _SPEC_FIELDS = tuple(f.name for f in fields(ShardSpec))
@@ -54,25 +56,24 @@ class ShardEncoder:
         self.opts = opts
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        index, data, records = [], [], []
+        index, data = [], []
         for k in range(len(batch["index"])):
             spec = ShardSpec(**{name: int(batch[name][k]) for name in _SPEC_FIELDS})
-            blob, record = shard_bytes(spec.index, read_spec(self.source, spec), self.opts)
+            blob, _ = shard_bytes(spec.index, read_spec(self.source, spec), self.opts)  # the record is in the blob
             index.append(spec.index)
             data.append(blob)
-            records.append(json.dumps(record, ensure_ascii=False))
-        return {
-            "index": np.asarray(index, dtype=np.int64),
-            "parquet": np.asarray(data, dtype=object),
-            "record": np.asarray(records, dtype=object),
-        }
+        return {"index": np.asarray(index, dtype=np.int64), "parquet": np.asarray(data, dtype=object)}
 
 
 def ray_engine(address: str | None = None, workers: int = 1) -> Engine:
     """The engine `run_batch(..., engine=...)` runs: `workers` Ray actors (module docstring)."""
 
     def run(
-        source: Path, out: Path, opts: BatchOptions, resume: bool, done: Callable[[dict[str, Any], bool], None]
+        source: Path,
+        out: Path,
+        opts: BatchOptions,
+        resume: Resume | None,
+        done: Callable[[dict[str, Any], bool], None],
     ) -> None:
         ray = _ray()
         started = not ray.is_initialized()
@@ -81,7 +82,7 @@ def ray_engine(address: str | None = None, workers: int = 1) -> Engine:
         try:
             todo = []
             for spec in plan_shards(source, opts.shard_rows):
-                finished = finished_shard(out, spec.index, opts) if resume else None
+                finished = kept_spec(resume, source, spec)
                 if finished is not None:
                     done(finished, True)
                 else:
@@ -119,7 +120,9 @@ def _run(
         batch_format="numpy",
     )
     for row in encoded.iter_rows():
-        done(write_shard(out, bytes(row["parquet"]), json.loads(row["record"])), False)
+        data = bytes(row["parquet"])
+        record = record_of_bytes(data, int(row["index"]))
+        done(write_shard(out, data, {k: v for k, v in record.items() if k != "sha256"}), False)
 
 
 def _init(ray: Any, address: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -75,7 +76,12 @@ def batch(
         bool, typer.Option("--last-turn-only", help="Train only the last assistant turn of each row.")
     ] = False,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Keep the shards a killed run finished (digests checked); make the rest.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Keep the shards an earlier run finished that check out (regular files, digests, records, the same "
+            "model, options and input rows); make the rest, saying why on stderr (docs/batch.md).",
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -111,10 +117,13 @@ def batch(
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
-        with _ProgressBar(as_json) as (update, _):
+        with bar as (update, _):
             return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
+    bar = _ProgressBar(as_json)
     manifest = guarded(as_json, go)
+    if bar.last is not None:
+        _resume_note(bar.last)
     if as_json:
         print_json(manifest)
         return
@@ -123,6 +132,23 @@ def batch(
         f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
         f"{manifest['trained_tokens']:,} trained · {out / 'manifest.json'}"
     )
+
+
+def _resume_note(progress: Any) -> None:
+    """--resume: one line on stderr saying which started shards were made again and why, and which files of an
+    earlier run beyond this input were removed (nothing a resume does is silent)."""
+    parts = []
+    if progress.remade:
+        why = "; ".join(f"shard {k}: {v}" for k, v in sorted(progress.remade.items()))
+        parts.append(f"made {len(progress.remade)} started shards again ({why})")
+    if progress.removed:
+        parts.append(
+            f"removed {len(progress.removed)} files of shards beyond this input ({', '.join(progress.removed)})"
+        )
+    if parts:
+        kept = f"kept {progress.shards_kept} of {progress.shards_done} shards"
+        line = f"note: --resume {kept}; " + "; ".join(parts)
+        print(" ".join(line.splitlines()), file=sys.stderr)
 
 
 def _ray_engine(address: str | None, workers: int) -> Any:
@@ -139,14 +165,16 @@ class _ProgressBar:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.progress: Progress | None = None
+        self.last: Any = None  # the job's last `ctxlock.batch.Progress`
 
     def __enter__(self) -> tuple[Any, Any]:
         if self.quiet:
-            return (lambda p: None), None
+            return (lambda p: setattr(self, "last", p)), None
         started = time.monotonic()
         task: list[Any] = []
 
         def update(p: Any) -> None:
+            self.last = p
             if self.progress is None:
                 self.progress = self._bar()
                 self.progress.start()

@@ -69,6 +69,7 @@ def _show(
     estimate: str | None,
     fixed: list[TurnReport] | None,
     closed: list[ClosedTurn] | None = None,
+    proxy: str | None = None,
 ) -> None:
     console.print(f"provider {provider} · {len(reports)} turns" + (f" · {escape(estimate)}" if estimate else ""))
     for k, t in enumerate(reports):
@@ -79,7 +80,7 @@ def _show(
         if t.reported_cache_read is not None:
             line += f"  reported read {t.reported_cache_read:,}"
         if closed is not None:
-            line += "  (reported)" if closed[k].predicted is not None else "  (estimate)"
+            line += "  (reported)" if closed[k].predicted is not None else f"  (estimate: {proxy})"
         console.print(escape(line))
         if t.buster is not None:
             console.print(f"     [yellow]buster[/] {escape(t.buster.kind)}: {escape(t.buster.message)}")
@@ -199,4 +200,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(run.to_dict())
         else:
-            _show(run.reports, provider, run.estimate, run.fixed, run.closed)
+            _show(run.reports, provider, run.estimate, run.fixed, run.closed, run.proxy_tokenizer)

@@ -16,12 +16,22 @@ import math
 import re
 from collections.abc import Mapping
 from contextvars import ContextVar
+from enum import StrEnum
 from typing import Any
 
 from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
-from ctxlock.request.paths import LinkedPath, render_path
-from ctxlock.request.values import MAX_JSON_DEPTH, Utf8Policy
+from ctxlock.jsonpaths import LinkedPath, render_path
 from ctxlock.settings import fast_enabled
+
+
+class Utf8Policy(StrEnum):
+    """What to do with bytes that are not valid UTF-8."""
+
+    STRICT = "strict"  # reject, naming the offset of the first bad byte
+    REPLACE = "replace"  # substitute U+FFFD and record every replaced byte offset
+
+
+MAX_JSON_DEPTH = 128  # the deepest nesting any JSON ctxlock reads from outside may have
 
 # Offsets replaced by the `ctxlock.replace` codec error handler during the current decode. A ContextVar keeps
 # concurrent parses (threads, asyncio tasks) apart; the handler is the only global, and it is named for ctxlock.

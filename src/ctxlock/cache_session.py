@@ -16,6 +16,7 @@ from typing import Any
 
 from .accounting import layout
 from .errors import RequestError, UsageError
+from .jsonread import Utf8Policy, loads_strict
 from .model import Model
 from .promptcache import PROVIDERS, Breakpoint, TurnData, TurnReport, session_report
 from .promptcache_bytes import ORDER, ClosedTurn, canonical_bytes, closed_turns, provider_layout
@@ -31,9 +32,9 @@ def read_session(text: str, name: str) -> Session:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
+        try:  # the strict reader: depth, duplicate keys, NaN, long integers and lone surrogates refused by path
+            obj = loads_strict(line, f"{name}:{n} $", Utf8Policy.STRICT)
+        except json.JSONDecodeError as exc:
             raise RequestError(f"invalid JSON: {exc.msg}", path=f"{name}:{n} column {exc.colno}") from None
         if not isinstance(obj, dict):
             raise RequestError("each line is a request object", path=f"{name}:{n}")

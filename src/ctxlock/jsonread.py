@@ -4,6 +4,8 @@
   and records every replaced byte offset; `byte_offset` maps a character position back to its byte.
 - `loads_strict` is the stdlib parser with duplicate keys, NaN/Infinity, numbers that overflow, lone surrogates
   and nesting deeper than MAX_JSON_DEPTH rejected, each naming its JSON path.
+- `loads_outside` is `loads_strict` for one JSON value from outside that is not a request (a usage file's line, a
+  price table, a session): bytes in, every failure raised as the caller's error class, naming where it was read.
 - `to_plain` turns a caller's Mapping into plain JSON values under the same depth rule, refusing cycles and
   non-JSON types.
 """
@@ -14,12 +16,12 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from enum import StrEnum
 from typing import Any
 
-from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
+from ctxlock.errors import CtxlockError, RequestEncodingError, RequestJSONError, RequestValidationError
 from ctxlock.jsonpaths import LinkedPath, render_path
 from ctxlock.settings import fast_enabled
 
@@ -108,6 +110,17 @@ class _BadNumber:
 def _parse_float(literal: str) -> float | _BadNumber:
     value = float(literal)
     return value if math.isfinite(value) else _BadNumber(literal)
+
+
+def _finite(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A caller's float parser whose non-finite float results are reported with their path, as `_parse_float`'s
+    are (a Decimal of a JSON number literal is always finite)."""
+
+    def parse_finite(literal: str) -> Any:
+        value = parse(literal)
+        return _BadNumber(literal) if isinstance(value, float) and not math.isfinite(value) else value
+
+    return parse_finite
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -263,18 +276,27 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
     return value
 
 
-def loads_strict(text: str, path: str, policy: Utf8Policy, *, source: bytes | None = None) -> Any:
+def loads_strict(
+    text: str,
+    path: str,
+    policy: Utf8Policy,
+    *,
+    source: bytes | None = None,
+    parse_float: Callable[[str], Any] | None = None,
+) -> Any:
     """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
 
     `source`: the UTF-8 bytes `text` was decoded from (`decode_bytes`, a leading BOM maybe cut from the text), which
-    the fast path searches instead of the text. Fast path: the one-pass reader (`_loads_fast`) when it can vouch for
-    the text."""
-    if fast_enabled():
+    the fast path searches instead of the text. `parse_float`: what a JSON number with a fraction or exponent
+    becomes (`decimal.Decimal` for a price table; a non-finite result is refused). Fast path: the one-pass reader
+    (`_loads_fast`) when it can vouch for the text (floats as floats only)."""
+    if fast_enabled() and parse_float is None:
         value = _loads_fast(text, source)
         if value is not _Refused:
             return value
+    floats = _parse_float if parse_float is None else _finite(parse_float)
     try:
-        raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=_parse_float)
+        raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=floats)
     except RecursionError:
         raise RequestJSONError(
             f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=path, hint="flatten the structure"
@@ -287,6 +309,26 @@ def loads_strict(text: str, path: str, policy: Utf8Policy, *, source: bytes | No
     # surrogate (`_may_hold_surrogate`); the reference (`CTXLOCK_FAST=0`) searches every string.
     strings = not fast_enabled() or _may_hold_surrogate(text)
     return _Builder(policy, strings).build(raw, path)
+
+
+def loads_outside(
+    raw: bytes, where: str, *, error: type[CtxlockError], at: int = 0, parse_float: Callable[[str], Any] | None = None
+) -> Any:
+    """One JSON value from outside, through the strict reader: UTF-8 (the first bad byte named, `at` being where
+    `raw` starts in its file), depth, duplicate keys, NaN, integers too long to read and lone surrogates refused as
+    `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"not UTF-8 ({exc.reason} at byte {at + exc.start})", path=where, hint="save it as UTF-8") from None
+    try:
+        return loads_strict(text, where, Utf8Policy.STRICT, source=raw, parse_float=parse_float)
+    except json.JSONDecodeError as exc:
+        at_line = where.removesuffix(" $") + (f" line {exc.lineno}" if exc.lineno > 1 else "")
+        raise error(f"invalid JSON: {exc.msg}", path=f"{at_line} column {exc.colno}") from None
+    except CtxlockError as exc:  # the request's hint (parse with utf8='replace') is no option here
+        hint = (exc.hint or "").replace(", or parse with utf8='replace'", "") or None
+        raise error(exc.message, path=exc.path, hint=hint) from None
 
 
 def to_plain(value: Any, path: LinkedPath, depth: int = 0, open_: set[int] | None = None) -> Any:

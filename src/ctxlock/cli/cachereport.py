@@ -5,7 +5,6 @@ prints."""
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +13,9 @@ from rich.markup import escape
 
 from ..cache_session import CacheRun, Session, money, parse_time, read_session, sum_or_none
 from ..cache_session import cache_report as report_session
-from ..errors import RecordFormatError, RequestError, UsageError
+from ..errors import CtxlockError, RecordFormatError, RequestError, UsageError
 from ..inputs import decode_utf8, read_input
+from ..jsonread import Utf8Policy, decode_bytes, loads_strict
 from ..model import load
 from ..promptcache import PROVIDERS, TurnReport
 from ..promptcache_bytes import ClosedTurn
@@ -54,9 +54,10 @@ def read_records(ids: list[str], store: Path | None) -> Session:
         with record_values(record):
             data = record.data
             raw = base64.b64decode(data["request"]["bytes_b64"], validate=True)
-            try:
-                request = json.loads(raw)
-            except ValueError as exc:
+            try:  # the strict reader, under the policy that lets any recorded request be read (utf8='replace')
+                text, _ = decode_bytes(raw, Utf8Policy.REPLACE)
+                request = loads_strict(text, f"record {spec} request", Utf8Policy.REPLACE, source=raw)
+            except (ValueError, CtxlockError) as exc:
                 raise RecordFormatError(f"the recorded request is not JSON: {exc}", path=f"record {spec}") from None
             now = (data.get("dynamic") or {}).get("now")
             out.append((request, None, parse_time(now, f"record {spec} dynamic.now")))

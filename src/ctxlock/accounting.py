@@ -42,6 +42,7 @@ import numpy as np
 from .caches import LRU, memoize
 from .errors import CtxlockError, RequestError
 from .images import MultimodalInput
+from .jsonread import Utf8Policy, decode_bytes, loads_strict
 from .multimodal.pipeline import ImageInput, VideoInput
 from .options import RENDER_OPTIONS, check_options
 from .request import Request
@@ -541,8 +542,10 @@ def _image_plan(image: ImageInput) -> dict[str, Any]:
 
 
 def _raw(request: RequestLike) -> Any:
-    if isinstance(request, bytes | str):
-        return json.loads(request)
+    if isinstance(request, bytes | str):  # the request as sent: the strict reader, as `count` read it
+        data = request.encode("utf-8", "surrogatepass") if isinstance(request, str) else request
+        text, _ = decode_bytes(data, Utf8Policy.REPLACE)
+        return loads_strict(text, "request", Utf8Policy.REPLACE)
     if isinstance(request, Mapping):
         return json.loads(json.dumps(request))
     return None

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ from hypothesis import strategies as st
 from cli_runner import invoke, run_cli
 from ctxlock.cache_session import read_session
 from ctxlock.cli import usage as usage_cmds
-from ctxlock.errors import CtxlockError, UsageError
-from ctxlock.usage import read_usage
+from ctxlock.errors import CtxlockError, PriceError, UsageError
+from ctxlock.usage import PriceTable, read_usage
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -251,3 +252,25 @@ def test_every_json_loads_is_the_strict_reader_or_listed() -> None:
     # The readers of this change: usage, cache-report (CLI and server) and price tables.
     for reader in ("usage.py", "cache_session.py", "cli/cachereport.py", "cli/usage.py", "promptcache.py"):
         assert not [k for k in calls if k.startswith(f"ctxlock/{reader}::")], reader
+
+
+def test_hostile_price_tables_are_price_errors() -> None:
+    """A price table is outside JSON too: read strictly, its floats as Decimal (a duplicate model entry is refused
+    with its key: LiteLLM's own file has had them, BerriAI/litellm#23578, and which one applies is ambiguous)."""
+    entry = '{"input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06}'
+    ok = PriceTable.parse(('{"m": ' + entry + "}").encode(), "p.json")
+    assert ok.lookup("m").per_token["input"] == Decimal("0.000001")
+    for bad, message in (
+        (_deep(3_000, "ao").encode(), "nested deeper than 128"),
+        (b'{"m": {"input_cost_per_token": ' + b"1" * 5_000 + b"}}", "4300 digits"),
+        (('{"m": ' + entry + ', "m": ' + entry + "}").encode(), 'duplicate key "m"'),
+        (b'{"m": {"input_cost_per_token": 1e99999999999999999999}}', "not a finite JSON number"),
+        (b'{"m": {"input_cost_per_token": 1, "note": "\\udc00"}}', "lone surrogate"),
+        (b'{"m": {"input_cost_per_token": 1, "note": "\xc3"}}', "not UTF-8"),
+    ):
+        try:
+            PriceTable.parse(bad, "p.json")
+        except PriceError as exc:
+            assert message in exc.message and str(exc.path).startswith("p.json"), (message, exc)
+        else:
+            raise AssertionError(message)

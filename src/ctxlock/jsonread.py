@@ -117,7 +117,10 @@ def _finite(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     are (a Decimal of a JSON number literal is always finite)."""
 
     def parse_finite(literal: str) -> Any:
-        value = parse(literal)
+        try:
+            value = parse(literal)
+        except (ArithmeticError, ValueError):  # Decimal("1e99999999999999999999"): an exponent past its context
+            return _BadNumber(literal)
         return _BadNumber(literal) if isinstance(value, float) and not math.isfinite(value) else value
 
     return parse_finite

@@ -32,6 +32,7 @@ from ctxlock.promptcache_bytes import (
     estimate_label,
     first_difference,
     part_nodes,
+    provider_layout,
 )
 from ctxlock.record import RunOptions
 from ctxlock.request import parse_request
@@ -322,3 +323,35 @@ def test_closed_figures_are_laid_out_in_the_providers_order(tmp_path: Path, tool
     assert "proxy tokenizer mistral-nemo/tekken" in nemo["estimate"] and nemo["layout"].startswith(f"provider: {ORDER}")
     human = invoke(cachereport_cmds.register, "cache-report", str(path), "--provider", "anthropic")
     assert human.exit_code == 0 and "proxy tokenizer mistral-nemo/tekken" in " ".join(human.output.split())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    system=st.lists(TEXT, min_size=1, max_size=3),
+    chat=st.lists(TEXT, min_size=1, max_size=4),
+    extra=TEXT,
+    marks=st.sets(st.integers(0, 6), max_size=3),
+)
+def test_the_provider_layout_extends_as_the_bytes_do(system: list[str], chat: list[str], extra: str, marks: set[int]):
+    """Whatever the text and wherever the marks: a turn that appends a message extends the turn before in tokens as
+    it does in bytes, and a block ends at the same token on both turns whether or not a turn marks it."""
+    tok = ctxlock.load().tokenizer
+
+    def request(n: int, marked: set[int]) -> Any:
+        blocks = [{"type": "text", "text": t or "."} for t in system]
+        msgs = [{"role": ("user", "assistant")[k % 2], "content": [{"type": "text", "text": t or "."}]}
+                for k, t in enumerate([*chat, extra][:n])]  # fmt: skip
+        for k, block in enumerate([*blocks, *(m["content"][0] for m in msgs)]):
+            if k in marked:
+                block["cache_control"] = {"type": "ephemeral"}
+        return parse_request({"model": "m", "max_tokens": 1, "system": blocks, "messages": msgs})
+
+    memo: dict[Any, Any] = {}
+    one, two = request(len(chat), marks), request(len(chat) + 1, {k + 1 for k in marks})
+    lay_one = provider_layout(canonical_bytes(one), one, tok, memo)
+    lay_two = provider_layout(canonical_bytes(two), two, tok, {})
+    assert lay_two.ids[: len(lay_one.ids)].tolist() == lay_one.ids.tolist()
+    assert {p: e for p, e in lay_two.block_ends.items() if p in lay_one.block_ends} == lay_one.block_ends
+    assert len(lay_one.block_ends) == len(system) + len(chat)
+    for b in lay_one.breakpoints(one):
+        assert 0 < b.end <= len(lay_one.ids)

@@ -173,7 +173,6 @@ OWN_OUTPUT = {
     "ctxlock/record/build.py::_add_run": "Request.to_json(): ctxlock's canonical JSON",
     "ctxlock/batch_ray.py::_run": "the record a worker of this run wrote, passed in memory",
     "ctxlock/toolcalls/schemas.py::_checked_validator": "json.dumps(schema, sort_keys=True), a cache key, read back",
-    "ctxlock/tokenizer/hf.py::HFTokenizer._data": "tokenizers' own serialization of the loaded tokenizer",
     "ctxlock/tokenizer/hf.py::HFTokenizer.pipeline": "tokenizers' own serialization of its components",
     "ctxlock/tokenizer/hf_pipeline.py::_canonical": "tokenizers' to_str() of a tokenizer built in memory",
     "ctxlock/tokenizer/hf_pipeline.py::_template_post_processor": "tokenizers' to_str()",
@@ -196,11 +195,6 @@ OWN_OUTPUT = {
 # Outside input still read by plain json.loads in other readers, each named so that the list can only shrink: a
 # new reader of outside JSON fails this test until it uses the strict reader (`ctxlock.jsonread.loads_outside`).
 NOT_YET_STRICT = {
-    "ctxlock/artifacts/common.py::read_json": "model artifact JSON (size-capped by max_artifact_bytes)",
-    "ctxlock/artifacts/hf_dir.py::_tokenizer_json": "tokenizer.json (size-capped)",
-    "ctxlock/artifacts/hf_dir.py::_slow_bpe": "vocab.json (size-capped)",
-    "ctxlock/tokenizer/hf.py::HFTokenizer.__init__": "tokenizer.json text (size-capped)",
-    "ctxlock/tokenizer/tekken.py::_parts": "tekken.json (size-capped)",
     "ctxlock/batch.py::finished_shard": "a shard record of an earlier run (batch --resume)",
     "ctxlock/bundle.py::_parse_header": "a bundle's header line",
     "ctxlock/record/format.py::ExecutionRecord.from_bytes": "a record file",

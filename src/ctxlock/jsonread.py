@@ -158,9 +158,10 @@ def check_depth(path: LinkedPath, depth: int) -> None:
 class _Builder:
     """Top-down pass over parsed JSON: duplicate keys, non-finite numbers, lone surrogates, depth, with paths."""
 
-    def __init__(self, policy: Utf8Policy, strings: bool = True) -> None:
+    def __init__(self, policy: Utf8Policy, strings: bool = True, last_key_wins: bool = False) -> None:
         self.policy = policy
         self.strings = strings  # False: no string can hold a lone surrogate (`loads_strict` proved it)
+        self.last_key_wins = last_key_wins  # True: a duplicate key keeps its first place and its last value
 
     def build(self, value: Any, path: LinkedPath, depth: int = 0) -> Any:
         if isinstance(value, _Pairs):
@@ -169,7 +170,7 @@ class _Builder:
             for key, item in value:
                 if self.strings:
                     key = self._string(key, path)
-                if key in out:
+                if key in out and not self.last_key_wins:
                     raise RequestJSONError(
                         f"duplicate key {json.dumps(key, ensure_ascii=False)}",
                         path=render_path(path),
@@ -232,6 +233,10 @@ def _fast_float(literal: str) -> float:
 _FAST_SCAN = json.JSONDecoder(
     object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float
 ).scan_once
+# The same without the pairs hook, for files whose reference reader lets the last duplicate key win (json.load,
+# serde_json's maps): the C scanner builds the dicts itself, as json.loads does (a multi-MB tokenizer.json reads
+# in about json.loads' time).
+_FAST_SCAN_LAST_KEY = json.JSONDecoder(parse_constant=_fast_constant, parse_float=_fast_float).scan_once
 _WHITESPACE = json.decoder.WHITESPACE.match
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"{[")  # what translate deletes to leave `{` and `[`
 
@@ -246,7 +251,7 @@ def _within_depth(value: Any, depth: int) -> bool:
     return True
 
 
-def _loads_fast(text: str, source: bytes | None) -> Any:
+def _loads_fast(text: str, source: bytes | None, last_key_wins: bool = False) -> Any:
     """`loads_strict`'s value read in one pass of the stdlib's C scanner, or `_Refused` where the reference reader
     must read the text (it then gives its value, or its error with its path): a duplicate key, a NaN or infinite
     number (the hooks refuse them as the scanner meets them), a string that may hold a lone surrogate
@@ -264,7 +269,8 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
     if _may_hold_surrogate(text) if source is None else _SURROGATE_ESCAPE_BYTES.search(source) is not None:
         return _Refused
     try:
-        value, end = _FAST_SCAN(text, _WHITESPACE(text, 0).end())
+        scan = _FAST_SCAN_LAST_KEY if last_key_wins else _FAST_SCAN
+        value, end = scan(text, _WHITESPACE(text, 0).end())
     except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so
         return _Refused
     if _WHITESPACE(text, end).end() != len(text):  # extra data
@@ -286,15 +292,19 @@ def loads_strict(
     *,
     source: bytes | None = None,
     parse_float: Callable[[str], Any] | None = None,
+    last_key_wins: bool = False,
 ) -> Any:
     """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
+
+    `last_key_wins`: a duplicate key is not refused but read as json.loads reads it (first place, last value), for
+    model files whose reference readers accept them (docs/outside-json.md).
 
     `source`: the UTF-8 bytes `text` was decoded from (`decode_bytes`, a leading BOM maybe cut from the text), which
     the fast path searches instead of the text. `parse_float`: what a JSON number with a fraction or exponent
     becomes (`decimal.Decimal` for a price table; a non-finite result is refused). Fast path: the one-pass reader
     (`_loads_fast`) when it can vouch for the text (floats as floats only)."""
     if fast_enabled() and parse_float is None:
-        value = _loads_fast(text, source)
+        value = _loads_fast(text, source, last_key_wins)
         if value is not _Refused:
             return value
     floats = _parse_float if parse_float is None else _finite(parse_float)
@@ -311,21 +321,31 @@ def loads_strict(
     # Fast path: one search of the whole text instead of one per string, when it shows no string can hold a lone
     # surrogate (`_may_hold_surrogate`); the reference (`CTXLOCK_FAST=0`) searches every string.
     strings = not fast_enabled() or _may_hold_surrogate(text)
-    return _Builder(policy, strings).build(raw, path)
+    return _Builder(policy, strings, last_key_wins).build(raw, path)
 
 
 def loads_outside(
-    raw: bytes, where: str, *, error: type[CtxlockError], at: int = 0, parse_float: Callable[[str], Any] | None = None
+    raw: bytes | str,
+    where: str,
+    *,
+    error: type[CtxlockError],
+    at: int = 0,
+    parse_float: Callable[[str], Any] | None = None,
+    last_key_wins: bool = False,
 ) -> Any:
     """One JSON value from outside, through the strict reader: UTF-8 (the first bad byte named, `at` being where
     `raw` starts in its file), depth, duplicate keys, NaN, integers too long to read and lone surrogates refused as
-    `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside."""
+    `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside. `last_key_wins`: see
+    `loads_strict`. `raw` may be text already decoded from UTF-8."""
     try:
-        text = raw.decode("utf-8")
+        text = raw if isinstance(raw, str) else raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"not UTF-8 ({exc.reason} at byte {at + exc.start})", path=where, hint="save it as UTF-8") from None
+    source = None if isinstance(raw, str) else raw
     try:
-        return loads_strict(text, where, Utf8Policy.STRICT, source=raw, parse_float=parse_float)
+        return loads_strict(
+            text, where, Utf8Policy.STRICT, source=source, parse_float=parse_float, last_key_wins=last_key_wins
+        )
     except json.JSONDecodeError as exc:
         at_line = where.removesuffix(" $") + (f" line {exc.lineno}" if exc.lineno > 1 else "")
         raise error(f"invalid JSON: {exc.msg}", path=f"{at_line} column {exc.colno}") from None

@@ -9,7 +9,6 @@ the table cannot drift from the reference.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from binascii import a2b_base64, b2a_base64
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from .. import diskcache
 from ..errors import ArtifactFormatError
+from ..jsonread import loads_outside
 from ..trie import longest_first
 from . import encode_between
 from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
@@ -180,10 +180,13 @@ def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
             pos += n
         return {**cached, "ranks": ranks, "n_vocab": len(cached["lengths"])}
     try:
-        data = json.loads(raw)
+        data = loads_outside(raw, f"{path} $", error=ArtifactFormatError, last_key_wins=True)
         config = data["config"]
         pattern = config["pattern"]
         vocab = data["vocab"]
+    except ArtifactFormatError as exc:  # the strict reader's, naming the JSON path
+        message = exc.message.removeprefix("invalid JSON: ")
+        raise ArtifactFormatError(f"not a Tekken tokenizer file: {message}", path=exc.path, hint=exc.hint) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ArtifactFormatError(f"not a Tekken tokenizer file: {exc}", path=str(path)) from None
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer

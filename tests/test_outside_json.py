@@ -196,15 +196,7 @@ OWN_OUTPUT = {
 # new reader of outside JSON fails this test until it uses the strict reader (`ctxlock.jsonread.loads_outside`).
 NOT_YET_STRICT = {
     "ctxlock/batch.py::finished_shard": "a shard record of an earlier run (batch --resume)",
-    "ctxlock/bundle.py::_parse_header": "a bundle's header line",
-    "ctxlock/record/format.py::ExecutionRecord.from_bytes": "a record file",
-    "ctxlock/mistral.py::_tool_content": "a tool message's content, tried as JSON",
-    "ctxlock/constrain.py::_load_schema": "a JSON schema given as text",
-    "ctxlock/toolcalls/qwen3_coder.py::_convert": "a parameter value in model output, tried as JSON",
     "ctxlock/cli/compaction.py::take_entry_ids": "--entries file",
-    "ctxlock/cli/detok.py::_json_ids": "ids given as JSON",
-    "ctxlock/cli/detok.py::_stdin_ids": "ids given as JSON lines",
-    "ctxlock/cli/explain.py::read_events": "an event file",
     "ctxlock/cli/files.py::read_json": "a JSON option file",
     "ctxlock/cli/render.py::_jsonl_strings": "a JSONL file of strings",
     "ctxlock/cli/render.py::_parse_vars": "--var values",
@@ -268,3 +260,86 @@ def test_hostile_price_tables_are_price_errors() -> None:
             assert message in exc.message and str(exc.path).startswith("p.json"), (message, exc)
         else:
             raise AssertionError(message)
+
+
+# -- every converted reader class, one hostile document of each kind -------------------------------------------
+
+HOSTILE_DOCS = {
+    "deep": '{"a": ' + "[" * 200 + "]" * 200 + "}",
+    "digits": '{"a": ' + "7" * 5_000 + "}",
+    "surrogate": '{"a": "\\ud800"}',
+    "nan": '{"a": NaN}',
+    "duplicate": '{"a": 1, "a": 2}',
+}
+NEEDLES = {
+    "deep": "nested deeper than 128",
+    "digits": "4300 digits",
+    "surrogate": "lone surrogate",
+    "nan": "not a finite JSON number",
+    "duplicate": 'duplicate key "a"',
+}
+
+
+def _readers(tmp: Path) -> dict[str, tuple[type[CtxlockError], Any, bool]]:
+    """reader -> (its error, a function of the document's bytes, whether a duplicate key keeps its last value as its
+    reference reads it: model files, docs/outside-json.md)."""
+    import io
+
+    from ctxlock import load
+    from ctxlock.artifacts.common import read_json
+    from ctxlock.bundle import MAGIC, import_bundle
+    from ctxlock.constrain import JsonSchemaMask
+    from ctxlock.errors import ArtifactFormatError, BundleError, ConstraintError, RecordFormatError
+    from ctxlock.record import ExecutionRecord
+    from ctxlock.store import Store
+    from ctxlock.tokenizer.hf import HFTokenizer
+    from ctxlock.tokenizer.tekken import TekkenTokenizer
+
+    tokenizer = load().tokenizer
+
+    def in_file(name: str, read: Any) -> Any:
+        def go(raw: bytes) -> Any:
+            path = tmp / name
+            path.write_bytes(raw)
+            return read(path)
+
+        return go
+
+    return {
+        "record": (RecordFormatError, lambda raw: ExecutionRecord.from_bytes(raw, source="r.json"), False),
+        "bundle header": (
+            BundleError,
+            lambda raw: import_bundle(Store(tmp / "store"), io.BytesIO(MAGIC + raw + b"\n"), label="b.bundle"),
+            False,
+        ),
+        "schema": (ConstraintError, lambda raw: JsonSchemaMask(tokenizer, raw.decode(), source="s.json"), False),
+        "model JSON": (ArtifactFormatError, in_file("tokenizer_config.json", read_json), True),
+        "tokenizer.json": (ArtifactFormatError, lambda raw: HFTokenizer(raw.decode(), id="t", source="t.json"), True),
+        "tekken.json": (ArtifactFormatError, in_file("tekken.json", lambda p: TekkenTokenizer(p, id="t")), True),
+    }
+
+
+def test_hostile_json_in_every_reader_class(tmp_path: Path) -> None:
+    """Records, bundle headers, schemas, model JSON, tokenizer.json and tekken.json: each hostile document is the
+    reader's typed error naming the input (and the JSON path where there is one). A duplicate key in a model file is
+    read as transformers' json.load and tokenizers' serde_json maps read it (the last value), so that no file the
+    references load is refused: the reader then fails later, on the missing sections, not on the key."""
+    for reader, (error, read, last_key_wins) in _readers(tmp_path).items():
+        for kind, doc in HOSTILE_DOCS.items():
+            try:
+                read(doc.encode())
+            except CtxlockError as exc:
+                assert isinstance(exc, error), (reader, kind, exc)
+                text = f"{exc.message} {exc.path}"
+                if kind == "duplicate" and last_key_wins:
+                    assert "duplicate" not in text, (reader, exc)
+                    continue
+                assert NEEDLES[kind] in exc.message and exc.path and exc.hint, (reader, kind, exc)
+                if kind in ("deep", "surrogate", "nan"):
+                    assert "$" in str(exc.path) or reader == "bundle header", (reader, kind, exc.path)
+            else:
+                assert kind == "duplicate" and last_key_wins and reader == "model JSON", (reader, kind)
+    from ctxlock.artifacts.common import read_json
+
+    (tmp_path / "dup.json").write_text('{"a": 1, "b": [], "a": 2}')
+    assert read_json(tmp_path / "dup.json") == json.loads('{"a": 1, "b": [], "a": 2}') == {"a": 2, "b": []}

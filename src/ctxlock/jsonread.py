@@ -34,6 +34,7 @@ class Utf8Policy(StrEnum):
 
 
 MAX_JSON_DEPTH = 128  # the deepest nesting any JSON ctxlock reads from outside may have
+SYNTAX_ERROR = "invalid JSON: "  # how `loads_outside`'s error for text that is not JSON at all begins
 
 # Offsets replaced by the `ctxlock.replace` codec error handler during the current decode. A ContextVar keeps
 # concurrent parses (threads, asyncio tasks) apart; the handler is the only global, and it is named for ctxlock.
@@ -158,8 +159,11 @@ def check_depth(path: LinkedPath, depth: int) -> None:
 class _Builder:
     """Top-down pass over parsed JSON: duplicate keys, non-finite numbers, lone surrogates, depth, with paths."""
 
-    def __init__(self, policy: Utf8Policy, strings: bool = True, last_key_wins: bool = False) -> None:
+    def __init__(
+        self, policy: Utf8Policy, strings: bool = True, last_key_wins: bool = False, nonfinite: bool = False
+    ) -> None:
         self.policy = policy
+        self.nonfinite = nonfinite  # True: NaN, Infinity and overflowing numbers are floats, as json.loads reads them
         self.strings = strings  # False: no string can hold a lone surrogate (`loads_strict` proved it)
         self.last_key_wins = last_key_wins  # True: a duplicate key keeps its first place and its last value
 
@@ -184,6 +188,8 @@ class _Builder:
         if isinstance(value, str):
             return self._string(value, path) if self.strings else value
         if isinstance(value, _BadNumber):
+            if self.nonfinite:
+                return float(value.literal)
             raise RequestJSONError(
                 f"{value.literal} is not a finite JSON number",
                 path=render_path(path),
@@ -251,7 +257,7 @@ def _within_depth(value: Any, depth: int) -> bool:
     return True
 
 
-def _loads_fast(text: str, source: bytes | None, last_key_wins: bool = False) -> Any:
+def _loads_fast(text: str, source: bytes | None, last_key_wins: bool = False, allowance: int = 0) -> Any:
     """`loads_strict`'s value read in one pass of the stdlib's C scanner, or `_Refused` where the reference reader
     must read the text (it then gives its value, or its error with its path): a duplicate key, a NaN or infinite
     number (the hooks refuse them as the scanner meets them), a string that may hold a lone surrogate
@@ -280,7 +286,7 @@ def _loads_fast(text: str, source: bytes | None, last_key_wins: bool = False) ->
     if type(value) is dict or type(value) is list:
         # (on the bytes, one pass that leaves the brackets, where two counts read them twice)
         brackets = text.count("{") + text.count("[") if source is None else len(source.translate(None, _NOT_BRACKETS))
-        if brackets > MAX_JSON_DEPTH and not _within_depth(value, 0):
+        if brackets > MAX_JSON_DEPTH + allowance and not _within_depth(value, -allowance):
             return _Refused
     return value
 
@@ -293,18 +299,23 @@ def loads_strict(
     source: bytes | None = None,
     parse_float: Callable[[str], Any] | None = None,
     last_key_wins: bool = False,
+    nonfinite: bool = False,
+    depth_allowance: int = 0,
 ) -> Any:
     """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
 
     `last_key_wins`: a duplicate key is not refused but read as json.loads reads it (first place, last value), for
-    model files whose reference readers accept them (docs/outside-json.md).
+    model files whose reference readers accept them (docs/outside-json.md). `nonfinite`: NaN, Infinity and numbers
+    that overflow are floats, as json.loads reads them (for JSON a reference reads with json.loads inside a request).
+    `depth_allowance`: levels allowed past MAX_JSON_DEPTH, for a file that holds a request a few levels down (a
+    record).
 
     `source`: the UTF-8 bytes `text` was decoded from (`decode_bytes`, a leading BOM maybe cut from the text), which
     the fast path searches instead of the text. `parse_float`: what a JSON number with a fraction or exponent
     becomes (`decimal.Decimal` for a price table; a non-finite result is refused). Fast path: the one-pass reader
     (`_loads_fast`) when it can vouch for the text (floats as floats only)."""
-    if fast_enabled() and parse_float is None:
-        value = _loads_fast(text, source, last_key_wins)
+    if fast_enabled() and parse_float is None and not nonfinite:
+        value = _loads_fast(text, source, last_key_wins, depth_allowance)
         if value is not _Refused:
             return value
     floats = _parse_float if parse_float is None else _finite(parse_float)
@@ -321,7 +332,7 @@ def loads_strict(
     # Fast path: one search of the whole text instead of one per string, when it shows no string can hold a lone
     # surrogate (`_may_hold_surrogate`); the reference (`CTXLOCK_FAST=0`) searches every string.
     strings = not fast_enabled() or _may_hold_surrogate(text)
-    return _Builder(policy, strings, last_key_wins).build(raw, path)
+    return _Builder(policy, strings, last_key_wins, nonfinite).build(raw, path, -depth_allowance)
 
 
 def loads_outside(
@@ -332,11 +343,14 @@ def loads_outside(
     at: int = 0,
     parse_float: Callable[[str], Any] | None = None,
     last_key_wins: bool = False,
+    nonfinite: bool = False,
+    depth_allowance: int = 0,
 ) -> Any:
     """One JSON value from outside, through the strict reader: UTF-8 (the first bad byte named, `at` being where
     `raw` starts in its file), depth, duplicate keys, NaN, integers too long to read and lone surrogates refused as
-    `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside. `last_key_wins`: see
-    `loads_strict`. `raw` may be text already decoded from UTF-8."""
+    `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside. `raw` may be text
+    already decoded from UTF-8. `last_key_wins`, `nonfinite`, `depth_allowance`: see `loads_strict`. A syntax
+    error's message starts with SYNTAX_ERROR."""
     try:
         text = raw if isinstance(raw, str) else raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -344,11 +358,18 @@ def loads_outside(
     source = None if isinstance(raw, str) else raw
     try:
         return loads_strict(
-            text, where, Utf8Policy.STRICT, source=source, parse_float=parse_float, last_key_wins=last_key_wins
+            text,
+            where,
+            Utf8Policy.STRICT,
+            source=source,
+            parse_float=parse_float,
+            last_key_wins=last_key_wins,
+            nonfinite=nonfinite,
+            depth_allowance=depth_allowance,
         )
     except json.JSONDecodeError as exc:
         at_line = where.removesuffix(" $") + (f" line {exc.lineno}" if exc.lineno > 1 else "")
-        raise error(f"invalid JSON: {exc.msg}", path=f"{at_line} column {exc.colno}") from None
+        raise error(f"{SYNTAX_ERROR}{exc.msg}", path=f"{at_line} column {exc.colno}") from None
     except CtxlockError as exc:  # the request's hint (parse with utf8='replace') is no option here
         hint = (exc.hint or "").replace(", or parse with utf8='replace'", "") or None
         raise error(exc.message, path=exc.path, hint=hint) from None

@@ -22,7 +22,7 @@ from ..capacity import Capacity
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..frozen import FrozenDict, freeze
 from ..inputs import decode_utf8, read_artifact
-from ..jsonread import loads_outside
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..template import ChatTemplate, TemplateSet, compile_template, template_from_file_text
 from ..tokenizer import Tokenizer
 
@@ -112,7 +112,7 @@ def parse_json(text: str, path: Path, what: str = "JSON") -> Any:
     try:
         return loads_outside(text, f"{path} $", error=ArtifactFormatError, last_key_wins=True)
     except ArtifactFormatError as exc:
-        message = exc.message.removeprefix("invalid JSON: ")
+        message = exc.message.removeprefix(SYNTAX_ERROR)
         hint = exc.hint or "re-export the file as JSON"
         raise ArtifactFormatError(f"not valid {what}: {message}", path=exc.path, hint=hint) from None
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ArtifactFormatError
-from ..jsonread import loads_outside
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..settings import cache_root, fast_enabled
 from ..trie import longest_first
 from .accel import Accelerator, probe_texts
@@ -220,7 +220,7 @@ class HFTokenizer(TokenizerBase):
 
     def _invalid(self, exc: Exception) -> ArtifactFormatError:
         if isinstance(exc, ArtifactFormatError):  # the strict reader's error, naming the JSON path
-            message, path = exc.message.removeprefix("invalid JSON: "), exc.path
+            message, path = exc.message.removeprefix(SYNTAX_ERROR), exc.path
         else:
             message, path = str(exc), self.source or self.id
         return ArtifactFormatError(

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import diskcache
 from ..errors import ArtifactFormatError
-from ..jsonread import loads_outside
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..trie import longest_first
 from . import encode_between
 from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
@@ -185,7 +185,7 @@ def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
         pattern = config["pattern"]
         vocab = data["vocab"]
     except ArtifactFormatError as exc:  # the strict reader's, naming the JSON path
-        message = exc.message.removeprefix("invalid JSON: ")
+        message = exc.message.removeprefix(SYNTAX_ERROR)
         raise ArtifactFormatError(f"not a Tekken tokenizer file: {message}", path=exc.path, hint=exc.hint) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ArtifactFormatError(f"not a Tekken tokenizer file: {exc}", path=str(path)) from None

@@ -343,3 +343,31 @@ def test_hostile_json_in_every_reader_class(tmp_path: Path) -> None:
 
     (tmp_path / "dup.json").write_text('{"a": 1, "b": [], "a": 2}')
     assert read_json(tmp_path / "dup.json") == json.loads('{"a": 1, "b": [], "a": 2}') == {"a": 2, "b": []}
+    from ctxlock.errors import ArtifactFormatError
+    from ctxlock.tokenizer.tekken import TekkenTokenizer
+
+    try:  # a Tekken file is read as any model file: a regular file under the artifact cap (a device was read whole)
+        TekkenTokenizer(Path("/dev/zero"), id="t")
+    except ArtifactFormatError as exc:
+        assert "not a regular file" in exc.message and exc.path == "/dev/zero"
+    else:
+        raise AssertionError("/dev/zero was read as a Tekken file")
+
+
+def test_a_duplicate_vocabulary_key_reads_as_tokenizers_reads_it() -> None:
+    """A real tokenizer.json whose vocabulary repeats a token with another token's id: tokenizers (serde_json into
+    a HashMap) keeps the last id, and so does ctxlock (not a refusal of a file the reference loads)."""
+    import tokenizers
+
+    from ctxlock.tokenizer.hf import HFTokenizer
+    from fetched import hf_tokenizer_dir
+
+    data = json.loads((hf_tokenizer_dir("llama-spm") / "tokenizer.json").read_text("utf-8"))
+    vocab = data["model"].pop("vocab")
+    world = vocab["\u2581world"]
+    again = f', "\\u2581the": {world}}}'  # "▁the" once more, with the id of "▁world"
+    text = json.dumps(data).replace('"model": {', '"model": {"vocab": ' + json.dumps(vocab)[:-1] + again + ", ", 1)
+    probe = "Hello the world, hello again"
+    expected = tokenizers.Tokenizer.from_str(text).encode(probe, add_special_tokens=False).ids
+    assert expected[1] == world  # the last value won in the reference
+    assert list(HFTokenizer(text, id="dup", source="dup.json").encode(probe)) == expected

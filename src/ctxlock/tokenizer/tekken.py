@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import diskcache
-from ..errors import ArtifactFormatError
+from ..errors import ArtifactFormatError, ArtifactNotFoundError
+from ..inputs import read_artifact
 from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..trie import longest_first
 from . import encode_between
@@ -30,7 +31,7 @@ class TekkenTokenizer(TokenizerBase):
     def __init__(self, path: Path, *, id: str) -> None:
         self.id = id
         self.source = str(path)
-        raw = path.read_bytes()
+        raw = read_artifact(path, missing=ArtifactNotFoundError, error=ArtifactFormatError)  # regular, capped
         self.sha256 = hashlib.sha256(raw).hexdigest()
         parts = _parts(path, raw, self.sha256)
         specials, pattern, ranks = parts["specials"], parts["pattern"], parts["ranks"]

@@ -24,7 +24,16 @@ from ctxlock.cache_session import build_turns
 from ctxlock.cli import cachereport as cachereport_cmds
 from ctxlock.cli.render import run_recorded
 from ctxlock.promptcache import session_report
-from ctxlock.promptcache_bytes import ORDER, byte_buster, canonical_bytes, closed_turns, first_difference, part_nodes
+from ctxlock.promptcache_bytes import (
+    ORDER,
+    byte_buster,
+    canonical_bytes,
+    closed_turns,
+    estimate_label,
+    first_difference,
+    part_nodes,
+    provider_layout,
+)
 from ctxlock.record import RunOptions
 from ctxlock.request import parse_request
 from ctxlock.template import ChatTemplate
@@ -166,7 +175,7 @@ def test_reported_usage_gives_the_figures() -> None:
     assert [c.figures.split(":")[0] for c in closed] == [
         "estimate",
         "estimate",
-        "reported usage (the common prefix is an estimate)",
+        "reported usage (the common prefix is an estimate",
         "estimate",
     ]
     reported = closed[2].to_dict()
@@ -177,7 +186,7 @@ def test_reported_usage_gives_the_figures() -> None:
         12,
     )
     assert reported["predicted_estimate"]["cache_read"] == reports[2].split.cache_read
-    assert closed[0].to_dict()["figures"] == f"estimate: {model.id}'s tokenizer (the provider's is not public)"
+    assert closed[0].to_dict()["figures"] == estimate_label(model.id)
     assert "predicted_estimate" not in closed[0].to_dict()
 
 
@@ -268,3 +277,81 @@ def test_the_walk_writes_the_same_bytes(args: dict[str, Any], content: str) -> N
                 assert written == json.dumps(n.text, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
             else:  # a number or a literal
                 assert written == n.text.encode() and json.loads(written) == json.loads(n.text)
+
+
+# -- figures in the provider's layout, whatever the proxy model's template ----------------------------------------
+
+
+def _after_the_breakpoint(t: int, tools: bool) -> dict[str, Any]:
+    """Anthropic's documented layout: a long fixed system block with a breakpoint, then a block that changes every
+    turn (after the breakpoint), then the chat."""
+    chat: list[dict[str, Any]] = []
+    for k in range(t + 1):
+        chat.append({"role": "user", "content": f"Is item {k * 7} in stock?"})
+        if k < t:
+            chat.append({"role": "assistant", "content": f"Item {k * 7}: {k + 3} left."})
+    system = [
+        {"type": "text", "text": FIXED * 30, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": f"Current time: 2026-12-01 09:{t:02d}"},
+    ]
+    out = {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": system, "messages": chat}
+    return out | ({"tools": [_tool(SEARCH, "anthropic"), _tool(WEATHER, "anthropic")]} if tools else {})
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_closed_figures_are_laid_out_in_the_providers_order(tmp_path: Path, tools: bool) -> None:
+    """With the default model (mistral-nemo, whose template moves the system prompt to the last user turn) the
+    reads are the ones a ChatML proxy reports: the breakpoint prefix on every turn after the first, within the two
+    tokenizers' difference; and the output, --json and each turn name the proxy tokenizer."""
+    path = tmp_path / "session.jsonl"
+    path.write_text("".join(json.dumps(_after_the_breakpoint(t, tools)) + "\n" for t in range(6)))
+    runs = {}
+    for name, model in (("nemo", []), ("chatml", ["--model", str(fetched.hf_tokenizer_dir("qwen2"))])):
+        out = invoke(cachereport_cmds.register, "cache-report", str(path), *model, "--provider", "anthropic", "--json")
+        assert out.exit_code == 0, out.output
+        runs[name] = json.loads(out.output)
+    nemo, chatml = runs["nemo"], runs["chatml"]
+    for run in (nemo, chatml):
+        first, *rest = run["turns"]
+        assert first["cache_read"] == 0 and first["cache_write"] > 1024
+        assert all((t["cache_read"], t["cache_write"]) == (first["cache_write"], 0) for t in rest)
+        assert run["busted_turns"] == [1, 2, 3, 4, 5]
+        assert all(t["buster"]["path"] == "system[1].text" for t in rest)
+        assert all(t["figures"] == estimate_label(run["proxy_tokenizer"]) for t in run["turns"])
+    assert abs(nemo["cache_read"] - chatml["cache_read"]) < 0.1 * chatml["cache_read"]
+    assert nemo["proxy_tokenizer"] == "mistral-nemo/tekken"
+    assert "proxy tokenizer mistral-nemo/tekken" in nemo["estimate"] and nemo["layout"].startswith(f"provider: {ORDER}")
+    human = invoke(cachereport_cmds.register, "cache-report", str(path), "--provider", "anthropic")
+    assert human.exit_code == 0 and "proxy tokenizer mistral-nemo/tekken" in " ".join(human.output.split())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    system=st.lists(TEXT, min_size=1, max_size=3),
+    chat=st.lists(TEXT, min_size=1, max_size=4),
+    extra=TEXT,
+    marks=st.sets(st.integers(0, 6), max_size=3),
+)
+def test_the_provider_layout_extends_as_the_bytes_do(system: list[str], chat: list[str], extra: str, marks: set[int]):
+    """Whatever the text and wherever the marks: a turn that appends a message extends the turn before in tokens as
+    it does in bytes, and a block ends at the same token on both turns whether or not a turn marks it."""
+    tok = ctxlock.load().tokenizer
+
+    def request(n: int, marked: set[int]) -> Any:
+        blocks = [{"type": "text", "text": t or "."} for t in system]
+        msgs = [{"role": ("user", "assistant")[k % 2], "content": [{"type": "text", "text": t or "."}]}
+                for k, t in enumerate([*chat, extra][:n])]  # fmt: skip
+        for k, block in enumerate([*blocks, *(m["content"][0] for m in msgs)]):
+            if k in marked:
+                block["cache_control"] = {"type": "ephemeral"}
+        return parse_request({"model": "m", "max_tokens": 1, "system": blocks, "messages": msgs})
+
+    memo: dict[Any, Any] = {}
+    one, two = request(len(chat), marks), request(len(chat) + 1, {k + 1 for k in marks})
+    lay_one = provider_layout(canonical_bytes(one), one, tok, memo)
+    lay_two = provider_layout(canonical_bytes(two), two, tok, {})
+    assert lay_two.ids[: len(lay_one.ids)].tolist() == lay_one.ids.tolist()
+    assert {p: e for p, e in lay_two.block_ends.items() if p in lay_one.block_ends} == lay_one.block_ends
+    assert len(lay_one.block_ends) == len(system) + len(chat)
+    for b in lay_one.breakpoints(one):
+        assert 0 < b.end <= len(lay_one.ids)

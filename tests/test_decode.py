@@ -412,7 +412,12 @@ def test_cli_stop_strings(toks: dict[str, Tokenizer]) -> None:
 @pytest.mark.parametrize(
     ("stdin", "error", "path", "needle"),
     [
-        ("[1, 2]\nnot json\n", DecodeError, "stdin line 2", "not JSON"),
+        ("[1, 2]\nnot json\n", DecodeError, "stdin line 2 column 1", "invalid JSON"),
+        ("[1, 2]\n" + "[" * 200 + "]" * 200 + "\n", DecodeError, "stdin line 2 $" + "[0]" * 128, "nested deeper"),
+        ("[1, 2]\n[" + "7" * 4_400 + "]\n", DecodeError, "stdin line 2 $", "4300 digits"),
+        ("[1, 2]\n[NaN]\n", DecodeError, "stdin line 2 $[0]", "not a finite JSON number"),
+        ('[1, 2]\n["\\ud800"]\n', DecodeError, "stdin line 2 $[0]", "lone surrogate"),
+        ('[1, 2]\n{"a": [1], "a": [2]}\n', DecodeError, "stdin line 2 $", 'duplicate key "a"'),
         ('[1, 2]\n{"ids": [1]}\n', DecodeError, "stdin line 2", "expected a JSON array"),
         ("[1, 2.5]\n", DecodeError, "stdin line 1[1]", "not an integer"),
         ("[1, true]\n", DecodeError, "stdin line 1[1]", "not an integer"),

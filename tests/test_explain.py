@@ -372,12 +372,28 @@ def test_position_is_the_tokens_before_it(qwen: Any, at: int, needle: str) -> No
     ("content", "needle"),
     [
         ("", "holds no event"),
-        ("{not json\n", "not JSON"),
+        ("{not json\n", "invalid JSON"),
         ('{"a": 1}\n[1, 2\n', ":2 column"),
-        ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than 128"),
+        ('{"a": 1}\n' + "[" * 200 + "]" * 200 + "\n", "nested deeper than 128"),
+        ('{"a": 1}\n{"n": ' + "9" * 5_000 + "}\n", "4300 digits"),
+        ('{"a": 1}\n{"usage": {"input_tokens": NaN}}\n', "not a finite JSON number"),
+        ('[{"a": "\\udc00"}]', "lone surrogate"),
+        ('{"a": 1, "a": 2}', 'duplicate key "a"'),
         ("\xff\xfe", "not UTF-8"),
     ],
-    ids=["empty", "garbage", "truncated-line", "deep", "not-utf8"],
+    ids=[
+        "empty",
+        "garbage",
+        "truncated-line",
+        "deep",
+        "deep-line",
+        "digits",
+        "nan",
+        "surrogate",
+        "duplicate",
+        "not-utf8",
+    ],
 )
 def test_bad_events_file_is_one_line(qwen: Any, tmp_path: Path, content: str, needle: str) -> None:
     req = write(tmp_path / "r.json", tool_chat(needle_at=0, turns=1))

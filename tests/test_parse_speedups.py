@@ -35,9 +35,9 @@ from hypothesis import strategies as st
 from ctxlock._fast_batch import _digest
 from ctxlock.errors import CtxlockError
 from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
+from ctxlock.jsonread import _loads_fast, _Refused, loads_strict
 from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall, Utf8Policy, parse_request
 from ctxlock.request._canonical import _controls_escaped, _quoted, request_json_bytes
-from ctxlock.request.jsonread import _loads_fast, _Refused, loads_strict
 from ctxlock.request.values import request_of, text_message
 from ctxlock.settings import fast_path, reference_path
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from ctxlock.errors import CtxlockError
 from ctxlock.frozen import FrozenDict, freeze, thaw
+from ctxlock.jsonread import loads_strict
 from ctxlock.request import Utf8Policy
-from ctxlock.request.jsonread import loads_strict
 from ctxlock.sandbox_limits import input_chars
 from ctxlock.settings import fast_path, reference_path
 from ctxlock.taint import Tainted

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock.request
-from ctxlock import caches
+from ctxlock import caches, jsonread
 from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
 from ctxlock.request import (
     Dialect,
@@ -29,7 +29,6 @@ from ctxlock.request import (
     build,
     clear_request_memo,
     decode_bytes,
-    jsonread,
     openai,
     parse_request,
 )

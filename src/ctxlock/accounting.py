@@ -42,6 +42,7 @@ import numpy as np
 from .caches import LRU, memoize
 from .errors import CtxlockError, RequestError
 from .images import MultimodalInput
+from .jsonread import Utf8Policy, decode_bytes, loads_strict
 from .multimodal.pipeline import ImageInput, VideoInput
 from .options import RENDER_OPTIONS, check_options
 from .request import Request
@@ -542,8 +543,10 @@ def _image_plan(image: ImageInput) -> dict[str, Any]:
 
 
 def _raw(request: RequestLike) -> Any:
-    if isinstance(request, bytes | str):
-        return json.loads(request)
+    if isinstance(request, bytes | str):  # the request as sent: the strict reader, as `count` read it
+        data = request.encode("utf-8", "surrogatepass") if isinstance(request, str) else request
+        text, _ = decode_bytes(data, Utf8Policy.REPLACE)
+        return loads_strict(text, "request", Utf8Policy.REPLACE)
     if isinstance(request, Mapping):
         return json.loads(json.dumps(request))
     return None
@@ -584,16 +587,31 @@ def _with_marginal(model: Model, request: RequestLike, p: Part, total: int, opti
     return Part(p.part, p.tokens, total - len(smaller["input_ids"][0]))
 
 
-def count_format(counts: Counts, provider: str) -> dict[str, Any]:
+_PROVIDER_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
+
+
+def count_format(counts: Counts, provider: str, *, counted_by: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The count in a provider's count-tokens response shape: Anthropic's `{"input_tokens": N}` or OpenAI's
-    `{"object": "response.input_tokens", "input_tokens": N}`."""
+    `{"object": "response.input_tokens", "input_tokens": N}`.
+
+    `counted_by` (the model, tokenizer and template that counted) marks the count as another model's, standing in
+    for the provider's: the shape then adds `"exact": false`, `counted_by` and a note, so that a model's count is
+    never dressed as the provider's own number (`ctxlock count --format`; a served model answering for itself passes
+    none). See docs/closed-providers.md."""
+    if provider not in _PROVIDER_NAMES:
+        raise RequestError(f"unknown count format {provider!r}", path="--format", hint="anthropic or openai")
+    out: dict[str, Any] = {"object": "response.input_tokens"} if provider == "openai" else {}
+    out["input_tokens"] = counts.total
+    if counted_by is not None:
+        out["exact"] = False
+        out["counted_by"] = dict(counted_by)
+        out["note"] = (
+            f"{counted_by.get('model', 'the model')}'s input under its own template and tokenizer, not "
+            f"{_PROVIDER_NAMES[provider]}'s count (its tokenizer is not public)"
+        )
     if provider == "anthropic" and counts.provider_unknown:  # never a guess dressed as the provider's number
-        return {"input_tokens": counts.total, "exact": False, "unknown": list(counts.provider_unknown)}
-    if provider == "anthropic":
-        return {"input_tokens": counts.total}
-    if provider == "openai":
-        return {"object": "response.input_tokens", "input_tokens": counts.total}
-    raise RequestError(f"unknown count format {provider!r}", path="--format", hint="anthropic or openai")
+        out |= {"exact": False, "unknown": list(counts.provider_unknown)}
+    return out
 
 
 __all__ = [

@@ -8,7 +8,7 @@ everything in the directory is data from outside, which may be stale, edited or 
 - A file is opened by its own name in the directory (`shard-NNNNN.json`, `shard-NNNNN.parquet`, made from the
   shard's index: a record never says where its data is), without following a link (`O_NOFOLLOW`) and without
   blocking (`O_NONBLOCK`: a FIFO), and read only when `fstat` says it is a regular file; a record is read up to
-  `MAX_RECORD_BYTES`, a footer up to `MAX_FOOTER_BYTES`, and both as strict JSON (`request.jsonread`).
+  `MAX_RECORD_BYTES`, a footer up to `MAX_FOOTER_BYTES`, and both as strict JSON (`ctxlock.jsonread`).
 - The Parquet file's sha256 is computed from the bytes read through that same descriptor, and its record is read
   from its footer through it; the JSON record's bytes must be exactly those ctxlock writes for that record plus
   the sha256. A record's fields are
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import CtxlockError, InputError
-from .request.jsonread import loads_strict
+from .jsonread import loads_strict
 from .request.values import Utf8Policy
 
 RECORD_KEY = "ctxlock.shard"  # the record's key in a shard's Parquet footer (key-value metadata)

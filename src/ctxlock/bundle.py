@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from .errors import ArtifactNotFoundError, BundleError, CtxlockError, RecordFormatError
+from .jsonread import loads_outside
 from .record import ExecutionRecord, canonical_bytes
 from .store import Store, byte_limit, max_record_bytes
 
@@ -192,9 +192,9 @@ def _entry_label(label: str, n: int, entry: Mapping[str, Any]) -> str:
 def _parse_header(line: bytes, *, label: str) -> list[dict[str, Any]]:
     where = f"{label} header"
     try:
-        header = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise BundleError("the header is not one line of JSON", path=where, hint=_TAMPERED) from None
+        header = loads_outside(line, f"{where} $", error=BundleError)
+    except BundleError as exc:
+        raise BundleError(f"the header is not one line of JSON: {exc.message}", path=exc.path, hint=_TAMPERED) from None
     if not isinstance(header, dict) or set(header) != {"format", "entries"}:
         raise BundleError('the header must be {"format", "entries"} and nothing else', path=where, hint=_TAMPERED)
     if header["format"] != BUNDLE_FORMAT:

@@ -1,7 +1,9 @@
 """`ctxlock cache-report`'s computation, shared by the CLI and `ctxlock serve`'s /v1/cache-report: a session (one
 request per line, with its usage and time) -> each turn's shared prefix, cache reads and writes, cost and buster.
 For anthropic and openai, whose tokenizers are not public, the buster is found on the canonical request's bytes in
-the provider's prefix order (`promptcache_bytes`), and token figures are the reported usage's, else estimates."""
+the provider's prefix order (`promptcache_bytes`), and token figures are the reported usage's, else estimates: the
+same order laid out in the proxy tokenizer's tokens, never through the model's chat template (whose layout is the
+model's: mistral-nemo's moves the system prompt to the last user turn). See docs/closed-providers.md."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from typing import Any
 
 from .accounting import layout
 from .errors import RequestError, UsageError
+from .jsonread import Utf8Policy, loads_strict
 from .model import Model
 from .promptcache import PROVIDERS, Breakpoint, TurnData, TurnReport, session_report
-from .promptcache_bytes import ORDER, ClosedTurn, closed_turns
+from .promptcache_bytes import ORDER, ClosedTurn, canonical_bytes, closed_turns, provider_layout
 from .usage import PriceTable, parse_usage
 
 Session = list[tuple[dict[str, Any], Any, float | None]]  # (request as sent, usage object, time in seconds)
@@ -29,9 +32,9 @@ def read_session(text: str, name: str) -> Session:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
+        try:  # the strict reader: depth, duplicate keys, NaN, long integers and lone surrogates refused by path
+            obj = loads_strict(line, f"{name}:{n} $", Utf8Policy.STRICT)
+        except json.JSONDecodeError as exc:
             raise RequestError(f"invalid JSON: {exc.msg}", path=f"{name}:{n} column {exc.colno}") from None
         if not isinstance(obj, dict):
             raise RequestError("each line is a request object", path=f"{name}:{n}")
@@ -202,10 +205,14 @@ class CacheRun:
     estimate: str | None
     closed: list[ClosedTurn] | None = None
     closed_fixed: list[ClosedTurn] | None = None
+    proxy_tokenizer: str | None = None  # a closed provider's: the tokenizer that estimated the token figures
 
     def to_dict(self) -> dict[str, Any]:
         """`ctxlock cache-report --json`."""
         out = {"provider": self.provider, "estimate": self.estimate, **reports_json(self.reports, self.closed)}
+        if self.proxy_tokenizer is not None:
+            out["proxy_tokenizer"] = self.proxy_tokenizer
+            out["layout"] = f"provider: {ORDER}, each part's canonical JSON"
         if self.fixed is not None:
             out["fixed"] = reports_json(self.fixed, self.closed_fixed)
         return out
@@ -213,14 +220,28 @@ class CacheRun:
 
 def _report(m: Model, turns_in: Session, provider: str, options: dict[str, Any], kw: dict[str, Any]) -> Any:
     """The report, and for a closed provider (anthropic, openai) each turn's buster named by bytes and its figures
-    from the reported usage, else the proxy's estimate."""
-    turns = build_turns(m, turns_in, options)
-    reports = session_report(turns, provider, **kw)  # type: ignore[arg-type]
+    from the reported usage, else the proxy tokenizer's estimate over the provider's layout."""
     if provider not in ("openai", "anthropic"):
-        return reports, None
+        return session_report(build_turns(m, turns_in, options), provider, **kw), None  # type: ignore[arg-type]
     requests = [m.parse(r) for r, _, _ in turns_in]
+    memo: dict[Any, Any] = {}  # one session's serialized tools and messages, reused from turn to turn
+    docs = [canonical_bytes(r, memo) for r in requests]
+    tokens: dict[Any, Any] = {}  # and their tokens
+    turns = []
+    for i, ((raw, usage, at), req, doc) in enumerate(zip(turns_in, requests, docs, strict=True)):
+        lay = provider_layout(doc, req, m.tokenizer, tokens)
+        parsed = parse_usage(usage, path=f"turn {i} $.usage") if usage is not None else None
+        # No rendered text: the buster is named on the bytes (`closed_turns`), not on a template's text.
+        turns.append(TurnData(lay.ids, "", (), raw, lay.breakpoints(req), at, parsed))
+    reports = session_report(turns, provider, **kw)  # type: ignore[arg-type]
     closed = closed_turns(
-        reports, requests, [t.usage for t in turns], m.id, table=kw["table"], price_model=kw["price_model"]
+        reports,
+        requests,
+        [t.usage for t in turns],
+        m.tokenizer.id,
+        table=kw["table"],
+        price_model=kw["price_model"],
+        docs=docs,
     )
     return [c.report for c in closed], closed
 
@@ -249,10 +270,12 @@ def cache_report(
     fixed = closed_fixed = None
     if fix:
         fixed, closed_fixed = _report(model, fixed_session(session), provider, options, kw)
-    estimate = None
+    estimate = proxy = None
     if provider in ("openai", "anthropic"):
+        proxy = model.tokenizer.id
         estimate = (
             f"busters are exact (the canonical request's bytes, {ORDER}); token figures are the reported usage's "
-            f"where a turn has one, else estimates from {model.id}'s tokenizer (the provider's is not public)"
+            f"where a turn has one, else estimates: the proxy tokenizer {proxy} counting the provider's layout "
+            f"({ORDER}), not {model.id}'s chat template (the provider's tokenizer is not public)"
         )
-    return CacheRun(provider, reports, fixed, estimate, closed, closed_fixed)
+    return CacheRun(provider, reports, fixed, estimate, closed, closed_fixed, proxy)

@@ -41,6 +41,7 @@ import numpy as np
 
 from . import caches
 from .errors import ConstraintError, UnsupportedSchemaError
+from .jsonread import SYNTAX_ERROR, loads_outside
 from .request import join_path
 from .tokenizer import TokenBytes, Tokenizer
 
@@ -269,9 +270,10 @@ def _load_schema(schema: Any, source: str | None) -> Any:
             raise ConstraintError(f"the schema is not UTF-8: {exc}", path=where) from None
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise ConstraintError(f"the schema is not valid JSON: {exc}", path=where) from None
+            schema = loads_outside(schema, f"{where} $", error=ConstraintError)
+        except ConstraintError as exc:
+            message = f"the schema is not valid JSON: {exc.message.removeprefix(SYNTAX_ERROR)}"
+            raise ConstraintError(message, path=exc.path, hint=exc.hint or "pass the schema as JSON") from None
     if not isinstance(schema, dict | bool):
         raise ConstraintError(
             f"a JSON Schema is an object or a boolean, got {type(schema).__name__}",

@@ -22,13 +22,13 @@ that names the request path.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from . import taint
 from .errors import ArtifactFormatError, TemplateRaisedError
+from .jsonread import SYNTAX_ERROR, loads_outside
 
 __all__ = ["IMAGES_MARKER", "MARKER", "adapt", "is_patched", "patch_template", "takes_images"]
 
@@ -105,18 +105,23 @@ def _tool_content(content: Any, path: str) -> Any:
     if text == "":
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    except RecursionError:
-        raise _reject(
-            "the tool result is JSON nested too deeply to encode", path, "send the result as plain text"
-        ) from None
-    except ValueError:  # an integer of more than 4,300 digits (mistral-common fails on it too, untyped)
-        raise _reject(
-            "the tool result holds an integer too long to convert (over 4,300 digits)",
-            path,
-            "send the number as a JSON string, or the result as plain text",
+        # As json.loads reads it (NaN, Infinity and a repeated key's last value too); bounded like any outside JSON.
+        value = loads_outside(text, path, error=TemplateRaisedError, last_key_wins=True, nonfinite=True)
+    except TemplateRaisedError as exc:
+        if exc.message.startswith(SYNTAX_ERROR):
+            return text  # not JSON: the text as it is
+        if exc.message.startswith("invalid JSON value"):  # an integer of over 4,300 digits: mistral-common fails too
+            raise _reject(
+                "the tool result holds an integer too long to convert (over 4,300 digits)",
+                path,
+                "send the number as a JSON string, or the result as plain text",
+            ) from None
+        # Nesting past MAX_JSON_DEPTH or a lone surrogate: mistral-common renders them, ctxlock reads no such JSON.
+        raise TemplateRaisedError(
+            f"the tool result is JSON ctxlock does not read: {exc.message}"
+            " (mistral-common renders what Python's json reads)",
+            path=exc.path,
+            hint="send the result as plain text (docs/outside-json.md)",
         ) from None
     return _tainted_json(value, path)
 

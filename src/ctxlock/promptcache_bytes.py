@@ -9,6 +9,10 @@ every value and key. `byte_buster` finds the first byte where a request stops ex
 it: tools reordered, a key order changed (`schema key order` inside tools), or a string that changed, by its path
 and character, with both sides' text.
 
+`provider_layout` lays each turn out in tokens in the same order, for the report's token figures: each part's bytes
+(cut at the end of every block a `cache_control` mark may name) counted with a proxy tokenizer, never through a
+model's chat template, whose layout is the model's, not the provider's (see docs/closed-providers.md).
+
 Not in the bytes: `cache_control` marks (kept beside the request, `Request.cache_control`), the top-level keys
 that are not part of the prompt (model, max_tokens, tool_choice, thinking: `Request.extra`), and documents.
 """
@@ -16,14 +20,19 @@ that are not part of the prompt (model, max_tokens, tool_choice, thinking: `Requ
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from .frozen import thaw
-from .promptcache import Buster, Split, TurnReport, turn_cost
+from .promptcache import Breakpoint, Buster, Split, TurnReport, turn_cost
 from .request import Dialect, Message, Request, join_path
+from .tokenizer import Tokenizer
 from .usage import PriceTable, Usage
 
 ORDER = "tools → system → messages"
@@ -283,7 +292,80 @@ def _content_buster(a: CanonicalBytes, b: CanonicalBytes, na: list[Node], nb: li
     return Buster("content", leaf.path, f"{what}{leaf.path} char {c}: {before!r} vs {after!r} ({at})")
 
 
+# -- the provider's layout in tokens -----------------------------------------------------------------------------
+
+# The blocks a `cache_control` mark can name (`request.anthropic.cache_breakpoints`): a tool, a system block, a
+# message's content block. A breakpoint caches the prefix up to the end of its block's last byte.
+_BLOCK = re.compile(r"(tools\[\d+\]|system\[\d+\]|messages\[\d+\]\.content\[\d+\])(?=$|[.\[])")
+
+
+@dataclass(frozen=True)
+class ProviderTokens:
+    """One turn laid out in the provider's prefix order (`ORDER`), in a proxy tokenizer's tokens: the ids, and
+    where each block a `cache_control` mark may name ends (its request path as sent -> tokens before its end)."""
+
+    ids: np.ndarray
+    block_ends: dict[str, int]
+
+    def breakpoints(self, request: Request) -> tuple[Breakpoint, ...]:
+        """The request's `cache_control` breakpoints in these tokens, in the provider's order. A mark on what the
+        bytes leave out (a document block) has none, as a block the template never wrote had none before."""
+        out = []
+        for mark in request.cache_control:
+            end = self.block_ends.get(str(mark.get("path")))
+            if mark.get("type") == "ephemeral" and end is not None:
+                out.append(Breakpoint(end, "1h" if mark.get("ttl") == "1h" else "5m"))
+        return tuple(out)
+
+
+def _part_tokens(part: Part, raw: bytes, tokenizer: Tokenizer, cut: bool) -> tuple[np.ndarray, dict[str, int]]:
+    """A part's bytes (its newline included) in tokens, cut at the end of every block a mark may name (Anthropic)
+    so that a breakpoint ends on a token boundary whether or not this turn marks it: the same bytes give the same
+    tokens on every turn."""
+    ends: dict[str, int] = {}
+    if cut:
+        for node in part_nodes(part):
+            m = _BLOCK.match(node.path)
+            if m is not None:
+                ends[m.group(1)] = max(ends.get(m.group(1), 0), node.end - part.start)
+    points = sorted({0, *ends.values(), len(raw)})
+    pieces = [raw[a:b].decode("utf-8", "replace") for a, b in itertools.pairwise(points)]
+    encoded = tokenizer.encode_text_batch(pieces, [False] * len(pieces))
+    before = dict(zip(points[1:], np.cumsum([len(e) for e in encoded]).tolist(), strict=True))
+    ids = np.fromiter((i for e in encoded for i in e), dtype=np.int64)
+    return ids, {path: int(before[end]) for path, end in ends.items()}
+
+
+def provider_layout(
+    doc: CanonicalBytes, request: Request, tokenizer: Tokenizer, memo: dict[Any, Any]
+) -> ProviderTokens:
+    """The turn's canonical bytes (`canonical_bytes`: tools, then system, then messages) in `tokenizer`'s tokens,
+    part by part. Only lengths come from the tokenizer; the order is the provider's, whatever model's tokenizer
+    it is. `memo` (one per session) keeps each part's tokens for the turns that repeat it."""
+    ids: list[np.ndarray] = []
+    ends: dict[str, int] = {}
+    pos = 0
+    cut = request.dialect is Dialect.ANTHROPIC
+    for start in doc.starts:
+        part = doc.part_at(start)
+        assert part is not None  # every start begins a part
+        raw = doc.data[start : part.end + 1]
+        key = ("tokens", raw, part.base, cut)
+        if key not in memo:
+            memo[key] = _part_tokens(part, raw, tokenizer, cut)
+        part_ids, part_ends = memo[key]
+        ends.update({path: pos + n for path, n in part_ends.items()})
+        ids.append(part_ids)
+        pos += len(part_ids)
+    return ProviderTokens(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64), ends)
+
+
 # -- the report's figures for a closed provider ------------------------------------------------------------------
+
+
+def estimate_label(proxy: str) -> str:
+    """How a closed provider's estimated figure says where it comes from: the proxy tokenizer and the layout."""
+    return f"estimate: the {proxy} tokenizer over the provider's layout ({ORDER}); the provider's is not public"
 
 
 @dataclass(frozen=True)
@@ -317,25 +399,29 @@ def closed_turns(
     *,
     table: PriceTable | None = None,
     price_model: str | None = None,
+    docs: Sequence[CanonicalBytes] | None = None,
 ) -> list[ClosedTurn]:
     """Each turn of a closed provider's report with its buster named by bytes, and its figures: the reported
-    usage's when given (input, cache read and write, and the cost from them), else the estimate from `proxy`'s
-    tokenizer."""
+    usage's when given (input, cache read and write, and the cost from them), else the estimate from the `proxy`
+    tokenizer (its name) over the provider's layout (`provider_layout`). `docs`: the requests' canonical bytes,
+    when the caller has them."""
     out = []
-    memo: dict[Any, Any] = {}  # one session's serialized messages and tools, reused from turn to turn
-    docs = [canonical_bytes(r, memo) for r in requests]
+    if docs is None:
+        memo: dict[Any, Any] = {}  # one session's serialized messages and tools, reused from turn to turn
+        docs = [canonical_bytes(r, memo) for r in requests]
+    estimate = estimate_label(proxy)
     for i, (report, usage) in enumerate(zip(reports, usages, strict=True)):
         buster = byte_buster(docs[i - 1], docs[i]) if i else None
         r = replace(report, buster=buster)
         if usage is None:
-            out.append(ClosedTurn(r, f"estimate: {proxy}'s tokenizer (the provider's is not public)"))
+            out.append(ClosedTurn(r, estimate))
             continue
         split = Split(usage.cache_read, usage.cache_write, usage.cache_write_1h, usage.input)
         cost, plain = (None, None)
         if table is not None and price_model is not None:
             cost, plain = turn_cost(split, usage.output, table, price_model)
         r = replace(r, input_tokens=split.total, split=split, cost=cost, cost_uncached=plain)
-        out.append(ClosedTurn(r, "reported usage (the common prefix is an estimate)", predicted=report.split))
+        out.append(ClosedTurn(r, f"reported usage (the common prefix is an {estimate})", predicted=report.split))
     return out
 
 
@@ -345,9 +431,12 @@ __all__ = [
     "ClosedTurn",
     "Node",
     "Part",
+    "ProviderTokens",
     "byte_buster",
     "canonical_bytes",
     "closed_turns",
+    "estimate_label",
     "first_difference",
     "part_nodes",
+    "provider_layout",
 ]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
+import itertools
 import re
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -47,6 +47,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from .errors import PriceError, UsageError
+from .jsonread import loads_outside
 
 Format = Literal["auto", "openai-chat", "openai-responses", "anthropic", "gemini", "pi"]
 FORMATS: tuple[str, ...] = ("auto", "openai-chat", "openai-responses", "anthropic", "gemini", "pi")
@@ -350,7 +351,7 @@ def parse_usage(obj: Any, *, format: Format = "auto", path: str = "$") -> Usage:
 # -- streams and files ------------------------------------------------------------------------------------------
 
 
-def _anthropic_stream(events: Sequence[tuple[Mapping[str, Any], str]]) -> Iterator[Usage]:
+def _anthropic_stream(events: Iterable[tuple[Mapping[str, Any], str]]) -> Iterator[Usage]:
     """Anthropic's SSE events: a `message_start` opens a message; its `message_delta`s carry cumulative counts,
     which replace (never add to) the ones before."""
     current: dict[str, Any] | None = None
@@ -374,7 +375,7 @@ def _anthropic_stream(events: Sequence[tuple[Mapping[str, Any], str]]) -> Iterat
         yield replace(_anthropic(current, where, source="anthropic-stream"), model=model)
 
 
-def _pi_events(events: Sequence[tuple[Mapping[str, Any], str]]) -> Iterator[Usage]:
+def _pi_events(events: Iterable[tuple[Mapping[str, Any], str]]) -> Iterator[Usage]:
     """Pi's JSON event stream: each assistant message's usage is cumulative across its `message_update`s, so the
     last snapshot before the next message counts, once; a `compaction_end` adds the summary call's usage."""
     last: tuple[Mapping[str, Any], str] | None = None
@@ -398,28 +399,61 @@ def _pi_events(events: Sequence[tuple[Mapping[str, Any], str]]) -> Iterator[Usag
         yield _pi(last[0], last[1])
 
 
-def _objects(text: str, name: str) -> list[tuple[Any, str]]:
-    """The JSON values of a file: one document (an object, or an array of them), or one per line (JSONL)."""
-    stripped = text.strip()
-    if not stripped:
+# What one JSON value of a usage file may cost: a line of JSONL, and a whole-file document (an array, or one
+# pretty-printed object). Parsed JSON takes several times its text in memory (docs/closed-providers.md), so a file
+# is read one line at a time and each value is bounded before it is parsed.
+MAX_OBJECT_BYTES = 4 << 20
+MAX_DOCUMENT_BYTES = 16 << 20
+
+
+def _lines(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(line number, start, end) of each line that is not blank, without copying the file."""
+    pos, n = 0, 0
+    while pos < len(data):
+        end, n = data.find(b"\n", pos), n + 1
+        end = len(data) if end < 0 else end
+        if data[pos:end].strip():
+            yield n, pos, end
+        pos = end + 1
+
+
+def _line(data: bytes, name: str, n: int, start: int, end: int) -> Any:
+    if end - start > MAX_OBJECT_BYTES:
+        raise UsageError(
+            f"a line of {end - start:,} bytes: more than the {MAX_OBJECT_BYTES:,} one usage object may take",
+            path=f"{name}:{n}",
+            hint="pass the provider's usage objects or responses, one per line",
+        )
+    return loads_outside(data[start:end], f"{name}:{n} $", error=UsageError, at=start)
+
+
+def _objects(data: bytes, name: str) -> Iterator[tuple[Any, str]]:
+    """The JSON values of a file, one at a time: one per line (JSONL; a line holding an array gives its elements),
+    or, when the first line is not a whole value, one document (an object, or an array of them) of at most
+    MAX_DOCUMENT_BYTES."""
+    lines = _lines(data)
+    first = next(lines, None)
+    if first is None:
         raise UsageError("holds no usage object", path=name, hint="pass usage objects, one per line")
     try:
-        whole = json.loads(stripped)
-    except ValueError:
-        whole = None
-    else:
-        if isinstance(whole, list):
-            return [(v, f"{name} $[{i}]") for i, v in enumerate(whole)]
-        return [(whole, f"{name} $")]
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+        head = _line(data, name, *first)
+    except UsageError as line_error:  # a document over several lines (or one long line): read whole, if it may be
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise
         try:
-            out.append((json.loads(line), f"{name}:{n} $"))
-        except ValueError as exc:
-            raise UsageError(f"invalid JSON: {exc.msg}", path=f"{name}:{n} column {exc.colno}") from None
-    return out
+            whole = loads_outside(data.strip(), f"{name} $", error=UsageError)
+        except UsageError:
+            raise line_error from None
+        yield from (
+            [(v, f"{name} $[{i}]") for i, v in enumerate(whole)] if isinstance(whole, list) else [(whole, f"{name} $")]
+        )
+        return
+    values = itertools.chain([(first[0], head)], ((line[0], _line(data, name, *line)) for line in lines))
+    for n, value in values:
+        if isinstance(value, list):
+            yield from ((v, f"{name}:{n} $[{i}]") for i, v in enumerate(value))
+        else:
+            yield value, f"{name}:{n} $"
 
 
 _ANTHROPIC_EVENTS = {"message_start", "message_delta", "message_stop", "content_block_start", "content_block_delta"}
@@ -428,23 +462,32 @@ _PI_EVENTS = {"message_update", "message_end", "compaction_end", "compaction_sta
 _PI_EVENTS |= {"agent_start", "agent_end", "tool_execution_start", "tool_execution_end"}
 
 
-def read_usage(text: str, name: str, *, format: Format = "auto") -> list[Usage]:
-    """Every usage in a file: usage or response objects (one document, an array, or one per line), Anthropic's
-    stream events, or a Pi JSON event stream (`message_update` … `compaction_end`). Each value's `where` names
-    the file and line it came from."""
-    items = _objects(text, name)
-    events = [(o, p) for o, p in items if isinstance(o, Mapping) and isinstance(o.get("type"), str)]
-    kinds = {o["type"] for o, _ in events}
-    if events and len(events) == len(items) and kinds & _PI_EVENTS and not kinds & {"message_delta"}:
-        return [replace(u, where=name) for u in _pi_events(events)]
-    if (
-        events
-        and len(events) == len(items)
-        and kinds <= _ANTHROPIC_EVENTS
-        and kinds & {"message_start", "message_delta"}
-    ):
-        return [replace(u, where=name) for u in _anthropic_stream(events)]
-    return [replace(parse_usage(o, format=format, path=p), where=p) for o, p in items]
+def read_usage(data: bytes | str, name: str, *, format: Format = "auto") -> list[Usage]:
+    """Every usage in a file: see `iter_usage`."""
+    return list(iter_usage(data, name, format=format))
+
+
+def iter_usage(data: bytes | str, name: str, *, format: Format = "auto") -> Iterator[Usage]:
+    """Every usage in a file, one at a time: usage or response objects (one document, an array, or one per line),
+    Anthropic's stream events, or a Pi JSON event stream (`message_update` … `compaction_end`). Each value's
+    `where` names the file and line it came from. The file is read twice, one value at a time: once to tell which
+    of these it is, once to read it; no more than one parsed value is held at once."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    items = events = 0
+    kinds: set[str] = set()
+    for o, _ in _objects(raw, name):
+        items += 1
+        if not (isinstance(o, Mapping) and isinstance(o.get("type"), str)):
+            break  # not an event stream: plain usage objects
+        events += 1
+        kinds.add(o["type"])
+    stream = events and events == items
+    if stream and kinds & _PI_EVENTS and not kinds & {"message_delta"}:
+        yield from (replace(u, where=name) for u in _pi_events(_objects(raw, name)))
+    elif stream and kinds <= _ANTHROPIC_EVENTS and kinds & {"message_start", "message_delta"}:
+        yield from (replace(u, where=name) for u in _anthropic_stream(_objects(raw, name)))
+    else:
+        yield from (replace(parse_usage(o, format=format, path=p), where=p) for o, p in _objects(raw, name))
 
 
 def sum_usage(usages: Iterable[Usage]) -> Usage:
@@ -522,13 +565,15 @@ class PriceTable:
 
     @classmethod
     def parse(cls, data: bytes, name: str) -> PriceTable:
-        try:
-            text = data.decode("utf-8")
-            raw = tomllib.loads(text, parse_float=Decimal) if name.endswith(".toml") else _json_decimal(text)
-        except (UnicodeDecodeError, ValueError, tomllib.TOMLDecodeError) as exc:
-            raise PriceError(
-                f"not a price table: {exc}", path=name, hint="pass LiteLLM's JSON or a TOML table"
-            ) from None
+        if not name.endswith(".toml"):  # JSON through the strict reader, its floats as Decimal
+            raw = loads_outside(data, name, error=PriceError, parse_float=Decimal)
+        else:
+            try:
+                raw = tomllib.loads(data.decode("utf-8"), parse_float=Decimal)
+            except (UnicodeDecodeError, ValueError, RecursionError, tomllib.TOMLDecodeError) as exc:
+                raise PriceError(
+                    f"not a price table: {exc}", path=name, hint="pass LiteLLM's JSON or a TOML table"
+                ) from None
         if not isinstance(raw, Mapping):
             raise PriceError("a price table maps model names to their prices", path=name)
         entries = {}
@@ -554,10 +599,6 @@ class PriceTable:
             path=self.name,
             hint=f"did you mean {', '.join(close)}?" if close else "add its entry to the table, or pass --model NAME",
         )
-
-
-def _json_decimal(text: str) -> Any:
-    return json.loads(text, parse_float=Decimal, parse_int=int)
 
 
 def _per_token(spec: Mapping[str, Any], key: str, path: str) -> Decimal | None:

@@ -10,7 +10,6 @@ JSON or template file is read through `ctxlock.inputs` (capped at $CTXLOCK_MAX_A
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -23,6 +22,7 @@ from ..capacity import Capacity
 from ..errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 from ..frozen import FrozenDict, freeze
 from ..inputs import decode_utf8, read_artifact
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..template import ChatTemplate, TemplateSet, compile_template, template_from_file_text
 from ..tokenizer import Tokenizer
 
@@ -100,11 +100,21 @@ def read_text(path: Path) -> str:
 
 
 def read_json(path: Path) -> Any:
-    text = read_text(path)
+    """A model file's JSON, through the strict reader under the artifact bounds (`parse_json`)."""
+    return parse_json(read_text(path), path)
+
+
+def parse_json(text: str, path: Path, what: str = "JSON") -> Any:
+    """A model file's JSON text through the strict reader (docs/outside-json.md): nesting past MAX_JSON_DEPTH,
+    integers past Python's 4,300 digits, NaN/Infinity and lone surrogates are an ArtifactFormatError naming the file
+    and the JSON path; a duplicate key keeps its last value, as transformers' json.load and tokenizers' serde_json
+    maps read it, so that no file the references load is refused."""
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an over-long integer, deep nesting
-        raise ArtifactFormatError(f"not valid JSON: {exc}", path=str(path)) from None
+        return loads_outside(text, f"{path} $", error=ArtifactFormatError, last_key_wins=True)
+    except ArtifactFormatError as exc:
+        message = exc.message.removeprefix(SYNTAX_ERROR)
+        hint = exc.hint or "re-export the file as JSON"
+        raise ArtifactFormatError(f"not valid {what}: {message}", path=exc.path, hint=hint) from None
 
 
 def present(path: Path) -> bool:
@@ -214,6 +224,7 @@ __all__ = [
     "finish",
     "inside",
     "load_template_file",
+    "parse_json",
     "present",
     "read_json",
     "read_text",

@@ -30,6 +30,7 @@ from .common import (
     finish,
     inside,
     load_template_file,
+    parse_json,
     present,
     read_json,
     read_text,
@@ -299,10 +300,7 @@ def _hf_pipeline(
 
 
 def _tokenizer_json(text: str, path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ArtifactFormatError(f"not a valid tokenizer.json: {exc}", path=str(path)) from None
+    data = parse_json(text, path, "tokenizer.json")
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise ArtifactFormatError("not a valid tokenizer.json: no model object", path=str(path))
     if not isinstance(data.get("added_tokens", []), list) or not all(
@@ -339,10 +337,7 @@ def _slow_bpe(vocab_path: Path, merges_path: Path) -> dict[str, Any]:
     """The tokenizer.json-shaped data of a vocab.json + merges.txt pair (as `tokenizers` reads the pair: a first
     line `#version...` is skipped, every other line is two space-separated pieces)."""
     vocab_text, merges_text = read_text(vocab_path), read_text(merges_path)
-    try:
-        vocab = json.loads(vocab_text)
-    except (ValueError, RecursionError) as exc:
-        raise ArtifactFormatError(f"not valid JSON: {exc}", path=str(vocab_path)) from None
+    vocab = parse_json(vocab_text, vocab_path)
     if not isinstance(vocab, dict) or not all(
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in vocab.items()
     ):

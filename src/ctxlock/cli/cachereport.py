@@ -5,7 +5,6 @@ prints."""
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +13,9 @@ from rich.markup import escape
 
 from ..cache_session import CacheRun, Session, money, parse_time, read_session, sum_or_none
 from ..cache_session import cache_report as report_session
-from ..errors import RecordFormatError, RequestError, UsageError
+from ..errors import CtxlockError, RecordFormatError, RequestError, UsageError
 from ..inputs import decode_utf8, read_input
+from ..jsonread import Utf8Policy, decode_bytes, loads_strict
 from ..model import load
 from ..promptcache import PROVIDERS, TurnReport
 from ..promptcache_bytes import ClosedTurn
@@ -54,9 +54,10 @@ def read_records(ids: list[str], store: Path | None) -> Session:
         with record_values(record):
             data = record.data
             raw = base64.b64decode(data["request"]["bytes_b64"], validate=True)
-            try:
-                request = json.loads(raw)
-            except ValueError as exc:
+            try:  # the strict reader, under the policy that lets any recorded request be read (utf8='replace')
+                text, _ = decode_bytes(raw, Utf8Policy.REPLACE)
+                request = loads_strict(text, f"record {spec} request", Utf8Policy.REPLACE, source=raw)
+            except (ValueError, CtxlockError) as exc:
                 raise RecordFormatError(f"the recorded request is not JSON: {exc}", path=f"record {spec}") from None
             now = (data.get("dynamic") or {}).get("now")
             out.append((request, None, parse_time(now, f"record {spec} dynamic.now")))
@@ -69,6 +70,7 @@ def _show(
     estimate: str | None,
     fixed: list[TurnReport] | None,
     closed: list[ClosedTurn] | None = None,
+    proxy: str | None = None,
 ) -> None:
     console.print(f"provider {provider} · {len(reports)} turns" + (f" · {escape(estimate)}" if estimate else ""))
     for k, t in enumerate(reports):
@@ -79,7 +81,7 @@ def _show(
         if t.reported_cache_read is not None:
             line += f"  reported read {t.reported_cache_read:,}"
         if closed is not None:
-            line += "  (reported)" if closed[k].predicted is not None else "  (estimate)"
+            line += "  (reported)" if closed[k].predicted is not None else f"  (estimate: {proxy})"
         console.print(escape(line))
         if t.buster is not None:
             console.print(f"     [yellow]buster[/] {escape(t.buster.kind)}: {escape(t.buster.message)}")
@@ -199,4 +201,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(run.to_dict())
         else:
-            _show(run.reports, provider, run.estimate, run.fixed, run.closed)
+            _show(run.reports, provider, run.estimate, run.fixed, run.closed, run.proxy_tokenizer)

@@ -87,20 +87,23 @@ def register(app: typer.Typer) -> None:
         an image processor) are counted exactly from their headers alone, with their resize steps; nothing is
         decoded."""
 
-        def go() -> tuple[Counts, str, Capacity]:
+        def go() -> tuple[Counts, str, Capacity, dict[str, str]]:
             data = read_request(request)
             m = load(model)
-            options: dict = {"template": template_file(template)} if template is not None else {}
+            tpl = template_file(template)
+            options: dict = {"template": tpl} if tpl is not None else {}
             if no_generation_prompt:
                 options["add_generation_prompt"] = False
             counts = m.count(data, marginal=marginal, media=read_media(media), **options)
+            # The provider's shape holds this model's count: labelled as such (`count_format`), never bare.
+            by = {"model": m.id, "tokenizer": m.tokenizer.id, "template": tpl.id if tpl else "the model's own"}
             if format is not None:
                 count_format(counts, format)  # an unknown format fails here, inside the JSON error handling
-            return counts, m.id, m.capacity
+            return counts, m.id, m.capacity, by
 
-        counts, model_id, cap = guarded(as_json or format is not None, go)
+        counts, model_id, cap, by = guarded(as_json or format is not None, go)
         if format is not None:
-            print_json(count_format(counts, format))
+            print_json(count_format(counts, format, counted_by=by))
         elif as_json:
             print_json({**counts.to_dict(), "capacity": cap.to_dict()})
         else:

@@ -12,6 +12,7 @@ import typer
 from ..decode import Detokenizer
 from ..errors import CtxlockError, DecodeError, IncompleteDecodeError
 from ..inputs import iter_lines, stdin_stream
+from ..jsonread import loads_outside
 from ..model import load
 from ..tokenizer import Tokenizer
 from .render import ModelOpt
@@ -171,10 +172,7 @@ def detok(
 
 def _json_ids(text: str, option: str, size: int) -> list[int]:
     """The ids of a JSON-array option (--ids, --prompt-ids)."""
-    try:
-        return _ids(json.loads(text), option, size)
-    except (ValueError, RecursionError) as exc:
-        raise DecodeError(f"not JSON: {exc}", path=option) from None
+    return _ids(loads_outside(text, f"{option} $", error=DecodeError), option, size)
 
 
 def _write_line(
@@ -199,7 +197,8 @@ def _stdin_ids(size: int) -> Iterator[tuple[str, list[int]]]:
             continue
         where = f"stdin line {n}"
         try:
-            value = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise DecodeError(f"not JSON: {exc}", path=where, hint="each line must be a JSON array of ids") from None
+            value = loads_outside(line, f"{where} $", error=DecodeError)
+        except DecodeError as exc:
+            hint = exc.hint or "each line must be a JSON array of ids"
+            raise DecodeError(exc.message, path=exc.path, hint=hint) from None
         yield where, _ids(value, where, size)

@@ -13,6 +13,7 @@ from rich.markup import escape
 from ..accounting import Layout, layout, layout_of, unseen_parts
 from ..errors import ExplainError
 from ..explain import Explanation, Origin, Window, check_find, explain, origin_of_record
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..model import load
 from ..options import RenderOptions
 from ..record import ExecutionRecord
@@ -75,11 +76,11 @@ def read_events(path: Path, option: str = "--events") -> list[tuple[str, Any]]:
     if not text.strip():
         raise ExplainError("holds no event", path=name, hint="pass JSON lines of responses or events")
     try:
-        whole = json.loads(text)
-    except RecursionError:
-        raise ExplainError("nests too deeply", path=name) from None
-    except ValueError:
-        whole = None
+        whole = loads_outside(text, f"{name} $", error=ExplainError)
+    except ExplainError as exc:
+        if not exc.message.startswith(SYNTAX_ERROR):  # JSON, but hostile: deep, a duplicate key, NaN, ...
+            raise
+        whole = None  # not one JSON document: JSON lines
     else:
         items = whole if isinstance(whole, list) else [whole]
         return [(f"{name} $[{i}]" if isinstance(whole, list) else f"{name} $", v) for i, v in enumerate(items)]
@@ -88,13 +89,9 @@ def read_events(path: Path, option: str = "--events") -> list[tuple[str, Any]]:
         if not line.strip():
             continue
         try:
-            out.append((f"{name}:{n}", json.loads(line)))
-        except RecursionError:
-            raise ExplainError("nests too deeply", path=f"{name}:{n}") from None
-        except ValueError as exc:
-            raise ExplainError(
-                f"not JSON: {exc.msg}", path=f"{name}:{n} column {exc.colno}", hint="one JSON value per line"
-            ) from None
+            out.append((f"{name}:{n}", loads_outside(line, f"{name}:{n} $", error=ExplainError)))
+        except ExplainError as exc:
+            raise ExplainError(exc.message, path=exc.path, hint=exc.hint or "one JSON value per line") from None
         if len(out) > _MAX_EVENTS:
             raise ExplainError(f"holds over {_MAX_EVENTS:,} events", path=name, hint="pass the events of one session")
     return out

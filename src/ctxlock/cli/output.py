@@ -28,11 +28,16 @@ MAX_SHOWN_IDS = 1000
 def print_json(obj: Any) -> None:
     """One JSON document, indented by 2, with every array of numbers, strings, booleans or nulls on one line (a
     560K-token request's ids are one line, not 560K): `json.loads` gives back exactly `obj`."""
-    out: list[str] = []
-    _dump(obj, 0, out)
-    out.append("\n")
-    sys.stdout.write("".join(out))
+    sys.stdout.write(json_text(obj) + "\n")
     sys.stdout.flush()
+
+
+def json_text(obj: Any, depth: int = 0) -> str:
+    """`obj` as `print_json` writes it, as if nested `depth` levels deep (for a caller that writes a long array one
+    element at a time, instead of building the whole document)."""
+    out: list[str] = []
+    _dump(obj, depth, out)
+    return "".join(out)
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,9 +12,9 @@ import typer
 from rich.markup import escape
 
 from ..errors import UsageError
-from ..inputs import decode_utf8, read_input
-from ..usage import FORMATS, PriceTable, Usage, price_usage, read_usage, sum_usage
-from .output import console, guarded, print_json
+from ..inputs import read_input
+from ..usage import FORMATS, PriceTable, Usage, iter_usage, price_usage, sum_usage
+from .output import console, guarded, json_text
 
 FilesArg = Annotated[
     list[str],
@@ -45,7 +47,7 @@ FormatOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
 
 
-def _priced(usages: list[Usage], table: PriceTable | None, model: str | None) -> list[tuple[Usage, Any]]:
+def _priced(usages: Iterable[Usage], table: PriceTable | None, model: str | None) -> list[tuple[Usage, Any]]:
     """Each usage with its estimate under the table. A provider's own cost stays the usage's cost; without one,
     the estimate becomes it (total_from_provider false)."""
     out = []
@@ -109,25 +111,30 @@ def register(app: typer.Typer) -> None:
             table = None
             if prices is not None:
                 table = PriceTable.parse(read_input(prices, label=f"--prices {prices}"), str(prices))
-            usages: list[Usage] = []
+            rows: list[tuple[Usage, Any]] = []
             for f in files:
                 label = "stdin" if f == "-" else f
-                text = decode_utf8(read_input(f, label=label), label=label)
-                usages += read_usage(text, label, format=format)  # type: ignore[arg-type]
-            rows = _priced(usages, table, model)
+                # Read one line at a time (`iter_usage`): only the normalized usages are kept, never the parsed file.
+                rows += _priced(iter_usage(read_input(f, label=label), label, format=format), table, model)  # type: ignore[arg-type]
             return rows, sum_usage(u for u, _ in rows), table
 
         rows, total, table = guarded(as_json, go)
         if as_json:
-            print_json(
-                {
-                    "usages": [
-                        {"from": u.where, **u.to_dict(), "estimate": None if e is None else e.to_dict()}
-                        for u, e in rows
-                    ],
-                    "sum": total.to_dict(),
-                    "prices": None if table is None else {"file": table.name, "sha256": table.sha256},
-                }
-            )
+            _print_json(rows, total, table)
         else:
             _show(rows, total, table)
+
+
+def _print_json(rows: list[tuple[Usage, Any]], total: Usage, table: PriceTable | None) -> None:
+    """`print_json` of {"usages", "sum", "prices"}, written one usage at a time (a file of many usages is not
+    turned into one document in memory first)."""
+    write = sys.stdout.write
+    write('{\n  "usages": ' + ("[" if rows else "[]"))
+    for i, (u, e) in enumerate(rows):
+        row = {"from": u.where, **u.to_dict(), "estimate": None if e is None else e.to_dict()}
+        write(("," if i else "") + "\n    " + json_text(row, 2))
+    if rows:
+        write("\n  ]")
+    prices = None if table is None else {"file": table.name, "sha256": table.sha256}
+    write(',\n  "sum": ' + json_text(total.to_dict(), 1) + ',\n  "prices": ' + json_text(prices, 1) + "\n}\n")
+    sys.stdout.flush()

@@ -12,6 +12,7 @@ from typing import Any
 
 from ctxlock.errors import RecordFormatError
 from ctxlock.frozen import thaw
+from ctxlock.jsonread import SYNTAX_ERROR, loads_outside
 
 RECORD_FORMAT = "ctxlock.record/2"
 # Format 2 adds: `model` (the spec's id, source and hub revision), `warnings`, the clock's zone and the render
@@ -21,6 +22,9 @@ RECORD_FORMAT = "ctxlock.record/2"
 # `compaction` (`compact-plan --record`: the plan, the cut, the summary's digest, usage and `compaction_end`, with
 # its own `version`), `options.compaction` and `decisions.compaction` (a compacted run, replayed from them).
 READABLE_FORMATS = ("ctxlock.record/1", RECORD_FORMAT)
+# A record holds parts of a request (its canonical form, extra fields, messages) a level or two below where the
+# request has them: a record may nest this many levels deeper than a request (docs/outside-json.md).
+RECORD_DEPTH_ALLOWANCE = 8
 # The context policy decides which messages the template sees, so its layer comes right after the request.
 LAYERS = (
     "request",
@@ -269,21 +273,14 @@ class ExecutionRecord:
     def from_bytes(cls, raw: bytes, *, source: str = "record") -> ExecutionRecord:
         """Parse and check a record from a file or the store; anything corrupt is a RecordFormatError."""
         try:
-            data = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise RecordFormatError(
-                f"not UTF-8 at byte {exc.start}", path=source, hint="the record file is corrupt"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise RecordFormatError(
-                f"not a complete JSON record: {exc.msg} at byte {exc.pos}",
-                path=source,
-                hint="the record file is truncated or corrupt; export it again",
-            ) from None
-        except RecursionError:
-            raise RecordFormatError("the JSON nests too deeply to be a record", path=source, hint=_BAD_RECORD) from None
-        except ValueError as exc:  # an integer of more than 4,300 digits: Python refuses to convert it
-            raise RecordFormatError(f"not a record: {exc}", path=source, hint=_BAD_RECORD) from None
+            data = loads_outside(raw, f"{source} $", error=RecordFormatError, depth_allowance=RECORD_DEPTH_ALLOWANCE)
+        except RecordFormatError as exc:
+            if exc.message.startswith(SYNTAX_ERROR):
+                message = f"not a complete JSON record: {exc.message.removeprefix(SYNTAX_ERROR)}"
+                raise RecordFormatError(
+                    message, path=exc.path, hint="the record file is truncated or corrupt; export it again"
+                ) from None
+            raise RecordFormatError(exc.message, path=exc.path, hint=exc.hint or _BAD_RECORD) from None
         if not isinstance(data, dict):
             raise RecordFormatError("a record is a JSON object", path=source)
         if data.get("format") not in READABLE_FORMATS:

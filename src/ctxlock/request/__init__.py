@@ -6,25 +6,25 @@ Messages) and normalized to one canonical form, so the same conversation gives `
 it came in. Every error is a `RequestError` subclass whose `path` names the location: `byte N` for encoding,
 `line L column C (byte B)` for JSON syntax, or a JSON path such as `messages[3].tool_calls[0].function.arguments`.
 
-The package, one job per module: `values` (the frozen Request, Message and ToolCall, and the enums), `paths`
-(JSON paths), `jsonread` (the strict JSON reader), `checks` (validation helpers), `openai` and `anthropic` (one
-module per dialect), `build` (dialect detection and the Request), `parse` (`parse_request`, the stage),
-`_memo` (the request memo, a fast path: a Mapping in the OpenAI dialect is parsed incrementally across calls,
-and the Request is the reference path's in every field, errors included) and `_canonical` (a fast path:
-`Request.to_json()` and `Request.json_sha256()` from the canonical text written piece by piece, the same text).
-`CTXLOCK_FAST=0` and `reference_path()` turn the fast paths off; `clear_request_memo()` or
-`ctxlock.caches.clear_caches()` empties the memo.
+The package, one job per module: `values` (the frozen Request, Message and ToolCall, and the enums), `checks`
+(validation helpers), `openai` and `anthropic` (one module per dialect), `build` (dialect detection and the
+Request), `parse` (`parse_request`, the stage), `_memo` (the request memo, a fast path: a Mapping in the OpenAI
+dialect is parsed incrementally across calls, and the Request is the reference path's in every field, errors
+included) and `_canonical` (a fast path: `Request.to_json()` and `Request.json_sha256()` from the canonical text
+written piece by piece, the same text). `CTXLOCK_FAST=0` and `reference_path()` turn the fast paths off;
+`clear_request_memo()` or `ctxlock.caches.clear_caches()` empties the memo. JSON paths are `ctxlock.jsonpaths` and
+the strict JSON reader `ctxlock.jsonread`: below this package, so that every reader of outside JSON (`ctxlock.usage`
+too) can use it.
 """
 
 from __future__ import annotations
 
+from ctxlock.jsonpaths import join_path
+from ctxlock.jsonread import MAX_JSON_DEPTH, decode_bytes
 from ctxlock.request._memo import clear_request_memo
 from ctxlock.request.checks import json_type_name
-from ctxlock.request.jsonread import decode_bytes
 from ctxlock.request.parse import parse_request
-from ctxlock.request.paths import join_path
 from ctxlock.request.values import (
-    MAX_JSON_DEPTH,
     RESERVED_TEMPLATE_KWARGS,
     Dialect,
     Message,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.jsonpaths import join_path
 from ctxlock.request.checks import (
     as_array,
     as_object,
@@ -27,7 +28,6 @@ from ctxlock.request.checks import (
     text_part,
 )
 from ctxlock.request.documents import document_part
-from ctxlock.request.paths import join_path
 from ctxlock.request.values import Message, ToolCall
 
 _ANTHROPIC_ROLES = ("user", "assistant")

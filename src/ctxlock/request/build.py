@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.jsonpaths import join_path
 from ctxlock.request import anthropic, openai
 from ctxlock.request.checks import as_array, as_object, fail
-from ctxlock.request.paths import join_path
 from ctxlock.request.values import RESERVED_TEMPLATE_KWARGS, Dialect, Message, Request, Utf8Policy, request_of
 from ctxlock.settings import fast_enabled
 

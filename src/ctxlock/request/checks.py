@@ -9,7 +9,7 @@ from typing import Any
 
 from ctxlock.errors import RequestValidationError
 from ctxlock.frozen import FrozenDict
-from ctxlock.request.paths import join_path
+from ctxlock.jsonpaths import join_path
 
 
 def fail(path: str, message: str, hint: str) -> RequestValidationError:

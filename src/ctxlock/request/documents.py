@@ -22,8 +22,8 @@ import json
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.jsonpaths import join_path
 from ctxlock.request.checks import as_array, as_object, as_str, fail, only_keys, part_type, required
-from ctxlock.request.paths import join_path
 
 __all__ = ["PDF_EXTRA", "document_part", "pdf_pages"]
 

@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, freeze
+from ctxlock.jsonpaths import join_path
+from ctxlock.jsonread import loads_strict
 from ctxlock.request.checks import (
     as_array,
     as_object,
@@ -26,8 +28,6 @@ from ctxlock.request.checks import (
     required,
     text_part,
 )
-from ctxlock.request.jsonread import loads_strict
-from ctxlock.request.paths import join_path
 from ctxlock.request.values import Message, ToolCall, Utf8Policy, text_message
 from ctxlock.settings import fast_enabled
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxlock.errors import RequestJSONError, RequestValidationError
+from ctxlock.jsonread import byte_offset, decode_bytes, loads_strict, to_plain
 from ctxlock.request import _memo
 from ctxlock.request.build import build_request, detect
 from ctxlock.request.checks import fail, json_type_name
-from ctxlock.request.jsonread import byte_offset, decode_bytes, loads_strict, to_plain
 from ctxlock.request.values import Dialect, Request, ToolArguments, Utf8Policy
 from ctxlock.settings import call_fast, fast_enabled
 

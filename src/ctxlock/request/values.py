@@ -1,6 +1,6 @@
 """The canonical request values: `Request`, `Message`, `ToolCall` (frozen dataclasses of frozen JSON), and the
-enums and limits a request is parsed under (`Utf8Policy`, `ToolArguments`, `Dialect`, `MAX_JSON_DEPTH`,
-`RESERVED_TEMPLATE_KWARGS`).
+enums and limits a request is parsed under (`ToolArguments`, `Dialect`, `RESERVED_TEMPLATE_KWARGS`; `Utf8Policy` and
+`MAX_JSON_DEPTH` are the strict JSON reader's, `ctxlock.jsonread`).
 
 Nothing here parses: the dialect modules build these values, and every later stage reads them.
 """
@@ -14,16 +14,10 @@ from enum import StrEnum
 from typing import Any
 
 from ctxlock.frozen import FrozenDict, canonical_json, thaw
+from ctxlock.jsonpaths import join_path
+from ctxlock.jsonread import Utf8Policy  # the strict reader's, named here with the request values
 from ctxlock.request._canonical import request_json_bytes
-from ctxlock.request.paths import join_path
 from ctxlock.settings import fast_enabled
-
-
-class Utf8Policy(StrEnum):
-    """What to do with bytes that are not valid UTF-8."""
-
-    STRICT = "strict"  # reject, naming the offset of the first bad byte
-    REPLACE = "replace"  # substitute U+FFFD and record every replaced byte offset
 
 
 class ToolArguments(StrEnum):
@@ -98,7 +92,6 @@ RESERVED_TEMPLATE_KWARGS: frozenset[str] = frozenset(
 
 # Deeper nesting than this is rejected before any recursive walk (building, freezing, rendering) can hit Python's
 # recursion limit; real requests, including JSON schemas, stay far below it.
-MAX_JSON_DEPTH = 128
 
 _EMPTY = FrozenDict()  # immutable, so one shared instance is a safe dataclass default
 # The origins of a message whose strings are all at `source + suffix` (the default: one shared instance, so

@@ -34,10 +34,10 @@ from ..errors import (
     RouteNotFoundError,
 )
 from ..inputs import decode_utf8, read_input
+from ..jsonread import loads_strict
 from ..record import ExecutionRecord, RunOptions, diff
 from ..replay import materialized, record_values, replay, run_and_record, save
 from ..request import Utf8Policy
-from ..request.jsonread import loads_strict
 from ..store import Store
 from ..tokenizer import Tokenizer
 from ..usage import PriceTable

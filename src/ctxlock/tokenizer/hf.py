@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ArtifactFormatError, CtxlockError, TokenizerError
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..settings import cache_root, fast_enabled
 from ..trie import longest_first
 from .accel import Accelerator, probe_texts
@@ -189,7 +190,7 @@ class HFTokenizer(TokenizerBase):
             self._encode_json = json_text
         else:
             try:
-                data = json.loads(json_text)
+                data = self._parse(json_text)
                 self._truncation = data.get("truncation")
                 self._padding = data.get("padding")
                 if self._truncation is not None or self._padding is not None:
@@ -235,18 +236,28 @@ class HFTokenizer(TokenizerBase):
         self._whole_choice: tuple[WholeText | None, str] = (None, "not decided")
 
     def _invalid(self, exc: Exception) -> ArtifactFormatError:
+        if isinstance(exc, ArtifactFormatError):  # the strict reader's error, naming the JSON path
+            message, path = exc.message.removeprefix(SYNTAX_ERROR), exc.path
+        else:
+            message, path = str(exc), self.source or self.id
         return ArtifactFormatError(
-            f"not a valid tokenizer.json: {exc}",
-            path=self.source or self.id,
-            hint="re-export it with tokenizers/transformers",
+            f"not a valid tokenizer.json: {message}", path=path, hint="re-export it with tokenizers/transformers"
         )
+
+    def _parse(self, text: str) -> dict[str, Any]:
+        """tokenizer.json through the strict reader under the artifact bounds (docs/outside-json.md): a duplicate
+        key keeps its last value, as tokenizers' serde_json maps read it."""
+        data = loads_outside(text, f"{self.source or self.id} $", error=ArtifactFormatError, last_key_wins=True)
+        if not isinstance(data, dict):
+            raise ArtifactFormatError("not a JSON object", path=self.source or self.id)
+        return data
 
     @cached_property
     def _data(self) -> dict[str, Any]:
         """The parsed tokenizer.json (truncation and padding off), parsed here on first use when `__init__` read
         its head from the cache: the same bytes an earlier process parsed."""
         try:
-            return json.loads(self._encode_json)
+            return self._parse(self._encode_json)
         except Exception as exc:
             raise self._invalid(exc) from None
 

@@ -9,7 +9,6 @@ the table cannot drift from the reference.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from binascii import a2b_base64, b2a_base64
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import diskcache
-from ..errors import ArtifactFormatError
+from ..errors import ArtifactFormatError, ArtifactNotFoundError
+from ..inputs import read_artifact
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from ..trie import longest_first
 from . import encode_between
 from .base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
@@ -30,7 +31,7 @@ class TekkenTokenizer(TokenizerBase):
     def __init__(self, path: Path, *, id: str) -> None:
         self.id = id
         self.source = str(path)
-        raw = path.read_bytes()
+        raw = read_artifact(path, missing=ArtifactNotFoundError, error=ArtifactFormatError)  # regular, capped
         self.sha256 = hashlib.sha256(raw).hexdigest()
         parts = _parts(path, raw, self.sha256)
         specials, pattern, ranks = parts["specials"], parts["pattern"], parts["ranks"]
@@ -180,10 +181,13 @@ def _parts(path: Path, raw: bytes, sha256: str) -> dict[str, Any]:
             pos += n
         return {**cached, "ranks": ranks, "n_vocab": len(cached["lengths"])}
     try:
-        data = json.loads(raw)
+        data = loads_outside(raw, f"{path} $", error=ArtifactFormatError, last_key_wins=True)
         config = data["config"]
         pattern = config["pattern"]
         vocab = data["vocab"]
+    except ArtifactFormatError as exc:  # the strict reader's, naming the JSON path
+        message = exc.message.removeprefix(SYNTAX_ERROR)
+        raise ArtifactFormatError(f"not a Tekken tokenizer file: {message}", path=exc.path, hint=exc.hint) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ArtifactFormatError(f"not a Tekken tokenizer file: {exc}", path=str(path)) from None
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer

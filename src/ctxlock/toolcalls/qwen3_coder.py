@@ -5,10 +5,11 @@ Parameter values are text, turned back into the type the tool's schema declares 
 from __future__ import annotations
 
 import ast
-import json
 import re
 from typing import Any
 
+from ..errors import ToolCallError
+from ..jsonread import SYNTAX_ERROR, loads_outside
 from .hermes import TaggedParser
 from .jsontext import dumps_arguments, loads_object
 from .schemas import arguments_path
@@ -199,13 +200,12 @@ def _convert(text: str, kind: str) -> Any:
         parsed, problem = loads_object(text)
         if problem is not None:
             try:
-                json.loads(text)
-            except json.JSONDecodeError:
-                pass
-            except (ValueError, RecursionError):
-                return _NOT_CONVERTED
+                loads_outside(text, "parameter $", error=ToolCallError)
+            except ToolCallError as exc:
+                if not exc.message.startswith(SYNTAX_ERROR):  # JSON, but deep, too long a number, NaN, a duplicate
+                    return _NOT_CONVERTED
             else:
-                return _NOT_CONVERTED  # JSON that strict RFC 8259 refuses (NaN, a duplicate key, a lone surrogate)
+                return _NOT_CONVERTED  # JSON that RFC 8259 refuses (`loads_object`): NaN, a duplicate key, a surrogate
             # The template writes mappings with tojson, but models also write Python literals ({'a': 1}, True).
             try:
                 parsed = ast.literal_eval(text)

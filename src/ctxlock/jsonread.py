@@ -4,6 +4,8 @@
   and records every replaced byte offset; `byte_offset` maps a character position back to its byte.
 - `loads_strict` is the stdlib parser with duplicate keys, NaN/Infinity, numbers that overflow, lone surrogates
   and nesting deeper than MAX_JSON_DEPTH rejected, each naming its JSON path.
+- `loads_outside` is `loads_strict` for one JSON value from outside that is not a request (a usage file's line, a
+  price table, a session): bytes in, every failure raised as the caller's error class, naming where it was read.
 - `to_plain` turns a caller's Mapping into plain JSON values under the same depth rule, refusing cycles and
   non-JSON types.
 """
@@ -14,14 +16,25 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from enum import StrEnum
 from typing import Any
 
-from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
-from ctxlock.request.paths import LinkedPath, render_path
-from ctxlock.request.values import MAX_JSON_DEPTH, Utf8Policy
+from ctxlock.errors import CtxlockError, RequestEncodingError, RequestJSONError, RequestValidationError
+from ctxlock.jsonpaths import LinkedPath, render_path
 from ctxlock.settings import fast_enabled
+
+
+class Utf8Policy(StrEnum):
+    """What to do with bytes that are not valid UTF-8."""
+
+    STRICT = "strict"  # reject, naming the offset of the first bad byte
+    REPLACE = "replace"  # substitute U+FFFD and record every replaced byte offset
+
+
+MAX_JSON_DEPTH = 128  # the deepest nesting any JSON ctxlock reads from outside may have
+SYNTAX_ERROR = "invalid JSON: "  # how `loads_outside`'s error for text that is not JSON at all begins
 
 # Offsets replaced by the `ctxlock.replace` codec error handler during the current decode. A ContextVar keeps
 # concurrent parses (threads, asyncio tasks) apart; the handler is the only global, and it is named for ctxlock.
@@ -100,6 +113,20 @@ def _parse_float(literal: str) -> float | _BadNumber:
     return value if math.isfinite(value) else _BadNumber(literal)
 
 
+def _finite(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A caller's float parser whose non-finite float results are reported with their path, as `_parse_float`'s
+    are (a Decimal of a JSON number literal is always finite)."""
+
+    def parse_finite(literal: str) -> Any:
+        try:
+            value = parse(literal)
+        except (ArithmeticError, ValueError):  # Decimal("1e99999999999999999999"): an exponent past its context
+            return _BadNumber(literal)
+        return _BadNumber(literal) if isinstance(value, float) and not math.isfinite(value) else value
+
+    return parse_finite
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A \u escape of D800-DFFF (JSON's `u` is lower case; its hex digits are either case).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
@@ -132,9 +159,13 @@ def check_depth(path: LinkedPath, depth: int) -> None:
 class _Builder:
     """Top-down pass over parsed JSON: duplicate keys, non-finite numbers, lone surrogates, depth, with paths."""
 
-    def __init__(self, policy: Utf8Policy, strings: bool = True) -> None:
+    def __init__(
+        self, policy: Utf8Policy, strings: bool = True, last_key_wins: bool = False, nonfinite: bool = False
+    ) -> None:
         self.policy = policy
+        self.nonfinite = nonfinite  # True: NaN, Infinity and overflowing numbers are floats, as json.loads reads them
         self.strings = strings  # False: no string can hold a lone surrogate (`loads_strict` proved it)
+        self.last_key_wins = last_key_wins  # True: a duplicate key keeps its first place and its last value
 
     def build(self, value: Any, path: LinkedPath, depth: int = 0) -> Any:
         if isinstance(value, _Pairs):
@@ -143,7 +174,7 @@ class _Builder:
             for key, item in value:
                 if self.strings:
                     key = self._string(key, path)
-                if key in out:
+                if key in out and not self.last_key_wins:
                     raise RequestJSONError(
                         f"duplicate key {json.dumps(key, ensure_ascii=False)}",
                         path=render_path(path),
@@ -157,6 +188,8 @@ class _Builder:
         if isinstance(value, str):
             return self._string(value, path) if self.strings else value
         if isinstance(value, _BadNumber):
+            if self.nonfinite:
+                return float(value.literal)
             raise RequestJSONError(
                 f"{value.literal} is not a finite JSON number",
                 path=render_path(path),
@@ -206,6 +239,10 @@ def _fast_float(literal: str) -> float:
 _FAST_SCAN = json.JSONDecoder(
     object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float
 ).scan_once
+# The same without the pairs hook, for files whose reference reader lets the last duplicate key win (json.load,
+# serde_json's maps): the C scanner builds the dicts itself, as json.loads does (a multi-MB tokenizer.json reads
+# in about json.loads' time).
+_FAST_SCAN_LAST_KEY = json.JSONDecoder(parse_constant=_fast_constant, parse_float=_fast_float).scan_once
 _WHITESPACE = json.decoder.WHITESPACE.match
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"{[")  # what translate deletes to leave `{` and `[`
 
@@ -220,7 +257,7 @@ def _within_depth(value: Any, depth: int) -> bool:
     return True
 
 
-def _loads_fast(text: str, source: bytes | None) -> Any:
+def _loads_fast(text: str, source: bytes | None, last_key_wins: bool = False, allowance: int = 0) -> Any:
     """`loads_strict`'s value read in one pass of the stdlib's C scanner, or `_Refused` where the reference reader
     must read the text (it then gives its value, or its error with its path): a duplicate key, a NaN or infinite
     number (the hooks refuse them as the scanner meets them), a string that may hold a lone surrogate
@@ -238,7 +275,8 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
     if _may_hold_surrogate(text) if source is None else _SURROGATE_ESCAPE_BYTES.search(source) is not None:
         return _Refused
     try:
-        value, end = _FAST_SCAN(text, _WHITESPACE(text, 0).end())
+        scan = _FAST_SCAN_LAST_KEY if last_key_wins else _FAST_SCAN
+        value, end = scan(text, _WHITESPACE(text, 0).end())
     except Exception:  # whatever it is (syntax, recursion, a refusal), the reference reader meets it and says so
         return _Refused
     if _WHITESPACE(text, end).end() != len(text):  # extra data
@@ -248,23 +286,41 @@ def _loads_fast(text: str, source: bytes | None) -> Any:
     if type(value) is dict or type(value) is list:
         # (on the bytes, one pass that leaves the brackets, where two counts read them twice)
         brackets = text.count("{") + text.count("[") if source is None else len(source.translate(None, _NOT_BRACKETS))
-        if brackets > MAX_JSON_DEPTH and not _within_depth(value, 0):
+        if brackets > MAX_JSON_DEPTH + allowance and not _within_depth(value, -allowance):
             return _Refused
     return value
 
 
-def loads_strict(text: str, path: str, policy: Utf8Policy, *, source: bytes | None = None) -> Any:
+def loads_strict(
+    text: str,
+    path: str,
+    policy: Utf8Policy,
+    *,
+    source: bytes | None = None,
+    parse_float: Callable[[str], Any] | None = None,
+    last_key_wins: bool = False,
+    nonfinite: bool = False,
+    depth_allowance: int = 0,
+) -> Any:
     """json.loads with duplicate keys, NaN/Infinity and lone surrogates rejected. Raises JSONDecodeError as is.
 
+    `last_key_wins`: a duplicate key is not refused but read as json.loads reads it (first place, last value), for
+    model files whose reference readers accept them (docs/outside-json.md). `nonfinite`: NaN, Infinity and numbers
+    that overflow are floats, as json.loads reads them (for JSON a reference reads with json.loads inside a request).
+    `depth_allowance`: levels allowed past MAX_JSON_DEPTH, for a file that holds a request a few levels down (a
+    record).
+
     `source`: the UTF-8 bytes `text` was decoded from (`decode_bytes`, a leading BOM maybe cut from the text), which
-    the fast path searches instead of the text. Fast path: the one-pass reader (`_loads_fast`) when it can vouch for
-    the text."""
-    if fast_enabled():
-        value = _loads_fast(text, source)
+    the fast path searches instead of the text. `parse_float`: what a JSON number with a fraction or exponent
+    becomes (`decimal.Decimal` for a price table; a non-finite result is refused). Fast path: the one-pass reader
+    (`_loads_fast`) when it can vouch for the text (floats as floats only)."""
+    if fast_enabled() and parse_float is None and not nonfinite:
+        value = _loads_fast(text, source, last_key_wins, depth_allowance)
         if value is not _Refused:
             return value
+    floats = _parse_float if parse_float is None else _finite(parse_float)
     try:
-        raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=_parse_float)
+        raw = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_BadNumber, parse_float=floats)
     except RecursionError:
         raise RequestJSONError(
             f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=path, hint="flatten the structure"
@@ -276,7 +332,47 @@ def loads_strict(text: str, path: str, policy: Utf8Policy, *, source: bytes | No
     # Fast path: one search of the whole text instead of one per string, when it shows no string can hold a lone
     # surrogate (`_may_hold_surrogate`); the reference (`CTXLOCK_FAST=0`) searches every string.
     strings = not fast_enabled() or _may_hold_surrogate(text)
-    return _Builder(policy, strings).build(raw, path)
+    return _Builder(policy, strings, last_key_wins, nonfinite).build(raw, path, -depth_allowance)
+
+
+def loads_outside(
+    raw: bytes | str,
+    where: str,
+    *,
+    error: type[CtxlockError],
+    at: int = 0,
+    parse_float: Callable[[str], Any] | None = None,
+    last_key_wins: bool = False,
+    nonfinite: bool = False,
+    depth_allowance: int = 0,
+) -> Any:
+    """One JSON value from outside, through the strict reader: UTF-8 (the first bad byte named, `at` being where
+    `raw` starts in its file), depth, duplicate keys, NaN, integers too long to read and lone surrogates refused as
+    `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside. `raw` may be text
+    already decoded from UTF-8. `last_key_wins`, `nonfinite`, `depth_allowance`: see `loads_strict`. A syntax
+    error's message starts with SYNTAX_ERROR."""
+    try:
+        text = raw if isinstance(raw, str) else raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"not UTF-8 ({exc.reason} at byte {at + exc.start})", path=where, hint="save it as UTF-8") from None
+    source = None if isinstance(raw, str) else raw
+    try:
+        return loads_strict(
+            text,
+            where,
+            Utf8Policy.STRICT,
+            source=source,
+            parse_float=parse_float,
+            last_key_wins=last_key_wins,
+            nonfinite=nonfinite,
+            depth_allowance=depth_allowance,
+        )
+    except json.JSONDecodeError as exc:
+        at_line = where.removesuffix(" $") + (f" line {exc.lineno}" if exc.lineno > 1 else "")
+        raise error(f"{SYNTAX_ERROR}{exc.msg}", path=f"{at_line} column {exc.colno}") from None
+    except CtxlockError as exc:  # the request's hint (parse with utf8='replace') is no option here
+        hint = (exc.hint or "").replace(", or parse with utf8='replace'", "") or None
+        raise error(exc.message, path=exc.path, hint=hint) from None
 
 
 def to_plain(value: Any, path: LinkedPath, depth: int = 0, open_: set[int] | None = None) -> Any:

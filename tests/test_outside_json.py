@@ -171,7 +171,6 @@ OWN_OUTPUT = {
     "ctxlock/masks.py::cross_check": "Request.to_json(): ctxlock's canonical JSON",
     "ctxlock/masks.py::_tools": "Request.to_json(): ctxlock's canonical JSON",
     "ctxlock/record/build.py::_add_run": "Request.to_json(): ctxlock's canonical JSON",
-    "ctxlock/batch_ray.py::_run": "the record a worker of this run wrote, passed in memory",
     "ctxlock/toolcalls/schemas.py::_checked_validator": "json.dumps(schema, sort_keys=True), a cache key, read back",
     "ctxlock/tokenizer/hf.py::HFTokenizer.pipeline": "tokenizers' own serialization of its components",
     "ctxlock/tokenizer/hf_pipeline.py::_canonical": "tokenizers' to_str() of a tokenizer built in memory",

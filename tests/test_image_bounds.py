@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +26,9 @@ import pytest
 from PIL import Image
 
 import mm_fixtures
-from ctxlock.errors import ImageMemoryError
+from cli_runner import run_cli
+from ctxlock.errors import CtxlockError, ImageMemoryError
+from ctxlock.model import Model, load
 from ctxlock.multimodal import media
 from ctxlock.multimodal.base import ColourPolicy, Orientation
 from ctxlock.multimodal.pipeline import StageOptions, plan_image
@@ -191,3 +194,73 @@ def test_issue_attacks_refused_at_the_default_bound(model_dir: Path) -> None:
             media.max_decode_bytes()
     finally:
         del os.environ[media.DECODE_BYTES_ENV]
+
+
+def _whole_files() -> dict[str, bytes]:
+    img = mm_fixtures.noise(48, 40, "RGB")
+    rgba = mm_fixtures.noise(48, 40, "RGBA")
+    frames = [mm_fixtures.noise(24, 20, "RGB", seed=k).convert("P") for k in range(3)]
+    gif = io.BytesIO()
+    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:])
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return {
+        "png": mm_fixtures.encode(img, "PNG"),
+        "png-rgba": mm_fixtures.encode(rgba, "PNG"),
+        "png-16bit": mm_fixtures.encode(mm_fixtures.noise(48, 40, "I;16"), "PNG"),
+        "png-palette": mm_fixtures.encode(mm_fixtures.noise(48, 40, "P"), "PNG"),
+        "jpeg": mm_fixtures.encode(img, "JPEG", quality=80),
+        "jpeg-progressive-exif": mm_fixtures.encode(img, "JPEG", progressive=True, exif=exif.tobytes()),
+        "gif-animated": gif.getvalue(),
+        "webp": mm_fixtures.encode(img, "WEBP"),
+        "webp-lossless-rgba": mm_fixtures.encode(rgba, "WEBP", lossless=True),
+        "bmp": mm_fixtures.encode(img, "BMP"),
+        "tiff": mm_fixtures.encode(img, "TIFF"),
+        "tiff-deflate": mm_fixtures.encode(img, "TIFF", compression="tiff_deflate"),
+    }
+
+
+def _verdict(model: Model, data: bytes, decode: bool) -> str:
+    url = "data:;base64," + base64.b64encode(data).decode()
+    req = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": url}]}]}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's "Truncated File Read" on a cut TIFF
+            model.run_images(json.dumps(req), decode=decode)
+    except CtxlockError as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def test_count_and_render_share_one_rule_for_truncated_and_corrupt_files(model_dir: Path) -> None:
+    """The header-only path (`count`, the budget: `run_images(decode=False)`) and the decode (`render`) give the
+    same verdict, the same error, on every file cut at 25 places (and, for PNG and deflate TIFF, whose data carry
+    their own checks, with a byte flipped at 8): each whole file is accepted by both, each cut one refused by both.
+    """
+    model = load(str(model_dir))
+    disagree = []
+    for name, data in _whole_files().items():
+        assert _verdict(model, data, False) == _verdict(model, data, True) == "ok", name
+        cuts = sorted({max(1, len(data) * k // 24) for k in range(1, 24)} | {len(data) - 1, len(data) - 2})
+        flips = [len(data) * k // 9 for k in range(1, 9)]
+        variants = [(f"cut {c}", data[:c]) for c in cuts]
+        if name.startswith("png") or name == "tiff-deflate":  # corrupt data the container shows (docs/images.md)
+            variants += [(f"flip {f}", data[:f] + bytes([data[f] ^ 0x5A]) + data[f + 1 :]) for f in flips]
+        for label, variant in variants:
+            header_only, decoded = _verdict(model, variant, False), _verdict(model, variant, True)
+            if header_only != decoded or (label.startswith("cut") and header_only == "ok"):
+                disagree.append((name, label, header_only[:120], decoded[:120]))
+    assert not disagree, disagree
+
+
+def test_cli_count_and_render_refuse_a_truncated_png_alike(model_dir: Path, tmp_path: Path) -> None:
+    data = _whole_files()["png"]
+    req = tmp_path / "req.json"
+    req.write_text(_request(data[: len(data) - 30]), encoding="utf-8")
+    outs = [run_cli(command, "-m", str(model_dir), str(req)) for command in ("count", "render")]
+    for out in outs:
+        assert out.returncode == 1, out.stderr
+        assert "Traceback" not in out.stderr
+    lines = [out.stderr.strip().splitlines() for out in outs]
+    assert lines[0] == lines[1] and len(lines[0]) == 1 and "ImageDecodeError" in lines[0][0], lines
+    assert "truncated" in lines[0][0]

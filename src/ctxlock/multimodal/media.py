@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 from ctxlock import settings
 from ctxlock.errors import ImageDecodeError, ImageMemoryError, ImageSizeError, MediaTypeError
 from ctxlock.multimodal.base import AnimationPolicy, ColourPolicy, DecodedImage, ImageHeader, Orientation
+from ctxlock.multimodal.complete import check_complete
 
 DECODER = f"Pillow {PIL.__version__}"
 
@@ -115,9 +116,13 @@ def _open(data: bytes, fmt: str, path: str | None) -> Image.Image:
             hint=f"ctxlock refuses images over {DEFAULT_MAX_PIXELS:,} pixels before decoding; downscale it",
         ) from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError) as e:
+        shown = _OBJECT_REPR.sub("", str(e)).rstrip()  # Pillow names the stream object, at an address
         raise ImageDecodeError(
-            f"cannot read the {fmt} header: {e}", path=path, hint="the file is corrupt or truncated"
+            f"cannot read the {fmt} header: {shown}", path=path, hint="the file is corrupt or truncated"
         ) from None
+
+
+_OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-f]+>")
 
 
 def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -192,6 +197,7 @@ def read_header(
                 path=path,
                 hint="downscale the image before sending it; nothing was decoded",
             )
+        check_complete(im, data, fmt, path)
         try:
             frames = _frames(im)
             orientation = _orientation(im, data)

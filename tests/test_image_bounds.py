@@ -27,7 +27,9 @@ from PIL import Image
 
 import mm_fixtures
 from cli_runner import run_cli
-from ctxlock.errors import CtxlockError, ImageMemoryError
+from ctxlock._fast_batch import mask_rows
+from ctxlock.errors import CtxlockError, ImageMemoryError, ImagePlacementError
+from ctxlock.masks import MaskOptions
 from ctxlock.model import Model, load
 from ctxlock.multimodal import media
 from ctxlock.multimodal.base import ColourPolicy, Orientation
@@ -264,3 +266,37 @@ def test_cli_count_and_render_refuse_a_truncated_png_alike(model_dir: Path, tmp_
     lines = [out.stderr.strip().splitlines() for out in outs]
     assert lines[0] == lines[1] and len(lines[0]) == 1 and "ImageDecodeError" in lines[0][0], lines
     assert "truncated" in lines[0][0]
+
+
+def _training_rows() -> list[dict]:
+    url = "data:image/png;base64," + base64.b64encode(_whole_files()["png"]).decode()
+    image = {"type": "image_url", "image_url": {"url": url}}
+    return [
+        {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "hi"}]}, _ASSISTANT]},
+        {"messages": [{"role": "user", "content": "hi"}, _ASSISTANT]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "url": url}]}, _ASSISTANT]},
+    ]
+
+
+_ASSISTANT = {"role": "assistant", "content": "ok"}
+
+
+def test_training_rows_with_images_are_refused_not_one_unexpanded_placeholder(tmp_path: Path) -> None:
+    """The default model (mistral-nemo, whose `render` expands an image to its Pixtral tokens) never trains on an
+    image row's unexpanded `[IMG]`: `encode(return_assistant_mask=True)`, `mask_rows` (every path `ctxlock batch`
+    takes) and the CLI's `batch` give the row `ImagePlacementError`; the text row is kept."""
+    model = load()
+    rows = _training_rows()
+    for row in (rows[0], rows[2]):
+        with pytest.raises(ImagePlacementError, match="unexpanded"):
+            model.encode(row, return_assistant_mask=True)
+    for render in ({}, {"add_generation_prompt": False}):
+        got = list(mask_rows(model, rows, MaskOptions(), **render))
+        assert [type(r).__name__ for r in got] == ["ImagePlacementError", "MaskedRow", "ImagePlacementError"], got
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = run_cli("batch", str(source), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert [(e["row"], e["type"]) for e in errors] == [(0, "ImagePlacementError"), (2, "ImagePlacementError")]
+    assert errors[0]["path"] == "messages[0].content[0].image_url.url"

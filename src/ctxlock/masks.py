@@ -354,6 +354,7 @@ def assistant_mask(
             hint="render whole turns for training; the final message's end-of-turn is then trained too",
         )
     lay = layout(model, request, **render_options)
+    model.refuse_images(lay.request)  # an image's placeholder is never trained on unexpanded
     return lay, mask_of(model, lay, opts, **render_options)
 
 

@@ -109,19 +109,30 @@ def read_json(path: Path, *, option: str, error: type[CtxlockError]) -> Any:
         raise error(f"not JSON: {exc}", path=f"{option} {path}", hint="pass a JSON object") from None
 
 
-def template_file(path: Path | None, *, option: str = "--template") -> ChatTemplate | None:
-    """A --template file: checked as a command-line input (regular, readable, within the input cap), then loaded
-    and compiled like a model's own template file."""
-    if path is None:
+def is_template_name(value: str | Path) -> bool:
+    """--template's rule, from the text alone (never from what exists on disk): no path separator and no dot is a
+    name of the model's template set (default, tool_use, a file of additional_chat_templates/ by its stem); anything
+    else is a file (./NAME for a file whose name has neither). README.md, "--template"."""
+    text = str(value)
+    return bool(text) and "/" not in text and os.sep not in text and "." not in text
+
+
+def template_file(value: str | Path | None, *, option: str = "--template") -> ChatTemplate | str | None:
+    """A --template value (`is_template_name`): a name of the model's template set, returned as it is (the render
+    selects it, as Python's `template="tool_use"` does), or a file, checked as a command-line input (regular,
+    readable, within the input cap), then loaded and compiled like a model's own template file."""
+    if value is None:
         return None
-    check_template_file(path, option=option)
-    return load_template_file(path)
+    if is_template_name(value):
+        return str(value)
+    check_template_file(value, option=option)
+    return load_template_file(Path(value))
 
 
-def check_template_file(path: Path | None, *, option: str = "--template") -> None:
-    if path is not None:
+def check_template_file(value: str | Path | None, *, option: str = "--template") -> None:
+    if value is not None and not is_template_name(value):
         # Missing is the ArtifactNotFoundError a model's own template file gives, as before this check.
-        check_input_file(path, label=f"{option} {path}", missing=ArtifactNotFoundError)
+        check_input_file(Path(value), label=f"{option} {value}", missing=ArtifactNotFoundError)
 
 
 def store_dir(path: Path | None, *, option: str = "--store") -> Path | None:
@@ -172,6 +183,7 @@ __all__ = [
     "check_scalar_values",
     "check_template_file",
     "decode_with_policy",
+    "is_template_name",
     "name_request_source",
     "open_output",
     "read_json",

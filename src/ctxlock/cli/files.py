@@ -39,9 +39,30 @@ def read_request(source: str, *, option: str = "REQUEST") -> bytes:
 _REQUEST_LABEL: ContextVar[str | None] = ContextVar("ctxlock_cli_request_label", default=None)
 
 
+# Hints the library writes in Python's words, and the command line's words for them: a CLI user is told the
+# option, never the keyword (the hint's Python spelling stays for Python callers).
+_CLI_WORDS = (
+    ("parse with utf8='replace'", "pass --utf8 replace"),
+    ("render with injection='text'", "pass --special-tokens text"),
+    ("injection='keep'", "--special-tokens keep"),
+    ("injection='text'", "--special-tokens text"),
+)
+
+
+def cli_hint(hint: str) -> str:
+    """A library hint in the command line's words (`_CLI_WORDS`)."""
+    for python, cli in _CLI_WORDS:
+        hint = hint.replace(python, cli)
+    return hint
+
+
 def name_request_source(exc: CtxlockError) -> None:
     """Put the request's source in front of a JSON or UTF-8 error's position (`stdin line 1 column 5 (byte 4)`,
-    `REQUEST chat.json byte 41`), in place: the parser names the position, the CLI names the input."""
+    `REQUEST chat.json byte 41`), in place: the parser names the position, the CLI names the input. Every hint is
+    put in the command line's words (`cli_hint`): the option, not the Python keyword."""
+    if exc.hint and (spoken := cli_hint(exc.hint)) != exc.hint:
+        exc.hint = spoken
+        exc.args = (str(exc),)
     label = _REQUEST_LABEL.get()
     if label is None or not isinstance(exc, RequestJSONError | RequestEncodingError) or exc.path is None:
         return
@@ -49,8 +70,6 @@ def name_request_source(exc: CtxlockError) -> None:
     # (`messages[0]`, a duplicate key) is a place in the request, and stays as the parser gives it.
     if exc.path.startswith(("line ", "byte ")):
         exc.path = f"{label} {exc.path}"
-    if exc.hint:  # the parser's hint names the Python keyword; on the command line it is the option
-        exc.hint = exc.hint.replace("parse with utf8='replace'", "pass --utf8 replace")
     exc.args = (str(exc),)
 
 

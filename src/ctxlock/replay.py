@@ -127,6 +127,7 @@ def _image_stage(options: RunOptions) -> tuple[Any, StageOptions]:
         animation=AnimationPolicy(spec.get("animation", AnimationPolicy.FIRST_FRAME.value)),
         max_frames=int(spec.get("max_frames", StageOptions.max_frames)),
         max_video_pixels=int(spec.get("max_video_pixels", StageOptions.max_video_pixels)),
+        max_decode_bytes=int(spec["max_decode_bytes"]) if spec.get("max_decode_bytes") is not None else None,
     )
     return family, stage
 

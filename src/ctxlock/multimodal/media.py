@@ -223,13 +223,20 @@ def read_header(
 
 
 def _webp_canvas(data: bytes) -> tuple[int, int, bool] | None:
-    """(width, height, animated) from an extended WebP's VP8X chunk, or None for a simple WebP (RIFF container
-    specification: https://developers.google.com/speed/webp/docs/riff_container#extended_file_format)."""
-    if len(data) < 30 or data[12:16] != b"VP8X":
-        return None
-    width = 1 + int.from_bytes(data[24:27], "little")
-    height = 1 + int.from_bytes(data[27:30], "little")
-    return width, height, bool(data[20] & 0x02)
+    """(width, height, animated) from a WebP's first chunk: VP8X (extended), VP8L (lossless) or VP8 (lossy); None
+    when the chunk is too short to say (Pillow then refuses the file). RIFF container specification:
+    https://developers.google.com/speed/webp/docs/riff_container"""
+    kind = data[12:16]
+    if kind == b"VP8X" and len(data) >= 30:
+        width = 1 + int.from_bytes(data[24:27], "little")
+        height = 1 + int.from_bytes(data[27:30], "little")
+        return width, height, bool(data[20] & 0x02)
+    if kind == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF), False
+    if kind == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
+        return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF, False
+    return None
 
 
 def _check_webp_canvas(data: bytes, max_pixels: int, limit: int | None, path: str | None) -> None:

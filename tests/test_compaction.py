@@ -598,3 +598,39 @@ def test_cli_says_when_a_plan_does_not_help(nemo: ctxlock.Model) -> None:
     )
     not_due = plan_compaction(req, nemo, context_window=100_000, reserve_tokens=200, keep_recent_tokens=5000)
     assert plan_problems(not_due, 100_000) == ()
+
+
+def test_python_and_cli_take_the_same_entry_ids(nemo: ctxlock.Model) -> None:
+    """examples/greet-session.json carries entry ids on its messages: Python's `plan_compaction` takes them as
+    `compact-plan` does (read and removed before parsing; a bad one is the same BudgetError in both), as bytes, text
+    or a dict, and the plans are the CLI's."""
+    from pathlib import Path
+
+    from ctxlock.request.entry_ids import strip_entry_ids, take_entry_ids
+
+    path = Path(__file__).parent.parent / "examples" / "greet-session.json"
+    data = path.read_bytes()
+    raw = json.loads(data)
+    kwargs = {"context_window": 1000, "reserve_tokens": 200, "keep_recent_tokens": 400, "summary_tokens": 40}
+    plans = [plan_compaction(r, nemo, **kwargs) for r in (data, data.decode("utf-8"), raw)]
+    assert plans[0] == plans[1] == plans[2]
+    assert raw["messages"][0]["id"] == "e00"  # the caller's object is not changed
+    app = typer.Typer()
+    register(app)
+
+    @app.command()
+    def other() -> None:  # a second command, so that typer keeps `compact-plan` as a named subcommand
+        """unused"""
+
+    args = ["compact-plan", str(path), "--json", *(f"--{k.replace('_', '-')}={v}" for k, v in kwargs.items())]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    cli = json.loads(out.output)
+    assert cli["first_kept_entry_id"] == take_entry_ids(data)[1][plans[0].first_kept_index]
+    for key in ("messages_to_summarize", "first_kept_index", "tokens_before", "estimated_tokens_after"):
+        assert cli[key] == plans[0].to_dict()[key], (key, cli)
+    bad = {"messages": [{"id": 7, "role": "user", "content": "hi"}]}
+    with pytest.raises(BudgetError, match="entry id") as e:
+        plan_compaction(bad, nemo, **kwargs)
+    assert e.value.path == "messages[0].id"
+    assert strip_entry_ids(bad | {"messages": []}) == (bad | {"messages": []}, {})

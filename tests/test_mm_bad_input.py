@@ -96,9 +96,6 @@ def test_bad_images_are_typed_errors_at_their_path(
 ) -> None:
     request = BUILD[dialect](data, declared)
     for run in (lambda: model.run_images(request), lambda: model.run_images(request, decode=False)):
-        if label == "truncated png":  # the header survives the cut: only decoding finds it
-            assert model.run_images(request, decode=False).images[0].n_tokens > 0
-            run = lambda: model.run_images(request)  # noqa: E731
         with pytest.raises(CtxlockError) as e:
             run()
         assert isinstance(e.value, error), (label, e.value)

@@ -134,6 +134,7 @@ def _fast_row(model: Any, raw: Any, options: MaskOptions, render: dict[str, Any]
         return _reference_row(model, raw, options, render)
     check_options(render, RENDER_OPTIONS, "layout")
     request = model.parse(raw, **_parse_options(render))
+    model.refuse_images(request)  # as `Model.encode` refuses a row whose images it would not expand
     rendered = model.render(request, **{k: v for k, v in render.items() if k not in _PARSE})
     lay = _lay(model.tokenizer, request, rendered)
     mask = mask_of(model, lay, options, **render)
@@ -169,6 +170,7 @@ def _planned_row(model: Any, raw: Any, options: MaskOptions, plan: _Plan) -> Mas
     """`_fast_row` with the options checked and built once for the shard (`_plan`): the same calls, so the same row.
     (`_planned_rows` makes these calls stage by stage over a chunk of rows.)"""
     request = model.parse(raw, **plan.parse)
+    model.refuse_images(request)
     rendered = model.render(request, plan.options)
     lay = _lay(model.tokenizer, request, rendered)
     mask = mask_of(model, lay, options, **plan.render)
@@ -185,7 +187,9 @@ def _planned_rows(model: Any, raws: list[Any], options: MaskOptions, plan: _Plan
     rows: list[Any] = []
     for raw in raws:
         try:
-            rows.append(model.parse(raw, **plan.parse))
+            request = model.parse(raw, **plan.parse)
+            model.refuse_images(request)
+            rows.append(request)
         except CtxlockError as exc:
             rows.append(exc)
     rendered: list[Any] = []

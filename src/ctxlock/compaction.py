@@ -45,6 +45,7 @@ from .errors import BudgetError
 from .model import Model, RequestLike
 from .options import RENDER_OPTIONS, RenderKwargs, RenderOptions
 from .request import Message, Request
+from .request.entry_ids import without_entry_ids
 from .template import Rendered, aware_clock
 from .usage import Usage
 
@@ -242,7 +243,7 @@ def _prepare(
     """The parsed request, the caller's render options (`options` with the keyword ones over it; clock fixed),
     and the options for prefix renders. A `template` given here wins over the options' template."""
     opts = RenderOptions.from_kwargs(render_options, base=options, accepted=RENDER_OPTIONS, method="render")
-    req = opts.parse(request)
+    req = opts.parse(without_entry_ids(request))  # the messages' entry ids, as `ctxlock compact-plan` takes them
     # One clock for every render, so a template that prints the date sees the same one in each prefix.
     # Timezone-aware, like the render's own clock (`template.aware_clock`): the zone is recorded with it.
     opts = opts.replace(now=aware_clock(opts.now), template=template if template is not None else opts.template)

@@ -46,6 +46,7 @@
     │   ├── MediaTypeError           an unsupported media type, or one the bytes disagree with
     │   ├── ImageDecodeError         corrupt or truncated image bytes; an animated image under policy `error`
     │   ├── ImageSizeError           a pixel cap (decompression bomb), zero size, an aspect ratio over the limit
+    │   │   └── ImageMemoryError     a decode over the decode-memory limit, refused from the header
     │   └── ImagePlacementError      an image the template has no placeholder for (text-only model, too many images)
     └── RecordError                  execution records, the store, replay
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
@@ -229,6 +230,11 @@ class ImageDecodeError(MediaError):
 class ImageSizeError(MediaError):
     """An image whose header size breaks a limit: over the pixel cap (refused before decoding), zero-sized, or an
     aspect ratio over the family's limit."""
+
+
+class ImageMemoryError(ImageSizeError):
+    """An image whose decode would take more memory than the decode-memory limit (estimated from its header, before
+    decoding; $CTXLOCK_MAX_DECODE_BYTES, default 256 MiB; docs/images.md)."""
 
 
 class ImagePlacementError(MediaError):

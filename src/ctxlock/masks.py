@@ -345,8 +345,7 @@ def assistant_mask(
     model: Any, request: Any, opts: MaskOptions | None = None, **render_options: Any
 ) -> tuple[Layout, Mask]:
     """Render, encode and lay one request (`accounting.layout`), and its mask. A row with no trained token is a
-    `MaskError`. `continue_final_message` is refused (as transformers refuses it): a cut turn has no end."""
-    opts = opts or MaskOptions()
+    `MaskError`. Refused: `continue_final_message` (a cut turn has no end), images (`Model.refuse_images`)."""
     if render_options.get("continue_final_message"):
         raise MaskError(
             "assistant masks are not computed with continue_final_message",
@@ -354,7 +353,8 @@ def assistant_mask(
             hint="render whole turns for training; the final message's end-of-turn is then trained too",
         )
     lay = layout(model, request, **render_options)
-    return lay, mask_of(model, lay, opts, **render_options)
+    model.refuse_images(lay.request)
+    return lay, mask_of(model, lay, opts or MaskOptions(), **render_options)
 
 
 def mask_of(model: Any, lay: Layout, opts: MaskOptions, **render_options: Any) -> Mask:

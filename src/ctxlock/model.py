@@ -196,14 +196,17 @@ class Model:
         # what the family's HF processor adds in its tokenize step (LLaVA's <s>); nothing for the others
         return with_processor_special_tokens(mm, fam, self.tokenizer, self.artifacts.special_tokens.get("bos_token"))
 
-    def _refuse_images(self, request: Request) -> None:
-        # A model with an image processor never gets its placeholders unexpanded (vllm#16191).
+    def refuse_images(self, request: Request) -> None:
+        """`ImagePlacementError` for a request with images or videos when this model expands them (an image
+        processor, or a Tekken image section): the ids of `encode`, the assistant masks and `ctxlock batch` rows
+        would hold unexpanded placeholders. A model with an image processor never gets them (vllm#16191)."""
         if self.artifacts.preprocessor is not None and (refs := _media_paths(request)):
             raise ImagePlacementError(
                 "the request holds images or videos and this model expands them: the ids would hold unexpanded "
                 "placeholders",
                 path=refs[0],
-                hint="use Model.run_images (or `ctxlock render`), which expands them and returns the span map",
+                hint="use Model.run_images (or `ctxlock render`), which expands them and returns the span map; "
+                "assistant masks and `ctxlock batch` rows take no images",
             )
 
     def tokenize(self, rendered: Rendered) -> Tokenized:
@@ -214,7 +217,7 @@ class Model:
         ModelInput. Takes `render`'s options."""
         opts = render_options(options, kwargs, RENDER_OPTIONS, "run")
         req = opts.parse(request)
-        self._refuse_images(req)
+        self.refuse_images(req)
         rendered = self._render(req, opts)
         tokenized = self.tokenize(rendered)
         return Run(req, rendered, tokenized, assemble_own(tokenized.ids))
@@ -244,7 +247,7 @@ class Model:
         opts = render_options(options, kwargs, ENCODE_OPTIONS, "encode")
         check_return_tensors(return_tensors)  # an unsupported value (or no torch) fails before any work
         req = opts.parse(request)
-        self._refuse_images(req)
+        self.refuse_images(req)
         rendered = self._render(req, opts)
         return tensors_as(assemble_own(encode_ids(rendered, self.tokenizer)), return_tensors)
 

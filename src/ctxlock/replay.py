@@ -32,6 +32,7 @@ from .errors import (
     RecordError,
     RecordFormatError,
     RecordNotFoundError,
+    TemplateNotFoundError,
 )
 from .frozen import thaw
 from .model import Model, Run, load
@@ -126,6 +127,7 @@ def _image_stage(options: RunOptions) -> tuple[Any, StageOptions]:
         animation=AnimationPolicy(spec.get("animation", AnimationPolicy.FIRST_FRAME.value)),
         max_frames=int(spec.get("max_frames", StageOptions.max_frames)),
         max_video_pixels=int(spec.get("max_video_pixels", StageOptions.max_video_pixels)),
+        max_decode_bytes=int(spec["max_decode_bytes"]) if spec.get("max_decode_bytes") is not None else None,
     )
     return family, stage
 
@@ -483,19 +485,43 @@ def _restore_options(record: ExecutionRecord, data: dict[str, Any]) -> dict[str,
 
 
 def rerun(
-    record: ExecutionRecord, *, model_spec: str | None, template_file: Path | None, store: Store
+    record: ExecutionRecord,
+    *,
+    model_spec: str | None,
+    template_file: Path | None,
+    store: Store,
+    template_name: str | None = None,
 ) -> ExecutionRecord:
-    """Run a recorded request again under other artifacts (another model and/or template)."""
+    """Run a recorded request again under other artifacts (another model, a template file, or a template of the
+    model's set by name)."""
     raw, options = _recorded_options(record)
     media = recorded_media(options, store)
     template = load_template_file(template_file) if template_file is not None else None
     if model_spec is not None:
         model = load(model_spec)
+        template = _named(model, template_name) or template
         _, again, _ = run_and_record(model, raw, options, template=template, media=media)
         return again
     with materialized(record, store) as (model, recorded_template):
-        _, again, _ = run_and_record(model, raw, options, template=template or recorded_template, media=media)
+        try:
+            template = _named(model, template_name) or template or recorded_template
+        except TemplateNotFoundError as exc:
+            exc.hint = "the record keeps only the template it used: name the model too (--model / model_spec)"
+            exc.args = (str(exc),)
+            raise
+        _, again, _ = run_and_record(model, raw, options, template=template, media=media)
         return again
+
+
+def _named(model: Model, name: str | None) -> ChatTemplate | None:
+    """The model's template `name` (TemplateNotFoundError naming the ones it has), or None without a name."""
+    if name is None:
+        return None
+    if model.templates is None:
+        raise TemplateNotFoundError(
+            f"no chat template named {name!r}: the model has no template set", path="template", hint="pass a file"
+        )
+    return model.templates.select(name)
 
 
 __all__ = [

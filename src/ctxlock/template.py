@@ -552,14 +552,14 @@ def _untrusted(text: str, spans: list[taint.SpanT], tokens: _TokenSet, policy: S
                 f"the control token {token!r} at rendered offset {at} came out of {note}, which mixed request text "
                 "with the template's own control tokens: ctxlock cannot prove which characters are whose",
                 path=path or f"rendered text offset {at}",
-                hint="use another template, or special_tokens='keep' if you trust this request",
+                hint="use another template, or injection='keep' if you trust this request",
             )
         if policy is SpecialTokenPolicy.RAISE:
             raise ControlTokenError(
                 f"the control token {token!r} at rendered offset {at} would be made of request text "
                 "(the template reshaped it)",
                 path=path or f"rendered text offset {at}",
-                hint="remove it, or render with special_tokens='text' to encode it as plain text",
+                hint="remove it, or render with injection='text' to encode it as plain text",
             )
         untrusted.append(Span(s, e, path))
     return tuple(untrusted)

@@ -241,7 +241,7 @@ def refuse_control_tokens(request: Request, regex: Any) -> None:
             raise ControlTokenError(
                 f"request string contains the control token {m.group(0)!r} at character {m.start()}",
                 path=path,
-                hint="remove it, or render with special_tokens='text' to encode it as plain text",
+                hint="remove it, or render with injection='text' to encode it as plain text",
             )
 
 

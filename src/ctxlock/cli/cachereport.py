@@ -24,7 +24,7 @@ from ..usage import PriceTable
 from .files import template_file
 from .output import console, guarded, print_json
 from .records import open_store, record_at
-from .render import JsonOpt, ModelOpt, StoreOpt
+from .render import TEMPLATE_HELP, JsonOpt, ModelOpt, StoreOpt
 
 
 def record_ids(args: list[str]) -> list[str]:
@@ -120,7 +120,7 @@ RecordsOpt = Annotated[
     ),
 ]
 ProviderOpt = Annotated[str, typer.Option("--provider", help="The caching rule: " + "|".join(PROVIDERS) + ".")]
-TemplateOpt = Annotated[Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template.")]
+TemplateOpt = Annotated[str | None, typer.Option("--template", "-t", help=TEMPLATE_HELP)]
 PricesOpt = Annotated[Path | None, typer.Option("--prices", help="A price table (LiteLLM's format, JSON or TOML).")]
 PriceModelOpt = Annotated[str | None, typer.Option("--price-model", help="The price table's entry for the session.")]
 TtlOpt = Annotated[

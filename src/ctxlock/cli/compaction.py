@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..model import Model, load
 from ..options import RenderOptions
 from ..record import ExecutionRecord, RunOptions
 from ..replay import run_and_record, save
+from ..request.entry_ids import take_entry_ids
 from ..store import Store
 from ..usage import Usage, read_usage, sum_usage
 from .files import read_text, store_dir, template_file
@@ -142,32 +142,6 @@ ReasonOpt = Annotated[
         "--reason", help="Pi's compaction reason: manual|threshold|overflow (default: threshold when due, else manual)."
     ),
 ]
-
-
-def take_entry_ids(data: bytes) -> tuple[bytes, dict[int, str]]:
-    """The request without its messages' `id` keys (entry ids the caller gave, such as Pi's session entry ids,
-    which no chat API sends), and the ids by message index as sent. Bytes without any id come back unchanged."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        return data, {}  # the request parser reports what is wrong with it
-    messages = raw.get("messages") if isinstance(raw, dict) else None
-    if not isinstance(messages, list):
-        return data, {}
-    ids: dict[int, str] = {}
-    for k, m in enumerate(messages):
-        if isinstance(m, dict) and "id" in m:
-            value = m.pop("id")
-            if not isinstance(value, str) or not value or len(value) > 512:
-                raise BudgetError(
-                    "an entry id must be a non-empty string of at most 512 characters",
-                    path=f"messages[{k}].id",
-                    hint="give each message the id of its session entry, or no id",
-                )
-            ids[k] = value
-    if not ids:
-        return data, {}
-    return json.dumps(raw, ensure_ascii=False).encode("utf-8"), ids
 
 
 def _usage(path: Path | None) -> Usage | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,7 +13,7 @@ from ..model import load
 from .files import read_request, template_file
 from .images import MediaOpt, read_media
 from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt
+from .render import JsonOpt, ModelOpt, TemplateOpt
 
 _BAR = 30
 
@@ -55,9 +54,7 @@ def register(app: typer.Typer) -> None:
     def count_cmd(
         request: Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")] = "-",
         model: ModelOpt = None,
-        template: Annotated[
-            Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
-        ] = None,
+        template: TemplateOpt = None,
         marginal: Annotated[
             bool,
             typer.Option(

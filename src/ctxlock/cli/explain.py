@@ -18,8 +18,8 @@ from ..model import load
 from ..options import RenderOptions
 from ..record import ExecutionRecord
 from ..replay import materialized, record_values, recorded_request, run_and_record
+from ..request.entry_ids import take_entry_ids
 from ..usage import Usage, read_usage, sum_usage
-from .compaction import take_entry_ids
 from .files import read_text, template_file
 from .output import console, guarded, print_json
 from .records import open_store, record_at

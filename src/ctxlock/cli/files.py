@@ -39,9 +39,30 @@ def read_request(source: str, *, option: str = "REQUEST") -> bytes:
 _REQUEST_LABEL: ContextVar[str | None] = ContextVar("ctxlock_cli_request_label", default=None)
 
 
+# Hints the library writes in Python's words, and the command line's words for them: a CLI user is told the
+# option, never the keyword (the hint's Python spelling stays for Python callers).
+_CLI_WORDS = (
+    ("parse with utf8='replace'", "pass --utf8 replace"),
+    ("render with injection='text'", "pass --special-tokens text"),
+    ("injection='keep'", "--special-tokens keep"),
+    ("injection='text'", "--special-tokens text"),
+)
+
+
+def cli_hint(hint: str) -> str:
+    """A library hint in the command line's words (`_CLI_WORDS`)."""
+    for python, cli in _CLI_WORDS:
+        hint = hint.replace(python, cli)
+    return hint
+
+
 def name_request_source(exc: CtxlockError) -> None:
     """Put the request's source in front of a JSON or UTF-8 error's position (`stdin line 1 column 5 (byte 4)`,
-    `REQUEST chat.json byte 41`), in place: the parser names the position, the CLI names the input."""
+    `REQUEST chat.json byte 41`), in place: the parser names the position, the CLI names the input. Every hint is
+    put in the command line's words (`cli_hint`): the option, not the Python keyword."""
+    if exc.hint and (spoken := cli_hint(exc.hint)) != exc.hint:
+        exc.hint = spoken
+        exc.args = (str(exc),)
     label = _REQUEST_LABEL.get()
     if label is None or not isinstance(exc, RequestJSONError | RequestEncodingError) or exc.path is None:
         return
@@ -49,8 +70,6 @@ def name_request_source(exc: CtxlockError) -> None:
     # (`messages[0]`, a duplicate key) is a place in the request, and stays as the parser gives it.
     if exc.path.startswith(("line ", "byte ")):
         exc.path = f"{label} {exc.path}"
-    if exc.hint:  # the parser's hint names the Python keyword; on the command line it is the option
-        exc.hint = exc.hint.replace("parse with utf8='replace'", "pass --utf8 replace")
     exc.args = (str(exc),)
 
 
@@ -109,19 +128,30 @@ def read_json(path: Path, *, option: str, error: type[CtxlockError]) -> Any:
         raise error(f"not JSON: {exc}", path=f"{option} {path}", hint="pass a JSON object") from None
 
 
-def template_file(path: Path | None, *, option: str = "--template") -> ChatTemplate | None:
-    """A --template file: checked as a command-line input (regular, readable, within the input cap), then loaded
-    and compiled like a model's own template file."""
-    if path is None:
+def is_template_name(value: str | Path) -> bool:
+    """--template's rule, from the text alone (never from what exists on disk): no path separator and no dot is a
+    name of the model's template set (default, tool_use, a file of additional_chat_templates/ by its stem); anything
+    else is a file (./NAME for a file whose name has neither). README.md, "--template"."""
+    text = str(value)
+    return bool(text) and "/" not in text and os.sep not in text and "." not in text
+
+
+def template_file(value: str | Path | None, *, option: str = "--template") -> ChatTemplate | str | None:
+    """A --template value (`is_template_name`): a name of the model's template set, returned as it is (the render
+    selects it, as Python's `template="tool_use"` does), or a file, checked as a command-line input (regular,
+    readable, within the input cap), then loaded and compiled like a model's own template file."""
+    if value is None:
         return None
-    check_template_file(path, option=option)
-    return load_template_file(path)
+    if is_template_name(value):
+        return str(value)
+    check_template_file(value, option=option)
+    return load_template_file(Path(value))
 
 
-def check_template_file(path: Path | None, *, option: str = "--template") -> None:
-    if path is not None:
+def check_template_file(value: str | Path | None, *, option: str = "--template") -> None:
+    if value is not None and not is_template_name(value):
         # Missing is the ArtifactNotFoundError a model's own template file gives, as before this check.
-        check_input_file(path, label=f"{option} {path}", missing=ArtifactNotFoundError)
+        check_input_file(Path(value), label=f"{option} {value}", missing=ArtifactNotFoundError)
 
 
 def store_dir(path: Path | None, *, option: str = "--store") -> Path | None:
@@ -172,6 +202,7 @@ __all__ = [
     "check_scalar_values",
     "check_template_file",
     "decode_with_policy",
+    "is_template_name",
     "name_request_source",
     "open_output",
     "read_json",

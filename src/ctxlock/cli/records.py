@@ -20,9 +20,9 @@ from ..inputs import open_regular, opened_input, stdin_stream
 from ..record import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
 from ..replay import load_record, record_values, replay, rerun
 from ..store import Store
-from .files import check_record_arg, check_template_file, open_output, store_dir
+from .files import check_record_arg, check_template_file, is_template_name, open_output, store_dir
 from .output import console, guarded, print_json
-from .render import MODEL_HELP
+from .render import MODEL_HELP, TEMPLATE_HELP
 
 StoreOpt = Annotated[
     Path | None,
@@ -303,7 +303,8 @@ def diff_cmd(
         typer.Option("--model", "-m", help="Re-run A's request on this model and compare. " + MODEL_HELP),
     ] = None,
     template: Annotated[
-        Path | None, typer.Option("--template", "-t", help="Re-run A's request with this template and compare.")
+        str | None,
+        typer.Option("--template", "-t", help="Re-run A's request with this template and compare. " + TEMPLATE_HELP),
     ] = None,
     store: StoreOpt = None,
     as_json: JsonOpt = False,
@@ -330,8 +331,11 @@ def diff_cmd(
         if model is None and template is None:
             raise typer.BadParameter("give a second record, or --model/--template to re-run the first")
         check_template_file(template)
+        named = template if template is not None and is_template_name(template) else None
+        path = Path(template) if template is not None and named is None else None
         with record_values(ra):
-            return diff(ra, rerun(ra, model_spec=model, template_file=template, store=s)), "re-run"
+            again = rerun(ra, model_spec=model, template_file=path, template_name=named, store=s)
+            return diff(ra, again), "re-run"
 
     result, _label = guarded(as_json, go)
     if as_json:

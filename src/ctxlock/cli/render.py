@@ -68,9 +68,12 @@ TokenizerPipelineOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
 RequestArg = Annotated[str, typer.Argument(help="Request JSON file, or - for stdin.")]
-TemplateOpt = Annotated[
-    Path | None, typer.Option("--template", "-t", help="Use this .jinja chat template instead of the model's.")
-]
+TEMPLATE_HELP = (
+    "Use this chat template instead of the model's default: a name of the model's set (default, tool_use, extra "
+    "for additional_chat_templates/extra.jinja) when it has no '/' and no '.', else a .jinja file (./NAME for a "
+    "file without either)."
+)
+TemplateOpt = Annotated[str | None, typer.Option("--template", "-t", help=TEMPLATE_HELP)]
 StoreOpt = Annotated[
     Path | None, typer.Option("--store", help="Record store directory (default: ~/.local/share/ctxlock).")
 ]

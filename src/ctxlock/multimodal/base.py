@@ -70,6 +70,8 @@ class ImageHeader:
     orientation: int  # the EXIF orientation tag, 1 when absent
     source: bytes = field(default=b"", repr=False)  # the file's bytes (the same object, not a copy)
     digest: str = field(default="", repr=False)  # sha256 of `source`, filled on first use of `sha256`
+    # a transparency entry (PNG tRNS, GIF transparent index) in the header: the decode composites onto white
+    transparency: bool = field(default=False, repr=False)
 
     @property
     def sha256(self) -> str:

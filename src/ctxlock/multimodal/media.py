@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import struct
 import warnings
@@ -19,8 +20,9 @@ import PIL
 from PIL import Image, ImageOps
 
 from ctxlock import settings
-from ctxlock.errors import ImageDecodeError, ImageSizeError, MediaTypeError
+from ctxlock.errors import ImageDecodeError, ImageMemoryError, ImageSizeError, MediaTypeError
 from ctxlock.multimodal.base import AnimationPolicy, ColourPolicy, DecodedImage, ImageHeader, Orientation
+from ctxlock.multimodal.complete import check_complete
 
 DECODER = f"Pillow {PIL.__version__}"
 
@@ -29,6 +31,12 @@ DECODER = f"Pillow {PIL.__version__}"
 DEFAULT_MAX_PIXELS = 89_478_485
 # More frames than this are refused from the header even under `first-frame` (counting them walks the file).
 MAX_FRAMES = 10_000
+
+# The default bound on the memory one image's decode may take (every buffer alive at the decode's peak, estimated
+# from the header before anything is decoded): $CTXLOCK_MAX_DECODE_BYTES or StageOptions(max_decode_bytes=...).
+# See docs/images.md.
+DECODE_BYTES_ENV = "CTXLOCK_MAX_DECODE_BYTES"
+DEFAULT_MAX_DECODE_BYTES = 256 * 1024 * 1024
 
 # media type -> (Pillow format, signature test)
 MEDIA_TYPES: dict[str, str] = {
@@ -108,9 +116,13 @@ def _open(data: bytes, fmt: str, path: str | None) -> Image.Image:
             hint=f"ctxlock refuses images over {DEFAULT_MAX_PIXELS:,} pixels before decoding; downscale it",
         ) from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError) as e:
+        shown = _OBJECT_REPR.sub("", str(e)).rstrip()  # Pillow names the stream object, at an address
         raise ImageDecodeError(
-            f"cannot read the {fmt} header: {e}", path=path, hint="the file is corrupt or truncated"
+            f"cannot read the {fmt} header: {shown}", path=path, hint="the file is corrupt or truncated"
         ) from None
+
+
+_OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-f]+>")
 
 
 def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -164,11 +176,16 @@ def read_header(
     path: str | None = None,
     media_type: str | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_decode_bytes: int | None = None,
 ) -> ImageHeader:
     """Signature, format, size, mode, frames and EXIF orientation, read without decoding any pixel, and the pixel
-    cap checked against them (a decompression bomb is refused here, before any large allocation)."""
+    cap checked against them (a decompression bomb is refused here, before any large allocation). A WebP's canvas
+    is checked from its RIFF header before Pillow opens it: libwebp allocates its canvases when the file is opened.
+    """
     found = check_media_type(data, media_type, path=path)
     fmt = MEDIA_TYPES[found]
+    if fmt == "WEBP":
+        _check_webp_canvas(data, max_pixels, max_decode_bytes, path)
     with _open(data, fmt, path) as im:
         width, height = im.size
         if width <= 0 or height <= 0:
@@ -180,6 +197,7 @@ def read_header(
                 path=path,
                 hint="downscale the image before sending it; nothing was decoded",
             )
+        check_complete(im, data, fmt, path)
         try:
             frames = _frames(im)
             orientation = _orientation(im, data)
@@ -190,6 +208,7 @@ def read_header(
         if frames > MAX_FRAMES:
             raise ImageSizeError(f"{frames} frames, over the cap of {MAX_FRAMES}", path=path, hint="send one frame")
         return ImageHeader(
+            transparency=im.info.get("transparency") is not None,
             n_bytes=len(data),
             format=fmt,
             media_type=found,
@@ -201,6 +220,124 @@ def read_header(
             source=data if type(data) is bytes else bytes(data),  # the digest is computed when asked
             digest="" if settings.fast_enabled() else sha256(data),
         )
+
+
+def _webp_canvas(data: bytes) -> tuple[int, int, bool] | None:
+    """(width, height, animated) from a WebP's first chunk: VP8X (extended), VP8L (lossless) or VP8 (lossy); None
+    when the chunk is too short to say (Pillow then refuses the file). RIFF container specification:
+    https://developers.google.com/speed/webp/docs/riff_container"""
+    kind = data[12:16]
+    if kind == b"VP8X" and len(data) >= 30:
+        width = 1 + int.from_bytes(data[24:27], "little")
+        height = 1 + int.from_bytes(data[27:30], "little")
+        return width, height, bool(data[20] & 0x02)
+    if kind == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF), False
+    if kind == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
+        return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF, False
+    return None
+
+
+def _check_webp_canvas(data: bytes, max_pixels: int, limit: int | None, path: str | None) -> None:
+    canvas = _webp_canvas(data)
+    if canvas is None:
+        return
+    width, height, animated = canvas
+    if width * height > max_pixels:
+        raise ImageSizeError(
+            f"decompression bomb refused from the header: a {width}x{height} WebP canvas = {width * height:,} "
+            f"pixels, over the cap of {max_pixels:,}",
+            path=path,
+            hint="downscale the image before sending it; nothing was decoded",
+        )
+    cost = width * height * (16 if animated else 8)
+    if limit is not None and cost > limit:
+        raise ImageMemoryError(
+            f"opening this {width}x{height} WebP would take about {cost / 2**20:,.0f} MiB (libwebp's canvases), "
+            f"over the decode-memory limit of {limit / 2**20:,.0f} MiB",
+            path=path,
+            hint=f"downscale the image, or raise the limit: ${DECODE_BYTES_ENV}=<bytes> (or "
+            "StageOptions(max_decode_bytes=...) in Python); nothing was decoded",
+        )
+
+
+def max_decode_bytes() -> int:
+    """The decode-memory bound: $CTXLOCK_MAX_DECODE_BYTES (bytes), else `DEFAULT_MAX_DECODE_BYTES` (256 MiB)."""
+    raw = os.environ.get(DECODE_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_DECODE_BYTES
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ImageMemoryError(
+            f"{raw!r} is not a size in bytes",
+            path=DECODE_BYTES_ENV,
+            hint=f"set a positive integer, or unset it for {DEFAULT_MAX_DECODE_BYTES:,}",
+        )
+    return int(raw)
+
+
+def _mode_bytes(mode: str) -> int:
+    """Bytes per pixel of a Pillow image of `mode` in memory (Pillow keeps every multi-band 8-bit mode, RGB too, in
+    4 bytes a pixel; https://pillow.readthedocs.io/en/stable/handbook/concepts.html#modes)."""
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4 if len(mode) <= 4 and mode not in ("I;32", "F;64") else 8
+
+
+def decode_steps(
+    header: ImageHeader, orientation: Orientation, colour: ColourPolicy, full_size_bytes: int = 4
+) -> tuple[tuple[str, int], ...]:
+    """(step, bytes) of every full-size buffer `decode` and the family's first full-size step may hold at once,
+    from the header alone: the decoded mode, the decoder's own buffer (libwebp's RGBA canvases), Pillow's
+    intermediate for 16-bit modes, the EXIF-transpose copy, each conversion, the white composite, the RGB array,
+    and the family's copy of it (`full_size_bytes` a pixel: Pillow's RGB for a resize, float32 for Pixtral's).
+    Deliberately generous: what it allows, `decode` stays under (tests/test_image_bounds.py measures it)."""
+    px = header.width * header.height
+    mode = header.mode
+    steps = [(f"decoded {mode}", px * _mode_bytes(mode))]
+    if header.format == "WEBP":
+        steps.append(("libwebp's RGBA canvases", px * (16 if header.frames > 1 else 8)))
+    if mode.startswith("I;16"):
+        steps.append(("Pillow's 32-bit intermediate", px * 4))
+    if orientation is Orientation.EXIF_TRANSPOSE:
+        steps.append(("exif_transpose copy", px * _mode_bytes(mode)))
+    alpha = header.transparency or "A" in mode
+    if colour is ColourPolicy.PIL_CONVERT:
+        steps.append(('convert("RGB")', px * 4))
+        alpha = header.transparency
+    if alpha:
+        steps += [("RGBA", px * 4), ("white background", px * 4), ("composite", px * 4), ("composite RGB", px * 4)]
+    elif colour is ColourPolicy.COMPOSITE_WHITE and mode != "RGB":
+        steps.append(('convert("RGB")', px * 4))
+    steps += [("RGB array", px * 3), ("the family's full-size copy", px * full_size_bytes)]
+    return tuple(steps)
+
+
+def check_decode_memory(
+    header: ImageHeader,
+    orientation: Orientation,
+    colour: ColourPolicy,
+    *,
+    limit: int,
+    full_size_bytes: int = 4,
+    path: str | None = None,
+    what: str = "image",
+) -> int:
+    """The estimated peak of the decode (`decode_steps`), or `ImageMemoryError` over `limit`, before any decode."""
+    steps = decode_steps(header, orientation, colour, full_size_bytes)
+    total = sum(n for _, n in steps)
+    if total > limit:
+        biggest = ", ".join(f"{name} {n / 2**20:,.0f} MiB" for name, n in sorted(steps, key=lambda s: -s[1])[:3])
+        raise ImageMemoryError(
+            f"decoding this {header.width}x{header.height} {header.mode} {header.format} {what} would take about "
+            f"{total / 2**20:,.0f} MiB ({biggest}, ...), over the decode-memory limit of {limit / 2**20:,.0f} MiB",
+            path=path,
+            hint=f"downscale the image, or raise the limit: ${DECODE_BYTES_ENV}=<bytes> (or "
+            "StageOptions(max_decode_bytes=...) in Python); nothing was decoded",
+        )
+    return total
 
 
 def _frames(im: Image.Image) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxlock.errors import ImageDecodeError, ImagePlacementError, ImageSizeError, MediaError
+from ctxlock.errors import ImageDecodeError, ImageMemoryError, ImagePlacementError, ImageSizeError, MediaError
 from ctxlock.multimodal import media
 from ctxlock.multimodal.base import (
     AnimationPolicy,
@@ -39,9 +39,17 @@ class StageOptions:
     # a video's frames' pixels together, from their headers, before any decode (4x the image cap: about 1 GB of
     # decoded RGB); transformers has no such limit
     max_video_pixels: int = 4 * media.DEFAULT_MAX_PIXELS
+    # the memory one image's decode (a video's: all its frames) may take, estimated from the header before any
+    # decode; None: $CTXLOCK_MAX_DECODE_BYTES, else 256 MiB (docs/images.md)
+    max_decode_bytes: int | None = None
+
+    def decode_limit(self) -> int:
+        return media.max_decode_bytes() if self.max_decode_bytes is None else self.max_decode_bytes
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"max_pixels": self.max_pixels, "animation": self.animation.value}
+        if self.max_decode_bytes is not None:
+            out["max_decode_bytes"] = self.max_decode_bytes
         if self.max_frames != StageOptions.max_frames:
             out["max_frames"] = self.max_frames
         if self.max_video_pixels != StageOptions.max_video_pixels:
@@ -109,16 +117,35 @@ def at_path(path: str) -> Iterator[None]:
 
 def plan_image(ib: ImageBytes, family: ImageFamily, options: StageOptions) -> ImageInput:
     path = ib.ref.path
-    header = media.read_header(ib.data, path=path, media_type=ib.declared_type, max_pixels=options.max_pixels)
+    header = media.read_header(
+        ib.data,
+        path=path,
+        media_type=ib.declared_type,
+        max_pixels=options.max_pixels,
+        max_decode_bytes=options.decode_limit(),
+    )
     if header.frames > 1 and options.animation is AnimationPolicy.ERROR:
         raise ImageDecodeError(
             f"an animated {header.format} with {header.frames} frames",
             path=path,
             hint='send a still image, or use the animation policy "first-frame"',
         )
+    media.check_decode_memory(
+        header,
+        family.orientation,
+        family.colour,
+        limit=options.decode_limit(),
+        full_size_bytes=_full_size_bytes(family),
+        path=path,
+    )
     with at_path(path):
         plan = family.plan(header)
     return ImageInput(ib.ref, ib.origin, ib.declared_type, header, plan)
+
+
+def _full_size_bytes(family: ImageFamily) -> int:
+    """Bytes a pixel of the family's first step on the full-size RGB array (see `media.decode_steps`)."""
+    return int(getattr(family, "full_size_bytes", 4))
 
 
 def process_image(ib: ImageBytes, family: ImageFamily, options: StageOptions) -> ImageInput:
@@ -203,7 +230,13 @@ def _video_family(family: ImageFamily, path: str) -> VideoFamily:
 
 def _frame(ref: ImageRef, media_map: Mapping[str, bytes] | None, options: StageOptions) -> VideoFrame:
     ib = resolve(ref, media_map)
-    header = media.read_header(ib.data, path=ref.path, media_type=ib.declared_type, max_pixels=options.max_pixels)
+    header = media.read_header(
+        ib.data,
+        path=ref.path,
+        media_type=ib.declared_type,
+        max_pixels=options.max_pixels,
+        max_decode_bytes=options.decode_limit(),
+    )
     if header.frames > 1 and options.animation is AnimationPolicy.ERROR:
         raise ImageDecodeError(
             f"a video frame is an animated {header.format} with {header.frames} frames",
@@ -233,9 +266,30 @@ def plan_video(
             path=ref.path,
             hint="send fewer or smaller frames, or raise max_video_pixels in the image stage options",
         )
+    _check_video_memory(ref, frames, fam, options)
     with at_path(ref.path):
         plan = fam.plan_video([f.header.oriented_size(fam.orientation) for f in frames])
     return VideoInput(ref, frames, plan)
+
+
+def _check_video_memory(ref: VideoRef, frames: tuple[VideoFrame, ...], fam: VideoFamily, options: StageOptions) -> None:
+    """Every frame's RGB array is kept until the video's preprocessing: their bytes and the costliest frame's decode
+    together stay under the decode-memory limit (from the headers, before any decode)."""
+    limit = options.decode_limit()
+    kept = sum(3 * f.header.width * f.header.height for f in frames)
+    for f in frames:
+        peak = media.check_decode_memory(
+            f.header, fam.orientation, fam.colour, limit=limit, path=f.ref.path, what="video frame"
+        )
+        if kept + peak > limit:
+            raise ImageMemoryError(
+                f"a video of {len(frames)} frames would hold about {(kept + peak) / 2**20:,.0f} MiB while decoding "
+                f"({kept / 2**20:,.0f} MiB of decoded frames), over the decode-memory limit of {limit / 2**20:,.0f} "
+                "MiB",
+                path=ref.path,
+                hint=f"send fewer or smaller frames, or raise the limit: ${media.DECODE_BYTES_ENV}=<bytes> (or "
+                "StageOptions(max_decode_bytes=...) in Python); nothing was decoded",
+            )
 
 
 def process_video(

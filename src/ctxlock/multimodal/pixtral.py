@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,6 +80,8 @@ class PixtralFamily:
     name: str = "pixtral"
     orientation: Orientation = Orientation.IGNORE
     colour: ColourPolicy = ColourPolicy.COMPOSITE_WHITE
+    # the full-size float32 RGB copy mistral-common resizes (media.decode_steps)
+    full_size_bytes: ClassVar[int] = 12
     # OpenCV (exact against mistral-common) when installed, else the portable numpy resizer (not exact)
     resizer: Resizer = field(default_factory=Resizer.detect)
 

@@ -290,7 +290,7 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
             raise ControlTokenError(
                 f"the control token {text[at : m.core_end]!r} at rendered offset {at} would come from request text",
                 path=source or f"rendered text offset {at}",
-                hint="remove it, or use special_tokens='text' to encode it as plain text",
+                hint="remove it, or render with injection='text' to encode it as plain text",
             )
         forged.append(m)
     if not forged:

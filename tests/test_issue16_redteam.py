@@ -247,9 +247,12 @@ def test_fit_policy_fields_of_the_wrong_type_are_one_line_naming_the_field(tmp_p
             code, out, err = _main(["fit", "-m", "book", "--policy", str(policy), str(example), *extra])
             assert code == 1, (data, code, err)
             assert len(err.splitlines()) == 1 and err.startswith("error: BudgetError: "), (data, err)
-            assert f"policy.{field}" in err, (data, err)
+            # A non-finite number (1e309 is written as Infinity) is refused by the strict JSON reader at its JSON
+            # path in the file; every other value by the policy's own check, naming the policy field.
+            named = f"$.{field}" if value == 1e309 else f"policy.{field}"
+            assert named in err, (data, err)
             if extra:
-                assert json.loads(out)["error"]["path"] == f"policy.{field}"
+                assert json.loads(out)["error"]["path"].endswith(named)
             checked += 1
     assert checked >= 12
 

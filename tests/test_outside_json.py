@@ -191,15 +191,6 @@ OWN_OUTPUT = {
     "ctxlock/record/format.py::ExecutionRecord.data": "a record body whose sha256 the store checked",
 }
 
-# Outside input still read by plain json.loads in other readers, each named so that the list can only shrink: a
-# new reader of outside JSON fails this test until it uses the strict reader (`ctxlock.jsonread.loads_outside`).
-NOT_YET_STRICT = {
-    "ctxlock/cli/compaction.py::take_entry_ids": "--entries file",
-    "ctxlock/cli/files.py::read_json": "a JSON option file",
-    "ctxlock/cli/render.py::_jsonl_strings": "a JSONL file of strings",
-    "ctxlock/cli/render.py::_parse_vars": "--var values",
-}
-
 
 def _json_loads_calls() -> dict[str, int]:
     """`path::function` -> how many json.loads / json.load calls it makes, for every module in src/ctxlock."""
@@ -229,9 +220,9 @@ def _json_loads_calls() -> dict[str, int]:
 
 def test_every_json_loads_is_the_strict_reader_or_listed() -> None:
     calls = _json_loads_calls()
-    unlisted = sorted(set(calls) - set(OWN_OUTPUT) - set(NOT_YET_STRICT))
+    unlisted = sorted(set(calls) - set(OWN_OUTPUT))
     assert unlisted == [], f"json.loads of outside input: read it with ctxlock.jsonread.loads_outside: {unlisted}"
-    stale = sorted((set(OWN_OUTPUT) | set(NOT_YET_STRICT)) - set(calls))
+    stale = sorted(set(OWN_OUTPUT) - set(calls))
     assert stale == [], f"listed but no longer calling json.loads (take them off the list): {stale}"
     # The readers of this change: usage, cache-report (CLI and server) and price tables.
     for reader in ("usage.py", "cache_session.py", "cli/cachereport.py", "cli/usage.py", "promptcache.py"):

@@ -345,12 +345,14 @@ def loads_outside(
     last_key_wins: bool = False,
     nonfinite: bool = False,
     depth_allowance: int = 0,
+    utf8: Utf8Policy = Utf8Policy.STRICT,
 ) -> Any:
     """One JSON value from outside, through the strict reader: UTF-8 (the first bad byte named, `at` being where
     `raw` starts in its file), depth, duplicate keys, NaN, integers too long to read and lone surrogates refused as
     `error`, naming `where` (a base path such as `usage.jsonl:3 $`) and the JSON path inside. `raw` may be text
-    already decoded from UTF-8. `last_key_wins`, `nonfinite`, `depth_allowance`: see `loads_strict`. A syntax
-    error's message starts with SYNTAX_ERROR."""
+    already decoded from UTF-8. `last_key_wins`, `nonfinite`, `depth_allowance`: see `loads_strict`; `utf8`: what a
+    string's lone surrogate escape is (REPLACE: U+FFFD, as the caller's --utf8 policy says). A syntax error's
+    message starts with SYNTAX_ERROR."""
     try:
         text = raw if isinstance(raw, str) else raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -360,7 +362,7 @@ def loads_outside(
         return loads_strict(
             text,
             where,
-            Utf8Policy.STRICT,
+            utf8,
             source=source,
             parse_float=parse_float,
             last_key_wins=last_key_wins,

@@ -4,7 +4,6 @@ an unreadable or oversize file is one typed error line naming the option, never 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..artifacts import load_template_file
 from ..errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
 from ..inputs import STDIN, check_input_file, decode_utf8, read_input
+from ..jsonread import loads_outside
 from ..request import Utf8Policy, decode_bytes
 
 if TYPE_CHECKING:
@@ -120,12 +120,9 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def read_json(path: Path, *, option: str, error: type[CtxlockError]) -> Any:
-    """A JSON config file (--policy, --sampling): unreadable is an InputError, not JSON is `error`."""
-    text = read_text(path, option=option)
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise error(f"not JSON: {exc}", path=f"{option} {path}", hint="pass a JSON object") from None
+    """A JSON config file (--policy, --sampling): unreadable is an InputError; not JSON, or JSON the strict reader
+    refuses (depth, duplicate keys, NaN, over-long integers, lone surrogates), is `error` naming the JSON path."""
+    return loads_outside(read_text(path, option=option), f"{option} {path} $", error=error)
 
 
 def is_template_name(value: str | Path) -> bool:

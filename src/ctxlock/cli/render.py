@@ -24,6 +24,7 @@ from ..artifacts import load_artifacts
 from ..errors import InputError, SamplerError, TokenizerError
 from ..images import MultimodalInput
 from ..inputs import iter_lines, read_input, stdin_stream
+from ..jsonread import SYNTAX_ERROR, Utf8Policy, loads_outside
 from ..model import Model, Run, load
 from ..options import ContentFormat, RenderOptions, SpecialTokenPolicy
 from ..record import RunOptions
@@ -182,10 +183,7 @@ def _jsonl_strings(utf8: str = "strict") -> Iterator[tuple[str, str, tuple[int, 
         line, replaced = decode_with_policy(raw, label=where, utf8=utf8)
         if not line.strip():
             continue
-        try:
-            s = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise InputError(f"not JSON: {exc}", path=where, hint="each --jsonl line is one JSON string") from None
+        s = loads_outside(line, f"{where} $", error=InputError, utf8=Utf8Policy(utf8))
         if not isinstance(s, str):
             raise InputError("not a JSON string", path=where, hint="each --jsonl line is one JSON string")
         yield where, check_scalar_values(s, label=where, utf8=utf8), replaced
@@ -210,10 +208,11 @@ def _parse_vars(items: list[str]) -> dict[str, Any]:
         if key in RESERVED_TEMPLATE_KWARGS:
             raise typer.BadParameter(_reserved_var(key), param_hint="--var")
         try:
-            out[key] = json.loads(raw)
-        except (ValueError, RecursionError):
+            out[key] = loads_outside(raw, f"--var {key} $", error=InputError)
+        except InputError as exc:
+            why = "is not JSON" if exc.message.startswith(SYNTAX_ERROR) else f"is refused ({exc.message} at {exc.path})"
             raise typer.BadParameter(
-                f"the value of {key} is not JSON: {raw!r} (quote strings: {key}='\"text\"')", param_hint="--var"
+                f"the value of {key} {why}: {raw!r} (quote strings: {key}='\"text\"')", param_hint="--var"
             ) from None
     return out
 

@@ -8,7 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ctxlock.errors import BudgetError
+from ctxlock.errors import BudgetError, CtxlockError, RequestError
+from ctxlock.jsonread import loads_outside
 
 MAX_ENTRY_ID_CHARS = 512
 
@@ -41,26 +42,15 @@ def strip_entry_ids(raw: Any) -> tuple[Any, dict[int, str]]:
 def take_entry_ids(data: bytes | str) -> tuple[bytes | str, dict[int, str]]:
     """`strip_entry_ids` of request bytes (or text): the bytes re-serialized without the ids, or unchanged when
     there are none (or when they are not JSON: the request parser then reports what is wrong with them)."""
-    try:  # any doubt (not JSON, duplicate keys, NaN, too deep): the bytes as they are, for the strict reader
-        raw = json.loads(data, object_pairs_hook=_unique, parse_constant=_refuse)
-    except (ValueError, RecursionError, UnicodeDecodeError):
+    try:  # any doubt (not JSON, duplicate keys, NaN, too deep): the bytes as they are, for the request parser
+        raw = loads_outside(data, "request $", error=RequestError)
+    except CtxlockError:
         return data, {}
     stripped, ids = strip_entry_ids(raw)
     if not ids:
         return data, {}
     text = json.dumps(stripped, ensure_ascii=False)
     return (text.encode("utf-8") if isinstance(data, bytes | bytearray) else text), ids
-
-
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate keys")
-    return out
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(name)
 
 
 def without_entry_ids(request: Any) -> Any:

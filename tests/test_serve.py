@@ -647,3 +647,13 @@ def test_fallback_model_names_a_configured_model(table: dict[str, Any], error: s
         with pytest.raises(ServeConfigError) as info:
             parse_config(data, base=Path.cwd(), source="t")
         assert info.value.path == error
+
+
+def test_error_hints_name_no_python_keyword(http: httpx.Client) -> None:
+    """A lone surrogate escape in a body: the hint is the HTTP client's (no `utf8='replace'`, which only Python
+    callers can pass)."""
+    body = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    r = http.post("/v1/render?model=nemo", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert "surrogate" in error["message"] and "utf8=" not in error["hint"], error

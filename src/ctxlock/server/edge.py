@@ -72,7 +72,21 @@ def error_body(exc: CtxlockError) -> tuple[int, dict[str, Any], list[tuple[bytes
     headers = []
     if isinstance(exc, OverloadedError):
         headers.append((b"retry-after", str(exc.retry_after).encode()))
-    return status_of(exc), exc.to_dict(), headers
+    body = exc.to_dict()
+    if isinstance(body.get("hint"), str):
+        body["hint"] = server_hint(body["hint"])
+    return status_of(exc), body, headers
+
+
+# Hints the library writes for Python callers that name a choice an HTTP client does not have (the server parses
+# every body as strict UTF-8): the clause is dropped, the rest of the hint kept.
+_PYTHON_ONLY = (", or parse with utf8='replace' to substitute U+FFFD", ", or parse with utf8='replace'")
+
+
+def server_hint(hint: str) -> str:
+    for clause in _PYTHON_ONLY:
+        hint = hint.replace(clause, "")
+    return hint
 
 
 def as_ctxlock_error(exc: BaseException) -> CtxlockError:

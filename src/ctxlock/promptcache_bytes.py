@@ -145,7 +145,34 @@ def part_nodes(part: Part) -> list[Node]:
     m = part.message
     if m is None:
         return w.nodes
-    return [replace(n, path=_sent_path(m, n.path) if n.path else m.source) for n in w.nodes]
+    out = []
+    for n in w.nodes:
+        out.append(replace(n, path=_sent_path(m, n.path) if n.path else m.source))
+        if n.text is not None and not n.is_key and n.path:
+            out.extend(_piece_nodes(m, n))
+    return out
+
+
+def _piece_nodes(m: Message, n: Node) -> list[Node]:
+    """A string the dialect joined from several blocks (an Anthropic `system` of text blocks, joined with nothing as
+    vLLM and llama.cpp do): one node per block after the string's own, named by the block's path as sent
+    (`Message.origins` `.content@START`), so that a breakpoint on a block ends where the block's bytes end and a
+    change inside it is named by it."""
+    prefix = f"{n.path}@"
+    starts = sorted((int(k[len(prefix) :]), v) for k, v in m.origins.items() if k.startswith(prefix))
+    if not starts:
+        return []
+    text = n.text or ""
+    ends = [c for c, _ in starts[1:]] + [len(text)]
+    return [
+        Node(n.start + _escaped_len(text[:c]), n.start + _escaped_len(text[:e]), path, text=text[c:e])
+        for (c, path), e in zip(starts, ends, strict=True)
+    ]
+
+
+def _escaped_len(text: str) -> int:
+    """The bytes `_Writer` writes for the characters of `text` inside a string (escapes as written)."""
+    return len(json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
 
 
 def _tool_body(request: Request, tool: Mapping[str, Any], k: int) -> tuple[Any, str]:

@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
 import ctxlock
 import fetched
 from ctxlock.artifacts import load_template_file
+from ctxlock.server.shapes import ANTHROPIC_SETTINGS
 from serve_server import QWEN_TEMPLATE, TOKEN, running, write_config
 
 
@@ -33,6 +35,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def claude(server: str) -> Iterator[anthropic.Anthropic]:
     with anthropic.Anthropic(api_key=TOKEN, base_url=server, max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http_qwen(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as c:
         yield c
 
 
@@ -117,9 +125,33 @@ def test_anthropic_sdk_count_tokens(claude: anthropic.Anthropic, qwen: Any, name
     assert answer.input_tokens == count(qwen, kwargs, "anthropic"), name
     # The redacted_thinking block is named in the answer, and the SDK keeps the field.
     redacted = [b for m in kwargs["messages"] if isinstance(m["content"], list) for b in m["content"] if b is REDACTED]
-    assert (answer.model_extra or {}).get("ignored", []) == [
+    ignored = (answer.model_extra or {}).get("ignored", [])
+    assert [i for i in ignored if i["type"] == "redacted_thinking"] == [
         {"path": "messages[1].content[1]", "type": "redacted_thinking", "reason": IGNORED_REASON}
     ] * len(redacted)
+    # The Messages API settings the SDK sent (tool_choice, thinking) are named too: the template is not given them.
+    assert [i["path"] for i in ignored if i["type"] == "setting"] == [k for k in kwargs if k in ANTHROPIC_SETTINGS]
+
+
+def test_anthropic_count_tokens_names_what_the_model_does_not_see(http_qwen: httpx.Client, qwen: Any) -> None:
+    """A thinking block the template drops is named in `unseen`; a field the route does not know is refused."""
+    body = {
+        "model": "qwen",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"},
+                                              {"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "Bye"},
+        ],
+    }  # fmt: skip
+    answer = http_qwen.post("/v1/messages/count_tokens", json=body).json()
+    assert answer["input_tokens"] == count(qwen, body, "anthropic")
+    assert answer["unseen"] == ["messages[1].content[0].thinking"]
+    assert answer["ignored"] == [{"path": "max_tokens", "type": "setting", "reason": answer["ignored"][0]["reason"]}]
+    for extra in ({"documents": []}, {"add_generation_prompt": False}, {"chat_template": "{{ 1 }}"}, {"foo": {}}):
+        refused = http_qwen.post("/v1/messages/count_tokens", json=body | extra)
+        assert refused.status_code == 400 and refused.json()["path"] == f"$.{next(iter(extra))}", refused.text
 
 
 def test_anthropic_sdk_raises_the_typed_refusals(claude: anthropic.Anthropic) -> None:

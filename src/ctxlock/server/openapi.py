@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .shapes import ANTHROPIC_SETTINGS
+
 # The status of each error type (edge.STATUS): every route may answer these with the error body.
 ERROR_STATUSES = {
     "400": "The request is malformed or not allowed (bad JSON, an unknown field, a template in the request).",
@@ -252,12 +254,29 @@ def _anchor_paths() -> dict[str, Any]:
         "/v1/messages/count_tokens": {
             "post": _op(
                 "Anthropic's count_tokens: exact for the served model.",
-                _json(_obj(["input_tokens"], {"input_tokens": {"type": "integer", "minimum": 0}})),
+                _json(
+                    _obj(
+                        ["input_tokens"],
+                        {
+                            "input_tokens": {"type": "integer", "minimum": 0},
+                            "ignored": {"type": "array", "items": ANY_OBJECT},
+                            "unseen": {"type": "array", "items": {"type": "string"}},
+                            "exact": {"type": "boolean"},
+                            "unknown": {"type": "array"},
+                        },
+                    )
+                ),
                 body=_json(
                     _obj(
                         ["messages"],
-                        {"model": MODEL, "messages": MESSAGES, "system": CONTENT, "tools": TOOLS},
-                        extra=True,
+                        {
+                            "model": MODEL,
+                            "messages": MESSAGES,
+                            "system": CONTENT,
+                            "tools": TOOLS,
+                            # The Messages API's settings: accepted, named in the answer's `ignored`.
+                            **{key: {} for key in sorted(ANTHROPIC_SETTINGS)},
+                        },
                     )
                 ),
             )

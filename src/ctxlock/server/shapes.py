@@ -257,13 +257,38 @@ def apply_template(sm: ServedModel, body: Mapping[str, Any], *, allow_named: boo
 
 
 def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Anthropic's POST /v1/messages/count_tokens -> `{"input_tokens": N}`, exact for the served model."""
+    """Anthropic's POST /v1/messages/count_tokens -> `{"input_tokens": N}`, exact for the served model. The fields
+    the template renders (`messages`, `system`, `tools`) are counted; the Messages API's generation settings a
+    client may send are accepted and named in `ignored`, as are blocks that are not model input (redacted_thinking);
+    request parts the template leaves out are named in `unseen`; any other field is refused."""
+    refuse_unknown(body, {"model", "messages", "system", "tools", *ANTHROPIC_SETTINGS}, "/v1/messages/count_tokens")
     request = {k: v for k, v in body.items() if k != "model"}
     counts = sm.model.count(request, **sm.option_kwargs(), dialect="anthropic")
     out = count_format(counts, "anthropic")
-    ignored = ignored_blocks(request)  # accepted blocks that are not model input (redacted_thinking): named here
+    ignored = [dict(b) for b in ignored_blocks(request)]  # accepted blocks that are not model input
+    ignored += [{"path": k, "type": "setting", "reason": _ANTHROPIC_SETTING} for k in body if k in ANTHROPIC_SETTINGS]
     if ignored:
-        out["ignored"] = [dict(b) for b in ignored]
+        out["ignored"] = ignored
+    return with_unseen(out, counts.unseen)
+
+
+# The Messages API's settings (messages.create and messages.count_tokens) that a served model's template is not
+# given: clients such as Claude Code send them to count_tokens too, and vLLM and llama.cpp accept them there.
+ANTHROPIC_SETTINGS = frozenset(
+    {
+        "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "metadata", "service_tier",
+        "tool_choice", "thinking", "cache_control", "output_config", "output_format", "speed", "container",
+        "inference_geo", "user_profile_id", "workspace_id",
+    }
+)  # fmt: skip
+_ANTHROPIC_SETTING = "a generation or account setting: the served model's template is not given it"
+
+
+def with_unseen(out: dict[str, Any], unseen: tuple[str, ...]) -> dict[str, Any]:
+    """`out` with `unseen`, the request parts the template left out of the input (when there are any): a client
+    counting what it sent learns what the model will not see."""
+    if unseen:
+        out["unseen"] = list(unseen)
     return out
 
 

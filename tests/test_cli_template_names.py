@@ -54,6 +54,12 @@ def test_render_and_count_take_a_name_as_python_does(setup: tuple[Path, Path], t
         invoke(count.register, "count", "-m", str(model), "-t", "extra", str(request), "--json").output
     )
     assert extra_count["total"] == len(load(str(model)).encode(REQUEST, template="extra")["input_ids"][0])
+    # the provider shape names the template it was counted with; an empty --template is refused in one line
+    shaped = invoke(count.register, "count", "-m", str(model), "-t", "extra", str(request), "--format", "anthropic")
+    assert shaped.exit_code == 0, shaped.output
+    assert json.loads(shaped.output)["counted_by"]["template"] == "the model's 'extra'"
+    empty = invoke(count.register, "count", "-m", str(model), "-t", "", str(request))
+    assert empty.exit_code == 1 and "--template: the value is empty" in str(empty.exception), empty.exception
     # a file: any value with '/' or '.'; ./NAME for a file whose name has neither
     monkeypatch.chdir(tmp_path)
     Path("extra").write_text(FILE, encoding="utf-8")

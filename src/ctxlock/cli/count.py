@@ -93,7 +93,12 @@ def register(app: typer.Typer) -> None:
                 options["add_generation_prompt"] = False
             counts = m.count(data, marginal=marginal, media=read_media(media), **options)
             # The provider's shape holds this model's count: labelled as such (`count_format`), never bare.
-            by = {"model": m.id, "tokenizer": m.tokenizer.id, "template": tpl.id if tpl else "the model's own"}
+            named = f"the model's {tpl!r}" if isinstance(tpl, str) else None
+            by = {
+                "model": m.id,
+                "tokenizer": m.tokenizer.id,
+                "template": named or (tpl.id if tpl else "the model's own"),
+            }
             if format is not None:
                 count_format(counts, format)  # an unknown format fails here, inside the JSON error handling
             return counts, m.id, m.capacity, by

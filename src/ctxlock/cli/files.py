@@ -139,6 +139,8 @@ def template_file(value: str | Path | None, *, option: str = "--template") -> Ch
     readable, within the input cap), then loaded and compiled like a model's own template file."""
     if value is None:
         return None
+    if not str(value):
+        raise InputError("the value is empty", path=option, hint="give a template name (default, tool_use) or a file")
     if is_template_name(value):
         return str(value)
     check_template_file(value, option=option)

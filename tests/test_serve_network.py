@@ -338,6 +338,23 @@ def _hold(server: Server, source: str) -> socket.socket:
     return s
 
 
+def test_a_refusal_after_an_answered_request_on_the_same_connection_is_answered(single: Server) -> None:
+    """A keep-alive connection's second request refused at its head (too large, too many fields, not HTTP) gets its
+    JSON answer as on a fresh connection: the first request's finished answer does not count as this one's."""
+    refusals = [
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 16) + b"\r\n\r\n", 431),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: a\r\n" % i for i in range(200)) + b"\r\n", 431),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),
+    ]
+    for raw, expected in refusals:
+        with contextlib.closing(_hold(single, "127.0.0.1")) as s:
+            s.settimeout(HEADER_TIMEOUT + 10)
+            with contextlib.suppress(OSError):
+                s.sendall(raw)
+            status, headers, body = read_response(s)
+            assert_json_error(status, headers, body, expected)
+
+
 def test_connection_caps_per_address_and_in_total_answer_503_json(single: Server) -> None:
     held = [_hold(single, "127.0.0.1") for _ in range(PER_IP)]
     try:

@@ -288,7 +288,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         status = error_body(exc)[0]
         log.warning("ctxlock serve: %s: %d %s: %s", who, status, type(exc).__name__, exc.message)
         cycle = self.cycle
-        answered = cycle is not None and cycle.response_started
+        # The cycle is the connection's last request: one whose answer is complete is an earlier request of this
+        # keep-alive connection, and the request refused now (its head, say) is answered as on a fresh connection.
+        answered = cycle is not None and cycle.response_started and not cycle.response_complete
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's receive() sees a disconnect; its answer is dropped
             cycle.scope[REFUSED] = True  # logged here: the edge does not log the disconnect again

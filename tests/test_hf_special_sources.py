@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock.errors import ArtifactFormatError, TokenizerError
+from ctxlock.errors import ArtifactFormatError, RequestValidationError, TokenizerError
 
 pytestmark = pytest.mark.reference
 
@@ -266,3 +266,21 @@ def test_special_tokens_map_over_a_config_without_added_tokens_decoder(tmp_path:
     assert run.rendered.text == "hi<|im_end|>"
     assert list(run.tokenized.ids) == [6023, 151645]
     assert model.tokenizer.encode("<extra_sp>", parse_special=True) == [151936]
+
+
+def test_a_request_cannot_set_a_named_special_token_of_the_model(tmp_path: Path) -> None:
+    """A model-specific named token (`image_token` in tokenizer_config.json) is a template variable, as in
+    transformers; a request's chat_template_kwargs may not replace it (its value would take the control token's
+    place), as it may not replace eos_token."""
+    root = tmp_path / "qwen2"
+    shutil.copytree(fetched.hf_tokenizer_dir("qwen2"), root, ignore=shutil.ignore_patterns(".*"))
+    config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (root / "tokenizer_config.json").write_text(json.dumps(config | {"image_token": "<|vision_pad|>"}), "utf-8")
+    (root / "chat_template.jinja").write_text("{% for m in messages %}{{ image_token }}{{ m.content }}{% endfor %}")
+    model = ctxlock.load(str(root))
+    request = {"messages": [{"role": "user", "content": "hi"}]}
+    assert list(model.run(request, add_generation_prompt=False).tokenized.ids[:1]) == [151936]  # <|vision_pad|>
+    for key in ("image_token", "eos_token"):
+        with pytest.raises(RequestValidationError, match="reserved") as info:
+            model.encode({**request, "chat_template_kwargs": {key: ""}})
+        assert info.value.path == f"chat_template_kwargs.{key}"

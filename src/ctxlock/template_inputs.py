@@ -12,7 +12,7 @@ from typing import Any
 
 from . import mistral, taint
 from .caches import memoize
-from .errors import ControlTokenError, TemplateError
+from .errors import ControlTokenError, RequestValidationError, TemplateError
 from .frozen import FrozenDict, freeze, thaw
 from .options import ContentFormat, RenderOptions
 from .request import Dialect, Message, Request, join_path
@@ -219,12 +219,21 @@ def template_variables(
     request: Request | None, special_tokens: Mapping[str, str] | None, opts: RenderOptions, agp: Any
 ) -> dict[str, Any]:
     """Precedence: the caller's kwargs (an operator's --var) over the request's, over the tokenizer's special
-    tokens. (`request` None: a request without chat_template_kwargs.)"""
+    tokens. A request may not set one of the model's named special tokens (an `image_token` the model's files
+    name, beyond the standard names RESERVED_TEMPLATE_KWARGS holds): its value would replace the control token the
+    template writes. (`request` None: a request without chat_template_kwargs.)"""
     request_kwargs = (
         {k: tainted(v, join_path("chat_template_kwargs", k)) for k, v in request.chat_template_kwargs.items()}
         if request is not None and request.chat_template_kwargs
         else {}
     )
+    shadowed = sorted(request_kwargs.keys() & (special_tokens or {}).keys())
+    if shadowed:
+        raise RequestValidationError(
+            f"{shadowed[0]} is reserved: it is one of the model's special tokens",
+            path=join_path("chat_template_kwargs", shadowed[0]),
+            hint="rename the variable; the model's special tokens cannot be overridden by a request",
+        )
     return {
         **dict(special_tokens or {}),
         **request_kwargs,

@@ -184,7 +184,7 @@ def test_an_unknown_model_name_gets_the_fallback_and_says_so(http: httpx.Client)
     assert r.json() == post(http, "/tokenize", {"content": FRANCE})
     r = http.post("/tokenize", json={"model": "tinyllama", "content": FRANCE})
     assert "x-ctxlock-model-fallback" not in r.headers
-    assert http.post("/tokenize", json={"model": 7, "content": FRANCE}).status_code == 404  # not a name at all
+    assert http.post("/tokenize", json={"model": 7, "content": FRANCE}).status_code == 400  # not a name: 400 at $.model
     assert http.post("/v1/count?model=tinyllama-2", content=b"{}").status_code == 404  # ctxlock's own routes: exact
 
 

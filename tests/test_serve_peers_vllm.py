@@ -211,3 +211,12 @@ def test_tokenizer_info(http: httpx.Client, query: str) -> None:
     assert {int(k): v["content"] for k, v in info["added_tokens_decoder"].items()} == {
         k: v.content for k, v in ref.added_tokens_decoder.items()
     }
+    # the named tokens are the tokenizer's (eos_token even where encoding adds no EOS), as transformers reads them
+    assert info["eos_token"] == ref.eos_token
+    assert all(info.get(k) == getattr(ref, k) for k in ("bos_token", "pad_token", "unk_token") if k in info)
+
+
+def test_tokenizer_info_takes_one_model(http: httpx.Client) -> None:
+    a, b = list(MODELS)[:2]
+    r = http.get(f"/tokenizer_info?model={a}&model={b}")
+    assert r.status_code == 400 and r.json()["path"] == "?model", r.text

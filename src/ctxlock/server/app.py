@@ -159,6 +159,8 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
 
 
 def _served(svc: Service, body: dict[str, Any] | None, request: Request) -> ServedModel:
+    if len(request.query_params.getlist("model")) > 1:
+        raise RequestValidationError("?model is given more than once", path="?model", hint="name one served model")
     name = request.query_params.get("model")
     if name is None and body is not None:
         name = body.get("model")

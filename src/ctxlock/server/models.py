@@ -11,6 +11,7 @@ from ..artifacts import load_template_file
 from ..errors import RequestValidationError, RouteNotFoundError
 from ..model import Model, load
 from ..options import RenderOptions
+from ..request import json_type_name
 from ..sandbox_limits import RenderLimits
 from ..template import ChatTemplate
 from ..tokenizer import Tokenizer
@@ -130,7 +131,13 @@ class Models:
     def get(self, name: Any) -> ServedModel:
         if name is None:
             return self.by_name[self.default]
-        if not isinstance(name, str) or name not in self.by_name:
+        if not isinstance(name, str):
+            raise RequestValidationError(
+                f"model must be a string, not {json_type_name(name)}",
+                path="$.model",
+                hint=f"name a served model: {', '.join(self.by_name)} (GET /v1/models)",
+            )
+        if name not in self.by_name:
             raise RouteNotFoundError(
                 "no model by that name is served here",
                 path="$.model",

@@ -172,10 +172,12 @@ def tokenizer_info(sm: ServedModel) -> dict[str, Any]:
         "add_bos_token": bool(prefix),
         "add_eos_token": bool(suffix),
     }
-    if len(prefix) == 1:
-        out["bos_token"] = tok.id_to_token(prefix[0])
-    if len(suffix) == 1:
-        out["eos_token"] = tok.id_to_token(suffix[0])
+    # The named tokens as the tokenizer's files state them (vLLM answers its tokenizer's config: eos_token even
+    # when encoding adds none); what encoding adds is `add_bos_token` / `add_eos_token` above.
+    named = sm.model.special_tokens
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        if isinstance(named.get(key), str):
+            out[key] = named[key]
     template = sm.template
     if template is None and sm.model.templates is not None:
         template = sm.model.templates.select(None)

@@ -145,6 +145,8 @@ TOKENIZER_INFO_OUT = _obj(
         "add_eos_token": {"type": "boolean"},
         "bos_token": {"type": "string"},
         "eos_token": {"type": "string"},
+        "pad_token": {"type": "string"},
+        "unk_token": {"type": "string"},
         "chat_template": {"type": "string"},
         "model_max_length": {"type": "integer"},
         "added_tokens_decoder": {
@@ -274,6 +276,7 @@ def _anchor_paths() -> dict[str, Any]:
                             "messages": MESSAGES,
                             "system": CONTENT,
                             "tools": TOOLS,
+                            "chat_template_kwargs": ANY_OBJECT,
                             # The Messages API's settings: accepted, named in the answer's `ignored`.
                             **{key: {} for key in sorted(ANTHROPIC_SETTINGS)},
                         },

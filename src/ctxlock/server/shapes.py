@@ -263,7 +263,8 @@ def anthropic_count(sm: ServedModel, body: Mapping[str, Any]) -> dict[str, Any]:
     the template renders (`messages`, `system`, `tools`) are counted; the Messages API's generation settings a
     client may send are accepted and named in `ignored`, as are blocks that are not model input (redacted_thinking);
     request parts the template leaves out are named in `unseen`; any other field is refused."""
-    refuse_unknown(body, {"model", "messages", "system", "tools", *ANTHROPIC_SETTINGS}, "/v1/messages/count_tokens")
+    known = {"model", "messages", "system", "tools", "chat_template_kwargs", *ANTHROPIC_SETTINGS}
+    refuse_unknown(body, known, "/v1/messages/count_tokens")
     request = {k: v for k, v in body.items() if k != "model"}
     counts = sm.model.count(request, **sm.option_kwargs(), dialect="anthropic")
     out = count_format(counts, "anthropic")

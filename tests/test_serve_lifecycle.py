@@ -81,15 +81,21 @@ def test_sigterm_drains_in_flight_requests_and_commits_their_records(tmp_path: P
     assert len(ids) == 2 and by_model["nemo"][1]["record_id"] in ids
 
 
-def test_a_public_bind_without_a_token_is_refused(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CTXLOCK_SERVE_TOKENS"}
-    out = subprocess.run(
-        [sys.executable, "-m", "ctxlock", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+def serve_exits(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ctxlock serve ARGS` run to its exit (a refusal at start-up)."""
+    env = dict(os.environ) if env is None else env
+    return subprocess.run(
+        [sys.executable, "-m", "ctxlock", "serve", *args],
         env={**env, "PYTHONPATH": SRC},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_a_public_bind_without_a_token_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CTXLOCK_SERVE_TOKENS"}
+    out = serve_exits("--host", "0.0.0.0", "--port", str(free_port()), env=env)
     assert out.returncode == 1
     assert out.stderr.startswith("error: ServeConfigError: --host: --host 0.0.0.0 is not a loopback address")
     assert "Traceback" not in out.stderr
@@ -98,13 +104,7 @@ def test_a_public_bind_without_a_token_is_refused(tmp_path: Path) -> None:
 def test_a_bad_config_is_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "ctxlock.toml"
     cfg.write_text('[models.x]\nspec = "mistral-nemo"\ncolour = "red"\n', "utf-8")
-    out = subprocess.run(
-        [sys.executable, "-m", "ctxlock", "serve", "--config", str(cfg)],
-        env={**os.environ, "PYTHONPATH": SRC},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = serve_exits("--config", str(cfg))
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         "error: ServeConfigError: models.x.colour: unknown key 'colour' "
@@ -265,13 +265,7 @@ def test_a_busy_port_with_one_process_is_one_line_before_anything_is_announced(t
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        out = subprocess.run(
-            [sys.executable, "-m", "ctxlock", "serve", "--port", str(port)],
-            env={**os.environ, "PYTHONPATH": SRC},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = serve_exits("--port", str(port))
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         f"error: ServeConfigError: --port: cannot bind 127.0.0.1:{port}: Address already in use "

@@ -221,6 +221,52 @@ def _op(
     return op
 
 
+ANTHROPIC_COUNT_OUT = _obj(
+    ["input_tokens"],
+    {
+        "input_tokens": {"type": "integer", "minimum": 0},
+        "ignored": {"type": "array", "items": ANY_OBJECT},
+        "unseen": {"type": "array", "items": {"type": "string"}},
+        "exact": {"type": "boolean"},
+        "unknown": {"type": "array"},
+    },
+)
+ANTHROPIC_COUNT_IN = _obj(
+    ["messages"],
+    {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "system": CONTENT,
+        "tools": TOOLS,
+        "chat_template_kwargs": ANY_OBJECT,
+        # The Messages API's settings: accepted, named in the answer's `ignored`.
+        **{key: {} for key in sorted(ANTHROPIC_SETTINGS)},
+    },
+)
+RESPONSES_COUNT_OUT = _obj(
+    ["object", "input_tokens"],
+    {
+        "object": {"const": "response.input_tokens"},
+        "input_tokens": {"type": "integer", "minimum": 0},
+        "ignored": {"type": "array", "items": ANY_OBJECT},
+    },
+)
+RESPONSES_COUNT_IN = _obj(
+    ["input"],
+    {
+        "model": MODEL,
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": ANY_OBJECT}]},
+        "instructions": {"type": ["string", "null"]},
+        "tools": TOOLS,
+        "tool_choice": {"anyOf": [{"type": "string"}, ANY_OBJECT, {"type": "null"}]},
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
+        "reasoning": {"anyOf": [ANY_OBJECT, {"type": "null"}]},
+        "text": {"anyOf": [ANY_OBJECT, {"type": "null"}]},
+        "truncation": {"enum": ["auto", "disabled", None]},
+    },
+)
+
+
 def _anchor_paths() -> dict[str, Any]:
     return {
         "/tokenize": {
@@ -256,63 +302,15 @@ def _anchor_paths() -> dict[str, Any]:
         "/v1/messages/count_tokens": {
             "post": _op(
                 "Anthropic's count_tokens: exact for the served model.",
-                _json(
-                    _obj(
-                        ["input_tokens"],
-                        {
-                            "input_tokens": {"type": "integer", "minimum": 0},
-                            "ignored": {"type": "array", "items": ANY_OBJECT},
-                            "unseen": {"type": "array", "items": {"type": "string"}},
-                            "exact": {"type": "boolean"},
-                            "unknown": {"type": "array"},
-                        },
-                    )
-                ),
-                body=_json(
-                    _obj(
-                        ["messages"],
-                        {
-                            "model": MODEL,
-                            "messages": MESSAGES,
-                            "system": CONTENT,
-                            "tools": TOOLS,
-                            "chat_template_kwargs": ANY_OBJECT,
-                            # The Messages API's settings: accepted, named in the answer's `ignored`.
-                            **{key: {} for key in sorted(ANTHROPIC_SETTINGS)},
-                        },
-                    )
-                ),
+                _json(ANTHROPIC_COUNT_OUT),
+                body=_json(ANTHROPIC_COUNT_IN),
             )
         },
         "/v1/responses/input_tokens": {
             "post": _op(
                 "OpenAI's responses/input_tokens: exact for the served model.",
-                _json(
-                    _obj(
-                        ["object", "input_tokens"],
-                        {
-                            "object": {"const": "response.input_tokens"},
-                            "input_tokens": {"type": "integer", "minimum": 0},
-                            "ignored": {"type": "array", "items": ANY_OBJECT},
-                        },
-                    )
-                ),
-                body=_json(
-                    _obj(
-                        ["input"],
-                        {
-                            "model": MODEL,
-                            "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": ANY_OBJECT}]},
-                            "instructions": {"type": ["string", "null"]},
-                            "tools": TOOLS,
-                            "tool_choice": {"anyOf": [{"type": "string"}, ANY_OBJECT, {"type": "null"}]},
-                            "parallel_tool_calls": {"type": ["boolean", "null"]},
-                            "reasoning": {"anyOf": [ANY_OBJECT, {"type": "null"}]},
-                            "text": {"anyOf": [ANY_OBJECT, {"type": "null"}]},
-                            "truncation": {"enum": ["auto", "disabled", None]},
-                        },
-                    )
-                ),
+                _json(RESPONSES_COUNT_OUT),
+                body=_json(RESPONSES_COUNT_IN),
             )
         },
     }

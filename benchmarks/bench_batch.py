@@ -8,7 +8,7 @@ vocabulary as transformers converts llama.cpp's GGUF, with its own chat template
 - ctxlock: `run_batch` (ids, provenance assistant masks, labels, Parquet shards, manifest), `--workers 1` (in this
   process: the first job loads the model, the timed ones reuse it) and `--workers 2` as a user runs it: a new
   process for every job, timed from before its imports (interpreter start-up excluded), which loads the model and
-  then forks its worker (`ctxlock.forking`; the line "worker start" says which way it went), so that figure
+  then forks its worker (`ctxlock.core._forking`; the line "worker start" says which way it went), so that figure
   always includes start-up. Tokens are the shards'.
 - peers, on the same rows (bad rows left out, as they cannot be parsed): `datasets.Dataset.from_list(rows).map(fn)`
   with fn = `apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=...)`:
@@ -82,7 +82,7 @@ def _model_dir() -> str:
 
 
 def _ctxlock(source: Path, workers: int, shard_rows: int) -> tuple[float, int, dict]:
-    from ctxlock.batch import BatchOptions, run_batch
+    from ctxlock.batch._run import BatchOptions, run_batch
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -139,14 +139,14 @@ def _hf() -> tuple[Any, str]:
 
 def _child(kind: str, source: Path, shard_rows: int) -> None:
     """One job in this new process, timed from here (before the imports it needs): JSON on stdout. `ctxlock2` runs
-    `--workers 2` and says how its worker was started (`ctxlock.forking`)."""
+    `--workers 2` and says how its worker was started (`ctxlock.core._forking`)."""
     t0 = time.perf_counter()
     if kind.startswith("ctxlock"):
-        import ctxlock.batch
+        import ctxlock.batch._run
 
         started: list[tuple[str, str]] = []
-        method = ctxlock.batch.start_method
-        ctxlock.batch.start_method = lambda: started.append(method()) or started[-1]  # observed, not changed
+        method = ctxlock.batch._run.start_method
+        ctxlock.batch._run.start_method = lambda: started.append(method()) or started[-1]  # observed, not changed
         _, tokens, manifest = _ctxlock(source, 2 if kind == "ctxlock2" else 1, shard_rows)
         extra = {"manifest": manifest, "start": started[0] if started else None}
     else:

@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import ctxlock
 import fetched
-from ctxlock.cache_session import build_turns
-from ctxlock.promptcache import cached_split, session_report
+from ctxlock.economics._promptcache import cached_split, session_report
+from ctxlock.economics._session import build_turns
 from ctxlock.settings import reference_path
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 FIXED = (

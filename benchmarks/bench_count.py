@@ -87,12 +87,12 @@ def main() -> None:
     args = ap.parse_args()
 
     import ctxlock
-    from ctxlock.accounting import count
+    from ctxlock.accounting._layout import count
 
     requests = corpus.single_shot(args.requests, scale=args.scale)
     if args.first_pass:
         import fetched
-        from ctxlock.template import ChatTemplate
+        from ctxlock.template._render import ChatTemplate
 
         model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
         template = ChatTemplate((fetched.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import ctxlock
 import fetched
-from ctxlock.budget import BudgetPolicy, fit_context
+from ctxlock.budget._fit import BudgetPolicy, fit_context
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 WORDS = "the quick brown fox jumps over the lazy dog 天空 为什么 是 蓝色 def return x = 1 Rayleigh 😀".split()  # noqa: SIM905
 

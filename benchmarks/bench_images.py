@@ -64,8 +64,8 @@ def main() -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     import mm_fixtures as F
-    from ctxlock.multimodal import media
-    from ctxlock.multimodal.qwen2vl import Qwen2VL
+    from ctxlock.multimodal import _media as media
+    from ctxlock.multimodal._qwen2vl import Qwen2VL
 
     hub = dict(F.HUB_PREPROCESSOR, **({"max_pixels": args.max_pixels} if args.max_pixels else {}))
     config = {k: v for k, v in hub.items() if k not in ("image_processor_type", "processor_class")}

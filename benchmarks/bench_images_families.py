@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import numpy as np
 from PIL import Image
 
-from ctxlock.multimodal import media
-from ctxlock.multimodal.base import ColourPolicy, Orientation
+from ctxlock.multimodal import _media as media
+from ctxlock.multimodal._base import ColourPolicy, Orientation
 from mm_images import make, to_bytes
 
 SIZES = [(640, 480), (1024, 768), (1920, 1080), (800, 1200), (300, 200), (37, 23), (1500, 40), (2048, 1536)]
@@ -70,7 +70,7 @@ def images(n: int) -> list[bytes]:
 def _llava():
     from transformers import CLIPImageProcessorPil
 
-    from ctxlock.multimodal.llava import LlavaFamily
+    from ctxlock.multimodal._llava import LlavaFamily
 
     ref = CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
 
@@ -87,7 +87,7 @@ def _pixtral():
     from mistral_common.protocol.instruct.chunk import ImageChunk
     from mistral_common.tokens.tokenizers.image import ImageConfig, ImageEncoder, SpecialImageIDs
 
-    from ctxlock.multimodal.pixtral import PixtralFamily
+    from ctxlock.multimodal._pixtral import PixtralFamily
 
     encoder = ImageEncoder(ImageConfig(16, 1024), SpecialImageIDs(img=10, img_break=12, img_end=13))
 
@@ -100,10 +100,10 @@ def _pixtral():
 
 
 def _qwen2vl():
-    # Qwen2-VL is mm-core's family (ctxlock.multimodal.qwen2vl); the reference is transformers' PIL processor.
+    # Qwen2-VL is mm-core's family (ctxlock.multimodal._qwen2vl); the reference is transformers' PIL processor.
     from transformers import Qwen2VLImageProcessorPil
 
-    from ctxlock.multimodal.qwen2vl import Qwen2VL
+    from ctxlock.multimodal._qwen2vl import Qwen2VL
 
     ref = Qwen2VLImageProcessorPil()
     family = Qwen2VL()

@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from timing import median_seconds
 
-import ctxlock.constrain as constrain_mod
+import ctxlock.generation._constrain as constrain_mod
 import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli.constrain import generate
-from ctxlock.constrain import JsonSchemaMask, default_eos_id, guidance_vocab
-from ctxlock.sampler import SamplerConfig
-from ctxlock.tokenizer.token_bytes import token_bytes
+from ctxlock.generation._constrain import JsonSchemaMask, default_eos_id, guidance_vocab
+from ctxlock.generation._sampler import SamplerConfig
+from ctxlock.tokenizer._token_bytes import token_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = sorted((ROOT / "tests" / "data" / "schemas").glob("*.json"))

@@ -95,7 +95,7 @@ def _fresh_round(args: argparse.Namespace, theirs_first: bool) -> dict:
     def ours() -> None:
         t0 = time.perf_counter()
         import ctxlock
-        from ctxlock.template import ChatTemplate
+        from ctxlock.template._render import ChatTemplate
 
         model = ctxlock.load(str(tok_dir))
         template = ChatTemplate(source, id=args.template)

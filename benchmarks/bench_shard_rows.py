@@ -34,7 +34,7 @@ def main() -> None:
 
     import bench_batch
 
-    from ctxlock import batch
+    from ctxlock.batch import _run as batch
 
     raws = [line.encode() for line in bench_batch._rows(args.rows)]
     opts = batch.BatchOptions(model=bench_batch._model_dir(), shard_rows=args.rows)

@@ -41,7 +41,7 @@ def corpus(n_videos: int, n_frames: int) -> list[list[bytes]]:
 
 
 def ctxlock_video(family, frames: list[bytes]) -> np.ndarray:
-    from ctxlock.multimodal import media
+    from ctxlock.multimodal import _media as media
 
     headers = [media.read_header(f, path="f") for f in frames]
     decoded = [
@@ -52,7 +52,7 @@ def ctxlock_video(family, frames: list[bytes]) -> np.ndarray:
 
 
 def header_only(family, frames: list[bytes]):
-    from ctxlock.multimodal import media
+    from ctxlock.multimodal import _media as media
 
     return family.plan_video([media.read_header(f, path="f").oriented_size(family.orientation) for f in frames])
 
@@ -90,7 +90,7 @@ def main() -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     import mm_fixtures as F
-    from ctxlock.multimodal.qwen2vl import Qwen2VL
+    from ctxlock.multimodal._qwen2vl import Qwen2VL
 
     family = Qwen2VL.from_preprocessor_config(F.HUB_PREPROCESSOR)
     proc = Qwen2VLImageProcessorPil(min_pixels=family.video_min_pixels, max_pixels=family.video_max_pixels)

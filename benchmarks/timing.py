@@ -28,7 +28,7 @@ def side_by_side(vocab: str, template_file: str) -> tuple[Any, Any, Any, str]:
     import ctxlock
     import fetched
     import reference
-    from ctxlock.template import ChatTemplate
+    from ctxlock.template._render import ChatTemplate
 
     tok_dir = fetched.hf_tokenizer_dir(vocab)
     source = (fetched.templates_dir() / template_file).read_text("utf-8")

@@ -14,8 +14,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from ctxlock.multimodal import media
-from ctxlock.multimodal.base import ColourPolicy, DecodedImage, Orientation
+from ctxlock.multimodal import _media as media
+from ctxlock.multimodal._base import ColourPolicy, DecodedImage, Orientation
 
 SIZES = [
     (1, 1),

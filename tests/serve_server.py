@@ -21,7 +21,7 @@ import httpx
 
 import ctxlock
 import fetched
-from ctxlock.store import Store
+from ctxlock.records._store import Store
 
 TOKEN = "test-token-abc"
 SRC = str(Path(ctxlock.__file__).resolve().parents[1])

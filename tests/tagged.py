@@ -11,7 +11,7 @@ template (tests/test_masks.py checks it over the conformance corpus).
 from __future__ import annotations
 
 import fetched
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 _QWEN25 = [
     (

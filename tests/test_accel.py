@@ -1,4 +1,4 @@
-"""fastokens as whole-text encoding's native call (`ctxlock.tokenizer.accel`, issue 7): admitted for a vocabulary
+"""fastokens as whole-text encoding's native call (`ctxlock.tokenizer._accel`, issue 7): admitted for a vocabulary
 only after its ids equal the exact path's on probe texts holding every UTF-8 token of the vocabulary; refused with a
 reason otherwise; any failing call goes to tiktoken. The equivalence with `tokenizers` on llama.cpp's vectors and on
 hypothesis texts, engine by engine, is in tests/test_prefix.py."""
@@ -13,10 +13,10 @@ import pytest
 
 import ctxlock
 import fetched
-from ctxlock.template import ChatTemplate
-from ctxlock.tokenizer import accel
-from ctxlock.tokenizer.accel import Accelerator, probe_texts
-from ctxlock.tokenizer.hf import HFTokenizer
+from ctxlock.template._render import ChatTemplate
+from ctxlock.tokenizer import _accel as accel
+from ctxlock.tokenizer._accel import Accelerator, probe_texts
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 from vocabularies import hf_backend_tokenizers, native_engine
 
 MUST_BE_ADMITTED = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 import ctxlock
 import fetched
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, conversations, vocab_for
-from ctxlock.accounting import GENERATION_PROMPT, TEMPLATE, assign_owners, count, count_format, part_of, without
+from ctxlock.accounting._layout import GENERATION_PROMPT, TEMPLATE, assign_owners, count, count_format, part_of, without
 from ctxlock.cli import app
 from ctxlock.errors import CtxlockError
 from ctxlock.settings import reference_path
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 TEMPLATES = fetched.template_paths()
 CORPUS = conversations()

@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 import anthropic_streams as A
 from ctxlock.errors import ToolCallError, ToolCallTruncatedError
-from ctxlock.toolcalls import TRUNCATED_MESSAGE, Result, TextDelta, ToolCallAssembler, ToolCallReady, assemble
+from ctxlock.generation.toolcalls import (
+    TRUNCATED_MESSAGE,
+    Result,
+    TextDelta,
+    ToolCallAssembler,
+    ToolCallReady,
+    assemble,
+)
 
 STREAMS = Path(__file__).parent / "data" / "streams"
 MODES = (("finish",), ("early",))  # split at every index: the two release modes on alternate indexes

@@ -13,26 +13,44 @@ from hypothesis import strategies as st
 import ctxlock
 
 PUBLIC = {
+    "BudgetPolicy",
     "ChatTemplate",
     "CtxlockError",
+    "IncrementalDecoder",
+    "InjectionPolicy",
+    "JsonSchemaMask",
+    "MaskOptions",
     "Model",
     "ModelInput",
+    "Pipeline",
+    "PriceTable",
+    "RenderOptions",
     "Rendered",
     "Request",
     "Run",
-    "SpecialTokenPolicy",
+    "Sampler",
+    "StageOptions",
+    "StopMatcher",
+    "Store",
     "Tokenized",
+    "ToolCallAssembler",
+    "Usage",
     "__version__",
     "clear_caches",
+    "fit_context",
     "load",
     "parse_request",
+    "parse_usage",
+    "stream_text",
 }
 
 
 def test_public_names_are_exactly_these() -> None:
     import types
 
-    assert set(ctxlock.__all__) == PUBLIC
+    assert ctxlock.__all__ == sorted(PUBLIC)  # sorted, and exactly these
+    for name in ctxlock.__all__:  # each resolves (imported on first use) and is listed by dir()
+        assert getattr(ctxlock, name) is not None and name in dir(ctxlock)
     # Besides submodules (imported by whoever uses them), the package exposes exactly the public names.
     exposed = {n for n, v in vars(ctxlock).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
     assert exposed | {"__version__"} == PUBLIC

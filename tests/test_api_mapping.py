@@ -22,8 +22,8 @@ import fetched
 import reference
 from conformance import FIXED_NOW
 from ctxlock.errors import OptionError, TensorError, TensorKeyError
-from ctxlock.template import ChatTemplate
-from ctxlock.tensors import TorchInput
+from ctxlock.template._render import ChatTemplate
+from ctxlock.tensors._assemble import TorchInput
 
 QWEN = "Qwen-Qwen2.5-7B-Instruct.jinja"
 REQUEST: dict[str, Any] = {

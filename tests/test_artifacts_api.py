@@ -24,11 +24,11 @@ from ctxlock.artifacts import (
     load_template_file,
 )
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
-from ctxlock.tokenizer.book import BookTokenizer
-from ctxlock.tokenizer.hf import HFTokenizer
-from ctxlock.tokenizer.sentencepiece import SentencePieceTokenizer
-from ctxlock.tokenizer.tekken import TekkenTokenizer
-from ctxlock.tokenizer.tiktoken_file import TiktokenTokenizer
+from ctxlock.tokenizer.backends._book import BookTokenizer
+from ctxlock.tokenizer.backends._hf import HFTokenizer
+from ctxlock.tokenizer.backends._sentencepiece import SentencePieceTokenizer
+from ctxlock.tokenizer.backends._tekken import TekkenTokenizer
+from ctxlock.tokenizer.backends._tiktoken_file import TiktokenTokenizer
 
 MISTRAL_DATA = Path(__import__("mistral_common").__file__).resolve().parent / "data"
 

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from batch_tables import reference_table
-from ctxlock.batch import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
-from ctxlock.masks import MaskOptions
+from ctxlock.batch._run import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
+from ctxlock.training._masks import MaskOptions
 from test_cli_conventions import run_main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -263,7 +263,7 @@ def _long_chats(n: int, seed: int) -> list[str]:
 def test_max_length_fits_each_row(tmp_path: Path) -> None:
     """--max-length runs `fit_context` on a row over it: the shard holds the fitted ids and masks, the decisions are
     counted, a row whose required part alone is over it is an error row with the fit's error."""
-    from ctxlock.budget import BudgetPolicy, fit_context
+    from ctxlock.budget._fit import BudgetPolicy, fit_context
     from ctxlock.errors import BudgetExceeded
 
     model_dir = str(fetched.hf_tokenizer_dir("qwen2"))
@@ -356,7 +356,7 @@ _kept_rows = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(rows=_kept_rows, pack=st.one_of(st.none(), st.integers(1, 120)))
 def test_shard_columns_equal_pa_array_and_write_the_same_bytes(rows: list[Any], pack: int | None) -> None:
-    from ctxlock import batch
+    from ctxlock.batch import _run as batch
 
     kept = [
         (r, sha, np.array(ids, np.int32), np.where(np.array(ids) % 2 == 0, -100, ids).astype(np.int32), None)
@@ -375,7 +375,7 @@ def test_a_worker_does_not_import_pandas(tmp_path: Path) -> None:
     source = _write(tmp_path, _dataset(40))
     model = str(fetched.hf_tokenizer_dir("qwen2"))
     script = (
-        "import sys; from pathlib import Path; from ctxlock.batch import BatchOptions, run_batch;"
+        "import sys; from pathlib import Path; from ctxlock.batch._run import BatchOptions, run_batch;"
         f"m = run_batch(Path({str(source)!r}), Path({str(tmp_path / 'out')!r}), BatchOptions(model={model!r},"
         " shard_rows=16, pack=4096)); print(m['row_count'], 'pandas' in sys.modules)"
     )
@@ -420,7 +420,7 @@ def test_workers_are_spawned_when_the_process_has_threads(tmp_path: Path, monkey
     same bytes."""
     import threading
 
-    from ctxlock import batch
+    from ctxlock.batch import _run as batch
 
     methods: list[tuple[str, str]] = []
     real = batch.start_method

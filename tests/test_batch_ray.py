@@ -29,8 +29,8 @@ import ray
 
 import ctxlock
 import fetched
-from ctxlock.batch import BatchOptions, Progress, run_batch
-from ctxlock.batch_ray import ray_engine
+from ctxlock.batch._ray import ray_engine
+from ctxlock.batch._run import BatchOptions, Progress, run_batch
 from ctxlock.errors import CtxlockError
 from test_batch import _dataset, _long_chats, _rows, _tree
 from test_cli_conventions import run_main

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fetched
-from ctxlock.batch import BatchOptions, Progress, run_batch
-from ctxlock.batch_output import json_bytes
+from ctxlock.batch._output import json_bytes
+from ctxlock.batch._run import BatchOptions, Progress, run_batch
 from ctxlock.caches import clear_caches
 from ctxlock.errors import CtxlockError, InputError
 from test_cli_conventions import run_main

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock.budget import BudgetPolicy, clamp_max_tokens, fit_context, segments
+from ctxlock.budget._fit import BudgetPolicy, clamp_max_tokens, fit_context, segments
 from ctxlock.errors import BudgetError, BudgetExceeded
 from ctxlock.request import parse_request
 from ctxlock.settings import reference_path
-from ctxlock.template import ChatTemplate, SpecialTokenPolicy
+from ctxlock.template._render import ChatTemplate, InjectionPolicy
 
 WORDS = ["the", "sky", "is", "blue", "天空", "为什么", "code", "def", "x", "Rayleigh", "😀", "\n"]
 
@@ -97,7 +97,7 @@ def test_invariants_and_the_naive_oracle(qwen, data: dict, budget: int) -> None:
 
 def _required_only(request):
     segs = segments(request)
-    from ctxlock.budget import candidate
+    from ctxlock.budget._fit import candidate
 
     return candidate(request, segs, set())
 
@@ -236,13 +236,13 @@ def test_incremental_count_equals_a_full_tokenization(llama_tok, pair: tuple[str
     # kept candidate), a text gives the full tokenization's count, as on the reference path.
     from types import SimpleNamespace
 
-    from ctxlock._counting import TokenCounter, splittable
+    from ctxlock.budget._counting import TokenCounter, splittable
 
     base, cand = pair
     assert splittable(llama_tok.added_tokens)
 
     def rendered(text: str) -> SimpleNamespace:
-        return SimpleNamespace(text=text, untrusted=(), policy=SpecialTokenPolicy.TEXT)
+        return SimpleNamespace(text=text, untrusted=(), policy=InjectionPolicy.TEXT)
 
     expected = len(llama_tok.encode(cand, parse_special=True))
     assert TokenCounter(llama_tok).count(rendered(cand)) == expected
@@ -273,11 +273,11 @@ def test_counts_along_a_chain_of_kept_texts(llama_tok, texts: list[str]) -> None
     # (the base is spliced from the count, not scanned again); every count is the full tokenization's.
     from types import SimpleNamespace
 
-    from ctxlock._counting import TokenCounter
+    from ctxlock.budget._counting import TokenCounter
 
     counter = TokenCounter(llama_tok)
     for k, text in enumerate(texts):
-        rendered = SimpleNamespace(text=text, untrusted=(), policy=SpecialTokenPolicy.TEXT)
+        rendered = SimpleNamespace(text=text, untrusted=(), policy=InjectionPolicy.TEXT)
         expected = len(llama_tok.encode(text, parse_special=True))
         assert counter.count(rendered) == expected
         if k % 2 == 0 or k == 1:
@@ -398,7 +398,7 @@ def test_fit_gives_the_request_to_send_and_real_required_counts(tmp_path) -> Non
 
 
 def test_the_fitted_request_keeps_the_anthropic_shape() -> None:
-    from ctxlock.budget import fitted_request_json
+    from ctxlock.budget._fit import fitted_request_json
 
     model = ctxlock.load()  # Mistral Nemo's template: list content, 9-character tool ids
     raw = {
@@ -472,9 +472,9 @@ def test_exactly_one_generation_prefix_is_asserted(qwen) -> None:
 def test_fit_records_replay_identically(tmp_path) -> None:
     import json
 
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import replay, run_and_record, save
-    from ctxlock.store import Store
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import replay, run_and_record, save
+    from ctxlock.records._store import Store
 
     store = Store(tmp_path / "store")
     model = ctxlock.load()

@@ -20,11 +20,10 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from cli_runner import invoke
-from ctxlock.cache_session import build_turns
 from ctxlock.cli import cachereport as cachereport_cmds
 from ctxlock.cli.render import run_recorded
-from ctxlock.promptcache import session_report
-from ctxlock.promptcache_bytes import (
+from ctxlock.economics._promptcache import session_report
+from ctxlock.economics._promptcache_bytes import (
     ORDER,
     byte_buster,
     canonical_bytes,
@@ -34,9 +33,10 @@ from ctxlock.promptcache_bytes import (
     part_nodes,
     provider_layout,
 )
-from ctxlock.record import RunOptions
+from ctxlock.economics._session import build_turns
+from ctxlock.records import RunOptions
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 TURNS = 32
 FIXED = "You are the support assistant of a hardware shop. Answer precisely and cite the order number. " * 4

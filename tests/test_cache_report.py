@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 import ctxlock
 import fetched
-from ctxlock.cache_session import build_turns, fixed_session, read_session
 from ctxlock.cli import app
-from ctxlock.promptcache import session_report
-from ctxlock.template import ChatTemplate
-from ctxlock.usage import PriceTable
+from ctxlock.economics._promptcache import session_report
+from ctxlock.economics._session import build_turns, fixed_session, read_session
+from ctxlock.economics._usage import PriceTable
+from ctxlock.template._render import ChatTemplate
 
 TURNS = 32
 PRICES = Path(__file__).parent / "data" / "usage" / "prices.json"
@@ -213,8 +213,8 @@ def test_read_session_errors() -> None:
 
 
 def test_cache_control_survives_into_the_request_and_the_record() -> None:
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import run_and_record
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import run_and_record
 
     request = _anthropic_session("after")[3][0]
     request["tools"] = [

@@ -16,9 +16,9 @@ from pathlib import Path
 import ctxlock
 import fetched
 from ctxlock import caches
-from ctxlock.budget import BudgetPolicy, fit_context
-from ctxlock.compaction import plan_compaction
-from ctxlock.template import ChatTemplate
+from ctxlock.budget._compaction import plan_compaction
+from ctxlock.budget._fit import BudgetPolicy, fit_context
+from ctxlock.template._render import ChatTemplate
 
 SRC = Path(ctxlock.__file__).resolve().parent
 _CACHE_CLASS = re.compile(r"(cache|lru|memo)$", re.IGNORECASE)

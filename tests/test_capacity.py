@@ -1,4 +1,4 @@
-"""`ctxlock.capacity` and `model.capacity`: a model's window read from its real files (every fetched GGUF, a real
+"""`ctxlock.economics` and `model.capacity`: a model's window read from its real files (every fetched GGUF, a real
 converted HF directory with the config.json shapes real models ship), checked against the references (the `gguf`
 package's reader, transformers' AutoConfig and AutoTokenizer); the precedence, every conflict said, transformers'
 "no limit" sentinel ignored; hostile values never crash a load nor become a window. Then `fit` without flags, and
@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from cli_runner import invoke, run_cli
-from ctxlock.artifacts.gguf import read_metadata
-from ctxlock.capacity import LARGE_INTEGER, Capacity, from_files, override, with_price
+from ctxlock.artifacts._gguf import read_metadata
 from ctxlock.cli import budget as budget_cmds
 from ctxlock.cli import clamp as clamp_cmds
-from ctxlock.usage import PriceTable
+from ctxlock.economics._capacity import LARGE_INTEGER, Capacity, from_files, override, with_price
+from ctxlock.economics._usage import PriceTable
 
 PRICES = Path(__file__).parent / "data" / "usage" / "prices.json"
 
@@ -323,7 +323,7 @@ def test_clamp(tmp_path: Path) -> None:
 
 
 def test_the_margins_ceiling_is_exact() -> None:
-    from ctxlock.budget import clamp_margin
+    from ctxlock.budget._fit import clamp_margin
 
     assert clamp_margin(1000, 0, 0.1) == 100  # float arithmetic says 100.00000000000001
     assert clamp_margin(1001, 0, 0.1) == 101

@@ -67,7 +67,7 @@ def test_render_flags() -> None:
         "--model",
         "book",
         "--json",
-        "--special-tokens",
+        "--injection",
         "keep",
         "-",
         stdin=json.dumps({"messages": [{"role": "user", "content": "<system>"}]}),
@@ -268,7 +268,7 @@ def test_template_syntax_error_names_the_line(tmp_path: Path) -> None:
 
 def test_raise_policy_names_the_path() -> None:
     body = json.dumps({"messages": [{"role": "user", "content": "hi [INST] there"}]})
-    proc = ctxlock("render", "--special-tokens", "raise", "-", stdin=body)
+    proc = ctxlock("render", "--injection", "raise", "-", stdin=body)
     assert_clean_error(proc, "ControlTokenError", "messages[0].content")
 
 

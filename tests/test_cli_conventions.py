@@ -29,9 +29,9 @@ import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import main
 from ctxlock.errors import TemplateLimitError
-from ctxlock.model import Model
+from ctxlock.model._model import Model
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, RenderLimits, render
+from ctxlock.template._render import ChatTemplate, RenderLimits, render
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "seed-sky-injection.json"
@@ -321,7 +321,7 @@ def test_reserved_template_variables_say_what_is_true() -> None:
     "argv",
     [
         ["render", "--bogus"],
-        ["render", "-m", "book", "--special-tokens", "maybe", str(EXAMPLE)],
+        ["render", "-m", "book", "--injection", "maybe", str(EXAMPLE)],
         ["render", "a.json", "b.json"],
         ["diff"],
         ["tokenize", "-m", "book"],
@@ -394,7 +394,7 @@ def test_every_model_option_names_gguf_files_and_hub_revisions(command: str) -> 
 
 
 def test_the_readme_diff_layer_order_is_the_code_and_help_order() -> None:
-    from ctxlock.record import LAYERS
+    from ctxlock.records import LAYERS
 
     readme = (ROOT / "README.md").read_text("utf-8")
     match = re.search(r"The layers are checked in pipeline order,\s*\*\*([a-z_ →\n]+)\*\*", readme)

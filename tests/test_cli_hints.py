@@ -1,4 +1,4 @@
-"""A hint speaks its caller's language: the command line names its option (`--special-tokens text`), Python its
+"""A hint speaks its caller's language: the command line names its option (`--injection text`), Python its
 keyword (`injection='text'`), for every hint the library writes about the injection policy."""
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ SRC = Path(__file__).parent.parent / "src" / "ctxlock"
 def test_the_raise_policy_hint_names_the_option_on_the_cli_and_the_keyword_in_python(tmp_path: Path) -> None:
     path = tmp_path / "req.json"
     path.write_text(json.dumps(REQUEST), encoding="utf-8")
-    out = run_cli("render", "--special-tokens", "raise", str(path))
+    out = run_cli("render", "--injection", "raise", str(path))
     assert out.returncode == 1 and "ControlTokenError" in out.stderr, out.stderr
-    assert "--special-tokens text" in out.stderr and "='" not in out.stderr, out.stderr
-    as_json = invoke(render.register, "render", "--special-tokens", "raise", str(path), "--json")
+    assert "--injection text" in out.stderr and "='" not in out.stderr, out.stderr
+    as_json = invoke(render.register, "render", "--injection", "raise", str(path), "--json")
     hint = json.loads(as_json.output)["error"]["hint"]
-    assert "--special-tokens text" in hint and "='" not in hint, hint
+    assert "--injection text" in hint and "='" not in hint, hint
     with pytest.raises(ControlTokenError) as e:
         ctxlock.load().render(REQUEST, injection="raise")
-    assert "injection='text'" in e.value.hint and "--special-tokens" not in e.value.hint
+    assert "injection='text'" in e.value.hint and "--injection" not in e.value.hint
 
 
 def test_every_injection_hint_in_the_library_has_its_cli_words() -> None:
@@ -42,7 +42,7 @@ def test_every_injection_hint_in_the_library_has_its_cli_words() -> None:
     assert len(found) >= 3, found
     for hint in found:
         spoken = cli_hint(hint)
-        assert "injection=" not in spoken and "--special-tokens " in spoken, (hint, spoken)
+        assert "injection=" not in spoken and "--injection " in spoken, (hint, spoken)
 
 
 def test_the_readme_command_table_names_every_command_and_its_mask_digest_is_current() -> None:

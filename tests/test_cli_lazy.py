@@ -86,4 +86,4 @@ def test_render_imports_no_other_command_module() -> None:
     others = {f"ctxlock.cli.{m}" for m in cli.COMMANDS if m != "render"}
     assert not loaded & others, sorted(loaded & others)
     assert "ctxlock.cli.render" in loaded
-    assert "ctxlock.promptcache" not in loaded and "ctxlock.constrain" not in loaded
+    assert "ctxlock.economics._promptcache" not in loaded and "ctxlock.generation._constrain" not in loaded

@@ -13,7 +13,7 @@ import pytest
 import fetched
 from cli_runner import invoke
 from ctxlock.cli import budget, cachereport, clamp, compaction, count, explain, records, render
-from ctxlock.model import load
+from ctxlock.model._model import load
 
 DEFAULT = "{% for m in messages %}D:{{ m.content }}\n{% endfor %}"
 EXTRA = "{% for m in messages %}EXTRA:{{ m.content }}\n{% endfor %}"

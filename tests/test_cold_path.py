@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import fetched
-from ctxlock.tokenizer import accel
-from ctxlock.tokenizer.accel import Accelerator, probe_texts
-from ctxlock.tokenizer.hf import HFTokenizer
+from ctxlock.tokenizer import _accel as accel
+from ctxlock.tokenizer._accel import Accelerator, probe_texts
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 
 TEXT = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nwhy 天空 is blue 😀 12345<|im_end|>\n"
 

@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 
 import ctxlock
 import fetched
-from ctxlock.cli.compaction import register
-from ctxlock.compaction import (
+from ctxlock.budget._compaction import (
     DEFAULT_KEEP_RECENT_TOKENS,
     DEFAULT_RESERVE_TOKENS,
     SPLIT_TURN_SEPARATOR,
@@ -33,10 +32,11 @@ from ctxlock.compaction import (
     plan_compaction,
     should_compact,
 )
+from ctxlock.cli.compaction import register
 from ctxlock.errors import BudgetError
 from ctxlock.request import Request
 from ctxlock.settings import reference_path
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -582,7 +582,7 @@ def test_cli_says_when_a_plan_does_not_help(nemo: ctxlock.Model) -> None:
     small = runner.invoke(app, [*args, "--summary-tokens", "200", "--check"])
     assert small.exit_code == 0 and "the plan helps" in small.stdout
     # Compaction due, nothing to summarize: that does not help either.
-    from ctxlock.compaction import plan_problems
+    from ctxlock.budget._compaction import plan_problems
 
     req = json.loads(example.read_text("utf-8"))
     plan = plan_compaction(req, nemo, context_window=1200, reserve_tokens=200, keep_recent_tokens=5000)
@@ -606,7 +606,7 @@ def test_python_and_cli_take_the_same_entry_ids(nemo: ctxlock.Model) -> None:
     or a dict, and the plans are the CLI's."""
     from pathlib import Path
 
-    from ctxlock.request.entry_ids import strip_entry_ids, take_entry_ids
+    from ctxlock.request._entry_ids import strip_entry_ids, take_entry_ids
 
     path = Path(__file__).parent.parent / "examples" / "greet-session.json"
     data = path.read_bytes()

@@ -14,14 +14,14 @@ import pytest
 
 import fetched
 from cli_runner import invoke, run_cli
+from ctxlock.budget._compaction import SUMMARY_PREFIX, SUMMARY_SUFFIX, CompactionPlan, compaction_event
 from ctxlock.cli.compaction import register as register_compaction
 from ctxlock.cli.explain import register as register_explain
 from ctxlock.cli.records import register as register_records
-from ctxlock.compaction import SUMMARY_PREFIX, SUMMARY_SUFFIX, CompactionPlan, compaction_event
-from ctxlock.record import ExecutionRecord, RunOptions
-from ctxlock.replay import load_record, replay
-from ctxlock.store import Store
-from ctxlock.usage import parse_usage
+from ctxlock.economics._usage import parse_usage
+from ctxlock.records import ExecutionRecord, RunOptions
+from ctxlock.records._replay import load_record, replay
+from ctxlock.records._store import Store
 
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]

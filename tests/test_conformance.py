@@ -44,7 +44,7 @@ from conformance import (
 )
 from ctxlock.errors import ContentFormatError, CtxlockError, TemplateError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, content_format, render
+from ctxlock.template._render import ChatTemplate, content_format, render
 
 pytestmark = pytest.mark.reference
 

@@ -22,19 +22,19 @@ import llguidance
 import mistral_common
 import numpy as np
 import pytest
-from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+from mistral_common.tokens.tokenizers.base import InjectionPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 import fetched
 from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import constrain as constrain_cmds
-from ctxlock.constrain import JsonSchemaMask, default_eos_id, guidance_vocab
 from ctxlock.errors import ConstraintError, UnsupportedSchemaError
-from ctxlock.sampler import DEFAULT_ORDER
-from ctxlock.tokenizer.sentencepiece import SentencePieceTokenizer
-from ctxlock.tokenizer.tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
-from ctxlock.tokenizer.token_bytes import TokenBytes, byte_level_decoder_table, token_bytes
+from ctxlock.generation._constrain import JsonSchemaMask, default_eos_id, guidance_vocab
+from ctxlock.generation._sampler import DEFAULT_ORDER
+from ctxlock.tokenizer._token_bytes import TokenBytes, byte_level_decoder_table, token_bytes
+from ctxlock.tokenizer.backends._sentencepiece import SentencePieceTokenizer
+from ctxlock.tokenizer.backends._tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
 
 SCHEMAS = sorted((Path(__file__).resolve().parent / "data" / "schemas").glob("*.json"))
 MISTRAL_DATA = Path(mistral_common.__file__).resolve().parent / "data"
@@ -97,7 +97,7 @@ def test_tekken_token_bytes_match_mistral_common(tekken) -> None:
     assert len(mine) == ref.n_words == 131072
     assert mine.special == frozenset(range(ref.num_special_tokens))
     for i in range(ref.n_words):
-        assert mine.pieces[i] == ref.id_to_byte_piece(i, SpecialTokenPolicy.KEEP), i
+        assert mine.pieces[i] == ref.id_to_byte_piece(i, InjectionPolicy.KEEP), i
 
 
 def test_tiktoken_token_bytes_are_the_ranks_file() -> None:

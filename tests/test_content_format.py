@@ -33,10 +33,10 @@ from ctxlock.errors import (
     TemplateRaisedError,
     TemplateRuntimeError,
 )
-from ctxlock.record import RunOptions
-from ctxlock.replay import load_record, replay, run_and_record, save
-from ctxlock.store import Store
-from ctxlock.template import ChatTemplate, content_format, render
+from ctxlock.records import RunOptions
+from ctxlock.records._replay import load_record, replay, run_and_record, save
+from ctxlock.records._store import Store
+from ctxlock.template._render import ChatTemplate, content_format, render
 
 pytestmark = pytest.mark.reference
 

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from conformance import FIXED_NOW, conversations, vocab_for
-from ctxlock import accounting, tokenlay
+from ctxlock.accounting import _layout as accounting
+from ctxlock.accounting import _tokenlay as tokenlay
 from ctxlock.errors import CtxlockError
 from ctxlock.settings import reference_path
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 from ctxlock.tokenizer import control_matches, encode_ids
 
 pytestmark = pytest.mark.fast_path

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from ctxlock import _watchdog
 from ctxlock.errors import TemplateLimitError
 from ctxlock.request import parse_request
-from ctxlock.sandbox_limits import Limit, deadline_mechanism, time_limit
 from ctxlock.settings import fast_path, reference_path
-from ctxlock.template import ChatTemplate, RenderLimits, render
+from ctxlock.template._render import ChatTemplate, RenderLimits, render
+from ctxlock.template.sandbox import _watchdog
+from ctxlock.template.sandbox._limits import Limit, deadline_mechanism, time_limit
 
 pytestmark = pytest.mark.fast_path
 
@@ -249,8 +249,8 @@ def test_a_forked_child_starts_its_own_watchdog() -> None:
 def test_a_slot_left_armed_at_a_skipped_exit_is_settled_and_fires_no_more() -> None:
     """The one unguarded point: a delivery landing at `__exit__`'s entry leaves the slot armed. The render's
     handler calls `settle_deadlines()`; after it, nothing more is raised into that thread."""
-    from ctxlock import _watchdog
-    from ctxlock.sandbox_limits import DeadlineExpired, settle_deadlines
+    from ctxlock.template.sandbox import _watchdog
+    from ctxlock.template.sandbox._limits import DeadlineExpired, settle_deadlines
 
     seen: dict[str, object] = {}
 

@@ -29,11 +29,11 @@ import fetched
 from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import detok as detok_cli
-from ctxlock.decode import IncrementalDecoder, byte_level_table, decode_stream
 from ctxlock.errors import DecodeError, IncompleteDecodeError
+from ctxlock.generation._decode import IncrementalDecoder, byte_level_table, decode_stream
 from ctxlock.tokenizer import Tokenizer
-from ctxlock.tokenizer.sentencepiece import SentencePieceTokenizer
-from ctxlock.tokenizer.tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
+from ctxlock.tokenizer.backends._sentencepiece import SentencePieceTokenizer
+from ctxlock.tokenizer.backends._tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
 
 GGUF_VOCABS = ("qwen2", "llama-bpe", "phi-3", "llama-spm", "gemma-4")
 VOCABS = (*GGUF_VOCABS, "mistral-nemo", "qwen.tiktoken", "mistral-v3-spm")

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from cli_runner import run_cli
-from ctxlock.record import ExecutionRecord, RunOptions, diff
-from ctxlock.replay import run_and_record, save
-from ctxlock.store import Store
-from ctxlock.template import ChatTemplate
+from ctxlock.records import ExecutionRecord, RunOptions
+from ctxlock.records import _diff as diff
+from ctxlock.records._replay import run_and_record, save
+from ctxlock.records._store import Store
+from ctxlock.template._render import ChatTemplate
 
 NOW = "2024-07-26T10:00:00"
 # The documented outcomes (`Diff.kind`, the `kind` of `diff --json`).

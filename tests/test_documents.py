@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 import ctxlock
 import fetched
-from ctxlock.accounting import count, count_format
+from ctxlock.accounting._layout import count, count_format
 from ctxlock.cli import app
 from ctxlock.errors import CtxlockError, DocumentError, RequestValidationError
 from ctxlock.request import Dialect, parse_request
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 RAG = ChatTemplate(
     "{% for d in documents or [] %}[{{ d.title }}] {{ d.text }}\n{% endfor %}"

@@ -185,8 +185,8 @@ def test_crlf_template_is_recorded_and_shown(tmp_path: Path) -> None:
     data = json.loads(out.stdout)
     assert data["template"]["file_sha256"] == hashlib.sha256(crlf).hexdigest()
     assert data["template"]["line_endings"] == "crlf"
-    from ctxlock.record import ExecutionRecord
-    from ctxlock.store import Store
+    from ctxlock.records import ExecutionRecord
+    from ctxlock.records._store import Store
 
     record = ExecutionRecord.from_bytes(Store(store).get_record(data["record_id"]))
     assert record.data["template"]["file_sha256"] == hashlib.sha256(crlf).hexdigest()

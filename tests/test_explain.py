@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from cli_runner import invoke, run_cli
-from ctxlock.accounting import layout
+from ctxlock.accounting._layout import layout
 from ctxlock.cli.budget import register as register_fit
 from ctxlock.cli.compaction import register as register_compaction
 from ctxlock.cli.explain import register as register_explain
 from ctxlock.cli.render import register as register_render
+from ctxlock.economics._explain import MAX_FIND_CHARS, MIDDLE_MIN_TOKENS, OVERFLOW_MESSAGES, Window, explain
 from ctxlock.errors import ExplainError
-from ctxlock.explain import MAX_FIND_CHARS, MIDDLE_MIN_TOKENS, OVERFLOW_MESSAGES, Window, explain
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 NEEDLE = "MAGIC-TOKEN-4242"

@@ -17,8 +17,8 @@ from tokenizers import Tokenizer
 
 import fetched
 from ctxlock.settings import fast_path
-from ctxlock.tokenizer import fastbpe
-from ctxlock.tokenizer.hf import HFTokenizer
+from ctxlock.tokenizer import _fastbpe as fastbpe
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 from vocabularies import hf_backend_tokenizers
 
 MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")

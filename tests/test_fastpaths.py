@@ -12,8 +12,8 @@ import ctxlock
 import fetched
 from ctxlock.request import parse_request
 from ctxlock.settings import fast_enabled
-from ctxlock.template import ChatTemplate
-from ctxlock.tokenizer.runs import RUNS, RunCache, encode_run
+from ctxlock.template._render import ChatTemplate
+from ctxlock.tokenizer._runs import RUNS, RunCache, encode_run
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ _JSON = st.recursive(
 def test_touched_spans_equal_the_brute_force(text: str, cuts: list[int]) -> None:
     # The render asks which request-derived spans a control-token occurrence shares a character with. It tries only
     # the positions where a token's first character occurs; the brute force tries every token at every position.
-    from ctxlock.template import _token_set, _touched
+    from ctxlock.template._render import _token_set, _touched
 
     tokens = _token_set(frozenset({"<|im_start|>", "<|im_end|>", "[INST]", "<s>", "x", "im_"}))
     bounds = sorted({min(c, len(text)) for c in cuts})

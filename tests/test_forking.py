@@ -1,4 +1,4 @@
-"""ctxlock.forking: a job's workers are forked only when no thread of the job's process can be caught mid-state.
+"""ctxlock.core._forking: a job's workers are forked only when no thread of the job's process can be caught mid-state.
 
 Each case runs in a fresh interpreter (the test process itself has threads of its own, or may have)."""
 
@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _method(code: str) -> tuple[str, str]:
-    script = textwrap.dedent(code) + "\nfrom ctxlock.forking import start_method\nprint(repr(start_method()))\n"
+    script = textwrap.dedent(code) + "\nfrom ctxlock.core._forking import start_method\nprint(repr(start_method()))\n"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -63,7 +63,7 @@ def test_the_throwaway_fork_leaves_no_child() -> None:
     """The probe's child is reaped (no zombie), and OpenBLAS's pool stays joined after it."""
     script = (
         "import numpy, os; numpy.ones((64, 64)) @ numpy.ones((64, 64));"
-        "from ctxlock.forking import start_method; print(start_method()[0]);"
+        "from ctxlock.core._forking import start_method; print(start_method()[0]);"
         "pid = os.getpid(); print(open(f'/proc/{pid}/task/{pid}/children').read().split(),"
         " len(os.listdir('/proc/self/task')))"
     )

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
+from ctxlock.core._frozen import FrozenDict, canonical_json, freeze, thaw
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),

@@ -11,10 +11,10 @@ from gguf import TokenType
 from tokenizers import Tokenizer
 
 import fetched
-from ctxlock.artifacts.gguf import GGUFVocab, read_vocab
-from ctxlock.artifacts.gguf_bpe import BPE_PRE_TOKENIZERS, bpe_tokenizer_json
+from ctxlock.artifacts._gguf import GGUFVocab, read_vocab
+from ctxlock.artifacts._gguf_bpe import BPE_PRE_TOKENIZERS, bpe_tokenizer_json
+from ctxlock.core._frozen import thaw
 from ctxlock.errors import ArtifactFormatError
-from ctxlock.frozen import thaw
 
 # The vocabs with vectors whose tokenizer.ggml.model is "gpt2" (byte-level BPE).
 # test_every_gpt2_vector_vocab_is_covered keeps this list honest.

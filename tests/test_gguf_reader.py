@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import fetched
 from ctxlock.artifacts import load_gguf as _load_gguf
-from ctxlock.artifacts.gguf import read_metadata, read_vocab
+from ctxlock.artifacts._gguf import read_metadata, read_vocab
 from ctxlock.errors import ArtifactFormatError, CtxlockError
 
 SMALL = "bert-bge"  # 0.6 MB: small enough to mutate thousands of times

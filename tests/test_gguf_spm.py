@@ -17,8 +17,8 @@ import pytest
 from tokenizers import Tokenizer
 
 import fetched
-from ctxlock.artifacts.gguf import GGUFVocab, read_vocab
-from ctxlock.artifacts.gguf_spm import (
+from ctxlock.artifacts._gguf import GGUFVocab, read_vocab
+from ctxlock.artifacts._gguf_spm import (
     gemma4_tokenizer_json,
     spm_tokenizer_json,
     unigram_tokenizer_json,

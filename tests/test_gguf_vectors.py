@@ -70,7 +70,7 @@ def test_zz_vector_summary(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
 
 
 def test_conversion_cache_is_reused_and_never_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ctxlock.artifacts import gguf_load as gguf_module
+    from ctxlock.artifacts import _gguf_load as gguf_module
     from ctxlock.artifacts import load_artifacts
 
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path / "cache"))

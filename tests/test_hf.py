@@ -1,4 +1,4 @@
-"""The HF backend (`ctxlock.tokenizer.hf.HFTokenizer`) on real tokenizer.json files, against `tokenizers` itself:
+"""The HF backend (`ctxlock.tokenizer.backends.HFTokenizer`) on real tokenizer.json files, against `tokenizers` itself:
 encode/encode_matched/encode_text, the declared capabilities (split_controls, engine, whole_text, truncation,
 pipeline), each id's bytes, loading from a manifest, and malformed input."""
 
@@ -12,11 +12,11 @@ import tokenizers
 
 import fetched
 from ctxlock.artifacts import load_artifacts
-from ctxlock.decode import decode_stream
 from ctxlock.errors import ArtifactFormatError, ConstraintError, DecodeError
+from ctxlock.generation._decode import decode_stream
 from ctxlock.tokenizer import Tokenizer
-from ctxlock.tokenizer.hf import HFTokenizer
-from ctxlock.tokenizer.token_bytes import byte_level_decoder_table
+from ctxlock.tokenizer._token_bytes import byte_level_decoder_table
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 
 TEXTS = ["Hello, world!", "  two  spaces\tand a tab\n", "天空为什么是蓝色？", "naïve café 🙂", ""]
 

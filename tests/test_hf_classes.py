@@ -137,7 +137,7 @@ def test_file_as_written_is_an_option(class_dirs: dict[str, Path]) -> None:
 
 
 def test_record_says_which_pipeline_was_used(class_dirs: dict[str, Path]) -> None:
-    from ctxlock.record import RunOptions, build_record
+    from ctxlock.records import RunOptions, build_record
 
     model = ctxlock.load(str(class_dirs["Qwen2Tokenizer"]))
     run = model.run({"messages": _chat(NON_NFC[0])})

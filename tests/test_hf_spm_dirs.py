@@ -180,7 +180,7 @@ def test_spm_dir_record_says_where_the_tokenizer_came_from(spm_dirs: dict[str, P
     assert {d["file"] for d in desc["class_disagreements"]} == {"(no tokenizer.json)"}
     assert any("tokenizer.model" in n and "SentencePieceExtractor" in n for n in desc["pipeline_notes"])
     assert desc["built_from"]["files"] == ["tokenizer.model"] and desc["built_from"]["class"] == "LlamaTokenizer"
-    from ctxlock.record import RunOptions, build_record
+    from ctxlock.records import RunOptions, build_record
 
     model = ctxlock.load(str(path))
     run = model.run({"messages": _chat("hi")})

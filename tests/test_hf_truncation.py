@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock
-from ctxlock.record import RunOptions, build_record
+from ctxlock.records import RunOptions, build_record
 from hf_dirs import NON_NFC, auto_tokenizer, build_dir, reference_chat_ids
 
 pytestmark = pytest.mark.reference

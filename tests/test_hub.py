@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxlock.artifacts.hub import hub_cache_dir, is_hub_id, resolve_hub_model
+from ctxlock.artifacts._hub import hub_cache_dir, is_hub_id, resolve_hub_model
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, PathTraversalError
 
 MAIN = "a" * 40
@@ -217,7 +217,7 @@ def test_resolve_uses_the_environment(clean_env: pytest.MonkeyPatch, tmp_path: P
 def test_never_imports_huggingface_hub(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from ctxlock.artifacts.hub import resolve_hub_model\n"
+        "from ctxlock.artifacts._hub import resolve_hub_model\n"
         "from ctxlock.errors import ArtifactNotFoundError\n"
         "try:\n"
         "    resolve_hub_model('org/model')\n"

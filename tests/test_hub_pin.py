@@ -54,7 +54,7 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_revision_in_the_spec_resolves_like_huggingface_hub(cache: Path) -> None:
-    from ctxlock.artifacts.hub import is_hub_id, resolve_hub_revision
+    from ctxlock.artifacts._hub import is_hub_id, resolve_hub_revision
 
     root = cache / "models--Qwen--Qwen2.5-pin-test"
     main = resolve_hub_revision(REPO)
@@ -71,7 +71,7 @@ def test_revision_in_the_spec_resolves_like_huggingface_hub(cache: Path) -> None
 
 
 def test_unknown_revisions_are_typed_errors(cache: Path) -> None:
-    from ctxlock.artifacts.hub import resolve_hub_revision
+    from ctxlock.artifacts._hub import resolve_hub_revision
 
     with pytest.raises(ArtifactNotFoundError, match="revision 'dev'"):
         resolve_hub_revision(f"{REPO}@dev")
@@ -99,8 +99,8 @@ def test_loaded_model_knows_its_revision(cache: Path) -> None:
 
 
 def test_record_names_the_commit_and_flags_a_rolling_ref(cache: Path, tmp_path: Path) -> None:
-    from ctxlock.record import ExecutionRecord
-    from ctxlock.store import Store
+    from ctxlock.records import ExecutionRecord
+    from ctxlock.records._store import Store
 
     store = tmp_path / "store"
 
@@ -147,8 +147,8 @@ def test_a_copied_snapshot_dir_is_not_a_hub_model(cache: Path, tmp_path: Path) -
     shutil.copytree(cache / "models--Qwen--Qwen2.5-pin-test" / "snapshots" / MAIN, plain)
     model = cl.load(str(plain))
     assert model.hub is None
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import run_and_record
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import run_and_record
 
     _, rec, _ = run_and_record(model, json.dumps(REQUEST).encode(), RunOptions())
     assert rec.data["model"]["hub"] is None and rec.data["warnings"] == []

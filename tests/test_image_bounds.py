@@ -27,15 +27,15 @@ from PIL import Image
 
 import mm_fixtures
 from cli_runner import run_cli
-from ctxlock._fast_batch import mask_rows
+from ctxlock.batch._fast import mask_rows
 from ctxlock.errors import CtxlockError, ImageMemoryError, ImagePlacementError
-from ctxlock.masks import MaskOptions
-from ctxlock.model import Model, load
-from ctxlock.multimodal import media
-from ctxlock.multimodal.base import ColourPolicy, Orientation
-from ctxlock.multimodal.pipeline import StageOptions, plan_image
-from ctxlock.multimodal.registry import family_for
-from ctxlock.multimodal.sources import ImageBytes, ImageRef
+from ctxlock.model._model import Model, load
+from ctxlock.multimodal import _media as media
+from ctxlock.multimodal._base import ColourPolicy, Orientation
+from ctxlock.multimodal._pipeline import StageOptions, plan_image
+from ctxlock.multimodal._registry import family_for
+from ctxlock.multimodal._sources import ImageBytes, ImageRef
+from ctxlock.training._masks import MaskOptions
 
 MIB = 1 << 20
 LIMIT = 64 * MIB

@@ -24,7 +24,7 @@ import reference
 from conformance import FIXED_NOW, FixedClock, with_joined_content
 from ctxlock.errors import ControlTokenError, TemplateError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, content_format
+from ctxlock.template._render import ChatTemplate, content_format
 
 pytestmark = pytest.mark.reference
 

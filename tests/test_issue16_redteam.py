@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 import ctxlock
-import ctxlock.template
+import ctxlock.template._render
 import fetched
 import reference
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, vocab_for
 from ctxlock.cli import main
 from ctxlock.errors import CtxlockError
-from ctxlock.template import ChatTemplate
-from ctxlock.tensors import TorchInput
+from ctxlock.template._render import ChatTemplate
+from ctxlock.tensors._assemble import TorchInput
 
 QWEN = "Qwen-Qwen2.5-7B-Instruct.jinja"
 REQUESTS: list[dict[str, Any]] = [
@@ -86,7 +86,7 @@ def test_the_newlines_between_joined_parts_are_request_text_on_every_string_temp
     checked = set()
     for path in fetched.template_paths():
         source = path.read_text("utf-8")
-        if ctxlock.template.content_format(source) != "string":
+        if ctxlock.template._render.content_format(source) != "string":
             continue
         vocab = vocab_for(path.name)
         model = models.setdefault(vocab, ctxlock.load(str(fetched.hf_tokenizer_dir(vocab))))
@@ -182,7 +182,7 @@ def test_a_template_that_reads_parts_without_a_loop_gets_them_as_sent(name: str)
     rendered the message as nothing (a joined string has no `.text`): the user's text silently dropped, where
     transformers renders it. Such a template reads parts ("openai"), and auto renders what transformers does."""
     source = PARTS_WITHOUT_A_LOOP[name]
-    assert ctxlock.template.content_format(source) == "openai"
+    assert ctxlock.template._render.content_format(source) == "openai"
     model = ctxlock.load("book")
     parts = [{"type": "text", "text": "blue"}, {"type": "text", "text": "sky"}]
     messages = [{"role": "user", "content": parts}]
@@ -203,7 +203,7 @@ def test_a_template_that_reads_parts_without_a_loop_gets_them_as_sent(name: str)
     ids=["char-index", "first-char", "slice"],
 )
 def test_string_templates_that_index_characters_stay_string(source: str) -> None:
-    assert ctxlock.template.content_format(source) == "string"
+    assert ctxlock.template._render.content_format(source) == "string"
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -327,8 +327,8 @@ def test_replaying_a_tampered_imported_record_is_one_line(tmp_path) -> None:
 _PER_CHARACTER = """
 import resource, sys
 import ctxlock
-from ctxlock.sandbox import RenderLimits
-from ctxlock.template import ChatTemplate
+from ctxlock.template.sandbox._env import RenderLimits
+from ctxlock.template._render import ChatTemplate
 m = ctxlock.load("book")
 tpl = ChatTemplate("{% for c in messages[0].content %}{{ c }}|{% endfor %}", "per-char")
 m.render({"messages": [{"role": "user", "content": "a"}]}, template=tpl)

@@ -1,4 +1,4 @@
-"""ctxlock.masks: assistant-token masks, with transformers' `return_assistant_tokens_mask` as the reference.
+"""ctxlock.training._masks: assistant-token masks, with transformers' `return_assistant_tokens_mask` as the reference.
 
 - Parity: on generation-tagged versions of stock templates (tests/tagged.py), over the conformance corpus, the ids and
   the mask equal `apply_chat_template(..., return_dict=True, return_assistant_tokens_mask=True)`; the tagged
@@ -28,11 +28,11 @@ import reference
 import tagged
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, FixedClock, conversations, vocab_for
 from ctxlock.errors import MaskError, OptionError, TensorError
-from ctxlock.masks import MaskOptions, assistant_mask, cross_check, template_report
 from ctxlock.request import parse_request
 from ctxlock.settings import reference_path
-from ctxlock.template import ChatTemplate
-from ctxlock.tensors import ModelInput
+from ctxlock.template._render import ChatTemplate
+from ctxlock.tensors._assemble import ModelInput
+from ctxlock.training._masks import MaskOptions, assistant_mask, cross_check, template_report
 
 CORPUS = [c for c in conversations() if not c[2]["continue_final_message"]]  # transformers refuses masks there
 TAGGED = list(tagged.TAGGINGS)
@@ -324,7 +324,7 @@ def test_model_input_carries_assistant_masks() -> None:
     assert mi.assistant_masks.dtype == np.int64 and not mi.assistant_masks.flags.writeable
     assert ModelInput.from_dict(mi.to_dict()) == mi
     assert pickle.loads(pickle.dumps(mi)) == mi
-    assert mi != ctxlock.tensors.assemble(mi.row(0))
+    assert mi != ctxlock.tensors._assemble.assemble(mi.row(0))
     pt = mi.as_tensors("pt")
     assert pt.assistant_masks.tolist() == mi.assistant_masks.tolist()
     for bad in ([[2] * mi.seq_len], [[1] * (mi.seq_len + 1)]):

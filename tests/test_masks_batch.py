@@ -1,4 +1,4 @@
-"""ctxlock._fast_batch.mask_rows (the rows of `ctxlock batch`): the fast path equals the reference path and
+"""ctxlock.batch._fast.mask_rows (the rows of `ctxlock batch`): the fast path equals the reference path and
 `Model.encode(..., return_assistant_mask=True)` — ids, masks, notes, digests and errors.
 
 - The conformance conversations, on the stock and generation-tagged versions of the tagged templates (both mask
@@ -25,13 +25,13 @@ import ctxlock
 import fetched
 import tagged
 from conformance import FIXED_NOW, conversations, vocab_for
-from ctxlock._fast_batch import MaskedRow, mask_rows
-from ctxlock._fastmask import region_mask
-from ctxlock.batch import BatchOptions, run_batch
-from ctxlock.masks import MaskOptions
+from ctxlock.accounting._tokenlay import assign_owners
+from ctxlock.batch._fast import MaskedRow, mask_rows
+from ctxlock.batch._run import BatchOptions, run_batch
 from ctxlock.settings import fast_path, reference_path
-from ctxlock.template import ChatTemplate
-from ctxlock.tokenlay import assign_owners
+from ctxlock.template._render import ChatTemplate
+from ctxlock.training._fastmask import region_mask
+from ctxlock.training._masks import MaskOptions
 
 pytestmark = pytest.mark.fast_path
 

@@ -141,8 +141,8 @@ def test_where_ctxlock_renders_what_mistral_common_rejects_the_readme_says_so(pa
 
 
 def test_the_final_assistant_difference_is_in_the_record(pair) -> None:
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import run_and_record
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import run_and_record
 
     _, model = pair
     raw = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
@@ -169,9 +169,9 @@ def test_mistral_common_prefix_is_ctxlock_continue_final_message(pair) -> None:
 
 
 def test_a_replayed_record_keeps_the_shapes(pair, tmp_path) -> None:
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import replay, run_and_record, save
-    from ctxlock.store import Store
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import replay, run_and_record, save
+    from ctxlock.records._store import Store
 
     _, model = pair
     raw = json.dumps(SHAPES["parallel"]["request"]).encode()

@@ -28,8 +28,8 @@ from ctxlock.errors import (
     ImageSizeError,
     MediaTypeError,
 )
-from ctxlock.multimodal.base import AnimationPolicy
-from ctxlock.multimodal.pipeline import StageOptions
+from ctxlock.multimodal._base import AnimationPolicy
+from ctxlock.multimodal._pipeline import StageOptions
 
 
 def _bomb_png(side: int) -> bytes:

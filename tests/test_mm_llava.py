@@ -1,4 +1,4 @@
-"""LLaVA-1.5 images (ctxlock.multimodal.llava) against transformers 5.24: `CLIPImageProcessorPil` pixel values
+"""LLaVA-1.5 images (ctxlock.multimodal._llava) against transformers 5.24: `CLIPImageProcessorPil` pixel values
 within 1e-5 over generated images, and `LlavaProcessor`'s expanded text and ids for a fixture model directory (the
 Llama-2 SentencePiece vocabulary from the fetched llama.cpp artifacts, `<image>` added as id 32000, a LLaVA-1.5
 chat template, LLaVA-1.5's preprocessor and processor configs written here)."""
@@ -20,9 +20,9 @@ import ctxlock
 import fetched as artifacts
 import reference
 from ctxlock.errors import CtxlockError, ImageSizeError
-from ctxlock.multimodal import media
-from ctxlock.multimodal.base import ColourPolicy, ImageFamily, Orientation
-from ctxlock.multimodal.llava import LlavaFamily, shortest_edge_size
+from ctxlock.multimodal import _media as media
+from ctxlock.multimodal._base import ColourPolicy, ImageFamily, Orientation
+from ctxlock.multimodal._llava import LlavaFamily, shortest_edge_size
 from mm_images import as_decoded, corpus, exif_rotated, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
@@ -252,7 +252,7 @@ def test_bad_configs_are_typed_errors(pre, proc) -> None:
 def test_fit_counts_the_processors_bos(llava_dir) -> None:
     """fit_context on a LLaVA model counts the `<s>` run_images adds: its total is the fitted ids' length, images
     kept or dropped whole."""
-    from ctxlock.budget import BudgetPolicy, fit_context
+    from ctxlock.budget._fit import BudgetPolicy, fit_context
 
     model = ctxlock.load(str(llava_dir))
     _, urls = _files()
@@ -311,7 +311,7 @@ def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir, tmp_path)
     """What a template receives for an OpenAI image_url part: a template that prints each part's keys renders the
     same through ctxlock as through `LlavaProcessor.apply_chat_template` (`type,url`); and with vLLM's "openai"
     content format, which hands `{"type": "image"}`, the LLaVA template writes the same `<image>` lines."""
-    from ctxlock.template import ChatTemplate
+    from ctxlock.template._render import ChatTemplate
 
     keys = (
         "{% for m in messages %}{% for c in m['content'] %}{{ c|dictsort|map('first')|join(',') }};"

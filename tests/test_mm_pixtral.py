@@ -1,4 +1,4 @@
-"""Pixtral / Mistral images (ctxlock.multimodal.pixtral) against mistral-common 1.13's own image encoder.
+"""Pixtral / Mistral images (ctxlock.multimodal._pixtral) against mistral-common 1.13's own image encoder.
 
 Reference: `mistral_common.tokens.tokenizers.image.ImageEncoder` on `ImageChunk`s (tokens and the processed image),
 and `MistralTokenizer.encode_chat_completion` on multi-turn requests (the images it returns, and the image tokens
@@ -30,10 +30,10 @@ from PIL import Image
 
 import ctxlock
 from ctxlock.errors import CtxlockError, ImageSizeError
-from ctxlock.multimodal import media
-from ctxlock.multimodal.base import ImageFamily
-from ctxlock.multimodal.pixtral import PixtralFamily, pixtral_grid
-from ctxlock.multimodal.resample import PORTABLE_MAX_DIFF, Resizer, cubic_resize, opencv_resize
+from ctxlock.multimodal import _media as media
+from ctxlock.multimodal._base import ImageFamily
+from ctxlock.multimodal._pixtral import PixtralFamily, pixtral_grid
+from ctxlock.multimodal._resample import PORTABLE_MAX_DIFF, Resizer, cubic_resize, opencv_resize
 from mm_images import as_decoded, corpus, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference

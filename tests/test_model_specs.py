@@ -17,7 +17,7 @@ import ctxlock
 import fetched
 import reference
 from ctxlock.errors import ArtifactNotFoundError
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 

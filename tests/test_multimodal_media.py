@@ -28,9 +28,9 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 
 import mm_fixtures as F
 from ctxlock.errors import ImageDecodeError, ImageSizeError, MediaError, MediaTypeError
-from ctxlock.multimodal import media
-from ctxlock.multimodal.base import AnimationPolicy, ColourPolicy, Orientation
-from ctxlock.multimodal.qwen2vl import Qwen2VL, smart_resize
+from ctxlock.multimodal import _media as media
+from ctxlock.multimodal._base import AnimationPolicy, ColourPolicy, Orientation
+from ctxlock.multimodal._qwen2vl import Qwen2VL, smart_resize
 
 pytestmark = pytest.mark.reference
 

@@ -29,8 +29,8 @@ from ctxlock.errors import (
     MediaSourceError,
     MediaTypeError,
 )
-from ctxlock.multimodal.pipeline import StageOptions
-from ctxlock.multimodal.qwen2vl import Qwen2VL
+from ctxlock.multimodal._pipeline import StageOptions
+from ctxlock.multimodal._qwen2vl import Qwen2VL
 
 pytestmark = pytest.mark.reference
 
@@ -378,7 +378,7 @@ def test_cli_render_shows_image_blocks_and_needs_media(tmp_path: Path, model_dir
 
 
 def test_fit_keeps_or_drops_an_image_whole(model: ctxlock.Model) -> None:
-    from ctxlock.budget import BudgetPolicy, fit_context
+    from ctxlock.budget._fit import BudgetPolicy, fit_context
 
     images = [F.png(F.noise(640, 480, seed=k)) for k in range(3)]  # 391 tokens each
     req = model.parse({"messages": conversation(images)})

@@ -15,9 +15,9 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 import ctxlock
 import mm_fixtures as F
 from ctxlock.errors import ImagePlacementError
-from ctxlock.multimodal.qwen2vl import Qwen2VL
-from ctxlock.multimodal.qwen3vl import Qwen3VL
-from ctxlock.multimodal.registry import family_for
+from ctxlock.multimodal._qwen2vl import Qwen2VL
+from ctxlock.multimodal._qwen3vl import Qwen3VL
+from ctxlock.multimodal._registry import family_for
 
 
 class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):

@@ -32,8 +32,8 @@ from ctxlock.errors import (
     MediaTypeError,
     RequestValidationError,
 )
-from ctxlock.multimodal.pipeline import StageOptions
-from ctxlock.multimodal.qwen2vl import VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, Qwen2VL
+from ctxlock.multimodal._pipeline import StageOptions
+from ctxlock.multimodal._qwen2vl import VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, Qwen2VL
 from test_multimodal_media import bomb_png
 
 
@@ -257,7 +257,7 @@ def test_video_refused_where_it_cannot_go(model: ctxlock.Model, tmp_path: Path) 
     req = {"messages": [{"role": "user", "content": [video(frames(2, 56, 56))]}]}
     with pytest.raises(ImagePlacementError, match="unexpanded"):
         model.encode(req)
-    from ctxlock.multimodal.llava import LlavaFamily
+    from ctxlock.multimodal._llava import LlavaFamily
 
     with pytest.raises(ImagePlacementError, match="takes no video") as info:
         model.run_images(req, family=LlavaFamily())
@@ -271,7 +271,7 @@ def test_video_refused_where_it_cannot_go(model: ctxlock.Model, tmp_path: Path) 
 
 
 def test_fit_keeps_or_drops_a_video_whole(model: ctxlock.Model) -> None:
-    from ctxlock.budget import BudgetPolicy, fit_context
+    from ctxlock.budget._fit import BudgetPolicy, fit_context
 
     turns: list[dict] = []
     for k in range(3):
@@ -307,9 +307,10 @@ def test_record_keeps_each_frames_digest(model: ctxlock.Model) -> None:
 
 
 def test_video_record_replays_after_the_frame_files_are_deleted(tmp_path: Path, model: ctxlock.Model) -> None:
-    from ctxlock.record import RunOptions, diff
-    from ctxlock.replay import image_options, load_record, replay, run_and_record, save
-    from ctxlock.store import Store
+    from ctxlock.records import RunOptions
+    from ctxlock.records import _diff as diff
+    from ctxlock.records._replay import image_options, load_record, replay, run_and_record, save
+    from ctxlock.records._store import Store
 
     store = Store(tmp_path / "store")
     files = []

@@ -1,4 +1,4 @@
-"""`ctxlock.options.RenderOptions`: one frozen, hashable value for what the caller chose, built the same from the
+"""`ctxlock.template.RenderOptions`: one frozen, hashable value for what the caller chose, built the same from the
 Python API's keyword arguments, from a record's `RunOptions` and from the CLI's flags; records keep their bytes."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import ctxlock
 from ctxlock.cli.render import render_options
 from ctxlock.errors import OptionError
-from ctxlock.options import RENDER_OPTIONS, ContentFormat, RenderOptions, SpecialTokenPolicy
-from ctxlock.record import RunOptions
+from ctxlock.records import RunOptions
 from ctxlock.request import Dialect, ToolArguments, Utf8Policy
-from ctxlock.template import DEFAULT_LIMITS, ChatTemplate, RenderLimits, render
+from ctxlock.template._options import RENDER_OPTIONS, ContentFormat, InjectionPolicy, RenderOptions
+from ctxlock.template._render import DEFAULT_LIMITS, ChatTemplate, RenderLimits, render
 
 JST = timezone(timedelta(hours=9))
 REQUEST = {"messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]}
@@ -65,7 +65,7 @@ def _cli_form() -> RenderOptions:
     options, sampler = render_options(
         None,
         var=["enable_thinking=false", 'mode="x"'],
-        special_tokens=SpecialTokenPolicy.KEEP,
+        special_tokens=InjectionPolicy.KEEP,
         now="2026-01-02T03:04:05+09:00",
         render_seed="7",
         dialect="openai",
@@ -82,7 +82,7 @@ def _cli_form() -> RenderOptions:
 def test_the_value_is_frozen_and_hashable() -> None:
     options = _kwargs_form()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.injection = SpecialTokenPolicy.TEXT  # type: ignore[misc]
+        options.injection = InjectionPolicy.TEXT  # type: ignore[misc]
     assert hash(options) == hash(_kwargs_form())
     assert {options, _kwargs_form()} == {options}
     assert RenderOptions() == RenderOptions.from_kwargs({}) and hash(RenderOptions()) == hash(RenderOptions())
@@ -101,7 +101,7 @@ def test_caller_values_are_frozen_copies() -> None:
 
 def test_the_fields_are_typed() -> None:
     options = _kwargs_form()
-    assert options.injection is SpecialTokenPolicy.KEEP
+    assert options.injection is InjectionPolicy.KEEP
     assert options.content_format is ContentFormat.STRING
     assert options.utf8 is Utf8Policy.REPLACE
     assert options.tool_arguments is ToolArguments.AS_SENT

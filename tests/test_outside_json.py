@@ -1,4 +1,4 @@
-"""Outside JSON is read by the strict reader (`ctxlock.jsonread`), and `ctxlock usage` reads a file in bounded memory.
+"""Outside JSON is read by the strict reader (`ctxlock.outside`), and `ctxlock usage` reads a file in bounded memory.
 
 - Generated hostile files (nesting past the depth limit, integers past Python's 4,300 digits, lone surrogates,
   invalid UTF-8, duplicate keys, NaN; each at a random place among valid lines) give `usage` and `cache-report`
@@ -25,10 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cli_runner import invoke, run_cli
-from ctxlock.cache_session import read_session
 from ctxlock.cli import usage as usage_cmds
+from ctxlock.economics._session import read_session
+from ctxlock.economics._usage import PriceTable, read_usage
 from ctxlock.errors import CtxlockError, PriceError, UsageError
-from ctxlock.usage import PriceTable, read_usage
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -221,7 +221,7 @@ def _json_loads_calls() -> dict[str, int]:
 def test_every_json_loads_is_the_strict_reader_or_listed() -> None:
     calls = _json_loads_calls()
     unlisted = sorted(set(calls) - set(OWN_OUTPUT))
-    assert unlisted == [], f"json.loads of outside input: read it with ctxlock.jsonread.loads_outside: {unlisted}"
+    assert unlisted == [], f"json.loads of outside input: read it with ctxlock.outside._json.loads_outside: {unlisted}"
     stale = sorted(set(OWN_OUTPUT) - set(calls))
     assert stale == [], f"listed but no longer calling json.loads (take them off the list): {stale}"
     # The readers of this change: usage, cache-report (CLI and server) and price tables.
@@ -275,14 +275,14 @@ def _readers(tmp: Path) -> dict[str, tuple[type[CtxlockError], Any, bool]]:
     import io
 
     from ctxlock import load
-    from ctxlock.artifacts.common import read_json
-    from ctxlock.bundle import MAGIC, import_bundle
-    from ctxlock.constrain import JsonSchemaMask
+    from ctxlock.artifacts._common import read_json
     from ctxlock.errors import ArtifactFormatError, BundleError, ConstraintError, RecordFormatError
-    from ctxlock.record import ExecutionRecord
-    from ctxlock.store import Store
-    from ctxlock.tokenizer.hf import HFTokenizer
-    from ctxlock.tokenizer.tekken import TekkenTokenizer
+    from ctxlock.generation._constrain import JsonSchemaMask
+    from ctxlock.records import ExecutionRecord
+    from ctxlock.records._bundle import MAGIC, import_bundle
+    from ctxlock.records._store import Store
+    from ctxlock.tokenizer.backends._hf import HFTokenizer
+    from ctxlock.tokenizer.backends._tekken import TekkenTokenizer
 
     tokenizer = load().tokenizer
 
@@ -328,12 +328,12 @@ def test_hostile_json_in_every_reader_class(tmp_path: Path) -> None:
                     assert "$" in str(exc.path) or reader == "bundle header", (reader, kind, exc.path)
             else:
                 assert kind == "duplicate" and last_key_wins and reader == "model JSON", (reader, kind)
-    from ctxlock.artifacts.common import read_json
+    from ctxlock.artifacts._common import read_json
 
     (tmp_path / "dup.json").write_text('{"a": 1, "b": [], "a": 2}')
     assert read_json(tmp_path / "dup.json") == json.loads('{"a": 1, "b": [], "a": 2}') == {"a": 2, "b": []}
     from ctxlock.errors import ArtifactFormatError
-    from ctxlock.tokenizer.tekken import TekkenTokenizer
+    from ctxlock.tokenizer.backends._tekken import TekkenTokenizer
 
     try:  # a Tekken file is read as any model file: a regular file under the artifact cap (a device was read whole)
         TekkenTokenizer(Path("/dev/zero"), id="t")
@@ -348,7 +348,7 @@ def test_a_duplicate_vocabulary_key_reads_as_tokenizers_reads_it() -> None:
     a HashMap) keeps the last id, and so does ctxlock (not a refusal of a file the reference loads)."""
     import tokenizers
 
-    from ctxlock.tokenizer.hf import HFTokenizer
+    from ctxlock.tokenizer.backends._hf import HFTokenizer
     from fetched import hf_tokenizer_dir
 
     data = json.loads((hf_tokenizer_dir("llama-spm") / "tokenizer.json").read_text("utf-8"))

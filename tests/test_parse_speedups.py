@@ -32,13 +32,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxlock._fast_batch import _digest
+from ctxlock.batch._fast import _digest
+from ctxlock.core._frozen import FrozenDict, canonical_json, freeze, thaw
 from ctxlock.errors import CtxlockError
-from ctxlock.frozen import FrozenDict, canonical_json, freeze, thaw
-from ctxlock.jsonread import _loads_fast, _Refused, loads_strict
+from ctxlock.outside._json import _loads_fast, _Refused, loads_strict
 from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall, Utf8Policy, parse_request
 from ctxlock.request._canonical import _controls_escaped, _quoted, request_json_bytes
-from ctxlock.request.values import request_of, text_message
+from ctxlock.request._values import request_of, text_message
 from ctxlock.settings import fast_path, reference_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

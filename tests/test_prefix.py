@@ -1,4 +1,4 @@
-"""Whole-text encoding and prefix reuse (`ctxlock.tokenizer.prefix`, issue 7): where it is taken, one tiktoken call
+"""Whole-text encoding and prefix reuse (`ctxlock.tokenizer._prefix`, issue 7): where it is taken, one tiktoken call
 per rendered text, and a text that shares a prefix with one seen before, give `tokenizers`' ids with every added
 token honoured (the reference ids of `tokenize`); where it is refused, the reason names the condition."""
 
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from ctxlock.settings import fast_path, reference_path
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 from ctxlock.tokenizer import encode_ids, tokenize
-from ctxlock.tokenizer.hf import HFTokenizer
-from ctxlock.tokenizer.prefix import WholeText, common_prefix, whole_text_refusal
+from ctxlock.tokenizer._prefix import WholeText, common_prefix, whole_text_refusal
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 from vocabularies import ENGINES, hf_backend_tokenizers, native_engine
 
 MUST_BE_WHOLE = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")

@@ -1,4 +1,4 @@
-"""ctxlock.promptcache: what each provider's cache serves, and the seed's 1.25x-write, never-0.1x-read pattern.
+"""ctxlock.economics: what each provider's cache serves, and the seed's 1.25x-write, never-0.1x-read pattern.
 
 The figures are worked by hand in the comments; prices come from tests/data/usage/prices.json (LiteLLM's format)."""
 
@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ctxlock.errors import UsageError
-from ctxlock.promptcache import (
+from ctxlock.economics._promptcache import (
     Breakpoint,
     Split,
     anthropic_split,
@@ -21,7 +20,8 @@ from ctxlock.promptcache import (
     turn_cost,
     vllm_cached,
 )
-from ctxlock.usage import PriceTable
+from ctxlock.economics._usage import PriceTable
+from ctxlock.errors import UsageError
 
 PRICES = PriceTable.parse((Path(__file__).parent / "data" / "usage" / "prices.json").read_bytes(), "prices.json")
 

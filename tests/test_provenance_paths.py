@@ -23,7 +23,7 @@ import ctxlock
 import fetched
 from ctxlock.errors import ControlTokenError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, render
+from ctxlock.template._render import ChatTemplate, render
 
 QWEN35 = "Qwen3.5-4B.jinja"
 

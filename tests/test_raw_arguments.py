@@ -22,10 +22,10 @@ import ctxlock
 import fetched
 import reference
 from conformance import FIXED_NOW, conversations, string_argument_paths, with_parsed_arguments
+from ctxlock.core._frozen import FrozenDict
 from ctxlock.errors import RequestValidationError
-from ctxlock.frozen import FrozenDict
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 pytestmark = pytest.mark.reference
 
@@ -131,9 +131,9 @@ def test_as_sent_renders_the_string_as_transformers_does(value: dict, indent: An
 
 
 def test_the_option_is_recorded_and_replayed(qwen, tmp_path) -> None:
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import replay, run_and_record, save
-    from ctxlock.store import Store
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import replay, run_and_record, save
+    from ctxlock.records._store import Store
 
     model, template, _, _ = qwen
     data, options = CORPUS["07_tool_call_arguments_string"]

@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 import ctxlock
 import ctxlock.errors
-import ctxlock.replay
+import ctxlock.records._replay
 import fetched
 from cli_runner import run_cli
 from ctxlock.errors import ArtifactNotFoundError
-from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes
-from ctxlock.replay import load_record, replay, run_and_record, save
-from ctxlock.store import Store
-from ctxlock.template import ChatTemplate
+from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes
+from ctxlock.records._replay import load_record, replay, run_and_record, save
+from ctxlock.records._store import Store
+from ctxlock.template._render import ChatTemplate
 
 NOW = "2024-07-26T10:00:00"
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -39,12 +39,12 @@ REQUEST = {
     ]
 }
 SEED_IDS = [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6]
-MAGIC = b"ctxlock.bundle/1\n"  # the documented first line of a bundle
+MAGIC = b"ctxlock.records._bundle/1\n"  # the documented first line of a bundle
 
 
 def bundles() -> types.ModuleType:
-    """`ctxlock.bundle`, imported per test: where it is missing, each test fails on its own."""
-    return importlib.import_module("ctxlock.bundle")
+    """`ctxlock.records._bundle`, imported per test: where it is missing, each test fails on its own."""
+    return importlib.import_module("ctxlock.records._bundle")
 
 
 def cli(*args: str, data_dir: Path, home: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
@@ -265,7 +265,7 @@ _HEADER_ATTACKS = {
     "negative size": lambda h, p: (h["entries"][1].update(size=-1), p),
     "boolean size": lambda h, p: (h["entries"][1].update(size=True), p),
     "uppercase digest": lambda h, p: (h["entries"][1].update(sha256=h["entries"][1]["sha256"].upper()), p),
-    "unknown format": lambda h, p: (h.update(format="ctxlock.bundle/9"), p),
+    "unknown format": lambda h, p: (h.update(format="ctxlock.records._bundle/9"), p),
     "extra header key": lambda h, p: (h.update(run="rm -rf ~"), p),
     "oversize declared": lambda h, p: (h["entries"][2].update(size=1 << 50), p),
     "oversize record": lambda h, p: (h["entries"][0].update(size=(256 << 20) + 1), p),
@@ -286,7 +286,7 @@ def test_every_header_lie_is_a_bundle_error_naming_where(bundle: bytes, attack: 
 def test_a_non_canonical_header_is_refused(bundle: bytes) -> None:
     # A duplicate key: JSON parsers keep the last one silently, so two readers could see two bundles.
     line = bundle[len(MAGIC) :].split(b"\n", 1)[0]
-    forged = line[:-1] + b',"format":"ctxlock.bundle/1"}'
+    forged = line[:-1] + b',"format":"ctxlock.records._bundle/1"}'
     raw = bundle.replace(line, forged, 1)
     assert 'duplicate key "format"' in _refused(raw).message  # the strict reader refuses it before any other check
 
@@ -335,9 +335,9 @@ def test_replay_stops_before_comparing_when_the_seed_fixture_fails(
 ) -> None:
     store, record = origin
     # As if this installation's book tokenizer gave other ids: replay must not go on to compare anything.
-    monkeypatch.setattr(ctxlock.replay, "SEED_FIXTURE_IDS", (1, 2, 7, 3, 4, 8, 9, 10, 11, 13, 5, 6))
+    monkeypatch.setattr(ctxlock.records._replay, "SEED_FIXTURE_IDS", (1, 2, 7, 3, 4, 8, 9, 10, 11, 13, 5, 6))
     compared: list[object] = []
-    monkeypatch.setattr(ctxlock.replay, "diff", lambda *a: compared.append(a))
+    monkeypatch.setattr(ctxlock.records._replay, "diff", lambda *a: compared.append(a))
     with pytest.raises(ctxlock.errors.FixtureCheckError) as info:
         replay(load_record(record.id, store), store)
     assert compared == []

@@ -1,4 +1,4 @@
-"""The layer comparers of ctxlock.record (`COMPARERS`): one per layer, and together they read every section a record
+"""The layer comparers of ctxlock.records (`COMPARERS`): one per layer, and together they read every section a record
 has (or `NOT_COMPARED` says why a section is not compared)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 import ctxlock
 from ctxlock.errors import CtxlockError
-from ctxlock.record import COMPARERS, LAYERS, NOT_COMPARED, ExecutionRecord, RunOptions, build_record, diff
-from ctxlock.replay import run_and_record
+from ctxlock.records import COMPARERS, LAYERS, NOT_COMPARED, ExecutionRecord, RunOptions, build_record
+from ctxlock.records import _diff as diff
+from ctxlock.records._replay import run_and_record
 
 REQUEST = {"messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]}
 

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 import ctxlock
 from ctxlock.errors import CtxlockError
 from ctxlock.request import parse_request
-from ctxlock.sandbox import new_environment
-from ctxlock.template import ChatTemplate, render
+from ctxlock.template._render import ChatTemplate, render
+from ctxlock.template.sandbox._env import new_environment
 
 REQUEST = {
     "messages": [
@@ -266,9 +266,9 @@ def test_lipsum_is_a_function_of_its_seed(seed: int, n: int, lo: int, span: int)
 
 
 def test_seed_is_recorded_and_replayed(tmp_path: Path) -> None:
-    from ctxlock.record import RunOptions
-    from ctxlock.replay import replay, run_and_record, save
-    from ctxlock.store import Store
+    from ctxlock.records import RunOptions
+    from ctxlock.records._replay import replay, run_and_record, save
+    from ctxlock.records._store import Store
 
     model = ctxlock.load("book")
     template = ChatTemplate("{{ messages[0].content }} {{ range(1000)|random }}", id="rand.jinja")
@@ -278,7 +278,7 @@ def test_seed_is_recorded_and_replayed(tmp_path: Path) -> None:
     assert error is None
     dyn = record.data["dynamic"]
     assert dyn["random"]["seed"] == 1234 and dyn["random"]["draws"][0]["choices"] == 1000
-    assert "random_ids" not in dyn and record.data["format"] == "ctxlock.record/2"
+    assert "random_ids" not in dyn and record.data["format"] == "ctxlock.records/2"
     store = Store(tmp_path / "store")
     rid = save(store, model, record, template)
     result, again = replay(store_record(store, rid), store)
@@ -287,26 +287,26 @@ def test_seed_is_recorded_and_replayed(tmp_path: Path) -> None:
 
 
 def store_record(store: Any, rid: str) -> Any:
-    from ctxlock.record import ExecutionRecord
+    from ctxlock.records import ExecutionRecord
 
     return ExecutionRecord.from_bytes(store.get_record(rid))
 
 
 def test_format_1_records_still_read() -> None:
-    from ctxlock.record import ExecutionRecord, RunOptions
-    from ctxlock.replay import run_and_record
+    from ctxlock.records import ExecutionRecord, RunOptions
+    from ctxlock.records._replay import run_and_record
 
     model = ctxlock.load("book")
     _, record, _ = run_and_record(model, json.dumps(REQUEST).encode(), RunOptions())
     old = record.data
-    old["format"] = "ctxlock.record/1"
+    old["format"] = "ctxlock.records/1"
     for key in ("model", "warnings"):
         old.pop(key)
     old["dynamic"].pop("random")
     old["dynamic"].pop("clock_zone")
     old["dynamic"]["random_ids"] = []
     parsed = ExecutionRecord.from_bytes(json.dumps(old).encode())
-    assert parsed.data["format"] == "ctxlock.record/1"
+    assert parsed.data["format"] == "ctxlock.records/1"
 
 
 # -- the clock -------------------------------------------------------------------------------------------------------
@@ -323,8 +323,8 @@ def test_default_clock_is_aware_and_recorded_with_its_zone(monkeypatch: pytest.M
         now = datetime.fromisoformat(r.now)
         assert now.utcoffset() == timedelta(hours=9) and r.clock_zone == "JST"
         assert abs(now - datetime.now(UTC)) < timedelta(minutes=5)
-        from ctxlock.record import RunOptions
-        from ctxlock.replay import run_and_record
+        from ctxlock.records import RunOptions
+        from ctxlock.records._replay import run_and_record
 
         _, record, _ = run_and_record(model, json.dumps(REQUEST).encode(), RunOptions())
         assert record.data["dynamic"]["now"].endswith("+09:00") and record.data["dynamic"]["clock_zone"] == "JST"

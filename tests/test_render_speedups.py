@@ -21,13 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxlock.core._frozen import FrozenDict, freeze, thaw
 from ctxlock.errors import CtxlockError
-from ctxlock.frozen import FrozenDict, freeze, thaw
-from ctxlock.jsonread import loads_strict
+from ctxlock.outside._json import loads_strict
 from ctxlock.request import Utf8Policy
-from ctxlock.sandbox_limits import input_chars
 from ctxlock.settings import fast_path, reference_path
-from ctxlock.taint import Tainted
+from ctxlock.template._taint import Tainted
+from ctxlock.template.sandbox._limits import input_chars
 
 
 def plain_input_chars(value: Any) -> int:

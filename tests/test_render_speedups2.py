@@ -35,12 +35,16 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import taint
 from ctxlock.errors import CtxlockError
-from ctxlock.options import RenderOptions
 from ctxlock.request import parse_request
-from ctxlock.request.values import NO_ORIGINS
-from ctxlock.sandbox import (
+from ctxlock.request._values import NO_ORIGINS
+from ctxlock.settings import fast_path, reference_path
+from ctxlock.template import _taint as taint
+from ctxlock.template._inputs import convert_message, strftime_now_of, template_message
+from ctxlock.template._options import RenderOptions
+from ctxlock.template._render import ChatTemplate, TemplateSet, render
+from ctxlock.template._taint import Tainted
+from ctxlock.template.sandbox._env import (
     DEFAULT_LIMITS,
     compile_source,
     new_environment,
@@ -49,11 +53,7 @@ from ctxlock.sandbox import (
     template_line,
     where,
 )
-from ctxlock.sandbox_limits import _alarm_free, current_state, input_chars
-from ctxlock.settings import fast_path, reference_path
-from ctxlock.taint import Tainted
-from ctxlock.template import ChatTemplate, TemplateSet, render
-from ctxlock.template_inputs import convert_message, strftime_now_of, template_message
+from ctxlock.template.sandbox._limits import _alarm_free, current_state, input_chars
 from test_render_speedups import plain_input_chars
 
 pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0

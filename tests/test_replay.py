@@ -1,4 +1,4 @@
-"""`ctxlock.replay`: a real record, saved to a store, replays from the store alone to identical ids, whatever
+"""`ctxlock.records._replay`: a real record, saved to a store, replays from the store alone to identical ids, whatever
 options it was made with (the record's `options` are read back as `RenderOptions`); `rerun` runs it again under
 another template; the seed fixture is checked first."""
 
@@ -11,11 +11,19 @@ from pathlib import Path
 import pytest
 
 import ctxlock
-from ctxlock.options import RenderOptions
-from ctxlock.record import IDENTICAL, ExecutionRecord, RunOptions
-from ctxlock.replay import SEED_FIXTURE_IDS, check_seed_fixture, load_record, replay, rerun, run_and_record, save
-from ctxlock.store import Store
-from ctxlock.template import DEFAULT_LIMITS, ChatTemplate
+from ctxlock.records import IDENTICAL, ExecutionRecord, RunOptions
+from ctxlock.records._replay import (
+    SEED_FIXTURE_IDS,
+    check_seed_fixture,
+    load_record,
+    replay,
+    rerun,
+    run_and_record,
+    save,
+)
+from ctxlock.records._store import Store
+from ctxlock.template._options import RenderOptions
+from ctxlock.template._render import DEFAULT_LIMITS, ChatTemplate
 
 NOW = "2026-01-02T03:04:05+09:00"
 REQUEST = {

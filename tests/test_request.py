@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxlock.core._frozen import FrozenDict
 from ctxlock.errors import RequestEncodingError, RequestError, RequestJSONError, RequestValidationError
-from ctxlock.frozen import FrozenDict
 from ctxlock.request import (
     RESERVED_TEMPLATE_KWARGS,
     Dialect,

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ctxlock.request.openai
+import ctxlock.request._openai
 from ctxlock import caches
+from ctxlock.core._frozen import FrozenDict
 from ctxlock.errors import RequestEncodingError, RequestError, RequestJSONError, RequestValidationError
-from ctxlock.frozen import FrozenDict
 from ctxlock.request import (
     MAX_JSON_DEPTH,
     RESERVED_TEMPLATE_KWARGS,
@@ -291,13 +291,13 @@ def test_later_turns_build_only_the_new_messages(monkeypatch: pytest.MonkeyPatch
     req = warm()
     first = parse_request(req)
     built: list[str] = []
-    real = ctxlock.request.openai.parse_message
+    real = ctxlock.request._openai.parse_message
 
     def counting(raw: Any, path: str, *args: Any) -> Message:
         built.append(path)
         return real(raw, path, *args)
 
-    monkeypatch.setattr(ctxlock.request.openai, "parse_message", counting)
+    monkeypatch.setattr(ctxlock.request._openai, "parse_message", counting)
     nxt = extended(req, {"role": "user", "content": "And tomorrow?"})
     second = parse_request(nxt)
     n = len(req["messages"])

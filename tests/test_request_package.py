@@ -19,19 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock.request
-from ctxlock import caches, jsonread
+from ctxlock import caches
 from ctxlock.errors import RequestEncodingError, RequestJSONError, RequestValidationError
-from ctxlock.request import (
-    Dialect,
-    Request,
-    Utf8Policy,
-    anthropic,
-    build,
-    clear_request_memo,
-    decode_bytes,
-    openai,
-    parse_request,
-)
+from ctxlock.outside import _json as jsonread
+from ctxlock.request import Dialect, Request, Utf8Policy, clear_request_memo, decode_bytes, parse_request
+from ctxlock.request import _anthropic as anthropic
+from ctxlock.request import _build as build
+from ctxlock.request import _openai as openai
 from ctxlock.settings import reference_path
 
 PACKAGE = Path(ctxlock.request.__file__).parent

@@ -23,7 +23,7 @@ import fetched
 import reference
 from cli_runner import run_cli
 from conformance import vocab_for
-from ctxlock.template import ChatTemplate
+from ctxlock.template._render import ChatTemplate
 
 TEMPLATES = fetched.template_paths()
 RWKV = "llama-cpp-rwkv-world.jinja"  # "User: " / "Assistant: ": plain text with any vocabulary
@@ -52,7 +52,7 @@ def _hf(vocab: str) -> Any:
 
 def _oracle(source: str, vocab: str) -> tuple[bool, list[str]]:
     """(rendered, plain-text boundaries) by transformers: its render of the probe, its tokenizer's added tokens."""
-    from ctxlock.template import ROLE_PROBES
+    from ctxlock.template._render import ROLE_PROBES
 
     special = reference.reference_special_tokens(fetched.hf_tokenizer_dir(vocab))
     tok = _hf(vocab)
@@ -81,7 +81,7 @@ def _oracle(source: str, vocab: str) -> tuple[bool, list[str]]:
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
 def test_detector_agrees_with_transformers_tokenizer(path: Path) -> None:
-    from ctxlock.template import role_markers
+    from ctxlock.template._render import role_markers
 
     vocab = vocab_for(path.name)
     source = path.read_text("utf-8")
@@ -101,7 +101,7 @@ def test_detector_agrees_with_transformers_tokenizer(path: Path) -> None:
 
 
 def test_the_corpus_has_both_kinds() -> None:
-    from ctxlock.template import role_markers
+    from ctxlock.template._render import role_markers
 
     verdicts = {}
     for path in TEMPLATES:
@@ -163,8 +163,8 @@ def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(tmp_
     data = json.loads(out.stdout)
     (w,) = data["warnings"]
     assert w["kind"] == "plain_text_role_markers" and w["path"] == "plain.jinja line 2"
-    from ctxlock.record import ExecutionRecord
-    from ctxlock.store import Store
+    from ctxlock.records import ExecutionRecord
+    from ctxlock.records._store import Store
 
     record = ExecutionRecord.from_bytes(Store(store).get_record(data["record_id"]))
     assert record.data["warnings"] == [w]

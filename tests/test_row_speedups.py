@@ -34,16 +34,19 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from ctxlock import masks, taint, tokenlay
-from ctxlock._fast_batch import _offsets
-from ctxlock._fastmask import region_mask
-from ctxlock.accounting import part_of
-from ctxlock.masks import MaskOptions
+from ctxlock.accounting import _tokenlay as tokenlay
+from ctxlock.accounting._layout import part_of
+from ctxlock.accounting._tokenlay import assign_owners
+from ctxlock.batch._fast import _offsets
 from ctxlock.settings import call_fast, fast_enabled, fast_path, reference_path
-from ctxlock.taint import Tainted
-from ctxlock.template import Span
-from ctxlock.tokenizer import control_matches, encode_ids, fastbpe
-from ctxlock.tokenlay import assign_owners
+from ctxlock.template import _taint as taint
+from ctxlock.template._render import Span
+from ctxlock.template._taint import Tainted
+from ctxlock.tokenizer import _fastbpe as fastbpe
+from ctxlock.tokenizer import control_matches, encode_ids
+from ctxlock.training import _masks as masks
+from ctxlock.training._fastmask import region_mask
+from ctxlock.training._masks import MaskOptions
 
 pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0
 

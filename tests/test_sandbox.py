@@ -1,6 +1,6 @@
-"""The sandbox's own modules through their public names (`ctxlock.sandbox`, which re-exports `sandbox_limits` and
-`sandbox_filters`): the bounds of a render, the budget, the printable check, and a render end to end. The template
-stage's behaviour (HF semantics, provenance, escapes, the time limit) is tests/test_template.py and
+"""The sandbox's own modules through their public names (`ctxlock.template.sandbox`, which re-exports its
+`_limits` and `_filters` modules): the bounds of a render, the budget, the printable check, and a render end to end.
+The template stage's behaviour (HF semantics, provenance, escapes, the time limit) is tests/test_template.py and
 tests/security/test_sec_sandbox.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxlock import taint
-from ctxlock.sandbox import (
+from ctxlock.template import _taint as taint
+from ctxlock.template.sandbox._env import (
     DEFAULT_LIMITS,
     Limit,
     Nondeterministic,
@@ -23,7 +23,7 @@ from ctxlock.sandbox import (
     new_environment,
     render_limited,
 )
-from ctxlock.sandbox_limits import FixedOrderSet, RenderState
+from ctxlock.template.sandbox._limits import FixedOrderSet, RenderState
 
 CHECKER = taint.Checker(lambda s: False, lambda: "")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ctxlock.store import Store
+from ctxlock.records._store import Store
 from serve_server import (
     QWEN_TEMPLATE,
     SRC,

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock
-from ctxlock import viewer
+from ctxlock.records import _viewer as viewer
 from serve_server import SRC, TOKEN, client, free_port, terminate
 
 HEADER_TIMEOUT = 1.0

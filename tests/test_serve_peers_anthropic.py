@@ -651,7 +651,7 @@ def test_the_new_shapes_keep_request_text_text(model: ctxlock.Model) -> None:
                 user([{"type": "tool_result", "tool_use_id": "c", "content": [text(s), text(s)]}]),
             ],
         }
-        responses = ctxlock.request.openai.responses_request(
+        responses = ctxlock.request._openai.responses_request(
             {
                 "instructions": s,
                 "input": [

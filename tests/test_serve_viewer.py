@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from ctxlock.record import LAYERS
+from ctxlock.records import LAYERS
 from serve_server import SRC, TOKEN, client, running, write_config
 
 CHROMIUM = "/usr/bin/chromium"

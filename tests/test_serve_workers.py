@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from ctxlock.store import Store
+from ctxlock.records._store import Store
 from serve_server import SRC, assert_answered_records_stored, client, free_port, recording_load, terminate, write_config
 
 PID = re.compile(r'^ctxlock_worker\{pid="(\d+)"\} 1$', re.M)

@@ -29,9 +29,13 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from batch_tables import reference_table
-from ctxlock import _fast_batch, _fastmask, batch, masks, tokenlay
-from ctxlock.masks import MaskOptions
+from ctxlock.accounting import _tokenlay as tokenlay
+from ctxlock.batch import _fast as _fast_batch
+from ctxlock.batch import _run as batch
 from ctxlock.settings import call_fast, fast_path, reference_path
+from ctxlock.training import _fastmask
+from ctxlock.training import _masks as masks
+from ctxlock.training._masks import MaskOptions
 from vocabularies import native_engine
 
 pytestmark = pytest.mark.fast_path

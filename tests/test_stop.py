@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import fetched
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import detok as detok_cli
-from ctxlock.decode import Detokenized, Detokenizer, StopMatch, StopMatcher, decode_stream, stream_text
 from ctxlock.errors import DecodeError, IncompleteDecodeError
+from ctxlock.generation._decode import Detokenized, Detokenizer, StopMatch, StopMatcher, decode_stream, stream_text
 from ctxlock.tokenizer import Tokenizer
 
 

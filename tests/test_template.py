@@ -6,7 +6,6 @@ from datetime import datetime
 
 import pytest
 
-from ctxlock import sandbox
 from ctxlock.errors import (
     ControlTokenError,
     TemplateError,
@@ -18,7 +17,8 @@ from ctxlock.errors import (
     TemplateSyntaxError,
 )
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, RenderLimits, TemplateSet, render
+from ctxlock.template._render import ChatTemplate, RenderLimits, TemplateSet, render
+from ctxlock.template.sandbox import _env as sandbox
 
 REQ = parse_request({"messages": [{"role": "user", "content": 'héllo <b>&</b> "q"'}]})
 
@@ -313,7 +313,7 @@ def test_a_host_owned_alarm_is_not_taken_over() -> None:
 
 def test_compiled_templates_are_kept_on_disk(tmp_path, monkeypatch) -> None:
     # The second process (here: the in-process cache cleared) loads the compiled module instead of compiling.
-    from ctxlock import template as tmod
+    from ctxlock.template import _render as tmod
 
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
     source = "{% for m in messages %}<{{ m.role }}>{{ m.content | upper }}{% endfor %}{# bytecode test #}"
@@ -338,7 +338,7 @@ def test_compiled_templates_are_kept_on_disk(tmp_path, monkeypatch) -> None:
 def test_each_template_has_its_own_compiled_entry(tmp_path, monkeypatch) -> None:
     # Two templates used in turn (two models in one process, or one after the other): each is compiled once, and
     # neither overwrites the other's entry on disk.
-    from ctxlock import template as tmod
+    from ctxlock.template import _render as tmod
 
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
     request = parse_request({"messages": [{"role": "user", "content": "hi"}]})

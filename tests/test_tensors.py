@@ -1,4 +1,4 @@
-"""Tests for the tensors stage (ctxlock.tensors): padding, masks, position ids, conversions."""
+"""Tests for the tensors stage (ctxlock.tensors._assemble): padding, masks, position ids, conversions."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxlock.errors import TensorError
-from ctxlock.tensors import ModelInput, PaddingSide, assemble, assemble_batch
+from ctxlock.tensors._assemble import ModelInput, PaddingSide, assemble, assemble_batch
 
 # Realistic Qwen2-style ids: <|im_start|>=151644, <|im_end|>=151645, <|endoftext|>=151643 (Qwen's pad token).
 P = 151643
@@ -401,8 +401,8 @@ def test_to_torch_without_torch(monkeypatch):
 def test_import_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     code = (
-        "import ctxlock.tensors, sys; "
-        "mi = ctxlock.tensors.assemble_batch([[1, 2], [3]], pad_id=0); mi.to_dict(); "
+        "import ctxlock.tensors._assemble, sys; "
+        "mi = ctxlock.tensors._assemble.assemble_batch([[1, 2], [3]], pad_id=0); mi.to_dict(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
@@ -494,6 +494,6 @@ def test_property_single(ids):
     assert mi.position_ids.tolist() == [list(range(len(ids)))]
     assert mi.attention_mask.tolist() == [[1] * len(ids)]
     assert mi == assemble_batch([ids], pad_id=None)
-    from ctxlock.tensors import assemble_own
+    from ctxlock.tensors._assemble import assemble_own
 
     assert assemble_own(tuple(ids)) == mi  # the pipeline's own path, without per-id checks

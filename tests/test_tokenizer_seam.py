@@ -16,11 +16,11 @@ import pytest
 import ctxlock
 import fetched
 from ctxlock.artifacts import load_artifacts
-from ctxlock.artifacts.registry import BACKENDS, backend
+from ctxlock.artifacts._registry import BACKENDS, backend
 from ctxlock.errors import ArtifactFormatError
 from ctxlock.tokenizer import PieceView, TokenBytes, Tokenizer, TokenizerBase
-from ctxlock.tokenizer.sentencepiece import SentencePieceTokenizer
-from ctxlock.tokenizer.tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
+from ctxlock.tokenizer.backends._sentencepiece import SentencePieceTokenizer
+from ctxlock.tokenizer.backends._tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
 
 SRC = Path(ctxlock.__file__).resolve().parent
 MISTRAL_DATA = Path(__import__("mistral_common").__file__).resolve().parent / "data"

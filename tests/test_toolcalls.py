@@ -1,4 +1,4 @@
-"""Streaming tool-call assembly (ctxlock.toolcalls): a call is released only whole and valid.
+"""Streaming tool-call assembly (ctxlock.generation.toolcalls): a call is released only whole and valid.
 
 Recorded streams (tests/data/streams/*.json) are real renders of an assistant tool-call message, cut into the
 text deltas a streaming detokenizer produces token by token:
@@ -27,8 +27,7 @@ from hypothesis import strategies as st
 
 import fetched
 from ctxlock.errors import CtxlockError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
-from ctxlock.request import parse_request
-from ctxlock.toolcalls import (
+from ctxlock.generation.toolcalls import (
     TRUNCATED_MESSAGE,
     Result,
     TextDelta,
@@ -38,6 +37,7 @@ from ctxlock.toolcalls import (
     assemble,
     to_model,
 )
+from ctxlock.request import parse_request
 
 STREAMS = Path(__file__).parent / "data" / "streams"
 
@@ -200,7 +200,7 @@ def _incremental_deltas(decode, ids: list[int]) -> list[str]:
 
 def _record_template(spec: dict[str, Any]) -> tuple[str, list[int], list[str]]:
     from ctxlock.artifacts import load_artifacts, load_template_file
-    from ctxlock.template import render
+    from ctxlock.template._render import render
 
     template = load_template_file(fetched.templates_dir() / spec["template"])
     user = {"role": "user", "content": "Weather in Paris and Zürich, and search the docs?"}
@@ -247,7 +247,7 @@ def _mistral_instruct(version: str, tmp: Path):
 
 def _record_mistral(spec: dict[str, Any], tmp: Path) -> tuple[str, list[int], list[str]]:
     from mistral_common.protocol.instruct.messages import AssistantMessage
-    from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+    from mistral_common.tokens.tokenizers.base import InjectionPolicy
 
     instruct = _mistral_instruct(spec["instruct"], tmp)
     tekken = instruct.tokenizer
@@ -256,7 +256,7 @@ def _record_mistral(spec: dict[str, Any], tmp: Path) -> tuple[str, list[int], li
     ids = ids[:-1]  # </s> is the stop token, never streamed as text
 
     def decode(prefix: list[int]) -> str:
-        return tekken.decode(prefix, special_token_policy=SpecialTokenPolicy.KEEP)
+        return tekken.decode(prefix, special_token_policy=InjectionPolicy.KEEP)
 
     return decode(ids), ids, _incremental_deltas(decode, ids)
 

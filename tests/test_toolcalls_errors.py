@@ -15,7 +15,7 @@ import pytest
 
 import anthropic_streams as A
 from ctxlock.errors import CtxlockError, ProviderStreamError, ToolCallError
-from ctxlock.toolcalls import ToolCallAssembler, ToolCallReady
+from ctxlock.generation.toolcalls import ToolCallAssembler, ToolCallReady
 from test_toolcalls import RECORDED, TOOLS, _load_jsonl
 
 OPENAI_ERROR = {

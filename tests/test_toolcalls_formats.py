@@ -1,4 +1,4 @@
-"""The wire-format parsers (ctxlock.toolcalls.<format>) through the public emitter protocol, `ToolCallSink`.
+"""The wire-format parsers (ctxlock.generation.toolcalls.<format>) through the public emitter protocol, `ToolCallSink`.
 
 Each parser is built from `PARSERS` on a sink that exposes exactly the protocol's members and forwards them to a
 real `ToolCallAssembler`, logging each call. Fed the recorded model outputs the other tool-call tests use, one
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import anthropic_streams as A
-from ctxlock.toolcalls import PARSERS, FormatParser, ToolCallAssembler, ToolCallFormat, ToolCallSink
+from ctxlock.generation.toolcalls import PARSERS, FormatParser, ToolCallAssembler, ToolCallFormat, ToolCallSink
 from test_toolcalls import MARKERS, OPENAI_CALLS, RECORDED, TOOLS, _load_jsonl
 
 SINK_MEMBERS = (

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxlock.errors import CtxlockError, ToolCallError
-from ctxlock.toolcalls import DEFAULT_MAX_EVENT_SIZE, Result, ToolCallAssembler
+from ctxlock.generation.toolcalls import DEFAULT_MAX_EVENT_SIZE, Result, ToolCallAssembler
 
 TOOLS = [
     {"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {"a": {}}}}},

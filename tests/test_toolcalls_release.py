@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxlock.errors import ToolCallError, ToolCallTruncatedError
-from ctxlock.toolcalls import ToolCallAssembler, ToolCallReady, to_model
+from ctxlock.generation.toolcalls import ToolCallAssembler, ToolCallReady, to_model
 from test_toolcalls import MARKERS, RECORDED, TOOLS, _load_jsonl
 
 NAMES = sorted(RECORDED)

@@ -1,4 +1,4 @@
-"""The trie regex (`ctxlock.trie`) matches the same spans as the plain longest-first alternation the field writes,
+"""The trie regex (`ctxlock.core._trie`) matches the same spans as the plain longest-first alternation the field writes,
 on hypothesis token sets and texts, and on the real control-token sets of the vocabularies."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ctxlock
-from ctxlock.trie import longest_first, longest_first_pattern
+from ctxlock.core._trie import longest_first, longest_first_pattern
 
 _ALPHABET = "ab<|>[]\\^-_. \n\u00e9\U0001f600"
 

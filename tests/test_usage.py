@@ -1,4 +1,4 @@
-"""ctxlock.usage: provider usage objects normalized, their invariants enforced, summed and priced in Decimal.
+"""ctxlock.economics._usage: provider usage objects normalized, their invariants enforced, summed and priced in Decimal.
 
 The objects in tests/data/usage/ follow each provider's documented shapes; every expected value below is worked
 out by hand in the comment beside it."""
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ctxlock.cli import app
+from ctxlock.economics._usage import PriceTable, Usage, parse_usage, price_usage, read_usage, sum_usage
 from ctxlock.errors import PriceError, UsageError
-from ctxlock.usage import PriceTable, Usage, parse_usage, price_usage, read_usage, sum_usage
 
 DATA = Path(__file__).parent / "data" / "usage"
 

@@ -9,8 +9,8 @@ from functools import cache
 
 import fetched
 from ctxlock.artifacts import load_artifacts
-from ctxlock.tokenizer.hf import HFTokenizer
-from ctxlock.tokenizer.prefix import WholeText
+from ctxlock.tokenizer._prefix import WholeText
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 
 HF_DIRS = ("qwen2", "llama-bpe", "qwen35", "deepseek-llm", "phi-3")
 

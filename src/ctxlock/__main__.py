@@ -1,3 +1,3 @@
-from .cli import main
+from ctxlock.cli import main
 
 main()

@@ -180,7 +180,7 @@ class TensorError(CtxlockError):
 
 class MaskError(TensorError):
     """An assistant-token mask that cannot be made: a row with no trained token (never a silent zero mask), or a
-    combination of options the mask rule does not take (`ctxlock.masks`)."""
+    combination of options the mask rule does not take (`ctxlock.training`)."""
 
 
 class TensorKeyError(TensorError, KeyError):

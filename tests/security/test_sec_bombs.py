@@ -134,7 +134,7 @@ CHILD = (
 import json, sys, time
 from ctxlock.errors import CtxlockError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, RenderLimits, render
+from ctxlock.template._render import ChatTemplate, RenderLimits, render
 import ctxlock
 
 request = parse_request({"messages": [{"role": "user", "content": "hi"}]})

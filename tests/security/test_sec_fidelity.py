@@ -21,7 +21,7 @@ import reference
 from conformance import FIXED_NOW, TEMPLATE_KWARGS, FixedClock, vocab_for
 from ctxlock.errors import CtxlockError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, render
+from ctxlock.template._render import ChatTemplate, render
 
 pytestmark = pytest.mark.reference
 

@@ -435,7 +435,7 @@ def test_end_to_end_one_line_and_bounded_rss(
 def test_the_cap_is_exact_and_configurable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file of exactly the cap is read whole; one byte more is refused; a bad setting is a typed error."""
     from ctxlock.errors import InputError
-    from ctxlock.inputs import DEFAULT_MAX_INPUT_BYTES, max_input_bytes, read_input
+    from ctxlock.outside._files import DEFAULT_MAX_INPUT_BYTES, max_input_bytes, read_input
 
     assert max_input_bytes() == DEFAULT_MAX_INPUT_BYTES == 64 * 1024 * 1024
     monkeypatch.setenv(MAX_INPUT_ENV, "100")
@@ -456,7 +456,7 @@ def test_the_cap_is_exact_and_configurable(tmp_path: Path, monkeypatch: pytest.M
 def test_unusable_file_names_are_typed(name: str, tmp_path: Path) -> None:
     """A name no system call can take (only reachable from Python, not argv) is an InputError, not ValueError."""
     from ctxlock.errors import InputError
-    from ctxlock.inputs import read_input
+    from ctxlock.outside._files import read_input
 
     with pytest.raises(InputError) as exc:
         read_input(tmp_path / name, label="--file x")
@@ -468,7 +468,7 @@ def test_a_fifo_swapped_in_after_the_stat_is_refused_without_blocking(
 ) -> None:
     """The stat says regular file, but the path is a FIFO when it is opened: the non-blocking open and the fstat of
     the opened descriptor refuse it instead of waiting for a writer."""
-    import ctxlock.inputs as inputs
+    import ctxlock.outside._files as inputs
     from ctxlock.errors import InputError
 
     fifo = tmp_path / "swapped"

@@ -28,15 +28,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ctxlock
-import ctxlock.record as record_module
-import ctxlock.replay as replay_module
-import ctxlock.store as store_module
+import ctxlock.records as record_module
+import ctxlock.records._replay as replay_module
+import ctxlock.records._store as store_module
 import fetched
 from ctxlock.errors import CtxlockError, RecordError, RecordFormatError
-from ctxlock.record import ExecutionRecord, RunOptions, canonical_bytes
-from ctxlock.replay import load_record, materialized, replay, run_and_record, save
-from ctxlock.store import Store
-from ctxlock.template import ChatTemplate
+from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes
+from ctxlock.records._replay import load_record, materialized, replay, run_and_record, save
+from ctxlock.records._store import Store
+from ctxlock.template._render import ChatTemplate
 
 NOW = "2024-01-01T00:00:00"
 REQUEST = {"messages": [{"role": "user", "content": "天空"}]}

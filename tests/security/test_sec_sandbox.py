@@ -14,7 +14,7 @@ import pytest
 
 from ctxlock.errors import TemplateSecurityError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, render
+from ctxlock.template._render import ChatTemplate, render
 
 REQUEST = parse_request({"messages": [{"role": "user", "content": "hi"}]})
 

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 import vocabularies
-from ctxlock._counting import TokenCounter
+from ctxlock.budget._counting import TokenCounter
 from ctxlock.errors import ControlTokenError
 from ctxlock.request import parse_request
-from ctxlock.template import ChatTemplate, Span
+from ctxlock.template._render import ChatTemplate, Span
 from ctxlock.tokenizer import tokenize
-from ctxlock.tokenizer.hf import HFTokenizer
+from ctxlock.tokenizer.backends._hf import HFTokenizer
 
 pytestmark = pytest.mark.reference
 

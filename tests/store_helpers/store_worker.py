@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-RECORD_FORMAT = "ctxlock.record/1"
+RECORD_FORMAT = "ctxlock.records/1"
 
 
 def make_record(tag: str, n: int) -> bytes:
@@ -39,7 +39,7 @@ def make_artifact(tag: str, n: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    from ctxlock.store import Store
+    from ctxlock.records._store import Store
 
     mode, root = argv[0], Path(argv[1])
     store = Store(root)

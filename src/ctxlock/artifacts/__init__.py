@@ -5,13 +5,13 @@ A model spec is one of:
 - an HF model directory: `tokenizer.json` (or a slow `vocab.json` + `merges.txt`), `tokenizer_config.json`,
   `config.json`, `added_tokens.json`, `chat_template.jinja` (or an inline `chat_template`, or
   `additional_chat_templates/`), `special_tokens_map.json`. The tokenizer is the one `AutoTokenizer` loads: the
-  class transformers picks and the pipeline it builds in code (`ctxlock.tokenizer.hf_classes`), unless
+  class transformers picks and the pipeline it builds in code (`ctxlock.tokenizer.backends`), unless
   `tokenizer_pipeline="file"` asks for tokenizer.json's components as written;
 - any directory with a `ctxlock.json` manifest (what the built-ins are).
 
 Every file a config names must resolve inside the model directory, symlinks included, and be a regular file:
 a directory, FIFO or device under an artifact's name is refused (a FIFO would block the read), and every model
-JSON or template file is read through `ctxlock.inputs` (capped at $CTXLOCK_MAX_ARTIFACT_BYTES). Whatever the
+JSON or template file is read through `ctxlock.outside` (capped at $CTXLOCK_MAX_ARTIFACT_BYTES). Whatever the
 files hold, loading raises only ArtifactError subclasses (or a TemplateError for a template that does not
 compile), never a bare KeyError, UnicodeError or OSError.
 
@@ -26,13 +26,13 @@ import dataclasses
 import json
 from pathlib import Path
 
-from .. import caches
-from ..errors import ArtifactFormatError, ArtifactNotFoundError
-from .common import SPECIAL_TOKEN_NAMES, ModelArtifacts, inside, load_template_file
-from .gguf_load import GGUFTokenizer, load_gguf
-from .hf_dir import load_hf_dir
-from .hub import is_hub_id, resolve_hub_revision
-from .manifest import load_manifest_dir
+from ctxlock import caches
+from ctxlock.artifacts._common import SPECIAL_TOKEN_NAMES, ModelArtifacts, inside, load_template_file
+from ctxlock.artifacts._gguf_load import GGUFTokenizer, load_gguf
+from ctxlock.artifacts._hf_dir import load_hf_dir
+from ctxlock.artifacts._hub import is_hub_id, resolve_hub_revision
+from ctxlock.artifacts._manifest import load_manifest_dir
+from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "models"
 DEFAULT_MODEL = "mistral-nemo"

@@ -10,9 +10,9 @@ import sys
 
 import typer
 
-from ..errors import CtxlockError
-from .files import name_request_source
-from .output import print_json
+from ctxlock.cli.files import name_request_source
+from ctxlock.cli.output import print_json
+from ctxlock.errors import CtxlockError
 
 HELP = (
     "What exactly did the model receive, and why? Render chat requests into exact, injection-proof model "

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..errors import InputError
-from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import JsonOpt, ModelOpt
+from ctxlock.errors import InputError
 
 EngineOpt = Annotated[
     str,
@@ -90,8 +90,8 @@ def batch(
     tokenizer and policy digests, the input's sha256, each shard's sha256, rows and tokens); errors.jsonl (one line
     per row that could not be encoded). The same input gives byte-identical output for any --workers and either
     --engine."""
-    from ..batch import BatchOptions, check_paths, run_batch  # the job (and pyarrow) load only for this command
-    from ..masks import MaskOptions  # with the job: `ctxlock --help` does not pay for it
+    from ctxlock.batch import BatchOptions, check_paths, run_batch  # the job (and pyarrow) load only for this command
+    from ctxlock.training import MaskOptions  # with the job: `ctxlock --help` does not pay for it
 
     def go() -> dict[str, Any]:
         if workers < 1 or shard_rows < 1 or any(n is not None and n < 1 for n in (max_length, pack)):
@@ -152,7 +152,7 @@ def _resume_note(progress: Any) -> None:
 
 
 def _ray_engine(address: str | None, workers: int) -> Any:
-    from ..batch_ray import ray_engine  # Ray loads only for --engine ray
+    from ctxlock.batch._ray import ray_engine  # Ray loads only for --engine ray
 
     return ray_engine(address, workers)
 
@@ -160,7 +160,7 @@ def _ray_engine(address: str | None, workers: int) -> Any:
 class _ProgressBar:
     """A rich progress bar on stderr with rows/s and tokens/s (nothing with --json). It starts (and with it rich's
     refresh thread) at the first shard reported, after the job started its workers: a job forks them only while
-    its process has no other thread (ctxlock.forking)."""
+    its process has no other thread (ctxlock.core)."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet

@@ -11,16 +11,16 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from ..accounting import unseen_parts
-from ..budget import BudgetPolicy, Fitted, fit_context, fitted_request_json
-from ..errors import BudgetError, CapacityUnknownError
-from ..model import Model, load
-from ..options import RenderOptions
-from ..record import RunOptions
-from ..wire import fit_to_dict
-from .files import open_output, read_json, store_dir, template_file
-from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, read_request_arg, run_recorded
+from ctxlock.accounting._layout import unseen_parts
+from ctxlock.budget._fit import BudgetPolicy, Fitted, fit_context, fitted_request_json
+from ctxlock.cli.files import open_output, read_json, store_dir, template_file
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, read_request_arg, run_recorded
+from ctxlock.errors import BudgetError, CapacityUnknownError
+from ctxlock.model._model import Model, load
+from ctxlock.records import RunOptions
+from ctxlock.records._wire import fit_to_dict
+from ctxlock.template._options import RenderOptions
 
 
 def _policy(

@@ -1,5 +1,5 @@
 """`ctxlock cache-report`: a session's prompt-cache hits and writes, turn by turn, the cost, and what busts it. The
-computation is `ctxlock.cache_session` (shared with `ctxlock serve`); this module reads the files and records and
+computation is `ctxlock.economics` (shared with `ctxlock serve`); this module reads the files and records and
 prints."""
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..cache_session import CacheRun, Session, money, parse_time, read_session, sum_or_none
-from ..cache_session import cache_report as report_session
-from ..errors import CtxlockError, RecordFormatError, RequestError, UsageError
-from ..inputs import decode_utf8, read_input
-from ..jsonread import Utf8Policy, decode_bytes, loads_strict
-from ..model import load
-from ..promptcache import PROVIDERS, TurnReport
-from ..promptcache_bytes import ClosedTurn
-from ..replay import record_values
-from ..usage import PriceTable
-from .files import template_file
-from .output import console, guarded, print_json
-from .records import open_store, record_at
-from .render import TEMPLATE_HELP, JsonOpt, ModelOpt, StoreOpt
+from ctxlock.cli.files import template_file
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.records import open_store, record_at
+from ctxlock.cli.render import TEMPLATE_HELP, JsonOpt, ModelOpt, StoreOpt
+from ctxlock.economics._promptcache import PROVIDERS, TurnReport
+from ctxlock.economics._promptcache_bytes import ClosedTurn
+from ctxlock.economics._session import CacheRun, Session, money, parse_time, read_session, sum_or_none
+from ctxlock.economics._session import cache_report as report_session
+from ctxlock.economics._usage import PriceTable
+from ctxlock.errors import CtxlockError, RecordFormatError, RequestError, UsageError
+from ctxlock.model._model import load
+from ctxlock.outside._files import decode_utf8, read_input
+from ctxlock.outside._json import Utf8Policy, decode_bytes, loads_strict
+from ctxlock.records._replay import record_values
 
 
 def record_ids(args: list[str]) -> list[str]:

@@ -9,17 +9,17 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..accounting import count
-from ..budget import clamp_margin, clamp_max_tokens
-from ..capacity import Capacity, override, with_price
-from ..errors import BudgetError, CapacityUnknownError, UsageError
-from ..inputs import read_input
-from ..model import Model, load
-from ..request import parse_request
-from ..usage import PriceTable
-from .files import read_request, template_file
-from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, RequestArg, TemplateOpt
+from ctxlock.accounting._layout import count
+from ctxlock.budget._fit import clamp_margin, clamp_max_tokens
+from ctxlock.cli.files import read_request, template_file
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import JsonOpt, ModelOpt, RequestArg, TemplateOpt
+from ctxlock.economics._capacity import Capacity, override, with_price
+from ctxlock.economics._usage import PriceTable
+from ctxlock.errors import BudgetError, CapacityUnknownError, UsageError
+from ctxlock.model._model import Model, load
+from ctxlock.outside._files import read_input
+from ctxlock.request import parse_request
 
 # The request fields that ask for an output length, by dialect (OpenAI Chat, OpenAI Responses, Anthropic).
 REQUEST_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..compaction import (
+from ctxlock.budget._compaction import (
     COMPACTION_REASONS,
     DEFAULT_KEEP_RECENT_TOKENS,
     DEFAULT_RESERVE_TOKENS,
@@ -24,17 +24,17 @@ from ..compaction import (
     record_section,
     should_compact,
 )
-from ..errors import BudgetError
-from ..model import Model, load
-from ..options import RenderOptions
-from ..record import ExecutionRecord, RunOptions
-from ..replay import run_and_record, save
-from ..request.entry_ids import take_entry_ids
-from ..store import Store
-from ..usage import Usage, read_usage, sum_usage
-from .files import read_text, store_dir, template_file
-from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, read_request_arg
+from ctxlock.cli.files import read_text, store_dir, template_file
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import JsonOpt, ModelOpt, RequestArg, StoreOpt, TemplateOpt, read_request_arg
+from ctxlock.economics._usage import Usage, read_usage, sum_usage
+from ctxlock.errors import BudgetError
+from ctxlock.model._model import Model, load
+from ctxlock.records import ExecutionRecord, RunOptions
+from ctxlock.records._replay import run_and_record, save
+from ctxlock.records._store import Store
+from ctxlock.request._entry_ids import take_entry_ids
+from ctxlock.template._options import RenderOptions
 
 
 def _verdict(problems: tuple[str, ...]) -> None:

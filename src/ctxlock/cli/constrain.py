@@ -23,13 +23,13 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from ..artifacts import ModelArtifacts, load_artifacts
-from ..constrain import WHITESPACE_MODES, JsonSchemaMask
-from ..errors import ConstraintError, SamplerError
-from ..sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
-from .files import read_text
-from .output import err_console
-from .render import MODEL_HELP
+from ctxlock.artifacts import ModelArtifacts, load_artifacts
+from ctxlock.cli.files import read_text
+from ctxlock.cli.output import err_console
+from ctxlock.cli.render import MODEL_HELP
+from ctxlock.errors import ConstraintError, SamplerError
+from ctxlock.generation._constrain import WHITESPACE_MODES, JsonSchemaMask
+from ctxlock.generation._sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
 
 LOGITS = "i.i.d. uniform float32 in [-5, 5) over the vocabulary, one vector per step, numpy default_rng([seed, sample])"
 

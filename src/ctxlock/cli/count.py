@@ -7,13 +7,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..accounting import Counts, count_format
-from ..capacity import Capacity
-from ..model import load
-from .files import read_request, template_file
-from .images import MediaOpt, read_media
-from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, TemplateOpt
+from ctxlock.accounting._layout import Counts, count_format
+from ctxlock.cli.files import read_request, template_file
+from ctxlock.cli.images import MediaOpt, read_media
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import JsonOpt, ModelOpt, TemplateOpt
+from ctxlock.economics._capacity import Capacity
+from ctxlock.model._model import load
 
 _BAR = 30
 

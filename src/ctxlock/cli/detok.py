@@ -9,13 +9,13 @@ from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from ..decode import Detokenizer
-from ..errors import CtxlockError, DecodeError, IncompleteDecodeError
-from ..inputs import iter_lines, stdin_stream
-from ..jsonread import loads_outside
-from ..model import load
-from ..tokenizer import Tokenizer
-from .render import ModelOpt
+from ctxlock.cli.render import ModelOpt
+from ctxlock.errors import CtxlockError, DecodeError, IncompleteDecodeError
+from ctxlock.generation._decode import Detokenizer
+from ctxlock.model._model import load
+from ctxlock.outside._files import iter_lines, stdin_stream
+from ctxlock.outside._json import loads_outside
+from ctxlock.tokenizer import Tokenizer
 
 
 def _ids(value: Any, where: str, size: int) -> list[int]:

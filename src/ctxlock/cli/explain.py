@@ -10,20 +10,20 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..accounting import Layout, layout, layout_of, unseen_parts
-from ..errors import ExplainError
-from ..explain import Explanation, Origin, Window, check_find, explain, origin_of_record
-from ..jsonread import SYNTAX_ERROR, loads_outside
-from ..model import load
-from ..options import RenderOptions
-from ..record import ExecutionRecord
-from ..replay import materialized, record_values, recorded_request, run_and_record
-from ..request.entry_ids import take_entry_ids
-from ..usage import Usage, read_usage, sum_usage
-from .files import read_text, template_file
-from .output import console, guarded, print_json
-from .records import open_store, record_at
-from .render import JsonOpt, ModelOpt, StoreOpt, TemplateOpt, read_request_arg
+from ctxlock.accounting._layout import Layout, layout, layout_of, unseen_parts
+from ctxlock.cli.files import read_text, template_file
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.records import open_store, record_at
+from ctxlock.cli.render import JsonOpt, ModelOpt, StoreOpt, TemplateOpt, read_request_arg
+from ctxlock.economics._explain import Explanation, Origin, Window, check_find, explain, origin_of_record
+from ctxlock.economics._usage import Usage, read_usage, sum_usage
+from ctxlock.errors import ExplainError
+from ctxlock.model._model import load
+from ctxlock.outside._json import SYNTAX_ERROR, loads_outside
+from ctxlock.records import ExecutionRecord
+from ctxlock.records._replay import materialized, record_values, recorded_request, run_and_record
+from ctxlock.request._entry_ids import take_entry_ids
+from ctxlock.template._options import RenderOptions
 
 RecordArg = Annotated[
     str | None,
@@ -105,7 +105,7 @@ def _usage(path: Path | None) -> Usage | None:
 
 
 def _model_window(model: Any) -> Window | None:
-    """The window the model's files (or none) state, with its source: `ctxlock.capacity`."""
+    """The window the model's files (or none) state, with its source: `ctxlock.economics`."""
     cap = model.capacity
     return None if cap.context_window is None else Window(cap.context_window, f"the model's capacity ({cap.source})")
 
@@ -183,7 +183,7 @@ def explain_cmd(
         evs = read_events(events) if events is not None else []
         if usage is not None:
             evs += read_events(usage, option="--usage")
-        # The flag wins; else the window the model's files state (`ctxlock.capacity`), else cause 1 is unknown.
+        # The flag wins; else the window the model's files state (`ctxlock.economics`), else cause 1 is unknown.
         window = Window(context_window, "--context-window") if context_window is not None else model_window
         out = explain(
             find, lay, label=label, unseen=unseen, origins=origins, window=window, usage=_usage(usage), events=evs

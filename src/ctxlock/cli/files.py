@@ -1,5 +1,5 @@
 """The command line's file arguments, checked at the edge: every file a command reads goes through
-`ctxlock.inputs` (a regular file or stdin, capped at $CTXLOCK_MAX_INPUT_BYTES), so a directory, a device, a FIFO,
+`ctxlock.outside` (a regular file or stdin, capped at $CTXLOCK_MAX_INPUT_BYTES), so a directory, a device, a FIFO,
 an unreadable or oversize file is one typed error line naming the option, never a traceback or a hang."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..artifacts import load_template_file
-from ..errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
-from ..inputs import STDIN, check_input_file, decode_utf8, read_input
-from ..jsonread import loads_outside
-from ..request import Utf8Policy, decode_bytes
+from ctxlock.artifacts import load_template_file
+from ctxlock.errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
+from ctxlock.outside._files import STDIN, check_input_file, decode_utf8, read_input
+from ctxlock.outside._json import loads_outside
+from ctxlock.request import Utf8Policy, decode_bytes
 
 if TYPE_CHECKING:
-    from ..template import ChatTemplate
+    from ctxlock.template._render import ChatTemplate
 
 
 def read_request(source: str, *, option: str = "REQUEST") -> bytes:
@@ -43,9 +43,9 @@ _REQUEST_LABEL: ContextVar[str | None] = ContextVar("ctxlock_cli_request_label",
 # option, never the keyword (the hint's Python spelling stays for Python callers).
 _CLI_WORDS = (
     ("parse with utf8='replace'", "pass --utf8 replace"),
-    ("render with injection='text'", "pass --special-tokens text"),
-    ("injection='keep'", "--special-tokens keep"),
-    ("injection='text'", "--special-tokens text"),
+    ("render with injection='text'", "pass --injection text"),
+    ("injection='keep'", "--injection keep"),
+    ("injection='text'", "--injection text"),
 )
 
 

@@ -10,14 +10,14 @@ import typer
 from rich.markup import escape
 from rich.rule import Rule
 
-from ..errors import CtxlockError, InputError
-from ..images import MultimodalInput
-from ..inputs import read_input
-from ..model import Model
-from ..multimodal.sources import image_refs, video_refs
-from ..options import RenderOptions
-from ..wire import run_warnings
-from .output import console, write_exact, write_ids
+from ctxlock.cli.output import console, write_exact, write_ids
+from ctxlock.errors import CtxlockError, InputError
+from ctxlock.model._model import Model
+from ctxlock.multimodal._expand import MultimodalInput
+from ctxlock.multimodal._sources import image_refs, video_refs
+from ctxlock.outside._files import read_input
+from ctxlock.records._wire import run_warnings
+from ctxlock.template._options import RenderOptions
 
 MediaOpt = Annotated[
     list[str],

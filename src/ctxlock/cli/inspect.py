@@ -9,12 +9,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..artifacts import DEFAULT_MODEL, builtin_models, load_artifacts
-from ..masks import template_report
-from ..model import Model
-from ..template import role_markers
-from .output import console, guarded, print_json
-from .render import JsonOpt, ModelOpt, TokenizerPipeline, TokenizerPipelineOpt
+from ctxlock.artifacts import DEFAULT_MODEL, builtin_models, load_artifacts
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import JsonOpt, ModelOpt, TokenizerPipeline, TokenizerPipelineOpt
+from ctxlock.model._model import Model
+from ctxlock.template._render import role_markers
+from ctxlock.training._masks import template_report
 
 
 def _short(value: object, limit: int = 100) -> str:
@@ -62,7 +62,7 @@ def _add_role_markers(m: Model, info: dict[str, Any]) -> None:
 
 
 def _add_mask_reports(m: Model, info: dict[str, Any]) -> None:
-    """Each template's assistant-mask check (`ctxlock.masks.template_report`): provenance against sentinels."""
+    """Each template's assistant-mask check (`ctxlock.training.template_report`): provenance against sentinels."""
     if m.templates is None:
         return
     for entry, template in zip(info["templates"], m.templates.templates, strict=True):

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from ..errors import CtxlockError
-from .files import name_request_source
+from ctxlock.cli.files import name_request_source
+from ctxlock.errors import CtxlockError
 
 T = TypeVar("T")
 console = Console(highlight=False, soft_wrap=True)

@@ -14,15 +14,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
-from ..errors import CtxlockError, InputError
-from ..inputs import open_regular, opened_input, stdin_stream
-from ..record import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
-from ..replay import load_record, record_values, replay, rerun
-from ..store import Store
-from .files import check_record_arg, check_template_file, is_template_name, open_output, store_dir
-from .output import console, guarded, print_json
-from .render import MODEL_HELP, TEMPLATE_HELP
+from ctxlock.cli.files import check_record_arg, check_template_file, is_template_name, open_output, store_dir
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import MODEL_HELP, TEMPLATE_HELP
+from ctxlock.errors import CtxlockError, InputError
+from ctxlock.outside._files import open_regular, opened_input, stdin_stream
+from ctxlock.records import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord
+from ctxlock.records import _diff as diff
+from ctxlock.records._bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
+from ctxlock.records._replay import load_record, record_values, replay, rerun
+from ctxlock.records._store import Store
 
 StoreOpt = Annotated[
     Path | None,
@@ -206,7 +207,7 @@ def export(
         bool,
         typer.Option(
             "--bundle",
-            help="Write one bundle file (ctxlock.bundle/1) with the records and every template and tokenizer "
+            help="Write one bundle file (ctxlock.records/1) with the records and every template and tokenizer "
             "file they replay from, so that `records import` + `replay` work on a machine without the model.",
         ),
     ] = False,

@@ -20,22 +20,22 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from ..artifacts import load_artifacts
-from ..errors import InputError, SamplerError, TokenizerError
-from ..images import MultimodalInput
-from ..inputs import iter_lines, read_input, stdin_stream
-from ..jsonread import SYNTAX_ERROR, Utf8Policy, loads_outside
-from ..model import Model, Run, load
-from ..options import ContentFormat, RenderOptions, SpecialTokenPolicy
-from ..record import RunOptions
-from ..request import RESERVED_TEMPLATE_KWARGS, ToolArguments
-from ..sampler import SamplerConfig
-from ..store import Store
-from ..template import DEFAULT_LIMITS, ChatTemplate, RenderLimits, aware_clock
-from ..wire import path_at, run_to_dict, run_warnings
-from . import images
-from .files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
-from .output import console, guarded, print_json, write_exact, write_ids
+from ctxlock.artifacts import load_artifacts
+from ctxlock.cli import images
+from ctxlock.cli.files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
+from ctxlock.cli.output import console, guarded, print_json, write_exact, write_ids
+from ctxlock.errors import InputError, SamplerError, TokenizerError
+from ctxlock.generation._sampler import SamplerConfig
+from ctxlock.model._model import Model, Run, load
+from ctxlock.multimodal._expand import MultimodalInput
+from ctxlock.outside._files import iter_lines, read_input, stdin_stream
+from ctxlock.outside._json import SYNTAX_ERROR, Utf8Policy, loads_outside
+from ctxlock.records import RunOptions
+from ctxlock.records._store import Store
+from ctxlock.records._wire import path_at, run_to_dict, run_warnings
+from ctxlock.request import RESERVED_TEMPLATE_KWARGS, ToolArguments
+from ctxlock.template._options import ContentFormat, InjectionPolicy, RenderOptions
+from ctxlock.template._render import DEFAULT_LIMITS, ChatTemplate, RenderLimits, aware_clock
 
 MODEL_HELP = (
     "A built-in model name (see `ctxlock models`), an HF model directory, a .gguf file, or org/name (or "
@@ -90,10 +90,10 @@ NoGenerationPromptOpt = Annotated[
 ContinueFinalMessageOpt = Annotated[
     bool, typer.Option("--continue-final-message", help="Leave the final message open, to be continued.")
 ]
-SpecialTokensOpt = Annotated[
-    SpecialTokenPolicy,
+InjectionOpt = Annotated[
+    InjectionPolicy,
     typer.Option(
-        "--special-tokens",
+        "--injection",
         help="Control-token strings inside request text: `text` encodes them "
         "as plain text (safe default), `keep` lets them act as control tokens (what transformers, "
         "vLLM and llama.cpp do), `raise` rejects the request naming the JSON path.",
@@ -355,7 +355,7 @@ def render_options(
     var: list[str] | None = None,
     no_generation_prompt: bool = False,
     continue_final_message: bool = False,
-    special_tokens: SpecialTokenPolicy | str = SpecialTokenPolicy.TEXT,
+    special_tokens: InjectionPolicy | str = InjectionPolicy.TEXT,
     now: str | None = None,
     render_seed: str | None = None,
     dialect: str | None = None,
@@ -402,7 +402,10 @@ def run_recorded(
     """Run with `options`, and store the record (with the template used, and any --media bytes) in the store at
     `store_path`; a failed run is recorded too, its id printed on stderr, and its error raised. Returns the run and
     the record id."""
-    from ..replay import run_and_record, save  # start-up: only --record needs the replay module (and the store's)
+    from ctxlock.records._replay import (  # start-up: only --record needs the replay module (and the store's)
+        run_and_record,
+        save,
+    )
 
     result, rec, error = run_and_record(model, data, options, template=chosen, media=media)
     used = chosen or (result.rendered.template if result is not None else None)
@@ -422,7 +425,7 @@ def render(
     var: VarOpt = [],  # noqa: B006 (typer reads the default)
     no_generation_prompt: NoGenerationPromptOpt = False,
     continue_final_message: ContinueFinalMessageOpt = False,
-    special_tokens: SpecialTokensOpt = SpecialTokenPolicy.TEXT,
+    special_tokens: InjectionOpt = InjectionPolicy.TEXT,
     now: NowOpt = None,
     render_seed: RenderSeedOpt = None,
     dialect: DialectOpt = None,
@@ -468,7 +471,7 @@ def render(
         )
         with_images = images.wants_images(m, data, options)
         if record:
-            from ..replay import image_options  # start-up: only --record needs the replay module
+            from ctxlock.records._replay import image_options  # start-up: only --record needs the replay module
 
             extra = {"images": image_options(m, media_map)} if with_images else {}
             recorded = RunOptions(**options.to_record(), sampling=sampler, **extra)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import ServeConfigError
+from ctxlock.errors import ServeConfigError
 
 
 def _loopback(host: str) -> bool:
@@ -47,7 +47,7 @@ def serve(
     Anthropic's and OpenAI's shapes and ctxlock's own, until SIGTERM or Ctrl-C (in-flight requests finish first).
     Binding a non-loopback address without a bearer token configured is refused."""
     # Imported here: starlette and uvicorn are only for this command (and the [serve] extra).
-    from ..server import config as server_config  # serve-only: starlette and uvicorn load for this command only
+    from ctxlock.server import config as server_config  # serve-only: starlette and uvicorn load for this command only
 
     cfg = server_config.load_config(config)
     if not _loopback(host) and not cfg.tokens:
@@ -71,8 +71,8 @@ def serve(
         print(f"ctxlock serve: {names} on http://{host}:{bound}", file=sys.stderr)
 
     if workers == 1:
-        from ..server import create_app  # serve-only: starlette and uvicorn load for this command only
-        from ..server.workers import listening_socket, serve_socket  # serve-only (as above)
+        from ctxlock.server import create_app  # serve-only: starlette and uvicorn load for this command only
+        from ctxlock.server.workers import listening_socket, serve_socket  # serve-only (as above)
 
         # Bound before anything is announced or loaded: a busy port is one ServeConfigError line, exit 1.
         sock = listening_socket(host, port, reuse_port=False)
@@ -81,7 +81,7 @@ def serve(
         serve_socket(app, sock, cfg.limits, grace)
         return
     # Each worker process has its own socket on the address (SO_REUSEPORT) and builds the app from the config file.
-    from ..server.workers import serve_workers  # serve-only: starlette and uvicorn load for this command only
+    from ctxlock.server.workers import serve_workers  # serve-only: starlette and uvicorn load for this command only
 
     serve_workers(config, host, port, workers, grace, announce)
 

@@ -7,12 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ToolCallError
-from ..inputs import STDIN, decode_utf8, read_input
-from ..request import Request, parse_request
-from ..toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat, loads_object
-from .files import read_json
-from .output import guarded, print_json
+from ctxlock.cli.files import read_json
+from ctxlock.cli.output import guarded, print_json
+from ctxlock.errors import ToolCallError
+from ctxlock.generation.toolcalls import Release, Result, ToolCallAssembler, ToolCallFormat, loads_object
+from ctxlock.outside._files import STDIN, decode_utf8, read_input
+from ctxlock.request import Request, parse_request
 
 
 def _tools(path: Path | None) -> list[Any] | Request:

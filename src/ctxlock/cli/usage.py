@@ -11,10 +11,10 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..errors import UsageError
-from ..inputs import read_input
-from ..usage import FORMATS, PriceTable, Usage, iter_usage, price_usage, sum_usage
-from .output import console, guarded, json_text
+from ctxlock.cli.output import console, guarded, json_text
+from ctxlock.economics._usage import FORMATS, PriceTable, Usage, iter_usage, price_usage, sum_usage
+from ctxlock.errors import UsageError
+from ctxlock.outside._files import read_input
 
 FilesArg = Annotated[
     list[str],

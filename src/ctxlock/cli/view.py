@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from ..record import diff
-from ..replay import materialized, record_values
-from ..viewer import diff_page, record_page
-from .files import open_output
-from .records import StoreOpt, open_store, record_at
+from ctxlock.cli.files import open_output
+from ctxlock.cli.records import StoreOpt, open_store, record_at
+from ctxlock.records import _diff as diff
+from ctxlock.records._replay import materialized, record_values
+from ctxlock.records._viewer import diff_page, record_page
 
 
 def view(

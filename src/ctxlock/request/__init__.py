@@ -12,19 +12,20 @@ Request), `parse` (`parse_request`, the stage), `_memo` (the request memo, a fas
 dialect is parsed incrementally across calls, and the Request is the reference path's in every field, errors
 included) and `_canonical` (a fast path: `Request.to_json()` and `Request.json_sha256()` from the canonical text
 written piece by piece, the same text). `CTXLOCK_FAST=0` and `reference_path()` turn the fast paths off;
-`clear_request_memo()` or `ctxlock.caches.clear_caches()` empties the memo. JSON paths are `ctxlock.jsonpaths` and
-the strict JSON reader `ctxlock.jsonread`: below this package, so that every reader of outside JSON (`ctxlock.usage`
+`clear_request_memo()` or `ctxlock.caches.clear_caches()` empties the memo. JSON paths are `ctxlock.outside` and
+the strict JSON reader `ctxlock.outside`: below this package, so that every reader of outside JSON (`ctxlock.economics`
 too) can use it.
 """
 
 from __future__ import annotations
 
-from ctxlock.jsonpaths import join_path
-from ctxlock.jsonread import MAX_JSON_DEPTH, decode_bytes
+from ctxlock.outside import MAX_JSON_DEPTH, decode_bytes, join_path
+from ctxlock.request._checks import json_type_name
+from ctxlock.request._entry_ids import without_entry_ids
 from ctxlock.request._memo import clear_request_memo
-from ctxlock.request.checks import json_type_name
-from ctxlock.request.parse import parse_request
-from ctxlock.request.values import (
+from ctxlock.request._parse import parse_request
+from ctxlock.request._values import (
+    NO_ORIGINS,
     RESERVED_TEMPLATE_KWARGS,
     Dialect,
     Message,
@@ -36,6 +37,7 @@ from ctxlock.request.values import (
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "NO_ORIGINS",
     "RESERVED_TEMPLATE_KWARGS",
     "Dialect",
     "Message",
@@ -48,4 +50,5 @@ __all__ = [
     "join_path",
     "json_type_name",
     "parse_request",
+    "without_entry_ids",
 ]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ctxlock.frozen import FrozenDict, canonical_json
+from ctxlock.core import FrozenDict, canonical_json
 
 _CONTROLS = bytes(c for c in range(0x20) if c != 0x0A)  # the control characters other than \n (replaced first)
 _CONTROL = re.compile(rb"[\x00-\x09\x0b-\x1f]")

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxlock import caches
-from ctxlock.jsonread import MAX_JSON_DEPTH, Utf8Policy
-from ctxlock.request import openai
-from ctxlock.request.build import build_request, detect
-from ctxlock.request.values import Dialect, Message, Request
+from ctxlock.outside import MAX_JSON_DEPTH, Utf8Policy
+from ctxlock.request import _openai as openai
+from ctxlock.request._build import build_request, detect
+from ctxlock.request._values import Dialect, Message, Request
 
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
 

@@ -3,7 +3,7 @@ core never imports it. `create_app(config)` builds the ASGI application; `load_c
 
 from __future__ import annotations
 
-from .app import create_app, factory
-from .config import ServeConfig, load_config
+from ctxlock.server.app import create_app, factory
+from ctxlock.server.config import ServeConfig, load_config
 
 __all__ = ["ServeConfig", "create_app", "factory", "load_config"]

@@ -20,11 +20,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Match, Route
 
-from .. import caches
-from ..budget import BudgetPolicy, fit_context, fitted_request_json
-from ..cache_session import cache_report as run_cache_report
-from ..cache_session import read_session
-from ..errors import (
+from ctxlock import caches
+from ctxlock.budget._fit import BudgetPolicy, fit_context, fitted_request_json
+from ctxlock.economics._session import cache_report as run_cache_report
+from ctxlock.economics._session import read_session
+from ctxlock.economics._usage import PriceTable
+from ctxlock.errors import (
     ArtifactNotFoundError,
     CtxlockError,
     RecordNotFoundError,
@@ -33,23 +34,23 @@ from ..errors import (
     RequestValidationError,
     RouteNotFoundError,
 )
-from ..inputs import decode_utf8, read_input
-from ..jsonread import loads_strict
-from ..record import ExecutionRecord, RunOptions, diff
-from ..replay import materialized, record_values, replay, run_and_record, save
-from ..request import Utf8Policy
-from ..store import Store
-from ..tokenizer import Tokenizer
-from ..usage import PriceTable
-from ..viewer import CSP, diff_page, record_page
-from ..wire import fit_to_dict, run_to_dict
-from . import shapes
-from .config import ServeConfig, load_config
-from .edge import Edge, as_ctxlock_error, error_body
-from .metrics import Metrics
-from .models import Models, ServedModel
-from .openapi import openapi_document
-from .pool import Pool
+from ctxlock.outside._files import decode_utf8, read_input
+from ctxlock.outside._json import loads_strict
+from ctxlock.records import ExecutionRecord, RunOptions
+from ctxlock.records import _diff as diff
+from ctxlock.records._replay import materialized, record_values, replay, run_and_record, save
+from ctxlock.records._store import Store
+from ctxlock.records._viewer import CSP, diff_page, record_page
+from ctxlock.records._wire import fit_to_dict, run_to_dict
+from ctxlock.request import Utf8Policy
+from ctxlock.server import shapes
+from ctxlock.server.config import ServeConfig, load_config
+from ctxlock.server.edge import Edge, as_ctxlock_error, error_body
+from ctxlock.server.metrics import Metrics
+from ctxlock.server.models import Models, ServedModel
+from ctxlock.server.openapi import openapi_document
+from ctxlock.server.pool import Pool
+from ctxlock.tokenizer import Tokenizer
 
 CONFIG_ENV = "CTXLOCK_SERVE_CONFIG"
 _RECORD_ID = re.compile(r"[0-9a-f]{4,64}")

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ServeConfigError
+from ctxlock.errors import ServeConfigError
 
 TOKENS_ENV = "CTXLOCK_SERVE_TOKENS"
 DEFAULT_NAME = "default"

@@ -35,7 +35,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ..errors import (
+from ctxlock.errors import (
     CtxlockError,
     HeadersTooLargeError,
     InternalServeError,
@@ -43,8 +43,8 @@ from ..errors import (
     RequestError,
     RequestTimeoutError,
 )
-from .config import Limits
-from .edge import REFUSED, error_body
+from ctxlock.server.config import Limits
+from ctxlock.server.edge import REFUSED, error_body
 
 log = logging.getLogger("ctxlock.server")
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..errors import (
+from ctxlock.errors import (
     AuthError,
     BodyTooLargeError,
     CtxlockError,
@@ -28,7 +28,7 @@ from ..errors import (
     ServeConfigError,
     TemplateNotFoundError,
 )
-from .metrics import Metrics
+from ctxlock.server.metrics import Metrics
 
 log = logging.getLogger("ctxlock.server")
 

@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ..caches import CacheInfo
+from ctxlock.caches import CacheInfo
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..artifacts import load_template_file
-from ..errors import RequestValidationError, RouteNotFoundError
-from ..model import Model, load
-from ..options import RenderOptions
-from ..request import json_type_name
-from ..sandbox_limits import RenderLimits
-from ..template import ChatTemplate
-from ..tokenizer import Tokenizer
-from .config import Limits, ModelConfig, ServeConfig
+from ctxlock.artifacts import load_template_file
+from ctxlock.errors import RequestValidationError, RouteNotFoundError
+from ctxlock.model._model import Model, load
+from ctxlock.request import json_type_name
+from ctxlock.server.config import Limits, ModelConfig, ServeConfig
+from ctxlock.template._options import RenderOptions
+from ctxlock.template._render import ChatTemplate
+from ctxlock.template.sandbox._limits import RenderLimits
+from ctxlock.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .shapes import ANTHROPIC_SETTINGS
+from ctxlock.server.shapes import ANTHROPIC_SETTINGS
 
 # The status of each error type (edge.STATUS): every route may answer these with the error body.
 ERROR_STATUSES = {

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from ..errors import DeadlineError, OverloadedError
+from ctxlock.errors import DeadlineError, OverloadedError
 
 T = TypeVar("T")
 

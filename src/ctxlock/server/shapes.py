@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..accounting import count_format
-from ..errors import RequestValidationError
-from ..options import RenderOptions
-from ..request import RESERVED_TEMPLATE_KWARGS
-from ..request.anthropic import ignored_blocks
-from ..request.openai import responses_request
-from .models import ServedModel
+from ctxlock.accounting._layout import count_format
+from ctxlock.errors import RequestValidationError
+from ctxlock.request import RESERVED_TEMPLATE_KWARGS
+from ctxlock.request._anthropic import ignored_blocks
+from ctxlock.request._openai import responses_request
+from ctxlock.server.models import ServedModel
+from ctxlock.template._options import RenderOptions
 
 # Keys that would replace the template, or its inputs, if a request could set them through chat_template_kwargs:
 # one set for every route (the request files' own rule). `chat_template` is in it; `template` is not: no peer reads a

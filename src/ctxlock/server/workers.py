@@ -38,11 +38,11 @@ from typing import Any
 
 import uvicorn
 
-from ..errors import ServeConfigError
-from ..forking import die_with_parent
-from .app import create_app
-from .config import Limits, load_config
-from .connection import uvicorn_options
+from ctxlock.core._forking import die_with_parent
+from ctxlock.errors import ServeConfigError
+from ctxlock.server.app import create_app
+from ctxlock.server.config import Limits, load_config
+from ctxlock.server.connection import uvicorn_options
 
 _BACKLOG = 2048  # uvicorn's default
 

@@ -25,12 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from ..caches import memoize
-from ..errors import ControlTokenError
-from ..settings import fast_enabled
-from ..template import Rendered, Span, SpecialTokenPolicy
-from ..trie import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
-from .base import (
+from ctxlock.caches import memoize
+from ctxlock.core import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
+from ctxlock.errors import ControlTokenError
+from ctxlock.settings import fast_enabled
+from ctxlock.template import InjectionPolicy, Rendered, Span
+from ctxlock.tokenizer._accel import setting as accel_setting
+from ctxlock.tokenizer._accel import start_after as accel_start_after
+from ctxlock.tokenizer._base import (
     AddedToken,
     ControlMatch,
     ManifestFiles,
@@ -40,7 +42,9 @@ from .base import (
     Tokenizer,
     TokenizerBase,
 )
-from .runs import encode_run, prefetch_runs, run_encoder
+from ctxlock.tokenizer._prefix import ENCODE_THREADS
+from ctxlock.tokenizer._runs import encode_run, prefetch_runs, run_encoder
+from ctxlock.tokenizer._token_bytes import byte_level_decoder_table, token_bytes
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def whole_text_encoder(rendered: Rendered, tokenizer: Tokenizer) -> Any:
     """The tokenizer's whole-text encoder (`prefix.WholeText`) when it gives `tokenize(rendered).ids` for this
     rendered text: fast paths on, a proved encoder, and the reference ids are the answer (no request text reached
     a control-token position, or the policy keeps control tokens as they are)."""
-    if rendered.untrusted and rendered.policy is not SpecialTokenPolicy.KEEP:
+    if rendered.untrusted and rendered.policy is not InjectionPolicy.KEEP:
         return None
     return tokenizer.whole_text
 
@@ -251,7 +255,7 @@ def control_matches(rendered: Rendered, tokenizer: Tokenizer) -> tuple[ControlMa
     matches = _split(tokenizer, text)
     if matches is None:
         return tuple(tokenize(rendered, tokenizer).control)
-    if rendered.policy is SpecialTokenPolicy.KEEP or not rendered.untrusted:
+    if rendered.policy is InjectionPolicy.KEEP or not rendered.untrusted:
         return tuple(matches)
     spans = _Spans(rendered.untrusted)
     return tuple(m for m in matches if spans.overlap(m) is None)
@@ -272,7 +276,7 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
         reference_ids = encode_between(text, matches, tokenizer)
     else:
         reference_ids, matches = tokenizer.encode_matched(text)
-    if rendered.policy is SpecialTokenPolicy.KEEP:
+    if rendered.policy is InjectionPolicy.KEEP:
         return Tokenized(tuple(reference_ids), tuple(matches), ())
     trusted: list[ControlMatch] = []
     forged: list[ControlMatch] = []
@@ -284,7 +288,7 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
         if span is None:
             trusted.append(m)
             continue
-        if rendered.policy is SpecialTokenPolicy.RAISE:
+        if rendered.policy is InjectionPolicy.RAISE:
             at = m.core_start
             source = span.path or next((s.path for s in rendered.request_spans if s.start <= at < s.end), "")
             raise ControlTokenError(
@@ -321,6 +325,7 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
 
 
 __all__ = [
+    "ENCODE_THREADS",
     "AddedToken",
     "ControlMatch",
     "ManifestFiles",
@@ -330,11 +335,15 @@ __all__ = [
     "Tokenized",
     "Tokenizer",
     "TokenizerBase",
+    "accel_setting",
+    "accel_start_after",
+    "byte_level_decoder_table",
     "control_matches",
     "encode_between",
     "encode_ids",
     "encode_ids_batch",
     "longest_first",
+    "token_bytes",
     "tokenize",
     "tokenize_batch",
 ]

@@ -1,0 +1,29 @@
+"""accounting."""
+
+from ctxlock.accounting._layout import (
+    Counts,
+    Layout,
+    count,
+    layout,
+    layout_of,
+    part_of,
+    unseen_parts,
+    unseen_warnings,
+    with_images,
+)
+from ctxlock.accounting._tokenlay import assign_owners, whole_lay, whole_lays
+
+__all__ = [
+    "Counts",
+    "Layout",
+    "assign_owners",
+    "count",
+    "layout",
+    "layout_of",
+    "part_of",
+    "unseen_parts",
+    "unseen_warnings",
+    "whole_lay",
+    "whole_lays",
+    "with_images",
+]

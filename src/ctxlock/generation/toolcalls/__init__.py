@@ -1,0 +1,88 @@
+"""Streaming tool-call assembly: a call is released whole and valid, or not at all.
+
+A model streams a tool call a few characters at a time; the first delta is half a JSON object (seed 003 §2.2/2.5).
+`ToolCallAssembler` consumes the stream and emits events:
+
+- `TextDelta` for text outside calls, as soon as it cannot be the start of a call marker (only a possible prefix
+  of the marker, at most `len(marker) - 1` characters, is held back);
+- `ToolCallReady` for a call that is complete (its closing marker has been seen), whose arguments are a JSON object
+  that validates against the tool's JSON Schema, and whose response ended normally (see "Release" below);
+- `ToolCallRejected` once a call is complete but cannot be released (unknown tool, malformed JSON, invalid
+  arguments); its `error` can go back to the model as a tool result (`to_model`).
+
+`finish(finish_reason)` ends the stream and returns a `Result`. A call still open at the end is never released:
+with a length stop it is a `ToolCallTruncatedError`, otherwise an unterminated `ToolCallError`.
+
+Release (seed 001's truncation rule: Pi runs no tool call from a response that hit the output limit). By default
+(`release="finish"`) `ToolCallReady` comes only from `finish()`, and only when the stream ended normally: `stop`,
+`tool_calls`, `end_turn`, `tool_use` or `stop_sequence`. Under any other end (`length`, `max_tokens`,
+`content_filter`, `refusal`, `pause_turn`, an unknown reason, no reason at all, or arguments that end mid-JSON
+whatever the reason says) every complete call becomes an error saying it was not executed, and nothing is
+released. `release="early"` releases each call from `feed()` as soon as it is complete; a call of a response that
+is then cut off may have run, and the errors and `Result.notes` say so.
+
+In-band errors: a provider error inside a started stream (an OpenAI `{"error": ...}` chunk, vLLM's flat
+`{"object": "error", ...}`, Anthropic's `event: error`; for raw-text formats, that object fed in place of text)
+makes `feed()` raise `ProviderStreamError` with the provider's type and message; nothing still pending is
+released, and `finish()` raises the same error again.
+
+When is a call complete?
+
+| format        | the call is complete when ...                                                              |
+|---------------|---------------------------------------------------------------------------------------------|
+| `hermes`      | `</tool_call>` is seen outside a JSON string                                                |
+| `qwen3_coder` | `</tool_call>` is seen                                                                      |
+| `mistral`     | the JSON value after the name (v11+: `[TOOL_CALLS]name[ARGS]{...}`) or the JSON array (before |
+|               | v11: `[TOOL_CALLS][{...}, ...]`) closes; the closing bracket is the marker                  |
+| `openai`      | a fragment for another call arrives (the stream moved past it), or `finish("tool_calls")` / |
+|               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
+| `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
+
+The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
+and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
+(`"max_tokens"`, `"model_length"`, ...) is `"length"`; any other reason (`"content_filter"`, `"refusal"`, ...) is
+kept as it was. So `"length"` is never hidden behind `"tool_calls"` (vLLM's streaming handler used to do exactly
+that: vllm-project/vllm issue 53269).
+
+The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
+release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
+module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`), `schemas` (the
+tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+"""
+
+from __future__ import annotations
+
+from ctxlock.generation.toolcalls._assembler import PARSERS, ToolCallAssembler, assemble
+from ctxlock.generation.toolcalls._events import (
+    DEFAULT_MAX_EVENT_SIZE,
+    TRUNCATED_MESSAGE,
+    Event,
+    Release,
+    Result,
+    TextDelta,
+    ToolCallFormat,
+    ToolCallReady,
+    ToolCallRejected,
+    to_model,
+)
+from ctxlock.generation.toolcalls._jsontext import loads_object
+from ctxlock.generation.toolcalls._sink import FormatParser, ToolCallSink
+
+__all__ = [
+    "DEFAULT_MAX_EVENT_SIZE",
+    "PARSERS",
+    "TRUNCATED_MESSAGE",
+    "Event",
+    "FormatParser",
+    "Release",
+    "Result",
+    "TextDelta",
+    "ToolCallAssembler",
+    "ToolCallFormat",
+    "ToolCallReady",
+    "ToolCallRejected",
+    "ToolCallSink",
+    "assemble",
+    "loads_object",
+    "to_model",
+]

@@ -1,0 +1,215 @@
+"""Wire format `qwen3_coder` (Qwen3-Coder, Qwen3.5): `<tool_call><function=NAME><parameter=P>value</parameter>...
+</function></tool_call>`. The framing is hermes' (`TaggedParser`); a call is complete when `</tool_call>` is seen.
+Parameter values are text, turned back into the type the tool's schema declares (`coerce_parameter`)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from ctxlock.errors import ToolCallError
+from ctxlock.generation.toolcalls._jsontext import dumps_arguments, loads_object
+from ctxlock.generation.toolcalls._schemas import arguments_path
+from ctxlock.generation.toolcalls._tagged import TaggedParser
+from ctxlock.outside import SYNTAX_ERROR, loads_outside
+
+# Qwen3-Coder's XML-ish call. The template writes each value with `| string` (so Python's True/None) unless it is
+# a mapping or a list (then `tojson`); the schema says which type to turn the text back into.
+_FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]*)>")
+_PARAMETER_OPEN = re.compile(r"<parameter=([^>\n]*)>")
+_FUNCTION_CLOSE = "</function>"
+_PARAMETER_CLOSE = "</parameter>"
+
+
+class Qwen3CoderParser(TaggedParser):
+    """A `<tool_call>` body: `<function=NAME>`, then `<parameter=P>value</parameter>` per argument."""
+
+    def _close(self, body: str) -> None:
+        index = self.index
+        path = f"tool_calls[{index}]"
+        m = _FUNCTION_OPEN.match(body)
+        if m is None:
+            self.sink.fail(
+                index,
+                None,
+                None,
+                "expected <function=NAME> after <tool_call>",
+                path=f"{path}.name",
+                hint="write <tool_call><function=name><parameter=p>value</parameter></function></tool_call>",
+            )
+            return
+        name = m.group(1).strip()
+        rest = body[m.end() :]
+        end = rest.rfind(_FUNCTION_CLOSE)
+        if end >= 0:
+            if rest[end + len(_FUNCTION_CLOSE) :].strip():
+                self.sink.fail(
+                    index,
+                    None,
+                    name,
+                    "unexpected text after </function>",
+                    path=path,
+                    hint="close the call with </tool_call> right after </function>",
+                )
+                return
+            rest = rest[:end]
+        args = self._parameters(index, name, rest)
+        if args is None:
+            return
+        raw, problem = dumps_arguments(args)
+        if problem is not None:
+            self.sink.fail(
+                index,
+                None,
+                name,
+                f"arguments are not valid JSON: {problem}",
+                path=f"tool_calls[{index}].arguments",
+                hint="write each parameter value as valid Unicode text",
+            )
+            return
+        self.sink.complete(index, None, name, args, raw, f"{path}.name")
+
+    def _parameters(self, index: int, name: str, rest: str) -> dict[str, Any] | None:
+        """The call's `<parameter=...>` values, converted by the tool's schema; None once a problem is reported."""
+        properties = _properties(self.sink.tool_schema(name))
+        args: dict[str, Any] = {}
+        starts = list(_PARAMETER_OPEN.finditer(rest))
+        if rest[: starts[0].start() if starts else len(rest)].strip():
+            self.sink.fail(
+                index,
+                None,
+                name,
+                "unexpected text before the first <parameter=...>",
+                path=f"tool_calls[{index}]",
+                hint="remove it",
+            )
+            return None
+        for k, p in enumerate(starts):
+            pname = p.group(1).strip()
+            stop = starts[k + 1].start() if k + 1 < len(starts) else len(rest)
+            chunk = rest[p.end() : stop]
+            close = chunk.find(_PARAMETER_CLOSE)
+            if close >= 0:
+                if chunk[close + len(_PARAMETER_CLOSE) :].strip():
+                    self.sink.fail(
+                        index,
+                        None,
+                        name,
+                        f"unexpected text after </parameter> of {pname!r}",
+                        path=arguments_path(index, [pname]),
+                        hint="write one <parameter=...>...</parameter> after another",
+                    )
+                    return None
+                chunk = chunk[:close]
+            # Like vLLM's parser (and the template, which writes "\n" + value + "\n"): one newline on each side is
+            # framing, the rest is the value.
+            value = chunk.removeprefix("\n").removesuffix("\n")
+            if pname in args:
+                self.sink.fail(
+                    index,
+                    None,
+                    name,
+                    f"parameter {pname!r} is given twice",
+                    path=arguments_path(index, [pname]),
+                    hint="give each parameter once",
+                )
+                return None
+            args[pname] = coerce_parameter(value, properties.get(pname))
+        return args
+
+
+def _properties(schema: Any) -> dict[str, Any]:
+    if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+        return schema["properties"]
+    return {}
+
+
+def _schema_types(schema: Any) -> list[str]:
+    """The JSON types a property schema allows: `type` (string or list), else the union of anyOf/oneOf branches."""
+    if not isinstance(schema, dict):
+        return []
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return [kind]
+    if isinstance(kind, list):
+        return [k for k in kind if isinstance(k, str)]
+    out: list[str] = []
+    for key in ("anyOf", "oneOf"):
+        for branch in schema.get(key) or []:
+            out += [k for k in _schema_types(branch) if k not in out]
+    if not out and "enum" in schema:
+        out = sorted({_json_kind(v) for v in schema["enum"]})
+    if not out and "const" in schema:
+        out = [_json_kind(schema["const"])]
+    return out
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+_NOT_CONVERTED = object()
+
+
+def coerce_parameter(value: str, schema: Any) -> Any:
+    """Turn a Qwen3-Coder parameter's text into the type its schema declares.
+
+    A value that does not convert stays a string, so schema validation then names the parameter and says what
+    was expected (vLLM instead degrades silently, e.g. a non-boolean becomes False). A parameter the schema does
+    not type (or declare) stays a string, as in vLLM.
+    """
+    types = _schema_types(schema)
+    if not types or types == ["string"]:
+        return value
+    text = value.strip()
+    if ("null" in types or "string" not in types) and text.lower() in ("null", "none"):
+        return None
+    for kind in types:
+        converted = _convert(text, kind)
+        if converted is not _NOT_CONVERTED:
+            return converted
+    return value
+
+
+def _convert(text: str, kind: str) -> Any:
+    if kind == "boolean":
+        lowered = text.lower()
+        return True if lowered == "true" else False if lowered == "false" else _NOT_CONVERTED
+    if kind in ("integer", "number"):
+        number, problem = loads_object(text)
+        if problem is not None:
+            return _NOT_CONVERTED
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            return _NOT_CONVERTED
+        if kind == "integer" and isinstance(number, float) and not number.is_integer():
+            return _NOT_CONVERTED
+        return number
+    if kind in ("object", "array"):
+        want = dict if kind == "object" else list
+        parsed, problem = loads_object(text)
+        if problem is not None:
+            try:
+                loads_outside(text, "parameter $", error=ToolCallError)
+            except ToolCallError as exc:
+                if not exc.message.startswith(SYNTAX_ERROR):  # JSON, but deep, too long a number, NaN, a duplicate
+                    return _NOT_CONVERTED
+            else:
+                return _NOT_CONVERTED  # JSON that RFC 8259 refuses (`loads_object`): NaN, a duplicate key, a surrogate
+            # The template writes mappings with tojson, but models also write Python literals ({'a': 1}, True).
+            try:
+                parsed = ast.literal_eval(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return _NOT_CONVERTED
+        return parsed if isinstance(parsed, want) else _NOT_CONVERTED
+    return _NOT_CONVERTED

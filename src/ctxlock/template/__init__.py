@@ -1,0 +1,43 @@
+"""template."""
+
+from ctxlock.template._mistral import patch_template
+from ctxlock.template._options import (
+    BATCH_OPTIONS,
+    ENCODE_OPTIONS,
+    RENDER_OPTIONS,
+    RenderKwargs,
+    RenderOptions,
+    check_options,
+    render_options,
+)
+from ctxlock.template._render import (
+    ChatTemplate,
+    InjectionPolicy,
+    Rendered,
+    Span,
+    TemplateSet,
+    aware_clock,
+    compile_template,
+    render,
+    template_from_file_text,
+)
+
+__all__ = [
+    "BATCH_OPTIONS",
+    "ENCODE_OPTIONS",
+    "RENDER_OPTIONS",
+    "ChatTemplate",
+    "InjectionPolicy",
+    "RenderKwargs",
+    "RenderOptions",
+    "Rendered",
+    "Span",
+    "TemplateSet",
+    "aware_clock",
+    "check_options",
+    "compile_template",
+    "patch_template",
+    "render",
+    "render_options",
+    "template_from_file_text",
+]

@@ -74,7 +74,7 @@ def naive(model: ctxlock.Model, template: ChatTemplate, sess: list, provider: st
     earlier: list[list[int]] = []
     with reference_path():
         for request, _, _ in sess:
-            ids = model.encode(request, template=template)["input_ids"][0].tolist()
+            ids = model.encode(request, chat_template=template)["input_ids"][0].tolist()
             common = 0
             for prev in earlier:
                 n = 0
@@ -118,7 +118,7 @@ def main() -> None:
         print(f"{ours:.4f} {slow:.4f}")
         return
     runs = [one_run(model, template, sess, args.provider) for _ in range(args.rounds)]
-    tokens = sum(len(model.encode(r, template=template)["input_ids"][0]) for r, _, _ in sess)
+    tokens = sum(len(model.encode(r, chat_template=template)["input_ids"][0]) for r, _, _ in sess)
     print(f"{args.turns} turns, {tokens:,} input tokens in all ({args.provider}); identical figures")
     if runs:
         ratios = [slow / ours for ours, slow in runs]

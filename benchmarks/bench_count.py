@@ -97,22 +97,22 @@ def main() -> None:
         model = ctxlock.load(str(fetched.hf_tokenizer_dir("qwen2")))
         template = ChatTemplate((fetched.templates_dir() / TEMPLATE).read_text("utf-8"), id=TEMPLATE)
         if args.first_pass == "encode":
-            cpu, wall = _pass(lambda r: model.encode(r, template=template), requests)
+            cpu, wall = _pass(lambda r: model.encode(r, chat_template=template), requests)
         else:
-            cpu, wall = _pass(lambda r: count(model, r, template=template), requests)
+            cpu, wall = _pass(lambda r: count(model, r, chat_template=template), requests)
         print(f"{cpu:.4f} {wall:.4f}")
         return
 
     model, template, _, _ = timing.side_by_side("qwen2", TEMPLATE)
     for r in requests:  # correctness first
-        c = count(model, r, template=template)
-        n = len(model.encode(r, template=template)["input_ids"][0])
+        c = count(model, r, chat_template=template)
+        n = len(model.encode(r, chat_template=template)["input_ids"][0])
         assert c.total == n and sum(p.tokens for p in c.parts) == n
     ratios, walls, enc_times, cnt_times = [], [], [], []
     for k in range(args.rounds):
         got = _interleaved(
-            lambda r: model.encode(r, template=template),
-            lambda r: count(model, r, template=template),
+            lambda r: model.encode(r, chat_template=template),
+            lambda r: count(model, r, chat_template=template),
             requests,
             flip=bool(k % 2),
         )
@@ -134,12 +134,12 @@ def main() -> None:
     if args.marginal:
         subset = requests[: args.marginal]
         ctxlock.clear_caches("request")
-        t_enc = _pass(lambda r: model.encode(r, template=template), subset)[0]
+        t_enc = _pass(lambda r: model.encode(r, chat_template=template), subset)[0]
         ctxlock.clear_caches("request")
-        t_cnt = _pass(lambda r: count(model, r, template=template), subset)[0]
+        t_cnt = _pass(lambda r: count(model, r, chat_template=template), subset)[0]
         ctxlock.clear_caches("request")
-        t_marg = _pass(lambda r: count(model, r, template=template, marginal=True), subset)[0]
-        parts = sum(len(count(model, r, template=template).parts) for r in subset)
+        t_marg = _pass(lambda r: count(model, r, chat_template=template, marginal=True), subset)[0]
+        parts = sum(len(count(model, r, chat_template=template).parts) for r in subset)
         print(
             f"  marginal: {len(subset)} requests ({parts} parts) in {t_marg:.3f} s CPU, {t_marg / t_enc:.1f}x their "
             f"encode ({t_enc:.3f} s), {t_marg / t_cnt:.1f}x their count ({t_cnt:.3f} s), "

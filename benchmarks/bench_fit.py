@@ -71,11 +71,11 @@ def main() -> None:
     fast_times = []
     for _ in range(args.fast_rounds):  # the first round includes building the tokenizer's plain-text variant
         t0 = time.perf_counter()
-        fast = fit_context(request, model, policy, template=template)
+        fast = fit_context(request, model, policy, chat_template=template)
         fast_times.append(time.perf_counter() - t0)
     t_fast = statistics.median(fast_times)
     t1 = time.perf_counter()
-    naive = fit_context(request, model, policy, template=template, naive=True)
+    naive = fit_context(request, model, policy, chat_template=template, naive=True)
     t_naive = time.perf_counter() - t1
     same = fast.decisions == naive.decisions and fast.ids == naive.ids
     kept = sum(1 for d in fast.decisions if d.kept)

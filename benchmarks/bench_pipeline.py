@@ -100,14 +100,14 @@ def _fresh_round(args: argparse.Namespace, theirs_first: bool) -> dict:
         model = ctxlock.load(str(tok_dir))
         template = ChatTemplate(source, id=args.template)
         t1, c1 = time.perf_counter(), time.process_time()
-        ids = [model.encode(r, template=template).input_ids[0] for r in requests]
+        ids = [model.encode(r, chat_template=template).input_ids[0] for r in requests]
         t2, c2 = time.perf_counter(), time.process_time()
         out["ours_load"], out["ours_first"], out["ours_first_cpu"] = t1 - t0, t2 - t1, c2 - c1
         out["ours_ids"] = ids
         out["engine_after_first"] = model.tokenizer.whole_text_engine
         later = []
         for _ in range(args.passes - 1):
-            later.append(_once(lambda: [model.encode(r, template=template) for r in requests]))
+            later.append(_once(lambda: [model.encode(r, chat_template=template) for r in requests]))
         out["ours_later"] = later
         out["engine_after_last"] = model.tokenizer.whole_text_engine
 
@@ -253,7 +253,7 @@ def main() -> None:
         )
 
     def ours_one(r: dict) -> list[int]:
-        return model.encode(r, template=template).input_ids[0]
+        return model.encode(r, chat_template=template).input_ids[0]
 
     # Identical ids on every request, with the fast paths on and off.
     ctxlock.clear_caches("request")
@@ -270,7 +270,7 @@ def main() -> None:
 
     def batches() -> None:
         for i in range(0, len(requests), size):
-            model.encode_batch(requests[i : i + size], template=template)
+            model.encode_batch(requests[i : i + size], chat_template=template)
 
     def theirs_batches() -> list[list[int]]:
         # transformers' own batch form: one apply_chat_template call per chunk and tool set (it takes one `tools`

@@ -50,12 +50,12 @@ def main() -> None:
             )
         except Exception:
             continue
-        assert model.encode(request, template=template, **options).input_ids[0].tolist() == list(expected)
+        assert model.encode(request, chat_template=template, **options).input_ids[0].tolist() == list(expected)
 
         def ours_once(r=data, o=options):
             if args.cold:
                 ctxlock.clear_caches("request")
-            return model.encode(r, template=template, **o)
+            return model.encode(r, chat_template=template, **o)
 
         ours = median_seconds(
             ours_once,

@@ -182,11 +182,11 @@ def test_chat_requests_give_the_same_ids_with_either_engine() -> None:
     for engine in ("tiktoken", "fastokens"):
         ctxlock.clear_caches()
         with native_engine(model.tokenizer.whole_text, engine):
-            rows[engine] = [model.encode(r, template=template).input_ids[0] for r in requests]
+            rows[engine] = [model.encode(r, chat_template=template).input_ids[0] for r in requests]
     ctxlock.clear_caches()
     for a, b, r in zip(rows["tiktoken"], rows["fastokens"], requests, strict=True):
         assert np.array_equal(a, b)
-        rendered = model.render(r, template=template)
+        rendered = model.render(r, chat_template=template)
         assert a.tolist() == list(ctxlock.tokenizer.tokenize(rendered, model.tokenizer).ids)
 
 

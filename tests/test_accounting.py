@@ -64,12 +64,12 @@ def test_parts_sum_to_len_input_ids_on_every_template(path: Path) -> None:
         extra = TEMPLATE_KWARGS.get(path.name, {})
         kwargs: dict[str, Any] = {"now": FIXED_NOW, "chat_template_kwargs": extra or None, **options}
         try:
-            ids = model.encode(data, template=template, **kwargs)["input_ids"][0].tolist()
+            ids = model.encode(data, chat_template=template, **kwargs)["input_ids"][0].tolist()
         except CtxlockError:
             continue  # the template refuses this conversation (test_conformance checks that transformers does too)
-        counts = count(model, data, template=template, **kwargs)
+        counts = count(model, data, chat_template=template, **kwargs)
         with reference_path():  # the run-by-run lay and the second render without the generation prompt
-            assert count(model, data, template=template, **kwargs) == counts, name
+            assert count(model, data, chat_template=template, **kwargs) == counts, name
         assert counts.total == len(ids), name
         assert sum(p.tokens for p in counts.parts) == counts.total, name
         assert all(p.tokens >= 0 for p in counts.parts)
@@ -91,11 +91,11 @@ def test_one_pass_equals_the_run_by_run_reference(name: str) -> None:
     for _, data, options in CORPUS:
         kwargs: dict[str, Any] = {"now": FIXED_NOW, **options}
         try:
-            fast = count(model, data, template=template, **kwargs)
+            fast = count(model, data, chat_template=template, **kwargs)
         except CtxlockError:
             continue
         with reference_path():
-            ref = count(model, data, template=template, **kwargs)
+            ref = count(model, data, chat_template=template, **kwargs)
         assert fast == ref
         compared += 1
     assert compared > 5
@@ -104,8 +104,8 @@ def test_one_pass_equals_the_run_by_run_reference(name: str) -> None:
 def test_a_message_tokens_decode_to_its_content() -> None:
     model, template = _qwen()
     req = {"messages": [{"role": "user", "content": "Why is the sky blue on a clear afternoon?"}]}
-    run = model.run(req, template=template)
-    counts = count(model, req, template=template)
+    run = model.run(req, chat_template=template)
+    counts = count(model, req, chat_template=template)
     # "<|im_start|>system ... <|im_end|>\n<|im_start|>user\n" is the template's; the question is messages[0].
     assert counts.tokens("messages[0]") == len(model.tokenizer.encode("Why is the sky blue on a clear afternoon?"))
     assert counts.tokens(GENERATION_PROMPT) == len(
@@ -121,10 +121,10 @@ def test_one_tool_definition_costs_hundreds_of_tokens_by_both_methods() -> None:
     model, template = _qwen()
     bare = {"messages": [{"role": "user", "content": "Hi"}]}
     with_tool = {**bare, "tools": [WEATHER_TOOL]}
-    counts = model.count(with_tool, template=template, marginal=True)
+    counts = model.count(with_tool, chat_template=template, marginal=True)
     (tool,) = [p for p in counts.parts if p.part == "tools[0]"]
-    direct = len(model.encode(with_tool, template=template)["input_ids"][0]) - len(
-        model.encode(bare, template=template)["input_ids"][0]
+    direct = len(model.encode(with_tool, chat_template=template)["input_ids"][0]) - len(
+        model.encode(bare, chat_template=template)["input_ids"][0]
     )
     assert tool.marginal == direct
     assert tool.marginal >= 150 and tool.tokens >= 80
@@ -143,16 +143,16 @@ def test_every_marginal_is_the_difference_of_two_full_encodes() -> None:
         ],
         "tools": [WEATHER_TOOL],
     }
-    counts = count(model, req, template=template, marginal=True)
-    total = len(model.encode(req, template=template)["input_ids"][0])
+    counts = count(model, req, chat_template=template, marginal=True)
+    total = len(model.encode(req, chat_template=template)["input_ids"][0])
     for p in counts.parts:
         if p.part == TEMPLATE:
             assert p.marginal is None and p.marginal_note
             continue
         if p.part == GENERATION_PROMPT:
-            smaller = model.encode(req, template=template, add_generation_prompt=False)
+            smaller = model.encode(req, chat_template=template, add_generation_prompt=False)
         else:
-            smaller = model.encode(without(req, p.part), template=template)
+            smaller = model.encode(without(req, p.part), chat_template=template)
         assert p.marginal == total - len(smaller["input_ids"][0]), p.part
 
 
@@ -172,7 +172,7 @@ def test_a_part_whose_removal_breaks_the_request_has_no_marginal_and_says_why() 
         ],
         "tools": [WEATHER_TOOL],
     }
-    counts = count(model, req, template=template, marginal=True)
+    counts = count(model, req, chat_template=template, marginal=True)
     (call,) = [p for p in counts.parts if p.part == "messages[1]"]
     assert call.marginal is None and "c1" in (call.marginal_note or "")
     assert counts.tokens("messages[1]") > 0  # the tool call's name and arguments are the message's
@@ -186,7 +186,7 @@ def test_anthropic_system_is_its_own_part() -> None:
         "system": [{"type": "text", "text": "Answer in French."}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "weather in Paris?"}]}],
     }
-    counts = count(model, req, template=template, marginal=True)
+    counts = count(model, req, chat_template=template, marginal=True)
     names = [p.part for p in counts.parts]
     assert names == [TEMPLATE, "system", "messages[0]", GENERATION_PROMPT]
     assert counts.tokens("system") == len(model.tokenizer.encode("Answer in French."))
@@ -198,7 +198,7 @@ def test_unseen_parts_are_named() -> None:
         "messages": [{"role": "user", "content": "Summarize the notes.", "name": "alice"}],
         "documents": [{"title": "notes", "text": "The meeting moved to Tuesday."}],
     }
-    counts = count(model, req, template=template)
+    counts = count(model, req, chat_template=template)
     # Qwen2.5's template writes neither documents nor a message's name.
     assert counts.unseen == ("messages[0].name", "documents[0]")
     assert "documents[0]" not in [p.part for p in counts.parts]
@@ -208,7 +208,7 @@ def test_unseen_parts_are_named() -> None:
         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
         id="rag",
     )
-    counts = count(model, req, template=rag)
+    counts = count(model, req, chat_template=rag)
     assert counts.unseen == ("messages[0].name",)
     assert counts.tokens("documents[0]") > 0
 
@@ -219,7 +219,7 @@ def test_sentencepiece_dummy_prefix_is_laid_exactly() -> None:
         "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}", id="llama-2-style"
     )
     req = {"messages": [{"role": "user", "content": "Hello world, how are you?"}]}
-    counts = count(model, req, template=template)
+    counts = count(model, req, chat_template=template)
     assert counts.exact_bytes and sum(p.tokens for p in counts.parts) == counts.total
 
 

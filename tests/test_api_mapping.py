@@ -60,7 +60,7 @@ def _batch_encoding(tok_dir: Any, source: str, return_tensors: str) -> Any:
 
 def test_model_input_is_a_mapping_like_batch_encoding(qwen) -> None:
     model, template, source, tok_dir = qwen
-    mi = model.encode(REQUEST, template=template, now=FIXED_NOW)
+    mi = model.encode(REQUEST, chat_template=template, now=FIXED_NOW)
     enc = _batch_encoding(tok_dir, source, "np")
     # What transformers users write, on both objects: the same keys first, in the same order, and the same arrays.
     assert list(mi.keys())[: len(enc.keys())] == list(enc.keys()) == ["input_ids", "attention_mask"]
@@ -82,7 +82,7 @@ def test_model_input_is_a_mapping_like_batch_encoding(qwen) -> None:
 
 def test_model_input_stays_immutable(qwen) -> None:
     model, template, *_ = qwen
-    mi = model.encode(REQUEST, template=template, now=FIXED_NOW)
+    mi = model.encode(REQUEST, chat_template=template, now=FIXED_NOW)
     with pytest.raises(TypeError):
         mi["input_ids"] = np.zeros((1, 1), dtype=np.int64)  # type: ignore[index]
     with pytest.raises(TypeError):
@@ -93,12 +93,12 @@ def test_model_input_stays_immutable(qwen) -> None:
         mi["input_ids"][0, 0] = 0
     mi.data["input_ids"] = None  # a fresh dict each time: the ModelInput is untouched
     assert mi["input_ids"] is not None
-    assert mi == model.encode(REQUEST, template=template, now=FIXED_NOW)
+    assert mi == model.encode(REQUEST, chat_template=template, now=FIXED_NOW)
 
 
 def test_a_missing_key_is_a_key_error_naming_the_keys(qwen) -> None:
     model, template, *_ = qwen
-    mi = model.encode(SHORT, template=template, now=FIXED_NOW)
+    mi = model.encode(SHORT, chat_template=template, now=FIXED_NOW)
     with pytest.raises(KeyError) as info:
         mi["valid_lengths"]
     assert isinstance(info.value, TensorKeyError) and isinstance(info.value, ctxlock.CtxlockError)
@@ -112,9 +112,9 @@ def test_return_tensors_np_and_pt_as_transformers(qwen) -> None:
     import torch
 
     model, template, source, tok_dir = qwen
-    default = model.encode(REQUEST, template=template, now=FIXED_NOW)
-    assert model.encode(REQUEST, template=template, now=FIXED_NOW, return_tensors="np") == default
-    pt = model.encode(REQUEST, template=template, now=FIXED_NOW, return_tensors="pt")
+    default = model.encode(REQUEST, chat_template=template, now=FIXED_NOW)
+    assert model.encode(REQUEST, chat_template=template, now=FIXED_NOW, return_tensors="np") == default
+    pt = model.encode(REQUEST, chat_template=template, now=FIXED_NOW, return_tensors="pt")
     enc = _batch_encoding(tok_dir, source, "pt")
     assert isinstance(pt, TorchInput) and isinstance(pt, Mapping)
     assert list(pt.keys()) == list(default.keys())
@@ -135,8 +135,8 @@ def test_encode_batch_return_tensors(qwen) -> None:
     import torch
 
     model, template, *_ = qwen
-    batch = model.encode_batch([REQUEST, SHORT], template=template, now=FIXED_NOW)
-    pt = model.encode_batch([REQUEST, SHORT], template=template, now=FIXED_NOW, return_tensors="pt")
+    batch = model.encode_batch([REQUEST, SHORT], chat_template=template, now=FIXED_NOW)
+    pt = model.encode_batch([REQUEST, SHORT], chat_template=template, now=FIXED_NOW, return_tensors="pt")
     assert isinstance(pt, TorchInput)
     for key in batch:
         assert pt[key].tolist() == batch[key].tolist()
@@ -148,8 +148,8 @@ def test_encode_batch_return_tensors(qwen) -> None:
 def test_other_return_tensors_are_a_typed_error(qwen, value: Any) -> None:
     model, template, *_ = qwen
     for call in (
-        lambda: model.encode(SHORT, template=template, return_tensors=value),
-        lambda: model.encode_batch([SHORT], template=template, return_tensors=value),
+        lambda: model.encode(SHORT, chat_template=template, return_tensors=value),
+        lambda: model.encode_batch([SHORT], chat_template=template, return_tensors=value),
     ):
         with pytest.raises(TensorError) as info:
             call()
@@ -162,7 +162,7 @@ def test_return_tensors_pt_without_torch(qwen, monkeypatch: pytest.MonkeyPatch) 
     model, template, *_ = qwen
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
     with pytest.raises(TensorError) as info:
-        model.encode(SHORT, template=template, return_tensors="pt")
+        model.encode(SHORT, chat_template=template, return_tensors="pt")
     assert info.value.hint == "pip install 'ctxlock[torch]'"
     assert info.value.path == "return_tensors='pt'"
 
@@ -172,17 +172,17 @@ def test_return_tensors_pt_without_torch(qwen, monkeypatch: pytest.MonkeyPatch) 
 
 
 CALLS = {
-    "render": lambda m, t, kw: m.render(SHORT, template=t, **kw),
-    "run": lambda m, t, kw: m.run(SHORT, template=t, **kw),
-    "encode": lambda m, t, kw: m.encode(SHORT, template=t, **kw),
-    "encode_batch": lambda m, t, kw: m.encode_batch([SHORT], template=t, **kw),
+    "render": lambda m, t, kw: m.render(SHORT, chat_template=t, **kw),
+    "run": lambda m, t, kw: m.run(SHORT, chat_template=t, **kw),
+    "encode": lambda m, t, kw: m.encode(SHORT, chat_template=t, **kw),
+    "encode_batch": lambda m, t, kw: m.encode_batch([SHORT], chat_template=t, **kw),
 }
 
 # option -> words its hint must hold (what to use instead)
 INSTEAD = {
     "truncation": ("fit_context", "ctxlock fit --max-input-tokens"),
     "max_length": ("fit_context", "BudgetPolicy(max_input_tokens"),
-    "return_assistant_tokens_mask": ("return_assistant_mask=True", "assistant_masks"),
+    "return_assistant_tokens_mask": ("return_assistant_tokens_mask=True", "assistant_masks"),
     "return_dict": ("ModelInput", "mapping"),
     "tokenize": ("render() is tokenize=False", "encode() is tokenize=True"),
     "chat_template": ("template=",),
@@ -226,7 +226,7 @@ def test_a_typo_gets_a_close_match_and_the_accepted_names(qwen, typo: str, meant
 def test_an_unrelated_name_lists_the_accepted_ones(qwen) -> None:
     model, template, *_ = qwen
     with pytest.raises(OptionError) as info:
-        model.encode(SHORT, template=template, zzz=1)
+        model.encode(SHORT, chat_template=template, zzz=1)
     assert "did you mean" not in info.value.hint
     assert info.value.hint.startswith("encode takes: add_generation_prompt, ")
     assert "return_tensors" in info.value.hint
@@ -235,10 +235,10 @@ def test_an_unrelated_name_lists_the_accepted_ones(qwen) -> None:
 def test_padding_options_on_encode_point_to_encode_batch(qwen) -> None:
     model, template, *_ = qwen
     with pytest.raises(OptionError) as info:
-        model.encode(SHORT, template=template, padding_side="left")
+        model.encode(SHORT, chat_template=template, padding_side="left")
     assert "encode_batch" in info.value.hint
     # ... and they are encode_batch's own options, accepted there.
-    batch = model.encode_batch([SHORT, REQUEST], template=template, padding_side="right", pad_to_multiple_of=8)
+    batch = model.encode_batch([SHORT, REQUEST], chat_template=template, padding_side="right", pad_to_multiple_of=8)
     assert batch.seq_len % 8 == 0
 
 

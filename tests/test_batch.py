@@ -83,7 +83,7 @@ def test_every_row_accounted_for_and_equal_to_encode(tmp_path: Path) -> None:
     assert errors and all(set(e) == {"row", "type", "path", "message"} for e in errors)
     model = ctxlock.load(model_dir)
     for n, row in rows.items():
-        mi = model.encode(lines[n], return_assistant_mask=True)
+        mi = model.encode(lines[n], return_assistant_tokens_mask=True)
         assert row["input_ids"] == mi["input_ids"][0].tolist()
         assert row["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
         assert row["length"] == len(row["input_ids"])
@@ -279,7 +279,7 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
     fitted_rows: dict[int, list[int]] = {}
     for n, line in enumerate(lines):
         request = model.parse(line)
-        full = model.encode(line, return_assistant_mask=True)["input_ids"][0].tolist()
+        full = model.encode(line, return_assistant_tokens_mask=True)["input_ids"][0].tolist()
         if len(full) <= limit:
             expect["rows_whole"] += 1
             assert rows[n]["input_ids"] == full
@@ -292,7 +292,7 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
             continue
         expect["rows_fitted"] += 1
         fitted_rows[n] = list(fitted.kept_messages)
-        mi = model.encode(fitted.request, return_assistant_mask=True)
+        mi = model.encode(fitted.request, return_assistant_tokens_mask=True)
         assert rows[n]["input_ids"] == list(fitted.ids) == mi["input_ids"][0].tolist()
         assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
         assert rows[n]["request_sha256"] == hashlib.sha256(request.to_json().encode()).hexdigest()

@@ -171,7 +171,7 @@ def test_20k_every_row_accounted_for_and_equal_to_encode(big: dict[str, Any]) ->
     model = ctxlock.load(big["model"])
     for n in [*range(0, ROWS, 97), *errors]:
         try:
-            mi = model.encode(lines[n], return_assistant_mask=True)
+            mi = model.encode(lines[n], return_assistant_tokens_mask=True)
         except CtxlockError as exc:
             assert errors[n] == {"row": n, "type": type(exc).__name__, "path": exc.path, "message": exc.message}
             continue

@@ -66,14 +66,14 @@ def test_invariants_and_the_naive_oracle(qwen, data: dict, budget: int) -> None:
     request = parse_request(data)
     policy = BudgetPolicy(max_input_tokens=budget)
     try:
-        fast = fit_context(request, model, policy, template=template)
+        fast = fit_context(request, model, policy, chat_template=template)
     except BudgetExceeded as exc:
         with pytest.raises(BudgetExceeded):
-            fit_context(request, model, policy, template=template, naive=True)
-        required_only = model.encode(_required_only(request), template=template).input_ids.shape[1]
+            fit_context(request, model, policy, chat_template=template, naive=True)
+        required_only = model.encode(_required_only(request), chat_template=template).input_ids.shape[1]
         assert required_only > budget and exc.total == required_only  # rejected only when required alone overflow
         return
-    naive = fit_context(request, model, policy, template=template, naive=True)
+    naive = fit_context(request, model, policy, chat_template=template, naive=True)
     assert fast.decisions == naive.decisions
     assert fast.ids == naive.ids
     assert fast.input_tokens <= budget
@@ -108,7 +108,7 @@ def test_required_overflow_is_rejected_with_sizes(qwen) -> None:
         {"messages": [{"role": "system", "content": "long " * 200}, {"role": "user", "content": "hi"}]}
     )
     with pytest.raises(BudgetExceeded) as info:
-        fit_context(request, model, BudgetPolicy(max_input_tokens=50), template=template)
+        fit_context(request, model, BudgetPolicy(max_input_tokens=50), chat_template=template)
     sizes = info.value.sizes
     assert set(sizes) == {"system", "current", "generation prefix"} and sizes["system"] > 200
     assert sum(sizes.values()) == info.value.total > 50 and "nothing was dropped" in info.value.hint
@@ -125,7 +125,7 @@ def test_decisions_log_and_policy_digest(qwen) -> None:
     msgs.append({"role": "user", "content": "last"})
     request = parse_request({"messages": msgs})
     policy = BudgetPolicy(context_window=300, reserve_output_tokens=100)
-    fitted = fit_context(request, model, policy, template=template)
+    fitted = fit_context(request, model, policy, chat_template=template)
     assert fitted.budget == 200 and fitted.input_tokens <= 200
     kept = [d.segment for d in fitted.decisions if d.kept and d.reason == "fits"]
     dropped = [d.segment for d in fitted.decisions if not d.kept]
@@ -294,12 +294,12 @@ def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:
     request = parse_request(data)
     policy = BudgetPolicy(max_input_tokens=budget)
     try:
-        fast = fit_context(request, model, policy, template=template)
+        fast = fit_context(request, model, policy, chat_template=template)
     except BudgetExceeded:
         with pytest.raises(BudgetExceeded):
-            fit_context(request, model, policy, template=template, naive=True)
+            fit_context(request, model, policy, chat_template=template, naive=True)
         return
-    naive = fit_context(request, model, policy, template=template, naive=True)
+    naive = fit_context(request, model, policy, chat_template=template, naive=True)
     assert fast.decisions == naive.decisions
     assert fast.ids == naive.ids
     assert fast.input_tokens <= budget
@@ -362,8 +362,8 @@ def test_suffix_and_greedy_in_python(qwen) -> None:
         msgs += [{"role": "user", "content": f"q{i} " * size}, {"role": "assistant", "content": f"a{i} " * 4}]
     msgs.append({"role": "user", "content": "last"})
     request = parse_request({"messages": msgs})
-    suffix = fit_context(request, model, BudgetPolicy(max_input_tokens=180), template=template)
-    greedy = fit_context(request, model, BudgetPolicy(max_input_tokens=180, history="greedy"), template=template)
+    suffix = fit_context(request, model, BudgetPolicy(max_input_tokens=180), chat_template=template)
+    greedy = fit_context(request, model, BudgetPolicy(max_input_tokens=180, history="greedy"), chat_template=template)
     assert suffix.request.messages[0].content == "q4 " * 4  # turns 4 and 5, then the current one
     assert suffix.kept_messages == tuple(range(8, 13))
     assert greedy.kept_messages == (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)  # the seed's loop leaves turn 3 out
@@ -442,25 +442,25 @@ def test_exactly_one_generation_prefix_is_asserted(qwen) -> None:
     request = parse_request({"messages": [{"role": "user", "content": "hi"}]})
     policy = BudgetPolicy(max_input_tokens=100)
     with pytest.raises(BudgetError) as info:
-        fit_context(request, model, policy, template=template, add_generation_prompt=False)
+        fit_context(request, model, policy, chat_template=template, add_generation_prompt=False)
     assert info.value.path == "add_generation_prompt" and "generation_prefix='none'" in info.value.hint
-    fitted = fit_context(request, model, policy, template=template)
+    fitted = fit_context(request, model, policy, chat_template=template)
     row = next(d for d in fitted.decisions if d.kind == "generation")
     assert row.kept and row.tokens == 3 and "<|im_start|>assistant\\n" in row.reason
     # The explicit opt-out is recorded in the policy and in the decisions.
     none = BudgetPolicy(max_input_tokens=100, generation_prefix="none")
-    bare = fit_context(request, model, none, template=template)
+    bare = fit_context(request, model, none, chat_template=template)
     row = next(d for d in bare.decisions if d.kind == "generation")
     assert not row.kept and row.tokens == 0 and bare.policy.to_dict()["generation_prefix"] == "none"
     assert bare.input_tokens == fitted.input_tokens - 3 and not bare.rendered.text.endswith("assistant\n")
     with pytest.raises(BudgetError):
-        fit_context(request, model, none, template=template, add_generation_prompt=True)
+        fit_context(request, model, none, chat_template=template, add_generation_prompt=True)
     # A prefill is the one generation prefix; continuing a user message is not one.
-    prefill = fit_context(parse_request(chat), model, policy, template=template, continue_final_message=True)
+    prefill = fit_context(parse_request(chat), model, policy, chat_template=template, continue_final_message=True)
     row = next(d for d in prefill.decisions if d.kind == "generation")
     assert row.kept and "prefill" in row.reason and prefill.rendered.text.endswith("Hel")
     with pytest.raises(BudgetError):
-        fit_context(request, model, policy, template=template, continue_final_message=True)
+        fit_context(request, model, policy, chat_template=template, continue_final_message=True)
     # A template with no generation prompt (Mistral's) opens the reply after a user turn, not after an assistant one.
     nemo = ctxlock.load()
     fit_context(request, nemo, policy)

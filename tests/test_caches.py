@@ -188,12 +188,12 @@ def _fill(book: ctxlock.Model, qwen: ctxlock.Model, template: ChatTemplate) -> N
     }
     book.encode({"messages": [{"role": "user", "content": "天空"}]})
     book.run({"messages": [{"role": "user", "content": "天空"}]})
-    qwen.encode(chat, template=template)
-    qwen.run(chat, template=template)
-    qwen.encode_batch([chat, chat], template=template)
+    qwen.encode(chat, chat_template=template)
+    qwen.run(chat, chat_template=template)
+    qwen.encode_batch([chat, chat], chat_template=template)
     request = qwen.parse(chat)
-    fit_context(request, qwen, BudgetPolicy(max_input_tokens=4096), template=template)
-    plan_compaction(chat, qwen, context_window=4096, keep_recent_tokens=10, template=template)
+    fit_context(request, qwen, BudgetPolicy(max_input_tokens=4096), chat_template=template)
+    plan_compaction(chat, qwen, context_window=4096, keep_recent_tokens=10, chat_template=template)
 
 
 def test_clear_caches_empties_every_registered_cache() -> None:
@@ -226,5 +226,5 @@ def test_clear_caches_empties_every_registered_cache() -> None:
 
     # Results never depend on the caches: the same ids cold and warm.
     chat = {"messages": [{"role": "user", "content": "Why is the sky blue?"}]}
-    cold = qwen.encode(chat, template=template).input_ids.tolist()
-    assert qwen.encode(chat, template=template).input_ids.tolist() == cold
+    cold = qwen.encode(chat, chat_template=template).input_ids.tolist()
+    assert qwen.encode(chat, chat_template=template).input_ids.tolist() == cold

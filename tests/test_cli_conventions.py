@@ -310,7 +310,7 @@ def test_reserved_template_variables_say_what_is_true() -> None:
     assert code == 2 and err.count("\n") == 1
     assert "set by ctxlock itself" not in err
     assert "return_assistant_tokens_mask is an argument of transformers' apply_chat_template" in err
-    assert "encode(..., return_assistant_mask=True)" in err and "ctxlock inspect" in err
+    assert "encode(..., return_assistant_tokens_mask=True)" in err and "ctxlock inspect" in err
     code, _, err = run_main(["render", "-m", "book", "--var", "add_generation_prompt=false", str(EXAMPLE)])
     assert code == 2 and "--no-generation-prompt" in err
     code, _, err = run_main(["render", "-m", "book", "--var", "bos_token='\"x\"'", str(EXAMPLE)])

@@ -41,7 +41,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_render_and_count_take_a_name_as_python_does(setup: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:
     model, request = setup
-    python = load(str(model)).render(REQUEST, template="extra").text
+    python = load(str(model)).render(REQUEST, chat_template="extra").text
     assert python.startswith("EXTRA:hello")
     for name, marker in (("extra", "EXTRA:hello"), ("tool_use", "TOOLS:hello"), ("default", "D:hello")):
         out = invoke(render.register, "render", "-m", str(model), "-t", name, str(request), "--json")
@@ -53,7 +53,7 @@ def test_render_and_count_take_a_name_as_python_does(setup: tuple[Path, Path], t
     extra_count = json.loads(
         invoke(count.register, "count", "-m", str(model), "-t", "extra", str(request), "--json").output
     )
-    assert extra_count["total"] == len(load(str(model)).encode(REQUEST, template="extra")["input_ids"][0])
+    assert extra_count["total"] == len(load(str(model)).encode(REQUEST, chat_template="extra")["input_ids"][0])
     # the provider shape names the template it was counted with; an empty --template is refused in one line
     shaped = invoke(count.register, "count", "-m", str(model), "-t", "extra", str(request), "--format", "anthropic")
     assert shaped.exit_code == 0, shaped.output

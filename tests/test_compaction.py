@@ -98,7 +98,7 @@ def prefix_count(model: ctxlock.Model, template: ChatTemplate | None, req: Reque
     if i == 0:
         return 0
     prefix = dataclasses.replace(req, messages=req.messages[:i])
-    return len(model.run(prefix, template=template, add_generation_prompt=False, provenance=False).tokenized.ids)
+    return len(model.run(prefix, chat_template=template, add_generation_prompt=False, provenance=False).tokenized.ids)
 
 
 def reference_sizes(model: ctxlock.Model, template: ChatTemplate | None, req: Request) -> list[int]:
@@ -185,7 +185,7 @@ def test_message_tokens_are_exact_prefix_differences(qwen: Any, nemo: ctxlock.Mo
     conv = Conversation().user(30).tools(40, 5, 60).say(12).user(8).tools(25).say(30).user(9)
     req = conv.request()
     model, template = qwen
-    assert message_tokens(req, model, template=template) == dict(enumerate(reference_sizes(model, template, req)))
+    assert message_tokens(req, model, chat_template=template) == dict(enumerate(reference_sizes(model, template, req)))
     # Mistral's template moves the system prompt next to the last user message: prefixes are not prefixes of the
     # full render, so the counter tokenizes them, and stays exact.
     assert message_tokens(req, nemo) == dict(enumerate(reference_sizes(nemo, None, req)))
@@ -194,8 +194,8 @@ def test_message_tokens_are_exact_prefix_differences(qwen: Any, nemo: ctxlock.Mo
 def test_plan_counts_are_exact(qwen: Any) -> None:
     model, template = qwen
     req = Conversation().user(50).tools(80, 80).say(20).user(40).say(60).user(30).tools(90).say(10).request()
-    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=150, template=template)
-    assert plan.tokens_before == len(model.run(req, template=template).tokenized.ids)
+    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=150, chat_template=template)
+    assert plan.tokens_before == len(model.run(req, chat_template=template).tokenized.ids)
     sizes = reference_sizes(model, template, req)
     assert plan.kept_tokens == sum(sizes[plan.first_kept_index :])
 
@@ -206,7 +206,7 @@ def test_plan_counts_are_exact(qwen: Any) -> None:
 def test_nothing_to_summarize_when_everything_fits(qwen: Any) -> None:
     model, template = qwen
     req = Conversation().user(10).say(10).user(10).request()
-    plan = plan_compaction(req, model, context_window=32768, template=template)
+    plan = plan_compaction(req, model, context_window=32768, chat_template=template)
     assert plan.summarizes_nothing and plan.to_dict()["summarizes_nothing"] is True
     assert plan.first_kept_index == 1  # the first non-system message
     assert plan.messages_to_summarize == () and plan.turn_prefix_to_summarize == () and not plan.split_turn
@@ -214,7 +214,7 @@ def test_nothing_to_summarize_when_everything_fits(qwen: Any) -> None:
     assert apply_compaction(req, plan, "unused") is req
     # No system message: the first kept index is 0.
     bare = Conversation(system=None).user(10).say(10).request()
-    assert plan_compaction(bare, model, context_window=32768, template=template).first_kept_index == 0
+    assert plan_compaction(bare, model, context_window=32768, chat_template=template).first_kept_index == 0
 
 
 def test_cut_moves_back_to_the_user_turn_boundary(qwen: Any) -> None:
@@ -228,7 +228,7 @@ def test_cut_moves_back_to_the_user_turn_boundary(qwen: Any) -> None:
     # is that turn's user message.
     turn4 = 1 + 3 * 4
     keep = sum(sizes[turn4 + 2 :]) + 1
-    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, template=template)
+    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, chat_template=template)
     assert plan.first_kept_index == turn4
     assert req.messages[turn4].role == "user"
     assert not plan.split_turn
@@ -243,7 +243,7 @@ def test_split_turn_when_one_turn_exceeds_keep_recent(qwen: Any) -> None:
     # messages: 0 system, 1 user, 2 assistant, 3 user, 4 call, 5 result, 6 call, 7 result, 8 assistant
     sizes = reference_sizes(model, template, req)
     keep = sizes[7] + sizes[8] + 10  # not reached at 7, reached at 6 (the second call)
-    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, template=template)
+    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, chat_template=template)
     # The turn 3..8 is far larger than keep: it is split at 6, a valid point (the call keeps its result).
     assert plan.split_turn
     assert plan.first_kept_index == 6
@@ -261,7 +261,7 @@ def test_cut_never_at_a_tool_result(qwen: Any) -> None:
     sizes = reference_sizes(model, template, req)
     for crossing in (5, 6, 7, 8):
         keep = sum(sizes[crossing:])
-        plan = plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, template=template)
+        plan = plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, chat_template=template)
         # The turn 3..11 is larger than keep: the cut is the first valid point at or after the crossing, the
         # second call (9), never one of the results 5-8, and never between call 4 and its results.
         assert plan.first_kept_index == 9, crossing
@@ -271,7 +271,9 @@ def test_cut_never_at_a_tool_result(qwen: Any) -> None:
     tail = Conversation().user(10).say(10).user(10).say(10).tools(200, 200, 200).request()
     # 0 sys, 1 user, 2 asst, 3 user, 4 asst, 5 call, 6-8 results
     tail_sizes = reference_sizes(model, template, tail)
-    plan = plan_compaction(tail, model, context_window=8192, keep_recent_tokens=tail_sizes[8] + 1, template=template)
+    plan = plan_compaction(
+        tail, model, context_window=8192, keep_recent_tokens=tail_sizes[8] + 1, chat_template=template
+    )
     assert plan.first_kept_index == 5 and plan.split_turn
     assert plan.turn_prefix_to_summarize == (3, 4)
     check_partition(tail, plan)
@@ -285,7 +287,7 @@ def test_system_and_developer_messages_are_never_summarized(qwen: Any) -> None:
     req = conv.request()
     # messages: 0 system, 1 user, 2 assistant, 3 system, 4 user, 5 assistant, 6 user, 7 assistant
     keep = sum(reference_sizes(model, template, req)[6:])  # reached at 6
-    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, template=template)
+    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, chat_template=template)
     assert plan.first_kept_index == 6 and not plan.split_turn
     assert plan.messages_to_summarize == (1, 2, 4, 5)
     check_partition(req, plan)
@@ -313,7 +315,7 @@ def test_random_conversations_cut_at_valid_points(qwen: Any, data: st.DataObject
     keep = data.draw(st.integers(0, sum(sizes) + 20))
     summary_tokens = data.draw(st.integers(2, 120))
     plan = plan_compaction(
-        req, model, context_window=8192, keep_recent_tokens=keep, summary_tokens=summary_tokens, template=template
+        req, model, context_window=8192, keep_recent_tokens=keep, summary_tokens=summary_tokens, chat_template=template
     )
     check_partition(req, plan)
     assert (plan.first_kept_index, plan.split_turn) == reference_cut(req, sizes, keep)
@@ -324,7 +326,7 @@ def test_random_conversations_cut_at_valid_points(qwen: Any, data: st.DataObject
         first = summary_of(model, half)
         second = summary_of(model, summary_tokens - half) if plan.split_turn else None
         out = apply_compaction(req, plan, first, turn_prefix_summary=second)
-        exact = len(model.run(out, template=template).tokenized.ids)
+        exact = len(model.run(out, chat_template=template).tokenized.ids)
         assert abs(exact - plan.estimated_tokens_after) <= SUMMARY_TOKENS_TOLERANCE
 
 
@@ -345,11 +347,11 @@ def test_plans_are_the_same_on_the_reference_path(qwen: Any, nemo: ctxlock.Model
                 conv.say(data.draw(st.integers(1, 40)))
     req = conv.request()
     keep = data.draw(st.integers(0, 400))
-    fast = plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, template=template)
-    sizes = message_tokens(req, model, template=template)
+    fast = plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, chat_template=template)
+    sizes = message_tokens(req, model, chat_template=template)
     with reference_path():
-        assert plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, template=template) == fast
-        assert message_tokens(req, model, template=template) == sizes
+        assert plan_compaction(req, model, context_window=8192, keep_recent_tokens=keep, chat_template=template) == fast
+        assert message_tokens(req, model, chat_template=template) == sizes
 
 
 def test_sizes_on_a_vocabulary_with_stripping_control_tokens() -> None:
@@ -385,7 +387,7 @@ def test_apply_lands_within_tolerance_of_the_estimate(qwen: Any, summary_tokens:
     sizes = reference_sizes(model, template, req)
     keep = sum(sizes[8:]) + sizes[7] // 2  # reached at 7; its turn 6..7 fits: the cut moves back to 6
     plan = plan_compaction(
-        req, model, context_window=4096, keep_recent_tokens=keep, summary_tokens=summary_tokens, template=template
+        req, model, context_window=4096, keep_recent_tokens=keep, summary_tokens=summary_tokens, chat_template=template
     )
     assert plan.first_kept_index == 6 and not plan.split_turn
     out = apply_compaction(req, plan, summary_of(model, summary_tokens))
@@ -393,7 +395,7 @@ def test_apply_lands_within_tolerance_of_the_estimate(qwen: Any, summary_tokens:
     assert out.messages[1].role == "user"
     assert out.messages[1].content.startswith(SUMMARY_PREFIX) and out.messages[1].content.endswith(SUMMARY_SUFFIX)
     assert out.messages[2:] == req.messages[plan.first_kept_index :]
-    exact = len(model.run(out, template=template).tokenized.ids)
+    exact = len(model.run(out, chat_template=template).tokenized.ids)
     assert abs(exact - plan.estimated_tokens_after) <= SUMMARY_TOKENS_TOLERANCE
     assert (exact < plan.tokens_before) == (summary_tokens == 50)  # 400 is more than the 5 messages it replaces
 
@@ -411,9 +413,11 @@ def test_estimate_with_a_structured_summary(qwen: Any, nemo: ctxlock.Model) -> N
         n = len(m.tokenizer.encode(pi_summary))
         sizes = reference_sizes(m, tpl, req)
         keep = sum(sizes[-5:])  # the last turn exactly: cut at its user message
-        plan = plan_compaction(req, m, context_window=4096, keep_recent_tokens=keep, summary_tokens=n, template=tpl)
+        plan = plan_compaction(
+            req, m, context_window=4096, keep_recent_tokens=keep, summary_tokens=n, chat_template=tpl
+        )
         assert not plan.split_turn and plan.first_kept_index == len(sizes) - 5
-        exact = len(m.run(apply_compaction(req, plan, pi_summary), template=tpl).tokenized.ids)
+        exact = len(m.run(apply_compaction(req, plan, pi_summary), chat_template=tpl).tokenized.ids)
         assert abs(exact - plan.estimated_tokens_after) <= SUMMARY_TOKENS_TOLERANCE
 
 
@@ -424,7 +428,9 @@ def test_apply_split_turn_merges_both_summaries(qwen: Any, nemo: ctxlock.Model) 
         req = conv.request()
         # 0 system, 1 user, 2 assistant, 3 user, 4 call, 5 result, 6 call, 7 result, 8 assistant
         keep = sum(reference_sizes(m, tpl, req)[6:])  # reached at 6, inside the oversized turn 3..8
-        plan = plan_compaction(req, m, context_window=4096, keep_recent_tokens=keep, summary_tokens=60, template=tpl)
+        plan = plan_compaction(
+            req, m, context_window=4096, keep_recent_tokens=keep, summary_tokens=60, chat_template=tpl
+        )
         assert plan.split_turn and plan.first_kept_index == 6
         history, prefix = summary_of(m, 30), summary_of(m, 30)
         with pytest.raises(BudgetError, match="turn_prefix_summary"):
@@ -433,7 +439,7 @@ def test_apply_split_turn_merges_both_summaries(qwen: Any, nemo: ctxlock.Model) 
         assert out.messages[1].content == f"{SUMMARY_PREFIX}{history}{SPLIT_TURN_SEPARATOR}{prefix}{SUMMARY_SUFFIX}"
         assert out.messages[2:] == req.messages[plan.first_kept_index :]
         assert out.messages[2].role == "assistant" and out.messages[3].role == "tool"
-        exact = len(m.run(out, template=tpl).tokenized.ids)
+        exact = len(m.run(out, chat_template=tpl).tokenized.ids)
         assert abs(exact - plan.estimated_tokens_after) <= SUMMARY_TOKENS_TOLERANCE, m
 
 
@@ -453,7 +459,7 @@ def test_apply_rejects_a_plan_for_another_request(qwen: Any) -> None:
     model, template = qwen
     req = Conversation().user(30).say(30).user(30).say(30).user(30).request()
     keep = reference_sizes(model, template, req)[5]  # reached at the last user message
-    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, template=template)
+    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=keep, chat_template=template)
     assert plan.first_kept_index == 5 and not plan.split_turn
     with pytest.raises(BudgetError, match="only for a plan that splits"):
         apply_compaction(req, plan, "s", turn_prefix_summary="t")
@@ -468,7 +474,7 @@ def test_apply_rejects_a_plan_for_another_request(qwen: Any) -> None:
 def test_compaction_event_shapes(qwen: Any) -> None:
     model, template = qwen
     req = Conversation().user(30).say(30).user(30).say(30).user(30).request()
-    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=40, template=template)
+    plan = plan_compaction(req, model, context_window=4096, keep_recent_tokens=40, chat_template=template)
     event = compaction_event(plan, reason="threshold", summary="Summary of conversation...")
     assert list(event) == ["type", "reason", "result", "aborted", "willRetry"]
     assert event["type"] == "compaction_end" and event["aborted"] is False and event["willRetry"] is False
@@ -497,11 +503,11 @@ def test_compaction_event_shapes(qwen: Any) -> None:
 def test_plan_to_dict_is_json(qwen: Any) -> None:
     model, template = qwen
     req = Conversation().user(30).say(30).user(30).request()
-    d = plan_compaction(req, model, context_window=4096, keep_recent_tokens=20, template=template).to_dict()
+    d = plan_compaction(req, model, context_window=4096, keep_recent_tokens=20, chat_template=template).to_dict()
     assert json.loads(json.dumps(d)) == d
     assert {"messages_to_summarize", "turn_prefix_to_summarize", "first_kept_index", "split_turn"} <= set(d)
     with pytest.raises(BudgetError, match="keep_recent_tokens"):
-        plan_compaction(req, model, context_window=4096, keep_recent_tokens=-5, template=template)
+        plan_compaction(req, model, context_window=4096, keep_recent_tokens=-5, chat_template=template)
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -94,7 +94,7 @@ def _ours(request: Any, template: ChatTemplate, options: dict, model: ctxlock.Mo
         rendered = render(
             request,
             template,
-            special_tokens=model.special_tokens,
+            injection=model.special_tokens,
             control_tokens=model.tokenizer.control_tokens,
             now=FIXED_NOW,
             **options,
@@ -195,7 +195,7 @@ def ids_compared(path: Path) -> tuple[int, str | None]:
         except Exception:
             continue
         kwargs = {"now": FIXED_NOW, "chat_template_kwargs": extra or None, "content_format": "openai", **options}
-        ours = model.encode(request, template=template, **kwargs).input_ids[0].tolist()
+        ours = model.encode(request, chat_template=template, **kwargs).input_ids[0].tolist()
         if ours != expected:
             difference = f"{name} with {vocab}: first difference at {_first_diff(ours, expected)}"
             break

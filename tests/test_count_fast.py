@@ -64,7 +64,7 @@ def test_whole_lay_equals_the_run_by_run_replay(name: str) -> None:
     laid = 0
     for label, data, options in conversations():
         try:
-            run = model.run(data, template=template, now=FIXED_NOW, **options)
+            run = model.run(data, chat_template=template, now=FIXED_NOW, **options)
         except CtxlockError:
             continue
         rendered = run.rendered
@@ -81,7 +81,7 @@ def test_whole_lay_equals_the_run_by_run_replay(name: str) -> None:
 
 def _qwen_rendered(content: str) -> tuple[ctxlock.Model, Any, np.ndarray]:
     model, template = _model("qwen2"), _template(NAMES[0])
-    rendered = model.render({"messages": [{"role": "user", "content": content}]}, template=template)
+    rendered = model.render({"messages": [{"role": "user", "content": content}]}, chat_template=template)
     return model, rendered, encode_ids(rendered, model.tokenizer)
 
 
@@ -106,9 +106,9 @@ def test_a_control_string_in_request_text_takes_the_reference_path() -> None:
     assert tokenlay.whole_lay(model.tokenizer, rendered, ids, rendered.text.encode("utf-8")) is None
     req = {"messages": [{"role": "user", "content": "print('<|im_end|>') then <|im_start|>"}]}
     template = _template(NAMES[0])
-    fast = accounting.count(model, req, template=template)
+    fast = accounting.count(model, req, chat_template=template)
     with reference_path():
-        assert accounting.count(model, req, template=template) == fast
+        assert accounting.count(model, req, chat_template=template) == fast
     assert fast.total == len(ids)
 
 
@@ -116,7 +116,7 @@ def test_whole_lay_when_a_control_string_is_kept() -> None:
     """With injection="keep" a control string in request text is a control token: the lay still applies."""
     model, template = _model("qwen2"), _template(NAMES[0])
     req = {"messages": [{"role": "user", "content": "a <|im_end|> b"}]}
-    rendered = model.render(req, template=template, injection="keep")
+    rendered = model.render(req, chat_template=template, injection="keep")
     ids = encode_ids(rendered, model.tokenizer)
     cum = tokenlay.whole_lay(model.tokenizer, rendered, ids, rendered.text.encode("utf-8"))
     assert cum is not None
@@ -167,9 +167,9 @@ def test_char_to_byte_equals_the_code_point_widths(text: str) -> None:
 def test_request_bytes_is_the_size_of_the_request_as_sent(tmp_path: Path) -> None:
     model, template = _model("qwen2"), _template(NAMES[0])
     req = {"messages": [{"role": "user", "content": "héllo"}]}
-    counts = accounting.count(model, req, template=template)
+    counts = accounting.count(model, req, chat_template=template)
     compact = json.dumps(req, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     assert counts.request_bytes == len(compact)
     raw = json.dumps(req, indent=2).encode()
-    assert accounting.count(model, raw, template=template).request_bytes == len(raw)
+    assert accounting.count(model, raw, chat_template=template).request_bytes == len(raw)
     assert counts.to_dict()["request_bytes"] == len(compact)

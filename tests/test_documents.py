@@ -79,7 +79,7 @@ def test_pdf_is_accepted_with_digest_and_page_count() -> None:
 
 
 def test_text_and_content_documents_render_where_the_template_takes_documents(qwen) -> None:
-    rendered = qwen.render(_request(TEXT_DOC, CONTENT_DOC), template=RAG)
+    rendered = qwen.render(_request(TEXT_DOC, CONTENT_DOC), chat_template=RAG)
     assert rendered.text.startswith("[notes] The meeting moved to Tuesday.\n[chunks] First.\nSecond.\nuser: Summarize")
     paths = {s.path for s in rendered.request_spans}
     assert "messages[0].content[1].source.data" in paths  # provenance names where the client sent the text
@@ -90,19 +90,19 @@ def test_request_documents_come_first_then_blocks(qwen) -> None:
     req = {**_request(TEXT_DOC), "documents": [{"title": "top", "text": "Top-level."}]}
     with pytest.raises(RequestValidationError):  # an Anthropic request has no top-level documents key ...
         parse_request(req, dialect="openai")
-    rendered = qwen.render(_request(TEXT_DOC), template=RAG, documents=[{"title": "caller", "text": "Caller."}])
+    rendered = qwen.render(_request(TEXT_DOC), chat_template=RAG, documents=[{"title": "caller", "text": "Caller."}])
     assert rendered.text.startswith("[caller] Caller.\n[notes] The meeting")
 
 
 def test_real_rag_template_renders_a_text_document(qwen) -> None:
     source = (fetched.templates_dir() / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text("utf-8")
     granite = ChatTemplate(source, id="granite-3.3")
-    rendered = qwen.render(_request(TEXT_DOC), template=granite)
+    rendered = qwen.render(_request(TEXT_DOC), chat_template=granite)
     assert "The meeting moved to Tuesday." in rendered.text
     # the same text sent as the HF `documents` variable renders the same way
     plain = qwen.render(
         {"messages": [{"role": "user", "content": "Summarize the document."}]},
-        template=granite,
+        chat_template=granite,
         documents=[{"title": "notes", "text": "The meeting moved to Tuesday."}],
     )
     assert rendered.text == plain.text
@@ -111,23 +111,23 @@ def test_real_rag_template_renders_a_text_document(qwen) -> None:
 def test_template_without_documents_is_a_typed_error_at_the_block(qwen) -> None:
     source = (fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8")
     with pytest.raises(DocumentError) as info:
-        qwen.render(_request(TEXT_DOC), template=ChatTemplate(source, id="qwen2.5"))
+        qwen.render(_request(TEXT_DOC), chat_template=ChatTemplate(source, id="qwen2.5"))
     assert info.value.path == "messages[0].content[1]" and "documents" in info.value.message
 
 
 def test_pdf_render_is_a_typed_error(qwen) -> None:
     with pytest.raises(DocumentError) as info:
-        qwen.render(_request(TEXT_DOC, _pdf_block(_pdf(2))), template=RAG)
+        qwen.render(_request(TEXT_DOC, _pdf_block(_pdf(2))), chat_template=RAG)
     assert info.value.path == "messages[0].content[2]" and "2 pages" in info.value.message
 
 
 def test_count_marks_the_provider_document_count_unknown(qwen) -> None:
-    counts = count(qwen, _request(TEXT_DOC), template=RAG)
+    counts = count(qwen, _request(TEXT_DOC), chat_template=RAG)
     assert counts.provider_unknown == ("messages[0].content[1]",)
     assert counts.to_dict()["provider_document_tokens"] == {"messages[0].content[1]": "unknown"}
     assert any("unknown" in n for n in counts.notes)
     assert count_format(counts, "anthropic")["exact"] is False
-    plain = count(qwen, {"messages": [{"role": "user", "content": "hi"}]}, template=RAG)
+    plain = count(qwen, {"messages": [{"role": "user", "content": "hi"}]}, chat_template=RAG)
     assert count_format(plain, "anthropic") == {"input_tokens": plain.total}
 
 

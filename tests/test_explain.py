@@ -302,7 +302,7 @@ def test_in_the_middle(qwen: Any, tmp_path: Path) -> None:
     assert out["input_tokens"] >= MIDDLE_MIN_TOKENS
     # The position is exact: `token` is the index, in the real ids, of the token holding the needle's first
     # character (here " MAGIC": the space before it merges in). Checked by the reference decoder on those ids.
-    lay = layout(model, chat, template=template)
+    lay = layout(model, chat, chat_template=template)
     first = out["occurrences"][0]
     text = lay.rendered.text
     assert text[first["char"] :].startswith(NEEDLE)
@@ -344,7 +344,7 @@ def test_the_models_own_window_without_the_flag(qwen: Any, tmp_path: Path) -> No
 
 def test_window_is_a_value_with_its_source(qwen: Any) -> None:
     model, template, _, _ = qwen
-    lay = layout(model, tool_chat(needle_at=0, turns=1), template=template)
+    lay = layout(model, tool_chat(needle_at=0, turns=1), chat_template=template)
     out = explain(NEEDLE, lay, label="x", window=Window(10, "config.json max_position_embeddings"))
     assert out.causes[0].verdict == "yes" and "config.json max_position_embeddings" in out.causes[0].evidence[0]
 
@@ -355,7 +355,7 @@ def test_position_is_the_tokens_before_it(qwen: Any, at: int, needle: str) -> No
     model, template, _, _ = qwen
     chat = tool_chat(needle_at=-1, turns=6, words=20)
     chat["messages"][3 * at + 3]["content"] += f" {needle} tail"
-    lay = layout(model, chat, template=template)
+    lay = layout(model, chat, chat_template=template)
     out = explain(needle, lay, label="x")
     first = out.occurrences[0]
     start = first["char"]

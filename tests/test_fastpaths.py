@@ -63,9 +63,9 @@ def test_a_request_string_inside_a_control_token_still_gets_provenance(qwen, con
     # the token holds request text. encode's fast path must give the same ids as run().
     template = ChatTemplate(HOSTILE, id="hostile")
     request = {"messages": [{"role": "user", "content": content}]}
-    exact = [int(i) for i in qwen.run(request, template=template, add_generation_prompt=False).tokenized.ids]
-    assert _ids(qwen, request, template=template, add_generation_prompt=False) == exact
-    rendered = qwen.render(request, template=template, add_generation_prompt=False, provenance=None)
+    exact = [int(i) for i in qwen.run(request, chat_template=template, add_generation_prompt=False).tokenized.ids]
+    assert _ids(qwen, request, chat_template=template, add_generation_prompt=False) == exact
+    rendered = qwen.render(request, chat_template=template, add_generation_prompt=False, provenance=None)
     # The request text is untrusted exactly when a control token holding some of it occurs in the text:
     # "<|im_sta" + "rt|>" spells <|im_start|>, "<|im_im_sta" + "rt|>" spells none.
     assert rendered.request_spans
@@ -91,16 +91,18 @@ def test_a_token_fragment_is_trusted_text_when_no_token_holding_it_occurs(qwen) 
     template = ChatTemplate(
         fetched.templates_dir().joinpath("Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="qwen2.5"
     )
-    rendered = qwen.render(request, template=template, provenance=None)
+    rendered = qwen.render(request, chat_template=template, provenance=None)
     assert "<|endoftext|>" not in rendered.text and not rendered.untrusted
-    assert _ids(qwen, request, template=template) == [
-        int(i) for i in qwen.run(request, template=template).tokenized.ids
+    assert _ids(qwen, request, chat_template=template) == [
+        int(i) for i in qwen.run(request, chat_template=template).tokenized.ids
     ]
     hostile = ChatTemplate("{{ '<|endo' + messages[0]['content'] + 'text|>' }}", id="hostile-f")
-    rendered = qwen.render(request, template=hostile, provenance=None)
+    rendered = qwen.render(request, chat_template=hostile, provenance=None)
     assert rendered.untrusted  # here <|endoftext|> is spelled around "f"
-    assert _ids(qwen, request, template=hostile) == [int(i) for i in qwen.run(request, template=hostile).tokenized.ids]
-    assert qwen.tokenizer.token_to_id("<|endoftext|>") not in _ids(qwen, request, template=hostile)
+    assert _ids(qwen, request, chat_template=hostile) == [
+        int(i) for i in qwen.run(request, chat_template=hostile).tokenized.ids
+    ]
+    assert qwen.tokenizer.token_to_id("<|endoftext|>") not in _ids(qwen, request, chat_template=hostile)
 
 
 WORDS = ["sky", "blue", " ", "\n", "天空", "<|im_start|>", "<|im_end|>", "<|im_", "end|>", "im_st", "😀", "a"]
@@ -117,14 +119,14 @@ def test_fast_paths_on_and_off_give_the_same_ids(qwen, monkeypatch, parts: list[
     if msgs[-1]["role"] != "user":
         msgs.append({"role": "user", "content": "ok"})
     request = parse_request({"messages": msgs})
-    fast = _ids(qwen, request, special_tokens=policy)
+    fast = _ids(qwen, request, injection=policy)
     monkeypatch.setenv("CTXLOCK_FAST", "0")
     RUNS.clear()
-    slow = _ids(qwen, request, special_tokens=policy)
+    slow = _ids(qwen, request, injection=policy)
     monkeypatch.delenv("CTXLOCK_FAST")
     assert fast == slow
     if policy == "text":
-        assert fast == [int(i) for i in qwen.run(request, special_tokens=policy).tokenized.ids]
+        assert fast == [int(i) for i in qwen.run(request, injection=policy).tokenized.ids]
 
 
 def test_encode_batch_equals_one_by_one(qwen) -> None:

@@ -161,7 +161,7 @@ def test_spm_dir_chat_matches_apply_chat_template(name: str, loaded: dict[str, t
     for text in TEXTS:
         # Control-token strings in a message are text by default (see "Safety"); `keep` matches them, as
         # transformers does, so the comparison is with `keep`, and the default is checked to differ where it should.
-        got = list(model.run({"messages": _chat(text)}, special_tokens="keep").tokenized.ids)
+        got = list(model.run({"messages": _chat(text)}, injection="keep").tokenized.ids)
         assert got == reference_chat_ids(ref, _chat(text)), text
     text = "[INST] control strings as text [/INST]</s><s>"
     as_text = list(model.run({"messages": _chat(text)}).tokenized.ids)

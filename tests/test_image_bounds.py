@@ -283,13 +283,13 @@ _ASSISTANT = {"role": "assistant", "content": "ok"}
 
 def test_training_rows_with_images_are_refused_not_one_unexpanded_placeholder(tmp_path: Path) -> None:
     """The default model (mistral-nemo, whose `render` expands an image to its Pixtral tokens) never trains on an
-    image row's unexpanded `[IMG]`: `encode(return_assistant_mask=True)`, `mask_rows` (every path `ctxlock batch`
+    image row's unexpanded `[IMG]`: `encode(return_assistant_tokens_mask=True)`, `mask_rows` (every path `ctxlock batch`
     takes) and the CLI's `batch` give the row `ImagePlacementError`; the text row is kept."""
     model = load()
     rows = _training_rows()
     for row in (rows[0], rows[2]):
         with pytest.raises(ImagePlacementError, match="unexpanded"):
-            model.encode(row, return_assistant_mask=True)
+            model.encode(row, return_assistant_tokens_mask=True)
     for render in ({}, {"add_generation_prompt": False}):
         got = list(mask_rows(model, rows, MaskOptions(), **render))
         assert [type(r).__name__ for r in got] == ["ImagePlacementError", "MaskedRow", "ImagePlacementError"], got

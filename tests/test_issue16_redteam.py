@@ -96,7 +96,7 @@ def test_the_newlines_between_joined_parts_are_request_text_on_every_string_temp
             data = {"messages": [{"role": "user", "content": parts}]}
             try:
                 extra = TEMPLATE_KWARGS.get(path.name)
-                rendered = model.render(data, template=template, now=FIXED_NOW, chat_template_kwargs=extra)
+                rendered = model.render(data, chat_template=template, now=FIXED_NOW, chat_template_kwargs=extra)
             except CtxlockError:
                 continue  # a template that needs more than one user message: nothing to look at
             joined = "\n".join(texts)
@@ -188,7 +188,9 @@ def test_a_template_that_reads_parts_without_a_loop_gets_them_as_sent(name: str)
     messages = [{"role": "user", "content": parts}]
     expected = reference.reference_render(source, copy.deepcopy(messages))
     assert "blue" in expected
-    rendered = model.render({"messages": messages}, template=ChatTemplate(source, id=name), add_generation_prompt=False)
+    rendered = model.render(
+        {"messages": messages}, chat_template=ChatTemplate(source, id=name), add_generation_prompt=False
+    )
     assert rendered.text == expected
     assert rendered.content_format == "openai" and rendered.flattened == ()
 
@@ -211,7 +213,7 @@ def test_a_model_input_stays_read_only_through_pickle_and_deepcopy(qwen, side: s
     """numpy unpickles and deep-copies arrays writable, so the "read-only", hashable ModelInput came back with
     writable arrays: its ids could then change under its hash. Rebuilt through the constructor, it is frozen again."""
     model, template = qwen
-    mi = model.encode_batch(REQUESTS, template=template, now=FIXED_NOW, padding_side=side)
+    mi = model.encode_batch(REQUESTS, chat_template=template, now=FIXED_NOW, padding_side=side)
     for again in (pickle.loads(pickle.dumps(mi)), copy.deepcopy(mi), copy.copy(mi)):
         assert again == mi and hash(again) == hash(mi)
         assert (again.valid_lengths, again.padding_side, again.pad_id) == (mi.valid_lengths, mi.padding_side, mi.pad_id)

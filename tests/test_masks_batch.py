@@ -1,5 +1,5 @@
 """ctxlock.batch._fast.mask_rows (the rows of `ctxlock batch`): the fast path equals the reference path and
-`Model.encode(..., return_assistant_mask=True)` — ids, masks, notes, digests and errors.
+`Model.encode(..., return_assistant_tokens_mask=True)` — ids, masks, notes, digests and errors.
 
 - The conformance conversations, on the stock and generation-tagged versions of the tagged templates (both mask
   sources), with several mask options.
@@ -70,7 +70,7 @@ def _encoded(model: ctxlock.Model, request: Any, options: MaskOptions, **render:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the notes are compared through mask_rows
-            mi = model.encode(request, return_assistant_mask=True, mask_options=options, **render)
+            mi = model.encode(request, return_assistant_tokens_mask=True, mask_options=options, **render)
     except ctxlock.CtxlockError as exc:
         return ("error", type(exc).__name__, exc.path, exc.message)
     return (mi["input_ids"][0].tolist(), mi["assistant_masks"][0].tolist())

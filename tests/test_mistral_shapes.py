@@ -249,5 +249,5 @@ def test_control_token_strings_in_a_json_tool_result_stay_text(pair, content: st
     assert run.tokenized.neutralized
     assert run.rendered.untrusted and all(s.path.startswith("messages[2].") for s in run.rendered.untrusted)
     with pytest.raises(CtxlockError) as err:
-        model.run(request, special_tokens="raise")
+        model.run(request, injection="raise")
     assert err.value.path.startswith("messages[2].")

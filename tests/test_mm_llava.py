@@ -322,7 +322,7 @@ def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir, tmp_path)
     for form in ("object", "string", "detail"):
         messages = _openai_forms(urls, form)
         ref = processor.apply_chat_template(json.loads(json.dumps(messages)), chat_template=keys)
-        got = ctxlock.load(str(llava_dir)).render({"messages": messages}, template=ChatTemplate(keys, id="keys"))
+        got = ctxlock.load(str(llava_dir)).render({"messages": messages}, chat_template=ChatTemplate(keys, id="keys"))
         image, text = "type,url;", "text,type;"
         assert got.text == ref == image + text * 3 + image * 2 + text + image + text
     warning = next(w for w in got.warnings if w["kind"] == "image_parts_normalized")
@@ -337,7 +337,7 @@ def test_template_sees_the_parts_transformers_and_vllm_give(llava_dir, tmp_path)
     messages = _openai_forms(urls, "object")
     tok = AutoTokenizer.from_pretrained(text_only)
     ref = tok.apply_chat_template(json.loads(json.dumps(messages)), chat_template=keys, tokenize=False)
-    got = ctxlock.load(str(text_only)).render({"messages": messages}, template=ChatTemplate(keys, id="keys"))
+    got = ctxlock.load(str(text_only)).render({"messages": messages}, chat_template=ChatTemplate(keys, id="keys"))
     assert got.text == ref and ref.startswith("image_url,type;text,type;")
     assert not any(w["kind"] == "image_parts_normalized" for w in got.warnings)
     vllm = [

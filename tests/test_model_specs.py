@@ -54,7 +54,7 @@ def test_seed_002_real_vector_qwen2_gguf_with_qwen25_template() -> None:
         fetched.hf_tokenizer_dir("qwen2"), template.source, messages, add_generation_prompt=True
     )
     model = ctxlock.load(str(fetched.gguf_path("qwen2")))
-    ours = model.encode({"messages": messages}, template=template).input_ids[0].tolist()
+    ours = model.encode({"messages": messages}, chat_template=template).input_ids[0].tolist()
     assert ours == expected
     assert ours[:3] == [151644, 8948, 198]  # <|im_start|>system\n: the template's default system turn
 
@@ -121,9 +121,9 @@ def test_qwen_three_ways(tmp_path: Path) -> None:
     )
     requests = _mixed_requests(300)
     for i, request in enumerate(requests):
-        a = via_tiktoken.encode(request, template=template).input_ids[0].tolist()
-        b = via_gguf.encode(request, template=template).input_ids[0].tolist()
-        c = via_hf.encode(request, template=template).input_ids[0].tolist()
+        a = via_tiktoken.encode(request, chat_template=template).input_ids[0].tolist()
+        b = via_gguf.encode(request, chat_template=template).input_ids[0].tolist()
+        c = via_hf.encode(request, chat_template=template).input_ids[0].tolist()
         assert a == b == c, f"request {i}: {json.dumps(request, ensure_ascii=False)[:200]}"
 
 

@@ -226,12 +226,12 @@ def test_text_only_model_and_template(model: ctxlock.Model, model_dir: Path, tmp
         id="text-parts-only",
     )
     with pytest.raises(ImagePlacementError, match="does not take images") as e:
-        model.run_images(req, template=template)
+        model.run_images(req, chat_template=template)
     assert e.value.path == "messages[0].content[0].image_url.url"
     # a string-content template refuses the image part itself
     string_template = ctxlock.ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", id="string")
     with pytest.raises(ContentFormatError):
-        model.run_images(req, template=string_template)
+        model.run_images(req, chat_template=string_template)
 
 
 def test_more_images_than_placeholders_and_extra_placeholders(model: ctxlock.Model) -> None:
@@ -243,14 +243,14 @@ def test_more_images_than_placeholders_and_extra_placeholders(model: ctxlock.Mod
         id="first-only",
     )
     with pytest.raises(ImagePlacementError, match="2 images but the template wrote 1") as e:
-        model.run_images(req, template=first_only)
+        model.run_images(req, chat_template=first_only)
     assert e.value.path == "messages[0].content[1].image_url.url"
     extra = ctxlock.ChatTemplate(
         "<|image_pad|>{% for m in messages %}{% for p in m.content %}<|image_pad|>{% endfor %}{% endfor %}",
         id="extra",
     )
     with pytest.raises(ImagePlacementError, match="3 image placeholders for 2"):
-        model.run_images(req, template=extra)
+        model.run_images(req, chat_template=extra)
 
 
 def test_placeholder_in_user_text_is_never_an_image_slot(model: ctxlock.Model, processor: ImageOnlyProcessor) -> None:

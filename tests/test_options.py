@@ -4,7 +4,6 @@ Python API's keyword arguments, from a record's `RunOptions` and from the CLI's 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -65,7 +64,7 @@ def _cli_form() -> RenderOptions:
     options, sampler = render_options(
         None,
         var=["enable_thinking=false", 'mode="x"'],
-        special_tokens=InjectionPolicy.KEEP,
+        injection=InjectionPolicy.KEEP,
         now="2026-01-02T03:04:05+09:00",
         render_seed="7",
         dialect="openai",
@@ -139,17 +138,21 @@ def test_generation_prompt_defaults_to_not_continuing() -> None:
     assert RenderOptions(add_generation_prompt=False).generation_prompt is False
 
 
-def test_unknown_keywords_are_refused_and_the_old_policy_name_warns() -> None:
+def test_unknown_keywords_are_refused_and_old_names_point_to_the_one_name() -> None:
     with pytest.raises(OptionError) as info:
         RenderOptions.from_kwargs({"add_generation_promt": True}, method="render")
     assert "did you mean 'add_generation_prompt'?" in info.value.hint
-    with pytest.warns(DeprecationWarning, match="injection="):
-        old = RenderOptions.from_kwargs({"special_tokens": "raise"})
-    assert old == RenderOptions(injection="raise")
-    with pytest.raises(OptionError), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        RenderOptions.from_kwargs({"special_tokens": "raise", "injection": "keep"})
-    assert "injection" in RENDER_OPTIONS and "special_tokens" in RENDER_OPTIONS
+    # One name per option, transformers' where it has one: the old names are refused, naming the new one.
+    for old, new in [
+        ("special_tokens", "injection="),
+        ("template", "chat_template="),
+        ("return_assistant_mask", "return_assistant_tokens_mask="),
+    ]:
+        with pytest.raises(OptionError) as info:
+            RenderOptions.from_kwargs({old: "raise"}, method="render")
+        assert info.value.path == old and new in info.value.hint, (old, info.value.hint)
+    assert "injection" in RENDER_OPTIONS and "chat_template" in RENDER_OPTIONS
+    assert "special_tokens" not in RENDER_OPTIONS and "template" not in RENDER_OPTIONS
 
 
 def test_model_methods_take_the_value_or_its_keywords(book: ctxlock.Model) -> None:
@@ -169,9 +172,7 @@ def test_model_methods_take_the_value_or_its_keywords(book: ctxlock.Model) -> No
     )
     with pytest.raises(TypeError, match="RenderOptions"):
         book.render(REQUEST, {"seed": 3})  # type: ignore[arg-type]
-    with pytest.warns(DeprecationWarning):
-        deprecated = book.render(REQUEST, now=options.now, seed=3, special_tokens="keep")
-    assert deprecated == by_value.rendered
+    assert book.render(REQUEST, now=options.now, seed=3, injection="keep") == by_value.rendered
 
 
 def test_template_render_takes_the_value_or_its_keyword_form() -> None:

@@ -141,9 +141,9 @@ def test_a_chat_replayed_turn_by_turn_reuses_its_prefix() -> None:
     for turn in range(6):
         messages.append({"role": "user", "content": f"question {turn}: " + "天空 sky 😀 " * (20 + turn)})
         request = {"messages": list(messages)}
-        got = model.encode(request, template=template).input_ids[0].tolist()
+        got = model.encode(request, chat_template=template).input_ids[0].tolist()
         with reference_path():
-            expected = list(model.run(request, template=template).tokenized.ids)
+            expected = list(model.run(request, chat_template=template).tokenized.ids)
         assert got == expected
         messages.append({"role": "assistant", "content": f"answer {turn} " * 30})
         stats = whole.stats()
@@ -261,15 +261,15 @@ def test_encode_batch_on_threads_equals_one_by_one_and_the_reference(engine: str
     interval = sys.getswitchinterval()
     ctxlock.clear_caches()
     with native_engine(model.tokenizer.whole_text, engine):
-        batch = model.encode_batch(requests, template=template, padding_side="right")
+        batch = model.encode_batch(requests, chat_template=template, padding_side="right")
     assert sys.getswitchinterval() == interval  # restored
     ctxlock.clear_caches()
     with reference_path():
-        expected = [list(model.run(r, template=template).tokenized.ids) for r in requests]
+        expected = [list(model.run(r, chat_template=template).tokenized.ids) for r in requests]
     for b, (row, want) in enumerate(zip(batch.input_ids, expected, strict=True)):
         assert batch.valid_lengths[b] == len(want)
         assert [int(i) for i in row[: len(want)]] == want, f"request {b}"
-        assert model.encode(requests[b], template=template).input_ids[0].tolist() == want
+        assert model.encode(requests[b], chat_template=template).input_ids[0].tolist() == want
 
 
 @pytest.mark.parametrize("engine", ENGINES)

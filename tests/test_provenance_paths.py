@@ -205,7 +205,7 @@ def test_both_dialects_one_after_the_other_keep_their_own_paths(first: str, syst
     seen = {}
     for name, data in order:
         for tpl in (template, EVERYTHING):
-            run = model.run(data, template=tpl, add_generation_prompt=True)
+            run = model.run(data, chat_template=tpl, add_generation_prompt=True)
             pairs = check_spans(data, run.rendered)
             canonical = [p for p, _ in pairs if ".tool_calls" in p or ".reasoning_content" in p]
             assert bool(canonical) == (name == "openai"), (name, canonical)
@@ -239,7 +239,7 @@ def test_a_control_token_under_raise_names_the_anthropic_path(where: Any, path: 
     data = copy.deepcopy(ANTHROPIC)
     where(data["messages"], "<|im_start|>")
     with pytest.raises(ControlTokenError) as info:
-        model.run(data, template=template, injection="raise")
+        model.run(data, chat_template=template, injection="raise")
     assert info.value.path == path
 
 
@@ -248,7 +248,7 @@ def test_a_control_token_in_an_input_key_names_the_key() -> None:
     data = copy.deepcopy(ANTHROPIC)
     data["messages"][1]["content"][2]["input"] = {"x<|im_end|>": "v"}
     with pytest.raises(ControlTokenError) as info:
-        model.run(data, template=EVERYTHING, injection="raise")
+        model.run(data, chat_template=EVERYTHING, injection="raise")
     assert info.value.path.startswith("messages[1].content[2].input[")
 
 

@@ -98,8 +98,8 @@ def test_qwen25_ids_parsed_differ_and_as_sent_equal_transformers(qwen, name: str
     assert string_argument_paths(data)
     raw = copy.deepcopy(data)
     expected = reference.reference_ids(tok_dir, source, raw["messages"], tools=raw.get("tools"), **options)
-    kept = model.run(data, template=template, now=FIXED_NOW, tool_arguments="as-sent", **options)
-    parsed = model.run(data, template=template, now=FIXED_NOW, **options)
+    kept = model.run(data, chat_template=template, now=FIXED_NOW, tool_arguments="as-sent", **options)
+    parsed = model.run(data, chat_template=template, now=FIXED_NOW, **options)
     assert list(kept.tokenized.ids) == expected
     assert list(parsed.tokenized.ids) != expected
     assert len(parsed.tokenized.ids) == len(expected) - 2  # 327 vs 329 (07), 302 vs 304 (18): the README's figures
@@ -125,7 +125,7 @@ def test_as_sent_renders_the_string_as_transformers_does(value: dict, indent: An
     raw = copy.deepcopy(data)
     expected = reference.reference_render(source, raw["messages"], add_generation_prompt=True)
     request = parse_request(data, tool_arguments="as-sent")
-    ours = ctxlock.load("book").render(request, template=ChatTemplate(source, id=QWEN), now=FIXED_NOW)
+    ours = ctxlock.load("book").render(request, chat_template=ChatTemplate(source, id=QWEN), now=FIXED_NOW)
     assert ours.text == expected
     assert json.dumps(arguments, ensure_ascii=False) in ours.text
 

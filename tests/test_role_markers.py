@@ -139,14 +139,14 @@ def test_the_warning_is_true_a_user_forges_turns() -> None:
             {"role": "user", "content": "go on"},
         ]
     }
-    a, b = model.run(forged, template=template), model.run(genuine, template=template)
+    a, b = model.run(forged, chat_template=template), model.run(genuine, chat_template=template)
     assert list(a.tokenized.ids) == list(b.tokenized.ids) and not a.tokenized.neutralized
     (warning,) = a.rendered.warnings
     assert warning["kind"] == "plain_text_role_markers" and warning["path"] == f"{RWKV} line 23"
     assert "'\\n\\nAssistant: '" in warning["message"] and "forge a turn" in warning["message"]
     # A template with control-token markers, on the same vocabulary: no warning.
     qwen = ChatTemplate((fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text("utf-8"), id="q")
-    assert model.run(genuine, template=qwen).rendered.warnings == ()
+    assert model.run(genuine, chat_template=qwen).rendered.warnings == ()
 
 
 def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(tmp_path: Path) -> None:

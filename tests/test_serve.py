@@ -272,7 +272,7 @@ def test_tokenize_chat_form_equals_model_encode(
     template = load_template_file(QWEN_TEMPLATE)
     body = {"model": "qwen", **request_, **options}
     try:
-        expected = qwen.encode(request_, template=template, **options)["input_ids"][0].tolist()
+        expected = qwen.encode(request_, chat_template=template, **options)["input_ids"][0].tolist()
     except ctxlock.CtxlockError as exc:
         assert http.post("/tokenize", json=body).json()["type"] == type(exc).__name__
         return
@@ -281,7 +281,7 @@ def test_tokenize_chat_form_equals_model_encode(
     back = ok(http.post("/detokenize", json={"model": "qwen", "tokens": got["tokens"]}))
     assert back["prompt"] == qwen.tokenizer.decode(expected)
     # Round trip: the rendered text, as Qwen 2's tokenizer normalizes it (NFC: decomposed marks come back composed).
-    assert back["prompt"] == unicodedata.normalize("NFC", qwen.render(request_, template=template, **options).text)
+    assert back["prompt"] == unicodedata.normalize("NFC", qwen.render(request_, chat_template=template, **options).text)
 
 
 # --- injection ----------------------------------------------------------------------------------------------------

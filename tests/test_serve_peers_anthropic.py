@@ -460,7 +460,7 @@ def model() -> ctxlock.Model:
 
 def expected(model: ctxlock.Model, request: dict[str, Any], dialect: str = "anthropic") -> int:
     body = {k: v for k, v in request.items() if k != "model"}
-    return model.count(body, template=load_template_file(str(QWEN3)), dialect=dialect).total
+    return model.count(body, chat_template=load_template_file(str(QWEN3)), dialect=dialect).total
 
 
 LIST_FILES = {
@@ -516,7 +516,9 @@ def test_redacted_thinking_is_counted_out_and_named(http: httpx.Client, model: c
     plain = {"model": "test", "messages": [user("Hi"), assistant([text("Hello.")]), user("More")]}
     assert body["input_tokens"] == expected(model, plain) == expected(model, request)
     # The Python API, `count --json` and records name it as an unseen part; the dialect is detected from it.
-    counts = model.count({k: v for k, v in request.items() if k != "model"}, template=load_template_file(str(QWEN3)))
+    counts = model.count(
+        {k: v for k, v in request.items() if k != "model"}, chat_template=load_template_file(str(QWEN3))
+    )
     assert counts.unseen == ("messages[1].content[0]",)
     assert body["ignored"] == [
         {
@@ -663,7 +665,7 @@ def test_the_new_shapes_keep_request_text_text(model: ctxlock.Model) -> None:
         )
         ids = []
         for body, dialect in ((anthropic, "anthropic"), (responses, "openai")):
-            run = model.run(body, template=template, dialect=dialect)
+            run = model.run(body, chat_template=template, dialect=dialect)
             specials = {t.id for t in model.tokenizer.added_tokens if t.control}
             ids += [i for i in run.tokenized.ids if i in specials]
         return ids
@@ -684,7 +686,7 @@ def test_joined_strings_keep_each_piece_path(model: ctxlock.Model) -> None:
             user([{"type": "tool_result", "tool_use_id": "c", "content": [text("one"), text("two")]}]),
         ],
     }
-    run = model.run(body, template=load_template_file(str(QWEN3)), dialect="anthropic")
+    run = model.run(body, chat_template=load_template_file(str(QWEN3)), dialect="anthropic")
     spans = [(s.path, run.rendered.text[s.start : s.end]) for s in run.rendered.request_spans]
     assert spans == [
         ("system[0].text", "Alpha. "),
@@ -695,4 +697,4 @@ def test_joined_strings_keep_each_piece_path(model: ctxlock.Model) -> None:
         ("messages[3].content[0].content[0].text", "one\n"),  # the "\n" vLLM joins with goes with the piece before
         ("messages[3].content[0].content[1].text", "two"),
     ]
-    assert model.count(body, template=load_template_file(str(QWEN3)), dialect="anthropic").unseen == ()
+    assert model.count(body, chat_template=load_template_file(str(QWEN3)), dialect="anthropic").unseen == ()

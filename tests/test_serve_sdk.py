@@ -57,7 +57,7 @@ def qwen() -> tuple[ctxlock.Model, Any]:
 
 def count(qwen: tuple[ctxlock.Model, Any], request: dict[str, Any], dialect: str) -> int:
     model, template = qwen
-    return model.count(request, template=template, dialect=dialect).total
+    return model.count(request, chat_template=template, dialect=dialect).total
 
 
 WEATHER = {

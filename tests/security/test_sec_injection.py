@@ -49,9 +49,9 @@ def _controls(ids: Any, control: frozenset[int]) -> list[int]:
 def _all_paths(model: ctxlock.Model, request: dict, template: ChatTemplate, **options: Any) -> list[list[int]]:
     """The ids of one request on each library path: run (tokenize), encode, encode_batch."""
     return [
-        [int(i) for i in model.run(request, template=template, **options).tokenized.ids],
-        [int(i) for i in model.encode(request, template=template, **options).input_ids[0]],
-        [int(i) for i in model.encode_batch([request], template=template, **options).input_ids[0]],
+        [int(i) for i in model.run(request, chat_template=template, **options).tokenized.ids],
+        [int(i) for i in model.encode(request, chat_template=template, **options).input_ids[0]],
+        [int(i) for i in model.encode_batch([request], chat_template=template, **options).input_ids[0]],
     ]
 
 
@@ -65,12 +65,12 @@ def test_templates_that_delete_text_do_not_forge_control_tokens(qwen, control_id
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     hostile = {"messages": [dict(m, content=SMOL_PAYLOAD + suffix) if m["role"] == role else m for m in messages]}
     twin = {"messages": [dict(m, content="hi neutral" + suffix) if m["role"] == role else m for m in messages]}
-    expected = _controls(qwen.encode(twin, template=template).input_ids[0], control_ids)
+    expected = _controls(qwen.encode(twin, chat_template=template).input_ids[0], control_ids)
     paths = _all_paths(qwen, hostile, template)
     assert paths[0] == paths[1] == paths[2]
     assert _controls(paths[0], control_ids) == expected
-    run = qwen.run(hostile, template=template)
-    twin_text = qwen.render(twin, template=template).text
+    run = qwen.run(hostile, chat_template=template)
+    twin_text = qwen.render(twin, chat_template=template).text
     if run.rendered.text.count("<|im_end|>") == twin_text.count("<|im_end|>"):
         # This template keeps `/think` in this role's messages (SmolLM3 deletes it from the system prompt only):
         # no token is formed, and nothing is neutralized.
@@ -78,10 +78,10 @@ def test_templates_that_delete_text_do_not_forge_control_tokens(qwen, control_id
         return
     assert run.tokenized.neutralized, "the forged tokens are reported as neutralized"
     with pytest.raises(ControlTokenError) as err:
-        qwen.encode(hostile, template=template, special_tokens="raise")
+        qwen.encode(hostile, chat_template=template, injection="raise")
     assert err.value.path.startswith("messages[")
     # `keep` is the reference behaviour (the template's output taken as it is): the forged tokens become control ids.
-    kept = qwen.encode(hostile, template=template, special_tokens="keep").input_ids[0]
+    kept = qwen.encode(hostile, chat_template=template, injection="keep").input_ids[0]
     assert len(_controls(kept, control_ids)) > len(expected)
 
 
@@ -100,7 +100,7 @@ def test_the_cli_refuses_and_neutralizes_forged_tokens(tmp_path, qwen, control_i
     data = json.loads(out.stdout)
     assert data["neutralized"]
     twin = {"messages": [{"role": "system", "content": "hi neutral\\u4dc3"}, {"role": "user", "content": "hi"}]}
-    expected = _controls(qwen.encode(twin, template=_template(template.name)).input_ids[0], control_ids)
+    expected = _controls(qwen.encode(twin, chat_template=_template(template.name)).input_ids[0], control_ids)
     assert _controls(data["input_ids"], control_ids) == expected
     refused = subprocess.run([*base, "--injection", "raise"], capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0
@@ -252,7 +252,7 @@ def test_control_ids_equal_a_neutral_twin_or_the_request_is_refused(
     hostile = place(before + payload + after)
     twin = place(before + "neutral" + after)
     try:
-        expected = _controls(qwen.encode(twin, template=template).input_ids[0], control_ids)
+        expected = _controls(qwen.encode(twin, chat_template=template).input_ids[0], control_ids)
     except TemplateError:
         return  # the transformation does not apply to this field's shape (e.g. slicing a short key)
     try:
@@ -265,12 +265,12 @@ def test_control_ids_equal_a_neutral_twin_or_the_request_is_refused(
     assert _controls(paths[0], control_ids) == expected, (
         name,
         field_name,
-        qwen.render(hostile, template=template).text,
+        qwen.render(hostile, chat_template=template).text,
     )
-    kept = [int(i) for i in qwen.encode(hostile, template=template, special_tokens="keep").input_ids[0]]
+    kept = [int(i) for i in qwen.encode(hostile, chat_template=template, injection="keep").input_ids[0]]
     if kept != paths[0]:  # something was neutralized: `raise` refuses the request
         with pytest.raises(ControlTokenError):
-            qwen.encode(hostile, template=template, special_tokens="raise")
+            qwen.encode(hostile, chat_template=template, injection="raise")
 
 
 def test_an_operation_that_mixes_request_text_with_a_template_token_fails_closed(qwen, control_ids) -> None:
@@ -282,9 +282,9 @@ def test_an_operation_that_mixes_request_text_with_a_template_token_fails_closed
     request = {"messages": [{"role": "user", "content": "hi"}]}
     for policy in ("text", "raise"):
         with pytest.raises(ControlTokenError) as err:
-            qwen.encode(request, template=template, special_tokens=policy)
+            qwen.encode(request, chat_template=template, injection=policy)
         assert err.value.path == "messages[0].content" and "line 1" in err.value.message
-    assert qwen.encode(request, template=template, special_tokens="keep").input_ids.shape[1] > 0
+    assert qwen.encode(request, chat_template=template, injection="keep").input_ids.shape[1] > 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_every_real_template_keeps_control_ids_of_the_neutral_twin(qwen, control
         template = ChatTemplate(path.read_text("utf-8"), id=path.name)
         for content in (HOSTILE_CONTENT, SPLIT_CONTENT):
             try:
-                expected = _controls(qwen.encode(_chat("neutral"), template=template).input_ids[0], control_ids)
+                expected = _controls(qwen.encode(_chat("neutral"), chat_template=template).input_ids[0], control_ids)
             except TemplateError:
                 continue  # the template refuses this conversation shape (e.g. no system role)
             try:

@@ -162,8 +162,8 @@ def test_benign_whitespace_gives_the_reference_ids(
     assert list(run.tokenized.ids) == expected
     assert run.tokenized.neutralized == ()
     assert model.encode(request, **options).input_ids[0].tolist() == expected
-    assert list(model.run(request, **options, special_tokens="raise").tokenized.ids) == expected
-    assert model.encode(request, **options, special_tokens="raise").input_ids[0].tolist() == expected
+    assert list(model.run(request, **options, injection="raise").tokenized.ids) == expected
+    assert model.encode(request, **options, injection="raise").input_ids[0].tolist() == expected
     # The counting service (fit_context, plan_compaction) gives the same count.
     assert TokenCounter(model.tokenizer).rebase(model.render(parse_request(request), **options)) == len(expected)
 
@@ -205,10 +205,10 @@ def test_request_control_token_between_whitespace_stays_text(
         # tokens (the whitespace Rust's rule takes is the only thing a neighbouring control token may consume).
         assert forged.strip(RUST_WHITESPACE) in model.tokenizer.decode(list(run.tokenized.ids))
     with pytest.raises(ControlTokenError) as exc:
-        model.run(request, **options, special_tokens="raise")
+        model.run(request, **options, injection="raise")
     assert exc.value.path == "messages[1].content"
     with pytest.raises(ControlTokenError):
-        model.encode(request, **options, special_tokens="raise")
+        model.encode(request, **options, injection="raise")
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)

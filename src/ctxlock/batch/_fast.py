@@ -1,7 +1,8 @@
 """The rows of a `ctxlock batch` shard: request -> (canonical digest, ids, assistant mask), one row after another.
 
 `mask_rows(model, requests, options)` is the one entry point. Each row is exactly what
-`Model.encode(request, return_assistant_mask=True, mask_options=options)` gives (`add_generation_prompt` False): the
+`Model.encode(request, return_assistant_tokens_mask=True, mask_options=options)`
+gives (`add_generation_prompt` False): the
 same ids, the same mask, the same notes, and the same error (a `CtxlockError`, given back in the row's place, not
 raised) for a row that fails.
 

@@ -5,7 +5,8 @@ The job (`run_batch`), in order:
 - **Input**: JSONL (one request per line, either dialect) or Parquet (a `request` column of JSON strings, or one
   column per request field: `messages`, `tools`, ...). Row numbers count from 0 in file order; a blank JSONL line is
   a row (an error row). The input is read in shards of `shard_rows` rows and never held whole in memory.
-- **Rows**: each row is parsed, rendered, tokenized and masked exactly as `Model.encode(..., return_assistant_mask=
+- **Rows**: each row is parsed, rendered, tokenized and masked exactly as
+  `Model.encode(..., return_assistant_tokens_mask=
   True)` does (`ctxlock.training`; `add_generation_prompt` False). `labels` are the ids where the mask is 1 and -100
   elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on) is an error row: `{row, type,
   path, message}` in `errors.jsonl`, never dropped silently.

@@ -234,17 +234,16 @@ class _PrefixTokens:
 def _prepare(
     request: RequestLike,
     model: Pipeline,
-    template: Any,
     options: RenderOptions | None,
     render_options: Mapping[str, Any],
 ) -> tuple[Request, RenderOptions, RenderOptions]:
     """The parsed request, the caller's render options (`options` with the keyword ones over it; clock fixed),
-    and the options for prefix renders. A `template` given here wins over the options' template."""
+    and the options for prefix renders."""
     opts = RenderOptions.from_kwargs(render_options, base=options, accepted=RENDER_OPTIONS, method="render")
     req = opts.parse(without_entry_ids(request))  # the messages' entry ids, as `ctxlock compact-plan` takes them
     # One clock for every render, so a template that prints the date sees the same one in each prefix.
     # Timezone-aware, like the render's own clock (`template.aware_clock`): the zone is recorded with it.
-    opts = opts.replace(now=aware_clock(opts.now), template=template if template is not None else opts.template)
+    opts = opts.replace(now=aware_clock(opts.now))
     return req, opts, opts.replace(add_generation_prompt=False, continue_final_message=False)
 
 
@@ -257,7 +256,6 @@ def message_tokens(
     model: Pipeline,
     indexes: Iterable[int] | None = None,
     *,
-    template: Any = None,
     options: RenderOptions | None = None,
     **render_options: Unpack[RenderKwargs],
 ) -> dict[int, int]:
@@ -267,7 +265,7 @@ def message_tokens(
     Costs one prefix render per message asked for (plus one), each counted where it differs from the request's
     render; meant for showing a plan, not for planning.
     """
-    req, opts, prefix_options = _prepare(request, model, template, options, render_options)
+    req, opts, prefix_options = _prepare(request, model, options, render_options)
     count = _counter(model, req, opts, prefix_options)
     wanted = range(len(req.messages)) if indexes is None else indexes
     return {i: count.size(i) for i in wanted}
@@ -363,7 +361,6 @@ def plan_compaction(
     reserve_tokens: int = DEFAULT_RESERVE_TOKENS,
     keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS,
     summary_tokens: int = 1000,
-    template: Any = None,
     options: RenderOptions | None = None,
     **render_options: Unpack[RenderKwargs],
 ) -> CompactionPlan:
@@ -386,7 +383,7 @@ def plan_compaction(
     )
     if context_window <= 0:
         raise BudgetError("context_window must be positive", path="context_window", hint="pass the model's window")
-    req, opts, prefix_options = _prepare(request, model, template, options, render_options)
+    req, opts, prefix_options = _prepare(request, model, options, render_options)
     count = _counter(model, req, opts, prefix_options)
     tokens_before = count.total
     messages = req.messages

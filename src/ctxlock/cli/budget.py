@@ -155,7 +155,7 @@ def fit(
         options = RenderOptions(
             add_generation_prompt=False if no_generation_prompt or continue_final_message else None,
             continue_final_message=continue_final_message,
-            template=chosen,
+            chat_template=chosen,
         )
         if record:
             fitted, rid = run_recorded(m, data, RunOptions(**options.to_record(), budget=pol), chosen, store_path)

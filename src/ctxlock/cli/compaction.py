@@ -166,7 +166,7 @@ def _record(
     applied = summary is not None and not plan.summarizes_nothing
     spec = {"plan": plan.to_dict(), "summary": summary, "turn_prefix_summary": prefix} if applied else None
     result, rec, error = run_and_record(
-        m, data, RunOptions(**options.to_record(), compaction=spec), template=options.template
+        m, data, RunOptions(**options.to_record(), compaction=spec), template=options.chat_template
     )
     if error is not None:
         raise error
@@ -252,7 +252,7 @@ def compact_plan(
         store_path = store_dir(store) if record else None
         data, entry_ids = take_entry_ids(read_request_arg(request))
         m = load(model)
-        options = RenderOptions(template=template_file(template))
+        options = RenderOptions(chat_template=template_file(template))
         req = options.parse(data)
         plan = plan_compaction(
             req,

@@ -177,7 +177,7 @@ def explain_cmd(
             m = load(model)
             model_window = _model_window(m)
             chosen = template_file(template)
-            lay = layout(m, data, **RenderOptions(template=chosen).to_kwargs(parse=False))
+            lay = layout(m, data, **RenderOptions(chat_template=chosen).to_kwargs(parse=False))
             unseen = list(unseen_parts(lay.request, lay.rendered))
             label = "stdin" if request == "-" else f"request {request}"
         evs = read_events(events) if events is not None else []

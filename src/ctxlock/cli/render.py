@@ -235,7 +235,7 @@ _UNSUPPORTED_ARGS = {
     "return_tensors": "`--json` prints input_ids, attention_mask and position_ids",
     "return_dict": "`--json` prints input_ids, attention_mask and position_ids",
     "return_assistant_tokens_mask": "assistant-token masks come from the Python API, encode(..., "
-    "return_assistant_mask=True), for any template; `ctxlock inspect` says how a template's masks are found",
+    "return_assistant_tokens_mask=True), for any template; `ctxlock inspect` says how a template's masks are found",
     "tokenizer_kwargs": "tokenizer options are not passed through; `ctxlock tokenize` has --add-special-tokens and "
     "--parse-special",
 }
@@ -355,7 +355,7 @@ def render_options(
     var: list[str] | None = None,
     no_generation_prompt: bool = False,
     continue_final_message: bool = False,
-    special_tokens: InjectionPolicy | str = InjectionPolicy.TEXT,
+    injection: InjectionPolicy | str = InjectionPolicy.TEXT,
     now: str | None = None,
     render_seed: str | None = None,
     dialect: str | None = None,
@@ -378,8 +378,8 @@ def render_options(
         add_generation_prompt=not (no_generation_prompt or continue_final_message),
         continue_final_message=continue_final_message,
         chat_template_kwargs=variables or None,
-        template=chosen,
-        injection=special_tokens,
+        chat_template=chosen,
+        injection=injection,
         now=parsed_now,
         dialect=dialect,
         utf8=utf8,
@@ -425,7 +425,7 @@ def render(
     var: VarOpt = [],  # noqa: B006 (typer reads the default)
     no_generation_prompt: NoGenerationPromptOpt = False,
     continue_final_message: ContinueFinalMessageOpt = False,
-    special_tokens: InjectionOpt = InjectionPolicy.TEXT,
+    injection: InjectionOpt = InjectionPolicy.TEXT,
     now: NowOpt = None,
     render_seed: RenderSeedOpt = None,
     dialect: DialectOpt = None,
@@ -458,7 +458,7 @@ def render(
             var=var,
             no_generation_prompt=no_generation_prompt,
             continue_final_message=continue_final_message,
-            special_tokens=special_tokens,
+            injection=injection,
             now=now,
             render_seed=render_seed,
             dialect=dialect,

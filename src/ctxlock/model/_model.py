@@ -128,9 +128,8 @@ class Model:
 
         Unlike transformers, `add_generation_prompt` defaults to True (what a model receives at inference),
         and to False when `continue_final_message` is set. `injection` ("text", "keep", "raise") is the policy for
-        control-token strings in request text (`special_tokens=`, its old name, still works, with a
-        DeprecationWarning). `provenance` is accepted and ignored: provenance is kept per character in the one
-        render (it once chose whether a second render located request strings).
+        control-token strings in request text. `provenance` is accepted and ignored: provenance is kept per
+        character in the one render (it once chose whether a second render located request strings).
         `seed` (default 0) seeds the template's `random` filter and `lipsum`; `now` may carry a UTC offset.
         `tool_arguments="as-sent"` renders string tool-call arguments as sent (transformers) instead of parsed (vLLM).
         `content_format` ("auto", "string", "openai") says whether content-part lists reach the template as sent
@@ -142,13 +141,13 @@ class Model:
         return self._render(opts.parse(request), opts)
 
     def _render(self, request: Request, opts: RenderOptions) -> Rendered:
-        if isinstance(opts.template, ChatTemplate):
-            templates: TemplateSet | ChatTemplate = opts.template
+        if isinstance(opts.chat_template, ChatTemplate):
+            templates: TemplateSet | ChatTemplate = opts.chat_template
         elif self.templates is None:
             raise TemplateNotFoundError(
                 f"model {self.id!r} has no chat template",
                 path=self.artifacts.source,
-                hint="pass one with --template FILE (or template=ChatTemplate(...))",
+                hint="pass one with --template FILE (or chat_template=ChatTemplate(...))",
             )
         else:
             templates = self.templates
@@ -160,7 +159,7 @@ class Model:
             request,
             templates,
             opts,
-            special_tokens=self.artifacts.special_tokens,
+            injection=self.artifacts.special_tokens,
             control_tokens=self.tokenizer.control_tokens,
         )
         if rewritten:
@@ -241,7 +240,7 @@ class Model:
         options: RenderOptions | None = None,
         *,
         return_tensors: str | None = None,
-        return_assistant_mask: bool = False,
+        return_assistant_tokens_mask: bool = False,
         mask_options: training.MaskOptions | None = None,
         **kwargs: Unpack[RenderKwargs],
     ) -> ModelInput | TorchInput:
@@ -252,9 +251,9 @@ class Model:
         Only ids are returned, so they come from `encode_ids` (equal to `run(...).tokenized.ids`, without the list
         of control matches).
 
-        `return_assistant_mask=True` adds `assistant_masks` (1 on the tokens a model is trained on; the rule and
+        `return_assistant_tokens_mask=True` adds `assistant_masks` (1 on the tokens a model is trained on; the rule and
         `mask_options` are in `ctxlock.training`); `add_generation_prompt` then defaults to False, as for training."""
-        if return_assistant_mask:
+        if return_assistant_tokens_mask:
             check_return_tensors(return_tensors)
             return tensors_as(self._encode_masked(request, options, mask_options, kwargs), return_tensors)
         opts = render_options(options, kwargs, ENCODE_OPTIONS, "encode")
@@ -269,9 +268,9 @@ class Model:
     ) -> ModelInput:
         if options is not None:
             raise OptionError(
-                "return_assistant_mask takes render options as keyword arguments, not a RenderOptions",
+                "return_assistant_tokens_mask takes render options as keyword arguments, not a RenderOptions",
                 path="options",
-                hint="pass add_generation_prompt=..., template=..., ... as keywords",
+                hint="pass add_generation_prompt=..., chat_template=..., ... as keywords",
             )
         check_options(kwargs, RENDER_OPTIONS, "encode")
         lay, mask = training.assistant_mask(self, request, mask_options, **{"add_generation_prompt": False, **kwargs})
@@ -303,17 +302,20 @@ class Model:
     def count(
         self,
         request: RequestLike,
+        options: RenderOptions | None = None,
         *,
         marginal: bool = False,
         media: Mapping[str, bytes] | None = None,
-        **options: Any,
+        **kwargs: Unpack[RenderKwargs],
     ) -> accounting.Counts:
         """Every token of the request's `input_ids` attributed to one part (`template`, `system`, `tools[i]`,
         `messages[j]`, `documents[k]`, `generation_prompt`), the parts summing to the total; `marginal=True` also
         gives each part's marginal cost; `unseen` names the parts the template never wrote. Takes `render`'s
         options (see `ctxlock.accounting`). For a model with an image processor, each image's tokens are counted
         exactly from its header alone and owned by its message (`Counts.images` shows the resize steps); `media`
-        gives the bytes of http(s) image URLs, as in `run_images`."""
+        gives the bytes of http(s) image URLs, as in `run_images`. Takes the render options as `encode` does: a
+        `RenderOptions`, its fields as keywords (over it when both are given), or both."""
+        options = {**(options.to_kwargs() if options is not None else {}), **kwargs}
         if self.artifacts.preprocessor is None:
             return accounting.count(self, request, marginal=marginal, **options)
         parse_keys = ("dialect", "utf8", "tool_arguments")

@@ -52,7 +52,7 @@ class ServedModel:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=kwargs or None,
-            template=template,
+            chat_template=template,
             limits=self.limits,
         )
 

@@ -208,11 +208,11 @@ def tools_and_documents(request: Request, opts: RenderOptions) -> tuple[list | N
 
 def select_template(templates: TemplateSet | ChatTemplate, opts: RenderOptions, *, has_tools: bool) -> ChatTemplate:
     """The template to render: a ChatTemplate given in the options or as `templates`, else chosen from the set."""
-    if isinstance(opts.template, ChatTemplate):
-        return opts.template
+    if isinstance(opts.chat_template, ChatTemplate):
+        return opts.chat_template
     if isinstance(templates, ChatTemplate):
         return templates
-    return templates.select(opts.template, has_tools=has_tools)
+    return templates.select(opts.chat_template, has_tools=has_tools)
 
 
 def template_variables(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,7 +62,7 @@ class RenderKwargs(TypedDict, total=False):
     tools: list[dict] | None
     documents: list[dict] | None
     chat_template_kwargs: Mapping[str, Any] | None
-    template: Any  # a template name of the model's set, or a ChatTemplate
+    chat_template: Any  # a template name of the model's set, or a ChatTemplate (transformers' name)
     injection: InjectionPolicy | str
     now: datetime | None
     dialect: Dialect | str | None
@@ -73,7 +72,6 @@ class RenderKwargs(TypedDict, total=False):
     limits: RenderLimits
     provenance: bool | None  # accepted and ignored (provenance is always kept)
     seed: int | None
-    special_tokens: InjectionPolicy | str  # deprecated: the old name of `injection`
 
 
 # The names each Model method takes, in the order its OptionError lists them.
@@ -83,7 +81,7 @@ RENDER_OPTIONS = (
     "tools",
     "documents",
     "chat_template_kwargs",
-    "template",
+    "chat_template",
     "injection",
     "now",
     "dialect",
@@ -93,7 +91,6 @@ RENDER_OPTIONS = (
     "limits",
     "provenance",
     "seed",
-    "special_tokens",
 )
 ENCODE_OPTIONS = (*RENDER_OPTIONS, "return_tensors")
 BATCH_OPTIONS = (*ENCODE_OPTIONS, "padding_side", "pad_to_multiple_of")
@@ -113,15 +110,18 @@ _INSTEAD = {
     "encode returns one unpadded row",
     "padding_side": _PADDING,
     "pad_to_multiple_of": _PADDING,
-    "return_assistant_tokens_mask": "ctxlock's name is encode(..., return_assistant_mask=True), which adds "
+    "return_assistant_mask": "the option is encode(..., return_assistant_tokens_mask=True) (transformers' name), "
+    "which adds "
     "assistant_masks to the ModelInput: from the template's {% generation %} blocks as transformers does, and from "
     "provenance for a template without them (ctxlock.training; options in mask_options=MaskOptions(...))",
+    "special_tokens": "the injection policy is injection= ('text', 'keep' or 'raise'; the CLI's --injection)",
     "return_dict": "not needed: encode/encode_batch return a ModelInput, a mapping of input_ids, attention_mask "
     "and position_ids (what return_dict=True gives); render returns a Rendered (.text)",
     "tokenize": "render() is tokenize=False (Rendered.text); encode() is tokenize=True (a ModelInput of ids)",
     "return_tensors": "return_tensors is encode's and encode_batch's ('np' or 'pt'); "
     "run(...).model_input.as_tensors('pt') converts a run's",
-    "chat_template": "pass template=: a name of the model's template set, or a ctxlock.ChatTemplate",
+    "template": "the option is chat_template= (transformers' name): a name of the model's template set, or a "
+    "ctxlock.ChatTemplate",
     "tokenizer_kwargs": "the rendered text is encoded as it is, with control tokens only from the template; "
     "model.tokenizer.encode(text, ...) takes the tokenizer's own options",
     "add_special_tokens": "the chat template writes BOS/EOS itself and ctxlock adds none to a rendered chat; "
@@ -160,11 +160,11 @@ class RenderOptions:
     `Model.render` has; `template.render` reads the render fields, `parse` the parse fields.
 
     `add_generation_prompt=None` is True unless `continue_final_message` is set (`generation_prompt`).
-    `template` is a name of the model's template set or a `ChatTemplate` (typed Any: the class lives in the
-    template layer above this one). `injection` is the policy for control-token strings in request text (the
-    CLI's `--injection`). `limits=None` is `DEFAULT_LIMITS`, and is not recorded; a value, even equal to the
-    defaults, is (as `--template-timeout` asks). Tools, documents and template variables are stored frozen and
-    reach the template as fresh plain values (`thaw`).
+    `chat_template` (transformers' name) is a name of the model's template set or a `ChatTemplate` (typed Any:
+    `ChatTemplate` is defined in `_render.py`, which imports this module). `injection` is the policy for
+    control-token strings in request text (the CLI's `--injection`). `limits=None` is `DEFAULT_LIMITS`, and is not
+    recorded; a value, even equal to the defaults, is (as `--template-timeout` asks). Tools, documents and template
+    variables are stored frozen and reach the template as fresh plain values (`thaw`).
 
     The clock is timezone-aware: `now` (default: the local wall clock, with the local zone; a naive `now` is taken
     as local time) is recorded with its offset, and `strftime_now` formats its wall time without a zone, as
@@ -179,7 +179,7 @@ class RenderOptions:
     tools: tuple[FrozenDict, ...] | None = None
     documents: tuple[FrozenDict, ...] | None = None
     chat_template_kwargs: FrozenDict | None = None
-    template: Any = None
+    chat_template: Any = None
     injection: InjectionPolicy = InjectionPolicy.TEXT
     now: datetime | None = None
     dialect: Dialect | None = None
@@ -226,7 +226,7 @@ class RenderOptions:
     @property
     def template_name(self) -> str | None:
         """The template chosen by name (None: chosen by the model's set, or given as a ChatTemplate)."""
-        return self.template if isinstance(self.template, str) else None
+        return self.chat_template if isinstance(self.chat_template, str) else None
 
     def template_variables(self) -> dict[str, Any]:
         """The caller's template variables (`chat_template_kwargs`, the CLI's `--var`), as fresh plain values."""
@@ -253,28 +253,12 @@ class RenderOptions:
         method: str = "render",
     ) -> RenderOptions:
         """The options `Model.<method>(..., **kwargs)` asks for, over `base` (default: all defaults). A name not in
-        `accepted` is an OptionError; `provenance` is accepted and ignored; `special_tokens` (the old name of
-        `injection`) is accepted with a DeprecationWarning."""
+        `accepted` is an OptionError; `provenance` is accepted and ignored."""
         if not kwargs:
             return _DEFAULT if base is None else base
         check_options(kwargs, accepted, method)
         changes = dict(kwargs)
         changes.pop("provenance", None)
-        if "special_tokens" in changes:
-            warnings.warn(
-                f"{method}(special_tokens=...) is deprecated: the injection policy is injection= "
-                "('text', 'keep' or 'raise'); special_tokens names the template's token variables elsewhere",
-                DeprecationWarning,
-                stacklevel=4,  # the caller of the Model method
-            )
-            old = changes.pop("special_tokens")
-            if "injection" in changes:
-                raise OptionError(
-                    f"{method}() got both injection= and its deprecated name special_tokens=",
-                    path="special_tokens",
-                    hint="pass injection= only",
-                )
-            changes.setdefault("injection", old)
         return cls(**changes) if base is None else dataclasses.replace(base, **changes)
 
     def to_kwargs(self, *, parse: bool = True) -> dict[str, Any]:
@@ -303,7 +287,7 @@ class RenderOptions:
             add_generation_prompt=options.get("add_generation_prompt"),
             continue_final_message=options.get("continue_final_message", False),
             chat_template_kwargs=kwargs if kwargs else None,
-            template=template if template is not None else options.get("template_name"),
+            chat_template=template if template is not None else options.get("template_name"),
             injection=options.get("special_tokens", InjectionPolicy.TEXT),
             now=datetime.fromisoformat(now) if now else None,
             dialect=options.get("dialect"),

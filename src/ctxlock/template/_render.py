@@ -393,7 +393,7 @@ class _Plan:
     the request has tools, and not from the request: made by `_make_plan` with the steps `render` takes, in the same
     order (so an option it refuses is the same error at the same point), once per such key (`_plan`)."""
 
-    templates: Any  # the TemplateSet or ChatTemplate given, and `opts.template`: a hit must hold these objects
+    templates: Any  # the TemplateSet or ChatTemplate given, and `opts.chat_template`: a hit must hold these objects
     opts_template: Any
     fmt_option: ContentFormat
     policy: InjectionPolicy
@@ -436,7 +436,7 @@ def _make_plan(
     variables = template_variables(None, special_tokens, opts, agp)
     return _Plan(
         templates=templates,
-        opts_template=opts.template,
+        opts_template=opts.chat_template,
         fmt_option=fmt_option,
         policy=policy,
         agp=agp,
@@ -498,7 +498,7 @@ def _plan(
     if (
         hit is not None
         and hit.templates is templates
-        and (hit.opts_template is opts.template or not isinstance(opts.template, ChatTemplate))
+        and (hit.opts_template is opts.chat_template or not isinstance(opts.chat_template, ChatTemplate))
     ):
         plan = hit
     else:
@@ -642,7 +642,7 @@ def _role_markers(
                 request,
                 template,
                 RenderOptions(now=datetime(2026, 1, 1).astimezone(), limits=limits),
-                special_tokens=special_tokens,
+                injection=special_tokens,
                 control_tokens=tokens.tokens,
                 check_roles=False,
             ).text

@@ -381,7 +381,8 @@ class ModelInput(_KeyedInput):
     valid_lengths: tuple[int, ...]
     padding_side: PaddingSide
     pad_id: int | None
-    # [B, n] 0/1: the tokens a model is trained on (`encode(..., return_assistant_mask=True)`, `ctxlock.training`);
+    # [B, n] 0/1: the tokens a model is trained on
+    # (`encode(..., return_assistant_tokens_mask=True)`, `ctxlock.training`);
     # a fourth key when set, as transformers' `return_assistant_tokens_mask` adds it. 0 on padding.
     assistant_masks: np.ndarray | None = None
 

@@ -1,4 +1,4 @@
-"""Assistant-token masks: which tokens of `input_ids` a model is trained on (`encode(..., return_assistant_mask=True)`).
+"""Assistant-token masks: the tokens of `input_ids` a model is trained on (`return_assistant_tokens_mask=True`).
 
 **The rule (provenance).** The rendered text's characters each come from somewhere: a request string (by the
 render's exact provenance, `Rendered.request_spans`) or the template's own text. A token is trained when its bytes
@@ -232,8 +232,7 @@ def provenance_regions(
     order: dict[str, int] | None = None
     out: list[tuple[int, int, int]] = []
     for source in _trained_sources(request, opts):
-        # One pass for the message's own characters, one for the spans around them: the min/max of the plain code
-        # (None: there was none).
+        # One pass for the message's own characters, one for the spans around them (None: there was none).
         first: int | None = None
         last = 0
         for s, e, part, path in spans:
@@ -650,7 +649,8 @@ def template_report(model: Pipeline, template: Any, **render_options: Any) -> Te
     hit = _REPORTS.get(key)
     if hit is None:
         checks = tuple(
-            (name, cross_check(model, data, template=template, **render_options)) for name, data in REPORT_CONVERSATIONS
+            (name, cross_check(model, data, chat_template=template, **render_options))
+            for name, data in REPORT_CONVERSATIONS
         )
         source = "generation" if _GENERATION_TAG.search(template.source) else "provenance"
         hit = TemplateReport(template.id, template.sha256, source, checks)

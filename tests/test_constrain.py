@@ -22,7 +22,7 @@ import llguidance
 import mistral_common
 import numpy as np
 import pytest
-from mistral_common.tokens.tokenizers.base import InjectionPolicy
+from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 import fetched
@@ -97,7 +97,7 @@ def test_tekken_token_bytes_match_mistral_common(tekken) -> None:
     assert len(mine) == ref.n_words == 131072
     assert mine.special == frozenset(range(ref.num_special_tokens))
     for i in range(ref.n_words):
-        assert mine.pieces[i] == ref.id_to_byte_piece(i, InjectionPolicy.KEEP), i
+        assert mine.pieces[i] == ref.id_to_byte_piece(i, SpecialTokenPolicy.KEEP), i
 
 
 def test_tiktoken_token_bytes_are_the_ranks_file() -> None:

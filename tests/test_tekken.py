@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from mistral_common.tokens.tokenizers.base import InjectionPolicy
+from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 import ctxlock
@@ -75,11 +75,11 @@ def test_control_tokens_in_a_rendered_chat(pair) -> None:
 def test_decode_and_ids(pair) -> None:
     ours, ref = pair
     ids = ours.encode("<s>[INST]天空 🙂[/INST]", parse_special=True)
-    assert ours.decode(ids) == ref.decode(ids, special_token_policy=InjectionPolicy.KEEP)
-    assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, special_token_policy=InjectionPolicy.IGNORE)
+    assert ours.decode(ids) == ref.decode(ids, special_token_policy=SpecialTokenPolicy.KEEP)
+    assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, special_token_policy=SpecialTokenPolicy.IGNORE)
     for i in ids:
         # A token holding part of a character is spelled with backslash escapes (mistral-common writes U+FFFD).
-        assert ours.id_to_token(i) == ref.id_to_byte_piece(i, InjectionPolicy.KEEP).decode("utf-8", "backslashreplace")
+        assert ours.id_to_token(i) == ref.id_to_byte_piece(i, SpecialTokenPolicy.KEEP).decode("utf-8", "backslashreplace")
     assert ours.token_to_id("no such token at all") is None
     assert ours.id_to_token(ours.vocab_size + 5) is None
 
@@ -90,7 +90,7 @@ def test_token_bytes_are_mistral_commons_byte_pieces(pair) -> None:
     assert len(table) == ref.n_words
     assert table.special == frozenset(range(ref.num_special_tokens))
     for i in [*range(0, ref.num_special_tokens, 97), *range(ref.num_special_tokens, ref.n_words, 1013)]:
-        assert table.pieces[i] == ref.id_to_byte_piece(i, InjectionPolicy.KEEP), i
+        assert table.pieces[i] == ref.id_to_byte_piece(i, SpecialTokenPolicy.KEEP), i
 
 
 def test_decode_pieces_break_at_control_tokens(pair) -> None:

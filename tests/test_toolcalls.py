@@ -247,7 +247,7 @@ def _mistral_instruct(version: str, tmp: Path):
 
 def _record_mistral(spec: dict[str, Any], tmp: Path) -> tuple[str, list[int], list[str]]:
     from mistral_common.protocol.instruct.messages import AssistantMessage
-    from mistral_common.tokens.tokenizers.base import InjectionPolicy
+    from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
     instruct = _mistral_instruct(spec["instruct"], tmp)
     tekken = instruct.tokenizer
@@ -256,7 +256,7 @@ def _record_mistral(spec: dict[str, Any], tmp: Path) -> tuple[str, list[int], li
     ids = ids[:-1]  # </s> is the stop token, never streamed as text
 
     def decode(prefix: list[int]) -> str:
-        return tekken.decode(prefix, special_token_policy=InjectionPolicy.KEEP)
+        return tekken.decode(prefix, special_token_policy=SpecialTokenPolicy.KEEP)
 
     return decode(ids), ids, _incremental_deltas(decode, ids)
 

@@ -94,7 +94,7 @@ def _ours(request: Any, template: ChatTemplate, options: dict, model: ctxlock.Mo
         rendered = render(
             request,
             template,
-            injection=model.special_tokens,
+            special_tokens=model.special_tokens,
             control_tokens=model.tokenizer.control_tokens,
             now=FIXED_NOW,
             **options,

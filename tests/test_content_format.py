@@ -166,7 +166,7 @@ def test_detection_and_joined_render_on_every_real_template(path: Path) -> None:
             ours = render(
                 ctxlock.parse_request(data),
                 template,
-                injection=special,
+                special_tokens=special,
                 control_tokens=model.tokenizer.control_tokens,
                 now=FIXED_NOW,
                 chat_template_kwargs=extra or None,

@@ -250,7 +250,7 @@ def test_renders_with_a_plan_equal_the_reference_path(case: tuple) -> None:
         call = lambda: qwen.render(request, opts)  # noqa: E731
     else:
         templates = _SET if which == "set" else _template(which)
-        call = lambda: render(request, templates, opts, injection=special, control_tokens=control)  # noqa: E731
+        call = lambda: render(request, templates, opts, special_tokens=special, control_tokens=control)  # noqa: E731
     first, second, reference = _both(call)
     event(f"{reference[0]} {reference[1] if reference[0] != 'ok' else ''}")
     assert first == reference
@@ -271,8 +271,8 @@ def test_a_plan_is_kept_per_options_and_per_template_object() -> None:
     assert c.variables["add_generation_prompt"] is False and a.variables["add_generation_prompt"] is True
     # The special tokens are part of the key: other values give other variables.
     with fast_path():
-        d = render(request, twin, RenderOptions(now=NOW), injection={"bos_token": "<B>"})
-        e = render(request, twin, RenderOptions(now=NOW), injection={"bos_token": "<C>"})
+        d = render(request, twin, RenderOptions(now=NOW), special_tokens={"bos_token": "<B>"})
+        e = render(request, twin, RenderOptions(now=NOW), special_tokens={"bos_token": "<C>"})
     assert d.variables["bos_token"] == "<B>" and e.variables["bos_token"] == "<C>"
 
 

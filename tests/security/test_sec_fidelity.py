@@ -99,7 +99,7 @@ def _both(path, request: dict[str, Any]) -> tuple[Any, Any]:
         ours: Any = render(
             parse_request(request),
             ChatTemplate(source, id=path.name),
-            injection=model.special_tokens,
+            special_tokens=model.special_tokens,
             control_tokens=model.tokenizer.control_tokens,
             chat_template_kwargs=extra,
             now=FIXED_NOW,

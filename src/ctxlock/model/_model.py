@@ -159,7 +159,7 @@ class Model:
             request,
             templates,
             opts,
-            injection=self.artifacts.special_tokens,
+            special_tokens=self.artifacts.special_tokens,
             control_tokens=self.tokenizer.control_tokens,
         )
         if rewritten:

@@ -642,7 +642,7 @@ def _role_markers(
                 request,
                 template,
                 RenderOptions(now=datetime(2026, 1, 1).astimezone(), limits=limits),
-                injection=special_tokens,
+                special_tokens=special_tokens,
                 control_tokens=tokens.tokens,
                 check_roles=False,
             ).text

@@ -66,9 +66,9 @@ def test_a_hostile_record_file_is_a_record_error(record_text: str, tmp_path: Pat
 
 
 def test_a_bundle_header_with_a_lone_surrogate_is_refused_and_stores_nothing(tmp_path: Path) -> None:
-    header = '{"entries":[{"kind":"record","sha256":"\\ud800","size":1}],"format":"ctxlock.records._bundle/1"}'
+    header = '{"entries":[{"kind":"record","sha256":"\\ud800","size":1}],"format":"ctxlock.bundle/1"}'
     bundle = tmp_path / "b.bundle"
-    bundle.write_bytes(b"ctxlock.records._bundle/1\n" + header.encode() + b"\n" + b"x")
+    bundle.write_bytes(b"ctxlock.bundle/1\n" + header.encode() + b"\n" + b"x")
     store = tmp_path / "store"
     for args, stdin in (((str(bundle),), None), (("-",), bundle.read_bytes())):
         err = _one_line_error(_cli("records", "import", *args, env={"CTXLOCK_DATA_DIR": str(store)}, stdin=stdin))

@@ -76,7 +76,7 @@ def test_record_is_stable_across_runs() -> None:
     b = _record(model, req, now="2024-07-26T10:00:00")
     assert a.id == b.id
     data = a.data
-    assert data["format"] == "ctxlock.records/2"
+    assert data["format"] == "ctxlock.record/2"
     assert data["input_ids"] == [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6]
     assert all(isinstance(i, int) for i in data["input_ids"] + data["tensors"]["position_ids"][0])
     assert data["tensors"]["valid_lengths"] == [12]
@@ -90,11 +90,11 @@ def test_record_is_stable_across_runs() -> None:
     [
         b"",
         b"{",
-        b'{"format": "ctxlock.records/1"',
+        b'{"format": "ctxlock.record/1"',
         b"\xff\xfe",
         b"[]",
         b'{"format": "other/9"}',
-        b'{"format": "ctxlock.records/1"}',
+        b'{"format": "ctxlock.record/1"}',
     ],
 )
 def test_corrupt_or_truncated_record_is_a_typed_error(raw: bytes) -> None:

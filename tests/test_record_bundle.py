@@ -39,7 +39,7 @@ REQUEST = {
     ]
 }
 SEED_IDS = [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6]
-MAGIC = b"ctxlock.records._bundle/1\n"  # the documented first line of a bundle
+MAGIC = b"ctxlock.bundle/1\n"  # the documented first line of a bundle
 
 
 def bundles() -> types.ModuleType:
@@ -265,7 +265,7 @@ _HEADER_ATTACKS = {
     "negative size": lambda h, p: (h["entries"][1].update(size=-1), p),
     "boolean size": lambda h, p: (h["entries"][1].update(size=True), p),
     "uppercase digest": lambda h, p: (h["entries"][1].update(sha256=h["entries"][1]["sha256"].upper()), p),
-    "unknown format": lambda h, p: (h.update(format="ctxlock.records._bundle/9"), p),
+    "unknown format": lambda h, p: (h.update(format="ctxlock.bundle/9"), p),
     "extra header key": lambda h, p: (h.update(run="rm -rf ~"), p),
     "oversize declared": lambda h, p: (h["entries"][2].update(size=1 << 50), p),
     "oversize record": lambda h, p: (h["entries"][0].update(size=(256 << 20) + 1), p),
@@ -286,7 +286,7 @@ def test_every_header_lie_is_a_bundle_error_naming_where(bundle: bytes, attack: 
 def test_a_non_canonical_header_is_refused(bundle: bytes) -> None:
     # A duplicate key: JSON parsers keep the last one silently, so two readers could see two bundles.
     line = bundle[len(MAGIC) :].split(b"\n", 1)[0]
-    forged = line[:-1] + b',"format":"ctxlock.records._bundle/1"}'
+    forged = line[:-1] + b',"format":"ctxlock.bundle/1"}'
     raw = bundle.replace(line, forged, 1)
     assert 'duplicate key "format"' in _refused(raw).message  # the strict reader refuses it before any other check
 

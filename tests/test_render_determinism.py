@@ -278,7 +278,7 @@ def test_seed_is_recorded_and_replayed(tmp_path: Path) -> None:
     assert error is None
     dyn = record.data["dynamic"]
     assert dyn["random"]["seed"] == 1234 and dyn["random"]["draws"][0]["choices"] == 1000
-    assert "random_ids" not in dyn and record.data["format"] == "ctxlock.records/2"
+    assert "random_ids" not in dyn and record.data["format"] == "ctxlock.record/2"
     store = Store(tmp_path / "store")
     rid = save(store, model, record, template)
     result, again = replay(store_record(store, rid), store)
@@ -299,14 +299,14 @@ def test_format_1_records_still_read() -> None:
     model = ctxlock.load("book")
     _, record, _ = run_and_record(model, json.dumps(REQUEST).encode(), RunOptions())
     old = record.data
-    old["format"] = "ctxlock.records/1"
+    old["format"] = "ctxlock.record/1"
     for key in ("model", "warnings"):
         old.pop(key)
     old["dynamic"].pop("random")
     old["dynamic"].pop("clock_zone")
     old["dynamic"]["random_ids"] = []
     parsed = ExecutionRecord.from_bytes(json.dumps(old).encode())
-    assert parsed.data["format"] == "ctxlock.records/1"
+    assert parsed.data["format"] == "ctxlock.record/1"
 
 
 # -- the clock -------------------------------------------------------------------------------------------------------

@@ -276,7 +276,7 @@ def test_config_dict_and_digest() -> None:
     cfg = SamplerConfig(temperature=0.7, top_k=40, seed=5)
     d = cfg.to_dict()
     assert d["order"] == ["repetition_penalty", "temperature", "top_k", "top_p", "min_p"]
-    assert d["seed"] == 5 and d["algorithm"] == "ctxlock.generation._sampler/1"
+    assert d["seed"] == 5 and d["algorithm"] == "ctxlock.sampler/1"
     assert SamplerConfig.from_dict(d) == cfg and SamplerConfig.from_dict(d).digest == cfg.digest
     assert len(cfg.digest) == 64 and cfg.digest == SamplerConfig(temperature=0.7, top_k=40, seed=5).digest
     assert cfg.digest != SamplerConfig(temperature=0.7, top_k=40, seed=6).digest
@@ -285,7 +285,7 @@ def test_config_dict_and_digest() -> None:
     assert s.to_dict()["order"] == d["order"] and s.to_dict()["digest"] == cfg.digest and s.to_dict()["stream"] == 2
     assert cfg.active == ("temperature", "top_k")
     with pytest.raises(SamplerError, match=r"ctxlock\.sampler/0"):
-        SamplerConfig.from_dict({**d, "algorithm": "ctxlock.generation._sampler/0"})
+        SamplerConfig.from_dict({**d, "algorithm": "ctxlock.sampler/0"})
     with pytest.raises(SamplerError, match="unknown sampler option"):
         SamplerConfig.from_dict({**d, "typical_p": 0.5})
 

@@ -180,13 +180,13 @@ def test_default_store_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 def test_put_get_list(store: Store) -> None:
     body = make_record("a", 7)
     index = {"model": "qwen2", "template_sha256": "t" * 64, "tokenizer_sha256": "k" * 64, "input_tokens": 12}
-    record_id = store.put_record(body, index={**index, "format": "ctxlock.records/1"})
+    record_id = store.put_record(body, index={**index, "format": "ctxlock.record/1"})
     assert record_id == hashlib.sha256(body).hexdigest()
     assert store.get_record(record_id) == body
     assert store.get_record(record_id[:8]) == body
     assert store.get_record(record_id[:20].upper()) == body
     [row] = store.list_records()
-    assert row == {"id": record_id, "created_at": row["created_at"], "format": "ctxlock.records/1", **index}
+    assert row == {"id": record_id, "created_at": row["created_at"], "format": "ctxlock.record/1", **index}
     assert row["created_at"].endswith("+00:00")
 
 
@@ -350,11 +350,11 @@ json_values = st.recursive(
 @given(st.lists(st.dictionaries(st.text(max_size=8), json_values, max_size=4), min_size=1, max_size=6))
 def test_round_trip_property(objs: list[dict]) -> None:
     bodies = [
-        json.dumps({**obj, "format": "ctxlock.records/1"}, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+        json.dumps({**obj, "format": "ctxlock.record/1"}, sort_keys=True, ensure_ascii=False).encode() + b"\n"
         for obj in objs
     ]
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "a") as a, Store(Path(tmp) / "b") as b:
-        ids = [a.put_record(body, index={"format": "ctxlock.records/1"}) for body in bodies]
+        ids = [a.put_record(body, index={"format": "ctxlock.record/1"}) for body in bodies]
         assert [a.get_record(i) for i in ids] == bodies
         exported = io.BytesIO()
         assert a.export_records(None, exported) == len(set(ids))

@@ -79,7 +79,9 @@ def test_decode_and_ids(pair) -> None:
     assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, special_token_policy=SpecialTokenPolicy.IGNORE)
     for i in ids:
         # A token holding part of a character is spelled with backslash escapes (mistral-common writes U+FFFD).
-        assert ours.id_to_token(i) == ref.id_to_byte_piece(i, SpecialTokenPolicy.KEEP).decode("utf-8", "backslashreplace")
+        assert ours.id_to_token(i) == ref.id_to_byte_piece(i, SpecialTokenPolicy.KEEP).decode(
+            "utf-8", "backslashreplace"
+        )
     assert ours.token_to_id("no such token at all") is None
     assert ours.id_to_token(ours.vocab_size + 5) is None
 

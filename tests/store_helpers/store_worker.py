@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-RECORD_FORMAT = "ctxlock.records/1"
+RECORD_FORMAT = "ctxlock.record/1"
 
 
 def make_record(tag: str, n: int) -> bytes:

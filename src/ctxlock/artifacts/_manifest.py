@@ -168,7 +168,7 @@ def _mistral_generated_template(tokenizer_file: Path, model_id: str) -> tuple[Ch
     template = ChatTemplate(
         patch_template(source, origin=origin, images=image is not None),
         id=f"{model_id}/generated",
-        origin=f"{origin} + ctxlock.template shapes",
+        origin=f"{origin} + ctxlock.mistral shapes",
     )
     compile_template(template)
     return template, image

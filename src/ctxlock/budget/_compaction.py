@@ -568,7 +568,7 @@ def compaction_event(
 # ---------------------------------------------------------------------------------------------------------------
 # Records
 
-# The version of the record's `compaction` section (an optional section of ctxlock.records/2; older records lack it).
+# The version of the record's `compaction` section (an optional section of ctxlock.record/2; older records lack it).
 COMPACTION_SECTION_VERSION = 1
 _SOURCE_INDEX = re.compile(r"^messages\[(\d+)\]")
 

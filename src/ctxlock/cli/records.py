@@ -207,7 +207,7 @@ def export(
         bool,
         typer.Option(
             "--bundle",
-            help="Write one bundle file (ctxlock.records/1) with the records and every template and tokenizer "
+            help="Write one bundle file (ctxlock.bundle/1) with the records and every template and tokenizer "
             "file they replay from, so that `records import` + `replay` work on a machine without the model.",
         ),
     ] = False,

@@ -62,7 +62,7 @@ __all__ = [
     "distribution",
 ]
 
-ALGORITHM = "ctxlock.generation._sampler/1"  # bump when the arithmetic of a step changes: it is part of the digest
+ALGORITHM = "ctxlock.sampler/1"  # bump when the arithmetic of a step changes: it is part of the digest
 PROCESSORS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
 DEFAULT_ORDER = PROCESSORS  # transformers' order
 VLLM_ORDER = ("repetition_penalty", "temperature", "min_p", "top_k", "top_p")

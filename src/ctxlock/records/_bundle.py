@@ -2,10 +2,10 @@
 record replays on a machine that never had its model directory. `ctxlock records export --bundle` writes one and
 `ctxlock records import` reads one (it tells a bundle from JSON lines by the first line).
 
-Format `ctxlock.records/1`:
+Format `ctxlock.bundle/1`:
 
-    ctxlock.records/1\\n                                   the magic line
-    {"entries":[...],"format":"ctxlock.records._bundle/1"}\\n       the header: one line of canonical JSON
+    ctxlock.bundle/1\\n                                   the magic line
+    {"entries":[...],"format":"ctxlock.bundle/1"}\\n       the header: one line of canonical JSON
     <bytes of entry 0><bytes of entry 1>...               each entry's bytes, in header order; nothing after
 
 An entry is `{"kind": "record" | "artifact", "sha256": <64 hex>, "size": <bytes>}`. The records come first (a
@@ -52,7 +52,7 @@ __all__ = [
     "write_bundle",
 ]
 
-BUNDLE_FORMAT = "ctxlock.records._bundle/1"
+BUNDLE_FORMAT = "ctxlock.bundle/1"
 MAGIC = (BUNDLE_FORMAT + "\n").encode("ascii")
 # A header entry takes about 110 bytes: 100,000 entries fit well inside 16 MiB.
 MAX_HEADER_BYTES = 16 << 20

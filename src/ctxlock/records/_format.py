@@ -14,14 +14,14 @@ from ctxlock.core import thaw
 from ctxlock.errors import RecordFormatError
 from ctxlock.outside import SYNTAX_ERROR, loads_outside
 
-RECORD_FORMAT = "ctxlock.records/2"
+RECORD_FORMAT = "ctxlock.record/2"
 # Format 2 adds: `model` (the spec's id, source and hub revision), `warnings`, the clock's zone and the render
 # seed with the template's draws in `dynamic` (in place of the always-empty `random_ids`), and the template file's
 # byte digest and line endings. A format-1 record is still read (its missing parts are null).
 # Optional parts added within format 2, absent from records that do not need them (older records load unchanged):
 # `compaction` (`compact-plan --record`: the plan, the cut, the summary's digest, usage and `compaction_end`, with
 # its own `version`), `options.compaction` and `decisions.compaction` (a compacted run, replayed from them).
-READABLE_FORMATS = ("ctxlock.records/1", RECORD_FORMAT)
+READABLE_FORMATS = ("ctxlock.record/1", RECORD_FORMAT)
 # A record holds parts of a request (its canonical form, extra fields, messages) a level or two below where the
 # request has them: a record may nest this many levels deeper than a request (docs/outside-json.md).
 RECORD_DEPTH_ALLOWANCE = 8

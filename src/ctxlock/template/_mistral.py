@@ -32,10 +32,10 @@ from ctxlock.template import _taint as taint
 
 __all__ = ["IMAGES_MARKER", "MARKER", "adapt", "is_patched", "patch_template", "takes_images"]
 
-MARKER = "{#- ctxlock: mistral-common request shapes (ctxlock.template) #}\n"
+MARKER = "{#- ctxlock: mistral-common request shapes (ctxlock.mistral) #}\n"
 # Written after MARKER when the tokenizer has an image section (an image encoder in mistral-common): user image parts
 # then reach the template, which writes one [IMG] each for the Pixtral family to expand (ctxlock.multimodal).
-IMAGES_MARKER = "{#- ctxlock: images (ctxlock.multimodal expands each [IMG]) #}\n"
+IMAGES_MARKER = "{#- ctxlock: images (ctxlock.multimodal.pixtral expands each [IMG]) #}\n"
 
 # (what the generated source holds, what ctxlock writes instead): each must occur exactly once.
 _TOOL_START = "{# Try to parse 'content' as int or float if possible #}"
@@ -67,7 +67,7 @@ def patch_template(source: str, *, origin: str, images: bool = False) -> str:
                 f"the generated Mistral template does not hold {anchor!r} exactly once",
                 path=origin,
                 hint="ctxlock's mistral-common shape patch was written for mistral-common 1.13; "
-                "pin that version or update ctxlock.template",
+                "pin that version or update ctxlock (its mistral-common shapes: ctxlock/template/_mistral.py)",
             )
     start, end = source.index(_TOOL_START), source.index(_TOOL_END)
     source = source[:start] + "{%- set tool_content = message['content'] %}\n        " + source[end:]

@@ -98,7 +98,7 @@ PARSE_OPTIONS = ("dialect", "utf8", "tool_arguments")
 
 _FIT = (
     "ctxlock never cuts a conversation silently: fit it to a token budget with "
-    "ctxlock.budget._fit.fit_context(request, model, BudgetPolicy(max_input_tokens=N)) (CLI: ctxlock fit "
+    "ctxlock.fit_context(request, model, ctxlock.BudgetPolicy(max_input_tokens=N)) (CLI: ctxlock fit "
     "--max-input-tokens N), which keeps whole turns and lists what it dropped"
 )
 _PADDING = "padding is encode_batch's: encode_batch([...], padding_side='left'|'right', pad_to_multiple_of=N)"

@@ -437,7 +437,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
 # Bump when the environment changes (options, extensions, filters, code generation): the bytecode cache is keyed by
 # the template source only, so a new environment needs a new directory.
-_BYTECODE_VERSION = 7
+_BYTECODE_VERSION = 8  # 8: the generation extension moved to ctxlock.template.sandbox
 _MAX_CACHED_CODE = 1 << 20  # bytes of marshalled code: a larger compiled template is not kept on disk
 _MAX_GENERATED = 600_000  # characters of generated Python: real templates (under 20 kB) generate under 150 kB
 

@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from cli_runner import run_cli
-from ctxlock.records import ExecutionRecord, RunOptions
-from ctxlock.records import _diff as diff
+from ctxlock.records import ExecutionRecord, RunOptions, diff
 from ctxlock.records._replay import run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.template._render import ChatTemplate

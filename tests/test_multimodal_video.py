@@ -307,8 +307,7 @@ def test_record_keeps_each_frames_digest(model: ctxlock.Model) -> None:
 
 
 def test_video_record_replays_after_the_frame_files_are_deleted(tmp_path: Path, model: ctxlock.Model) -> None:
-    from ctxlock.records import RunOptions
-    from ctxlock.records import _diff as diff
+    from ctxlock.records import RunOptions, diff
     from ctxlock.records._replay import image_options, load_record, replay, run_and_record, save
     from ctxlock.records._store import Store
 

@@ -19,8 +19,7 @@ import fetched
 import mm_fixtures
 from conformance import FIXED_NOW, conversations
 from ctxlock.errors import RecordFormatError
-from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes
-from ctxlock.records import _diff as diff
+from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes, diff
 from ctxlock.records._replay import image_options, load_record, replay, rerun, run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.template._render import ChatTemplate

@@ -10,8 +10,7 @@ import pytest
 
 import ctxlock
 from ctxlock.errors import CtxlockError
-from ctxlock.records import COMPARERS, LAYERS, NOT_COMPARED, ExecutionRecord, RunOptions, build_record
-from ctxlock.records import _diff as diff
+from ctxlock.records import COMPARERS, LAYERS, NOT_COMPARED, ExecutionRecord, RunOptions, build_record, diff
 from ctxlock.records._replay import run_and_record
 
 REQUEST = {"messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]}

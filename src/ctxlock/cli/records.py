@@ -19,8 +19,7 @@ from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import MODEL_HELP, TEMPLATE_HELP
 from ctxlock.errors import CtxlockError, InputError
 from ctxlock.outside._files import open_regular, opened_input, stdin_stream
-from ctxlock.records import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord
-from ctxlock.records import _diff as diff
+from ctxlock.records import DIVERGED, IDENTICAL, SAME_IDS, Diff, ExecutionRecord, diff
 from ctxlock.records._bundle import MAGIC, import_bundle, is_bundle, prepare_bundle
 from ctxlock.records._replay import load_record, record_values, replay, rerun
 from ctxlock.records._store import Store

@@ -10,7 +10,7 @@ import typer
 
 from ctxlock.cli.files import open_output
 from ctxlock.cli.records import StoreOpt, open_store, record_at
-from ctxlock.records import _diff as diff
+from ctxlock.records import diff
 from ctxlock.records._replay import materialized, record_values
 from ctxlock.records._viewer import diff_page, record_page
 

@@ -45,8 +45,8 @@ from ctxlock.records import (
     build_record,
     check_replay,
     comparable,
+    diff,
 )
-from ctxlock.records import _diff as diff
 from ctxlock.records._store import Store, max_record_bytes
 from ctxlock.template import ChatTemplate, RenderOptions
 

@@ -36,8 +36,7 @@ from ctxlock.errors import (
 )
 from ctxlock.outside._files import decode_utf8, read_input
 from ctxlock.outside._json import loads_strict
-from ctxlock.records import ExecutionRecord, RunOptions
-from ctxlock.records import _diff as diff
+from ctxlock.records import ExecutionRecord, RunOptions, diff
 from ctxlock.records._replay import materialized, record_values, replay, run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.records._viewer import CSP, diff_page, record_page

@@ -23,7 +23,7 @@ def _constants() -> ModuleType:
     loaded = sys.modules.get("gguf.constants")
     if loaded is not None:
         return loaded
-    name = "ctxlock.artifacts._gguf_constants"
+    name = "ctxlock.artifacts._gguf_upstream_constants"  # gguf/constants.py, loaded on its own
     if name in sys.modules:
         return sys.modules[name]
     try:

@@ -109,3 +109,62 @@ def test_the_size_check_sees_a_long_function(tmp_path: Path) -> None:
     assert len(_long_functions(tmp_path / "m.py")) == 1
     (tmp_path / "m.py").write_text(f"def f():\n    # size: a table, one line per entry\n{body}\n", "utf-8")
     assert _long_functions(tmp_path / "m.py") == []
+
+
+_spec_doc = importlib.util.spec_from_file_location("layers_doc", ROOT / "scripts" / "layers_doc.py")
+assert _spec_doc is not None and _spec_doc.loader is not None
+layers_doc = importlib.util.module_from_spec(_spec_doc)
+_spec_doc.loader.exec_module(layers_doc)
+
+# The packages whose private modules only the edges may import.
+EDGES = ("ctxlock.cli", "ctxlock.server", "ctxlock.__main__")
+
+
+def test_the_architecture_page_shows_the_contract() -> None:
+    page = layers_doc.page_block(layers_doc.PAGE.read_text("utf-8"))
+    assert page is not None, "docs/architecture.md lost its generated layers block"
+    assert page == layers_doc.block(), "run: python scripts/layers_doc.py --write"
+
+
+def _private_imports(path: Path, module: str | None = None) -> list[str]:
+    """`file:line module` for each import of another package's private module made in `path` (the module named
+    `module`, by default the one its place under src/ names)."""
+    if module is None:
+        module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
+    own = module.split(".")[1] if "." in module else ""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ctxlock."):
+            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name.startswith("ctxlock.")]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            private = any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+            if private and parts[1] != own and (target in sys.modules or _is_module(target)):
+                found.append(f"{path.name}:{node.lineno} {target}")
+    return found
+
+
+def _is_module(dotted: str) -> bool:
+    base = SRC.parent / Path(*dotted.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    bad = []
+    for path in _sources():
+        module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+        if not module.startswith(EDGES):
+            bad += _private_imports(path)
+    assert bad == []
+
+
+def test_the_private_import_check_sees_one(tmp_path: Path) -> None:
+    # An outside module importing the template package's private render module is caught; its own package is not.
+    fake = tmp_path / "_probe.py"
+    fake.write_text("from ctxlock.template._render import Rendered\nfrom ctxlock.accounting._layout import Layout\n")
+    found = _private_imports(fake, "ctxlock.accounting._probe")
+    assert [f.split(" ")[1] for f in found] == ["ctxlock.template._render"]

@@ -1,3 +1,5 @@
+"""`python -m ctxlock`: the `ctxlock` command."""
+
 from ctxlock.cli import main
 
 main()

@@ -1,4 +1,5 @@
-"""accounting."""
+"""Exact accounting: every token of `input_ids` attributed to one request part (template, system, each tool,
+message and document, the generation prompt), marginal costs, and the parts the template never wrote."""
 
 from ctxlock.accounting._layout import (
     Counts,

@@ -1,4 +1,5 @@
-"""core."""
+"""The foundation every stage uses: frozen (immutable, hashable) values, the leftmost-longest trie of control
+tokens, fork safety for worker processes, and names exported on first use."""
 
 from ctxlock.core._forking import die_with_parent, start_method
 from ctxlock.core._frozen import FrozenDict, canonical_json, freeze, thaw

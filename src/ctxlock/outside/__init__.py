@@ -1,4 +1,6 @@
-"""outside."""
+"""Bounded reads of everything that comes from outside: the strict JSON reader (duplicate keys, depth, size, lone
+surrogates), files and stdin under a byte cap, JSON paths for errors, and the on-disk cache of derived artifacts.
+Guide: docs/outside-json.md."""
 
 from ctxlock.outside._diskcache import file_sha256
 from ctxlock.outside._diskcache import load as load_cached

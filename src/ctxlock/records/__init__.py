@@ -1,4 +1,5 @@
-"""Record stage: the minimum reproduction package of seed 000 §1.11, canonical serialization, and diff.
+"""Execution records: everything that shaped one model input, kept to replay it anywhere and diff it to the first
+diverging layer; canonical serialization, the record store, bundles, the viewer and replay.
 
 An `ExecutionRecord` holds every versioned thing that shaped one model input, in the pipeline's order:
 

@@ -1,4 +1,7 @@
-"""template."""
+"""Chat template stage: a canonical `Request` rendered by the model's Jinja template in a sandbox, with
+provenance for every character, so request text never becomes a control token (`ChatTemplate`, `Rendered`,
+`RenderOptions`, `InjectionPolicy`). The sandbox is `ctxlock.template.sandbox`; the Mistral request shapes,
+role markers, documents and template variables are private modules here."""
 
 from ctxlock.template._mistral import patch_template
 from ctxlock.template._options import (

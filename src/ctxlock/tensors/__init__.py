@@ -1,4 +1,5 @@
-"""tensors."""
+"""Model input tensors: `ModelInput` (`input_ids`, `attention_mask`, `position_ids`, and `assistant_masks` when
+asked), assembled for one request or a padded batch, as numpy or torch."""
 
 from ctxlock.tensors._assemble import (
     ModelInput,

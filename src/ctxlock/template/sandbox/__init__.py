@@ -1,4 +1,5 @@
-"""sandbox."""
+"""The Jinja sandbox templates run in: transformers' environment (its filters, `raise_exception`,
+`{% generation %}`), bounded in size, time, output and memory per render (`RenderLimits`)."""
 
 from ctxlock.template.sandbox._env import DEFAULT_LIMITS
 

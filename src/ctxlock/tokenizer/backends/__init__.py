@@ -1,4 +1,6 @@
-"""backends."""
+"""Tokenizer backends, one private module each, independent of each other: HF `tokenizer.json` (with
+transformers' tokenizer classes and special-token sources), SentencePiece, Mistral Tekken, tiktoken files, and the
+book fixture. Each implements `ctxlock.tokenizer.Tokenizer`."""
 
 from ctxlock.tokenizer.backends._book import BookTokenizer
 from ctxlock.tokenizer.backends._hf import HFTokenizer

@@ -1,11 +1,12 @@
 # make demo : create .venv, install ctxlock, render the seed request on the embedded default model
 # make test : create .venv with the test extras, fetch the pinned real artifacts, run the whole suite
+# make help : every target, one line each (the `## ` comments below)
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 
-.PHONY: demo test lint install install-test fetch chromium bench-tools clean
+.PHONY: help demo test check lint lock install install-test fetch chromium bench-tools clean
 
 # pip's output goes to $(VENV)/install.log, shown only when the install fails: the demo prints only the demo.
 $(VENV)/.installed: pyproject.toml
@@ -15,21 +16,25 @@ $(VENV)/.installed: pyproject.toml
 		|| { cat $(VENV)/install.log; echo "pip install failed; its log is $(VENV)/install.log"; exit 1; }
 	@touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	# torch==2.13.0 is pinned so pip takes the CPU build, not a multi-GB CUDA one.
-	$(PIP) install -q -e '.[test]'
+# The test environment is locked: requirements-test.lock pins every package `make test` runs with (`make lock`
+# writes it from a working environment); torch's pin there is the CPU build, not a multi-GB CUDA one.
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml requirements-test.lock
+	$(PIP) install -q -c requirements-test.lock -e '.[test]'
 	touch $@
+
+help: ## this list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed ## install ctxlock in .venv and render the seed request on the embedded default model
 	@$(VENV)/bin/ctxlock render examples/seed-sky-injection.json
 
-fetch: $(VENV)/.installed-test
+fetch: $(VENV)/.installed-test ## fetch the pinned real artifacts (GGUF vocabularies, templates) into the test cache
 	$(PY) scripts/fetch_artifacts.py
 
-lint: $(VENV)/.installed-test
+lint: $(VENV)/.installed-test ## ruff, the format check, the package layers and the private-attribute rule
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
 	$(VENV)/bin/lint-imports --no-cache
@@ -37,17 +42,17 @@ lint: $(VENV)/.installed-test
 
 # The viewer's browser test uses Debian's chromium (Playwright's own browser download is not reachable) and a CJK
 # font for the seed's Chinese text.
-chromium:
+chromium: ## Debian's chromium and a CJK font, for the record viewer's browser test
 	@dpkg -s chromium fonts-wqy-zenhei >/dev/null 2>&1 || apt-get install -y chromium fonts-wqy-zenhei \
 		|| { apt-get update && apt-get install -y chromium fonts-wqy-zenhei; } \
 		|| sudo apt-get install -y chromium fonts-wqy-zenhei
 
 # benchmarks/bench_serve.py's load client: Debian's wrk (one C thread, a few percent of a core at these rates).
-bench-tools:
+bench-tools: ## wrk, the load client of benchmarks/bench_serve.py
 	@command -v wrk >/dev/null 2>&1 || apt-get install -y wrk || { apt-get update && apt-get install -y wrk; } \
 		|| sudo apt-get install -y wrk
 
-test: $(VENV)/.installed-test fetch chromium
+test: $(VENV)/.installed-test fetch chromium ## everything CI runs: lint, layers, the whole suite, the reference-path suite
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks
 	# The layers (pyproject.toml [tool.importlinter]) and no reads of another module's private attributes.
@@ -58,5 +63,16 @@ test: $(VENV)/.installed-test fetch chromium
 	CTXLOCK_FAST=0 $(PY) -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_injection.py \
 		tests/test_mistral_parity.py
 
-clean:
+# The inner loop: lint, layers and the fast tier of the suite (`-m "not slow"`; tests/conftest.py marks the slow
+# files), in about 3 minutes on 2 cores. `make test` still runs everything.
+check: $(VENV)/.installed-test fetch ## the inner loop: lint, layers and the fast tier of the suite (about 3 minutes)
+	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m pytest -q -x -m "not slow" -p no:cacheprovider
+
+lock: $(VENV)/.installed-test ## write requirements-test.lock from this environment (after changing a pin)
+	$(PIP) freeze --exclude-editable | LC_ALL=C sort > requirements-test.lock
+
+clean: ## remove .venv and build outputs
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

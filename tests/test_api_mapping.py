@@ -182,10 +182,11 @@ CALLS = {
 INSTEAD = {
     "truncation": ("fit_context", "ctxlock fit --max-input-tokens"),
     "max_length": ("fit_context", "BudgetPolicy(max_input_tokens"),
-    "return_assistant_tokens_mask": ("return_assistant_tokens_mask=True", "assistant_masks"),
+    "return_assistant_mask": ("return_assistant_tokens_mask=True", "assistant_masks"),
     "return_dict": ("ModelInput", "mapping"),
     "tokenize": ("render() is tokenize=False", "encode() is tokenize=True"),
-    "chat_template": ("template=",),
+    "template": ("chat_template=",),
+    "special_tokens": ("injection=",),
     "padding": ("encode_batch",),
 }
 
@@ -208,7 +209,7 @@ def test_transformers_options_say_what_to_use_instead(qwen, method: str, option:
     [
         ("add_generation_promt", "add_generation_prompt", "encode"),
         ("continue_final", "continue_final_message", "run"),
-        ("special_token", "special_tokens", "render"),
+        ("injections", "injection", "render"),
         ("paddingside", "padding_side", "encode_batch"),
         ("return_tensor", "return_tensors", "encode"),
     ],

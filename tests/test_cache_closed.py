@@ -169,7 +169,7 @@ def test_reported_usage_gives_the_figures() -> None:
     session = [(_request(t, "clean", "anthropic"), None, 60.0 * t) for t in range(4)]
     usage = {"input_tokens": 12, "output_tokens": 5, "cache_read_input_tokens": 900, "cache_creation_input_tokens": 40}
     session[2] = (session[2][0], usage, session[2][2])
-    turns = build_turns(model, session, {"template": _template()})
+    turns = build_turns(model, session, {"chat_template": _template()})
     reports = session_report(turns, "anthropic", minimum=64)
     closed = closed_turns(reports, [parse_request(r) for r, _, _ in session], [t.usage for t in turns], model.id)
     assert [c.figures.split(":")[0] for c in closed] == [

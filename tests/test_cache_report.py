@@ -83,7 +83,7 @@ def _session(kind: str) -> list[tuple[dict[str, Any], Any, float | None]]:
 
 
 def _report(kind: str, provider: str = "vllm") -> list[Any]:
-    turns = build_turns(_model(), _session(kind), {"template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")})
+    turns = build_turns(_model(), _session(kind), {"chat_template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")})
     return session_report(turns, provider)  # type: ignore[arg-type]
 
 
@@ -135,7 +135,7 @@ def test_a_template_that_rewrites_an_earlier_turn() -> None:
             msgs.append({"role": "user", "content": f"Question {k}?"})
             msgs.append({"role": "assistant", "content": f"Answer {k}.", "reasoning_content": f"thinking {k}"})
         session.append(({"messages": msgs}, None, None))
-    turns = build_turns(_model(), session, {"template": _template("Qwen-Qwen3-0.6B.jinja")})
+    turns = build_turns(_model(), session, {"chat_template": _template("Qwen-Qwen3-0.6B.jinja")})
     reports = session_report(turns, "vllm")
     for r in reports[1:]:
         assert r.buster is not None and r.buster.kind == "template rewrite", r.buster
@@ -158,7 +158,7 @@ def _anthropic_session(where: str) -> list[tuple[dict[str, Any], Any, float | No
 
 def _costs(session: list[Any]) -> tuple[list[Any], Decimal, Decimal]:
     table = PriceTable.parse(PRICES.read_bytes(), "prices.json")
-    turns = build_turns(_model(), session, {"template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")})
+    turns = build_turns(_model(), session, {"chat_template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")})
     reports = session_report(turns, "anthropic", table=table, price_model="claude-sonnet-4-5", minimum=400)
     return reports, sum((r.cost for r in reports), Decimal(0)), sum((r.cost_uncached for r in reports), Decimal(0))
 
@@ -231,7 +231,9 @@ def test_cache_control_survives_into_the_request_and_the_record() -> None:
     assert error is None
     assert record.data["request"]["cache_control"] == [dict(c) for c in parsed.cache_control]
     # the breakpoints the report uses are those of the canonical request
-    (turn,) = build_turns(model, [(request, None, None)], {"template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")})
+    (turn,) = build_turns(
+        model, [(request, None, None)], {"chat_template": _template("Qwen-Qwen2.5-7B-Instruct.jinja")}
+    )
     # Qwen2.5's template writes the system prompt before the tools: the 1-hour breakpoint (the tool) ends later
     assert [b.ttl for b in turn.breakpoints] == ["1h", "5m"]
     assert 0 < turn.breakpoints[1].end < turn.breakpoints[0].end < len(turn.ids)

@@ -1,4 +1,4 @@
-"""`--template` takes a name of the model's template set as Python's `template=` does (README, "--template"): a
+"""`--template` takes a name of the model's template set as Python's `chat_template=` does (README, "--template"): a
 value with no '/' and no '.' is a name (`default`, `tool_use`, `extra` for additional_chat_templates/extra.jinja),
 anything else a file (`./extra` for a file named so). Every command with `--template` follows the one rule."""
 
@@ -49,7 +49,7 @@ def test_render_and_count_take_a_name_as_python_does(setup: tuple[Path, Path], t
         assert json.loads(out.output)["text"].startswith(marker), (name, out.output[:200])
         counted = invoke(count.register, "count", "-m", str(model), "-t", name, str(request), "--json")
         assert counted.exit_code == 0, counted.output
-    # the same count as Python's template="extra"
+    # the same count as Python's chat_template="extra"
     extra_count = json.loads(
         invoke(count.register, "count", "-m", str(model), "-t", "extra", str(request), "--json").output
     )

@@ -42,7 +42,7 @@ def test_torch_input_pickles_copies_and_compares_like_batch_encoding(qwen, batch
     __setattr__ refused the slot state: a DataLoader worker pickles its batches) and whose == raised (Mapping's ==
     compares tensors elementwise). BatchEncoding does all three."""
     model, template = qwen
-    kwargs = {"template": template, "now": FIXED_NOW, "return_tensors": "pt"}
+    kwargs = {"chat_template": template, "now": FIXED_NOW, "return_tensors": "pt"}
 
     def make() -> TorchInput:
         if batch:
@@ -333,10 +333,11 @@ from ctxlock.template.sandbox._env import RenderLimits
 from ctxlock.template._render import ChatTemplate
 m = ctxlock.load("book")
 tpl = ChatTemplate("{% for c in messages[0].content %}{{ c }}|{% endfor %}", "per-char")
-m.render({"messages": [{"role": "user", "content": "a"}]}, template=tpl)
+m.render({"messages": [{"role": "user", "content": "a"}]}, chat_template=tpl)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 n = int(sys.argv[1])
-r = m.render({"messages": [{"role": "user", "content": "a" * n}]}, template=tpl, limits=RenderLimits(max_seconds=600))
+request = {"messages": [{"role": "user", "content": "a" * n}]}
+r = m.render(request, chat_template=tpl, limits=RenderLimits(max_seconds=600))
 assert len(r.text) == 2 * n
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
 """

@@ -91,7 +91,7 @@ def test_conformance_rows_equal_on_both_paths_and_encode(name: str) -> None:
         for agp in (False, True):
             requests = [data for _, data, o in CORPUS if o["add_generation_prompt"] == agp]
             render = {
-                "template": template,
+                "chat_template": template,
                 "now": FIXED_NOW,
                 "content_format": "openai",
                 "add_generation_prompt": agp,

@@ -268,7 +268,7 @@ def test_30000_square_png_refused_from_header_without_large_allocation(tmp_path:
     script = textwrap.dedent(
         f"""
         import resource, tracemalloc, json
-        from ctxlock.multimodal import media
+        from ctxlock.multimodal import _media as media
         from ctxlock.errors import ImageSizeError
         data = open({str(path)!r}, "rb").read()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -166,29 +166,33 @@ def test_usage_memory_is_bounded_by_its_input(tmp_path: Path) -> None:
 # The strict reader itself, and loads of what ctxlock wrote itself (or a library built in memory): nothing from
 # outside reaches them.
 OWN_OUTPUT = {
-    "ctxlock/jsonread.py::loads_strict": "the strict reader itself",
-    "ctxlock/accounting.py::_raw": "json.dumps of the caller's Mapping read back: a deep copy",
-    "ctxlock/masks.py::cross_check": "Request.to_json(): ctxlock's canonical JSON",
-    "ctxlock/masks.py::_tools": "Request.to_json(): ctxlock's canonical JSON",
-    "ctxlock/record/build.py::_add_run": "Request.to_json(): ctxlock's canonical JSON",
-    "ctxlock/toolcalls/schemas.py::_checked_validator": "json.dumps(schema, sort_keys=True), a cache key, read back",
-    "ctxlock/tokenizer/hf.py::HFTokenizer.pipeline": "tokenizers' own serialization of its components",
-    "ctxlock/tokenizer/hf_pipeline.py::_canonical": "tokenizers' to_str() of a tokenizer built in memory",
-    "ctxlock/tokenizer/hf_pipeline.py::_template_post_processor": "tokenizers' to_str()",
-    "ctxlock/tokenizer/hf_pipeline.py::_class_components": "tokenizers' to_str()",
-    "ctxlock/tokenizer/hf_pipeline.py::_built": "tokenizers' to_str()",
+    "ctxlock/outside/_json.py::loads_strict": "the strict reader itself",
+    "ctxlock/accounting/_layout.py::_raw": "json.dumps of the caller's Mapping read back: a deep copy",
+    "ctxlock/training/_masks.py::cross_check": "Request.to_json(): ctxlock's canonical JSON",
+    "ctxlock/training/_masks.py::_tools": "Request.to_json(): ctxlock's canonical JSON",
+    "ctxlock/records/_build.py::_add_run": "Request.to_json(): ctxlock's canonical JSON",
+    "ctxlock/generation/toolcalls/_schemas.py::_checked_validator": (
+        "json.dumps(schema, sort_keys=True), a cache key, read back"
+    ),
+    "ctxlock/tokenizer/backends/_hf.py::HFTokenizer.pipeline": "tokenizers' own serialization of its components",
+    "ctxlock/tokenizer/backends/_hf_pipeline.py::_canonical": "tokenizers' to_str() of a tokenizer built in memory",
+    "ctxlock/tokenizer/backends/_hf_pipeline.py::_template_post_processor": "tokenizers' to_str()",
+    "ctxlock/tokenizer/backends/_hf_pipeline.py::_class_components": "tokenizers' to_str()",
+    "ctxlock/tokenizer/backends/_hf_pipeline.py::_built": "tokenizers' to_str()",
     "ctxlock/artifacts/__init__.py::builtin_models": "the manifests packaged with ctxlock",
-    "ctxlock/diskcache.py::load": "ctxlock's own cache file (ctxlock wrote it)",
-    "ctxlock/tokenizer/accel.py::load_verdict": "ctxlock's own cache file (ctxlock wrote it)",
-    "ctxlock/tokenizer/fastbpe.py::cached_check": "ctxlock's own cache file (ctxlock wrote it)",
-    "ctxlock/tokenizer/fastbpe.py::nfc_inert_spans": "ctxlock's own cache file (ctxlock wrote it)",
-    "ctxlock/tokenizer/hf.py::_load_head": "ctxlock's own cache file (ctxlock wrote it)",
-    "ctxlock/constrain.py::_locate": "a JSON string literal inside the validator's own error message",
+    "ctxlock/outside/_diskcache.py::load": "ctxlock's own cache file (ctxlock wrote it)",
+    "ctxlock/tokenizer/_accel.py::load_verdict": "ctxlock's own cache file (ctxlock wrote it)",
+    "ctxlock/tokenizer/_fastbpe.py::cached_check": "ctxlock's own cache file (ctxlock wrote it)",
+    "ctxlock/tokenizer/_fastbpe.py::nfc_inert_spans": "ctxlock's own cache file (ctxlock wrote it)",
+    "ctxlock/tokenizer/backends/_hf.py::_load_head": "ctxlock's own cache file (ctxlock wrote it)",
+    "ctxlock/generation/_constrain.py::_locate": "a JSON string literal inside the validator's own error message",
     "ctxlock/server/app.py::fit.work": "the body the strict reader accepted a line before (options.parse)",
     "ctxlock/cli/budget.py::fit.go": "the request the strict reader accepted a line before",
     "ctxlock/cli/constrain.py::check_output": "its own strict hooks (duplicate keys, NaN) on model output",
-    "ctxlock/toolcalls/jsontext.py::loads_object": "its own strict RFC 8259 reader of model output (jsontext)",
-    "ctxlock/record/format.py::ExecutionRecord.data": "a record body whose sha256 the store checked",
+    "ctxlock/generation/toolcalls/_jsontext.py::loads_object": (
+        "its own strict RFC 8259 reader of model output (jsontext)"
+    ),
+    "ctxlock/records/_format.py::ExecutionRecord.data": "a record body whose sha256 the store checked",
 }
 
 
@@ -225,7 +229,13 @@ def test_every_json_loads_is_the_strict_reader_or_listed() -> None:
     stale = sorted(set(OWN_OUTPUT) - set(calls))
     assert stale == [], f"listed but no longer calling json.loads (take them off the list): {stale}"
     # The readers of this change: usage, cache-report (CLI and server) and price tables.
-    for reader in ("usage.py", "cache_session.py", "cli/cachereport.py", "cli/usage.py", "promptcache.py"):
+    for reader in (
+        "economics/_usage.py",
+        "economics/_session.py",
+        "cli/cachereport.py",
+        "cli/usage.py",
+        "economics/_promptcache.py",
+    ):
         assert not [k for k in calls if k.startswith(f"ctxlock/{reader}::")], reader
 
 

@@ -211,9 +211,9 @@ def test_the_probe_scan_finds_a_probe(tmp_path: Path) -> None:
 def test_backends_need_no_private_attributes_of_each_other() -> None:
     # decode, constrain and the token bytes see a tokenizer only through the protocol: no backend module is
     # imported there, and no private attribute of a tokenizer is read.
-    for module in ("decode.py", "constrain.py", "tokenizer/token_bytes.py"):
+    for module in ("generation/_decode.py", "generation/_constrain.py", "tokenizer/_token_bytes.py"):
         text = (SRC / module).read_text("utf-8")
-        for backend_module in ("tokenizer.hf", "tokenizer.tekken", "tokenizer.sentencepiece", ".book", ".hf import"):
+        for backend_module in ("tokenizer.backends", "_hf", "_tekken", "_sentencepiece", "_book"):
             assert backend_module not in text, (module, backend_module)
         for private in ("._data", "._enc", "._sp", "._json_text"):
             assert private not in text, (module, private)

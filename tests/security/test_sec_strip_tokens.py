@@ -143,7 +143,7 @@ conversations = st.builds(_conversation, st.lists(benign_content, min_size=1, ma
 
 
 def _options(template: str, add_generation_prompt: bool) -> dict[str, Any]:
-    return {"template": ChatTemplate(template, id="strip-test"), "add_generation_prompt": add_generation_prompt}
+    return {"chat_template": ChatTemplate(template, id="strip-test"), "add_generation_prompt": add_generation_prompt}
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)

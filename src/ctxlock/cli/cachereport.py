@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(
                     "a price table needs the session's model", path="--price-model", hint="pass --price-model NAME"
                 )
-            options: dict[str, Any] = {"template": template_file(template)} if template is not None else {}
+            options: dict[str, Any] = {"chat_template": template_file(template)} if template is not None else {}
             kw = {"ttl": ttl, "table": table, "price_model": price_model, "minimum": min_prefix}
             return _go(session, provider, model, records, store, {**kw, "options": options, "fix": fix})
 

@@ -139,7 +139,7 @@ def clamp(
         data = read_request(request)
         m = load(model)
         cap = _capacity(m, prices, price_model, context_window, max_output_tokens)
-        options: dict[str, Any] = {"template": template_file(template)} if template is not None else {}
+        options: dict[str, Any] = {"chat_template": template_file(template)} if template is not None else {}
         if no_generation_prompt:
             options["add_generation_prompt"] = False
         return clamp_report(m, data, cap, _requested(data, max_tokens), margin, margin_fraction, **options)

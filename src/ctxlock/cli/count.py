@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
             data = read_request(request)
             m = load(model)
             tpl = template_file(template)
-            options: dict = {"template": tpl} if tpl is not None else {}
+            options: dict = {"chat_template": tpl} if tpl is not None else {}
             if no_generation_prompt:
                 options["add_generation_prompt"] = False
             counts = m.count(data, marginal=marginal, media=read_media(media), **options)

@@ -135,7 +135,7 @@ def is_template_name(value: str | Path) -> bool:
 
 def template_file(value: str | Path | None, *, option: str = "--template") -> ChatTemplate | str | None:
     """A --template value (`is_template_name`): a name of the model's template set, returned as it is (the render
-    selects it, as Python's `template="tool_use"` does), or a file, checked as a command-line input (regular,
+    selects it, as Python's `chat_template="tool_use"` does), or a file, checked as a command-line input (regular,
     readable, within the input cap), then loaded and compiled like a model's own template file."""
     if value is None:
         return None

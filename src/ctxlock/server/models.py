@@ -34,7 +34,7 @@ class ServedModel:
         """The render options every request on this model gets: the configured template and the limits."""
         out: dict[str, Any] = {"limits": self.limits}
         if self.template is not None:
-            out["template"] = self.template
+            out["chat_template"] = self.template
         return out
 
     def options(

@@ -111,9 +111,10 @@ _INSTEAD = {
     "padding_side": _PADDING,
     "pad_to_multiple_of": _PADDING,
     "return_assistant_mask": "the option is encode(..., return_assistant_tokens_mask=True) (transformers' name), "
-    "which adds "
-    "assistant_masks to the ModelInput: from the template's {% generation %} blocks as transformers does, and from "
-    "provenance for a template without them (ctxlock.training; options in mask_options=MaskOptions(...))",
+    "which adds assistant_masks to the ModelInput: from the template's {% generation %} blocks as transformers does, "
+    "and from provenance for a template without them (ctxlock.training; options in mask_options=MaskOptions(...))",
+    "return_assistant_tokens_mask": "return_assistant_tokens_mask is encode's: encode(..., "
+    "return_assistant_tokens_mask=True) adds assistant_masks to the ModelInput (ctxlock.training)",
     "special_tokens": "the injection policy is injection= ('text', 'keep' or 'raise'; the CLI's --injection)",
     "return_dict": "not needed: encode/encode_batch return a ModelInput, a mapping of input_ids, attention_mask "
     "and position_ids (what return_dict=True gives); render returns a Rendered (.text)",

@@ -168,7 +168,7 @@ def strftime_now_of(clock: datetime) -> tuple[Any, list[str]]:
 
 
 # template.render's keyword form: its own names for two fields, and what it ignores.
-_KEYWORD_NAMES = {"policy": "injection", "template_name": "template"}
+_KEYWORD_NAMES = {"policy": "injection", "template_name": "chat_template"}
 _KEYWORDS = frozenset(
     {
         *_KEYWORD_NAMES,

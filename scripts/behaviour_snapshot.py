@@ -45,7 +45,6 @@ SPELLINGS: dict[str, tuple[str, str]] = {
     "cli_injection_flag": ("--injection", "--special-tokens"),  # ctxlock render/tokenize ... option
     "py_template_kw": ("chat_template", "template"),  # Model.render/encode keyword
     "py_assistant_mask_kw": ("return_assistant_tokens_mask", "return_assistant_mask"),  # Model.encode keyword
-    "py_injection_kw": ("injection", "special_tokens"),  # Model.render/encode keyword
 }
 
 # A fixed working directory: every path the CLI and the server see is under it, so outputs do not depend on where
@@ -250,6 +249,7 @@ def prepare() -> dict[str, Path]:
     art = fetched()
     paths = {
         "qwen_dir": Path(art.hf_tokenizer_dir("qwen2")),
+        "llama_dir": Path(art.hf_tokenizer_dir("llama-bpe")),
         "templates": Path(next(iter(art.template_paths()))).parent,
         "gguf_qwen": Path(art.gguf_path("qwen2")),
         "gguf_llama": Path(art.gguf_path("llama-bpe")),
@@ -350,7 +350,7 @@ def conformance_case(model: Any, request: dict[str, Any], opts: dict[str, Any], 
 
 
 def capture_conformance(snap: Snapshot, paths: dict[str, Path]) -> None:
-    import ctxlock
+    import ctxlock  # here, after capture() put this tree's src/ first on sys.path (compare never needs it)
 
     art = fetched()
     models: dict[str, Any] = {}
@@ -391,10 +391,10 @@ def capture_conformance(snap: Snapshot, paths: dict[str, Path]) -> None:
             (f"conformance-cli/qwen/{conv}", [*base, "-m", str(paths["qwen_dir"]), "-t", "./qwen.jinja"], None)
         )
         cases.append((f"conformance-cli/nemo-keep/{conv}", [*base, flag, "keep"], None))
-    # ... and for every template, with its paired vocabulary, two conversations (plain turns; string arguments).
+    # ... and for every template, with its paired vocabulary, one conversation (the in-process cases cover all).
     for template_path in sorted(paths["templates"].glob("*.jinja")):
         model_dir = str(art.hf_tokenizer_dir(vocab_for(template_path.name)))
-        for conv in ("03_multi_turn_system", "07_tool_call_arguments_string"):
+        for conv in ("07_tool_call_arguments_string",):  # system, user, assistant turns and a tool call
             args = ["render", f"data/conversations/{conv}.json", "--json", "--now", FIXED_NOW, "-m", model_dir]
             args += ["-t", f"./templates/{template_path.name}"]
             for var, value in TEMPLATE_KWARGS.get(template_path.name, {}).items():
@@ -770,7 +770,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server(paths: dict[str, Path]) -> Iterator[str]:
-    import httpx
+    import httpx  # only a capture needs an HTTP client (compare runs with the standard library alone)
 
     cfg = WORK / "serve.toml"
     cfg.write_text(
@@ -788,6 +788,10 @@ render_deadline_seconds = 30.0
 spec = "mistral-nemo"
 max_model_len = 131072
 budget = {{ max_input_tokens = 64 }}
+
+[models.llama3]
+spec = "{paths["llama_dir"]}"
+template = "{WORK / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja"}"
 
 [models.qwen]
 spec = "{paths["qwen_dir"]}"
@@ -833,8 +837,13 @@ max_model_len = 32768
 KEPT_HEADERS = ("content-type", "www-authenticate", "retry-after", "allow", "x-ctxlock-model", "x-ctxlock-warning")
 
 
-def wire(snap: Snapshot, c: Any, name: str, method: str, path: str, **kw: Any) -> Any:
-    r = c.request(method, path, **kw)
+def wire(snap: Snapshot, c: Any, name: str, method: str, path: str, *, no_auth: bool = False, **kw: Any) -> Any:
+    """One exchange, as two cases: NAME.status (status line and the kept headers) and NAME.body (the body's bytes).
+    `no_auth` sends it without the client's Authorization header."""
+    request = c.build_request(method, path, **kw)
+    if no_auth:
+        del request.headers["Authorization"]
+    r = c.send(request)
     head = [f"HTTP {r.status_code}"] + [
         f"{k}: {v}"
         for k, v in sorted(r.headers.items())
@@ -848,8 +857,110 @@ def wire(snap: Snapshot, c: Any, name: str, method: str, path: str, **kw: Any) -
     return r
 
 
+# Request bodies of the peers' own suites (tests/test_serve_peers_*.py), which quote vLLM's, llama.cpp's and
+# Anthropic's tests.
+VLLM_CHAT = [
+    {"role": "user", "content": "Hi there!"},
+    {"role": "assistant", "content": "Nice to meet you!"},
+    {"role": "user", "content": "Can I ask a question? vllm1"},
+]
+VLLM_TOOL_CHAT = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+VLLM_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
+        },
+    }
+]
+LLAMACPP_PARSE_SPECIAL = [
+    ("llama3", "<|begin_of_text|>hi<|eot_id|>", True),
+    ("llama3", "<|begin_of_text|>hi<|eot_id|>", False),
+    ("llama3", "<|begin_of_text|>hi<|eot_id|>", None),
+    ("qwen", "<|im_start|>user\nhi<|im_end|>", True),
+    ("qwen", "<|im_start|>user\nhi<|im_end|>", None),
+]
+LIST_FILES = {
+    "name": "list_files",
+    "description": "List files",
+    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+ANTHROPIC_THINKING = [
+    {"role": "user", "content": "Fix the bug"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "I should check the project structure first."},
+            {"type": "tool_use", "id": "call_1", "name": "list_files", "input": {"path": "."}},
+        ],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "main.py"}]},
+]
+RESPONSES_BODY = {
+    "instructions": "Be brief.",
+    "input": [
+        {"role": "user", "content": "Fix the bug"},
+        {"type": "function_call", "call_id": "call_1", "name": "list_files", "arguments": '{"path": "."}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "main.py"},
+    ],
+    "tools": [{"type": "function", "name": "list_files", "description": "List files", "strict": True,
+               "parameters": LIST_FILES["input_schema"]}],
+    "tool_choice": "auto",
+}  # fmt: skip
+
+
+def peer_cases(w: Callable[..., Any]) -> None:
+    for model in ("qwen", "llama3"):
+        for k, (chat, tools) in enumerate(((VLLM_CHAT, None), (VLLM_TOOL_CHAT, VLLM_TOOLS))):
+            for agp in (False, True):
+                for special in (False, True):
+                    for cont in (False, True):
+                        if agp and cont:
+                            continue
+                        body: dict[str, Any] = {
+                            "model": model,
+                            "messages": [*chat, {"role": "assistant", "content": "Sure,"}] if cont else chat,
+                            "add_generation_prompt": agp,
+                            "continue_final_message": cont,
+                            "add_special_tokens": special,
+                        }
+                        if tools:
+                            body["tools"] = tools
+                        name = f"vllm/{model}-chat{k}-agp{int(agp)}-special{int(special)}-cont{int(cont)}"
+                        w(name, "POST", "/tokenize", json=body)
+    for i, (model, content, parse) in enumerate(LLAMACPP_PARSE_SPECIAL):
+        body = {"model": model, "content": content, **({} if parse is None else {"parse_special": parse})}
+        w(f"llamacpp/parse-special-{i}", "POST", "/tokenize", json=body)
+    w("llamacpp/apply-template-llama3", "POST", "/apply-template", json={"model": "llama3", "messages": VLLM_CHAT})
+    for model in ("nemo", "qwen", "llama3"):
+        w(
+            f"anthropic/thinking-{model}",
+            "POST",
+            "/v1/messages/count_tokens",
+            json={"model": model, "messages": ANTHROPIC_THINKING, "tools": [LIST_FILES], "system": "Be brief."},
+        )
+        w(
+            f"responses/function-calls-{model}",
+            "POST",
+            "/v1/responses/input_tokens",
+            json={"model": model, **RESPONSES_BODY},
+        )
+    w(
+        "anthropic/x-api-key",
+        "POST",
+        "/v1/messages/count_tokens",
+        json={"model": "nemo", "messages": VLLM_CHAT},
+        headers={"x-api-key": TOKEN},
+        no_auth=True,
+    )
+    w("bad/anthropic-wrong-key", "POST", "/v1/messages/count_tokens",
+      json={"model": "nemo", "messages": VLLM_CHAT}, headers={"x-api-key": "wrong"}, no_auth=True)  # fmt: skip
+    w("bad/no-auth-header", "GET", "/v1/models", no_auth=True)
+
+
 def capture_serve(snap: Snapshot, paths: dict[str, Path]) -> None:
-    import httpx
+    import httpx  # only a capture needs an HTTP client (compare runs with the standard library alone)
 
     hi = {"messages": [{"role": "user", "content": "hi"}]}
     greet = json.loads((EXAMPLES / "tools-and-documents.json").read_text("utf-8"))
@@ -930,6 +1041,7 @@ def capture_serve(snap: Snapshot, paths: dict[str, Path]) -> None:
         w("diff/records", "POST", "/v1/diff", json={"a": a, "b": b})
         w("view/record", "GET", f"/records/{a}/view")
         w("view/diff", "GET", f"/diff/{a}/{b}/view")
+        peer_cases(w)
         w("metrics", "GET", "/metrics")
         # bad requests
         w("bad/no-token", "POST", "/v1/render?model=nemo", json=hi, headers={"Authorization": ""})
@@ -979,6 +1091,7 @@ def capture(out: Path) -> int:
     os.environ["CTXLOCK_CACHE_DIR"] = str(WORK / "cache-in-process")  # cold, like the subprocesses' (env())
     snap = Snapshot(out)
     flag = probe_cli_flag("cli_injection_flag", "render")
+    print(f"capturing the tree at {REPO} into {out} (CLI injection flag: {flag})", flush=True)
     steps: list[tuple[str, Callable[[], None]]] = [
         ("cli", lambda: run_cli_cases(snap, [(f"cli/{n}", a, s) for n, a, s in cli_cases(paths, flag)])),
         ("records", lambda: capture_records(snap, paths)),

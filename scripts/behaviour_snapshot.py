@@ -65,11 +65,14 @@ TEMPLATE_KWARGS: dict[str, dict[str, Any]] = {
 # Normalisation: ONLY what depends on the time of the run or on where files live. Never ids or digests.
 # - Paths: the working directory, the tree's root, the test-artifact cache and $HOME are replaced by <WORK>,
 #   <REPO>, <CACHE> and <HOME> (they differ between the "before" and the "after" tree).
-# - Timestamps: the values of record/bundle/manifest keys that hold the wall-clock time of the run
-#   (created_at, created, exported_at, started_at, finished_at, time) and ISO-8601 instants of today's date
-#   in any other text (the human views, the HTML page) become <TIME>. Durations measured by the run (the keys
-#   of SECONDS_KEYS: elapsed, seconds, duration, latency, constrain's timings) become <SECONDS>, and the timings
-#   of constrain's summary line become <DURATION>. Configured limits (a deadline, a timeout) are kept.
+# - Timestamps: the values of the keys that hold the wall-clock time of the run (created_at, created,
+#   exported_at, started_at, finished_at, time, timestamp), when they are an ISO-8601 string or a Unix time, and
+#   ISO-8601 instants of the capture's date (or the day before) in any other text (the human views, the HTML
+#   pages), become <TIME>.
+# - Durations measured by the run: the values of SECONDS_KEYS (elapsed, seconds, duration, latency, constrain's
+#   timings), when they are not integers, become <SECONDS>; the timings of constrain's summary line on stderr
+#   become <DURATION>. Configured limits (a deadline, a timeout) are kept. The same key names occur as tokens of
+#   an embedded vocabulary ("time": 1678), whose integer ids are kept.
 # - /metrics: only its "# HELP" / "# TYPE" lines (the series' values count requests and measure latencies).
 # - Record ids of records made with the wall clock: a record id is the digest of the record, which holds the
 #   render's clock (`now`). `render --record --now` fixes it, and those ids are kept verbatim; `fit --record`,
@@ -118,10 +121,18 @@ def normalise(data: bytes) -> bytes:
     text = data.decode("utf-8", errors="surrogateescape")
     for raw, tag in _path_pairs():
         text = text.replace(raw, tag)
+    # Only values that have the shape of a clock reading or a measurement: the same key names occur as tokens of an
+    # embedded vocabulary ("time": 1678), whose ids must stay.
     keys = "|".join(TIME_KEYS)
-    text = re.sub(rf'("(?:{keys})"\s*:\s*)("[^"]*"|-?[0-9.eE+-]+)', r'\1"<TIME>"', text)
+    text = re.sub(
+        rf'("(?:{keys})"\s*:\s*)("[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ][^"]*"|1[0-9]{{9}}(?:\.[0-9]+)?)',
+        r'\1"<TIME>"',
+        text,
+    )
     keys = "|".join(SECONDS_KEYS)
-    text = re.sub(rf'("(?:{keys})"\s*:\s*)(-?[0-9.eE+-]+)', r'\1"<SECONDS>"', text)
+    text = re.sub(
+        rf'("(?:{keys})"\s*:\s*)(-?[0-9]+(?:\.[0-9]+)?[eE][+-]?[0-9]+|-?[0-9]+\.[0-9]+)', r'\1"<SECONDS>"', text
+    )
     text = TIMING_TEXT.sub(r"\1 <DURATION> \2", text)
     for day in capture_days():
         text = re.sub(rf"{day}[T ][0-9:.]+(?:Z|[+-][0-9:]+)?", "<TIME>", text)
@@ -151,7 +162,8 @@ class Snapshot:
         """Rewrite every case that names a clock-dependent record id (see the normalisation notes above)."""
         if not self.clock_ids:
             return
-        pattern = re.compile("|".join(re.escape(rid[:8]) + "[0-9a-f]{0,56}" for rid in self.clock_ids).encode())
+        alternatives = "|".join(re.escape(rid[:8]) + "[0-9a-f]{0,56}" for rid in self.clock_ids)
+        pattern = re.compile(f"(?<![0-9a-f])(?:{alternatives})(?![0-9a-f])".encode())
         labels = {rid[:8]: f"<CLOCK-RECORD-{i}>".encode() for i, rid in enumerate(self.clock_ids, 1)}
         for name in self.index:
             path = self.out / name

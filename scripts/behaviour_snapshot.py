@@ -12,7 +12,8 @@ It drives ctxlock only through what survives a module move: `python -m ctxlock .
 serve` over HTTP on loopback, and top-level names of `import ctxlock`. The names being renamed are in SPELLINGS
 below; each run picks the spelling the tree in use understands, by probing.
 
-Run it from the root of the tree to capture (it puts that tree's src/ first on the import path).
+It captures the tree it sits in (it puts that tree's src/ first on the import path), working in one fixed
+directory (WORK below): two captures must not run at the same time.
 """
 
 from __future__ import annotations

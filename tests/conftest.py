@@ -42,6 +42,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+# The fast tier (`make check`: the files listed in tests/fast_tier.txt): unit tests of the stages and features that
+# run in about three minutes on 2 cores. Every other file is marked `slow`; `make test` runs both tiers. A new test
+# file is slow until it is listed there, so the inner loop never grows by accident.
+FAST_TIER = frozenset((Path(__file__).parent / "fast_tier.txt").read_text("utf-8").split())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = pytest.mark.slow
+    for item in items:
+        if item.path.name not in FAST_TIER:
+            item.add_marker(slow)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"ctxlock test artifacts: {fetched.cache_dir()}"
 

@@ -5,8 +5,9 @@
 >>> model.encode({"messages": [{"role": "user", "content": "天空"}]}).input_ids.tolist()
 [[1, 4, 8, 5, 6]]
 
-The names below are the public API (docs/reference/python.md). Each is imported on first use, so `import ctxlock`
-(and every `ctxlock` command) pays only for what it touches; `__all__` is pinned by tests/test_api.py.
+The names below are the public API (docs/architecture.md, "The packages and their layers"). Each is imported on
+first use, so `import ctxlock` (and every `ctxlock` command) pays only for what it touches; `__all__` is pinned by
+tests/test_api.py.
 """
 
 import importlib as _importlib

@@ -39,6 +39,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import conformance
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Renamed interfaces: (new spelling, old spelling). Each is probed once; the first the tree accepts is used.
@@ -288,37 +291,11 @@ def prepare() -> dict[str, Path]:
 # Group 1: the conformance corpus.
 # ---------------------------------------------------------------------------------------------------------------
 def corpus() -> list[tuple[str, dict[str, Any], dict[str, bool]]]:
-    out = []
-    for path in sorted(CONVERSATIONS.glob("*.json")):
-        data = json.loads(path.read_text("utf-8"))
-        opts = data.pop("_options", {})
-        out.append(
-            (
-                path.stem,
-                data,
-                {
-                    "add_generation_prompt": bool(opts.get("add_generation_prompt", False)),
-                    "continue_final_message": bool(opts.get("continue_final_message", False)),
-                },
-            )
-        )
-    return out
+    """The conformance corpus as the suite reads it (tests/conformance.py): (name, request, options) per file."""
+    return conformance.conversations()
 
 
-def vocab_for(template_name: str) -> str:
-    """tests/conformance.py's pairing of a template with the vocabulary of its model family."""
-    n = template_name.lower()
-    if "qwen3.5" in n:
-        return "qwen35"
-    if "distill-llama" in n or "llama-3" in n or "llama3" in n or "firefunction" in n or "functionary" in n:
-        return "llama-bpe"
-    if "qwen" in n or "qwq" in n:
-        return "qwen2"
-    if "phi-3" in n or "phi3" in n:
-        return "phi-3"
-    if "deepseek" in n and "distill" not in n:
-        return "deepseek-llm"
-    return "qwen2"
+vocab_for = conformance.vocab_for
 
 
 def probe_kw(model: Any, method: str, key: str, value: Any) -> str:

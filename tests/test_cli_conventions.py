@@ -345,7 +345,7 @@ def test_usage_errors_are_one_line_and_exit_2(argv: list[str]) -> None:
 def test_the_readme_documents_the_exit_statuses_the_code_uses() -> None:
     from ctxlock import cli as cli_module
 
-    readme = (ROOT / "README.md").read_text("utf-8")
+    readme = (ROOT / "docs" / "render.md").read_text("utf-8")
     section = readme.split("### Errors and exit statuses", 1)[1].split("\n## ", 1)[0]
     for status, what in (
         (cli_module.EXIT_ERROR, "error: <Type>: <where>: <message> (<hint>)"),
@@ -396,7 +396,7 @@ def test_every_model_option_names_gguf_files_and_hub_revisions(command: str) -> 
 def test_the_readme_diff_layer_order_is_the_code_and_help_order() -> None:
     from ctxlock.records import LAYERS
 
-    readme = (ROOT / "README.md").read_text("utf-8")
+    readme = (ROOT / "docs" / "records.md").read_text("utf-8")
     match = re.search(r"The layers are checked in pipeline order,\s*\*\*([a-z_ →\n]+)\*\*", readme)
     assert match is not None
     assert tuple(match.group(1).split()[::2]) == LAYERS

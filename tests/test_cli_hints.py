@@ -48,11 +48,13 @@ def test_every_injection_hint_in_the_library_has_its_cli_words() -> None:
 def test_the_readme_command_table_names_every_command_and_its_mask_digest_is_current() -> None:
     from ctxlock.cli import COMMANDS
 
-    readme = (SRC.parent.parent / "README.md").read_text(encoding="utf-8")
+    docs = SRC.parent.parent / "docs"
+    readme = (docs / "render.md").read_text(encoding="utf-8")
     table = readme.split("| `ctxlock render", 1)[1].split("\n\n", 1)[0]
     named = set(re.findall(r"`ctxlock ([a-z-]+)", "| `ctxlock render" + table))
     missing = {c for commands in COMMANDS.values() for c in commands} - named
     assert not missing, missing
-    shown = re.search(r"reported   assistant masks \(template sha256 ([0-9a-f]{12})\)", readme)
+    training = (docs / "training.md").read_text(encoding="utf-8")
+    shown = re.search(r"reported   assistant masks \(template sha256 ([0-9a-f]{12})\)", training)
     assert shown is not None
     assert ctxlock.load().templates.select().sha256.startswith(shown.group(1))

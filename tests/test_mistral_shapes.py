@@ -29,7 +29,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     for k, v in json.loads((Path(__file__).parent / "data" / "requests" / "mistral_shapes.json").read_text()).items()
     if not k.startswith("_")
 }
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).parent.parent / "docs" / "differences.md"
 
 
 @pytest.fixture(scope="module")

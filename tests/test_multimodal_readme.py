@@ -21,7 +21,7 @@ import pytest
 
 import mm_fixtures as F
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "multimodal.md"
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 

@@ -182,7 +182,7 @@ def test_cli_render_tool_arguments_flag() -> None:
 
 
 def test_the_readme_lists_the_difference_and_its_option() -> None:
-    text = (ROOT / "README.md").read_text("utf-8")
+    text = (ROOT / "docs" / "differences.md").read_text("utf-8")
     section = text.split("## Differences from the references", 1)[1].split("\n## ", 1)[0]
     assert "as-sent" in section and "--tool-arguments" in section and "vLLM" in section
     assert "327" in section and "329" in section

@@ -1,6 +1,6 @@
 """Issue 15 item 8: records travel. `records export --bundle` writes one file with a record and every artifact it
 replays from; `records import` checks every digest (a bundle is hostile input); `replay` then works on a machine
-that never had the model directory, after the seed 000 §1.6 fixture check (§1.11)."""
+that never had the model directory, after the book-fixture check (docs/records.md)."""
 
 from __future__ import annotations
 
@@ -108,12 +108,12 @@ def test_a_bundle_replays_on_a_machine_that_never_had_the_model(tmp_path: Path, 
     result = json.loads(as_json.stdout)
     assert result["kind"] == "identical" and result["identical"] is True
     assert result["ids"] == {"equal": True, "a": n_ids, "b": n_ids, "first_difference": None}
-    assert result["fixture"] == {"name": "book", "seed": "000 §1.6", "ok": True, "expected": SEED_IDS, "ids": SEED_IDS}
+    assert result["fixture"] == {"name": "book", "ok": True, "expected": SEED_IDS, "ids": SEED_IDS}
     if kind == "hf-dir":
         human = cli("replay", rid[:12], data_dir=store_b, home=elsewhere)
         assert human.returncode == 0, human.stdout + human.stderr
         lines = human.stdout.splitlines()
-        assert lines[0].startswith("fixture  seed 000 §1.6 (book): 12 ids as expected")  # checked before comparing
+        assert lines[0].startswith("fixture  book: 12 ids as expected")  # checked before comparing
         assert lines[1] == "identical: recorded and replayed agree on every layer"
         assert lines[2].strip() == f"ids     equal ({n_ids}/{n_ids})"
 
@@ -335,10 +335,10 @@ def test_replay_stops_before_comparing_when_the_seed_fixture_fails(
 ) -> None:
     store, record = origin
     # As if this installation's book tokenizer gave other ids: replay must not go on to compare anything.
-    monkeypatch.setattr(ctxlock.records._replay, "SEED_FIXTURE_IDS", (1, 2, 7, 3, 4, 8, 9, 10, 11, 13, 5, 6))
+    monkeypatch.setattr(ctxlock.records._replay, "BOOK_FIXTURE_IDS", (1, 2, 7, 3, 4, 8, 9, 10, 11, 13, 5, 6))
     compared: list[object] = []
     monkeypatch.setattr(ctxlock.records._replay, "diff", lambda *a: compared.append(a))
     with pytest.raises(ctxlock.errors.FixtureCheckError) as info:
         replay(load_record(record.id, store), store)
     assert compared == []
-    assert "seed 000 §1.6" in info.value.message and info.value.hint
+    assert "book fixture" in info.value.message and info.value.hint

@@ -13,8 +13,8 @@ import pytest
 import ctxlock
 from ctxlock.records import IDENTICAL, ExecutionRecord, RunOptions
 from ctxlock.records._replay import (
-    SEED_FIXTURE_IDS,
-    check_seed_fixture,
+    BOOK_FIXTURE_IDS,
+    check_book_fixture,
     load_record,
     replay,
     rerun,
@@ -76,7 +76,7 @@ def test_a_record_replays_to_identical_ids(book: ctxlock.Model, store: Store, op
     assert result.kind == IDENTICAL and result.identical, result.to_dict()
     assert result.ids is not None and result.ids["equal"]
     assert again.data["input_ids"] == record.data["input_ids"]
-    assert result.fixture is not None and result.fixture["ids"] == list(SEED_FIXTURE_IDS)
+    assert result.fixture is not None and result.fixture["ids"] == list(BOOK_FIXTURE_IDS)
     assert record.data["options"] == options.to_dict()
     # What replay ran with is what the record says.
     ran = RenderOptions.from_record(record.data["options"])
@@ -113,7 +113,7 @@ def test_a_failed_run_is_recorded(book: ctxlock.Model) -> None:
 
 
 def test_the_seed_fixture() -> None:
-    assert check_seed_fixture()["ids"] == list(SEED_FIXTURE_IDS)
+    assert check_book_fixture()["ids"] == list(BOOK_FIXTURE_IDS)
 
 
 def test_a_template_given_beside_the_record_wins(book: ctxlock.Model) -> None:

@@ -1,4 +1,4 @@
-"""Exact per-part token counts: which part of the request every token of `input_ids` came from (seed 001).
+"""Exact per-part token counts: which part of the request every token of `input_ids` came from (docs/accounting.md).
 
 `count(model, request)` renders and tokenizes the request once, then attributes each token to exactly one part:
 
@@ -20,8 +20,8 @@ the run's tokens are spread over the run in proportion to their byte lengths, an
 the parts still sum to the total, and the counts say so in their output.
 
 **Marginal cost** (`marginal=True`): for each part, the total of the same request without that part, rendered
-and tokenized in full, subtracted from the total (seed 001's "14 → 403 from one tool definition"). A part whose
-removal makes the request invalid (a tool result without its call) gets no marginal, with the reason.
+and tokenized in full, subtracted from the total (Anthropic's count_tokens: 14 → 403 tokens from one tool definition). A
+part whose removal makes the request invalid (a tool result without its call) gets no marginal, with the reason.
 
 **Unseen parts.** A request part the template never wrote (a `documents` list a template ignores, a `name`, a
 reasoning field) leaves no byte in the rendered text: the model never sees it. `Counts.unseen` names each one by its
@@ -92,9 +92,9 @@ class Counts:
 
     @property
     def request_bytes(self) -> int:
-        """The size of the request as sent (Pi's maxRequestBytes): its bytes, or its compact JSON's (measured when
-        read, so a count that never reports it does not serialize the request; a mapping changed since the count
-        is measured as it is now). 0 for a parsed `Request`."""
+        """The size of the request as sent (Pi (github.com/badlogic/pi-mono)'s maxRequestBytes): its bytes, or its
+        compact JSON's (measured when read, so a count that never reports it does not serialize the request; a mapping
+        changed since the count is measured as it is now). 0 for a parsed `Request`."""
         return _request_bytes(self.source) if self.source is not None else 0
 
     def tokens(self, part: str) -> int:

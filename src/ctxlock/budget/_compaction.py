@@ -1,4 +1,5 @@
-"""Compaction planning: which messages to replace with a summary, following Pi's documented semantics.
+"""Compaction planning: which messages to replace with a summary, following the documented semantics of Pi
+(github.com/badlogic/pi-mono): packages/coding-agent/docs/compaction.md.
 
 ctxlock makes no LLM calls: it plans the cut, measures it exactly, and assembles the compacted request once the
 caller has a summary.
@@ -9,7 +10,7 @@ caller has a summary.
     compaction_event    the `compaction_end` JSON-line event of Pi's JSON mode
     record_section      the `compaction` section of a compaction's execution record (`compact-plan --record`)
 
-The cut (Pi's `findCutPoint`, with the seed's preference for user-turn boundaries):
+The cut (Pi's `findCutPoint`, preferring user-turn boundaries):
 1. Walk back from the newest message, accumulating exact message sizes, until `keep_recent_tokens` is reached
    at message i. If it never is, nothing is summarized.
 2. A turn is a user message and everything it triggers, up to the next user message. If the turn holding i fits

@@ -1,4 +1,4 @@
-"""Budget stage: fit a request into a context window by the seed's algorithm (000 §1.7), and clamp the output.
+"""Budget stage: fit a request into a context window by the algorithm of docs/budgets.md, and clamp the output.
 
     keep all required segments atomically; render and tokenize them; reject if over budget
     for each optional segment in priority order:
@@ -17,7 +17,7 @@ add up to the required candidate's count.
 History is kept as a contiguous most-recent suffix by default (`BudgetPolicy.history="suffix"`, as mistral-common's
 truncation drops whole user turns from the oldest): turns are tried newest first, and the first one that does not
 fit closes the history, so every older turn is dropped too and the model never sees a gap. `history="greedy"` is the
-seed's literal loop: every turn is tried, and a small old turn can be kept after a newer one was dropped. Documents
+documented literal loop: every turn is tried, and a small old turn can be kept after a newer one was dropped. Documents
 are always tried greedily. The generation prefix is checked, not assumed: the fitted input ends with exactly one
 assistant generation prefix (the template's, or the open final assistant message with `continue_final_message`),
 unless the policy says `generation_prefix="none"`.
@@ -151,7 +151,7 @@ def fit_context(
     image_family: Any = None,
     **render_options: Any,
 ) -> Fitted:
-    """Seed 000 §1.7's fit_context. `naive=True` runs the whole fit on the reference path (every candidate rendered
+    """fit_context (docs/budgets.md). `naive=True` runs the whole fit on the reference path (every candidate rendered
     and tokenized by the full tokenizer stage, no run cache, no fast engine): the oracle. The default gives
     identical decisions and ids, faster. For a model that takes images, each image counts its tokens (from its header
     alone; `media` gives the bytes of http(s) image URLs; `image_family` overrides the model's) and is kept or dropped
@@ -278,7 +278,7 @@ def _generation_options(request: Request, policy: BudgetPolicy, render_options: 
     elif not agp:
         raise BudgetError(
             "add_generation_prompt=False: the fitted input would end without an assistant generation prefix "
-            "(seed 000 §1.7 asserts exactly one)",
+            "(the fit asserts exactly one)",
             path="add_generation_prompt",
             hint=_NO_PREFIX_HINT,
         )
@@ -392,9 +392,9 @@ def _no_prefix_added() -> BudgetError:
 
 
 def _check_generation_prefix(fitted: Request, model: Pipeline, options: Mapping[str, Any], rendered: Rendered) -> None:
-    """Seed 000 §1.7's third assertion on the fitted input: the template's generation prompt appends text (the one
-    prefix) to the same conversation rendered without it. A prefill, a template with no generation prompt and the
-    opt-out were settled on the required candidate."""
+    """The fit's third assertion on the fitted input (docs/budgets.md): the template's generation prompt appends text
+    (the one prefix) to the same conversation rendered without it. A prefill, a template with no generation prompt and
+    the opt-out were settled on the required candidate."""
     if not options.get("add_generation_prompt") or not rendered.template.features.generation_prompt:
         return
     try:
@@ -493,8 +493,8 @@ def _arguments_mode(request: Request) -> str:
 
 
 def clamp_margin(input_tokens: int, margin_tokens: int = 0, margin_fraction: float | str = 0.0) -> int:
-    """Seed 001's margin: max(C, ⌈input·r⌉), the ceiling taken exactly (r as written in decimal, never a binary
-    float's rounding: 0.1 · 1000 is 100, not 101)."""
+    """The output-cap margin of Pi (github.com/badlogic/pi-mono): max(C, ⌈input·r⌉), the ceiling taken exactly (r as
+    written in decimal, never a binary float's rounding: 0.1 · 1000 is 100, not 101)."""
     return max(margin_tokens, math.ceil(Fraction(str(margin_fraction)) * input_tokens))
 
 

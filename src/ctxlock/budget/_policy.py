@@ -1,10 +1,10 @@
-"""The fit's inputs and rows: the budget policy, the segments of a request (000 §1.7), the order in which the
+"""The fit's inputs and rows: the budget policy, the segments of a request (docs/budgets.md), the order in which the
 optional ones are tried, the candidate request for a set of kept segments, and the decision row of each.
 
 Required segments: system/developer messages, the tool schemas, the current turn (the last user message and
 everything after it). Optional: earlier history, one unit per user turn (a user message and every assistant and tool
 message it triggers, so a call and its results are kept or dropped together), and retrieved documents.
-`ctxlock.budget.fit_context` runs the seed's loop over them.
+`ctxlock.budget.fit_context` runs the documented loop (docs/budgets.md) over them.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ class BudgetPolicy:
     """How to fit: the token budget and the order in which optional segments are tried.
 
     `history`: "suffix" (default) keeps a contiguous most-recent run of history turns; "greedy" tries every turn
-    newest first and keeps each one that fits (the seed's loop; it can leave gaps). Either way a history turn holding
-    the call of a result in the current turn is required, kept with it. `generation_prefix`: "required"
-    (default) checks that the fitted input ends with exactly one assistant generation prefix; "none" is the caller's
-    explicit opt-out for an input that is not a generation request (scoring, training), rendered with
+    newest first and keeps each one that fits (the literal loop of docs/budgets.md; it can leave gaps). Either way a
+    history turn holding the call of a result in the current turn is required, kept with it. `generation_prefix`:
+    "required" (default) checks that the fitted input ends with exactly one assistant generation prefix; "none" is the
+    caller's explicit opt-out for an input that is not a generation request (scoring, training), rendered with
     add_generation_prompt=False. `order` lists optional segment ids to try first, in that order: any segment with
     history="greedy", documents only with "suffix" (a suffix is always tried newest first)."""
 
@@ -53,7 +53,7 @@ class BudgetPolicy:
             raise BudgetError(
                 "give exactly one of max_input_tokens or context_window (with reserve_output_tokens)",
                 path="policy",
-                hint="seed 000 §1.7: n_input + g <= N",
+                hint="the budget must hold the input and the output: n_input + g <= N (docs/budgets.md)",
             )
         if self.reserve_output_tokens < 0 or (self.context_window is not None and self.context_window <= 0):
             raise BudgetError("token counts must be positive", path="policy")
@@ -63,7 +63,8 @@ class BudgetPolicy:
             raise BudgetError(
                 f"unknown history mode {self.history!r}",
                 path="policy.history",
-                hint="use 'suffix' (a contiguous most-recent history, the default) or 'greedy' (the seed's loop)",
+                hint="use 'suffix' (a contiguous most-recent history, the default) or 'greedy' (every turn tried, "
+                "newest first)",
             )
         if self.generation_prefix not in get_args(GenerationPrefix):
             raise BudgetError(
@@ -187,7 +188,7 @@ class Decision:
 
 
 def segments(request: Request) -> list[Segment]:
-    """Split a request into the seed's segments, in the order they appear."""
+    """Split a request into its budget segments, in the order they appear."""
     msgs = request.messages
     last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=None)
     if last_user is None:

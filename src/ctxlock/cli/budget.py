@@ -1,4 +1,4 @@
-"""`ctxlock fit`: fit a request into a token budget (seed 000 §1.7) and show every decision."""
+"""`ctxlock fit`: fit a request into a token budget (docs/budgets.md) and show every decision."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ HistoryOpt = Annotated[
     typer.Option(
         "--history",
         help="suffix (default): keep a contiguous run of the newest turns, stopping at the first that does "
-        "not fit; greedy: try every turn, newest first, and keep each that fits (the seed's loop; it can "
+        "not fit; greedy: try every turn, newest first, and keep each that fits (the literal loop; it can "
         "leave gaps in the conversation).",
     ),
 ]

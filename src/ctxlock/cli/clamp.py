@@ -1,5 +1,6 @@
-"""`ctxlock clamp`: the output cap a request can ask for (seed 001): room = window − input − margin, with
-margin = max(C, ⌈input·r⌉), the window from the model's files, a price table or a flag, and the source of each."""
+"""`ctxlock clamp`: the output cap a request can ask for (Pi (github.com/badlogic/pi-mono)'s rule, docs/budgets.md):
+room = window − input − margin, with margin = max(C, ⌈input·r⌉), the window from the model's files, a price table or a
+flag, and the source of each."""
 
 from __future__ import annotations
 
@@ -130,8 +131,8 @@ def clamp(
     no_generation_prompt: NoGenerationPromptOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The max_tokens to send with this request (seed 001): min(asked, window − input − margin, the model's output
-    limit), margin = max(--margin, ⌈input · --margin-fraction⌉). The window comes from --context-window, else
+    """The max_tokens to send with this request (docs/budgets.md): min(asked, window − input − margin, the model's
+    output limit), margin = max(--margin, ⌈input · --margin-fraction⌉). The window comes from --context-window, else
     --prices, else the model's files (config.json, params.json, GGUF, tokenizer_config.json), and the output names
     each source. No room left is an error (exit 1); so is a model with no window and no flag."""
 

@@ -239,8 +239,9 @@ def compact_plan(
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Plan a compaction (Pi's semantics): the cut, what gets summarized, tokens before and after, and whether
-    the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM call.
+    """Plan a compaction (the semantics of Pi, github.com/badlogic/pi-mono): the cut, what gets summarized, tokens
+    before and after, and whether the plan helps (with the reasons when it does not; --check makes that exit 1). No LLM
+    call.
 
     Messages may carry an `id` (the caller's entry id): it is read and removed before parsing, and
     firstKeptEntryId is that id (else the first kept message's JSON path, said so). --record stores the

@@ -1,4 +1,4 @@
-"""`ctxlock explain`: why didn't the model see it — the five causes of seed 001, judged from a record or a request,
+"""`ctxlock explain`: why didn't the model see it — five causes (docs/explain.md), judged from a record or a request,
 the provider's events and usage, and the records of fit decisions and compactions."""
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ EventsOpt = Annotated[
     Path | None,
     typer.Option(
         "--events",
-        help="The provider's responses, stream events or errors, or a Pi --mode json event stream: JSON lines or "
-        "one JSON document. Read for overflow errors (cause 1) and finish reasons and tool calls (cause 2).",
+        help="The provider's responses, stream events or errors, or a Pi --mode json event stream "
+        "(github.com/badlogic/pi-mono): JSON lines or one JSON document. Read for overflow errors (cause 1) and "
+        "finish reasons and tool calls (cause 2).",
     ),
 ]
 WindowOpt = Annotated[
@@ -153,7 +154,7 @@ def explain_cmd(
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Why didn't the model see TEXT? Judges seed 001's five causes, each yes, no or unknown with its evidence:
+    """Why didn't the model see TEXT? Judges five causes, each yes, no or unknown with its evidence:
     1 too large (input tokens against --context-window or the model's own window, or a provider overflow error in
     --events); 2 output truncated (a finish reason of length/max_tokens, and the tool calls of that response);
     3 dropped (a fit decision or a compaction plan in a record removed the part that held it); 4 never read (in no

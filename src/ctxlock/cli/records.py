@@ -47,7 +47,7 @@ EXIT_CODES = {IDENTICAL: 0, DIVERGED: 1, SAME_IDS: 3}
 def show_fixture(fixture: Mapping[str, Any] | None) -> None:
     if fixture is not None:
         console.print(
-            f"[bold green]fixture[/]  seed {escape(str(fixture['seed']))} ({escape(str(fixture['name']))}): "
+            f"[bold green]fixture[/]  {escape(str(fixture['name']))}: "
             f"{len(fixture['ids'])} ids as expected, {fixture['ids']}"
         )
 
@@ -276,7 +276,7 @@ def replay_cmd(
 ) -> None:
     """Re-run a record's whole pipeline from its own stored artifacts and check every layer.
 
-    First runs the seed 000 §1.6 fixture (the book model must give its 12 ids) and reports it; if it fails,
+    First runs the book fixture (the book model must give its 12 ids) and reports it; if it fails,
     nothing is compared. Exits 0 when every layer is identical, 1 with a report of the first divergence, 3 when
     only the tokenizer layer differs and the ids are the same. A missing artifact names the commands that bring
     it (`records export --bundle`, then `records import`)."""

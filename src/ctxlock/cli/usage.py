@@ -20,7 +20,8 @@ FilesArg = Annotated[
     list[str],
     typer.Argument(
         help="Files of usage objects: provider responses or their `usage`, one JSON per line, a JSON array, an "
-        "Anthropic SSE event stream as JSON lines, or a Pi `--mode json` event stream. - reads stdin."
+        "Anthropic SSE event stream as JSON lines, or a Pi (github.com/badlogic/pi-mono) `--mode json` event "
+        "stream. - reads stdin."
     ),
 ]
 PricesOpt = Annotated[

@@ -1,4 +1,4 @@
-"""Why didn't the model see it: the five causes of seed 001, each with a verdict (yes, no, unknown) and evidence.
+"""Why didn't the model see it: five causes (docs/explain.md), each with a verdict (yes, no, unknown) and evidence.
 
 `explain(find, seen, ...)` looks for one text in what the model received (`seen`: a request rendered and laid out
 in tokens, `accounting.Layout`), in the history the records kept (`Origin`: the requests as received, and the fit
@@ -9,7 +9,8 @@ decisions and compaction plans that cut them), and in the provider's events, and
    (`OVERFLOW_MESSAGES`: the wording of OpenAI, Anthropic, Gemini, vLLM, llama.cpp and Bedrock).
 2. **output truncated** — a finish reason that means the output limit was hit (`TRUNCATED_REASONS`: OpenAI's
    `length`, Anthropic's `max_tokens`, Gemini's `MAX_TOKENS`, the Responses API's `max_output_tokens`, Pi's
-   `length`), with the tool calls of that response, which must not have been executed (Pi refuses them).
+   `length`), with the tool calls of that response, which must not have been executed (Pi (github.com/badlogic/pi-mono)
+   refuses them).
 3. **dropped** — the text is in the history a record kept but not in what the model received, and a fit decision
    or a compaction plan removed the part holding it: the decision, the plan, the record and when.
 4. **never read** — the text is in no request string at all; or only in user-pasted content, never in a tool

@@ -1,6 +1,7 @@
-"""Prompt-cache economics (seed 003 §2.4): how many input tokens a provider serves from its cache, and at what cost.
+"""Prompt-cache economics (docs/prompt-caching.md): how many input tokens a provider serves from its cache, and at what
+cost.
 
-Providers match an exact prefix, at their own granularity (SEED-NOTES: not byte by byte):
+Providers match an exact prefix, at their own granularity (not byte by byte: each provider's prompt-caching docs):
 
 - **OpenAI** caches automatically: a request whose prefix matches an earlier one's for at least 1,024 tokens reads
   the match from the cache, in 128-token steps (1,024, 1,152, 1,280, …). Writes cost nothing extra.

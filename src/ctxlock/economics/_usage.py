@@ -1,4 +1,5 @@
-"""Provider usage objects, normalized: one `Usage` value whatever the provider, with Pi's fields (seed 001).
+"""Provider usage objects, normalized: one `Usage` value whatever the provider, with the fields of Pi
+(github.com/badlogic/pi-mono)'s `Usage` (packages/ai/src/types.ts).
 
 | field | meaning |
 |---|---|

@@ -1,4 +1,4 @@
-"""Constrained decoding: a per-step mask of the token ids that keep the output inside a JSON Schema (seed 003 §2.5).
+"""Constrained decoding: a per-step mask of the token ids that keep the output inside a JSON Schema (docs/way-back.md).
 
 `JsonSchemaMask(tokenizer, schema)` compiles the schema with llguidance over *ctxlock's own* tokenizer: the
 vocabulary is handed to llguidance as `id -> bytes` (`Tokenizer.token_bytes()`), with the control tokens marked

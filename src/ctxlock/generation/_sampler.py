@@ -1,5 +1,5 @@
 """A deterministic sampler over numpy logits: the same config, seed and logits give the same token, every run,
-in every process (seed 003 §2.3).
+in every process (docs/way-back.md).
 
 The config is a frozen value (`SamplerConfig`) whose canonical JSON and sha256 go into an execution record. It
 includes the **processor order**, because the order changes the result (top-p after temperature keeps a different

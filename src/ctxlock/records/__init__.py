@@ -12,7 +12,7 @@ Serialization is canonical: keys sorted, no whitespace, UTF-8, LF-terminated, no
 record id is the sha256 of those bytes, so the same record always has the same id, whatever dict order built it.
 Key order inside the request is data (a template may render tool schemas in the order the client sent them): the
 request's exact bytes are kept (base64) for replay, while the comparable views are order-insensitive, so a
-different key order shows up where it matters, in the rendered bytes (seed 000 §1.4).
+different key order shows up where it matters, in the rendered bytes (docs/records.md).
 
 `diff(a, b)` names the first layer where two records diverge, the location inside it, and the likely cause.
 

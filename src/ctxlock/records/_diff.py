@@ -20,7 +20,7 @@ SAME_IDS = "same_ids_different_tokenizer"  # the tokenizer layer differs, and th
 class Diff:
     """`kind` is IDENTICAL, DIVERGED, or SAME_IDS (the tokenizer artifacts differ, the model input does not; the
     tokenizer difference is `first_divergence`). `ids` says whether the input ids are equal, whatever the layer;
-    `fixture` is replay's seed 000 §1.6 check (None for a plain diff)."""
+    `fixture` is replay's book-fixture check (None for a plain diff)."""
 
     identical: bool
     first_divergence: Divergence | None

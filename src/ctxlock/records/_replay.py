@@ -192,7 +192,7 @@ def _compact_and_record(
     model: Model, request_bytes: bytes, options: RunOptions, render: RenderOptions
 ) -> tuple[Any, ExecutionRecord, None]:
     """The run of the compacted request (system + summary + kept messages), recorded with the request as received:
-    the originals stay in the record's `request` section (seed 001)."""
+    the originals stay in the record's `request` section (docs/budgets.md)."""
     spec = options.compaction or {}
     original = render.parse(request_bytes)
     plan = CompactionPlan.from_dict(spec.get("plan") or {})
@@ -403,36 +403,35 @@ def _recorded_options(record: ExecutionRecord) -> tuple[bytes, RunOptions]:
     return raw, options
 
 
-# Seed 000 §1.6: the book tokenizer's one expected answer, asserted before any replay compares anything (§1.11).
-SEED_FIXTURE_REQUEST = {
+# The book fixture (docs/records.md): the book tokenizer's one expected answer, asserted before any replay compares
+# anything.
+BOOK_FIXTURE_REQUEST = {
     "messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": "天空为什么是蓝色？"}]
 }
-SEED_FIXTURE_TEXT = "<bos><system>简洁回答</system><user>天空为什么是蓝色？</user><assistant>"
-SEED_FIXTURE_IDS = (1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6)
+BOOK_FIXTURE_TEXT = "<bos><system>简洁回答</system><user>天空为什么是蓝色？</user><assistant>"
+BOOK_FIXTURE_IDS = (1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6)
 
 
-def check_seed_fixture() -> dict[str, Any]:
-    """Run the seed 000 §1.6 fixture (the built-in `book` model) and assert its rendered text and ids.
+def check_book_fixture() -> dict[str, Any]:
+    """Run the book fixture (the built-in `book` model) and assert its rendered text and ids.
 
     Returns what it checked; a different answer is a FixtureCheckError: this installation does not tokenize the way
-    the seed fixes it, so nothing a replay here compares could be trusted."""
+    the fixture fixes it, so nothing a replay here compares could be trusted."""
     model = load("book")
-    run = model.run(json.dumps(SEED_FIXTURE_REQUEST, ensure_ascii=False).encode("utf-8"))
+    run = model.run(json.dumps(BOOK_FIXTURE_REQUEST, ensure_ascii=False).encode("utf-8"))
     ids = list(run.tokenized.ids)
-    if run.rendered.text != SEED_FIXTURE_TEXT or ids != list(SEED_FIXTURE_IDS):
-        got = "rendered text" if run.rendered.text != SEED_FIXTURE_TEXT else "ids"
+    if run.rendered.text != BOOK_FIXTURE_TEXT or ids != list(BOOK_FIXTURE_IDS):
+        got = "rendered text" if run.rendered.text != BOOK_FIXTURE_TEXT else "ids"
         raise FixtureCheckError(
-            f"the seed 000 §1.6 book fixture gave other {got}: ids {ids}, expected {list(SEED_FIXTURE_IDS)}; "
-            "nothing was compared",
-            path="fixture book (seed 000 §1.6)",
+            f"the book fixture gave other {got}: ids {ids}, expected {list(BOOK_FIXTURE_IDS)}; nothing was compared",
+            path="fixture book",
             hint="this installation's book model or tokenizer is altered: reinstall ctxlock and run "
             "tests/test_book_fixture.py",
         )
     return {
         "name": "book",
-        "seed": "000 §1.6",
         "ok": True,
-        "expected": list(SEED_FIXTURE_IDS),
+        "expected": list(BOOK_FIXTURE_IDS),
         "ids": ids,
     }
 
@@ -459,7 +458,7 @@ def record_values(*records: ExecutionRecord) -> Iterator[None]:
 def replay(record: ExecutionRecord, store: Store) -> tuple[Diff, ExecutionRecord]:
     """Check the seed fixture, re-run the recorded request on the recorded artifacts, compare every layer with the
     record. The fixture's result is in `Diff.fixture`; a failed fixture is a FixtureCheckError, raised first."""
-    fixture = check_seed_fixture()
+    fixture = check_book_fixture()
     with record_values(record):
         raw, options = _recorded_options(record)
         media = recorded_media(options, store)
@@ -521,8 +520,8 @@ def _named(model: Model, name: str | None) -> ChatTemplate | None:
 
 
 __all__ = [
-    "SEED_FIXTURE_IDS",
-    "check_seed_fixture",
+    "BOOK_FIXTURE_IDS",
+    "check_book_fixture",
     "compaction_decision",
     "image_options",
     "load_record",

@@ -1,6 +1,7 @@
-"""Entry ids a caller attaches to messages (`{"id": "e01", "role": "user", ...}`: Pi's session entry ids, which no
-chat API sends): read and removed before the request is parsed, by the CLI's `compact-plan` and by Python's
-`plan_compaction` alike, so that both take the same requests (docs: README, "compact-plan")."""
+"""Entry ids a caller attaches to messages (`{"id": "e01", "role": "user", ...}`: the session entry ids of Pi
+(github.com/badlogic/pi-mono), which no chat API sends): read and removed before the request is parsed, by the CLI's
+`compact-plan` and by Python's `plan_compaction` alike, so that both take the same requests (docs: README,
+"compact-plan")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Streaming tool-call assembly: a call is released whole and valid, or not at all.
 
-A model streams a tool call a few characters at a time; the first delta is half a JSON object (seed 003 §2.2/2.5).
+A model streams a tool call a few characters at a time; the first delta is half a JSON object (docs/way-back.md).
 `ToolCallAssembler` consumes the stream and emits events:
 
 - `TextDelta` for text outside calls, as soon as it cannot be the start of a call marker (only a possible prefix
@@ -13,13 +13,13 @@ A model streams a tool call a few characters at a time; the first delta is half 
 `finish(finish_reason)` ends the stream and returns a `Result`. A call still open at the end is never released:
 with a length stop it is a `ToolCallTruncatedError`, otherwise an unterminated `ToolCallError`.
 
-Release (seed 001's truncation rule: Pi runs no tool call from a response that hit the output limit). By default
-(`release="finish"`) `ToolCallReady` comes only from `finish()`, and only when the stream ended normally: `stop`,
-`tool_calls`, `end_turn`, `tool_use` or `stop_sequence`. Under any other end (`length`, `max_tokens`,
-`content_filter`, `refusal`, `pause_turn`, an unknown reason, no reason at all, or arguments that end mid-JSON
-whatever the reason says) every complete call becomes an error saying it was not executed, and nothing is
-released. `release="early"` releases each call from `feed()` as soon as it is complete; a call of a response that
-is then cut off may have run, and the errors and `Result.notes` say so.
+Release (the truncation rule of Pi (github.com/badlogic/pi-mono): it runs no tool call from a response that hit the
+output limit). By default (`release="finish"`) `ToolCallReady` comes only from `finish()`, and only when the stream
+ended normally: `stop`, `tool_calls`, `end_turn`, `tool_use` or `stop_sequence`. Under any other end (`length`,
+`max_tokens`, `content_filter`, `refusal`, `pause_turn`, an unknown reason, no reason at all, or arguments that end
+mid-JSON whatever the reason says) every complete call becomes an error saying it was not executed, and nothing is
+released. `release="early"` releases each call from `feed()` as soon as it is complete; a call of a response that is
+then cut off may have run, and the errors and `Result.notes` say so.
 
 In-band errors: a provider error inside a started stream (an OpenAI `{"error": ...}` chunk, vLLM's flat
 `{"object": "error", ...}`, Anthropic's `event: error`; for raw-text formats, that object fed in place of text)

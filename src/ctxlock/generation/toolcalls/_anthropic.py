@@ -40,8 +40,8 @@ _DELTA_BLOCKS = {
 class AnthropicParser:
     """`message_start`, then per content block `content_block_start` / `content_block_delta`* /
     `content_block_stop`, then `message_delta` (with `stop_reason`) and `message_stop`; `ping` anywhere; `error`
-    in-band. A `tool_use` block is a call, complete at its `content_block_stop` (seed 003 §2.5); with the default
-    `release="finish"` it is released only once the message has ended normally.
+    in-band. A `tool_use` block is a call, complete at its `content_block_stop` (Anthropic's streaming docs); with the
+    default `release="finish"` it is released only once the message has ended normally.
 
     Fed either the raw SSE text (`event:`/`data:` lines, in pieces split anywhere, str or UTF-8 bytes) or the parsed
     events (dicts with `type`, or SDK event objects with `model_dump()`), never both in one stream."""

@@ -209,7 +209,8 @@ class ToolCallAssembler:
         )
 
     def _withheld(self, ready: ToolCallReady, reason: str | None) -> ToolCallError:
-        """A complete, valid call of a stream that did not end normally: never released (Pi's rule)."""
+        """A complete, valid call of a stream that did not end normally: never released (the truncation rule:
+        ctxlock.generation.toolcalls)."""
         what = f"tool call {ready.name!r} (tool_calls[{ready.index}]) was not executed"
         if self._cut_off is not None or reason in LENGTH_STOPS:
             why = self._cut_off or f"finish_reason={reason!r}"

@@ -1,4 +1,5 @@
-"""The book tokenizer of seed 000 §1.6: greedy longest match over a 14-entry vocabulary, no normalization.
+"""The book tokenizer (the fixture of docs/records.md): greedy longest match over a 14-entry vocabulary, no
+normalization.
 
 It exists to make "the template changes the tokens" checkable by hand:
 `<bos><system>简洁回答</system><user>天空为什么是蓝色？</user><assistant>` -> [1, 2, 7, 3, 4, 8, 9, 10, 11, 12, 5, 6].

@@ -11,8 +11,11 @@ This file must not import ctxlock.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +69,52 @@ def _fast_path_marker(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     the environment at each use, here and in the processes the tests start; a test may still set it to 0 itself."""
     if request.node.get_closest_marker("fast_path") is not None:
         monkeypatch.setenv("CTXLOCK_FAST", "1")
+
+
+# ---------------------------------------------------------------------------------- memory between modules
+
+# A module may load vocabularies, reference tokenizers and images that later modules do not need. After a module, when
+# this process holds more than MEMORY_SOFT_LIMIT_MIB, everything cached is let go: ctxlock's caches
+# (`ctxlock.clear_caches()`), the functools caches of the test helpers and of the module itself, then the heap is
+# handed back to the system (glibc `malloc_trim`). Results never depend on caches; a later module that needs a value
+# loads it again. This keeps a whole run's peak bounded (CONTRIBUTING.md has the figures).
+MEMORY_SOFT_LIMIT_MIB = int(os.environ.get("CTXLOCK_TEST_MEMORY_MIB", "2048"))
+_HELPERS = ("fetched", "reference", "vocabularies", "hf_dirs", "mm_images", "mm_fixtures", "conformance", "tagged")
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc
+    _LIBC = None
+
+
+def rss_mib() -> int:
+    """This process's resident set size, in MiB (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+    except OSError:
+        return 0
+
+
+def release_memory(*modules: object) -> None:
+    """Empty ctxlock's caches and every functools cache found on MODULES and the test helpers, then trim the heap."""
+    lib = sys.modules.get("ctxlock")
+    if lib is not None:
+        lib.clear_caches()
+    for module in (*modules, *(sys.modules.get(name) for name in _HELPERS)):
+        for value in list(getattr(module, "__dict__", {}).values()):
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear) and hasattr(value, "cache_info"):
+                clear()
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if rss_mib() > MEMORY_SOFT_LIMIT_MIB:
+        release_memory(request.module)
 
 
 # ---------------------------------------------------------------------------------- artifact fixtures

@@ -174,25 +174,27 @@ def test_the_private_import_check_sees_one(tmp_path: Path) -> None:
 # Citations a reader can open: a docs page, a public URL, a reference's file. The project's internal numbering (the
 # spec's "seed 000 §1.6", "issue 16") means nothing outside it. A public repository's issue ("vllm-project/vllm
 # issue 53269") is fine: it names where to look.
-INTERNAL_CITATION = re.compile(r"\bseed \d{3}\b|§\s?\d|SEED-NOTES|\b[Ii]ssue \d+\b")
+INTERNAL_CITATION = re.compile(r"\bseed \d{3}\b|(?<!RFC \d{4} )§\s?\d|SEED-NOTES|\b[Ii]ssue \d+\b")
 PUBLIC_ISSUE = re.compile(r"[\w.-]+/[\w.-]+ $")  # "owner/repo issue N": a public tracker
 
 
 def internal_citations(root: Path) -> list[str]:
     """Every line under ROOT that cites the project's internal numbering, as `path:line: text`."""
     found = []
-    for path in sorted(root.rglob("*")):
+    for path in [root] if root.is_file() else sorted(root.rglob("*")):
         if path.suffix not in {".py", ".json", ".jinja", ".md"} or not path.is_file():
             continue
         for n, line in enumerate(path.read_text("utf-8").splitlines(), 1):
             matches = INTERNAL_CITATION.finditer(line)
             if any(not (m.group()[0] in "Ii" and PUBLIC_ISSUE.search(line[: m.start()])) for m in matches):
-                found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+                found.append(f"{path.relative_to(root.parent if root.is_file() else root)}:{n}: {line.strip()}")
     return found
 
 
-def test_the_source_cites_only_what_a_reader_can_open() -> None:
+def test_the_source_and_the_docs_cite_only_what_a_reader_can_open() -> None:
     assert internal_citations(SRC) == []
+    assert internal_citations(ROOT / "docs") == []
+    assert internal_citations(ROOT / "README.md") == []
 
 
 def test_the_citation_scan_sees_internal_numbering(tmp_path: Path) -> None:

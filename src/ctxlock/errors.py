@@ -52,7 +52,7 @@
         ├── RecordFormatError        a record file that is corrupt, truncated or of an unknown format
         │   └── BundleError          a record bundle that is truncated, tampered or not what it declares
         ├── RecordNotFoundError      no record with that id (or prefix) in the store
-        └── FixtureCheckError        replay's book-fixture check gave other ids  : nothing was compared
+        └── FixtureCheckError        replay's book-fixture check gave other ids: nothing was compared
 
 Every error carries `path`: where the input went wrong (a JSON path, a byte offset, a template line, a file),
 and `hint`: what to do about it. `to_dict()` is the wire form the CLI prints with `--json`.

@@ -73,7 +73,7 @@ def cli_page() -> str:
         "| command | what it does |",
         "|---|---|",
     ]
-    commands = _commands(root, "ctxlock")
+    commands = all_commands(root, "ctxlock")
     for name, cmd in commands:
         out.append(f"| [`{name}`](#{_anchor(name)}) | {_first_line(cmd)} |")
     out.append("")
@@ -82,7 +82,7 @@ def cli_page() -> str:
     return "\n".join(out) + "\n"
 
 
-def _commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
+def all_commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
     found: list[tuple[str, click.Command]] = []
     for name in group.list_commands(click.Context(group)):
         cmd = group.get_command(click.Context(group), name)
@@ -91,7 +91,7 @@ def _commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]
         full = f"{prefix} {name}"
         if isinstance(cmd, click.Group):
             found.append((full, cmd))
-            found.extend(_commands(cmd, full))
+            found.extend(all_commands(cmd, full))
         else:
             found.append((full, cmd))
     return found

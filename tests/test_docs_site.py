@@ -27,7 +27,8 @@ _spec.loader.exec_module(hooks)
 
 
 def commands() -> list[str]:
-    return [name.removeprefix("ctxlock ") for name, _ in hooks._commands(typer.main.get_command(build_app()), "ctxlock")]
+    root = typer.main.get_command(build_app())
+    return [name.removeprefix("ctxlock ") for name, _ in hooks.all_commands(root, "ctxlock")]
 
 
 def test_the_cli_reference_names_every_command_and_every_guide_uses_them() -> None:

@@ -17,10 +17,12 @@ This module must not import ctxlock (the commands run it).
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,6 +120,7 @@ def run_command(command: Command, tmp: Path) -> tuple[int, str]:
         env=environment(tmp),
         capture_output=True,
         text=True,
+        errors="replace",  # `head -c N` may cut a character in two
         timeout=TIMEOUT_S,
     )
     # The page shows `$TMP` where the output names the page's temporary directory.
@@ -204,6 +207,11 @@ def setup(namespace: dict[str, Any]) -> None:
 def teardown(namespace: dict[str, Any]) -> None:
     tmp = namespace.get("TMP")
     if tmp is not None:
+        # A page that starts a server in the background writes its pid to $TMP/NAME.pid and stops it itself; one
+        # that failed half-way may not have: whatever is still running is stopped here.
+        for pidfile in Path(tmp).glob("*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

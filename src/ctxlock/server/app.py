@@ -460,7 +460,7 @@ async def http_error(_request: Request, exc: Exception) -> Response:
     err = RouteNotFoundError(
         "no such route" if exc.status_code == 404 else f"HTTP {exc.status_code}: {exc.detail}",
         path=_request.url.path,
-        hint="see the README section 'Serving' for the routes",
+        hint="see docs/serving.md for the routes",
         status=exc.status_code,
     )
     code, body, headers = error_body(err)

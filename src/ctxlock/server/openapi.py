@@ -407,7 +407,7 @@ def _view_paths() -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
-        "info": {"title": "ctxlock serve", "version": "1", "description": "See the README section 'Serving'."},
+        "info": {"title": "ctxlock serve", "version": "1", "description": "See docs/serving.md."},
         "paths": {**_anchor_paths(), **_own_paths(), **_view_paths()},
         "components": {
             "schemas": {"Error": ERROR},

@@ -62,8 +62,8 @@ test: $(VENV)/.installed-test fetch chromium ## everything CI runs: lint, layers
 	# The whole suite (tests/, and every example of README.md and docs/) on both cores; a test file stays on one.
 	$(PY) -m pytest -q -n 2 --dist loadfile
 	# The conformance, injection and mistral-common suites again with every fast path off (the reference path).
-	CTXLOCK_FAST=0 $(PY) -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/test_conformance.py \
-		tests/test_injection.py tests/test_mistral_parity.py
+	CTXLOCK_FAST=0 $(PY) -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/template/test_conformance.py \
+		tests/template/test_injection.py tests/template/test_mistral_parity.py
 
 # The inner loop: lint, layers and the fast tier of the suite (the files in tests/fast_tier.txt, collected alone:
 # collecting the whole suite costs about a minute), in about 3 minutes on 2 cores. `make test` still runs everything.

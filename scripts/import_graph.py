@@ -1,7 +1,7 @@
 """The import graph of src/ctxlock, counting imports made inside functions: print its cycles (exit 1 if any).
 
 `python scripts/import_graph.py` lists each strongly connected component of more than one module, and each
-function-level import of a ctxlock module with its line. `make test` runs it (tests/test_layers.py)."""
+function-level import of a ctxlock module with its line. `make test` runs it (tests/project/test_layers.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python scripts/layers_doc.py           print the Markdown block
     python scripts/layers_doc.py --write   replace the block between the markers in docs/architecture.md
 
-tests/test_layers.py checks that the page holds exactly what this prints, so the picture is the contract that
+tests/project/test_layers.py checks that the page holds exactly what this prints, so the picture is the contract that
 `lint-imports` enforces, never a drawing beside it.
 """
 

@@ -1,5 +1,5 @@
 """The shard table as `pa.array` builds it from Python values: the reference that `ctxlock.batch._run`'s column
-builders must equal (`tests/test_batch.py`, `tests/test_shard_speedups.py`)."""
+builders must equal (`tests/batch/test_batch.py`, `tests/batch/test_shard_speedups.py`)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -62,3 +64,42 @@ def invoke(register: Callable[[typer.Typer], None], command: str, *args: str, st
         """ctxlock (test harness)"""
 
     return CliRunner().invoke(app, [command, *args], input=stdin)
+
+
+def run_main(argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
+    """`ctxlock.cli.main(argv)` in this process: (exit status, stdout, stderr). An exception other than SystemExit
+    escaping main is what the user would see as a traceback, so it fails the test with its traceback."""
+    from ctxlock.cli import main
+
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
+    fake_stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    old_stdin = sys.stdin
+    sys.stdin = fake_stdin
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.stdin = old_stdin
+    return code, *(stream.buffer.getvalue().decode("utf-8") for stream in (out, err))  # type: ignore[attr-defined]
+
+
+def ctxlock(*args: str, stdin: bytes | str | None = None) -> subprocess.CompletedProcess[str]:
+    data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxlock", *args], input=data, capture_output=True, env=env, timeout=120, check=False
+    )
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
+    )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr

@@ -28,7 +28,8 @@ import fetched  # noqa: E402
 
 # fastokens (whole-text encoding's native call once checked against tiktoken) is built and checked on first use, in
 # the test's own thread, rather than on a daemon thread racing the tests: which engine a test exercises is then
-# decided by the test (tests/vocabularies.py `native_engine`). tests/test_accel.py covers the daemon-thread mode.
+# decided by the test (tests/vocabularies.py `native_engine`). tests/tokenizer/test_accel.py covers the daemon-thread
+# mode.
 os.environ.setdefault("CTXLOCK_FASTOKENS", "sync")
 
 # ------------------------------------------------------------------------------------------- hooks
@@ -53,8 +54,9 @@ FAST_TIER = frozenset((Path(__file__).parent / "fast_tier.txt").read_text("utf-8
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow = pytest.mark.slow
+    tests = Path(__file__).parent
     for item in items:
-        if item.path.name not in FAST_TIER:
+        if not item.path.is_relative_to(tests) or item.path.relative_to(tests).as_posix() not in FAST_TIER:
             item.add_marker(slow)
 
 

@@ -5,7 +5,7 @@ training templates, for the parity test against transformers' `return_assistant_
 Each tagging is a list of exact replacements applied to the stock template (each must match once, so a changed
 stock template fails loudly). A block opens after the assistant header and closes after the end-of-turn token; the
 newline the template writes after that token stays outside. Every tagged template renders the same text as its stock
-template (tests/test_masks.py checks it over the conformance corpus).
+template (tests/training/test_masks.py checks it over the conformance corpus).
 """
 
 from __future__ import annotations

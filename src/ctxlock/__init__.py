@@ -7,7 +7,7 @@
 
 The names below are the public API (docs/architecture.md, "The packages and their layers"). Each is imported on
 first use, so `import ctxlock` (and every `ctxlock` command) pays only for what it touches; `__all__` is pinned by
-tests/test_api.py.
+tests/project/test_api.py.
 """
 
 import importlib as _importlib

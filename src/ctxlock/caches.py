@@ -18,7 +18,7 @@ Each entry also reports its hits and misses, counted since the process started (
 does not reset them, so they are counters, what `GET /metrics` exports): `memoize` reads `lru_cache`'s own counts
 (kept in C, no lock), `LRU` counts under the lock it already takes, a per-instance cache sums its objects' `hits` and
 `misses` attributes (the prefix cache resets its own when cleared), and `register` takes an optional `counts()`. A
-cache that counts nothing reports None. `tests/test_caches.py` fails when a module keeps a cache outside this
+cache that counts nothing reports None. `tests/project/test_caches.py` fails when a module keeps a cache outside this
 registry.
 
 This module is at the bottom of the layer order: it imports nothing from ctxlock.

@@ -553,7 +553,7 @@ def test_every_other_lie_in_the_replay_section_is_a_typed_error_before_anything_
 
 def test_the_manifest_rule_matches_what_each_backend_records(sandbox: Sandbox) -> None:
     """The per-format key sets are what replay_spec() writes: a SentencePiece and a tiktoken model record, pass the
-    check and replay identically (book and GGUF above; HF and Tekken in tests/test_record.py)."""
+    check and replay identically (book and GGUF above; HF and Tekken in tests/records/test_record.py)."""
     import mistral_common
 
     spm = Path(mistral_common.__file__).resolve().parent / "data" / "mistral_instruct_tokenizer_240323.model.v3"

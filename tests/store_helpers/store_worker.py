@@ -1,4 +1,4 @@
-"""A separate process that writes to a ctxlock Store, for tests/test_store.py's concurrency and kill -9 tests.
+"""A separate process that writes to a ctxlock Store, for tests/records/test_store.py's concurrency and kill -9 tests.
 
     store_worker.py batch ROOT TAG N [PAUSE]
                                           print "ready", wait for "go" on stdin, write N records (sleeping PAUSE s

@@ -17,9 +17,9 @@ raised) for a row that fails.
   (measured: 0.28 ms against 0.04 ms for a 500-token row). Why the ids are equal: `encode_ids` with a cache entry keeps
   the entry's ids up to a cut where the encoder's state is proved to restart, and encodes the rest natively; with no
   entry it encodes the whole text natively, which is what this path does (the prefix cache's own equality claim, tested
-  in tests/test_prefix.py). When the whole-text encoder does not apply (request text at a control-token position under
-  the `text` policy, a lone surrogate, a normalizing vocabulary) or `whole_lay` cannot lay the ids, the row takes the
-  reference path's `encode_ids` and `accounting.layout_of`.
+  in tests/tokenizer/test_prefix.py). When the whole-text encoder does not apply (request text at a control-token
+  position under the `text` policy, a lone surrogate, a normalizing vocabulary) or `whole_lay` cannot lay the ids, the
+  row takes the reference path's `encode_ids` and `accounting.layout_of`.
 - **Stage by stage, `_CHUNK` rows at a time** (`_planned_rows`): every parse of the chunk, every render, the
   encodes, then each row's lay, mask and digest. Each row meets the same calls in the same order as row by row
   (`_planned_row`), so the same row or error; one stage's code and tables stay in the CPU's caches across the chunk,
@@ -33,8 +33,8 @@ raised) for a row that fails.
   (JSON bytes, about the rendered characters) pays for it, so `mask_rows` starts it then. The ids are the same.
   The mask's regions go through `_fastmask.region_mask` (inside `masks`).
 
-tests/test_masks_batch.py proves the two paths equal (ids, masks, notes, errors) on the conformance conversations and
-on generated rows (hypothesis).
+tests/training/test_masks_batch.py proves the two paths equal (ids, masks, notes, errors) on the conformance
+conversations and on generated rows (hypothesis).
 """
 
 from __future__ import annotations

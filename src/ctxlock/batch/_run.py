@@ -279,7 +279,7 @@ def _job(model: Model, opts: BatchOptions) -> dict[str, Any]:
 class _Columns:
     """A shard's kept rows as whole columns: their numbers and digests, every row's ids end to end (int32), its
     labels the same way, and each row's length. Built once per shard (one concatenation, labels by one `np.where`),
-    not row by row; the tables are those the rows' own arrays give (tests/test_shard_speedups.py)."""
+    not row by row; the tables are those the rows' own arrays give (tests/batch/test_shard_speedups.py)."""
 
     rows: list[int]
     digests: list[str]
@@ -378,7 +378,7 @@ def _packed_table(kept: list[_Row], pack: int) -> Any:
 
 # The columns are built from numpy buffers (`pa.Array.from_buffers`, `pa.ListArray.from_arrays` over int32
 # offsets), not with `pa.array` on Python objects: `pa.array` imports pandas on its first call (0.5 s in a worker,
-# over 1 s without a bytecode cache), and the arrays, so the Parquet bytes, are the same (tests/test_batch.py).
+# over 1 s without a bytecode cache), and the arrays, so the Parquet bytes, are the same (tests/batch/test_batch.py).
 
 
 def _ints(values: Any, dtype: Any) -> Any:

@@ -21,7 +21,7 @@ HELP = (
 )
 
 # The command modules of `ctxlock.cli`, in `ctxlock --help` order, with the commands each registers
-# (tests/test_cli_lazy.py checks this table against what the modules register). `main` imports only the module of
+# (tests/cli/test_cli_lazy.py checks this table against what the modules register). `main` imports only the module of
 # the command it runs: the others' imports (the cache report's, the decoder's, ...) are start-up time a user of one
 # command should not pay.
 COMMANDS: dict[str, tuple[str, ...]] = {

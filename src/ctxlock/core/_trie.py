@@ -10,7 +10,7 @@ every start. The trie form factors the shared prefixes: `<SPECIAL_(?:1(?:0...)?|
   first and takes the end only if nothing longer matches, which is the plain form's longest-first order;
 - leftmost: `search` and `finditer` try starts in order either way.
 
-`tests/test_trie.py` checks this against the plain form on hypothesis token sets and texts.
+`tests/core/test_trie.py` checks this against the plain form on hypothesis token sets and texts.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def decode_steps(
     from the header alone: the decoded mode, the decoder's own buffer (libwebp's RGBA canvases), Pillow's
     intermediate for 16-bit modes, the EXIF-transpose copy, each conversion, the white composite, the RGB array,
     and the family's copy of it (`full_size_bytes` a pixel: Pillow's RGB for a resize, float32 for Pixtral's).
-    Deliberately generous: what it allows, `decode` stays under (tests/test_image_bounds.py measures it)."""
+    Deliberately generous: what it allows, `decode` stays under (tests/multimodal/test_image_bounds.py measures it)."""
     px = header.width * header.height
     mode = header.mode
     steps = [(f"decoded {mode}", px * _mode_bytes(mode))]

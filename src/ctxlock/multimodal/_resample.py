@@ -11,7 +11,7 @@ double arithmetic), the offsets and weights rounded to float32 as OpenCV compute
 clamped to the edge (OpenCV's replicate border). No antialiasing when shrinking, exactly as OpenCV. Two passes in
 float32, each gathering whole rows (the image is transposed between them); OpenCV goes across then down, this goes
 down then across: the same sums rounded in another order, within ~1e-4 of a level (1e-6 after normalization).
-`tests/test_mm_pixtral.py` holds it to OpenCV (without IPP) within 1e-5 after normalization. It is not exact
+`tests/multimodal/test_mm_pixtral.py` holds it to OpenCV (without IPP) within 1e-5 after normalization. It is not exact
 against mistral-common when OpenCV's x86 wheels route a resize through Intel IPP (whose bicubic weights are
 double precision): up to `PORTABLE_MAX_DIFF` after normalization, measured; a record names which resizer ran.
 """
@@ -34,7 +34,7 @@ OPENCV_DISTRIBUTIONS = (
     "opencv-contrib-python",
 )
 # The portable resizer against mistral-common with OpenCV's IPP on, after normalization (/255, /std): the largest
-# difference measured (tests/test_mm_pixtral.py's corpus and bench_images_families.py's 100 images: 1.14e-4),
+# difference measured (tests/multimodal/test_mm_pixtral.py's corpus and bench_images_families.py's 100 images: 1.14e-4),
 # and the bound the tests hold it to.
 PORTABLE_MAX_DIFF = 2e-4
 

@@ -353,7 +353,8 @@ def _compare_multimodal(da: Mapping[str, Any], db: Mapping[str, Any]) -> Diverge
 
 
 # Each layer's comparer, in LAYERS order (the pipeline's): `diff` reports the first layer whose comparer finds a
-# difference. `reads` names the record sections the comparer reads (tests/test_record_compare.py checks coverage).
+# difference. `reads` names the record sections the comparer reads (tests/records/test_record_compare.py checks
+# coverage).
 COMPARERS: dict[str, Comparer] = {
     c.layer: c
     for c in (

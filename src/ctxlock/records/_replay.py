@@ -426,7 +426,7 @@ def check_book_fixture() -> dict[str, Any]:
             f"the book fixture gave other {got}: ids {ids}, expected {list(BOOK_FIXTURE_IDS)}; nothing was compared",
             path="fixture book",
             hint="this installation's book model or tokenizer is altered: reinstall ctxlock and run "
-            "tests/test_book_fixture.py",
+            "tests/tokenizer/test_book_fixture.py",
         )
     return {
         "name": "book",

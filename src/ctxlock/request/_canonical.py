@@ -28,8 +28,8 @@ characters of the whole text at once, since nothing else in it holds one as a by
 
 `request_json_bytes` returns None when anything raises (a value the encoder refuses: NaN, a non-JSON type; a lone
 surrogate, which UTF-8 cannot hold): the reference path then meets the same value and gives its own text or error.
-tests/test_parse_speedups.py proves the texts equal on generated requests of every shape, and the escaping equal to
-the encoder's on every code point.
+tests/request/test_parse_speedups.py proves the texts equal on generated requests of every shape, and the escaping equal
+to the encoder's on every code point.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def text_message(role: str, content: str, source: str) -> Message:
     """`Message(role=role, content=content, source=source)` made without the frozen dataclass's `__init__` (which sets
     the eight fields one `object.__setattr__` at a time, about twice the cost): the same instance dict, field for field
     and in field order, so the Message is equal, hashes, prints and pickles the same. The request parser's fast path
-    makes one per plain text message (`openai._text_messages`); tests/test_parse_speedups.py holds it to the
+    makes one per plain text message (`openai._text_messages`); tests/request/test_parse_speedups.py holds it to the
     dataclass's own `__init__`, fields included."""
     message = _new(Message)
     _set(
@@ -311,8 +311,8 @@ def request_of(
     ignored: tuple[FrozenDict, ...] = (),
 ) -> Request:
     """`Request(...)` of every field, made without the frozen dataclass's `__init__` as `text_message` makes a
-    Message: the same instance dict, in field order. `build_request`'s fast path; tests/test_parse_speedups.py holds
-    it to the dataclass's own `__init__`."""
+    Message: the same instance dict, in field order. `build_request`'s fast path; tests/request/test_parse_speedups.py
+    holds it to the dataclass's own `__init__`."""
     request = _new(Request)
     _set(
         request,

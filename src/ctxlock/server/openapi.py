@@ -1,6 +1,6 @@
 """`GET /openapi.json`: the server's OpenAPI 3.1 document, written out route by route: each request body's JSON
 Schema (the anchors' fields, ctxlock's own), the query and path parameters, each answer's schema and the error body
-every route may answer with. `tests/test_serve_schema.py` runs schemathesis against it on the real server.
+every route may answer with. `tests/server/test_serve_schema.py` runs schemathesis against it on the real server.
 
 The schemas describe what the server accepts at the HTTP level; a body that fits them may still be refused by the
 pipeline (an unknown role, a template the model lacks): such a refusal is a documented 4xx with the error body."""

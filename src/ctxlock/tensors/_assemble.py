@@ -713,7 +713,8 @@ def _frozen_input(
     for arr in (ids, mask, pos):
         arr.flags.writeable = False
     # Built to the invariants by construction (the rows are validated, the mask and positions derived), so the
-    # constructor's re-validation is skipped; tests/test_tensors.py checks that it would accept every such value.
+    # constructor's re-validation is skipped; tests/tensors/test_tensors.py checks that it would accept every such
+    # value.
     out = object.__new__(ModelInput)
     _set_fields(out, ids, mask, pos, lengths, side, pad_id)
     return out

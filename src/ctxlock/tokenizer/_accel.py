@@ -24,7 +24,7 @@ on chat text. Nothing in its construction proves it equal, so it is admitted by 
 3. any exception from a call (a PCRE2 resource limit on a pathological text, say) sends that text to tiktoken.
 
 The test suite then compares both engines with `tokenizers` on llama.cpp's vectors and on hypothesis texts for every
-vocabulary where whole-text encoding is taken (`tests/test_prefix.py`).
+vocabulary where whole-text encoding is taken (`tests/tokenizer/test_prefix.py`).
 
 `CTXLOCK_FASTOKENS=0` keeps tiktoken; `CTXLOCK_FASTOKENS=sync` builds and checks it in the calling thread, on first
 use (deterministic, for tests); `CTXLOCK_FASTOKENS=eager` starts the background build on the first encode.

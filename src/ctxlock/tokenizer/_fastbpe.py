@@ -67,8 +67,8 @@ touches offsets. Text with lone surrogates (not UTF-8) is handed back to the cal
 
 What is not proved but tested: the split regex runs on Oniguruma in `tokenizers` and on fancy-regex in tiktoken.
 Both are backtracking engines with leftmost-first alternation, greedy quantifiers and the same Unicode classes for
-the constructs these patterns use; `tests/test_fastbpe.py` compares the two paths on every code point in several
-contexts, on llama.cpp's test vectors and on random text.
+the constructs these patterns use; `tests/tokenizer/test_fastbpe.py` compares the two paths on every code point in
+several contexts, on llama.cpp's test vectors and on random text.
 
 The verdict, with the ranks, is cached on disk (the ctxlock cache directory, `fastbpe/`) keyed by the sha256 of the
 JSON, of the set of added tokens left out, and `CHECK_VERSION`, so a warm load skips the checks (cold, they take
@@ -509,7 +509,7 @@ def _inert_table() -> np.ndarray:
 def nfc_inert(text: str) -> bool:
     """Whether every character of `text` is NFC-inert (the empty text is). A lone surrogate is not: it is looked
     up by its code point (`surrogatepass`), which no span holds. One table lookup per character, in numpy: about
-    a quarter of the time of the regex search over a 2,500-character class it replaces (tests/test_fastbpe.py
+    a quarter of the time of the regex search over a 2,500-character class it replaces (tests/tokenizer/test_fastbpe.py
     proves the two agree)."""
     codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
     return b"\x00" not in _inert_table().take(codes).tobytes()  # a C search: `.all()` goes through Python

@@ -18,7 +18,7 @@ string), and llguidance is told so with its 0xFF marker byte. Ids that no text c
 gaps in an id space) are `b""`.
 
 The HF mapping is checked against llguidance's own reader of `tokenizer.json` files, the Tekken one against
-mistral-common's `id_to_byte_piece`, and every backend against its own `decode` (tests/test_constrain.py).
+mistral-common's `id_to_byte_piece`, and every backend against its own `decode` (tests/generation/test_constrain.py).
 WordPiece vocabularies (BERT) are refused: `##` continuation pieces and the spaces `decode` inserts between words
 depend on the neighbours, so no token has bytes of its own.
 """

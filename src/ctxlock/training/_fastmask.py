@@ -9,7 +9,7 @@ byte's past the end). With two owners that is: trained when its region bytes are
 exactly half and its first byte is in a region. Here the regions are merged, the tokens wholly inside one are
 found by searching the token boundaries for its ends (`np.searchsorted`, all regions in one call, no Python list
 of the boundaries), and only the tokens a region's end falls strictly inside, and the tokens with no bytes, are
-decided one by one (a few per row): no per-byte array. tests/test_masks_batch.py
+decided one by one (a few per row): no per-byte array. tests/training/test_masks_batch.py
 checks it against `assign_owners` (hypothesis).
 """
 

@@ -15,7 +15,9 @@ from typing import Any
 
 from ctxlock.core import FrozenDict, canonical_json, thaw
 from ctxlock.outside import (
-    Utf8Policy,  # the strict reader's, named here with the request values
+    Utf8Policy as Utf8Policy,  # the strict reader's, named here with the request values
+)
+from ctxlock.outside import (
     join_path,
 )
 from ctxlock.request._canonical import request_json_bytes

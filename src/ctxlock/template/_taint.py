@@ -116,13 +116,13 @@ class Tainted(str):
     def removesuffix(self, suffix: str) -> str:
         return self[: len(self) - len(suffix)] if suffix and str.endswith(self, suffix) else self
 
-    def split(self, sep: str | None = None, maxsplit: SupportsIndex = -1) -> list[str]:  # type: ignore[override]
+    def split(self, sep: str | None = None, maxsplit: SupportsIndex = -1) -> list[str]:
         return self._pieces(str.split(self, sep, maxsplit), sep)
 
-    def rsplit(self, sep: str | None = None, maxsplit: SupportsIndex = -1) -> list[str]:  # type: ignore[override]
+    def rsplit(self, sep: str | None = None, maxsplit: SupportsIndex = -1) -> list[str]:
         return self._pieces(str.rsplit(self, sep, maxsplit), sep)
 
-    def splitlines(self, keepends: bool = False) -> list[str]:  # type: ignore[override]
+    def splitlines(self, keepends: bool = False) -> list[str]:
         return self._pieces(str.splitlines(self, keepends), None)
 
     def _pieces(self, parts: list[str], sep: str | None) -> list[str]:
@@ -144,7 +144,7 @@ class Tainted(str):
         i = str.rfind(self, sep)
         return ("", "", self) if i < 0 else (self[:i], self[i : i + len(sep)], self[i + len(sep) :])
 
-    def replace(self, old: str, new: str, count: SupportsIndex = -1) -> str:  # type: ignore[override]
+    def replace(self, old: str, new: str, count: SupportsIndex = -1) -> str:
         if not isinstance(old, str) or not isinstance(new, str) or not old:
             return derived(str.replace(self, old, new, count), (self, old, new), "replace")
         n = count.__index__()

@@ -343,6 +343,7 @@ __all__ = [
     "encode_ids",
     "encode_ids_batch",
     "longest_first",
+    "run_encoder",
     "token_bytes",
     "tokenize",
     "tokenize_batch",

@@ -133,7 +133,7 @@ class BoundedFormatter(jinja2.sandbox.SandboxedFormatter):
         out = format(value, format_spec)
         return taint.derived(out, (value,), "format") if type(out) is not Tainted else out
 
-    def vformat(self, format_string: str, args: Any, kwargs: Any) -> str:  # type: ignore[override]
+    def vformat(self, format_string: str, args: Any, kwargs: Any) -> str:
         used: set[Any] = set()
         out, _ = self._parts(format_string, args, kwargs, used, 2, 0)
         self.check_unused_args(used, args, kwargs)

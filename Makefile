@@ -73,7 +73,8 @@ check: $(VENV)/.installed-test fetch ## the inner loop: lint, layers and the fas
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks conftest.py docs/_hooks.py
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -x -p no:cacheprovider -n 2 --dist loadfile $(addprefix tests/,$(shell cat tests/fast_tier.txt))
+	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -q -x -p no:cacheprovider -n 2 --dist loadfile \
+		$(addprefix tests/,$(shell cat tests/fast_tier.txt))
 
 typecheck: $(VENV)/.installed-test ## mypy on src/ (the pipeline packages with the strict flags; [tool.mypy])
 	$(VENV)/bin/mypy

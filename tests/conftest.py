@@ -24,7 +24,16 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # pytest's default "prepend" import mode does this already; other modes do not
     sys.path.insert(0, _TESTS_DIR)
 
+from hypothesis import settings  # noqa: E402
+
 import fetched  # noqa: E402
+import hypothesis_profiles  # noqa: E402
+
+# Hypothesis profiles: `ci` (the default; `make test`) and `dev` (`make check`). A test's own count is its weight
+# through `hypothesis_profiles.examples(N)`; the profile scales it (tests/hypothesis_profiles.py).
+settings.register_profile("ci", print_blob=True)
+settings.register_profile("dev", max_examples=10, print_blob=True)
+settings.load_profile(hypothesis_profiles.profile())
 
 # fastokens (whole-text encoding's native call once checked against tiktoken) is built and checked on first use, in
 # the test's own thread, rather than on a daemon thread racing the tests: which engine a test exercises is then
@@ -61,7 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"ctxlock test artifacts: {fetched.cache_dir()}"
+    return f"ctxlock test artifacts: {fetched.cache_dir()}; hypothesis profile: {hypothesis_profiles.profile()}"
 
 
 @pytest.fixture(autouse=True)

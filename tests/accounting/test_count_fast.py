@@ -30,6 +30,7 @@ from ctxlock.errors import CtxlockError
 from ctxlock.settings import reference_path
 from ctxlock.template._render import ChatTemplate
 from ctxlock.tokenizer import control_matches, encode_ids
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.fast_path
 
@@ -124,7 +125,7 @@ def test_whole_lay_when_a_control_string_is_kept() -> None:
     assert cum[:-1].tolist() == starts.tolist() and cum[1:].tolist() == ends.tolist()
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     st.lists(st.integers(0, 3), max_size=60),
     st.lists(st.integers(0, 5), max_size=40),
@@ -157,7 +158,7 @@ def _widths_reference(text: str) -> list[int]:
     return [0, *np.cumsum(widths).tolist()]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=40))
 def test_char_to_byte_equals_the_code_point_widths(text: str) -> None:
     data = text.encode("utf-8", "surrogatepass")

@@ -16,6 +16,7 @@ import fetched
 from ctxlock.artifacts import load_gguf as _load_gguf
 from ctxlock.artifacts._gguf import read_metadata, read_vocab
 from ctxlock.errors import ArtifactFormatError, CtxlockError
+from hypothesis_profiles import examples
 
 SMALL = "bert-bge"  # 0.6 MB: small enough to mutate thousands of times
 
@@ -170,7 +171,7 @@ def small_gguf() -> bytes:
 
 
 @settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=5000,  # the time bound per case: a corrupt file must fail fast, not hang
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

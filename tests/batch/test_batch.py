@@ -27,6 +27,7 @@ from batch_tables import reference_table
 from cli_runner import run_main
 from ctxlock.batch._run import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
 from ctxlock.training._masks import MaskOptions
+from hypothesis_profiles import examples
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -309,7 +310,7 @@ def test_max_length_fits_each_row(tmp_path: Path) -> None:
     assert sorted([*rows, *errors]) == list(range(len(lines)))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=40),
     ending=st.sampled_from([b"\n", b"\r\n", b"\r"]),
@@ -329,7 +330,7 @@ def test_shard_specs_read_the_same_rows(
     assert [s.index for s in specs] == list(range(len(local)))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(0, 60), group=st.integers(1, 25), shard_rows=st.integers(1, 30))
 def test_parquet_shard_specs_read_the_same_rows(tmp_path: Path, rows: int, group: int, shard_rows: int) -> None:
     """The same for Parquet input, over row-group sizes (a shard's read skips the row groups before it)."""
@@ -353,7 +354,7 @@ _kept_rows = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rows=_kept_rows, pack=st.one_of(st.none(), st.integers(1, 120)))
 def test_shard_columns_equal_pa_array_and_write_the_same_bytes(rows: list[Any], pack: int | None) -> None:
     from ctxlock.batch import _run as batch

@@ -36,6 +36,7 @@ from ctxlock.batch._output import json_bytes
 from ctxlock.batch._run import BatchOptions, Progress, run_batch
 from ctxlock.caches import clear_caches
 from ctxlock.errors import CtxlockError, InputError
+from hypothesis_profiles import examples
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 OPTS = BatchOptions(model="book", shard_rows=4)
@@ -381,7 +382,7 @@ def _mutation(draw: st.DrawFn) -> Callable[[Path], None]:
     return apply
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutation=_mutation())
 def test_generated_mutations_are_made_again(made: dict[str, Any], tmp_path_factory: Any, mutation: Any) -> None:
     """Whatever a record or file says, the resume ends with a fresh run's files, or (a no-op change) keeps it."""

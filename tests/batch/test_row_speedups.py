@@ -47,6 +47,7 @@ from ctxlock.tokenizer import control_matches, encode_ids
 from ctxlock.training import _masks as masks
 from ctxlock.training._fastmask import region_mask
 from ctxlock.training._masks import MaskOptions
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0
 
@@ -104,7 +105,7 @@ CODE_POINTS = st.one_of(
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(st.lists(CODE_POINTS, max_size=40), st.text(max_size=30))
 def test_generated_text_gets_the_regex_verdict(codes: list[int], tail: str) -> None:
     text = "".join(map(chr, codes))
@@ -115,7 +116,7 @@ def test_generated_text_gets_the_regex_verdict(codes: list[int], tail: str) -> N
 # ------------------------------------------------------------------------------------------------ region_mask
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 40), max_size=30),
     cuts=st.lists(st.tuples(st.integers(-3, 400), st.integers(0, 5)), max_size=40),
@@ -145,7 +146,7 @@ def _widths(text: str) -> list[int]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=60))
 def test_offsets_are_the_code_point_widths(text: str) -> None:
     data = text.encode("utf-8", "surrogatepass")
@@ -163,7 +164,7 @@ WORDS = ["alpha", "données", "日本語", "текст", "🙂", "print(x)", "42
 CONTENT = st.lists(st.one_of(st.sampled_from(WORDS), st.text(max_size=8)), max_size=12).map("".join)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(CONTENT, CONTENT), min_size=1, max_size=3))
 def test_whole_lay_on_generated_rows_equals_the_run_by_run_replay(turns: list[tuple[str, str]]) -> None:
     # whole_lay sums the lengths with np.add.accumulate into int64 and finds the control ids with the array's
@@ -222,7 +223,7 @@ def test_call_fast_turns_the_fast_paths_on_for_one_call_only(monkeypatch: pytest
 SPAN_TEXT = st.text(max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(SPAN_TEXT, SPAN_TEXT, st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=4))
 def test_tainted_concatenation_builds_what_the_class_call_builds(plain: str, value: str, cuts: list) -> None:
     # `+` builds its result without the class call (`taint._tainted`): the same str, type, spans and instance dict.
@@ -289,7 +290,7 @@ def _marks_at(text: str, marks: Any) -> list[int]:
     return sorted({p + d for p in at for d in (-1, 0, 1)})
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(st.tuples(CONTENT, CONTENT), min_size=1, max_size=3), MASK_OPTIONS, st.booleans(), st.data())
 def test_provenance_regions_equal_the_plain_code(turns: list, opts: MaskOptions, forge: bool, data: Any) -> None:
     # The rendered spans as they are, or any spans at all (unsorted, overlapping, empty, past the text, on names),

@@ -36,6 +36,7 @@ from ctxlock.settings import call_fast, fast_path, reference_path
 from ctxlock.training import _fastmask
 from ctxlock.training import _masks as masks
 from ctxlock.training._masks import MaskOptions
+from hypothesis_profiles import examples
 from vocabularies import native_engine
 
 pytestmark = pytest.mark.fast_path
@@ -73,7 +74,9 @@ _ROW = st.one_of(
 _OPTIONS = st.sampled_from([MaskOptions(), MaskOptions(train_on_eot="last"), MaskOptions(last_turn_only=True)])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(rows=st.lists(_ROW, min_size=1, max_size=40), options=_OPTIONS, chunk=st.sampled_from([1, 3, 7, 64]))
 def test_chunked_rows_equal_the_reference_and_the_row_by_row_path(
     rows: list[bytes], options: MaskOptions, chunk: int
@@ -146,7 +149,7 @@ _TEXTS = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(texts=_TEXTS)
 def test_accelerator_encode_many_equals_encode_each(texts: list[str]) -> None:
     accelerator = _qwen().tokenizer.whole_text.accelerator
@@ -169,7 +172,7 @@ def test_a_batch_call_that_raises_is_made_text_by_text() -> None:
     assert many[2].tolist() == accelerator.encode("<|im_end|>x").tolist()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(texts=_TEXTS, engine=st.sampled_from(["fastokens", "tiktoken"]))
 def test_whole_text_encode_many_equals_encode_prepared(texts: list[str], engine: str) -> None:
     whole = _qwen().tokenizer.whole_text
@@ -202,7 +205,7 @@ _KEPT = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(rows=_KEPT, pack=st.one_of(st.none(), st.integers(1, 120)))
 def test_shard_columns_equal_the_per_row_build_and_write_the_same_bytes(rows: list[Any], pack: int | None) -> None:
     kept = [
@@ -252,7 +255,7 @@ def test_shard_bytes_equal_on_both_paths_over_several_chunks(extra: dict[str, An
     assert fast[1]["error_count"] >= 9 and fast[1]["trained_tokens"] > 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     texts=st.lists(
         st.one_of(st.text(max_size=12), st.sampled_from(["e\u0301", "\u0301", "한", "\u1100", "A"])), max_size=5
@@ -270,7 +273,7 @@ def test_inert_of_texts_joined_means_inert_of_each(texts: list[str]) -> None:
 # -- the chunk's lays and offsets, made at once ------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(texts=st.lists(st.text(st.characters(codec="utf-8"), max_size=30), max_size=8))
 def test_offsets_many_equal_offsets_of_each(texts: list[str]) -> None:
     datas = [t.encode("utf-8") for t in texts]
@@ -284,7 +287,7 @@ _PLAIN = _CONTENT.filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t)
 _SPOIL = st.sampled_from(["none", "swap", "drop", "huge", "negative", "control"])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     turns=st.lists(st.tuples(_PLAIN, _PLAIN), min_size=1, max_size=6),
     spoil=_SPOIL,
@@ -336,7 +339,7 @@ _BOUNDS_ROW = st.one_of(
 _REGIONS = st.lists(st.tuples(st.integers(-3, 160), st.integers(-2, 12)).map(lambda t: (t[0], t[0] + t[1])), max_size=5)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(rows=st.lists(st.tuples(_BOUNDS_ROW, _REGIONS), max_size=7))
 def test_region_masks_equal_region_mask_of_each(rows: list[tuple[np.ndarray, list[tuple[int, int]]]]) -> None:
     # Empty tokens at a row's edges, rows with no bytes or no token, regions out of range, overlapping or empty,

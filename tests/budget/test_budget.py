@@ -16,6 +16,7 @@ from ctxlock.errors import BudgetError, BudgetExceeded
 from ctxlock.request import parse_request
 from ctxlock.settings import reference_path
 from ctxlock.template._render import ChatTemplate, InjectionPolicy
+from hypothesis_profiles import examples
 
 WORDS = ["the", "sky", "is", "blue", "天空", "为什么", "code", "def", "x", "Rayleigh", "😀", "\n"]
 
@@ -59,7 +60,7 @@ def conversations(draw) -> dict:
     return req
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=conversations(), budget=st.integers(20, 900))
 def test_invariants_and_the_naive_oracle(qwen, data: dict, budget: int) -> None:
     model, template = qwen
@@ -229,7 +230,7 @@ def edits(draw) -> tuple[str, str]:
     return "".join(base), "".join(cand)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pair=edits())
 def test_incremental_count_equals_a_full_tokenization(llama_tok, pair: tuple[str, str]) -> None:
     # The counting service fit_context and plan_compaction count through: counted against a base text (the last
@@ -266,7 +267,7 @@ def chains(draw) -> list[str]:
     return ["".join(t) for t in texts]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=chains())
 def test_counts_along_a_chain_of_kept_texts(llama_tok, texts: list[str]) -> None:
     # As fit_context keeps candidate after candidate: each text is counted against the last kept one, then kept
@@ -284,7 +285,7 @@ def test_counts_along_a_chain_of_kept_texts(llama_tok, texts: list[str]) -> None
             assert counter.rebase(rendered) == expected
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=conversations(), budget=st.integers(40, 900))
 def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:
     # A second template family: Llama 3.1's headers, a tools preamble in the first user turn, ipython results.

@@ -37,6 +37,7 @@ from ctxlock.errors import BudgetError
 from ctxlock.request import Request
 from ctxlock.settings import reference_path
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega"]
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -296,7 +297,7 @@ def test_system_and_developer_messages_are_never_summarized(qwen: Any) -> None:
     assert out.messages[1].content == "Mid-conversation instruction."
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_conversations_cut_at_valid_points(qwen: Any, data: st.DataObject) -> None:
     model, template = qwen
@@ -330,7 +331,7 @@ def test_random_conversations_cut_at_valid_points(qwen: Any, data: st.DataObject
         assert abs(exact - plan.estimated_tokens_after) <= SUMMARY_TOKENS_TOLERANCE
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_plans_are_the_same_on_the_reference_path(qwen: Any, nemo: ctxlock.Model, data: st.DataObject) -> None:
     # The counting service against the tokenizer stage itself (CTXLOCK_FAST=0): the same plan and sizes, on Qwen's

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 from ctxlock.core._trie import longest_first, longest_first_pattern
+from hypothesis_profiles import examples
 
 _ALPHABET = "ab<|>[]\\^-_. \n\u00e9\U0001f600"
 
@@ -23,7 +24,7 @@ def _spans(pattern: re.Pattern[str] | None, text: str) -> list[tuple[int, int]]:
     return [] if pattern is None else [m.span() for m in pattern.finditer(text)]
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     tokens=st.lists(st.text(alphabet=_ALPHABET, max_size=6), max_size=12),
     text=st.text(alphabet=_ALPHABET, max_size=60),
@@ -32,7 +33,7 @@ def test_same_spans_as_the_plain_alternation(tokens: list[str], text: str) -> No
     assert _spans(longest_first(tokens), text) == _spans(_plain(tokens), text)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(tokens=st.lists(st.text(alphabet=_ALPHABET, min_size=1, max_size=8), min_size=1, max_size=12), data=st.data())
 def test_texts_built_from_the_tokens(tokens: list[str], data: st.DataObject) -> None:
     # Texts made of the tokens themselves, their prefixes and neighbours: where longest-first matters.

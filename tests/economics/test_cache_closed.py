@@ -37,6 +37,7 @@ from ctxlock.economics._session import build_turns
 from ctxlock.records import RunOptions
 from ctxlock.request import parse_request
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 TURNS = 32
 FIXED = "You are the support assistant of a hardware shop. Answer precisely and cite the order number. " * 4
@@ -134,7 +135,7 @@ def test_schema_key_order(dialect: str) -> None:
 TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=30)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(head=TEXT, old=TEXT, new=TEXT, tail=TEXT)
 def test_any_changed_string_is_named_by_its_character(head: str, old: str, new: str, tail: str) -> None:
     a, b = head + old + tail, head + new + tail
@@ -251,7 +252,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(args=st.dictionaries(TEXT, JSON, max_size=4), content=TEXT)
 def test_the_walk_writes_the_same_bytes(args: dict[str, Any], content: str) -> None:
     """Every part's values and keys, walked, lie exactly over the bytes the report compares (tool-call arguments of
@@ -325,7 +326,7 @@ def test_closed_figures_are_laid_out_in_the_providers_order(tmp_path: Path, tool
     assert human.exit_code == 0 and "proxy tokenizer mistral-nemo/tekken" in " ".join(human.output.split())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     system=st.lists(TEXT, min_size=1, max_size=3),
     chat=st.lists(TEXT, min_size=1, max_size=4),

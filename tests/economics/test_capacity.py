@@ -26,6 +26,7 @@ from ctxlock.cli import budget as budget_cmds
 from ctxlock.cli import clamp as clamp_cmds
 from ctxlock.economics._capacity import LARGE_INTEGER, Capacity, from_files, override, with_price
 from ctxlock.economics._usage import PriceTable
+from hypothesis_profiles import examples
 
 PRICES = Path(__file__).parents[1] / "data" / "usage" / "prices.json"
 
@@ -199,7 +200,7 @@ HOSTILE = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(["max_position_embeddings", "n_positions", "max_seq_len"]), value=HOSTILE, tok=HOSTILE)
 def test_hostile_values_are_never_a_window_silently(key: str, value: Any, tok: Any) -> None:
     cap = from_files(config={key: value}, tokenizer_config={"model_max_length": tok}, params={"max_seq_len": value})

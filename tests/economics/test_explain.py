@@ -25,6 +25,7 @@ from ctxlock.cli.render import register as register_render
 from ctxlock.economics._explain import MAX_FIND_CHARS, MIDDLE_MIN_TOKENS, OVERFLOW_MESSAGES, Window, explain
 from ctxlock.errors import ExplainError
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 NEEDLE = "MAGIC-TOKEN-4242"
@@ -349,7 +350,7 @@ def test_window_is_a_value_with_its_source(qwen: Any) -> None:
     assert out.causes[0].verdict == "yes" and "config.json max_position_embeddings" in out.causes[0].evidence[0]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(at=st.integers(0, 5), needle=st.text(alphabet="xyzé中🙂 ", min_size=1, max_size=6).map(lambda s: f"Q{s}Q"))
 def test_position_is_the_tokens_before_it(qwen: Any, at: int, needle: str) -> None:
     model, template, _, _ = qwen

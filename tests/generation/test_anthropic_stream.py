@@ -26,6 +26,7 @@ from ctxlock.generation.toolcalls import (
     ToolCallReady,
     assemble,
 )
+from hypothesis_profiles import examples
 
 STREAMS = Path(__file__).parents[1] / "data" / "streams"
 MODES = (("finish",), ("early",))  # split at every index: the two release modes on alternate indexes
@@ -140,7 +141,7 @@ def test_parsed_event_dicts_and_sdk_objects() -> None:
     check_full([Event(e) for e in evs], ends)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_random_chunkings_of_text_and_bytes(data: st.DataObject) -> None:
     as_bytes = data.draw(st.booleans())

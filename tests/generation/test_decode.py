@@ -34,6 +34,7 @@ from ctxlock.generation._decode import IncrementalDecoder, byte_level_table, dec
 from ctxlock.tokenizer import Tokenizer
 from ctxlock.tokenizer.backends._sentencepiece import SentencePieceTokenizer
 from ctxlock.tokenizer.backends._tiktoken_file import TIKTOKEN_PRESETS, TiktokenTokenizer
+from hypothesis_profiles import examples
 
 GGUF_VOCABS = ("qwen2", "llama-bpe", "phi-3", "llama-spm", "gemma-4")
 VOCABS = (*GGUF_VOCABS, "mistral-nemo", "qwen.tiktoken", "mistral-v3-spm")
@@ -131,7 +132,9 @@ CHARS = st.characters(codec="utf-8", exclude_characters="\ufffd")
 TEXTS = st.lists(
     st.one_of(st.sampled_from(FRAGMENTS), st.text(CHARS, min_size=1, max_size=6)), min_size=1, max_size=8
 ).map("".join)
-PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -172,7 +175,7 @@ def _pool(tok: Tokenizer) -> list[int]:
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), skip=st.booleans(), primed=st.booleans())
 def test_arbitrary_ids_and_special_tokens(
     toks: dict[str, Tokenizer], vocab: str, data: st.DataObject, skip: bool, primed: bool

@@ -27,6 +27,7 @@ from ctxlock.generation._sampler import (
     apply_top_p,
     distribution,
 )
+from hypothesis_profiles import examples
 
 NEG = -np.inf
 
@@ -136,7 +137,7 @@ def _reference_probs(cfg: SamplerConfig, logits: np.ndarray, allowed, history) -
     return p / p.sum()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     seed=st.integers(0, 2**16),
     temperature=st.sampled_from([0.3, 0.7, 1.0, 1.8]),
@@ -345,7 +346,7 @@ def test_bad_logits_masks_and_history() -> None:
     assert s.draws == 0  # no failed call consumed randomness
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(seed=st.integers(0, 10**6), top_k=st.integers(0, 20), top_p=st.floats(0.01, 1.0), min_p=st.floats(0.0, 1.0))
 def test_filters_never_remove_the_best_allowed_token(seed, top_k, top_p, min_p) -> None:
     rng = np.random.default_rng(seed)

@@ -22,6 +22,7 @@ from ctxlock.cli import detok as detok_cli
 from ctxlock.errors import DecodeError, IncompleteDecodeError
 from ctxlock.generation._decode import Detokenized, Detokenizer, StopMatch, StopMatcher, decode_stream, stream_text
 from ctxlock.tokenizer import Tokenizer
+from hypothesis_profiles import examples
 
 
 def oracle(text: str, stops: list[str]) -> tuple[str, StopMatch | None]:
@@ -49,7 +50,7 @@ SMALL = st.text(st.sampled_from("ab</>k \n中👩"), max_size=30)
 STOPS = st.lists(st.text(st.sampled_from("ab</>k中"), min_size=1, max_size=4), min_size=1, max_size=4)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=SMALL, stops=STOPS, cuts=st.lists(st.integers(0, 40), max_size=12))
 def test_random_chunking_matches_the_oracle(text: str, stops: list[str], cuts: list[int]) -> None:
     expected, match = oracle(text, stops)
@@ -60,13 +61,13 @@ def test_random_chunking_matches_the_oracle(text: str, stops: list[str], cuts: l
     assert all(expected.startswith("".join(pieces[: k + 1])) for k in range(len(pieces)))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(text=SMALL, stops=STOPS)
 def test_one_character_at_a_time_and_all_at_once_agree(text: str, stops: list[str]) -> None:
     assert run_chunks(list(text), stops)[:2] == run_chunks([text], stops)[:2] == oracle(text, stops)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(text=SMALL, stops=STOPS, cuts=st.lists(st.integers(0, 40), max_size=12))
 def test_held_back_is_exactly_the_longest_suffix_that_begins_a_stop(
     text: str, stops: list[str], cuts: list[int]
@@ -128,7 +129,7 @@ REAL_STOPS = st.lists(
 
 
 @pytest.mark.parametrize("vocab", ["qwen2", "phi-3", "mistral-nemo"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=REAL_TEXT, stops=REAL_STOPS)
 def test_real_tokenizer_pieces_match_the_oracle(
     toks: dict[str, Tokenizer], vocab: str, text: str, stops: list[str]

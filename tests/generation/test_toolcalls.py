@@ -38,6 +38,7 @@ from ctxlock.generation.toolcalls import (
     to_model,
 )
 from ctxlock.request import parse_request
+from hypothesis_profiles import examples
 
 STREAMS = Path(__file__).parents[1] / "data" / "streams"
 
@@ -513,7 +514,7 @@ def test_recorded_stream_split_at_every_index(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(RECORDINGS))
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_recorded_stream_random_chunkings(name: str, data: st.DataObject) -> None:
     fx = RECORDED[name]
@@ -601,7 +602,7 @@ def test_openai_arguments_split_at_every_index() -> None:
         check_openai(chunks, [call], "")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_openai_random_fragmentations(data: st.DataObject) -> None:
     chunks = synthesize_openai([], "I'll look those up.", "")[:-1]

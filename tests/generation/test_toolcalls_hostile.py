@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ctxlock.errors import CtxlockError, ToolCallError
 from ctxlock.generation.toolcalls import DEFAULT_MAX_EVENT_SIZE, Result, ToolCallAssembler
+from hypothesis_profiles import examples
 
 TOOLS = [
     {"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {"a": {}}}}},
@@ -24,7 +25,7 @@ TOOLS = [
     },
 ]
 FORMATS = ["anthropic", "openai", "hermes", "mistral", "qwen3_coder"]
-SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def sse(events: list[dict[str, Any]]) -> str:

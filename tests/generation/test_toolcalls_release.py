@@ -18,6 +18,7 @@ from test_toolcalls import MARKERS, RECORDED, TOOLS, _load_jsonl
 
 from ctxlock.errors import ToolCallError, ToolCallTruncatedError
 from ctxlock.generation.toolcalls import ToolCallAssembler, ToolCallReady, to_model
+from hypothesis_profiles import examples
 
 NAMES = sorted(RECORDED)
 
@@ -131,7 +132,7 @@ def test_release_mode_is_checked() -> None:
     assert info.value.path == "release" and "early" in info.value.hint
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     name=st.sampled_from(NAMES),
     data=st.data(),

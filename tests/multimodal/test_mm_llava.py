@@ -23,6 +23,7 @@ from ctxlock.errors import CtxlockError, ImageSizeError
 from ctxlock.multimodal import _media as media
 from ctxlock.multimodal._base import ColourPolicy, ImageFamily, Orientation
 from ctxlock.multimodal._llava import LlavaFamily, shortest_edge_size
+from hypothesis_profiles import examples
 from mm_images import as_decoded, corpus, exif_rotated, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
@@ -94,7 +95,7 @@ def test_class_defaults_224(label) -> None:
     assert pre.plan.n_tokens == 256
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 5000), st.integers(1, 5000))
 def test_resize_size_equals_transformers(h, w) -> None:
     from transformers.image_transforms import get_resize_output_image_size

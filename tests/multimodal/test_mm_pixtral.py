@@ -34,6 +34,7 @@ from ctxlock.multimodal import _media as media
 from ctxlock.multimodal._base import ImageFamily
 from ctxlock.multimodal._pixtral import PixtralFamily, pixtral_grid
 from ctxlock.multimodal._resample import PORTABLE_MAX_DIFF, Resizer, cubic_resize, opencv_resize
+from hypothesis_profiles import examples
 from mm_images import as_decoded, corpus, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
@@ -113,7 +114,7 @@ def test_ipp_deviation_is_bounded() -> None:
     assert f"not exact vs mistral-common: max |diff| <= {PORTABLE_MAX_DIFF:g}" in params["resample"]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(1, 400), st.integers(1, 400), st.integers(1, 400), st.integers(1, 400), st.booleans())
 def test_opencv_resizer_is_mistral_commons_call(h, w, nh, nw, as_uint8) -> None:
     """`opencv_resize` on uint8 pixels is `cv2.resize(np.array(rgb, dtype=np.float32), ...)`, bit for bit."""
@@ -140,7 +141,7 @@ def _dist_version() -> str:
     return importlib.metadata.version("opencv-python-headless")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 300), st.integers(1, 300))
 def test_cubic_resize_is_opencv_without_ipp(h, w, nh, nw) -> None:
     rng = np.random.default_rng(h * 7919 + w)
@@ -155,7 +156,7 @@ def test_cubic_resize_is_opencv_without_ipp(h, w, nh, nw) -> None:
     assert np.abs(cubic_resize(image, nw, nh) - ref).max() <= 2e-4
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 60_000), st.integers(1, 60_000), st.sampled_from(CONFIGS))
 def test_grid_equals_mistral_common_for_any_size(w, h, config) -> None:
     """The header-only count is mistral-common's `_image_to_num_tokens` for any size (no pixels needed)."""

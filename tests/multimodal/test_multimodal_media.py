@@ -31,6 +31,7 @@ from ctxlock.errors import ImageDecodeError, ImageSizeError, MediaError, MediaTy
 from ctxlock.multimodal import _media as media
 from ctxlock.multimodal._base import AnimationPolicy, ColourPolicy, Orientation
 from ctxlock.multimodal._qwen2vl import Qwen2VL, smart_resize
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -149,7 +150,7 @@ def test_animated_gif_first_frame_or_error() -> None:
     assert e.value.path == "messages[0].content[0]" and "3 frames" in e.value.message
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 20000), st.integers(1, 20000), st.sampled_from(sorted(CONFIGS)))
 def test_header_only_count_equals_transformers(height: int, width: int, config: str) -> None:
     fam = family(config)
@@ -166,7 +167,7 @@ def test_header_only_count_equals_transformers(height: int, width: int, config: 
     assert plan.resized[0] % 28 == 0 and plan.resized[1] % 28 == 0
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(1, 400), st.integers(1, 400), st.integers(0, 2**16))
 def test_random_small_images_match_transformers(width: int, height: int, seed: int) -> None:
     if max(width, height) / min(width, height) > 200:

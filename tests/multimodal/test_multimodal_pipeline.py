@@ -31,6 +31,7 @@ from ctxlock.errors import (
 )
 from ctxlock.multimodal._pipeline import StageOptions
 from ctxlock.multimodal._qwen2vl import Qwen2VL
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -299,7 +300,7 @@ def test_class_defaults_family_override(model: ctxlock.Model, model_dir: Path) -
 sizes = st.tuples(st.integers(1, 3000), st.integers(1, 3000)).filter(lambda s: max(s) / min(s) <= 200)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.lists(sizes, min_size=0, max_size=3), min_size=1, max_size=4), st.booleans())
 def test_every_image_maps_to_exactly_its_placeholders(model: ctxlock.Model, turns: list, text_first: bool) -> None:
     # Header-only images of arbitrary sizes (a tiny PNG header is enough for the plan; nothing is decoded).

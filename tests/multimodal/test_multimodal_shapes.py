@@ -19,6 +19,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 import ctxlock
 import mm_fixtures as F
 from ctxlock.errors import CtxlockError, ImageDecodeError, MediaSourceError, RequestValidationError
+from hypothesis_profiles import examples
 
 
 class ImageOnlyProcessor(Qwen2VLProcessor):
@@ -136,7 +137,7 @@ def test_shapes_reach_the_template_as_image_parts(model: ctxlock.Model) -> None:
     assert dict(model.parse(ask(SHAPES["image.base64"])).messages[0].content[0]) == SHAPES["image.base64"]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.dictionaries(
         st.sampled_from(["type", "image", "url", "base64", "path", "image_url", "file_id", "detail", "x"]),

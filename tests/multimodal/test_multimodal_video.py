@@ -35,6 +35,7 @@ from ctxlock.errors import (
 )
 from ctxlock.multimodal._pipeline import StageOptions
 from ctxlock.multimodal._qwen2vl import VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, Qwen2VL
+from hypothesis_profiles import examples
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def test_header_only_plan_equals_the_decoded_one(model: ctxlock.Model) -> None:
     assert planned.pixel_values_videos.shape == (0, 0)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 7), h=st.integers(1, 4000), w=st.integers(1, 4000))
 def test_plan_invariants(n: int, h: int, w: int) -> None:
     family = Qwen2VL.from_preprocessor_config(F.HUB_PREPROCESSOR)
@@ -399,7 +400,7 @@ def _url(w: int, h: int, seed: int) -> str:
     return _PNGS[key]
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(turns=st.lists(st.lists(_ITEM, min_size=1, max_size=4), min_size=1, max_size=3))
 def test_every_image_and_video_maps_to_exactly_its_placeholders(model: ctxlock.Model, turns: list) -> None:
     messages: list[dict] = []
@@ -495,7 +496,7 @@ _HOSTILE_URL = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     kind=st.sampled_from(["video", "video_url"]),
     key=st.sampled_from(["video", "video_url", "url", "path", "x"]),

@@ -25,6 +25,7 @@ import ctxlock as cl
 import fetched
 from cli_runner import assert_clean_error, ctxlock
 from ctxlock.errors import InputError
+from hypothesis_profiles import examples
 
 QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 CHAT = [
@@ -124,7 +125,7 @@ def _bad_offsets(data: bytes) -> list[int]:
             pos += exc.end
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=40))
 def test_decode_with_policy_matches_python_replace(data: bytes) -> None:
     from ctxlock.cli.files import decode_with_policy

@@ -29,6 +29,7 @@ from ctxlock.cli import usage as usage_cmds
 from ctxlock.economics._session import read_session
 from ctxlock.economics._usage import PriceTable, read_usage
 from ctxlock.errors import CtxlockError, PriceError, UsageError
+from hypothesis_profiles import examples
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -74,7 +75,7 @@ def _file(before: int, bad: bytes, after: int) -> bytes:
     return b"\n".join(lines + [json.dumps(GOOD[i % 2]).encode() for i in range(after)]) + b"\n"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(bad=HOSTILE, before=st.integers(0, 3), after=st.integers(0, 2))
 def test_hostile_usage_and_session_lines_are_typed_errors(tmp_path_factory: Any, bad: bytes, before: int, after: int):
     data = _file(before, bad, after)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ctxlock
+from hypothesis_profiles import examples
 
 PUBLIC = {
     "BudgetPolicy",
@@ -117,7 +118,7 @@ BOOK_TEXT = st.lists(st.sampled_from(["天空", "为什么", "是", "蓝色", "�
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(BOOK_TEXT, min_size=3, max_size=3), st.sampled_from(["left", "right"]))
 def test_batch_of_three_requests_is_consistent_with_single_encodes(texts: list[str], side: str) -> None:
     model = ctxlock.load("book")

@@ -14,6 +14,7 @@ from ctxlock.request import parse_request
 from ctxlock.settings import fast_enabled
 from ctxlock.template._render import ChatTemplate
 from ctxlock.tokenizer._runs import RUNS, RunCache, encode_run
+from hypothesis_profiles import examples
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_a_token_fragment_is_trusted_text_when_no_token_holding_it_occurs(qwen) 
 WORDS = ["sky", "blue", " ", "\n", "天空", "<|im_start|>", "<|im_end|>", "<|im_", "end|>", "im_st", "😀", "a"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     parts=st.lists(st.lists(st.sampled_from(WORDS), max_size=6).map("".join), min_size=1, max_size=6),
     policy=st.sampled_from(["text", "keep"]),
@@ -178,7 +179,7 @@ _JSON = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     text=st.text(alphabet="<|>[]im_stardx ", max_size=40),
     cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=6),

@@ -22,6 +22,7 @@ from ctxlock.records import ExecutionRecord, RunOptions, diff
 from ctxlock.records._replay import run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 NOW = "2024-07-26T10:00:00"
 # The documented outcomes (`Diff.kind`, the `kind` of `diff --json`).
@@ -232,7 +233,7 @@ def test_the_same_tokenizer_file_built_with_another_normalizer_is_named(
 _PIECES = st.sampled_from(["a", "e", " ", "e\u0301", "\u00e9", "A\u030a", "\u2126", "\ufb01", "\u1100\u1161", "z."])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.lists(_PIECES, min_size=1, max_size=8).map("".join))
 def test_the_outcome_follows_the_ids(bare: ctxlock.Model, gguf: ctxlock.Model, template: ChatTemplate, text: str):
     ra, rb = _record(bare, text, template), _record(gguf, text, template)

@@ -23,6 +23,7 @@ from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes, diff
 from ctxlock.records._replay import image_options, load_record, replay, rerun, run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 
@@ -57,7 +58,7 @@ def _shuffled(value, rng: random.Random):
     return value
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), text=st.text(max_size=40))
 def test_same_record_same_id_whatever_the_dict_order(seed: int, text: str) -> None:
     model = ctxlock.load("book")

@@ -29,6 +29,7 @@ from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes
 from ctxlock.records._replay import load_record, replay, run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 NOW = "2024-07-26T10:00:00"
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -231,7 +232,7 @@ def test_export_of_a_record_whose_artifacts_are_missing_writes_nothing(
     assert p.returncode == 1 and "ArtifactNotFoundError" in p.stderr and not out.exists()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_truncated_or_altered_bundle_is_refused_and_leaves_nothing(bundle: bytes, data: st.DataObject) -> None:
     how = data.draw(st.sampled_from(["truncate", "flip", "append"]))

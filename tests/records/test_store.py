@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, CtxlockError
 from ctxlock.records._store import MIGRATIONS, Store, default_store_path, m001_initial, migrate
+from hypothesis_profiles import examples
 from store_helpers.store_worker import make_artifact, make_record, record_index
 
 WORKER = Path(__file__).resolve().parents[1] / "store_helpers" / "store_worker.py"
@@ -346,7 +347,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.dictionaries(st.text(max_size=8), json_values, max_size=4), min_size=1, max_size=6))
 def test_round_trip_property(objs: list[dict]) -> None:
     bodies = [

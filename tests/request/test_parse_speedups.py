@@ -40,6 +40,7 @@ from ctxlock.request import MAX_JSON_DEPTH, Dialect, Message, Request, ToolCall,
 from ctxlock.request._canonical import _controls_escaped, _quoted, request_json_bytes
 from ctxlock.request._values import request_of, text_message
 from ctxlock.settings import fast_path, reference_path
+from hypothesis_profiles import examples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_batch  # the rows `ctxlock batch` is benchmarked on
@@ -144,7 +145,7 @@ def _mutate(text: str, where: int, how: int) -> str:
 
 
 @pytest.mark.parametrize("policy", [Utf8Policy.STRICT, Utf8Policy.REPLACE])
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=json_texts, where=st.integers(0, 10_000), how=st.integers(0, 20))
 def test_loads_strict_one_pass_equals_the_reference(policy: Utf8Policy, text: str, where: int, how: int) -> None:
     text = _mutate(text, where, how)
@@ -241,7 +242,7 @@ requests = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     request=requests,
     ascii_=st.booleans(),
@@ -268,7 +269,7 @@ def test_parse_request_equals_the_reference(
 _BAD_BYTES = [b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xf0\x9f\x99", b"\x80\x80", b"\xef\xbb\xbf", b"\\u"]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(request=requests, bad=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(_BAD_BYTES)), max_size=3))
 def test_parse_request_of_broken_bytes_equals_the_reference(request: dict[str, Any], bad: list[Any]) -> None:
     """Invalid UTF-8 (rejected, or replaced and recorded), a BOM, a stray escape, anywhere in the bytes."""
@@ -397,7 +398,7 @@ def _to_json(request: Request) -> str:
     return request.to_json()
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(request=built_requests)
 def test_to_json_piece_by_piece_equals_the_reference(request: Request) -> None:
     fast, reference = both(_to_json, request)
@@ -448,7 +449,7 @@ def test_the_digest_is_the_sha256_of_the_reference_text() -> None:
 # -- canonical_json ---------------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=_JSONISH)
 def test_canonical_json_is_json_dumps(value: Any) -> None:
     def dumps(v: Any) -> str:

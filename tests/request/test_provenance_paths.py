@@ -24,6 +24,7 @@ import fetched
 from ctxlock.errors import ControlTokenError
 from ctxlock.request import parse_request
 from ctxlock.template._render import ChatTemplate, render
+from hypothesis_profiles import examples
 
 QWEN35 = "Qwen3.5-4B.jinja"
 
@@ -255,7 +256,7 @@ def test_a_control_token_in_an_input_key_names_the_key() -> None:
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     city=_TEXT,
     name=_TEXT,

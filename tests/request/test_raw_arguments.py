@@ -26,6 +26,7 @@ from ctxlock.core._frozen import FrozenDict
 from ctxlock.errors import RequestValidationError
 from ctxlock.request import parse_request
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -110,7 +111,7 @@ def test_qwen25_ids_parsed_differ_and_as_sent_equal_transformers(qwen, name: str
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     value=st.dictionaries(
         st.text(max_size=5), st.integers() | st.text(max_size=6) | st.booleans() | st.none(), max_size=3

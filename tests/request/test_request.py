@@ -23,6 +23,7 @@ from ctxlock.request import (
     Utf8Policy,
     parse_request,
 )
+from hypothesis_profiles import examples
 
 DATA = Path(__file__).parents[1] / "data" / "requests"
 
@@ -734,7 +735,7 @@ def _request_bytes(text: str, ensure_ascii: bool) -> bytes:
     return json.dumps(body, ensure_ascii=ensure_ascii).encode("utf-8")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(), st.booleans())
 def test_text_round_trips_exactly(text: str, ensure_ascii: bool) -> None:
     data = _request_bytes(text, ensure_ascii)
@@ -752,7 +753,7 @@ def test_text_round_trips_exactly(text: str, ensure_ascii: bool) -> None:
 _NEVER_VALID = [*range(0x80, 0xC0), 0xC0, 0xC1, *range(0xF5, 0x100)]  # invalid wherever they start a character
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(), st.data())
 def test_inserted_invalid_byte_is_reported_at_its_offset(text: str, data: st.DataObject) -> None:
     encoded = _request_bytes(text, ensure_ascii=False)
@@ -773,7 +774,7 @@ def test_inserted_invalid_byte_is_reported_at_its_offset(text: str, data: st.Dat
     assert f"{out[inserted_at[0]]:02x}" in info.value.message
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.text(), st.data())
 def test_replace_records_inserted_offsets(text: str, data: st.DataObject) -> None:
     prefix = b'{"messages":[{"role":"user","content":"'

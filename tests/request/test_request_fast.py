@@ -37,6 +37,7 @@ from ctxlock.request import (
     parse_request,
 )
 from ctxlock.settings import reference_path
+from hypothesis_profiles import examples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import corpus
@@ -248,7 +249,9 @@ def top_levels(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
     conversations(),
@@ -272,7 +275,7 @@ def test_generated_conversations_are_identical_to_the_reference_path(
         assert fast.dialect is Dialect.OPENAI
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_JSON)
 def test_the_memos_serialization_is_json_dumps(value: Any) -> None:
     # The memo serializes each top-level value and each message itself; source_sha256 is the digest of

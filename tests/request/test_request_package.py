@@ -27,6 +27,7 @@ from ctxlock.request import _anthropic as anthropic
 from ctxlock.request import _build as build
 from ctxlock.request import _openai as openai
 from ctxlock.settings import reference_path
+from hypothesis_profiles import examples
 
 PACKAGE = Path(ctxlock.request.__file__).parent
 
@@ -182,7 +183,7 @@ _MESSAGE = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_MESSAGE, min_size=1, max_size=5), st.dictionaries(st.sampled_from(["model", "n", "x"]), _VALUE))
 def test_the_memo_gives_the_reference_paths_result(messages: list[dict[str, Any]], top: dict[str, Any]) -> None:
     for cut in range(1, len(messages) + 1):  # turn by turn, as a chat server sees them

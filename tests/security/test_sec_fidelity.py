@@ -22,6 +22,7 @@ from conformance import FIXED_NOW, TEMPLATE_KWARGS, FixedClock, vocab_for
 from ctxlock.errors import CtxlockError
 from ctxlock.request import parse_request
 from ctxlock.template._render import ChatTemplate, render
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -130,7 +131,7 @@ def test_book_keeps_the_users_literal_marker_text(content: str) -> None:
         assert content in getattr(out, "rendered", out).text
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     text=st.lists(
         st.sampled_from(

@@ -27,13 +27,14 @@ from hypothesis import strategies as st
 import ctxlock
 from ctxlock.artifacts import BUILTIN_DIR
 from ctxlock.errors import ArtifactFormatError, CtxlockError, RequestError, RequestJSONError
+from hypothesis_profiles import examples
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _tokenizer_json() -> str:
@@ -280,7 +281,7 @@ def _nest(depth: int, kinds: list[bool]) -> Any:
     return value
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(depth=st.integers(1, 3000), kinds=st.lists(st.booleans(), min_size=1, max_size=5), where=st.integers(0, 2))
 def test_deep_python_values_fail_like_bytes(depth: int, kinds: list[bool], where: int) -> None:
     """Nesting in a Mapping request is limited as in bytes: the same outcome, error class, message and path as the
@@ -331,7 +332,7 @@ def _cyclic(shape: list[int]) -> tuple[Any, str]:
     return outer, path
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(shape=st.lists(st.integers(0, 1), min_size=1, max_size=8), in_messages=st.booleans())
 def test_self_referencing_python_values_are_typed(shape: list[int], in_messages: bool) -> None:
     value, below = _cyclic(shape)

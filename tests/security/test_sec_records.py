@@ -37,6 +37,7 @@ from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes
 from ctxlock.records._replay import load_record, materialized, replay, run_and_record, save
 from ctxlock.records._store import Store
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 NOW = "2024-01-01T00:00:00"
 REQUEST = {"messages": [{"role": "user", "content": "天空"}]}
@@ -277,7 +278,7 @@ hostile_names = st.one_of(
 )
 
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @FAST
@@ -303,7 +304,7 @@ def test_parsing_refuses_a_record_with_a_hostile_name(book: ExecutionRecord, ggu
             ExecutionRecord.from_data(data)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=hostile_names)
 @example(name="\udc80")
 def test_import_and_replay_of_a_hostile_name_write_nothing(
@@ -328,7 +329,7 @@ def test_import_and_replay_of_a_hostile_name_write_nothing(
     sandbox.assert_untouched()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(name=st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.+@=,~ ()\[\]-]{0,250}[A-Za-z0-9_]", fullmatch=True))
 def test_an_accepted_name_is_one_file_directly_inside_any_directory(name: str) -> None:
     """The rule's other half: whatever it accepts joins onto a directory as a direct child, on POSIX and Windows."""

@@ -32,6 +32,7 @@ from ctxlock.request import parse_request
 from ctxlock.template._render import ChatTemplate, Span
 from ctxlock.tokenizer import tokenize
 from ctxlock.tokenizer.backends._hf import HFTokenizer
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -147,7 +148,7 @@ def _options(template: str, add_generation_prompt: bool) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), messages=conversations, add_generation_prompt=st.booleans())
 def test_benign_whitespace_gives_the_reference_ids(
     name: str, data: st.DataObject, messages: list[dict], add_generation_prompt: bool
@@ -174,7 +175,7 @@ def _token_in_whitespace(name: str) -> Any:
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), add_generation_prompt=st.booleans())
 def test_request_control_token_between_whitespace_stays_text(
     name: str, data: st.DataObject, add_generation_prompt: bool

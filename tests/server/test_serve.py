@@ -33,6 +33,7 @@ from ctxlock.artifacts import load_template_file
 from ctxlock.errors import ServeConfigError
 from ctxlock.server.config import parse_config
 from ctxlock.server.edge import RateLimiter
+from hypothesis_profiles import examples
 from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
 
 # The anchors' documented response fields (vLLM TokenizeResponse / DetokenizeResponse, llama.cpp server README,
@@ -519,7 +520,7 @@ ROUTES = [
 ]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     route=st.sampled_from(ROUTES),
     body=st.dictionaries(FIELDS, JSONISH, max_size=5) | JSONISH,
@@ -599,7 +600,7 @@ def test_record_view_is_one_self_contained_page(http: httpx.Client, server: str,
     assert out.read_text("utf-8") == page
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     rate=st.floats(0.1, 100.0),
     burst=st.integers(0, 20),

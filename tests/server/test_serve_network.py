@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 from ctxlock.records import _viewer as viewer
+from hypothesis_profiles import examples
 from serve_server import SRC, TOKEN, client, free_port, terminate
 
 HEADER_TIMEOUT = 1.0
@@ -311,7 +312,7 @@ def test_the_hostile_head_catalogue_gets_only_json(server: Server, raw: bytes) -
     exchange(server, raw.replace(b"{auth}", b"Host: x\r\n" + AUTH))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     headers=st.lists(st.tuples(header_names, header_values), max_size=6),
     body=st.binary(max_size=40),

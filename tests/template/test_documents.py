@@ -23,6 +23,7 @@ from ctxlock.cli import app
 from ctxlock.errors import CtxlockError, DocumentError, RequestValidationError
 from ctxlock.request import Dialect, parse_request
 from ctxlock.template._render import ChatTemplate
+from hypothesis_profiles import examples
 
 RAG = ChatTemplate(
     "{% for d in documents or [] %}[{{ d.title }}] {{ d.text }}\n{% endfor %}"
@@ -170,7 +171,7 @@ def test_bad_documents_are_typed_errors_at_their_path(block, where) -> None:
     assert info.value.path == expected and info.value.hint
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.binary(max_size=2000))
 def test_hostile_pdf_bytes_never_crash(tail) -> None:
     try:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 from ctxlock.errors import CtxlockError, ImagePlacementError, TemplateRaisedError
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -195,7 +196,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=JSON, compact=st.booleans())
 def test_any_json_tool_result_encodes_as_mistral_common_encodes_it(pair, value: Any, compact: bool) -> None:
     reference, model = pair
@@ -214,7 +215,7 @@ def test_any_json_tool_result_encodes_as_mistral_common_encodes_it(pair, value: 
     assert list(model.run(request).tokenized.ids) == _reference(reference, request)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     parts=st.lists(st.sampled_from(["", "a", " b ", "c\n"]), min_size=1, max_size=4),
     role=st.sampled_from(["user", "system"]),

@@ -28,6 +28,7 @@ from ctxlock.errors import CtxlockError
 from ctxlock.request import parse_request
 from ctxlock.template._render import ChatTemplate, render
 from ctxlock.template.sandbox._env import new_environment
+from hypothesis_profiles import examples
 
 REQUEST = {
     "messages": [
@@ -252,7 +253,7 @@ def test_random_filter_is_seeded_and_logged() -> None:
     assert outcome(source, seed=7) == outcome(source, seed=7)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 2**64 - 1), n=st.integers(1, 4), lo=st.integers(1, 12), span=st.integers(0, 12))
 def test_lipsum_is_a_function_of_its_seed(seed: int, n: int, lo: int, span: int) -> None:
     source = f"{{{{ lipsum({n}, false, {lo}, {lo + span}) }}}}"

@@ -28,6 +28,7 @@ from ctxlock.request import Utf8Policy
 from ctxlock.settings import fast_path, reference_path
 from ctxlock.template._taint import Tainted
 from ctxlock.template.sandbox._limits import input_chars
+from hypothesis_profiles import examples
 
 
 def plain_input_chars(value: Any) -> int:
@@ -88,7 +89,7 @@ def containers(children: Any) -> Any:
     )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.recursive(leaves, containers, max_leaves=30))
 def test_input_chars_equals_the_plain_walk(value: Any) -> None:
     assert input_chars(value) == plain_input_chars(value)
@@ -130,7 +131,7 @@ def _typed(value: Any) -> Any:
     return (type(value).__name__, repr(value))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.recursive(leaves, containers, max_leaves=30))
 def test_freeze_and_thaw_equal_the_plain_recursion(value: Any) -> None:
     assert _typed(freeze(value)) == _typed(plain_freeze(value))
@@ -185,7 +186,7 @@ def _outcome(text: str, policy: Utf8Policy) -> Any:
 
 
 @pytest.mark.parametrize("policy", [Utf8Policy.STRICT, Utf8Policy.REPLACE])
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=json_texts)
 def test_loads_strict_equals_the_reference_path(policy: Utf8Policy, text: str) -> None:
     with fast_path():
@@ -217,7 +218,7 @@ def test_a_text_with_no_surrogate_parses_unchanged_on_the_fast_path() -> None:
 # -- FrozenDict.get and `in` ------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.dictionaries(st.one_of(texts, st.integers()), st.one_of(st.none(), st.integers(), texts), max_size=6),
     st.lists(st.one_of(texts, st.integers(), st.none(), st.booleans(), st.floats(allow_nan=False)), max_size=6),

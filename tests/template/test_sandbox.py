@@ -24,6 +24,7 @@ from ctxlock.template.sandbox._env import (
     render_limited,
 )
 from ctxlock.template.sandbox._limits import FixedOrderSet, RenderState
+from hypothesis_profiles import examples
 
 CHECKER = taint.Checker(lambda s: False, lambda: "")
 
@@ -97,7 +98,7 @@ def test_random_draws_are_seeded_and_logged() -> None:
 _PUBLIC_STR = sorted(a for a in dir(str) if not a.startswith("_"))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     attribute=st.one_of(st.sampled_from([*_PUBLIC_STR, "role", "missing", "items", "x"]), st.text(max_size=12)),
     stored=st.sampled_from(["text", 3, None, "{0.__class__}".format, "abc".strip, [1, 2]]),

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ctxlock.errors import TensorError
 from ctxlock.tensors._assemble import ModelInput, PaddingSide, assemble, assemble_batch
+from hypothesis_profiles import examples
 
 # Realistic Qwen2-style ids: <|im_start|>=151644, <|im_end|>=151645, <|endoftext|>=151643 (Qwen's pad token).
 P = 151643
@@ -420,7 +421,7 @@ multiple_st = st.one_of(st.none(), st.integers(min_value=1, max_value=64))
 pad_st = st.integers(min_value=0, max_value=151_000)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(batch_st, side_st, multiple_st, pad_st)
 def test_properties(seqs, side, multiple, pad_id):
     mi = assemble_batch(seqs, pad_id=pad_id, padding_side=side, pad_to_multiple_of=multiple)
@@ -471,7 +472,7 @@ def test_properties(seqs, side, multiple, pad_id):
     assert again == mi
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(batch_st, multiple_st, pad_st)
 def test_property_sides_agree_on_rows(seqs, multiple, pad_id):
     left = assemble_batch(seqs, pad_id=pad_id, padding_side="left", pad_to_multiple_of=multiple)
@@ -485,7 +486,7 @@ def test_property_sides_agree_on_rows(seqs, multiple, pad_id):
         assert left != right
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(ids_st)
 def test_property_single(ids):
     mi = assemble(ids)

@@ -19,6 +19,7 @@ import fetched
 from ctxlock.settings import fast_path
 from ctxlock.tokenizer import _fastbpe as fastbpe
 from ctxlock.tokenizer.backends._hf import HFTokenizer
+from hypothesis_profiles import examples
 from vocabularies import hf_backend_tokenizers
 
 MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
@@ -184,7 +185,7 @@ TEXT = st.lists(
 
 
 @pytest.mark.parametrize("key", FAST)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=TEXT)
 def test_random_text_gives_reference_ids(key: str, text: str) -> None:
     tok = TOKENIZERS[key]

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import ctxlock
 from ctxlock.artifacts import load_artifacts
 from hf_dirs import CLASS_VOCABS, NON_NFC, auto_tokenizer, build_dir, reference_chat_ids
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -113,7 +114,7 @@ _UNICODE = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_UNICODE, cls=st.sampled_from(list(CLASS_VOCABS)))
 def test_generated_unicode_matches_autotokenizer(
     text: str, cls: str, class_dirs: dict[str, Path], references: Any

@@ -21,6 +21,7 @@ import ctxlock
 from ctxlock.artifacts import load_artifacts
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError
 from hf_dirs import NON_NFC, auto_tokenizer, build_dir, reference_chat_ids
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -58,7 +59,7 @@ def test_slow_dir_chat_and_encode_match(cls: str, slow_dirs: dict[str, Path]) ->
     assert {d["file"] for d in desc["class_disagreements"]} == {"(no tokenizer.json)"}
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     text=st.text(st.characters(codec="utf-8", categories=("L", "M", "N", "P", "S", "Zs")), max_size=30),
     cls=st.sampled_from(list(SLOW)),

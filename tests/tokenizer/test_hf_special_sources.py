@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import ctxlock
 import fetched
 from ctxlock.errors import ArtifactFormatError, RequestValidationError, TokenizerError
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -236,7 +237,7 @@ def _check(root: Path) -> None:
     assert got == expected
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=directories())
 def test_special_tokens_follow_transformers_sources(shape: dict[str, Any], base_tokenizer: dict[str, Any]) -> None:
     root = Path(tempfile.mkdtemp(prefix="ctxlock-hf-special-"))

@@ -28,6 +28,7 @@ import ctxlock
 from ctxlock.artifacts import load_artifacts
 from ctxlock.errors import ArtifactFormatError
 from hf_dirs import NON_NFC, auto_tokenizer, reference_chat_ids
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -143,7 +144,7 @@ _CHARS = st.one_of(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.lists(_CHARS, max_size=30).map("".join), name=st.sampled_from(list(DIRS)), specials=st.booleans())
 def test_spm_dir_generated_text(text: str, name: str, specials: bool, loaded: dict[str, tuple[Any, Any]]) -> None:
     model, ref = loaded[name]

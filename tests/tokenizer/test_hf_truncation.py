@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import ctxlock
 from ctxlock.records import RunOptions, build_record
 from hf_dirs import NON_NFC, auto_tokenizer, build_dir, reference_chat_ids
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -70,7 +71,7 @@ def test_chat_render_is_neither_truncated_nor_padded(truncating_dir: Path) -> No
     assert len(model.tokenizer.encode(MESSAGE)) == 8  # plain encode: not truncated either
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(NON_NFC))
 def test_generated_chats_match_apply_chat_template(truncating_dir: Path, text: str) -> None:
     ref, model = auto_tokenizer(truncating_dir), ctxlock.load(str(truncating_dir))

@@ -20,6 +20,7 @@ from ctxlock.template._render import ChatTemplate
 from ctxlock.tokenizer import encode_ids, tokenize
 from ctxlock.tokenizer._prefix import WholeText, common_prefix, whole_text_refusal
 from ctxlock.tokenizer.backends._hf import HFTokenizer
+from hypothesis_profiles import examples
 from vocabularies import ENGINES, hf_backend_tokenizers, native_engine
 
 MUST_BE_WHOLE = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
@@ -89,7 +90,9 @@ WORDS = [
 def _every_vocabulary_and_engine(test: Callable[..., None]) -> Callable[..., None]:
     """A hypothesis test (`data`) run for every vocabulary where whole-text encoding is taken, with each engine."""
     test = given(data=st.data())(test)
-    test = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
+    test = settings(
+        max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )(test)
     return pytest.mark.parametrize("key", WHOLE)(pytest.mark.parametrize("engine", ENGINES)(test))
 
 

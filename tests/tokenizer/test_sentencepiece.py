@@ -23,6 +23,7 @@ from ctxlock.template._render import ChatTemplate, InjectionPolicy, Rendered, Sp
 from ctxlock.tokenizer import Tokenizer, tokenize
 from ctxlock.tokenizer.backends._sentencepiece import SentencePieceTokenizer, from_manifest
 from ctxlock.tokenizer.backends._tekken import TekkenTokenizer
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.reference
 
@@ -157,7 +158,7 @@ def test_corpus_exercises_byte_fallback(spm_pair) -> None:
     assert len(byte_ids) >= 10
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(max_size=40))
 def test_arbitrary_text_equals_mistral_common(spm_pair, text: str) -> None:
     ours, ref = spm_pair
@@ -303,7 +304,7 @@ def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("spm-fuzz")
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     mutations=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=12),
     cut=st.one_of(st.none(), st.integers(min_value=0)),

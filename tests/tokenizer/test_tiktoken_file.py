@@ -32,6 +32,7 @@ from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, ControlTo
 from ctxlock.template._render import ChatTemplate, InjectionPolicy, Rendered, Span
 from ctxlock.tokenizer import Tokenizer, tokenize
 from ctxlock.tokenizer.backends._tiktoken_file import QWEN_PATTERN, TIKTOKEN_PRESETS, TiktokenTokenizer, from_manifest
+from hypothesis_profiles import examples
 
 QWEN = TIKTOKEN_PRESETS["qwen"]
 SPECIALS = list(QWEN["special_tokens"])
@@ -234,7 +235,7 @@ def test_same_specials_map_to_the_same_ids_as_qwen2(qwen: TiktokenTokenizer, hf_
     assert hf_qwen2.id_to_token(151646) != "<|extra_0|>"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(max_size=60))
 def test_hf_parity_on_arbitrary_text(qwen: TiktokenTokenizer, hf_qwen2: tokenizers.Tokenizer, text: str) -> None:
     if "<|" in text or "[PAD" in text:
@@ -253,7 +254,7 @@ SPECIAL_TEXT = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(SPECIAL_TEXT)
 def test_parse_special_equals_qwen_reference(qwen: TiktokenTokenizer, reference: tiktoken.Encoding, text: str) -> None:
     expected = reference.encode(unicodedata.normalize("NFC", text), allowed_special="all")
@@ -289,7 +290,7 @@ def test_plain_encode_never_yields_specials(qwen: TiktokenTokenizer) -> None:
     assert qwen.decode(ids) == text
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text())
 def test_decode_encode_roundtrip_is_nfc(qwen: TiktokenTokenizer, text: str) -> None:
     assert qwen.decode(qwen.encode(text)) == unicodedata.normalize("NFC", text)
@@ -446,7 +447,7 @@ def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 MUTATION = st.tuples(st.integers(min_value=0), st.integers(min_value=0, max_value=255))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     mutations=st.lists(MUTATION, min_size=1, max_size=8),
     cut=st.one_of(st.none(), st.integers(min_value=0)),

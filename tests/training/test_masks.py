@@ -33,6 +33,7 @@ from ctxlock.settings import reference_path
 from ctxlock.template._render import ChatTemplate
 from ctxlock.tensors._assemble import ModelInput
 from ctxlock.training._masks import MaskOptions, assistant_mask, cross_check, template_report
+from hypothesis_profiles import examples
 
 CORPUS = [c for c in conversations() if not c[2]["continue_final_message"]]  # transformers refuses masks there
 TAGGED = list(tagged.TAGGINGS)
@@ -183,7 +184,7 @@ _CONTENT = st.one_of(
 ).filter(lambda s: not s[0].isspace() and s.strip() == s)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(contents=st.lists(_CONTENT, min_size=1, max_size=3))
 def test_trained_tokens_decode_to_the_contents_and_end_of_turn(contents: list[str]) -> None:
     model, template = _model("qwen2"), _stock("Qwen-Qwen2.5-7B-Instruct.jinja")

@@ -32,6 +32,7 @@ from ctxlock.settings import fast_path, reference_path
 from ctxlock.template._render import ChatTemplate
 from ctxlock.training._fastmask import region_mask
 from ctxlock.training._masks import MaskOptions
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.fast_path
 
@@ -165,7 +166,7 @@ _ROW = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=st.lists(_ROW, min_size=1, max_size=6), options=st.sampled_from(OPTIONS))
 def test_generated_rows_equal_on_both_paths_and_encode(rows: list[bytes], options: MaskOptions) -> None:
     model = _model("qwen2")  # the directory's own template, as `ctxlock batch` renders
@@ -204,7 +205,7 @@ def test_run_batch_shards_byte_identical_on_both_paths(tmp_path: Path) -> None:
 # -- the region mask ------------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 6), max_size=40),
     cuts=st.lists(st.tuples(st.integers(-2, 200), st.integers(0, 12)), max_size=6),

@@ -55,6 +55,7 @@ from ctxlock.template.sandbox._env import (
     where,
 )
 from ctxlock.template.sandbox._limits import _alarm_free, current_state, input_chars
+from hypothesis_profiles import examples
 
 pytestmark = pytest.mark.fast_path  # about the fast paths themselves: on even under CTXLOCK_FAST=0
 
@@ -132,7 +133,7 @@ def _parsed(data: dict[str, Any], dialect: str | None = None) -> Any:
         return None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(msgs=st.lists(openai_messages(), min_size=1, max_size=4), anthropic=anthropic_requests(), which=st.booleans())
 def test_template_message_equals_the_general_conversion(msgs: list, anthropic: dict, which: bool) -> None:
     request = _parsed(anthropic, "anthropic") if which else _parsed({"messages": msgs})
@@ -232,7 +233,7 @@ _SET = TemplateSet(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=render_cases())
 def test_renders_with_a_plan_equal_the_reference_path(case: tuple) -> None:
     data, options, which = case
@@ -349,7 +350,7 @@ def _stored(obj: Any, key: Any) -> bool:
     return False
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(obj=OBJECTS, key=KEYS)
 def test_getitem_equals_the_plain_override(obj: Any, key: Any) -> None:
     env = new_environment()
@@ -379,7 +380,7 @@ SOURCES = [
 ]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(source=st.sampled_from(SOURCES), msgs=st.lists(openai_messages(), min_size=1, max_size=3))
 def test_render_limited_with_the_globals_as_a_dict_equals_generate(source: str, msgs: list) -> None:
     request = _parsed({"messages": [m for m in msgs if isinstance(m.get("content"), str) and "tool" not in m]})
@@ -423,7 +424,7 @@ SPANS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(prefix=st.text(max_size=5), body=st.text(min_size=1, max_size=8), raw=SPANS)
 def test_a_plain_prefix_shifts_every_span(prefix: str, body: str, raw: list) -> None:
     spans = []
@@ -456,7 +457,7 @@ LEAVES = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.recursive(
         LEAVES,
@@ -473,7 +474,7 @@ def test_input_chars_counts_functions_as_nothing(value: Any) -> None:
     assert input_chars(value) == plain_input_chars(value)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     clock=st.datetimes(timezones=st.sampled_from([dt.UTC, dt.timezone(dt.timedelta(hours=-5, minutes=-30))])),
     formats=st.lists(st.sampled_from(["%Y-%m-%d", "%d %b %Y", "%H:%M:%S %z%Z", "%A", "%%", ""]), max_size=3),

@@ -125,7 +125,8 @@ def release_memory(*modules: object) -> None:
 def _bounded_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if rss_mib() > MEMORY_SOFT_LIMIT_MIB:
-        release_memory(request.module)
+        module = getattr(request, "module", None)  # None for a page of docs examples
+        release_memory(*([module] if module is not None else []))
 
 
 # ---------------------------------------------------------------------------------- artifact fixtures

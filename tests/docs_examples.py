@@ -123,8 +123,15 @@ def run_command(command: Command, tmp: Path) -> tuple[int, str]:
         errors="replace",  # `head -c N` may cut a character in two
         timeout=TIMEOUT_S,
     )
-    # The page shows `$TMP` where the output names the page's temporary directory.
-    return proc.returncode, (proc.stdout + proc.stderr).replace(str(tmp), "$TMP")
+    return proc.returncode, shown(proc.stdout + proc.stderr, tmp)
+
+
+def shown(output: str, tmp: Path) -> str:
+    """OUTPUT as a page shows it: `$TMP` for the page's temporary directory, `...` for this checkout's path (a built-in
+    model's files are named by where ctxlock is installed) and `~` for the home directory."""
+    output = output.replace(str(tmp), "$TMP").replace(f"{ROOT}/", ".../")
+    home = str(Path.home())
+    return output.replace(f"{home}/", "~/") if home != "/" else output
 
 
 def page_tmp(namespace: dict[str, Any]) -> Path:

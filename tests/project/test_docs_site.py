@@ -75,7 +75,7 @@ def test_every_not_run_block_gives_its_reason() -> None:
         for m in re.finditer(r"^\s*<!--\s*not-run:([^>]*)-->", text, flags=re.M):
             found.append((page.name, m.group(1).strip()))
     assert found and all(len(reason) > 20 for _, reason in found), found
-    assert len(found) <= 16, f"{len(found)} examples are not run: keep them rare"
+    assert len(found) <= 24, f"{len(found)} examples are not run: keep them rare"
 
 
 def test_the_console_parser_reads_commands_output_and_status() -> None:

@@ -9,6 +9,7 @@ references see); `reopen(data)` is the Pillow image a reference library is given
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -78,19 +79,39 @@ def exif_rotated(width: int, height: int, orientation: int, seed: int = 0) -> by
     return buf.getvalue()
 
 
-def corpus(limit_pixels: int | None = None) -> list[tuple[str, bytes]]:
-    """(label, file bytes) for every size x a rotating choice of modes, plus every mode at a small size."""
+def _entries(limit_pixels: int | None) -> list[tuple[str, str, int, int, int]]:
+    """(label, mode, width, height, seed) of every corpus image; exif entries have mode "exif" and the orientation as
+    seed."""
     out = []
     for i, (w, h) in enumerate(SIZES):
         if limit_pixels is not None and w * h > limit_pixels:
             continue
         mode = MODES[i % len(MODES)]
-        out.append((f"{w}x{h}-{mode}", to_bytes(make(w, h, mode, seed=i))))
+        out.append((f"{w}x{h}-{mode}", mode, w, h, i))
     for j, mode in enumerate(MODES):
-        out.append((f"37x23-{mode}", to_bytes(make(37, 23, mode, seed=100 + j))))
+        out.append((f"37x23-{mode}", mode, 37, 23, 100 + j))
     for k in (3, 6, 8):
-        out.append((f"exif{k}-300x200", exif_rotated(300, 200, k, seed=200 + k)))
+        out.append((f"exif{k}-300x200", "exif", 300, 200, k))
     return out
+
+
+def corpus_labels(limit_pixels: int | None = None) -> list[str]:
+    """The corpus' labels, without building an image: for parametrizing at collection."""
+    return [label for label, *_ in _entries(limit_pixels)]
+
+
+@functools.cache
+def corpus(limit_pixels: int | None = None) -> tuple[tuple[str, bytes], ...]:
+    """(label, file bytes) for every size x a rotating choice of modes, plus every mode at a small size. Built once per
+    process, on first use (some images are 12 megapixels); tests/conftest.py lets it go after a module when memory is
+    high."""
+    out = []
+    for label, mode, w, h, seed in _entries(limit_pixels):
+        if mode == "exif":
+            out.append((label, exif_rotated(w, h, seed, seed=200 + seed)))
+        else:
+            out.append((label, to_bytes(make(w, h, mode, seed=seed))))
+    return tuple(out)
 
 
 def to_bytes(img: Image.Image) -> bytes:

@@ -24,11 +24,10 @@ from ctxlock.multimodal import _media as media
 from ctxlock.multimodal._base import ColourPolicy, ImageFamily, Orientation
 from ctxlock.multimodal._llava import LlavaFamily, shortest_edge_size
 from hypothesis_profiles import examples
-from mm_images import as_decoded, corpus, exif_rotated, make, reopen, to_bytes
+from mm_images import as_decoded, corpus, corpus_labels, exif_rotated, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
 
-CORPUS = corpus()
 LLAVA_PREPROCESSOR = {
     "crop_size": {"height": 336, "width": 336},
     "do_center_crop": True,
@@ -67,9 +66,9 @@ def clip336():
     )
 
 
-@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+@pytest.mark.parametrize("label", corpus_labels())
 def test_pixel_values_equal_clip_image_processor_pil(clip336, label) -> None:
-    data = dict(CORPUS)[label]
+    data = dict(corpus())[label]
     ref = clip336(images=reopen(data), return_tensors="np")["pixel_values"][0]
     # the image processor given a Pillow image: EXIF ignored, alpha composited onto white (as_decoded's policies)
     family = replace(
@@ -85,9 +84,9 @@ def test_pixel_values_equal_clip_image_processor_pil(clip336, label) -> None:
     assert family.plan(media.read_header(data)) == pre.plan
 
 
-@pytest.mark.parametrize("label", [label for label, _ in CORPUS][::5])
+@pytest.mark.parametrize("label", corpus_labels()[::5])
 def test_class_defaults_224(label) -> None:
-    data = dict(CORPUS)[label]
+    data = dict(corpus())[label]
     ref = CLIPImageProcessorPil()(images=reopen(data), return_tensors="np")["pixel_values"][0]
     family = LlavaFamily(shortest_edge=224, crop_height=224, crop_width=224)
     pre = family.preprocess(as_decoded(data))

@@ -35,7 +35,7 @@ from ctxlock.multimodal._base import ImageFamily
 from ctxlock.multimodal._pixtral import PixtralFamily, pixtral_grid
 from ctxlock.multimodal._resample import PORTABLE_MAX_DIFF, Resizer, cubic_resize, opencv_resize
 from hypothesis_profiles import examples
-from mm_images import as_decoded, corpus, make, reopen, to_bytes
+from mm_images import as_decoded, corpus, corpus_labels, make, reopen, to_bytes
 
 pytestmark = pytest.mark.reference
 
@@ -59,15 +59,12 @@ def _mine(family: PixtralFamily, data: bytes) -> tuple[list[int], np.ndarray]:
     return [names[t] for t in family.placeholders(pre.plan)], pre.pixel_values
 
 
-CORPUS = corpus()
-
-
 @pytest.mark.parametrize(("patch", "max_size", "merge"), CONFIGS)
-@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+@pytest.mark.parametrize("label", corpus_labels())
 def test_tokens_and_pixels_equal_image_encoder(label, patch, max_size, merge) -> None:
     """The default resizer (OpenCV, installed by the test extra) gives mistral-common's pixels exactly, IPP on."""
     assert cv2.ipp.useIPP()
-    data = dict(CORPUS)[label]
+    data = dict(corpus())[label]
     img = reopen(data)
     ref = ImageEncoder(ImageConfig(patch, max_size, merge), IDS)(ImageChunk(image=img))
     family = PixtralFamily(image_patch_size=patch, max_image_size=max_size, spatial_merge_size=merge)
@@ -83,10 +80,10 @@ def test_tokens_and_pixels_equal_image_encoder(label, patch, max_size, merge) ->
 
 
 @pytest.mark.parametrize(("patch", "max_size", "merge"), CONFIGS)
-@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+@pytest.mark.parametrize("label", corpus_labels())
 def test_portable_resizer_equals_image_encoder_without_ipp(no_ipp, label, patch, max_size, merge) -> None:
     """The fallback without OpenCV: mistral-common's pixels within 1e-5 when OpenCV runs its own algorithm."""
-    data = dict(CORPUS)[label]
+    data = dict(corpus())[label]
     ref = ImageEncoder(ImageConfig(patch, max_size, merge), IDS)(ImageChunk(image=reopen(data)))
     family = PixtralFamily(
         image_patch_size=patch, max_image_size=max_size, spatial_merge_size=merge, resizer=Resizer.portable()
@@ -215,7 +212,7 @@ def test_encode_chat_completion_over_the_corpus_is_exact() -> None:
     `encode_chat_completion` returns are ctxlock's pixel values bit for bit, and its image token runs are ctxlock's."""
     tok = MistralTokenizer.from_file(str(TEKKEN))
     raw = tok.instruct_tokenizer.tokenizer
-    files = [data for _, data in CORPUS]
+    files = [data for _, data in corpus()]
     out = tok.encode_chat_completion(_corpus_turns(files))
     cfg = raw.image
     family = PixtralFamily(image_patch_size=cfg.image_patch_size, max_image_size=cfg.max_image_size)
@@ -332,7 +329,7 @@ def test_run_images_on_the_default_mistral_model_equals_encode_chat_completion()
 
 
 @pytest.mark.fast_path
-@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+@pytest.mark.parametrize("label", corpus_labels())
 def test_header_read_hashes_nothing_until_asked(label) -> None:
     """The fast path leaves the digest to first use; the reference path (CTXLOCK_FAST=0) computes it at once. The
     headers, plans and digests are equal either way, and equal to hashlib's."""
@@ -340,7 +337,7 @@ def test_header_read_hashes_nothing_until_asked(label) -> None:
 
     from ctxlock import settings
 
-    data = dict(CORPUS)[label]
+    data = dict(corpus())[label]
     family = PixtralFamily()
     with settings.fast_path():
         lazy = media.read_header(data)

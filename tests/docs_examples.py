@@ -9,7 +9,7 @@
   repository as the working directory, this checkout's `src` first on PYTHONPATH, the `ctxlock` of this Python
   first on PATH, and `$TMP` a fresh directory per page.
 - `<!-- not-run: REASON -->` right before a ```console block documents a command the suite cannot run (an install,
-  `make test` itself); the reason is required, and `not_run` lists them all.
+  `make test` itself); the reason is required (tests/project/test_docs_site.py counts them).
 - ```json, ```toml, ```jinja, ```text blocks are data, shown, not run.
 
 This module must not import ctxlock (the commands run it).
@@ -158,14 +158,12 @@ def evaluate_not_run(example: Example) -> str | None:
     return None if reason.strip() else f"{example.path}: a not-run block needs a reason"
 
 
-# Every not-run block seen, (page, line, reason): docs/testing.md lists them and tests/test_docs_site.py checks it.
-not_run: list[tuple[str, int, str]] = []
-
-
 def not_run_reason(document: Document, region: Region) -> str | None:
     """The reason of a `<!-- not-run: ... -->` line right before the block holding REGION, if there is one."""
-    fence = document.text.rfind("```", 0, region.start + 3)
-    before = document.text[:fence].rstrip("\n").rsplit("\n", 1)[-1]
+    text = document.text
+    line = text.rfind("\n", 0, region.start) + 1  # a block's region starts on its fence line (perhaps indented)
+    fence = line if text[line:].lstrip(" \t>").startswith("```") else text.rfind("```", 0, region.start)
+    before = text[: text.rfind("\n", 0, fence) + 1].rstrip("\n").rsplit("\n", 1)[-1]
     marker = NOT_RUN.search(before)
     return None if marker is None else marker.group("reason").strip()
 
@@ -180,8 +178,6 @@ class NotRunPython:
         for region in self.parser(document):
             reason = not_run_reason(document, region)
             if reason is not None:
-                line = document.text.count("\n", 0, region.start) + 1
-                not_run.append((document.path, line, reason))
                 region.parsed = reason
                 region.evaluator = evaluate_not_run
             yield region
@@ -193,14 +189,12 @@ class ConsoleParser:
 
     def __call__(self, document: Document) -> Iterable[Region]:
         for region in self.lexer(document):
-            line = document.text.count("\n", 0, region.start) + 1
-            before = document.text[: region.start].rstrip("\n").rsplit("\n", 1)[-1]
-            marker = NOT_RUN.search(before)
-            if marker:
-                not_run.append((document.path, line, marker.group("reason").strip()))
-                region.parsed = marker.group("reason")
+            reason = not_run_reason(document, region)
+            if reason is not None:
+                region.parsed = reason
                 region.evaluator = evaluate_not_run
             else:
+                line = document.text.count("\n", 0, region.start) + 1
                 region.parsed = parse_console(str(region.lexemes["source"]), line + 1)
                 region.evaluator = evaluate_console
             yield region

@@ -24,4 +24,5 @@ def profile() -> str:
 
 def examples(weight: int) -> int:
     """max_examples for a test of this weight under the active profile."""
-    return max(5, round(weight * SCALES[profile()])) if SCALES[profile()] < 1 else weight
+    scale = SCALES[profile()]
+    return weight if scale >= 1 else min(weight, max(5, round(weight * scale)))

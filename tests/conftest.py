@@ -90,6 +90,8 @@ def _fast_path_marker(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 # handed back to the system (glibc `malloc_trim`). Results never depend on caches; a later module that needs a value
 # loads it again. This keeps a whole run's peak bounded (CONTRIBUTING.md has the figures).
 MEMORY_SOFT_LIMIT_MIB = int(os.environ.get("CTXLOCK_TEST_MEMORY_MIB", "2048"))
+# CTXLOCK_TEST_MEMORY_LOG=FILE appends, per module: worker pid, module, RSS (MiB) before, after, after the release.
+_MEMORY_LOG = os.environ.get("CTXLOCK_TEST_MEMORY_LOG", "")
 _HELPERS = ("fetched", "reference", "vocabularies", "hf_dirs", "mm_images", "mm_fixtures", "conformance", "tagged")
 try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
@@ -123,10 +125,17 @@ def release_memory(*modules: object) -> None:
 
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = rss_mib()
     yield
-    if rss_mib() > MEMORY_SOFT_LIMIT_MIB:
+    after = rss_mib()
+    released = after
+    if after > MEMORY_SOFT_LIMIT_MIB:
         module = getattr(request, "module", None)  # None for a page of docs examples
         release_memory(*([module] if module is not None else []))
+        released = rss_mib()
+    if _MEMORY_LOG:
+        with open(_MEMORY_LOG, "a", encoding="utf-8") as log:
+            log.write(f"{os.getpid()} {request.node.nodeid} {before} {after} {released}\n")
 
 
 # ---------------------------------------------------------------------------------- artifact fixtures

@@ -1,6 +1,12 @@
-"""A real `ctxlock serve` for the tests: a subprocess running uvicorn on a free loopback port, with a config that
-serves the embedded default model, a Qwen 2.5 HF directory with its Jinja template, and a model whose configured
-template is a render bomb; bearer tokens on, a record store, a 2 s deadline."""
+"""`ctxlock serve` for the tests, two ways, with a config that serves the embedded default model, a Qwen 2.5 HF
+directory with its Jinja template, and a model whose configured template is a render bomb; bearer tokens on, a record
+store, a 2 s deadline.
+
+- `in_process(config)`: the server's ASGI app (`create_app`, the same one uvicorn runs: routes, the edge's tokens,
+  body limit and rate, the render pool) called in this process through Starlette's `TestClient`. What the routes
+  answer is proved here, without a process to start.
+- `running(config)`: the real thing, uvicorn in a subprocess on a free loopback port, for what only a socket shows:
+  the lifecycle, `--workers`, the connection and header limits, the browser."""
 
 from __future__ import annotations
 
@@ -18,10 +24,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from starlette.testclient import TestClient
 
 import ctxlock
 import fetched
 from ctxlock.records._store import Store
+from ctxlock.server.app import create_app
+from ctxlock.server.config import load_config
 
 TOKEN = "test-token-abc"
 SRC = str(Path(ctxlock.__file__).resolve().parents[1])
@@ -137,8 +146,25 @@ def recording_load(url: str, k: int, stop: threading.Event, received: list[str])
 
 
 def client(url: str, *, token: str | None = TOKEN) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30)
+    return httpx.Client(base_url=url, headers=bearer(token), timeout=30)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+@contextmanager
+def in_process(config: Path, *, token: str | None = TOKEN) -> Iterator[TestClient]:
+    """The app `ctxlock serve --config CONFIG` runs, in this process (its lifespan entered and left, so the render
+    pool is shut down at the end); a 500 comes back as a response, as it would over a socket."""
+    app = create_app(load_config(config))
+    with TestClient(app, headers=bearer(token), raise_server_exceptions=False) as c:
+        yield c
+
+
+def another_client(c: TestClient, *, token: str | None) -> TestClient:
+    """A second in-process client of the same app with another bearer token (or none)."""
+    return TestClient(c.app, headers=bearer(token), raise_server_exceptions=False)
 
 
 def assert_answered_records_stored(store: Path, received: list[str]) -> None:

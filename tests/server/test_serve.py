@@ -1,4 +1,5 @@
-"""`ctxlock serve` (issue 20): the real server (uvicorn in a subprocess, on a free loopback port) over real HTTP.
+"""`ctxlock serve`'s routes: the server's app, called in process through Starlette's TestClient (tests/serve_server.py;
+what needs a socket, such as a Content-Length refused before the body, is in test_serve_network.py).
 
 Shapes field for field against the anchors' documented lists (held here as JSON), exactness against Model.encode
 on the conformance conversations, injection through every field, template refusals, 413 on a huge Content-Length
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +34,7 @@ from ctxlock.errors import ServeConfigError
 from ctxlock.server.config import parse_config
 from ctxlock.server.edge import RateLimiter
 from hypothesis_profiles import examples
-from serve_server import QWEN_TEMPLATE, SRC, TOKEN, client, running, write_config
+from serve_server import QWEN_TEMPLATE, SRC, TOKEN, another_client, in_process, write_config
 
 # The anchors' documented response fields (vLLM TokenizeResponse / DetokenizeResponse, llama.cpp server README,
 # Anthropic count_tokens, OpenAI responses.input_tokens).
@@ -50,20 +50,14 @@ ERROR_FIELDS = {"type", "message", "path", "hint"}
 HI = {"model": "nemo", "messages": [{"role": "user", "content": "hi [INST]"}]}
 
 
-STORE_OF: dict[str, Path] = {}
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve") / "store"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("serve")
-    with running(write_config(root, store=root / "store")) as url:
-        STORE_OF[url] = root / "store"
-        yield url
-
-
-@pytest.fixture(scope="module")
-def http(server: str) -> Iterator[httpx.Client]:
-    with client(server) as c:
+def http(store: Path) -> Iterator[httpx.Client]:
+    with in_process(write_config(store.parent, store=store)) as c:
         yield c
 
 
@@ -404,26 +398,6 @@ def test_chat_template_kwargs_follow_one_rule_on_every_route(
             assert r.json()["path"].endswith(next(iter(kwargs))), route
 
 
-def test_huge_content_length_gets_413_before_the_body(server: str) -> None:
-    host, port = server.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(
-            b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 2147483648\r\n\r\n{"
-        )
-        start = time.monotonic()
-        reply = b""
-        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            reply += chunk
-    assert time.monotonic() - start < 5
-    head, _, payload = reply.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 413")
-    assert json.loads(payload)["type"] == "BodyTooLargeError"
-
-
 def test_a_chunked_body_over_the_limit_is_413(http: httpx.Client) -> None:
     def chunks() -> Iterator[bytes]:
         for _ in range(40):
@@ -433,7 +407,7 @@ def test_a_chunked_body_over_the_limit_is_413(http: httpx.Client) -> None:
     assert refused(r, 413)["type"] == "BodyTooLargeError"
 
 
-def test_without_a_token_every_protected_route_is_401(server: str) -> None:
+def test_without_a_token_every_protected_route_is_401(http: httpx.Client) -> None:
     protected = [
         ("POST", "/tokenize"),
         ("POST", "/detokenize"),
@@ -454,11 +428,11 @@ def test_without_a_token_every_protected_route_is_401(server: str) -> None:
         ("GET", "/diff/abcd/abcd/view"),
     ]
     for token in (None, "wrong", TOKEN + "x", TOKEN[:-1]):
-        with client(server, token=token) as c:
-            for method, path in protected:
-                r = c.request(method, path, content=b"{}")
-                assert refused(r, 401)["type"] == "AuthError", (token, path)
-            assert c.get("/healthz").status_code == 200
+        c = another_client(http, token=token)  # not entered: leaving it would end the app's lifespan
+        for method, path in protected:
+            r = c.request(method, path, content=b"{}")
+            assert refused(r, 401)["type"] == "AuthError", (token, path)
+        assert c.get("/healthz").status_code == 200
 
 
 def test_render_bomb_ends_at_the_deadline_while_others_are_answered(http: httpx.Client) -> None:
@@ -575,7 +549,7 @@ def test_cache_report_is_the_cli_json(http: httpx.Client, tmp_path: Path) -> Non
 SEED = Path(__file__).resolve().parents[2] / "examples" / "seed-sky-injection.json"
 
 
-def test_record_view_is_one_self_contained_page(http: httpx.Client, server: str, tmp_path: Path) -> None:
+def test_record_view_is_one_self_contained_page(http: httpx.Client, store: Path, tmp_path: Path) -> None:
     rendered = ok(http.post("/v1/render?model=nemo&record=1", content=SEED.read_bytes()))
     rid = rendered["record_id"]
     r = http.get(f"/records/{rid}/view")
@@ -590,7 +564,7 @@ def test_record_view_is_one_self_contained_page(http: httpx.Client, server: str,
     assert not re.search(r"(?i)https?://|<script|<link|<img|src=", page)  # nothing loads from anywhere
     out = tmp_path / "page.html"
     cli = subprocess.run(
-        [sys.executable, "-m", "ctxlock", "view", rid, "--store", str(STORE_OF[server]), "-o", str(out)],
+        [sys.executable, "-m", "ctxlock", "view", rid, "--store", str(store), "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -339,6 +339,25 @@ def _hold(server: Server, source: str) -> socket.socket:
     return s
 
 
+def test_a_huge_content_length_gets_413_before_the_body(server: Server) -> None:
+    with connect(server) as s:
+        s.sendall(
+            b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
+            b"Content-Length: 2147483648\r\n\r\n{"
+        )
+        start = time.monotonic()
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    assert time.monotonic() - start < 5  # answered on the header: the 2 GiB body was never awaited
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert json.loads(payload)["type"] == "BodyTooLargeError"
+
+
 def test_a_refusal_after_an_answered_request_on_the_same_connection_is_answered(single: Server) -> None:
     """A keep-alive connection's second request refused at its head (too large, too many fields, not HTTP) gets its
     JSON answer as on a fresh connection: the first request's finished answer does not count as this one's."""

@@ -8,8 +8,9 @@ the expectations here are what reaches the template in vLLM, i.e. after that par
 does not follow are asserted as they behave in ctxlock, and listed in the docs page with the reason.
 
 llama.cpp's Anthropic count_tokens cases (ggml-org/llama.cpp tools/server/tests/unit/test_compat_anthropic.py) run
-against a real `ctxlock serve` over loopback, serving the Qwen3 template of the llama-cpp-python sdist on its
-qwen2 vocab GGUF under the name "test" (the name llama.cpp's tests send); the count equals `Model.count`.
+against `ctxlock serve`'s app (in process, tests/serve_server.py), serving the Qwen3 template of the
+llama-cpp-python sdist on its qwen2 vocab GGUF under the name "test" (the name llama.cpp's tests send); the count
+equals `Model.count`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import ctxlock
 import fetched
 from ctxlock.artifacts import load_template_file
 from ctxlock.errors import RequestValidationError
-from serve_server import TOKEN, client, running
+from serve_server import TOKEN, another_client, in_process
 
 QWEN3 = fetched.templates_dir() / "Qwen-Qwen3-0.6B.jinja"
 
@@ -431,11 +432,11 @@ def test_vllm_cases_not_followed() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# llama.cpp's count_tokens cases, and the rest of the Anthropic and Responses shapes, on a real server
+# llama.cpp's count_tokens cases, and the rest of the Anthropic and Responses shapes, through the server's app
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     root = tmp_path_factory.mktemp("peers")
     cfg = root / "ctxlock.toml"
     cfg.write_text(
@@ -443,13 +444,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         f'template = "{QWEN3}"\nmax_model_len = 32768\n',
         "utf-8",
     )
-    with running(cfg) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def http(server: str) -> Iterator[httpx.Client]:
-    with client(server) as c:
+    with in_process(cfg) as c:
         yield c
 
 
@@ -529,15 +524,15 @@ def test_redacted_thinking_is_counted_out_and_named(http: httpx.Client, model: c
     ]
 
 
-def test_x_api_key_authenticates_like_bearer(server: str) -> None:
+def test_x_api_key_authenticates_like_bearer(http: httpx.Client) -> None:
     request = {"model": "test", "messages": [user("Hello")]}
-    with httpx.Client(base_url=server, timeout=30) as c:
-        bearer = c.post("/v1/messages/count_tokens", json=request, headers={"Authorization": f"Bearer {TOKEN}"})
-        api_key = c.post("/v1/messages/count_tokens", json=request, headers={"x-api-key": TOKEN})
-        assert bearer.status_code == api_key.status_code == 200 and bearer.json() == api_key.json()
-        for headers in ({"x-api-key": "wrong"}, {}, {"Authorization": "Bearer wrong", "x-api-key": TOKEN}):
-            r = c.post("/v1/messages/count_tokens", json=request, headers=headers)
-            assert r.status_code == 401 and "x-api-key" in r.json()["hint"], headers
+    c = another_client(http, token=None)  # not entered: leaving it would end the app's lifespan
+    bearer = c.post("/v1/messages/count_tokens", json=request, headers={"Authorization": f"Bearer {TOKEN}"})
+    api_key = c.post("/v1/messages/count_tokens", json=request, headers={"x-api-key": TOKEN})
+    assert bearer.status_code == api_key.status_code == 200 and bearer.json() == api_key.json()
+    for headers in ({"x-api-key": "wrong"}, {}, {"Authorization": "Bearer wrong", "x-api-key": TOKEN}):
+        r = c.post("/v1/messages/count_tokens", json=request, headers=headers)
+        assert r.status_code == 401 and "x-api-key" in r.json()["hint"], headers
 
 
 RESPONSES_TOOL = {"type": "function", "name": "list_files", "description": "List files", "strict": True,

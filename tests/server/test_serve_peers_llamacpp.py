@@ -21,7 +21,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import fetched
-from serve_server import TOKEN, client, running
+from serve_server import TOKEN, in_process
 
 TEMPLATES = fetched.templates_dir()
 PHI3_TEMPLATE = fetched.hf_tokenizer_dir("phi-3") / "chat_template.jinja"
@@ -117,7 +117,7 @@ template = "command-r.jinja"
 @pytest.fixture(scope="module")
 def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     root = tmp_path_factory.mktemp("peers-llamacpp")
-    with running(write_peer_config(root)) as url, client(url) as c:
+    with in_process(write_peer_config(root)) as c:
         yield c
 
 

@@ -19,7 +19,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import fetched
-from serve_server import QWEN_TEMPLATE, TOKEN, client, running
+from serve_server import QWEN_TEMPLATE, TOKEN, in_process
 
 MODELS = {"Qwen/Qwen2.5-7B-Instruct": "qwen2", "microsoft/Phi-3-mini-4k-instruct": "phi-3"}
 TEMPLATE = {"qwen2": QWEN_TEMPLATE.read_text("utf-8"), "phi-3": None}  # None: the directory's own
@@ -50,7 +50,7 @@ max_model_len = {MAX_MODEL_LEN}
 @pytest.fixture(scope="module")
 def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     root = tmp_path_factory.mktemp("peers-vllm")
-    with running(write_config(root)) as url, client(url) as c:
+    with in_process(write_config(root)) as c:
         yield c
 
 

@@ -12,9 +12,11 @@ References:
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import random
 import time
+import weakref
 from pathlib import Path
 
 import jsonschema
@@ -28,6 +30,7 @@ from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 import fetched
 from cli_runner import invoke
 from ctxlock.artifacts import load_artifacts
+from ctxlock.caches import clear_caches
 from ctxlock.cli import constrain as constrain_cmds
 from ctxlock.errors import ConstraintError, UnsupportedSchemaError
 from ctxlock.generation._constrain import JsonSchemaMask, default_eos_id, guidance_vocab
@@ -380,6 +383,21 @@ def test_llguidance_tokenizes_to_exact_bytes(vocab) -> None:
         assert ll.decode_bytes(ids) == text.encode("utf-8"), (vocab, text)
         if vocab == "qwen2":  # byte-level BPE is byte-exact already: the canonical ids
             assert ids == arts.tokenizer.encode_text(text, at_start=False)
+
+
+def test_a_vocabulary_the_cache_lets_go_is_freed() -> None:
+    # llguidance's native LLTokenizer holds ctxlock's encoder; the encoder must not hold it back, or the pair (and
+    # the whole vocabulary) outlives the cache. Five vocabularies through a cache of four: every one is freed.
+    probes = []
+    for name in ("gpt-2", "llama-bpe", "starcoder", "falcon", "refact"):
+        tokenizer = load_artifacts(fetched.gguf_path(name)).tokenizer
+        probes.append(weakref.ref(tokenizer))
+        mask = _mask(tokenizer, {"type": "integer"}, eos_id=0)  # any non-empty id will do
+        mask.consume(tokenizer.encode_text("1", at_start=False)[0])
+        del mask, tokenizer
+    clear_caches()
+    gc.collect()
+    assert [p() for p in probes] == [None] * len(probes)
 
 
 def test_vocabulary_conversion_is_cached_and_timed(tekken) -> None:

@@ -33,6 +33,7 @@ import re
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,10 @@ class _Encoder:
         self.eos_token_id = eos_id
         self.bos_token_id = None
         self.special_token_ids = sorted(vocab.special)
-        self.ll_tokenizer: Any = None  # set once llguidance has built its trie
+        # The GuidanceVocab that owns the LLTokenizer, once built. Weak: the LLTokenizer (native, invisible to
+        # Python's garbage collector) holds this encoder, so a strong reference back would make a cycle that is
+        # never freed, the whole vocabulary with it, each time the cache lets one go.
+        self.owner: weakref.ref[GuidanceVocab] | None = None
         self._tokenizer = tokenizer
         self._vocab = vocab
 
@@ -90,9 +94,10 @@ class _Encoder:
         data = text if isinstance(text, bytes) else text.encode("utf-8")
         decoded = data.decode("utf-8", errors="replace")
         ids = self._tokenizer.encode_text(decoded, at_start=False)
-        if self._vocab.join(ids) == data or self.ll_tokenizer is None:
+        owner = self.owner() if self.owner is not None else None
+        if self._vocab.join(ids) == data or owner is None:
             return ids
-        return list(self.ll_tokenizer.greedy_tokenize(decoded))
+        return list(owner.ll_tokenizer.greedy_tokenize(decoded))
 
 
 _vocab_lock = threading.Lock()  # one conversion at a time: a second caller waits and takes the cached one
@@ -128,8 +133,8 @@ def guidance_vocab(tokenizer: Tokenizer, eos_id: int) -> tuple[GuidanceVocab, bo
         if eos_id not in vocab.special:
             encoder.special_token_ids = sorted({*vocab.special, eos_id})
         ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(encoder))
-        encoder.ll_tokenizer = ll_tokenizer
         built = GuidanceVocab(ll_tokenizer, vocab, eos_id, time.perf_counter() - t0)
+        encoder.owner = weakref.ref(built)
         _vocabs.put(key, built)
         return built, False
 

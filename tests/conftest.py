@@ -84,11 +84,12 @@ def _fast_path_marker(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
 # ---------------------------------------------------------------------------------- memory between modules
 
-# A module may load vocabularies, reference tokenizers and images that later modules do not need. After a module, when
-# this process holds more than MEMORY_SOFT_LIMIT_MIB, everything cached is let go: ctxlock's caches
-# (`ctxlock.clear_caches()`), the functools caches of the test helpers and of the module itself, then the heap is
-# handed back to the system (glibc `malloc_trim`). Results never depend on caches; a later module that needs a value
-# loads it again. This keeps a whole run's peak bounded (CONTRIBUTING.md has the figures).
+# A module may load vocabularies, reference tokenizers and images that later modules do not need. After a module,
+# its own functools caches are emptied (a module runs whole on one process, so it is done with them); and when this
+# process holds more than MEMORY_SOFT_LIMIT_MIB, everything shared is let go too: ctxlock's caches
+# (`ctxlock.clear_caches()`), the functools caches of the test helpers, then the heap is handed back to the system
+# (glibc `malloc_trim`). Results never depend on caches; a later module that needs a value loads it again. This keeps
+# a whole run's peak bounded (docs/contributing.md has the figures).
 MEMORY_SOFT_LIMIT_MIB = int(os.environ.get("CTXLOCK_TEST_MEMORY_MIB", "2048"))
 # CTXLOCK_TEST_MEMORY_LOG=FILE appends, per module: worker pid, module, RSS (MiB) before, after, after the release.
 _MEMORY_LOG = os.environ.get("CTXLOCK_TEST_MEMORY_LOG", "")
@@ -113,14 +114,25 @@ def release_memory(*modules: object) -> None:
     lib = sys.modules.get("ctxlock")
     if lib is not None:
         lib.clear_caches()
-    for module in (*modules, *(sys.modules.get(name) for name in _HELPERS)):
+    clear_function_caches(*modules, *(sys.modules.get(name) for name in _HELPERS))
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the test modules loaded to compute their parameters is let go before the first test: otherwise every
+    process of the run would hold it (each one collects every module) until a module happens to release it."""
+    release_memory()
+
+
+def clear_function_caches(*modules: object) -> None:
+    """Empty every functools cache defined at the top level of MODULES."""
+    for module in modules:
         for value in list(getattr(module, "__dict__", {}).values()):
             clear = getattr(value, "cache_clear", None)
             if callable(clear) and hasattr(value, "cache_info"):
                 clear()
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -128,11 +140,12 @@ def _bounded_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     before = rss_mib()
     yield
     after = rss_mib()
-    released = after
+    module = getattr(request, "module", None)  # None for a page of docs examples
+    if module is not None:  # a module runs whole on one process (--dist loadfile): its own caches are done with
+        clear_function_caches(module)
     if after > MEMORY_SOFT_LIMIT_MIB:
-        module = getattr(request, "module", None)  # None for a page of docs examples
-        release_memory(*([module] if module is not None else []))
-        released = rss_mib()
+        release_memory()
+    released = rss_mib()
     if _MEMORY_LOG:
         with open(_MEMORY_LOG, "a", encoding="utf-8") as log:
             log.write(f"{os.getpid()} {request.node.nodeid} {before} {after} {released}\n")

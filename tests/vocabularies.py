@@ -3,7 +3,7 @@ loads as an `HFTokenizer`, and transformers' HF conversions. Loaded once per tes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 
@@ -29,6 +29,23 @@ def hf_backend_tokenizers() -> dict[str, HFTokenizer]:
         out[f"hf:{name}"] = tok
     return out
 
+
+class _Loaded(Mapping[str, HFTokenizer]):
+    """`hf_backend_tokenizers()`, looked up at each use: a module may keep this at its top level (and compute its
+    parameters from it at collection) without keeping the vocabularies alive once the caches are let go
+    (tests/conftest.py lets them go after collection and between modules)."""
+
+    def __getitem__(self, key: str) -> HFTokenizer:
+        return hf_backend_tokenizers()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(hf_backend_tokenizers())
+
+    def __len__(self) -> int:
+        return len(hf_backend_tokenizers())
+
+
+TOKENIZERS: Mapping[str, HFTokenizer] = _Loaded()
 
 ENGINES = ("tiktoken", "fastokens")
 

@@ -5,6 +5,7 @@ the total is len(input_ids), and the bytes are laid exactly. Marginal costs are 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ from ctxlock.template._render import ChatTemplate
 
 TEMPLATES = fetched.template_paths()
 CORPUS = conversations()
-_MODELS: dict[str, ctxlock.Model] = {}
 
 WEATHER_TOOL = {
     "type": "function",
@@ -43,10 +43,9 @@ WEATHER_TOOL = {
 }
 
 
+@functools.cache  # let go after the module (tests/conftest.py)
 def _model(vocab: str) -> ctxlock.Model:
-    if vocab not in _MODELS:
-        _MODELS[vocab] = ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
-    return _MODELS[vocab]
+    return ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
 
 
 def _qwen() -> tuple[ctxlock.Model, ChatTemplate]:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,11 @@ from hypothesis_profiles import examples
 pytestmark = pytest.mark.fast_path
 
 NAMES = ["Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja", "deepseek-ai-DeepSeek-V3.1.jinja"]
-_MODELS: dict[str, ctxlock.Model] = {}
 
 
+@functools.cache  # let go after the module (tests/conftest.py)
 def _model(vocab: str) -> ctxlock.Model:
-    if vocab not in _MODELS:
-        _MODELS[vocab] = ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
-    return _MODELS[vocab]
+    return ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
 
 
 def _template(name: str) -> ChatTemplate:

@@ -20,14 +20,13 @@ from ctxlock.settings import fast_path
 from ctxlock.tokenizer import _fastbpe as fastbpe
 from ctxlock.tokenizer.backends._hf import HFTokenizer
 from hypothesis_profiles import examples
-from vocabularies import hf_backend_tokenizers
+from vocabularies import TOKENIZERS
 
 MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
 pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
 
-TOKENIZERS = hf_backend_tokenizers()
 with fast_path():  # which vocabularies take it, whatever CTXLOCK_FAST says at collection
     FAST = sorted(k for k, t in TOKENIZERS.items() if t.engine == "tiktoken")
     REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.engine != "tiktoken")

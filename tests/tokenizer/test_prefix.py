@@ -21,14 +21,13 @@ from ctxlock.tokenizer import encode_ids, tokenize
 from ctxlock.tokenizer._prefix import WholeText, common_prefix, whole_text_refusal
 from ctxlock.tokenizer.backends._hf import HFTokenizer
 from hypothesis_profiles import examples
-from vocabularies import ENGINES, hf_backend_tokenizers, native_engine
+from vocabularies import ENGINES, TOKENIZERS, native_engine
 
 MUST_BE_WHOLE = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
 
 pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
 
-TOKENIZERS = hf_backend_tokenizers()
 with fast_path():  # which vocabularies take it, whatever CTXLOCK_FAST says at collection
     WHOLE = sorted(k for k, t in TOKENIZERS.items() if t.whole_text is not None)
     REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.whole_text is None)

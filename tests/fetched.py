@@ -14,6 +14,9 @@ of the file the registry serves. ``ensure_all()`` downloads what is missing with
       dashscope-2.0.2/
         .ctxlock-complete.json
         qwen.tiktoken                          Qwen BPE ranks, tiktoken format
+      bpe-openai-0.1.4/
+        .ctxlock-complete.json
+        o200k_base.tiktoken                    OpenAI's o200k_base ranks (gpt-4o, gpt-oss), gunzipped
       hf-from-gguf/transformers-<version>/<vocab>-<sha12 of gguf>/
         .ctxlock-complete.json                 tokenizer.json, tokenizer_config.json, chat_template.jinja (if any)
       hf-from-gguf/transformers-<version>/<vocab>-<sha12>.failed.json   a conversion transformers cannot do
@@ -34,7 +37,9 @@ import contextlib
 import copy
 import dataclasses
 import fcntl
+import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -143,7 +148,21 @@ DASHSCOPE = Artifact(
     required=("qwen.tiktoken",),
 )
 
-ARTIFACTS: tuple[Artifact, ...] = (LLAMA_CPP_PYTHON, DASHSCOPE)
+BPE_OPENAI = Artifact(
+    name="bpe-openai-0.1.4",
+    requirement="bpe-openai==0.1.4",
+    filename="bpe_openai-0.1.4-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    sha256="91dde48b7c27a155ec94563ef488d95267bd17e2e8db360aba299ca9819335ba",
+    pip_args=("--only-binary", ":all:", "--platform", "manylinux2014_x86_64", "--python-version", "3.11"),
+    members="bpe_openai/data/o200k_base.tiktoken.gz",
+    dest="o200k_base.tiktoken",  # gunzipped: the file tiktoken and openai-harmony read
+    # one file: o200k_base.tiktoken, 3613922 bytes, sha256 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d
+    # (the hash tiktoken's o200k_base constructor expects, tiktoken_ext/openai_public.py)
+    tree_sha256="6d9f50a2754a947dd2b67c7b902733f5de845df130b787e2a8aded4c6317d5fe",
+    required=("o200k_base.tiktoken",),
+)
+
+ARTIFACTS: tuple[Artifact, ...] = (LLAMA_CPP_PYTHON, DASHSCOPE, BPE_OPENAI)
 
 
 # --------------------------------------------------------------------------------------------- paths
@@ -221,6 +240,11 @@ def parse_vocab_vectors(inp: bytes, out: bytes) -> list[tuple[str, list[int]]]:
     if len(cases) != len(lines):
         raise ValueError(f"{len(cases)} input cases but {len(lines)} output lines")
     return [(case, [int(tok) for tok in line.split(" ") if tok]) for case, line in zip(cases, lines, strict=True)]
+
+
+def o200k_base_path() -> Path:
+    """``<cache>/bpe-openai-0.1.4/o200k_base.tiktoken``: OpenAI's o200k_base ranks (gpt-4o, gpt-oss)."""
+    return ensure(BPE_OPENAI) / "o200k_base.tiktoken"
 
 
 def qwen_tiktoken_path() -> Path:
@@ -432,12 +456,23 @@ def _extract_sdist(artifact: Artifact, archive: Path, target: Path) -> None:
         tar.extractall(target, members=selected, filter="data")
 
 
+_MAX_GUNZIPPED = 64 << 20
+
+
 def _extract_wheel_member(artifact: Artifact, archive: Path, target: Path) -> None:
     try:
         with zipfile.ZipFile(archive) as whl:
             data = whl.read(artifact.members)
     except (KeyError, zipfile.BadZipFile) as exc:
         raise ArtifactError(f"{archive.name}: cannot read {artifact.members}: {exc}") from exc
+    if artifact.members.endswith(".gz") and not artifact.dest.endswith(".gz"):
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+                data = gz.read(_MAX_GUNZIPPED + 1)
+        except (OSError, EOFError) as exc:
+            raise ArtifactError(f"{archive.name}: {artifact.members} is not a valid gzip file: {exc}") from exc
+        if len(data) > _MAX_GUNZIPPED:
+            raise ArtifactError(f"{archive.name}: {artifact.members} unpacks to more than {_MAX_GUNZIPPED} bytes")
     dest = target / artifact.dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)

@@ -47,7 +47,49 @@ QWEN_PATTERN = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
+# o200k_base's split pattern, tiktoken_ext/openai_public.py (tiktoken 0.14), joined from the same seven parts.
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_O200K_SPECIALS = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+# o200k_harmony, the encoding of gpt-oss: o200k_base's ranks and pattern, Harmony's control tokens, and every
+# other id from 200013 to 201087 a reserved token, as openai-harmony 0.0.8 loads it. Two tables differ from it at
+# the edges, and this one follows openai-harmony inside the model's 201,088 ids: tiktoken's o200k_harmony
+# (tiktoken_ext/openai_public.py) also keeps o200k_base's `<|endofprompt|>` at 200018, a second string for the id
+# of `<|reserved_200018|>` (openai-harmony encodes that text as plain text); openai-harmony also names
+# `<|reserved_201088|>`, id 201088, one past gpt-oss's embedding (vocab_size 201088), left out here.
+_HARMONY_SPECIALS = {
+    "<|startoftext|>": 199998,
+    "<|endoftext|>": 199999,
+    "<|reserved_200000|>": 200000,
+    "<|reserved_200001|>": 200001,
+    "<|return|>": 200002,
+    "<|constrain|>": 200003,
+    "<|reserved_200004|>": 200004,
+    "<|channel|>": 200005,
+    "<|start|>": 200006,
+    "<|end|>": 200007,
+    "<|message|>": 200008,
+    "<|reserved_200009|>": 200009,
+    "<|reserved_200010|>": 200010,
+    "<|reserved_200011|>": 200011,
+    "<|call|>": 200012,
+    **{f"<|reserved_{i}|>": i for i in range(200013, 201088)},
+}
+
 TIKTOKEN_PRESETS: dict[str, dict[str, Any]] = {
+    # OpenAI's o200k_base (gpt-4o, o1, o3): the file is o200k_base.tiktoken.
+    "o200k_base": {"pattern": O200K_PATTERN, "special_tokens": _O200K_SPECIALS, "normalizer": None},
+    # gpt-oss (Harmony): the file is o200k_base.tiktoken.
+    "o200k_harmony": {"pattern": O200K_PATTERN, "special_tokens": _HARMONY_SPECIALS, "normalizer": None},
     # Qwen(1) QWenTokenizer, tokenization_qwen.py: SPECIAL_START_ID = 151643, (ENDOFTEXT, IMSTART, IMEND) + EXTRAS.
     "qwen": {
         "pattern": QWEN_PATTERN,
@@ -398,4 +440,12 @@ def from_manifest(
     )
 
 
-__all__ = ["NORMALIZERS", "QWEN_PATTERN", "TIKTOKEN_PRESETS", "TiktokenTokenizer", "from_manifest", "parse_ranks"]
+__all__ = [
+    "NORMALIZERS",
+    "O200K_PATTERN",
+    "QWEN_PATTERN",
+    "TIKTOKEN_PRESETS",
+    "TiktokenTokenizer",
+    "from_manifest",
+    "parse_ranks",
+]

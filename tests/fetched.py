@@ -156,8 +156,9 @@ BPE_OPENAI = Artifact(
     pip_args=("--only-binary", ":all:", "--platform", "manylinux2014_x86_64", "--python-version", "3.11"),
     members="bpe_openai/data/o200k_base.tiktoken.gz",
     dest="o200k_base.tiktoken",  # gunzipped: the file tiktoken and openai-harmony read
-    # one file: o200k_base.tiktoken, 3613922 bytes, sha256 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d
-    # (the hash tiktoken's o200k_base constructor expects, tiktoken_ext/openai_public.py)
+    # one file: o200k_base.tiktoken, 3613922 bytes,
+    # sha256 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d (the hash tiktoken's o200k_base
+    # constructor expects, tiktoken_ext/openai_public.py)
     tree_sha256="6d9f50a2754a947dd2b67c7b902733f5de845df130b787e2a8aded4c6317d5fe",
     required=("o200k_base.tiktoken",),
 )

@@ -18,6 +18,7 @@ import ctxlock
 import fetched
 import mm_fixtures
 from conformance import FIXED_NOW, conversations
+from ctxlock import caches
 from ctxlock.errors import RecordFormatError
 from ctxlock.records import ExecutionRecord, RunOptions, canonical_bytes, diff
 from ctxlock.records._replay import image_options, load_record, replay, rerun, run_and_record, save
@@ -118,9 +119,13 @@ def test_replay_every_conformance_conversation_after_the_model_dir_is_gone(tmp_p
         ids.append(save(store, model, rec, template))
     shutil.rmtree(model_dir)
     assert not model_dir.exists()
+    cached = caches.cache_info()["artifacts.models"].size
     for rid in ids:
         result, _ = replay(load_record(rid, store), store)
         assert result.identical, result.to_dict()
+    # A model rebuilt for a replay lives as long as the replay: none is left in the model cache under the path of
+    # a directory that is gone (each cost about 100 MB).
+    assert caches.cache_info()["artifacts.models"].size == cached
 
 
 def test_replay_of_gguf_and_default_models(store: Store) -> None:

@@ -152,5 +152,6 @@ __all__ = [
     "inside",
     "load_artifacts",
     "load_gguf",
+    "load_manifest_dir",
     "load_template_file",
 ]

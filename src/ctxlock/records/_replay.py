@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ctxlock.artifacts import load_artifacts, load_template_file
+from ctxlock.artifacts import load_manifest_dir, load_template_file
 from ctxlock.budget import BudgetPolicy, CompactionPlan, apply_compaction, fit_context
 from ctxlock.core import thaw
 from ctxlock.errors import (
@@ -324,7 +324,9 @@ def materialized(record: ExecutionRecord, store: Store) -> Iterator[tuple[Model,
             _place(_artifact(store, record, rp["template_sha256"], "template"), tmp / REPLAY_TEMPLATE)
             manifest["template"] = REPLAY_TEMPLATE
         _create(tmp / REPLAY_MANIFEST, json.dumps(manifest, ensure_ascii=False).encode("utf-8"))
-        model = Model(load_artifacts(tmp))
+        # Not through load_artifacts: its cache is keyed by the directory, which is gone after this replay; each
+        # replay kept a dead model there (about 100 MB for a Qwen vocabulary, up to 32 of them).
+        model = Model(load_manifest_dir(tmp))
         if rp["template_sha256"]:
             template_id = recorded_template.get("id")
             template = load_template_file(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -67,6 +68,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not item.path.is_relative_to(tests) or item.path.relative_to(tests).as_posix() not in FAST_TIER:
             item.add_marker(slow)
+    items[:] = run_by_parameter(items)
+
+
+def run_by_parameter(items: list[pytest.Item]) -> list[pytest.Item]:
+    """A module that sets `RUN_BY = "<parameter>"` runs its tests grouped by that parameter's value (stable
+    otherwise), so a resource loaded per value (a vocabulary) is loaded once and let go before the next; the other
+    modules keep their order, and every module stays in its place."""
+    out: list[pytest.Item] = []
+    for _, group in itertools.groupby(items, key=lambda item: item.path):
+        run = list(group)
+        module = getattr(run[0], "module", None)
+        name = getattr(module, "RUN_BY", None)
+        if isinstance(name, str):
+
+            def value(item: pytest.Item, name: str = name) -> tuple[bool, str]:
+                params = getattr(getattr(item, "callspec", None), "params", {})
+                return (name in params, str(params.get(name, "")))
+
+            run.sort(key=value)
+        out.extend(run)
+    return out
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -130,6 +152,8 @@ def clear_function_caches(*modules: object) -> None:
     """Empty every functools cache defined at the top level of MODULES."""
     for module in modules:
         for value in list(getattr(module, "__dict__", {}).values()):
+            if isinstance(value, type):
+                continue
             clear = getattr(value, "cache_clear", None)
             if callable(clear) and hasattr(value, "cache_info"):
                 clear()

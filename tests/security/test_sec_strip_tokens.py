@@ -83,7 +83,7 @@ def _probe_template(tokens: list[str]) -> str:
 @cache
 def cases() -> dict[str, tuple[ctxlock.Model, tuple[str, ...]]]:
     """{vocabulary: (model, template sources)} for every vocabulary with an lstrip/rstrip control token."""
-    found = {name: tok for name, tok in vocabularies.hf_backend_tokenizers().items() if _strip_controls(tok)}
+    found = {name: tok for name, tok in vocabularies.TOKENIZERS.items() if _strip_controls(tok)}
     phi3 = found["gguf:phi-3"]  # the issue's vocabulary: its discovery must not silently stop
     found["gguf:phi-3+lstrip"] = _with_flags(phi3, lstrip=True, rstrip=False)
     found["gguf:phi-3+lstrip+rstrip"] = _with_flags(phi3, lstrip=True, rstrip=True)

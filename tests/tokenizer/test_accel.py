@@ -17,7 +17,7 @@ from ctxlock.template._render import ChatTemplate
 from ctxlock.tokenizer import _accel as accel
 from ctxlock.tokenizer._accel import Accelerator, probe_texts
 from ctxlock.tokenizer.backends._hf import HFTokenizer
-from vocabularies import hf_backend_tokenizers, native_engine
+from vocabularies import TOKENIZERS, native_engine
 
 MUST_BE_ADMITTED = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:llama-bpe")
 
@@ -32,7 +32,7 @@ def _fresh(name: str = "qwen2") -> HFTokenizer:
 
 
 def test_admitted_on_the_vocabularies_that_must_take_it() -> None:
-    toks = hf_backend_tokenizers()
+    toks = TOKENIZERS
     for key in MUST_BE_ADMITTED:
         whole = toks[key].whole_text
         assert whole.accelerator.wait(), f"{key}: {whole.accelerator.describe()}"
@@ -44,7 +44,7 @@ def test_admitted_on_the_vocabularies_that_must_take_it() -> None:
 
 
 def test_the_probes_hold_every_utf8_token_and_every_added_token() -> None:
-    tok = hf_backend_tokenizers()["hf:qwen2"]
+    tok = TOKENIZERS["hf:qwen2"]
     fast = tok._fast()
     probes = list(probe_texts(fast.ranks, dict(fast.specials)))
     joined = "\x00".join(probes)
@@ -60,7 +60,7 @@ def test_the_probes_hold_every_utf8_token_and_every_added_token() -> None:
 
 def test_a_fastokens_that_disagrees_is_refused_with_the_probe_and_token() -> None:
     # A real fastokens tokenizer, of another vocabulary (Llama 3's), checked against Qwen2's exact path.
-    qwen = hf_backend_tokenizers()["hf:qwen2"]
+    qwen = TOKENIZERS["hf:qwen2"]
     fast = qwen._fast()
     llama_json = fetched.hf_tokenizer_dir("llama-bpe").joinpath("tokenizer.json").read_text("utf-8")
 
@@ -77,7 +77,7 @@ def test_a_fastokens_that_disagrees_is_refused_with_the_probe_and_token() -> Non
 
 
 def test_a_build_that_fails_is_refused_and_tiktoken_keeps_the_calls() -> None:
-    qwen = hf_backend_tokenizers()["hf:qwen2"]
+    qwen = TOKENIZERS["hf:qwen2"]
 
     def build():
         import fastokens

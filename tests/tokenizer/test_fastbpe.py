@@ -26,6 +26,7 @@ MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:ll
 
 
 pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
+RUN_BY = "key"  # vocabulary by vocabulary (tests/conftest.py), each loaded once (tests/vocabularies.py)
 
 with fast_path():  # which vocabularies take it, whatever CTXLOCK_FAST says at collection
     FAST = sorted(k for k, t in TOKENIZERS.items() if t.engine == "tiktoken")

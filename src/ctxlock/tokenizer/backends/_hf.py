@@ -29,8 +29,7 @@ import os
 import re
 import tempfile
 import threading
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,18 +158,6 @@ def _typed(tokenizer_id: str) -> Iterator[None]:
             path=tokenizer_id,
             hint="transformers fails on it too; give the tokenizer an unk token its vocabulary holds",
         ) from None
-
-
-def _weak(method: weakref.WeakMethod[Callable[..., Any]]) -> Callable[..., Any]:
-    """A function calling a tokenizer's own method without holding the tokenizer (see `_build_whole`)."""
-
-    def call(*args: Any) -> Any:
-        bound = method()
-        if bound is None:
-            raise RuntimeError("the tokenizer this whole-text encoder belongs to is gone")
-        return bound(*args)
-
-    return call
 
 
 class HFTokenizer(TokenizerBase):
@@ -318,8 +305,9 @@ class HFTokenizer(TokenizerBase):
                 else:
                     normalize = None
                     if self._head.get("normalizer") is not None:
-                        # Weakly: the encoder is this tokenizer's, and must not hold it in a cycle.
-                        normalize = _weak(weakref.WeakMethod(self._normalize_text))
+
+                        def normalize(text: str) -> str:
+                            return self._tok.normalizer.normalize_str(text)  # built on the first text that needs it
 
                     refusal = whole_text_refusal(self._added)
                     fast = FastEncoder(
@@ -334,12 +322,6 @@ class HFTokenizer(TokenizerBase):
                     self._whole_choice = (None, refusal) if refusal else (self._build_whole(fast), "")
             return self._engine_choice
 
-    def _normalize_text(self, text: str) -> str:
-        return self._tok.normalizer.normalize_str(text)  # the `tokenizers` pipeline, built on first use
-
-    def _split_fallback(self, text: str) -> tuple[list[int], list[int], list[int]]:
-        return split_runs(text, self.split_controls(text) or [], lambda run: self.encode_text(run, at_start=False))
-
     def _build_whole(self, fast: Any) -> WholeText:
         ids = np.fromiter(fast.ranks.values(), dtype=np.int64, count=len(fast.ranks))
         lengths = np.zeros(max([int(ids.max()), *(t.id for t in self._added)]) + 1, dtype=np.int64)
@@ -348,9 +330,11 @@ class HFTokenizer(TokenizerBase):
             lengths[t.id] = len(t.content.encode("utf-8"))
         fallback = None
         if self._split_regex is not None:
-            # Weakly: the WholeText is this tokenizer's, and a closure over `self` would make a cycle that only the
-            # garbage collector frees (the whole vocabulary with it), long after the tokenizer is dropped.
-            fallback = _weak(weakref.WeakMethod(self._split_fallback))
+
+            def fallback(text: str) -> tuple[list[int], list[int], list[int]]:
+                return split_runs(
+                    text, self.split_controls(text) or [], lambda run: self.encode_text(run, at_start=False)
+                )
 
         specials = dict(fast.specials)
         json_text = self._encode_json

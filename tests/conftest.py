@@ -112,7 +112,7 @@ def _fast_path_marker(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 # (`ctxlock.clear_caches()`), the functools caches of the test helpers, then the heap is handed back to the system
 # (glibc `malloc_trim`). Results never depend on caches; a later module that needs a value loads it again. This keeps
 # a whole run's peak bounded (docs/contributing.md has the figures).
-MEMORY_SOFT_LIMIT_MIB = int(os.environ.get("CTXLOCK_TEST_MEMORY_MIB", "2048"))
+MEMORY_SOFT_LIMIT_MIB = int(os.environ.get("CTXLOCK_TEST_MEMORY_MIB", "1536"))
 # CTXLOCK_TEST_MEMORY_LOG=FILE appends, per module: worker pid, module, RSS (MiB) before, after, after the release.
 _MEMORY_LOG = os.environ.get("CTXLOCK_TEST_MEMORY_LOG", "")
 _HELPERS = ("fetched", "reference", "vocabularies", "hf_dirs", "mm_images", "mm_fixtures", "conformance", "tagged")

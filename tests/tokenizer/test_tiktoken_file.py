@@ -502,3 +502,66 @@ def test_tokenize_stage_neutralizes_forged_specials(qwen: TiktokenTokenizer) -> 
     with pytest.raises(ControlTokenError) as exc:
         tokenize(_rendered(prefix, evil, suffix, InjectionPolicy.RAISE), qwen)
     assert exc.value.path == "messages[0].content"
+
+
+# ------------------------------------------------------------------------------ gzipped ranks and a pinned digest
+
+
+def test_a_gzipped_ranks_file_loads_as_the_plain_one_and_its_digest_is_the_content(
+    tmp_path: Path, head_lines: list[bytes]
+) -> None:
+    import gzip
+    import hashlib
+
+    plain = b"\n".join(head_lines) + b"\n"
+    p = tmp_path / "head.tiktoken.gz"
+    p.write_bytes(gzip.compress(plain))
+    digest = hashlib.sha256(plain).hexdigest()
+    tok = TiktokenTokenizer(
+        p, pattern=QWEN_PATTERN, special_tokens=QWEN["special_tokens"], normalizer="NFC", id="t", sha256=digest
+    )
+    assert tok.file_sha256 == digest  # the ranks' digest, whatever the compression
+    assert tok.encode("Hello, world! 你好") == _load(_plain(tmp_path, plain)).encode("Hello, world! 你好")
+    with pytest.raises(ArtifactFormatError, match="not the pinned") as exc:
+        TiktokenTokenizer(p, pattern=QWEN_PATTERN, special_tokens={}, id="t", sha256="0" * 64)
+    assert exc.value.path == str(p) and exc.value.hint
+    with pytest.raises(ArtifactFormatError, match="sha256 must be 64 lowercase hex"):
+        from_manifest({"preset": "qwen", "sha256": "ABC"}, p, "t")
+
+
+def _plain(tmp_path: Path, data: bytes) -> Path:
+    p = tmp_path / "plain.tiktoken"
+    p.write_bytes(data)
+    return p
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(MUTATION, max_size=6), cut=st.one_of(st.none(), st.integers(min_value=0)))
+def test_damaged_gzip_files_fail_cleanly(
+    fuzz_dir: Path, head_lines: list[bytes], mutations: list[tuple[int, int]], cut: int | None
+) -> None:
+    """A gzipped ranks file with bytes changed or cut off: it loads, or it is an ArtifactFormatError naming it."""
+    import gzip
+
+    data = bytearray(gzip.compress(b"\n".join(head_lines[:400]) + b"\n"))
+    for pos, byte in mutations:
+        data[pos % len(data)] = byte
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    p = fuzz_dir / "fuzzed.tiktoken.gz"
+    p.write_bytes(bytes(data))
+    try:
+        _load(p)
+    except ArtifactFormatError as exc:
+        assert exc.path.startswith(str(p))
+
+
+def test_a_gzip_bomb_stops_at_the_artifact_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    p = tmp_path / "bomb.tiktoken.gz"
+    p.write_bytes(gzip.compress(b"\n" * (8 << 20)))  # 8 MiB of newlines in about 8 KB
+    monkeypatch.setenv("CTXLOCK_MAX_ARTIFACT_BYTES", str(1 << 20))
+    with pytest.raises(ArtifactFormatError, match="gunzips to more than 1,048,576 bytes") as exc:
+        _load(p)
+    assert "CTXLOCK_MAX_ARTIFACT_BYTES" in (exc.value.hint or "")

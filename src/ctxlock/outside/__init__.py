@@ -5,7 +5,7 @@ Guide: docs/outside-json.md."""
 from ctxlock.outside._diskcache import file_sha256
 from ctxlock.outside._diskcache import load as load_cached
 from ctxlock.outside._diskcache import store as store_cached
-from ctxlock.outside._files import decode_utf8, read_artifact, read_input
+from ctxlock.outside._files import MAX_ARTIFACT_ENV, decode_utf8, max_artifact_bytes, read_artifact, read_input
 from ctxlock.outside._json import (
     MAX_JSON_DEPTH,
     SYNTAX_ERROR,
@@ -19,6 +19,7 @@ from ctxlock.outside._json import (
 from ctxlock.outside._paths import join_path
 
 __all__ = [
+    "MAX_ARTIFACT_ENV",
     "MAX_JSON_DEPTH",
     "SYNTAX_ERROR",
     "Utf8Policy",
@@ -30,6 +31,7 @@ __all__ = [
     "load_cached",
     "loads_outside",
     "loads_strict",
+    "max_artifact_bytes",
     "read_artifact",
     "read_input",
     "store_cached",

@@ -22,6 +22,10 @@ cannot be the second of a composition pair, and end with one that we just checke
 `sha256` identifies the whole tokenizer: it digests the ranks file's sha256 together with the pattern, the
 special-token table and the normalizer, since the file alone does not determine the ids. `describe()` gives
 both digests.
+
+A ranks file whose name ends in `.gz` is gunzipped (bounded by `CTXLOCK_MAX_ARTIFACT_BYTES`): the `bpe-openai`
+package ships o200k_base so. A manifest's `sha256` pins the ranks (after gunzipping): tiktoken's own digest of
+o200k_base is 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import hashlib
 import json
 import re
 import unicodedata
+import zlib
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -39,6 +44,7 @@ from typing import Any
 
 from ctxlock.core import longest_first
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, TokenizerError
+from ctxlock.outside import MAX_ARTIFACT_ENV, max_artifact_bytes, read_artifact
 from ctxlock.tokenizer import encode_between
 from ctxlock.tokenizer._base import AddedToken, ControlMatch, ManifestFiles, Piece, PieceView, TokenBytes, TokenizerBase
 
@@ -106,6 +112,25 @@ TIKTOKEN_PRESETS: dict[str, dict[str, Any]] = {
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
 _MAX_RANK = 2**32 - 1  # tiktoken ranks are u32
 _RANK_RE = re.compile(rb"[0-9]{1,10}")
+
+
+def _gunzip(raw: bytes, source: str) -> bytes:
+    """A gzip file's content, at most `max_artifact_bytes()`; a damaged or truncated file is an ArtifactFormatError."""
+    limit = max_artifact_bytes()
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise ArtifactFormatError(f"not a valid gzip file: {exc}", path=source, hint="fetch the file again") from None
+    if len(out) > limit:
+        raise ArtifactFormatError(
+            f"the ranks file gunzips to more than {limit:,} bytes",
+            path=source,
+            hint=f"raise {MAX_ARTIFACT_ENV} if the file is genuine",
+        )
+    if not inflater.eof:
+        raise ArtifactFormatError("the gzip file is truncated", path=source, hint="fetch the file again")
+    return out
 
 
 def parse_ranks(raw: bytes, *, source: str) -> dict[bytes, int]:
@@ -177,18 +202,21 @@ class TiktokenTokenizer(TokenizerBase):
         special_tokens: Mapping[str, int],
         normalizer: str | None = None,
         id: str,
+        sha256: str | None = None,
     ) -> None:
         self.id = id
         self.source = str(path)
-        try:
-            raw = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise ArtifactNotFoundError(
-                "tiktoken ranks file not found", path=str(path), hint="check the tokenizer file name"
-            ) from None
-        except OSError as exc:
-            raise ArtifactFormatError(f"cannot read the ranks file: {exc}", path=str(path)) from None
+        # A regular file of at most CTXLOCK_MAX_ARTIFACT_BYTES (a FIFO or a device is refused, not read).
+        raw = read_artifact(Path(path), missing=ArtifactNotFoundError, error=ArtifactFormatError)
+        if str(path).endswith(".gz"):
+            raw = _gunzip(raw, str(path))
         self.file_sha256 = hashlib.sha256(raw).hexdigest()
+        if sha256 is not None and sha256 != self.file_sha256:
+            raise ArtifactFormatError(
+                f"the ranks have sha256 {self.file_sha256}, not the pinned {sha256}",
+                path=str(path),
+                hint="the file is not the one the manifest names; fetch or reinstall it",
+            )
         ranks = parse_ranks(raw, source=str(path))
         if not isinstance(pattern, str) or not pattern:
             raise ArtifactFormatError("pattern must be a non-empty string", path=f"{path}:pattern")
@@ -369,8 +397,9 @@ class TiktokenTokenizer(TokenizerBase):
 
     @classmethod
     def from_manifest(cls, spec: Mapping[str, Any], files: ManifestFiles, model_id: str) -> TiktokenTokenizer:
-        """`{"format": "tiktoken", "file": ..., "preset": "qwen"}` (see the module's `from_manifest`)."""
-        path = files.file()
+        """`{"format": "tiktoken", "file": ..., "preset": "qwen"}`, or a `package` + `resource` naming a packaged
+        file (see the module's `from_manifest`)."""
+        path = files.file(packaged=True)
         return from_manifest(spec, path, f"{model_id}/{path.name}", manifest=files.manifest)
 
     def replay_spec(self) -> tuple[dict[str, Any], dict[str, Path | bytes]]:
@@ -433,10 +462,13 @@ def from_manifest(
         )
     specials = config.get("special_tokens", {})
     normalizer = config.get("normalizer")
+    pinned = spec.get("sha256")
+    if pinned is not None and (not isinstance(pinned, str) or not re.fullmatch(r"[0-9a-f]{64}", pinned)):
+        raise ArtifactFormatError("sha256 must be 64 lowercase hex digits", path=f"{where}.sha256")
     if normalizer is not None and not isinstance(normalizer, str):
         raise ArtifactFormatError("normalizer must be a string or null", path=f"{where}.normalizer")
     return TiktokenTokenizer(
-        Path(file), pattern=config["pattern"], special_tokens=specials, normalizer=normalizer, id=id
+        Path(file), pattern=config["pattern"], special_tokens=specials, normalizer=normalizer, id=id, sha256=pinned
     )
 
 

@@ -35,7 +35,7 @@ MISTRAL_DATA = Path(__import__("mistral_common").__file__).resolve().parent / "d
 
 def test_builtin_models() -> None:
     names = dict(builtin_models())
-    assert set(names) == {"book", "mistral-nemo"} and all(names.values())
+    assert set(names) == {"book", "gpt-oss", "mistral-nemo"} and all(names.values())
     assert DEFAULT_MODEL == "mistral-nemo" and (BUILTIN_DIR / DEFAULT_MODEL / "ctxlock.json").is_file()
 
 
@@ -150,7 +150,7 @@ def test_manifest_errors_name_the_key(tmp_path: Path, tokenizer: dict, error: ty
 def test_specs_that_are_not_models(tmp_path: Path) -> None:
     with pytest.raises(ArtifactNotFoundError) as info:
         load_artifacts(str(tmp_path / "nothing-here"))
-    assert "built-in models: book, mistral-nemo" in (info.value.hint or "")
+    assert "built-in models: book, gpt-oss, mistral-nemo" in (info.value.hint or "")
     text = tmp_path / "notes.txt"
     text.write_text("hi", "utf-8")
     with pytest.raises(ArtifactFormatError):

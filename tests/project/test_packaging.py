@@ -43,4 +43,4 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path: Path) -> None:
     tree = {p.removeprefix("src/") for p in tracked}
     assert tree - packaged == set()  # nothing of the package left out
     assert packaged - tree == set()  # nothing packaged that the tree does not hold
-    assert {"ctxlock/py.typed", "ctxlock/models/book/ctxlock.json", "ctxlock/models/mistral-nemo/ctxlock.json"} <= packaged
+    assert {"ctxlock/py.typed", "ctxlock/models/book/ctxlock.json", "ctxlock/models/gpt-oss/harmony.jinja"} <= packaged

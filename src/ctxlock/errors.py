@@ -286,6 +286,10 @@ class IncompleteDecodeError(DecodeError):
     """The stream ended inside a multi-byte character: bytes were left that are not yet valid UTF-8."""
 
 
+class HarmonyParseError(DecodeError):
+    """Completion ids that are not a Harmony message stream (openai-harmony's parser refuses them too)."""
+
+
 class ToolCallError(CtxlockError):
     """A streamed tool call that cannot be released: malformed, unknown tool, truncated or invalid arguments.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, overload
 
 
 class FrozenDict(Mapping[str, Any]):
@@ -74,6 +74,10 @@ class FrozenDict(Mapping[str, Any]):
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
+@overload
+def freeze(value: Mapping[Any, Any]) -> FrozenDict: ...
+@overload
+def freeze(value: Any) -> Any: ...
 def freeze(value: Any) -> Any:
     """Deep-freeze parsed JSON: dict -> FrozenDict, list -> tuple. Scalars pass through."""
     if type(value) in _SCALARS:

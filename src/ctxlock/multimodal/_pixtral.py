@@ -199,7 +199,8 @@ class PixtralFamily:
         image = np.divide(resized, np.float32(255.0), dtype=np.float32, out=resized if own else None)
         image -= np.asarray(self.image_mean, dtype=np.float32)
         image /= np.asarray(self.image_std, dtype=np.float32)
-        return image.transpose(2, 0, 1)  # (C, H, W), a view, as mistral-common returns it
+        chw: np.ndarray = image.transpose(2, 0, 1)
+        return chw  # (C, H, W), a view, as mistral-common returns it
 
     def preprocess(self, image: DecodedImage) -> Preprocessed:
         height, width = image.size

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from PIL import Image
@@ -117,7 +117,7 @@ class Qwen2VL:
     video_placeholder = "<|video_pad|>"
 
     @classmethod
-    def from_preprocessor_config(cls, config: Mapping[str, Any], *, source: str = "preprocessor_config.json"):
+    def from_preprocessor_config(cls, config: Mapping[str, Any], *, source: str = "preprocessor_config.json") -> Self:
         """Parameters as transformers reads them from a checkpoint: `min_pixels`/`max_pixels` win over `size`'s
         `shortest_edge`/`longest_edge`, which win over the class defaults. The video processor reads the same file
         when the checkpoint has no video_preprocessor_config.json, so the same keys set the video's pixel range
@@ -184,9 +184,12 @@ class Qwen2VL:
             "cap_pixels_per_frame": False,
             "frame_resize": "PIL bicubic per frame (transformers: torchvision bicubic)",
         }
-        return freeze({**thaw(self.params()), "video": video})
+        params: FrozenDict = freeze({**thaw(self.params()), "video": video})
+        return params
 
-    def _resize(self, height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[tuple[int, int], list]:
+    def _resize(
+        self, height: int, width: int, min_pixels: int, max_pixels: int
+    ) -> tuple[tuple[int, int], list[ResizeStep]]:
         steps: list[ResizeStep] = []
         resized = (height, width)
         if self.do_resize:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from ctxlock.errors import ImagePlacementError
 from ctxlock.multimodal._base import DecodedImage, ImagePlan, Preprocessed
@@ -45,7 +45,7 @@ class Qwen3VL(Qwen2VL):
     name = "qwen3-vl"
 
     @classmethod
-    def from_preprocessor_config(cls, config: Mapping[str, Any], *, source: str = "preprocessor_config.json"):
+    def from_preprocessor_config(cls, config: Mapping[str, Any], *, source: str = "preprocessor_config.json") -> Self:
         """As Qwen2-VL's, over Qwen3-VL's values: a key the file leaves out keeps Qwen3-VL's value."""
         merged = dict(QWEN3VL_DEFAULTS)
         if isinstance(config.get("size"), Mapping) or "min_pixels" in config or "max_pixels" in config:

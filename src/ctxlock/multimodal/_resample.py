@@ -68,7 +68,7 @@ def _rows(image: np.ndarray, size_out: int) -> np.ndarray:
         return image if image.dtype == np.float32 else image.astype(np.float32)
     idx, w = _taps(size_in, size_out)
     shape = (size_out,) + (1,) * (image.ndim - 1)
-    out = image[idx[:, 0]].astype(np.float32, copy=False)
+    out: np.ndarray = image[idx[:, 0]].astype(np.float32, copy=False)
     out *= w[:, 0].reshape(shape)
     for k in range(1, 4):
         term = image[idx[:, k]].astype(np.float32, copy=False)

@@ -133,7 +133,7 @@ def open_regular(
 
 def stdin_stream() -> BinaryIO:
     """The binary stdin; a typed error when there is none (started with stdin closed, `<&-`)."""
-    stream = getattr(sys.stdin, "buffer", None)
+    stream: BinaryIO | None = getattr(sys.stdin, "buffer", None)
     if stream is None:
         raise InputError("there is no stdin to read", path="stdin", hint="pipe the input in, or pass a file")
     return stream

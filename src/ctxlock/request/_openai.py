@@ -197,12 +197,12 @@ def _image_url_part(part: dict[str, Any], path: str) -> FrozenDict:
     ipath = join_path(path, "image_url")
     # Kept as sent, after the checks: templates read `image_url` parts themselves, as under transformers.
     if isinstance(image, str):  # accepted by vLLM and several clients
-        return freeze(part)
+        return _frozen(part)
     image = as_object(image, ipath, 'an object {"url": ...} or a URL string')
     only_keys(image, ("url", "detail"), ipath, "image_url")
     as_str(required(image, "url", ipath, "the image URL"), join_path(ipath, "url"))
     _detail(image, ipath)
-    return freeze(part)
+    return _frozen(part)
 
 
 def _input_image_part(part: dict[str, Any], path: str) -> FrozenDict:
@@ -221,7 +221,7 @@ def _input_image_part(part: dict[str, Any], path: str) -> FrozenDict:
         join_path(path, "image_url"),
     )
     _detail(part, path)
-    return freeze({**part, "type": "image"})
+    return _frozen({**part, "type": "image"})
 
 
 def _image_part(part: dict[str, Any], path: str) -> FrozenDict:
@@ -238,7 +238,7 @@ def _image_part(part: dict[str, Any], path: str) -> FrozenDict:
         raise fail(path, f"an image part with {len(sources)} sources", 'send exactly one of "image", "url", "base64"')
     key = sources[0]
     as_str(part[key], join_path(path, key))
-    return freeze(part)
+    return _frozen(part)
 
 
 def _video_part(part: dict[str, Any], path: str) -> FrozenDict:
@@ -268,7 +268,7 @@ def _video_part(part: dict[str, Any], path: str) -> FrozenDict:
             as_str(frame, f"{vpath}[{k}]")
     else:
         as_str(value, vpath)
-    return freeze({**part, "type": "video"})
+    return _frozen({**part, "type": "video"})
 
 
 _MEDIA_PARTS = {
@@ -319,6 +319,11 @@ def _parse_arguments(text: str, path: str, policy: Utf8Policy) -> Any:
             f"arguments is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
             'send the arguments as a JSON object encoded in a string, e.g. "{\\"city\\": \\"Paris\\"}" or "{}"',
         ) from None
+
+
+def _frozen(part: dict[str, Any]) -> FrozenDict:
+    frozen: FrozenDict = freeze(part)
+    return frozen
 
 
 def parse_tools(raw: Any) -> tuple[FrozenDict, ...]:

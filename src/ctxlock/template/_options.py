@@ -59,8 +59,8 @@ class RenderKwargs(TypedDict, total=False):
 
     add_generation_prompt: bool | None
     continue_final_message: bool
-    tools: list[dict] | None
-    documents: list[dict] | None
+    tools: list[dict[str, Any]] | None
+    documents: list[dict[str, Any]] | None
     chat_template_kwargs: Mapping[str, Any] | None
     chat_template: Any  # a template name of the model's set, or a ChatTemplate (transformers' name)
     injection: InjectionPolicy | str

@@ -146,7 +146,8 @@ class Tainted(str):
 
     def replace(self, old: str, new: str, count: SupportsIndex = -1) -> str:
         if not isinstance(old, str) or not isinstance(new, str) or not old:
-            return derived(str.replace(self, old, new, count), (self, old, new), "replace")
+            out: str = derived(str.replace(self, old, new, count), (self, old, new), "replace")
+            return out
         n = count.__index__()
         parts: list[str] = []
         pos = 0
@@ -193,7 +194,8 @@ class Tainted(str):
                 ends.append(ends[-1] + len(each(ch)))
             if ends[-1] == len(text):
                 return make(text, tuple((ends[s], ends[e], p, n) for s, e, p, n in self.spans if ends[e] > ends[s]))
-        return derived(text, (self,), "case change")
+        changed: str = derived(text, (self,), "case change")
+        return changed
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,9 +287,11 @@ def first_path(value: Any, budget: int = 10_000) -> str | None:
             return ""
         t = type(v)
         if t is Tainted:
-            return v.spans[0][2]
+            path: str = v.spans[0][2]
+            return path
         if t is TaintedBytes:
-            return v.path
+            bpath: str = v.path
+            return bpath
         if t is str or t is int or t is float or t is bool or v is None:
             continue
         if isinstance(v, dict):

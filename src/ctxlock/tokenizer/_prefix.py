@@ -153,7 +153,8 @@ class WholeText:
             if m is not None and m.end() < len(text):
                 second = _HELPER.submit(self.native, text[m.end() :])
                 first = self.native(text[: m.end()])
-                return np.concatenate((first, second.result())).astype(np.int64)
+                joined: np.ndarray = np.concatenate((first, second.result())).astype(np.int64)
+                return joined
         return self.native(text).astype(np.int64)
 
     @property
@@ -213,7 +214,8 @@ class WholeText:
         return self._tiktoken(suffix)
 
     def _tiktoken(self, text: str) -> np.ndarray:
-        return self._core.encode_to_numpy(text, allowed_special=self._allowed, disallowed_special=())
+        ids: np.ndarray = self._core.encode_to_numpy(text, allowed_special=self._allowed, disallowed_special=())
+        return ids
 
     def reference_ids(self, text: str) -> np.ndarray | None:
         """`text`'s ids without the accelerator (tiktoken, or the run-by-run fallback for text that needs

@@ -135,6 +135,7 @@ class BoundedFormatter(jinja2.sandbox.SandboxedFormatter):
 
     def vformat(self, format_string: str, args: Any, kwargs: Any) -> str:
         used: set[Any] = set()
+        out: str
         out, _ = self._parts(format_string, args, kwargs, used, 2, 0)
         self.check_unused_args(used, args, kwargs)
         return out

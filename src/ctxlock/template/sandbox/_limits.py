@@ -177,7 +177,11 @@ class RenderState:
     )
 
     def __init__(
-        self, limits: RenderLimits, template: jinja2.Template | None, seed: int = 0, draws: list | None = None
+        self,
+        limits: RenderLimits,
+        template: jinja2.Template | None,
+        seed: int = 0,
+        draws: list[dict[str, Any]] | None = None,
     ) -> None:
         self.limits = limits
         self.max_single = limits.max_output_chars
@@ -269,7 +273,7 @@ def _set_key(x: Any) -> tuple[str, str]:
     return (type(x).__name__, repr(x))
 
 
-class FixedOrderSet(set):
+class FixedOrderSet(set[Any]):
     """A set a template built (`d.keys() - [...]`, `a.items() - b.items()`, a set method) that iterates and prints in
     one fixed order, sorted by (type name, repr). A plain set of strings iterates in an order that changes with
     PYTHONHASHSEED, so `{{ d.keys() - [] }}` or `|join` over it would give another text in every process; this is
@@ -382,13 +386,13 @@ class _Deadline:
             return Limit(f"the template took longer than {self.seconds:g} s")
         return None
 
-    def local(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+    def local(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
         self.ticks += 1
         if self.ticks & 0xFF == 0 and time.monotonic() > self.deadline:
             raise self.expired()
         return self.local
 
-    def global_(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+    def global_(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
         # Rendering: only the compiled template's code is traced, jinja's runtime and our filters run at full speed.
         # Compiling: jinja's lexer, parser and code generator are the work, so every frame is.
         code: CodeType = frame.f_code
@@ -426,7 +430,7 @@ def deadline_mechanism(tracer: bool | None = None) -> str:
     return "tracer"
 
 
-def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> AbstractContextManager:
+def time_limit(seconds: float, *, tracer: bool | None = None, every_frame: bool = False) -> AbstractContextManager[Any]:
     """Stop work that runs past `seconds` with `Limit` (`with time_limit(s) as deadline:`). On the main thread an
     interval timer raises from the signal handler; on other threads the shared watchdog thread raises in the thread
     (`_watchdog`); neither costs anything per template line, and both raise again every 50 ms after the deadline, so

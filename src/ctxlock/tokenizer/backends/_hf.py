@@ -307,7 +307,8 @@ class HFTokenizer(TokenizerBase):
                     if self._head.get("normalizer") is not None:
 
                         def normalize(text: str) -> str:
-                            return self._tok.normalizer.normalize_str(text)  # built on the first text that needs it
+                            normalized: str = self._tok.normalizer.normalize_str(text)  # built on first use
+                            return normalized
 
                     refusal = whole_text_refusal(self._added)
                     fast = FastEncoder(
@@ -471,7 +472,7 @@ class HFTokenizer(TokenizerBase):
     def encode_text(self, text: str, *, at_start: bool) -> list[int]:
         fast = self._fast()
         if fast is not None:
-            ids = fast.encode(text)
+            ids: list[int] | None = fast.encode(text)
             if ids is not None:
                 return ids
         first, rest = self._plain

@@ -49,7 +49,7 @@ def _canonical(data: Mapping[str, Any]) -> dict[str, Any]:
     tiny = {**dict(data), "model": model, "added_tokens": [], "truncation": None, "padding": None}
     import tokenizers
 
-    out = json.loads(tokenizers.Tokenizer.from_str(json.dumps(tiny)).to_str())
+    out: dict[str, Any] = json.loads(tokenizers.Tokenizer.from_str(json.dumps(tiny)).to_str())
     out["model"] = {k: v for k, v in out["model"].items() if k not in ("vocab", "merges")}
     return out
 
@@ -64,7 +64,8 @@ def _template_post_processor(bos: tuple[str, int] | None, eos: tuple[str, int] |
     tok.post_processor = tokenizers.processors.TemplateProcessing(
         single=single, pair=pair, special_tokens=[t for t in (bos, eos) if t is not None]
     )
-    return json.loads(tok.to_str())["post_processor"]
+    processor: dict[str, Any] = json.loads(tok.to_str())["post_processor"]
+    return processor
 
 
 def _class_components(spec: ClassSpec) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def _class_components(spec: ClassSpec) -> dict[str, Any]:
     tok.normalizer = spec.normalizer
     tok.pre_tokenizer = spec.pre_tokenizer
     tok.decoder = spec.decoder
-    out = json.loads(tok.to_str())
+    out: dict[str, Any] = json.loads(tok.to_str())
     out["model"] = {k: v for k, v in out["model"].items() if k not in ("vocab", "merges")}
     return out
 

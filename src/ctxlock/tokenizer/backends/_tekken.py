@@ -45,7 +45,7 @@ class TekkenTokenizer(TokenizerBase):
         self._specials = tuple(AddedToken(content=s, id=i, special=True) for i, s in enumerate(specials))
         self._special_ids = {t.content: t.id for t in self._specials}
         self._control_tokens = frozenset(self._special_ids)
-        self._n_words = self.num_special + parts["n_vocab"]
+        self._n_words: int = self.num_special + parts["n_vocab"]
         self.version = parts["version"]
         self.pattern = pattern
         self.eos_id = self.token_to_id("</s>")  # mistral-common's end-of-sequence token

@@ -208,7 +208,7 @@ def pixel_digest(values: np.ndarray) -> str:
     """sha256 over dtype, shape and the C-order bytes: equal digests mean bit-identical tensors."""
     h = hashlib.sha256()
     h.update(f"{values.dtype.str}{tuple(values.shape)}".encode())
-    h.update(memoryview(np.ascontiguousarray(values)).cast("B"))
+    h.update(np.ascontiguousarray(values).data.cast("B"))
     return h.hexdigest()
 
 

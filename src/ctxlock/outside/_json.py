@@ -238,12 +238,12 @@ def _fast_float(literal: str) -> float:
 # without hooks. `_loads_fast` calls its scanner as `decoder.decode` does: JSON whitespace, one value, whitespace.
 _FAST_SCAN = json.JSONDecoder(
     object_pairs_hook=_fast_pairs, parse_constant=_fast_constant, parse_float=_fast_float
-).scan_once
+).scan_once  # type: ignore[attr-defined]  # (the C scanner json.decoder sets; not in typeshed)
 # The same without the pairs hook, for files whose reference reader lets the last duplicate key win (json.load,
 # serde_json's maps): the C scanner builds the dicts itself, as json.loads does (a multi-MB tokenizer.json reads
 # in about json.loads' time).
-_FAST_SCAN_LAST_KEY = json.JSONDecoder(parse_constant=_fast_constant, parse_float=_fast_float).scan_once
-_WHITESPACE = json.decoder.WHITESPACE.match
+_FAST_SCAN_LAST_KEY = json.JSONDecoder(parse_constant=_fast_constant, parse_float=_fast_float).scan_once  # type: ignore[attr-defined]
+_WHITESPACE = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"{[")  # what translate deletes to leave `{` and `[`
 
 

@@ -59,7 +59,8 @@ def _template_kwargs(raw: Any) -> FrozenDict:
                 f"{key} is reserved: the template stage sets it",
                 "rename the variable; the conversation, tools and special tokens cannot be overridden",
             )
-    return freeze(kwargs)
+    frozen: FrozenDict = freeze(kwargs)
+    return frozen
 
 
 def _documents(raw: Any) -> tuple[FrozenDict, ...]:
@@ -101,7 +102,7 @@ def build_request(
             tools = openai.parse_tools(obj["tools"])
     else:
         handled = _HANDLED_ANTHROPIC
-        messages = anthropic.parse_conversation(obj)
+        messages = tuple(anthropic.parse_conversation(obj))
         if obj.get("tools") is not None:
             tools = anthropic.parse_tools(obj["tools"])
     documents = None if obj.get("documents") is None else _documents(obj["documents"])

@@ -56,6 +56,8 @@ def take_entry_ids(data: bytes | str) -> tuple[bytes | str, dict[int, str]]:
 
 def without_entry_ids(request: Any) -> Any:
     """The request (bytes, text or a mapping; a parsed `Request` as it is) without its messages' entry ids."""
-    if isinstance(request, bytes | bytearray | str):
+    if isinstance(request, bytearray):
+        request = bytes(request)
+    if isinstance(request, bytes | str):
         return take_entry_ids(request)[0]
     return strip_entry_ids(request)[0]

@@ -97,6 +97,11 @@ def _joined(value: str, origins: FrozenDict) -> str:
     return taint.concat([taint.leaf(value[s:e], origins[f"{PIECE}{s}"]) for s, e in zip(starts, ends, strict=True)])
 
 
+def _call_path(path: Callable[[str], str], k: int) -> Callable[[str], str]:
+    """The request path of a field of tool call K: `path(".tool_calls[K]" + suffix)`."""
+    return lambda suffix: path(f".tool_calls[{k}]{suffix}")
+
+
 def convert_message(message: Message, source: str) -> dict[str, Any]:
     """`template_message`, for every message: each field as `Message.to_template` gives it, tainted with its path."""
     origins = message.origins
@@ -117,9 +122,7 @@ def convert_message(message: Message, source: str) -> dict[str, Any]:
             m[key] = _joined(value, origins)
         elif key == "tool_calls":
             # Each field's own origin (an Anthropic tool_use's id, name and input), else source + suffix (OpenAI).
-            m[key] = [
-                tool_call(tc, lambda suffix, k=k: path(f".tool_calls[{k}]{suffix}")) for k, tc in enumerate(value)
-            ]
+            m[key] = [tool_call(tc, _call_path(path, k)) for k, tc in enumerate(value)]
         else:
             m[key] = tainted(value, path(f".{key}"))
     # transformers' _alias_reasoning_fields: reasoning is visible as `thinking` (gpt-oss) and `reasoning_content`.
@@ -162,7 +165,8 @@ def strftime_now_of(clock: datetime) -> tuple[Any, list[str]]:
     def strftime_now(fmt: str) -> str:
         clock_calls.append(fmt)
         wall = clock.replace(tzinfo=None)  # transformers formats a naive local time: %z and %Z are empty
-        return taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
+        formatted: str = taint.derived(wall.strftime(fmt), (fmt,), "strftime_now()")
+        return formatted
 
     return strftime_now, clock_calls
 
@@ -193,7 +197,7 @@ def keyword_options(
     return (options or default).replace(**changes)
 
 
-def tools_and_documents(request: Request, opts: RenderOptions) -> tuple[list | None, list | None]:
+def tools_and_documents(request: Request, opts: RenderOptions) -> tuple[list[Any] | None, list[Any] | None]:
     """The request's tools and documents as templates see them, then the caller's (plain, trusted)."""
     tools = None if opts.tools is None else thaw(opts.tools)
     documents = None if opts.documents is None else thaw(opts.documents)
@@ -390,7 +394,8 @@ def _final_text(messages: list[dict[str, Any]]) -> str:
     if isinstance(content, list):
         for part in reversed(content):
             if isinstance(part, dict) and "text" in part:
-                return part["text"]
+                text: str = part["text"]
+                return text
         return ""
     return content or ""
 

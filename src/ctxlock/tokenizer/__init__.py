@@ -144,9 +144,9 @@ def encode_ids(rendered: Rendered, tokenizer: Tokenizer) -> np.ndarray:
     it shares with a text encoded before (see `prefix`); otherwise this is `tokenize`."""
     whole = whole_text_encoder(rendered, tokenizer)
     if whole is not None:
-        ids = whole.encode(rendered.text)
-        if ids is not None:
-            return ids
+        whole_ids: np.ndarray | None = whole.encode(rendered.text)
+        if whole_ids is not None:
+            return whole_ids
     out = np.array(tokenize(rendered, tokenizer).ids, dtype=np.int64)
     out.flags.writeable = False
     return out
@@ -303,8 +303,8 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     ids: list[int] = []
     control = control_strings(tokenizer)
     pos = 0
-    for m in [*trusted, None]:
-        end = len(text) if m is None else m.start
+    for cm in [*trusted, None]:
+        end = len(text) if cm is None else cm.start
         if end > pos:
             piece = text[pos:end]
             run = encode_run(tokenizer, piece, at_start=pos == 0)
@@ -318,9 +318,9 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
                     hint="this tokenizer cannot encode that text safely; remove the token string from the request",
                 )
             ids.extend(run)
-        if m is not None:
-            ids.append(m.id)
-            pos = m.end
+        if cm is not None:
+            ids.append(cm.id)
+            pos = cm.end
     return Tokenized(tuple(ids), tuple(trusted), tuple(forged))
 
 

@@ -184,6 +184,10 @@ class TokenizerBase:
         """Build the tokenizer a `ctxlock.json` entry (`spec`, whose `format` is this backend's) describes."""
         raise NotImplementedError(f"{cls.__name__} cannot be loaded from a manifest")
 
+    if TYPE_CHECKING:  # every backend defines it (the `Tokenizer` protocol's); `encode_text_batch` calls it
+
+        def encode_text(self, text: str, *, at_start: bool) -> list[int]: ...
+
     # -- optional capabilities
 
     def split_controls(self, text: str) -> list[ControlMatch] | None:

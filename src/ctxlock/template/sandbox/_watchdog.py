@@ -28,9 +28,11 @@ import itertools
 import os
 import threading
 import time
+from typing import Any
 
 REPEAT = 0.05  # seconds between deliveries to a slot still armed after its deadline
 
+_SET: Any  # CPython's PyThreadState_SetAsyncExc, or None elsewhere
 try:
     _SET = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
         ("PyThreadState_SetAsyncExc", ctypes.pythonapi)

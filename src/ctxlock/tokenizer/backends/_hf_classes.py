@@ -295,7 +295,7 @@ def _cohere(config: Mapping[str, Any]) -> ClassSpec:
                 pre_tokenizers.ByteLevel(add_prefix_space=prefix, trim_offsets=True),
             ]
         ),
-        decoder=decoders.ByteLevel(add_prefix_space=prefix, trim_offsets=True),
+        decoder=decoders.ByteLevel(add_prefix_space=prefix, trim_offsets=True),  # type: ignore[call-arg]  # (stub)
         defaults={"unk_token": "<UNK>", "bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"}
         | {"pad_token": "<PAD>", "cls_token": "<CLS>", "sep_token": "<SEP>", "mask_token": "<MASK_TOKEN>"},
         post_init=True,
@@ -381,7 +381,8 @@ def content(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
+        text: str = value["content"]
+        return text
     return None
 
 

@@ -290,6 +290,11 @@ class HarmonyParseError(DecodeError):
     """Completion ids that are not a Harmony message stream (openai-harmony's parser refuses them too)."""
 
 
+class ReasoningError(DecodeError):
+    """A reasoning format that cannot apply here: an unknown format, or a tag that is not one token of the
+    vocabulary (so it cannot be found in ids)."""
+
+
 class ToolCallError(CtxlockError):
     """A streamed tool call that cannot be released: malformed, unknown tool, truncated or invalid arguments.
 

@@ -26,6 +26,7 @@ class ToolCallFormat(StrEnum):
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
+    HARMONY = "harmony"  # gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
 
 
 class Release(StrEnum):

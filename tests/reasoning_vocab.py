@@ -46,3 +46,13 @@ def qwen3_dir(root: Path) -> Path:
     (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
     shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
     return out
+
+
+def qwen3_model_dir(root: Path, template: str = "Qwen-Qwen3-0.6B.jinja") -> Path:
+    """`qwen3_dir` with a real Qwen3 chat template from the fixture cache as its chat_template.jinja: a model
+    directory ctxlock loads like the real one (same ids, same template)."""
+    out = root / f"qwen3-model-{Path(template).stem}"
+    if not out.is_dir():
+        shutil.copytree(qwen3_dir(root), out)
+        shutil.copy(fetched.templates_dir() / template, out / "chat_template.jinja")
+    return out

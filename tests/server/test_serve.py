@@ -86,6 +86,38 @@ def refused(r: httpx.Response, status: int) -> dict[str, Any]:
 # --- shapes -------------------------------------------------------------------------------------------------------
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+NEMO_CALL = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcdefghi"}]'
+
+
+def test_parse_route_reads_a_completion_back_into_the_message(http: httpx.Client, nemo: ctxlock.Model) -> None:
+    body = ok(http.post("/v1/parse", json={"model": "nemo", "output": NEMO_CALL, "tools": [WEATHER_TOOL]}))
+    call = {
+        "id": "abcdefghi",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    assert body["message"] == {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert body["finish_reason"] == "tool_calls" and body["formats"] == {"tool_calls": "mistral", "reasoning": None}
+    assert any("no finish_reason" in n for n in body["notes"])
+    # The same completion as ids, ended by the output limit, in Anthropic's shape: no call, and the error says why.
+    ids = nemo.tokenizer.encode(NEMO_CALL, parse_special=True)
+    cut = {"model": "nemo", "output": ids, "tools": [WEATHER_TOOL], "finish_reason": "length", "shape": "anthropic"}
+    body = ok(http.post("/v1/parse", json=cut))
+    assert body["message"] == {"role": "assistant", "content": [], "stop_reason": "max_tokens"}
+    assert [e["type"] for e in body["errors"]] == ["ToolCallTruncatedError"]
+    assert refused(http.post("/v1/parse", json={"model": "nemo", "output": 3}), 400)["path"] == "$.output"
+    assert refused(http.post("/v1/parse", json={"model": "nemo", "output": "", "x": 1}), 400)["path"] == "$.x"
+    bad = {"model": "nemo", "output": "", "tool_format": "nope"}
+    assert refused(http.post("/v1/parse", json=bad), 422)["type"] == "ToolCallError"
+
+
 def test_vllm_tokenize_chat_form(http: httpx.Client) -> None:
     body = ok(http.post("/tokenize", json={**HI, "return_token_strs": True}))
     assert body == {
@@ -421,6 +453,7 @@ def test_without_a_token_every_protected_route_is_401(http: httpx.Client) -> Non
         ("GET", "/v1/records/abcd"),
         ("POST", "/v1/records/abcd/replay"),
         ("POST", "/v1/diff"),
+        ("POST", "/v1/parse"),
         ("GET", "/v1/models"),
         ("GET", "/tokenizer_info"),
         ("GET", "/metrics"),
@@ -479,6 +512,9 @@ FIELDS = st.sampled_from(
         "system",
         "a",
         "b",
+        "output",
+        "tool_format",
+        "reasoning",
     ]
 )
 ROUTES = [
@@ -491,6 +527,7 @@ ROUTES = [
     "/v1/count",
     "/v1/fit",
     "/v1/diff",
+    "/v1/parse",
 ]
 
 

@@ -69,6 +69,7 @@ def test_the_openapi_document_names_every_route(served: tuple[str, str]) -> None
         "/v1/records/{id}",
         "/v1/records/{id}/replay",
         "/v1/diff",
+        "/v1/parse",
         "/v1/models",
         "/records/{id}/view",
         "/diff/{a}/{b}/view",

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "detok": ("detok",),
     "constrain": ("constrain",),
     "toolcalls": ("toolcalls",),
+    "parse": ("parse",),
     "usage": ("usage",),
     "count": ("count",),
     "cachereport": ("cache-report",),

@@ -15,7 +15,7 @@ from ctxlock.outside._files import STDIN, decode_utf8, read_input
 from ctxlock.request import Request, parse_request
 
 
-def _tools(path: Path | None) -> list[Any] | Request:
+def tools_from(path: Path | None) -> list[Any] | Request:
     """The tool list: OpenAI's (`{"type": "function", "function": {...}}`) or Anthropic's (`{"name", "input_schema"}`),
     or a whole request (OpenAI or Anthropic), whose tools are used."""
     if path is None:
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
         def run() -> Result:
             label = "stdin" if stream == STDIN else f"STREAM {stream}"
             data = read_input(stream, label=label)
-            asm = ToolCallAssembler(_tools(tools), format, release=release)
+            asm = ToolCallAssembler(tools_from(tools), format, release=release)
             if format is ToolCallFormat.ANTHROPIC:
                 asm.feed(data)
             elif format is ToolCallFormat.OPENAI:

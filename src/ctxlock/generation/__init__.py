@@ -12,6 +12,7 @@ from ctxlock.core import lazy_exports
 
 _EXPORTS = {
     "ContentDelta": "ctxlock.generation._reasoning",
+    "END_TOKENS": "ctxlock.generation._parse",
     "REASONING_FORMATS": "ctxlock.generation._reasoning",
     "ReasoningDelta": "ctxlock.generation._reasoning",
     "ReasoningFormat": "ctxlock.generation._reasoning",
@@ -20,6 +21,9 @@ _EXPORTS = {
     "HarmonyMessage": "ctxlock.generation._harmony",
     "HarmonyParser": "ctxlock.generation._harmony",
     "IncrementalDecoder": "ctxlock.generation._decode",
+    "ParsedMessage": "ctxlock.generation._parse",
+    "formats_for_template": "ctxlock.generation._parse",
+    "parse_output": "ctxlock.generation._parse",
     "JsonSchemaMask": "ctxlock.generation._constrain",
     "Sampler": "ctxlock.generation._sampler",
     "SamplerConfig": "ctxlock.generation._sampler",
@@ -34,12 +38,14 @@ _EXPORTS = {
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
+    "END_TOKENS",
     "REASONING_FORMATS",
     "ContentDelta",
     "HarmonyMessage",
     "HarmonyParser",
     "IncrementalDecoder",
     "JsonSchemaMask",
+    "ParsedMessage",
     "ReasoningDelta",
     "ReasoningFormat",
     "ReasoningResult",
@@ -48,7 +54,9 @@ __all__ = [
     "SamplerConfig",
     "StopMatcher",
     "ToolCallAssembler",
+    "formats_for_template",
     "parse_harmony",
+    "parse_output",
     "split_reasoning",
     "split_reasoning_text",
     "start_from_prompt",
@@ -59,6 +67,7 @@ if TYPE_CHECKING:
     from ctxlock.generation._constrain import JsonSchemaMask
     from ctxlock.generation._decode import IncrementalDecoder, StopMatcher, stream_text
     from ctxlock.generation._harmony import HarmonyMessage, HarmonyParser, parse_harmony
+    from ctxlock.generation._parse import END_TOKENS, ParsedMessage, formats_for_template, parse_output
     from ctxlock.generation._reasoning import (
         REASONING_FORMATS,
         ContentDelta,

@@ -6,12 +6,13 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ctxlock import accounting, caches, training
 from ctxlock.artifacts import ModelArtifacts, load_artifacts
 from ctxlock.economics import Capacity
 from ctxlock.errors import ImagePlacementError, OptionError, TemplateNotFoundError
+from ctxlock.model._output import parse_model_output
 from ctxlock.multimodal import (
     ImageFamily,
     MultimodalInput,
@@ -53,6 +54,9 @@ from ctxlock.tensors import (
     tensors_as,
 )
 from ctxlock.tokenizer import Tokenized, Tokenizer, encode_ids, encode_ids_batch, tokenize
+
+if TYPE_CHECKING:
+    from ctxlock.generation import ParsedMessage
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,37 @@ class Model:
         if isinstance(request, Request):
             return request
         return parse_request(request, dialect=dialect, utf8=utf8, tool_arguments=tool_arguments)
+
+    def parse_output(
+        self,
+        output: str | Sequence[int],
+        *,
+        request: RequestLike | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_format: str | None = None,
+        reasoning: str | None = None,
+        finish_reason: str | None = "stop",
+        starts: str | None = None,
+    ) -> ParsedMessage:
+        """A completion of this model (its ids, or its text with special tokens kept) back into the assistant
+        message: reasoning split off, tool calls read and checked against the declared tools (`tools`, else the
+        `request`'s), the finish reason's consequences applied. The formats default to what the chat template
+        writes; the request's prompt says whether the output starts inside reasoning (docs/parse.md)."""
+        parsed_request = None if request is None else self.parse(request)
+        template = None
+        if self.templates is not None:
+            template = self.templates.select(has_tools=bool(parsed_request is not None and parsed_request.tools)).source
+        return parse_model_output(
+            self,
+            output,
+            template=template,
+            request=parsed_request,
+            tools=tools,
+            tool_format=tool_format,
+            reasoning=reasoning,
+            finish_reason=finish_reason,
+            starts=starts,
+        )
 
     def render(
         self, request: RequestLike, options: RenderOptions | None = None, **kwargs: Unpack[RenderKwargs]

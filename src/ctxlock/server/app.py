@@ -344,6 +344,54 @@ def record_replay(svc: Service, request: Request, _data: bytes) -> Callable[[], 
     return work
 
 
+_PARSE_FIELDS = {"model", "output", "tools", "request", "tool_format", "reasoning", "finish_reason", "starts", "shape"}
+
+
+def _optional_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RequestValidationError(f"{key} is a string", path=f"$.{key}")
+    return value
+
+
+def parse_route(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
+    """POST /v1/parse: `ctxlock parse`'s JSON for a completion of the served model (docs/parse.md)."""
+
+    def work() -> Any:
+        body = object_body(data)
+        shapes.refuse_unknown(body, _PARSE_FIELDS, "/v1/parse")
+        sm = _served(svc, body, request)
+        output = body.get("output")
+        if not isinstance(output, str) and not (
+            isinstance(output, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in output)
+        ):
+            raise RequestValidationError("output is the completion's text or a list of its token ids", path="$.output")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise RequestValidationError("tools is a list of tools", path="$.tools")
+        answered = body.get("request")
+        if answered is not None and not isinstance(answered, dict):
+            raise RequestValidationError("request is the chat request this completion answers", path="$.request")
+        shape = _optional_str(body, "shape") or "openai"
+        if shape not in ("openai", "anthropic"):
+            raise RequestValidationError("shape is openai or anthropic", path="$.shape")
+        notes = [] if "finish_reason" in body else ["no finish_reason: the response is taken to have ended normally"]
+        parsed = sm.model.parse_output(
+            output,
+            request=None if answered is None else json.dumps(answered).encode(),
+            tools=tools,
+            tool_format=_optional_str(body, "tool_format"),
+            reasoning=_optional_str(body, "reasoning"),
+            finish_reason=_optional_str(body, "finish_reason") if "finish_reason" in body else "stop",
+            starts=_optional_str(body, "starts"),
+        )
+        out = parsed.to_dict(shape)
+        out["notes"] += notes
+        return out
+
+    return work
+
+
 def records_diff(svc: Service, _request: Request, data: bytes) -> Callable[[], Any]:
     """POST /v1/diff `{"a": ID, "b": ID}`: `ctxlock diff A B --json`."""
 
@@ -494,6 +542,7 @@ def routes(svc: Service) -> list[Route]:
         get("/v1/records/{id}", record_show),
         post("/v1/records/{id}/replay", record_replay),
         post("/v1/diff", records_diff),
+        post("/v1/parse", parse_route),
         get("/v1/models", models),
         get("/records/{id}/view", record_view),
         get("/diff/{a}/{b}/view", diff_view),

@@ -316,6 +316,33 @@ def _anchor_paths() -> dict[str, Any]:
     }
 
 
+PARSE_OP = _op(
+    "`ctxlock parse`: a completion back into the assistant message (docs/parse.md).",
+    _json(ANY_OBJECT),
+    body=_json(
+        _obj(
+            ["output"],
+            {
+                "model": MODEL,
+                "output": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    ]
+                },
+                "tools": {"type": "array", "items": ANY_OBJECT},
+                "request": ANY_OBJECT,
+                "tool_format": {"type": "string"},
+                "reasoning": {"type": "string"},
+                "finish_reason": {"type": ["string", "null"]},
+                "starts": {"enum": ["reasoning", "content"]},
+                "shape": {"enum": ["openai", "anthropic"]},
+            },
+        )
+    ),
+)
+
+
 def _own_paths() -> dict[str, Any]:
     run_q = [QUERY_MODEL, _flag("no_generation_prompt", "No assistant header at the end.")]
     render_q = [
@@ -370,6 +397,7 @@ def _own_paths() -> dict[str, Any]:
                 body=_json(_obj(["a", "b"], {"a": RECORD_ID, "b": RECORD_ID})),
             )
         },
+        "/v1/parse": {"post": PARSE_OP},
         "/v1/models": {
             "get": _op(
                 "The served models.",

@@ -87,7 +87,7 @@ class HarmonyParser:
 
     @property
     def state(self) -> str:
-        """ "expect_start", "header" or "content"."""
+        """Where the parser is: `expect_start`, `header` or `content`."""
         return self._state
 
     @property

@@ -8,14 +8,28 @@ can compare ctxlock's messages with the reference's.
 - ``reference_render``: rendered text without any tokenizer (special tokens given explicitly).
 - ``reference_ids``: ids from a saved HF tokenizer dir (e.g. ``fetched.hf_tokenizer_dir("qwen2")``).
 - ``reference_encode``, ``reference_special_tokens``, ``reference_tokenizer``: the tokenizer's own view.
+
+The results of ``reference_render`` and ``reference_ids`` are cached on disk, once per pinned transformers version
+(``<test cache>/reference-outputs/transformers-<version>/``, keyed by the sha256 of every input: the template, the
+messages, the options, and for ids the tokenizer directory's files; for a template that reads the clock, the day
+too). A run after the first reads them instead of calling transformers again. ``CTXLOCK_TEST_REFERENCE_CACHE=0``
+turns the cache off; tests/project/test_reference_cache.py holds cached answers to fresh ones. Only answers are
+cached: an input transformers refuses raises again each time.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
-from collections.abc import Mapping, Sequence
+import hashlib
+import importlib.metadata
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import fetched
 
 __all__ = [
     "reference_encode",
@@ -24,6 +38,52 @@ __all__ = [
     "reference_special_tokens",
     "reference_tokenizer",
 ]
+
+
+CACHE_ENV = "CTXLOCK_TEST_REFERENCE_CACHE"
+
+
+def _cache_root() -> Path:
+    return fetched.cache_dir() / "reference-outputs" / f"transformers-{importlib.metadata.version('transformers')}"
+
+
+def cached(namespace: str, key: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+    """``compute()``, answered from the disk cache when the same inputs were computed before (see the module
+    docstring). Inputs that are not plain JSON are never cached."""
+    if os.environ.get(CACHE_ENV, "1").lower() in ("0", "off", "false"):
+        return compute()
+    try:
+        text = json.dumps(key, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return compute()
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    path = _cache_root() / namespace / digest[:2] / f"{digest}.json"
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored.get("key") == text:
+            return stored["value"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": text, "value": value}, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)  # atomic: a parallel worker writing the same answer is harmless
+    return value
+
+
+def _clock(template: str) -> str | None:
+    """Today (UTC) for a template that can read the clock (transformers gives templates ``strftime_now``)."""
+    return datetime.datetime.now(datetime.UTC).date().isoformat() if "strftime_now" in template else None
+
+
+@functools.cache
+def _dir_digest(resolved_dir: str) -> str:
+    h = hashlib.sha256()
+    for f in sorted(Path(resolved_dir).iterdir()):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 @functools.cache
@@ -63,16 +123,30 @@ def reference_render(
     ``reference_special_tokens(dir)``); ``kwargs`` are extra template variables and override it, as in
     transformers. ``continue_final_message`` may be a field name (e.g. ``"reasoning_content"``), as in 5.x.
     """
-    return _template_only_tokenizer().apply_chat_template(
-        list(messages),
-        tools=tools,
-        documents=documents,
-        chat_template=template,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tokenize=False,
-        **{**dict(special_tokens or {}), **kwargs},
-    )
+
+    def compute() -> str:
+        return _template_only_tokenizer().apply_chat_template(
+            list(messages),
+            tools=tools,
+            documents=documents,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **{**dict(special_tokens or {}), **kwargs},
+        )
+
+    key = {
+        "template": template,
+        "messages": list(messages),
+        "tools": tools,
+        "documents": documents,
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        "variables": {**dict(special_tokens or {}), **kwargs},
+        "day": _clock(template),
+    }
+    return cached("render", key, compute)
 
 
 @functools.lru_cache(maxsize=32)
@@ -116,18 +190,33 @@ def reference_ids(
     The tokenizer's own ``special_tokens_map`` feeds the template; kwargs override it. Tokenization happens with
     ``add_special_tokens=False`` and special-token matching on, exactly as transformers does.
     """
-    out = reference_tokenizer(tokenizer_dir).apply_chat_template(
-        list(messages),
-        tools=tools,
-        documents=documents,
-        chat_template=template,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tokenize=True,
-        return_dict=False,
-        **kwargs,
-    )
-    return _flat_ids(out)
+
+    def compute() -> list[int]:
+        out = reference_tokenizer(tokenizer_dir).apply_chat_template(
+            list(messages),
+            tools=tools,
+            documents=documents,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=True,
+            return_dict=False,
+            **kwargs,
+        )
+        return _flat_ids(out)
+
+    key = {
+        "tokenizer": _dir_digest(str(Path(tokenizer_dir).resolve())),
+        "template": template,
+        "messages": list(messages),
+        "tools": tools,
+        "documents": documents,
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        "variables": kwargs,
+        "day": _clock(template),
+    }
+    return cached("ids", key, compute)
 
 
 def reference_encode(tokenizer_dir: Path | str, text: str, add_special_tokens: bool = False) -> list[int]:

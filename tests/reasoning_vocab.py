@@ -3,10 +3,10 @@
 Qwen3's tokenizer is Qwen2's byte-level BPE with more added tokens; llama.cpp's qwen2 vocabulary (converted to an HF
 directory by transformers, tests/fetched.py) has placeholders (`[PAD151646]` ...) at their ids. `qwen3_dir` names
 them as Qwen3's tokenizer_config.json does (`<tool_call>` 151657, `</tool_call>` 151658, `<think>` 151667,
-`</think>` 151668), so ids match the real model's. The other families' tags (`<seed:think>`, `[THINK]`, ...) are
-added at the next placeholders, as vLLM's own base-parser test adds its tags to a real tokenizer
-(tests/reasoning/test_base_thinking_reasoning_parser.py in vllm-project/vllm): their ids are not the real models',
-but the splitter only needs each tag to be one token."""
+`</think>` 151668), so ids match the real model's. The other families' tags (`<seed:think>`, `[THINK]`, Kimi's
+`<|tool_calls_section_begin|>`, ...) are added at the next placeholders, as vLLM's own base-parser test adds its tags
+to a real tokenizer (tests/reasoning/test_base_thinking_reasoning_parser.py in vllm-project/vllm): their ids are not
+the real models', but the splitter only needs each tag to be one token."""
 
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ QWEN3_ADDED = {
     151667: "<think>",
     151668: "</think>",
 }
-OTHER_TAGS = ("<seed:think>", "</seed:think>", "[THINK]", "[/THINK]", "<seed:tool_call>", "</seed:tool_call>")
+OTHER_TAGS = (
+    "<seed:think>",
+    "</seed:think>",
+    "[THINK]",
+    "[/THINK]",
+    "<seed:tool_call>",
+    "</seed:tool_call>",
+    "<|tool_calls_section_begin|>",
+)
 
 
 @cache

@@ -16,6 +16,8 @@ from functools import cache
 from pathlib import Path
 
 import fetched
+from ctxlock.artifacts._hf_dir import load_hf_dir
+from ctxlock.tokenizer import Tokenizer
 
 QWEN3_ADDED = {
     151657: "<tool_call>",
@@ -54,3 +56,10 @@ def qwen3_dir(root: Path) -> Path:
     (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
     shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
     return out
+
+
+@cache
+def qwen3_tokenizer(root: Path) -> Tokenizer:
+    """The tokenizer of `qwen3_dir(root)`, loaded once per session for every reasoning test module (parsing its
+    vocabulary takes seconds)."""
+    return load_hf_dir(qwen3_dir(root)).tokenizer

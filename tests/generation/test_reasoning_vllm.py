@@ -23,7 +23,6 @@ import pytest
 import ctxlock
 import fetched
 from ctxlock.artifacts import load_template_file
-from ctxlock.artifacts._hf_dir import load_hf_dir
 from ctxlock.errors import CtxlockError
 from ctxlock.generation import (
     ReasoningDelta,
@@ -35,7 +34,7 @@ from ctxlock.generation import (
 )
 from ctxlock.request import parse_request
 from ctxlock.template import render
-from reasoning_vocab import qwen3_dir
+from reasoning_vocab import qwen3_tokenizer
 
 VLLM = "tests/reasoning/"
 
@@ -66,8 +65,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        fam = self.family if isinstance(self.family, str) else self.family.name
-        return f"{fam}:{self.name}{'_streaming' if self.streaming else ''}"
+        stem = self.source.rsplit("/test_", 1)[-1].removesuffix("_reasoning_parser.py")
+        return f"{stem}:{self.name}{'_streaming' if self.streaming else ''}"
 
 
 # Why ctxlock's answer differs, where it does (docs/reasoning.md lists each).
@@ -398,7 +397,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_hf_dir(qwen3_dir(tmp_path_factory.mktemp("reasoning-vllm"))).tokenizer
+    return qwen3_tokenizer(tmp_path_factory.getbasetemp())
 
 
 @cache

@@ -366,7 +366,8 @@ V3_OFF = Prompt("deepseek-ai-DeepSeek-V3.1.jinja")
 V3_ROWS: list[tuple[Any, ...]] = [
     ("identity_reasoning_parser_basic", False, "This is some output", None, "This is some output", {"start": V3_OFF}),
     ("identity_reasoning_parser_basic", True, "Hello world", None, "Hello world", {"start": V3_OFF}),
-    # count_reasoning_tokens: <think> 3 ids </think> 1 id; thinking=True counts 3 as reasoning, False none.
+    # count_reasoning_tokens: <think> 3 ids </think> 1 id; thinking=True counts 3 as reasoning, False none ("a b c"
+    # is 3 ids of this vocabulary, "d" one).
     ("count_reasoning_tokens_thinking", False, "<think>a b c</think>d", "a b c", "d", {"start": V3_ON}),
     (
         "count_reasoning_tokens_no_thinking",
@@ -549,6 +550,42 @@ GLM_PROMPTS = [
 def test_glm_is_reasoning_end_over_a_prompt(tok: Any, name: str, prompt: str, reasoning_ended: bool) -> None:
     splitter = ReasoningSplitter(tok, "glm45", prompt=prompt)
     assert splitter.starts == ("content" if reasoning_ended else "reasoning")
+
+
+# Mistral's is_reasoning_end over a prompt (test_mistral_reasoning_parser.py): a [THINK] block in the system prompt,
+# a tool result or an earlier turn does not end this turn's reasoning (False), a continued answer does (True). Over
+# the rendered prompt the first three leave the start to the family rule (content, the model writes [THINK] itself),
+# and the continued answer's output is content.
+MISTRAL_PROMPTS = [
+    ("prompt_example_think_block", Prompt("mistralai-Ministral-3-14B-Reasoning-2512.jinja"), False),
+    (
+        "prompt_example_think_block_text",
+        "[SYSTEM_PROMPT]You are a helpful assistant. For example:[THINK]example reasoning[/THINK]done[/SYSTEM_PROMPT]"
+        "[INST]What is the capital of France?[/INST]",
+        False,
+    ),
+    (
+        "tool_result_think_block",
+        "[INST]call a tool[/INST][TOOL_RESULTS][THINK]tool-side reasoning[/THINK]tool output[/TOOL_RESULTS]",
+        False,
+    ),
+    (
+        "prior_turn_reasoning_hidden",
+        "[/INST][THINK]reasoning for the first turn[/THINK]first answer</s>[INST]second question[/INST]",
+        False,
+    ),
+    ("continuation_true", "[/INST][THINK]current turn reasoning[/THINK]partial answer so far", True),
+]
+
+
+@pytest.mark.parametrize(("name", "prompt", "reasoning_ended"), MISTRAL_PROMPTS, ids=[p[0] for p in MISTRAL_PROMPTS])
+def test_mistral_is_reasoning_end_over_a_prompt(tok: Any, name: str, prompt: Any, reasoning_ended: bool) -> None:
+    text = rendered(prompt) if isinstance(prompt, Prompt) else prompt
+    assert "[THINK]" in text and start_from_prompt("mistral", text) is None
+    output = "more answer" if reasoning_ended else "[THINK]this turn[/THINK]the answer"
+    r = split_reasoning(tok, tok.encode(output, parse_special=True), "mistral", prompt=text)
+    assert r.starts == "content"
+    assert (r.reasoning, r.content) == ((None, "more answer") if reasoning_ended else ("this turn", "the answer"))
 
 
 # ------------------------------------------------------------------------------------------------- gpt-oss

@@ -46,9 +46,10 @@ class ReasoningFormat:
     """How one family marks its reasoning.
 
     `open` / `close`: the tags. `ends`: tokens that end the reasoning without a closing tag and belong to the
-    content (Qwen3 may start a `<tool_call>` straight from its reasoning). `starts`: where the output starts when
-    the prompt does not say (see `start_from_prompt`): "reasoning" for families whose models always think first,
-    "content" for those that think only when asked."""
+    content (Qwen3 may start a `<tool_call>` straight from its reasoning, Kimi a tool-call section). `starts`:
+    where the output starts when the prompt does not say (see `start_from_prompt`): "reasoning" for families whose
+    models think first unless told not to, "content" for those that think only when asked (the template then
+    opens the block) or write the opening tag themselves."""
 
     name: str
     open: str

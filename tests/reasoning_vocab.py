@@ -3,10 +3,10 @@
 Qwen3's tokenizer is Qwen2's byte-level BPE with more added tokens; llama.cpp's qwen2 vocabulary (converted to an HF
 directory by transformers, tests/fetched.py) has placeholders (`[PAD151646]` ...) at their ids. `qwen3_dir` names
 them as Qwen3's tokenizer_config.json does (`<tool_call>` 151657, `</tool_call>` 151658, `<think>` 151667,
-`</think>` 151668), so ids match the real model's. The other families' tags (`<seed:think>`, `[THINK]`, ...) are
-added at the next placeholders, as vLLM's own base-parser test adds its tags to a real tokenizer
-(tests/reasoning/test_base_thinking_reasoning_parser.py in vllm-project/vllm): their ids are not the real models',
-but the splitter only needs each tag to be one token."""
+`</think>` 151668), so ids match the real model's. The other families' tags (`<seed:think>`, `[THINK]`, Kimi's
+`<|tool_calls_section_begin|>`, ...) are added at the next placeholders, as vLLM's own base-parser test adds its tags
+to a real tokenizer (tests/reasoning/test_base_thinking_reasoning_parser.py in vllm-project/vllm): their ids are not
+the real models', but the splitter only needs each tag to be one token."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from functools import cache
 from pathlib import Path
 
 import fetched
+from ctxlock.artifacts._hf_dir import load_hf_dir
+from ctxlock.tokenizer import Tokenizer
 
 QWEN3_ADDED = {
     151657: "<tool_call>",
@@ -25,7 +27,15 @@ QWEN3_ADDED = {
     151667: "<think>",
     151668: "</think>",
 }
-OTHER_TAGS = ("<seed:think>", "</seed:think>", "[THINK]", "[/THINK]", "<seed:tool_call>", "</seed:tool_call>")
+OTHER_TAGS = (
+    "<seed:think>",
+    "</seed:think>",
+    "[THINK]",
+    "[/THINK]",
+    "<seed:tool_call>",
+    "</seed:tool_call>",
+    "<|tool_calls_section_begin|>",
+)
 
 
 @cache
@@ -56,3 +66,10 @@ def qwen3_model_dir(root: Path, template: str = "Qwen-Qwen3-0.6B.jinja") -> Path
         shutil.copytree(qwen3_dir(root), out)
         shutil.copy(fetched.templates_dir() / template, out / "chat_template.jinja")
     return out
+
+
+@cache
+def qwen3_tokenizer(root: Path) -> Tokenizer:
+    """The tokenizer of `qwen3_dir(root)`, loaded once per session for every reasoning test module (parsing its
+    vocabulary takes seconds)."""
+    return load_hf_dir(qwen3_dir(root)).tokenizer

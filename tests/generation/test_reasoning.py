@@ -34,7 +34,7 @@ from ctxlock.generation import (
 from ctxlock.request import parse_request
 from ctxlock.template import render
 from hypothesis_profiles import examples
-from reasoning_vocab import qwen3_dir
+from reasoning_vocab import qwen3_tokenizer
 
 TOOL_CALL_BODY = (
     "<tool_call>\n<function=bash>\n<parameter=command>\ncat /etc/hosts\n</parameter>\n</function>\n</tool_call>"
@@ -111,7 +111,7 @@ QWEN3_CASES = [
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_hf_dir(qwen3_dir(tmp_path_factory.mktemp("reasoning"))).tokenizer
+    return qwen3_tokenizer(tmp_path_factory.getbasetemp())
 
 
 def feed_all(tok: Any, ids: list[int], fmt: str, chunks: list[list[int]], **kw: Any) -> ReasoningResult:

@@ -46,9 +46,10 @@ class ReasoningFormat:
     """How one family marks its reasoning.
 
     `open` / `close`: the tags. `ends`: tokens that end the reasoning without a closing tag and belong to the
-    content (Qwen3 may start a `<tool_call>` straight from its reasoning). `starts`: where the output starts when
-    the prompt does not say (see `start_from_prompt`): "reasoning" for families whose models always think first,
-    "content" for those that think only when asked."""
+    content (Qwen3 may start a `<tool_call>` straight from its reasoning, Kimi a tool-call section). `starts`:
+    where the output starts when the prompt does not say (see `start_from_prompt`): "reasoning" for families whose
+    models think first unless told not to, "content" for those that think only when asked (the template then
+    opens the block) or write the opening tag themselves."""
 
     name: str
     open: str
@@ -65,7 +66,11 @@ REASONING_FORMATS: Mapping[str, ReasoningFormat] = {
         ReasoningFormat("deepseek_r1", "<think>", "</think>", "reasoning", (), "DeepSeek-R1 and its distills"),
         ReasoningFormat("deepseek_v3", "<think>", "</think>", "content", (), "DeepSeek-V3.1, V3.2 (thinking=True)"),
         ReasoningFormat("glm45", "<think>", "</think>", "content", (), "GLM-4.5, 4.6, 4.7"),
-        ReasoningFormat("kimi_k2", "<think>", "</think>", "content", (), "Kimi-K2-Thinking"),
+        # Kimi thinks by default and may go straight from its reasoning to a tool-call section (vLLM's
+        # vllm/reasoning/kimi_k2_reasoning_parser.py: an implicit start, and <|tool_calls_section_begin|> ends it).
+        ReasoningFormat(
+            "kimi_k2", "<think>", "</think>", "reasoning", ("<|tool_calls_section_begin|>",), "Kimi-K2-Thinking, K2.5"
+        ),
         ReasoningFormat("seed_oss", "<seed:think>", "</seed:think>", "reasoning", (), "Seed-OSS"),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", "content", (), "Magistral"),
     )

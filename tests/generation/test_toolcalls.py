@@ -1057,7 +1057,7 @@ def test_schema_dialect_follows_dollar_schema() -> None:
 
 def test_unknown_format_and_misuse() -> None:
     with pytest.raises(ToolCallError) as info:
-        ToolCallAssembler(TOOLS, "harmony")
+        ToolCallAssembler(TOOLS, "smoke_signals")
     assert info.value.path == "format"
     asm = ToolCallAssembler(TOOLS, "hermes")
     with pytest.raises(ToolCallError):
@@ -1079,7 +1079,7 @@ def test_custom_ids() -> None:
 # Cost
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral", "openai", "anthropic"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral", "openai", "anthropic", "harmony"])
 def test_cost_is_linear_in_stream_length(fmt: str) -> None:
     """A 2 MB argument in 16-character deltas: re-scanning the buffer per delta would take minutes, not seconds."""
     big = 'x\\"{[' * 400_000
@@ -1093,6 +1093,12 @@ def test_cost_is_linear_in_stream_length(fmt: str) -> None:
         )
     elif fmt == "mistral":
         stream = '[TOOL_CALLS]search_docs[ARGS]{"query": "' + big + '"}'
+    elif fmt == "harmony":
+        stream = (
+            '<|channel|>commentary to=functions.search_docs <|constrain|>json<|message|>{"query": "'
+            + big
+            + '"}<|call|>'
+        )
     else:
         stream = json.dumps({"query": big})
     if fmt == "anthropic":  # the SSE body: input_json_delta events of 64 characters, the body fed 16 at a time
@@ -1139,6 +1145,6 @@ def test_cost_is_linear_in_stream_length(fmt: str) -> None:
     result = assemble(TOOLS, fmt, pieces, None if fmt == "anthropic" else "stop")
     elapsed = time.thread_time() - start
     (call,) = result.calls
-    expected = json.loads(f'"{big}"') if fmt in ("hermes", "mistral") else big
+    expected = json.loads(f'"{big}"') if fmt in ("hermes", "mistral", "harmony") else big
     assert call.arguments["query"] == expected
     assert elapsed < 20, elapsed

@@ -53,7 +53,8 @@ class HarmonyParser:
         self.sink = sink
         self.state = _HEADER  # the completion starts inside the first message's header, after <|start|>assistant
         self.pending = ""  # a possible marker prefix
-        self.header = ""
+        self.header_parts: list[str] = []
+        self.header_size = 0
         self.parts: list[str] = []
         self.size = 0
         self.channel: str | None = None
@@ -79,7 +80,7 @@ class HarmonyParser:
             self._stray(stray)
             return len(t)
         self._stray(t[i:j])
-        self.state, self.header = _HEADER, ""
+        self.state, self.header_parts, self.header_size = _HEADER, [], 0
         return j + len(_START)
 
     def _stray(self, text: str) -> None:
@@ -97,9 +98,14 @@ class HarmonyParser:
         self._open_message()
         return j + len(_MESSAGE)
 
+    @property
+    def header(self) -> str:
+        return "".join(self.header_parts)
+
     def _grow_header(self, text: str) -> None:
-        self.header += text
-        if len(self.header) > self.sink.max_event_size:
+        self.header_parts.append(text)
+        self.header_size += len(text)
+        if self.header_size > self.sink.max_event_size:
             raise self._too_big("message header")
 
     def _too_big(self, what: str) -> ToolCallError:

@@ -27,8 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from ctxlock.errors import ToolCallTruncatedError
 from ctxlock.generation import ParsedMessage, parse_output
+from hypothesis_profiles import examples
 
 chat_parsing = pytest.importorskip("transformers.utils.chat_parsing")
 parse_response = chat_parsing.parse_response
@@ -176,7 +180,7 @@ def tool(name: str, **properties: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
 
-def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def call(name: str, arguments: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -192,7 +196,8 @@ class Case:
     """One model output of transformers' tests. `transformers`: the message its test expects (or, for outputs its
     tests only stream, what 5.24 returns), asserted first so the data stays transformers' own. `ours`: ctxlock's
     answer where it deliberately differs (None: the two are equal after the normalization), with `why`; `refused`:
-    a fragment of the error of a call ctxlock refuses."""
+    a fragment of the error of each call ctxlock refuses; `finish_reason`: how the response ended (transformers
+    takes none)."""
 
     id: str
     template: str
@@ -202,7 +207,8 @@ class Case:
     tools: list[dict[str, Any]] = field(default_factory=lambda: LOOSE)
     ours: dict[str, Any] | None = None
     why: str = ""
-    refused: str = ""
+    refused: tuple[str, ...] = ()
+    finish_reason: str = "stop"
 
 
 A = {"role": "assistant"}
@@ -460,7 +466,7 @@ QWEN3 = [
         tools=ALARM,
         ours=A,
         why="007 is not a JSON integer: the arguments do not validate, and the call is refused",
-        refused="'007' is not of type 'integer'",
+        refused=("'007' is not of type 'integer'",),
     ),
     Case(
         "test_coercion_never_reworks_already_typed_values",
@@ -520,7 +526,7 @@ QWEN3_STRING_ARGS = [
         tools=ALARM,
         ours=A,
         why="a parameter given twice is ambiguous: the call is refused",
-        refused="given twice",
+        refused=("given twice",),
     ),
 ]
 
@@ -565,16 +571,96 @@ ERNIE = [
 
 CASES = GPT_OSS + SMOLLM + QWEN3 + QWEN3_STRING_ARGS + ERNIE
 
+# Beyond transformers' tests: what each parser does with text around calls, a stop token, a preamble, a call it
+# must not run, and a response cut off. `transformers` is what 5.24 returns.
+NOT_RUN = "was not executed"
+EDGES = [
+    Case(
+        "text before and after a call",
+        "smollm",
+        'Hello <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> world',
+        {**A, "content": "world", "tool_calls": [call("get_weather", {"city": "Paris"})]},
+        ours={**A, "content": "Hello  world", "tool_calls": [call("get_weather", {"city": "Paris"})]},
+        why="ctxlock keeps all the text; transformers' content field keeps the last run only",
+    ),
+    Case(
+        "two reasoning blocks",
+        "smollm",
+        "<think>a</think>b<think>c</think>d",
+        {**A, "thinking": "c", "content": "d"},
+        ours={**A, "thinking": "ac", "content": "bd"},
+        why="ctxlock keeps every block; transformers' thinking field keeps the last",
+    ),
+    Case(
+        "a final message ending with its stop token",
+        "gpt-oss",
+        "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "It is sunny.<|return|>",
+        {**A, "thinking": "Simple.", "content": "It is sunny.<|return|>"},
+        ours={**A, "thinking": "Simple.", "content": "It is sunny."},
+        why="<|return|> ends the message; transformers' template closes content at <|end|> only",
+    ),
+    Case(
+        "a commentary preamble before a call",
+        "gpt-oss",
+        "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        {**A, "tool_calls": [call("get_weather", {"city": "Paris"})]},
+        ours={**A, "content": "Let me check.", "tool_calls": [call("get_weather", {"city": "Paris"})]},
+        why="a preamble is text for the user (openai-harmony); transformers' template has no field for it",
+    ),
+    Case(
+        "a call to a tool that was not declared",
+        "smollm",
+        '<tool_call>{"name": "book_flight", "arguments": {"to": "Paris"}}</tool_call>',
+        {**A, "tool_calls": [call("book_flight", {"to": "Paris"})]},
+        ours=A,
+        why="a call to an undeclared tool is refused",
+        refused=("unknown tool 'book_flight'",),
+    ),
+    Case(
+        "arguments that are not an object",
+        "smollm",
+        '<tool_call>{"name": "get_weather", "arguments": ["Paris"]}</tool_call>',
+        {**A, "tool_calls": [call("get_weather", ["Paris"])]},
+        ours=A,
+        why="arguments must be a JSON object",
+        refused=("must be a JSON object",),
+    ),
+    Case(
+        "cut off inside the reasoning",
+        "smollm",
+        "<think>The user wants",
+        {**A, "thinking": "The user wants"},
+        finish_reason="length",
+        ours={**A, "thinking": "The user wants"},
+        why="equal fields, but ctxlock says the reasoning is incomplete (reasoning_complete False, finish length)",
+    ),
+    Case(
+        "cut off inside a second call",
+        "qwen3",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nRo",
+        {**A, "tool_calls": [call("get_weather", {"city": "Paris"}), call("get_weather", {})]},
+        finish_reason="length",
+        ours=A,
+        why="no call from a cut-off response is released (transformers returns the half call with no arguments)",
+        refused=(NOT_RUN, "truncated"),
+    ),
+]
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.template}: {c.id}" for c in CASES])
+
+@pytest.mark.parametrize("case", CASES + EDGES, ids=[f"{c.template}: {c.id}" for c in CASES + EDGES])
 def test_transformers_case(case: Case) -> None:
     theirs = parse_response(case.output, TEMPLATES[case.template], prefix=case.prefix, tools=case.tools)
     assert theirs == case.transformers
-    p = ours(case.template, case.output, case.prefix, case.tools)
+    p = ours(case.template, case.output, case.prefix, case.tools, finish_reason=case.finish_reason)
     mine = as_transformers(p)
     if case.ours is not None:
-        assert case.why and mine == case.ours and mine != theirs
-        assert [case.refused in str(e) for e in p.errors] == ([True] if case.refused else [])
+        assert case.why and mine == case.ours
+        assert mine != theirs or not p.reasoning_complete
+        assert len(p.errors) == len(case.refused)
+        assert all(fragment in str(e) for fragment, e in zip(case.refused, p.errors, strict=True))
         return
     assert mine == theirs and p.errors == ()
     # The strip is the only change: ctxlock's own text, stripped, is transformers' field, and is the model's.
@@ -582,3 +668,219 @@ def test_transformers_case(case: Case) -> None:
     assert (p.content or "").strip() == theirs.get("content", "")
     assert p.reasoning is None or p.reasoning in case.output
     assert p.finish_reason == ("tool_calls" if p.tool_calls else "stop")
+
+
+# ------------------------------------------------------------------------------------------------ generated
+# Text without "<" (so no tag or marker appears by chance), with the whitespace transformers strips and ctxlock keeps.
+_CHARS = "abcxyzXYZ0159 .,:;!?'\"()[]{}/\\-_#\n\t éß中文😀"
+TEXT = st.text(alphabet=_CHARS, max_size=24)
+KEYS = st.text(alphabet="abcdefgh_", min_size=1, max_size=6)
+SCALARS = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+JSON = st.recursive(
+    SCALARS | TEXT, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(KEYS, kids, max_size=3), max_leaves=6
+)
+NAMES = ("get_weather", "search_web", "run_code")
+GENERATED_TOOLS = [tool(n) for n in NAMES]
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+# A qwen3_coder parameter as the model writes it: strings as they are, everything else as JSON; with the type the
+# tool declares for it. Strings are those transformers' qwen3 template keeps as text too (not JSON, no edge spaces).
+PARAMETERS = st.one_of(
+    st.tuples(st.just("string"), TEXT.filter(lambda s: s.strip() == s != "" and not _is_json(s))),
+    st.tuples(st.just("integer"), st.integers(-(10**9), 10**9)),
+    st.tuples(st.just("number"), st.floats(allow_nan=False, allow_infinity=False)),
+    st.tuples(st.just("boolean"), st.booleans()),
+    st.tuples(st.just("array"), st.lists(JSON, max_size=3)),
+    st.tuples(st.just("object"), st.dictionaries(KEYS, JSON, max_size=3)),
+)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """An output built from its parts: the reasoning and the text outside calls, exactly as written, and the calls.
+    `pieces`: the runs of text outside any region (before the first call, between calls), in order."""
+
+    output: str
+    reasoning: str | None
+    pieces: tuple[str, ...]
+    calls: tuple[tuple[str, dict[str, Any]], ...]
+    tools: list[dict[str, Any]]
+
+
+def _hermes(name: str, arguments: dict[str, Any], pad: str, ascii_only: bool) -> str:
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=ascii_only)
+    return f"<tool_call>{pad}{body}{pad}</tool_call>"
+
+
+def _coder(name: str, arguments: dict[str, tuple[str, Any]]) -> str:
+    params = "".join(
+        f"<parameter={k}>\n{v if kind == 'string' else json.dumps(v)}\n</parameter>\n"
+        for k, (kind, v) in arguments.items()
+    )
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+@st.composite
+def think_outputs(draw: st.DrawFn, template: str) -> Generated:
+    """SmolLM3 / Qwen3: [<think>r</think>] text, then 0-3 calls (hermes JSON or qwen3_coder XML), then maybe
+    <|im_end|>."""
+    reasoning = draw(st.none() | TEXT)
+    text = (draw(st.sampled_from(["", "\n", "\n\n"])) if reasoning is not None else "") + draw(TEXT)
+    count = draw(st.integers(0, 3))
+    sep = draw(st.sampled_from(["", "\n"]))
+    calls: list[tuple[str, dict[str, Any]]] = []
+    written: list[str] = []
+    tools: list[dict[str, Any]] = []
+    for i in range(count):
+        if template == "smollm":
+            name, arguments = draw(st.sampled_from(NAMES)), draw(st.dictionaries(KEYS, JSON, max_size=3))
+            written.append(_hermes(name, arguments, "", draw(st.booleans())))
+        else:
+            name, typed = f"tool_{i}", draw(st.dictionaries(KEYS, PARAMETERS, max_size=3))
+            arguments = {k: v for k, (_, v) in typed.items()}
+            tools.append(tool(name, **{k: {"type": kind} for k, (kind, _) in typed.items()}))
+            written.append(_coder(name, typed))
+        calls.append((name, arguments))
+    think = "" if reasoning is None else f"<think>{reasoning}</think>"
+    end = draw(st.sampled_from(["", "<|im_end|>"]))
+    return Generated(
+        think + text + sep.join(written) + end,
+        reasoning,
+        (text, *[sep] * max(count - 1, 0)),
+        tuple(calls),
+        tools if template == "qwen3" else GENERATED_TOOLS,
+    )
+
+
+@st.composite
+def ernie_outputs(draw: st.DrawFn) -> Generated:
+    """ERNIE: the reasoning (the template opened <think>), then 1-3 calls, one a line, then </s>."""
+    reasoning = draw(TEXT) + "\n"
+    calls = tuple((draw(st.sampled_from(NAMES)), draw(st.dictionaries(KEYS, JSON, max_size=3))) for _ in range(3))
+    calls = calls[: draw(st.integers(1, 3))]
+    written = [_hermes(name, arguments, "\n", draw(st.booleans())) for name, arguments in calls]
+    output = reasoning + "</think>\n\n" + "\n".join(written) + "\n</s>"
+    return Generated(output, reasoning, ("\n\n", *["\n"] * (len(calls) - 1), "\n"), calls, GENERATED_TOOLS)
+
+
+@st.composite
+def harmony_outputs(draw: st.DrawFn) -> Generated:
+    """gpt-oss: [an analysis message], then a final message or 1-3 calls (the last one's <|call|> may be left out:
+    it is a stop token, which servers often do not stream)."""
+    reasoning = draw(st.none() | TEXT)
+    messages = [] if reasoning is None else [f"<|channel|>analysis<|message|>{reasoning}<|end|>"]
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    pieces: tuple[str, ...] = ()
+    if draw(st.booleans()):
+        text = draw(TEXT)
+        messages.append(f"<|channel|>final<|message|>{text}")
+        pieces = (text,)
+    else:
+        calls = tuple((draw(st.sampled_from(NAMES)), draw(st.dictionaries(KEYS, JSON, max_size=3))) for _ in range(3))
+        calls = calls[: draw(st.integers(1, 3))]
+        for name, arguments in calls:
+            body = json.dumps(arguments, ensure_ascii=draw(st.booleans()))
+            messages.append(f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>")
+        if draw(st.booleans()):
+            messages[-1] = messages[-1].removesuffix("<|call|>")
+    output = "<|start|>assistant".join(messages)
+    return Generated(output, reasoning, pieces, calls, GENERATED_TOOLS)
+
+
+def _last_piece(pieces: tuple[str, ...]) -> str:
+    """transformers' content: its content field is not repeated, so each run of text outside the other fields
+    replaces the one before; the last run that is not empty wins, stripped."""
+    return next((p for p in reversed(pieces) if p), "").strip()
+
+
+def _compare(template: str, g: Generated) -> None:
+    theirs = parse_response(g.output, TEMPLATES[template], prefix="", tools=g.tools)
+    p = ours(template, g.output, "", g.tools)
+    mine = as_transformers(p)
+    # ctxlock keeps exactly what the model wrote: the reasoning, and all the text outside calls, in order.
+    assert (p.reasoning or "") == (g.reasoning or "")
+    assert (p.content or "") == "".join(g.pieces)
+    assert [(c.name, c.arguments) for c in p.tool_calls] == list(g.calls) and p.errors == ()
+    # Equal to transformers' after the normalization, field by field.
+    assert mine["role"] == theirs["role"] == "assistant"
+    assert mine.get("thinking") == theirs.get("thinking")
+    assert mine.get("tool_calls") == theirs.get("tool_calls")
+    if template in ("qwen3", "ernie"):
+        # Neither template has a content field outside <response>: transformers drops the text (listed in docs).
+        assert "content" not in theirs
+        assert template == "qwen3" or "content" not in mine
+    elif sum(1 for piece in g.pieces if piece) <= 1:
+        assert mine.get("content") == theirs.get("content")
+    else:  # text both before and between calls: transformers keeps the last run only (listed in docs)
+        assert theirs.get("content", "") == _last_piece(g.pieces)
+
+
+SETTINGS = settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(g=think_outputs("smollm"))
+def test_generated_smollm(g: Generated) -> None:
+    _compare("smollm", g)
+
+
+@SETTINGS
+@given(g=think_outputs("qwen3"))
+def test_generated_qwen3(g: Generated) -> None:
+    _compare("qwen3", g)
+
+
+@SETTINGS
+@given(g=ernie_outputs())
+def test_generated_ernie(g: Generated) -> None:
+    _compare("ernie", g)
+
+
+@SETTINGS
+@given(g=harmony_outputs())
+def test_generated_gpt_oss(g: Generated) -> None:
+    _compare("gpt-oss", g)
+
+
+@pytest.mark.parametrize(
+    ("template", "output", "finish_reason", "refused", "thinking"),
+    [
+        ("smollm", '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa', "length", "truncated", None),
+        (
+            "smollm",
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>',
+            "stop",
+            "not valid JSON",
+            None,
+        ),
+        (
+            "gpt-oss",
+            "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa',
+            "length",
+            "truncated",
+            "Need the weather.",
+        ),
+    ],
+    ids=["hermes cut off", "hermes malformed", "harmony cut off"],
+)
+def test_where_transformers_raises_ctxlock_answers(
+    template: str, output: str, finish_reason: str, refused: str, thinking: str | None
+) -> None:
+    """A call body that is not JSON (cut off, or malformed) makes transformers' parse raise, and the whole message
+    is lost; ctxlock gives the message, and the call as an error that can go back to the model."""
+    with pytest.raises(ValueError, match="could not parse region as JSON"):
+        parse_response(output, TEMPLATES[template], prefix="", tools=LOOSE)
+    p = ours(template, output, "", LOOSE, finish_reason=finish_reason)
+    assert p.tool_calls == () and len(p.errors) == 1 and refused in str(p.errors[0])
+    assert p.reasoning == thinking and p.finish_reason == finish_reason
+    if finish_reason == "length":
+        assert isinstance(p.errors[0], ToolCallTruncatedError)

@@ -187,3 +187,17 @@ def test_hostile_output_gives_a_message_or_a_typed_error_and_no_call_unless_it_e
         assert p.content is None and p.tool_calls == ()
     for c in p.tool_calls:
         assert c.name == "get_weather" and c.arguments == {"city": "P"}
+
+
+def test_a_harmony_message_after_a_finished_analysis_is_not_analysis() -> None:
+    """The analysis ended at <|end|>; a message after it without <|start|> (not Harmony) is kept as content with a
+    note, and the reasoning is complete (it used to be read as still inside the analysis, and the text dropped)."""
+    out = "<|channel|>analysis<|message|>thinking chunk<|end|><|channel|>final<|message|>done text"
+    p = parse_output(out, tool_format="harmony")
+    assert (p.reasoning, p.content) == ("thinking chunk", "<|channel|>final<|message|>done text")
+    assert p.reasoning_complete
+    assert any("kept as text" in n for n in p.notes) and not any("incomplete" in n for n in p.notes)
+    cut = parse_output(
+        "<|channel|>final<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b", tool_format="harmony"
+    )
+    assert (cut.reasoning, cut.content, cut.reasoning_complete) == ("b", None, False)

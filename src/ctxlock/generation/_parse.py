@@ -275,11 +275,15 @@ def _without_end_token(
 
 def _inside_analysis(text: str) -> bool:
     """Whether Harmony text ends inside an analysis message (its last `<|message|>` opened one, no stop since)."""
+    stops = ("<|end|>", "<|call|>", "<|return|>")
     opened = text.rfind("<|message|>")
-    if opened < 0 or any(stop in text[opened:] for stop in ("<|end|>", "<|call|>", "<|return|>")):
+    if opened < 0 or any(stop in text[opened:] for stop in stops):
         return False
-    header = text[:opened].rsplit("<|start|>", 1)[-1]
-    return "<|channel|>analysis" in header
+    # The header runs from the message's <|start|>, or from the end of the message before it when the model left
+    # <|start|> out: an analysis message that ended does not make the next one analysis.
+    found = ((text.rfind(mark, 0, opened), mark) for mark in ("<|start|>", *stops))
+    begin = max((at + len(mark) for at, mark in found if at >= 0), default=0)
+    return "<|channel|>analysis" in text[begin:opened]
 
 
 def _tool_format(value: ToolCallFormat | str | None) -> ToolCallFormat | None:

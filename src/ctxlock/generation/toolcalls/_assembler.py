@@ -13,6 +13,8 @@ from typing import Any
 
 from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.generation.toolcalls._anthropic import AnthropicParser
+from ctxlock.generation.toolcalls._deepseek_v3 import DeepSeekV3Parser
+from ctxlock.generation.toolcalls._deepseek_v31 import DeepSeekV31Parser
 from ctxlock.generation.toolcalls._events import (
     DEFAULT_MAX_EVENT_SIZE,
     LENGTH_STOPS,
@@ -42,9 +44,11 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.QWEN3_CODER: Qwen3CoderParser,
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
+    ToolCallFormat.DEEPSEEK_V3: DeepSeekV3Parser,
+    ToolCallFormat.DEEPSEEK_V31: DeepSeekV31Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_v31"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

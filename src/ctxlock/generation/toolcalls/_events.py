@@ -26,6 +26,12 @@ class ToolCallFormat(StrEnum):
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
+    # DeepSeek-V3 / R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```
+    # <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+    DEEPSEEK_V3 = "deepseek_v3"
+    # DeepSeek-V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+    # <｜tool▁calls▁end｜>
+    DEEPSEEK_V31 = "deepseek_v31"
 
 
 class Release(StrEnum):

@@ -18,7 +18,7 @@ from test_toolcalls import PARIS, SEARCH_ARGS, ZURICH, _call
 from test_toolcalls import TOOLS as TEMPLATE_TOOLS
 
 import fetched
-from ctxlock.errors import ToolCallError, ToolCallTruncatedError
+from ctxlock.errors import TemplateSecurityError, ToolCallError, ToolCallTruncatedError
 from ctxlock.generation.toolcalls import ToolCallAssembler, ToolCallReady, assemble
 from ctxlock.request import parse_request
 
@@ -38,6 +38,7 @@ class Case(NamedTuple):
     content: str
     errors: int = 0
     ours: tuple[list[tuple[str, dict[str, Any]]], str, str] | None = None
+    tools: list[dict[str, Any]] | None = None  # the tools the case's test declares (default: TOOLS below)
 
 
 def _v3(name: str, args: str) -> str:
@@ -174,10 +175,184 @@ DEEPSEEK_V31 = [
     ),
 ]
 
-CASES: dict[str, list[Case]] = {"deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31}
+# tests/tool_parsers/test_kimi_k2_tool_parser.py. The streaming tests' deltas are joined into one output; their
+# content is what vLLM's streaming path returns over all the deltas.
+SB, SE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KB, KA, KE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+_HELP = "I'll help you check the weather. "
+_LA = (
+    "I'll get the weather and news for LA today. First, let me get the weather using Los Angeles coordinates, and "
+    "then get the latest news. "
+)
+KIMI_K2 = [
+    Case("no_tools", "This is a test", [], "This is a test"),
+    Case(
+        "tool_call_with_content_before",
+        f'{_HELP}{SB} {KB}\nfunctions.get_weather:0 {KA} {{"city": "Beijing"}} {KE} {SE}',
+        [("get_weather", {"city": "Beijing"})],
+        _HELP,
+    ),
+    Case(
+        "multi_tool_call_with_content_before",
+        f'{_HELP}{SB} {KB}\nfunctions.get_weather:0 {KA} {{"city": "Beijing"}} {KE} {KB}\n'
+        f'functions.get_weather:1 {KA} {{"city": "Shanghai"}} {KE} {SE}',
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        _HELP,
+    ),
+    Case(
+        "concatenated_tool_calls_bug_fix",
+        f'{_LA}{SB}{KB}functions.get_weather:0{KA}{{"latitude": 34.0522, "longitude": -118.2437}}{KE}'
+        f'{KB}functions.get_news:1{KA}{{"content": "Los Angeles today"}}{KE}{SE}',
+        [
+            ("get_weather", {"latitude": 34.0522, "longitude": -118.2437}),
+            ("get_news", {"content": "Los Angeles today"}),
+        ],
+        _LA,
+    ),
+    Case(
+        "three_concatenated_tool_calls",
+        f'I\'ll help you with multiple tasks. {SB}{KB}functions.get_weather:0{KA}{{"city": "New York"}}{KE}'
+        f'{KB}functions.get_news:1{KA}{{"topic": "technology"}}{KE}'
+        f'{KB}functions.send_email:2{KA}{{"to": "user@example.com", "subject": "Daily Update"}}{KE}{SE}',
+        [
+            ("get_weather", {"city": "New York"}),
+            ("get_news", {"topic": "technology"}),
+            ("send_email", {"to": "user@example.com", "subject": "Daily Update"}),
+        ],
+        "I'll help you with multiple tasks. ",
+    ),
+    Case(
+        "mixed_spacing_tool_calls",
+        f"Mixed spacing test. {SB} {KB} functions.test:0 {KA} {{}} {KE}{KB}functions.test2:1{KA}{{}}{KE} {SE}",
+        [("test", {}), ("test2", {})],
+        "Mixed spacing test. ",
+    ),
+    Case(
+        "angle_brackets_in_json",
+        f"I need to process HTML content. {SB}{KB}functions.process_html:0{KA}"
+        f'{{"html": "<div>content</div>", "text": "normal text"}}{KE}{SE}',
+        [("process_html", {"html": "<div>content</div>", "text": "normal text"})],
+        "I need to process HTML content. ",
+    ),
+    Case(
+        "newlines_in_json",
+        f"I need to process formatted JSON. {SB}{KB}functions.process_data:0{KA}"
+        '{\n  "name": "test",\n  "value": 123,\n  "nested": {\n    "key": "value"\n  }\n}' + f"{KE}{SE}",
+        [("process_data", {"name": "test", "value": 123, "nested": {"key": "value"}})],
+        "I need to process formatted JSON. ",
+    ),
+    # vLLM returns both calls, the first with arguments that are not JSON; ctxlock refuses that one.
+    Case(
+        "invalid_json",
+        f'{_HELP}{SB} {KB}\nfunctions.invalid_get_weather:0 {KA} {{"city": "Beijing" {KE} {KB}\n'
+        f'functions.valid_get_weather:1 {KA} {{"city": "Shanghai"}} {KE} {SE}',
+        [("invalid_get_weather", '{"city": "Beijing"'), ("valid_get_weather", {"city": "Shanghai"})],
+        _HELP,
+        errors=1,
+        ours=([("valid_get_weather", {"city": "Shanghai"})], _HELP, "arguments that are not JSON are refused"),
+    ),
+    # An id without ":IDX": vLLM skips the call; ctxlock refuses it (an error the model can read).
+    Case(
+        "invalid_funcall",
+        f'{_HELP}{SB} {KB}\nfunctions.invalid_get_weather.0 {KA} {{"city": "Beijing"}} {KE} {KB}\n'
+        f'functions.valid_get_weather:1 {KA} {{"city": "Shanghai"}} {KE} {SE}',
+        [("valid_get_weather", {"city": "Shanghai"})],
+        _HELP,
+        errors=1,
+    ),
+    Case(
+        "streaming_basic_functionality",
+        f' check the weather. {SB} {KB}\nfunctions.get_weather:0 {KA} {{"city": "Beijing"}} {KE} {SE}',
+        [("get_weather", {"city": "Beijing"})],
+        " check the weather. ",
+    ),
+    Case(
+        "streaming_no_tool_calls",
+        "This is just regular text without any tool calls.",
+        [],
+        "This is just regular text without any tool calls.",
+    ),
+    # Text between the section begin and a call begin: vLLM suppresses it, ctxlock refuses it (and the call the
+    # output ends in is unfinished).
+    Case(
+        "token_leak_between_section_and_tool_begin",
+        f"I'll help you with that. {SB} spurious text {KB}",
+        [],
+        "I'll help you with that. ",
+        errors=2,
+    ),
+    Case("split_markers_across_deltas", f"{SB} ", [], ""),
+    Case("marker_variants", "Reasoning <|tool_call_section_begin|>", [], "Reasoning "),
+    Case("reentry_after_tool_section", f"{SB}{SE} More reasoning", [], " More reasoning"),
+    Case("empty_tool_section", f"Reasoning {SB}{SE}", [], "Reasoning "),
+    # vLLM leaves a section after 8,192 characters without a call and returns them as content; ctxlock never turns
+    # section text back into text: the call that never began is an error.
+    Case(
+        "malformed_tool_section_recovery",
+        SB + "x" * 10000,
+        [],
+        "x" * 10000,
+        errors=1,
+        ours=([], "", "section text is never content; the call that never began is an error"),
+    ),
+    Case(
+        "section_begin_noise_tool_begin_same_chunk",
+        f"Reasoning {SB} noise text {KB}",
+        [],
+        "Reasoning ",
+        errors=2,
+    ),
+    Case("stream_ends_without_section_end_marker", f"{SB} partial content", [], "", errors=1),
+    Case(
+        "same_chunk_begin_and_end_markers",
+        f"Some reasoning {SB}{SE} More reasoning",
+        [],
+        "Some reasoning  More reasoning",
+    ),
+    Case("same_chunk_begin_content_end_markers", f"Reasoning {SB}   {SE} Done", [], "Reasoning  Done"),
+    Case(
+        "tool_call_end_and_section_end_same_chunk",
+        f'Let me help. {SB}{KB}get_weather:0 {KA} {{"city": "Paris"}} {KE}{SE} Done',
+        [("get_weather", {"city": "Paris"})],
+        "Let me help.  Done",
+    ),
+    Case(
+        "streaming_tool_call_markers_not_leaked",
+        f'I\'ll check the weather. {SB}{KB} functions.get_weather:0 {KA} {{"city": "Tokyo"}} {KE}{SE}'
+        " Here's the result.",
+        [("get_weather", {"city": "Tokyo"})],
+        "I'll check the weather.  Here's the result.",
+    ),
+    Case(
+        "streaming_multiple_tool_calls_not_leaked",
+        f'I\'ll compare the weather. {SB}{KB} get_weather:0 {KA} {{"city": "Tokyo"}} {KE} {KB} get_weather:1 '
+        f'{KA} {{"city": "New York"}} {KE}{SE} Here\'s the comparison.',
+        [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": "New York"})],
+        "I'll compare the weather.  Here's the comparison.",
+    ),
+]
+# The ids vLLM's extract_tool_calls cases expect: the `functions.NAME:IDX` the model wrote.
+KIMI_IDS = {
+    "tool_call_with_content_before": ["functions.get_weather:0"],
+    "multi_tool_call_with_content_before": ["functions.get_weather:0", "functions.get_weather:1"],
+    "concatenated_tool_calls_bug_fix": ["functions.get_weather:0", "functions.get_news:1"],
+    "three_concatenated_tool_calls": ["functions.get_weather:0", "functions.get_news:1", "functions.send_email:2"],
+    "mixed_spacing_tool_calls": ["functions.test:0", "functions.test2:1"],
+    "angle_brackets_in_json": ["functions.process_html:0"],
+    "newlines_in_json": ["functions.process_data:0"],
+    "streaming_multiple_tool_calls_not_leaked": ["get_weather:0", "get_weather:1"],
+}
+
+CASES: dict[str, list[Case]] = {
+    "deepseek_v3": DEEPSEEK_V3,
+    "deepseek_v31": DEEPSEEK_V31,
+    "kimi_k2": KIMI_K2,
+}
 
 NAMES = [
     *("get_weather", "search_hotels", "test_function", "get_current_time", "send_message", "foo", "bar"),
+    *("get_news", "send_email", "test", "test2", "process_html", "process_data"),
+    *("invalid_get_weather", "valid_get_weather"),
 ]
 # Loose schemas: vLLM's cases are about the format, not the arguments.
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in NAMES]
@@ -185,8 +360,8 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "ob
 ALL_CASES = [pytest.param(fmt, case, id=f"{fmt}-{case.id}") for fmt, cases in CASES.items() for case in cases]
 
 
-def _run(fmt: str, chunks: list[str], release: str) -> Any:
-    asm = ToolCallAssembler(TOOLS, fmt, release=release)
+def _run(fmt: str, chunks: list[str], release: str, tools: list[dict[str, Any]] | None = None) -> Any:
+    asm = ToolCallAssembler(tools or TOOLS, fmt, release=release)
     fed = [e for c in chunks for e in asm.feed(c)]
     result = asm.finish("stop")
     return fed, result
@@ -195,7 +370,7 @@ def _run(fmt: str, chunks: list[str], release: str) -> Any:
 def _check(fmt: str, case: Case, chunks: list[str]) -> None:
     calls, content = (case.ours[0], case.ours[1]) if case.ours else (case.calls, case.content)
     for release in ("finish", "early"):
-        fed, result = _run(fmt, chunks, release)
+        fed, result = _run(fmt, chunks, release, case.tools)
         assert [(c.name, c.arguments) for c in result.calls] == calls, (release, chunks)
         assert result.text == content, (release, chunks)
         assert len(result.errors) == case.errors, (release, chunks, result.errors)
@@ -205,13 +380,33 @@ def _check(fmt: str, case: Case, chunks: list[str]) -> None:
             assert err.path.startswith("tool_calls[") and err.hint
 
 
+def _cuts(n: int) -> range | list[int]:
+    """Every split point; for the one long case (10,000 characters), every one near its ends and a stride between."""
+    if n <= 1000:
+        return range(1, n)
+    return sorted({*range(1, 300), *range(300, n - 300, 97), *range(n - 300, n)})
+
+
 @pytest.mark.parametrize(("fmt", "case"), ALL_CASES)
 def test_vllm_cases_in_every_chunking(fmt: str, case: Case) -> None:
     text = case.output
     _check(fmt, case, [text])
     _check(fmt, case, list(text))
-    for cut in range(1, len(text)):
+    for cut in _cuts(len(text)):
         _check(fmt, case, [text[:cut], text[cut:]])
+
+
+def test_kimi_k2_call_ids_are_the_ids_the_model_wrote() -> None:
+    for case in KIMI_K2:
+        if case.id in KIMI_IDS:
+            result = assemble(TOOLS, "kimi_k2", [case.output], "stop")
+            assert [c.id for c in result.calls] == KIMI_IDS[case.id], case.id
+
+
+def test_kimi_k2_refuses_a_reused_call_id() -> None:
+    call = f'{KB}functions.get_weather:0{KA}{{"city": "Paris"}}{KE}'
+    result = assemble(TOOLS, "kimi_k2", [SB + call + call + SE], "stop")
+    assert result.calls == () and [e.path for e in result.errors] == ["tool_calls[0].id", "tool_calls[1].id"]
 
 
 def test_the_listed_differences_are_differences() -> None:
@@ -237,6 +432,7 @@ def test_no_marker_prefix_reaches_the_text() -> None:
 MULTI = {
     "deepseek_v3": DEEPSEEK_V3[2].output,
     "deepseek_v31": DEEPSEEK_V31[1].output,
+    "kimi_k2": KIMI_K2[2].output,
 }
 
 
@@ -264,6 +460,10 @@ def test_malformed_calls_name_their_path_and_say_how_to_write_them() -> None:
         ("deepseek_v31", f"{CALL_BEGIN}get_weather {{}}{CALL_END}", "tool_calls[0]"),
         ("deepseek_v31", f"{CALL_BEGIN}nope{SEP}{{}}{CALL_END}", "tool_calls[0].name"),
         ("deepseek_v31", f"{CALL_BEGIN}get_weather{SEP}[1]{CALL_END}", "tool_calls[0].arguments"),
+        ("kimi_k2", f"{KB}functions.get_weather{KA}{{}}{KE}", "tool_calls[0].id"),
+        ("kimi_k2", f"{KB}functions.get_weather:0 {{}}{KE}", "tool_calls[0].id"),
+        ("kimi_k2", f"{KB}functions.get_weather:0{KA}{{{KE}", "tool_calls[0].arguments"),
+        ("kimi_k2", f"{SB}functions.get_weather:0{KA}{{}}{SE}", "tool_calls[0]"),
     ]
     for fmt, text, path in cases:
         result = assemble(TOOLS, fmt, [text], "stop")
@@ -296,6 +496,7 @@ class Template(NamedTuple):
     eot: str  # the end-of-turn token: the stop token, never streamed as text
     content: str | None  # the assistant content the template can carry with its calls
     prompt_tools: bool = True
+    framing: str = ""  # what the template writes between the content and the calls (text, to the parser)
 
 
 TEMPLATES = [
@@ -313,6 +514,9 @@ TEMPLATES = [
         "<｜Assistant｜><think></think>",
         "<｜end▁of▁sentence｜>",
         "Let me check both.",
+    ),
+    Template(
+        "moonshotai-Kimi-K2.jinja", "kimi_k2", "<|im_assistant|>assistant<|im_middle|>", "<|im_end|>", "Let me check."
     ),
 ]
 
@@ -346,7 +550,19 @@ def test_template_round_trip(spec: Template) -> None:
         result = assemble(TEMPLATE_TOOLS, spec.fmt, chunks, "stop")
         assert result.errors == ()
         assert [(c.name, c.arguments) for c in result.calls] == [("get_weather", ZURICH), ("search_docs", SEARCH_ARGS)]
-        assert result.text == (spec.content or "")
+        assert result.text == (spec.content or "") + spec.framing
+        if spec.fmt == "kimi_k2":  # the template numbers the calls: functions.NAME:IDX is their id
+            assert [c.id for c in result.calls] == ["functions.get_weather:0", "functions.search_docs:1"]
+
+
+@pytest.mark.parametrize("file", ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja"])
+def test_kimi_k2_templates_that_the_sandbox_refuses(file: str) -> None:
+    """These two templates queue the call ids with `list.append`, which the immutable sandbox refuses (as
+    transformers' does): an assistant message with tool calls does not render, so there is nothing to round-trip."""
+    message = {"role": "assistant", "content": "Let me check.", "tool_calls": ROUND_TRIP_CALLS}
+    user = {"role": "user", "content": "Weather?"}
+    with pytest.raises(TemplateSecurityError, match="append"):
+        _render(file, [user, message], TEMPLATE_TOOLS, False)
 
 
 def test_r1_distill_llama_writes_no_tool_calls() -> None:

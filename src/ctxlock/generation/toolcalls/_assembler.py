@@ -30,6 +30,7 @@ from ctxlock.generation.toolcalls._events import (
     error_payload,
 )
 from ctxlock.generation.toolcalls._hermes import HermesParser
+from ctxlock.generation.toolcalls._kimi_k2 import KimiK2Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
@@ -46,9 +47,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.DEEPSEEK_V3: DeepSeekV3Parser,
     ToolCallFormat.DEEPSEEK_V31: DeepSeekV31Parser,
+    ToolCallFormat.KIMI_K2: KimiK2Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_v31"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_v31", "kimi_k2"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

@@ -32,6 +32,9 @@ class ToolCallFormat(StrEnum):
     # DeepSeek-V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
     # <｜tool▁calls▁end｜>
     DEEPSEEK_V31 = "deepseek_v31"
+    # Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
+    # <|tool_call_end|>...<|tool_calls_section_end|>; "functions.name:0" is the call's id
+    KIMI_K2 = "kimi_k2"
 
 
 class Release(StrEnum):

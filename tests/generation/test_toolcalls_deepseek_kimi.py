@@ -1,11 +1,13 @@
-"""The section formats: `deepseek_v3` (DeepSeek-V3, R1), `deepseek_v31` (DeepSeek-V3.1) and `kimi_k2` (Kimi-K2).
+"""The section formats: `deepseek_v3` (DeepSeek-V3, R1), `deepseek_v31` (DeepSeek-V3.1), `deepseek_v32`
+(DeepSeek-V3.2's DSML) and `kimi_k2` (Kimi-K2).
 
 Each format is held to vLLM's own test cases (tests/tool_parsers/test_deepseekv3_tool_parser.py,
-test_deepseekv31_tool_parser.py and test_kimi_k2_tool_parser.py in vllm-project/vllm): the model outputs and what
-vLLM expects are data here, fed whole, split at every index into two chunks and one character at a time, in both
-release modes. Where ctxlock answers otherwise on purpose, the case says what ctxlock gives and why
-(docs/tool-call-formats.md lists the same differences). Then: no call from a response cut anywhere by a length
-stop, and the calls the model's own chat template writes parse back to the calls it was given.
+test_deepseekv31_tool_parser.py, test_deepseekv32_tool_parser.py and test_kimi_k2_tool_parser.py in
+vllm-project/vllm): the model outputs and what vLLM expects are data here, fed whole, split at every index into two
+chunks and one character at a time, in both release modes. Where ctxlock answers otherwise on purpose, the case
+says what ctxlock gives and why (docs/tool-call-formats.md lists the same differences). Then: no call from a
+response cut anywhere by a length stop, and the calls the model's own chat template writes parse back to the calls
+it was given.
 """
 
 from __future__ import annotations
@@ -343,9 +345,355 @@ KIMI_IDS = {
     "streaming_multiple_tool_calls_not_leaked": ["get_weather:0", "get_weather:1"],
 }
 
+# tests/tool_parsers/test_deepseekv32_tool_parser.py (DSML). Many of its tests stream the same output: each output
+# is one case here, named after the first test that uses it. Every case declares the tools (and schemas) its
+# test gives vLLM's parser; `ANY` is the loose schema of a test that gives none.
+FC, FC_END_ = "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"
+INV, INV_END_ = '<｜DSML｜invoke name="', "</｜DSML｜invoke>"
+PAR, PAR_END = '<｜DSML｜parameter name="', "</｜DSML｜parameter>"
+
+
+def _dsml(*calls: tuple[str, list[tuple[str, str, str]]]) -> str:
+    """<function_calls> with one invoke per (name, [(parameter, string attribute, value)])."""
+    out = f"{FC}\n"
+    for name, params in calls:
+        out += f'{INV}{name}">\n' + "".join(f'{PAR}{k}" string="{s}">{v}{PAR_END}\n' for k, s, v in params)
+        out += f"{INV_END_}\n"
+    return out + FC_END_
+
+
+def _build(name: str, params: dict[str, str]) -> str:
+    """vLLM's build_tool_call: string="true" parameters, an empty line before the invoke's end."""
+    inner = "".join(f'{PAR}{k}" string="true">{v}{PAR_END}' for k, v in params.items())
+    return f'{FC}\n{INV}{name}">\n{inner}\n{INV_END_}\n{FC_END_}'
+
+
+def _tool(name: str, properties: dict[str, Any] | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    if properties is not None:
+        schema["properties"] = properties
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
+ANY = [_tool(n) for n in ("get_time", "get_weather", "my_func", "fn", "func_a", "func_b", "fn_a", "fn_b", "search")]
+_TOGGLE = [_tool("toggle", {"enabled": {"type": "boolean"}, "count": {"type": "integer"}})]
+_SCORE = [_tool("score", {"value": {"type": "integer"}})]
+_WAIT = {
+    "anyOf": [
+        {"type": "object", "properties": {"type": {"const": "until"}, "date": {"type": "string"}}},
+        {"type": "object", "properties": {"type": {"const": "for"}, "minutes": {"type": "number"}}},
+    ]
+}
+_PATCHES = {"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]}
+_TIMER = [_tool("set_timer", {"wait": _WAIT, "patches": _PATCHES})]
+_TIMER_NULLABLE = [_tool("set_timer", {"wait": {"anyOf": [{"type": "object"}, {"type": "null"}]}, "patches": _PATCHES})]
+_WEATHER = [_tool("get_weather", {"location": {"type": "string"}})]
+_UPDATE = [_tool("update", {"tags": {"type": "array"}, "meta": {"type": "object"}})]
+_MEASURE = [_tool("measure", {"ratio": {"type": "number"}, "whole": {"type": "number"}})]
+_SET_VAL = [_tool("set_val", {"count": {"type": ["integer", "null"]}, "label": {"type": ["string", "null"]}})]
+_CLEAR = [_tool("clear", {"value": {"type": ["integer", "null"]}})]
+_COERCE = [
+    _tool(
+        "coerce",
+        {
+            "union_value": {"type": ["null", "string"]},
+            "bad_int": {"type": "integer"},
+            "nullable_string": {"type": ["null", "string"]},
+            "null_string": {"type": "string"},
+            "whole_number": {"type": "number"},
+        },
+    )
+]
+_TIMER_ARGS = {
+    "wait": {"type": "for", "minutes": 2880},
+    "patches": [{"op": "replace", "path": "/schedule", "value": "quiet"}],
+}
+_TIMER_OUTPUT = _dsml(
+    (
+        "set_timer",
+        [
+            ("wait", "false", '{"type":"for","minutes":2880}'),
+            ("patches", "false", '[{"op":"replace","path":"/schedule","value":"quiet"}]'),
+        ],
+    )
+)
+_COERCE_OUTPUT = _dsml(
+    (
+        "coerce",
+        [
+            ("union_value", "false", "hello"),
+            ("bad_int", "false", "abc"),
+            ("nullable_string", "false", "null"),
+            ("null_string", "false", "null"),
+            ("whole_number", "false", "3.0"),
+        ],
+    )
+)
+_LONG = "A" * 4096
+DEEPSEEK_V32 = [
+    Case("no_tool_call", "just some text", [], "just some text", tools=ANY),
+    Case("single_tool_no_params", f'{FC}\n{INV}get_time">\n{INV_END_}\n{FC_END_}', [("get_time", {})], "", tools=ANY),
+    Case(
+        "single_tool_with_params",
+        _build("get_weather", {"location": "SF", "date": "2024-01-16"}),
+        [("get_weather", {"location": "SF", "date": "2024-01-16"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "content_before_tool_call",
+        "Sure, let me check! " + _build("get_weather", {"location": "NYC"}),
+        [("get_weather", {"location": "NYC"})],
+        "Sure, let me check! ",
+        tools=ANY,
+    ),
+    Case(
+        "multiple_tools",
+        _dsml(("get_weather", [("location", "true", "SF")]), ("get_weather", [("location", "true", "NYC")])),
+        [("get_weather", {"location": "SF"}), ("get_weather", {"location": "NYC"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "type_conversion_in_non_streaming",  # also test_responses_function_tool_schema_in_streaming
+        _dsml(("toggle", [("enabled", "false", "true"), ("count", "false", "42")])),
+        [("toggle", {"enabled": True, "count": 42})],
+        "",
+        tools=_TOGGLE,
+    ),
+    Case(
+        "string_attr_true_coerced_by_schema",  # also its streaming twin
+        _dsml(("score", [("value", "true", "42")])),
+        [("score", {"value": 42})],
+        "",
+        tools=_SCORE,
+    ),
+    Case(
+        "string_attr_false_allows_schema_conversion",
+        _dsml(("score", [("value", "false", "42")])),
+        [("score", {"value": 42})],
+        "",
+        tools=_SCORE,
+    ),
+    Case(
+        "composed_schema_converts_object_and_array_params",
+        _TIMER_OUTPUT,
+        [("set_timer", _TIMER_ARGS)],
+        "",
+        tools=_TIMER,
+    ),
+    Case(
+        "composed_schema_conversion_in_streaming",
+        _TIMER_OUTPUT,
+        [("set_timer", _TIMER_ARGS)],
+        "",
+        tools=_TIMER_NULLABLE,
+    ),
+    Case(
+        "string_attr_true_coerced_by_composed_schema",
+        _dsml(("set_timer", [("wait", "true", '{"type":"for","minutes":2880}')])),
+        [("set_timer", {"wait": {"type": "for", "minutes": 2880}})],
+        "",
+        tools=_TIMER_NULLABLE,
+    ),
+    # vLLM unwraps a lone "arguments" / "input" parameter the schema does not declare; ctxlock releases what the
+    # model wrote (the schema allows the extra property), never a rewritten call.
+    Case(
+        "arguments_wrapper_repaired",
+        _dsml(("get_weather", [("arguments", "false", '{"location":"Beijing"}')])),
+        [("get_weather", {"location": "Beijing"})],
+        "",
+        tools=_WEATHER,
+        ours=([("get_weather", {"arguments": {"location": "Beijing"}})], "", "the call is released as written"),
+    ),
+    Case(
+        "input_wrapper_repaired",
+        _dsml(("get_weather", [("input", "true", '{"location":"Beijing"}')])),
+        [("get_weather", {"location": "Beijing"})],
+        "",
+        tools=_WEATHER,
+        ours=([("get_weather", {"input": '{"location":"Beijing"}'})], "", "the call is released as written"),
+    ),
+    Case(
+        "object_and_array_params",  # also its streaming twin
+        _dsml(("update", [("tags", "false", '["a", "b"]'), ("meta", "false", '{"k": 1}')])),
+        [("update", {"tags": ["a", "b"], "meta": {"k": 1}})],
+        "",
+        tools=_UPDATE,
+    ),
+    Case(
+        "number_param",  # also test_number_param_streaming (ratio only)
+        _dsml(("measure", [("ratio", "false", "3.14"), ("whole", "false", "5.0")])),
+        [("measure", {"ratio": 3.14, "whole": 5})],
+        "",
+        tools=_MEASURE,
+    ),
+    Case(
+        "multi_typed_schema",  # also test_multi_typed_schema_streaming (count only)
+        _dsml(("set_val", [("count", "false", "42"), ("label", "false", "hello")])),
+        [("set_val", {"count": 42, "label": "hello"})],
+        "",
+        tools=_SET_VAL,
+    ),
+    Case(
+        "multi_typed_null_value",  # also its streaming twin
+        _dsml(("clear", [("value", "false", "null")])),
+        [("clear", {"value": None})],
+        "",
+        tools=_CLEAR,
+    ),
+    Case(
+        "null_coerced_back_to_string_by_schema",
+        _dsml(("echo", [("text", "false", "null")])),
+        [("echo", {"text": "null"})],
+        "",
+        tools=[_tool("echo", {"text": {"type": "string"}})],
+    ),
+    Case(
+        "no_schema_parses_json",
+        _dsml(("unknown_fn", [("count", "false", "42"), ("flag", "false", "true")])),
+        [("unknown_fn", {"count": 42, "flag": True})],
+        "",
+        tools=[_tool("unknown_fn")],
+    ),
+    Case("plain_content_no_tool", "Hello, world!", [], "Hello, world!", tools=ANY),
+    Case(
+        "no_content_prefix_returns_none",
+        _build("get_weather", {"location": "NYC"}),
+        [("get_weather", {"location": "NYC"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "single_tool_streaming",  # also test_single_tool_chunked_stream_interval
+        _build("get_weather", {"location": "SF"}),
+        [("get_weather", {"location": "SF"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "multi_typed_schema_streaming",
+        _dsml(("set_val", [("count", "false", "42")])),
+        [("set_val", {"count": 42})],
+        "",
+        tools=_SET_VAL,
+    ),
+    Case(
+        "number_param_streaming",
+        _dsml(("measure", [("ratio", "false", "3.14")])),
+        [("measure", {"ratio": 3.14})],
+        "",
+        tools=_MEASURE,
+    ),
+    Case("tool_name_emitted", _build("my_func", {"x": "1"}), [("my_func", {"x": "1"})], "", tools=ANY),
+    Case(
+        "content_before_tool_call_streaming",  # also test_content_before_tool_chunked
+        "Thinking... " + _build("fn", {"a": "b"}),
+        [("fn", {"a": "b"})],
+        "Thinking... ",
+        tools=ANY,
+    ),
+    Case(
+        "type_conversion_in_streaming",
+        _dsml(("add", [("x", "false", "3"), ("y", "false", "4")])),
+        [("add", {"x": 3, "y": 4})],
+        "",
+        tools=[_tool("add", {"x": {"type": "integer"}, "y": {"type": "integer"}})],
+    ),
+    # "abc" for an integer: vLLM releases it as the string; ctxlock's schema validation refuses the call.
+    Case(
+        "streaming_matches_non_streaming_conversion_fallbacks",
+        _COERCE_OUTPUT,
+        [
+            (
+                "coerce",
+                {
+                    "union_value": "hello",
+                    "bad_int": "abc",
+                    "nullable_string": None,
+                    "null_string": "null",
+                    "whole_number": 3,
+                },
+            )
+        ],
+        "",
+        errors=1,
+        tools=_COERCE,
+        ours=([], "", "arguments that do not match the schema are refused"),
+    ),
+    Case(
+        "multiple_tools_streaming",  # also test_multiple_tools_chunked
+        _dsml(("func_a", [("p", "true", "v1")]), ("func_b", [("q", "true", "v2")])),
+        [("func_a", {"p": "v1"}), ("func_b", {"q": "v2"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "state_reset_on_new_stream",  # also the no_marker_leak tests (chunked, char by char, every split point)
+        _build("fn", {"k": "v"}),
+        [("fn", {"k": "v"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "unique_tool_call_ids",
+        _dsml(("fn_a", [("x", "true", "1")]), ("fn_b", [("y", "true", "2")])),
+        [("fn_a", {"x": "1"}), ("fn_b", {"y": "2"})],
+        "",
+        tools=ANY,
+    ),
+    # vLLM streams the arguments of an invoke that has not closed; ctxlock never releases half a call.
+    Case(
+        "emits_arguments_before_invoke_completes",
+        f'{FC}\n{INV}fn">\n{PAR}k" string="true">val{PAR_END}\n',
+        [("fn", '{"k": "val" (a prefix, streamed)')],
+        "",
+        errors=1,
+        tools=ANY,
+        ours=([], "", "a call is released only once its end token is seen"),
+    ),
+    Case(
+        "long_string_argument_streams_before_close",
+        f'{FC}\n{INV}emit">\n{PAR}text" string="true">{_LONG}{PAR_END}\n{INV_END_}\n{FC_END_}',
+        [("emit", {"text": _LONG})],
+        "",
+        tools=[_tool("emit", {"text": {"type": "string"}})],
+    ),
+    Case(
+        "no_marker_leak_with_prefix_chunked",
+        "Hello!" + _build("fn", {"a": "b"}),
+        [("fn", {"a": "b"})],
+        "Hello!",
+        tools=ANY,
+    ),
+    Case("false_partial_marker_emitted", "<｜DSM some regular text", [], "<｜DSM some regular text", tools=ANY),
+    Case(
+        "delimiter_preserved_fast_detokenization",
+        _dsml(("get_weather", [("location", "true", "Tokyo")])),
+        [("get_weather", {"location": "Tokyo"})],
+        "",
+        tools=ANY,
+    ),
+    Case(
+        "delimiter_preserved_with_content_prefix",
+        "Here is the weather: " + _dsml(("get_weather", [("location", "true", "Tokyo")])),
+        [("get_weather", {"location": "Tokyo"})],
+        "Here is the weather: ",
+        tools=ANY,
+    ),
+    Case(
+        "tool_detection_skip_special_tokens_false",
+        _build("search", {"query": "vllm documentation"}),
+        [("search", {"query": "vllm documentation"})],
+        "",
+        tools=ANY,
+    ),
+]
+
 CASES: dict[str, list[Case]] = {
     "deepseek_v3": DEEPSEEK_V3,
     "deepseek_v31": DEEPSEEK_V31,
+    "deepseek_v32": DEEPSEEK_V32,
     "kimi_k2": KIMI_K2,
 }
 
@@ -433,6 +781,7 @@ MULTI = {
     "deepseek_v3": DEEPSEEK_V3[2].output,
     "deepseek_v31": DEEPSEEK_V31[1].output,
     "kimi_k2": KIMI_K2[2].output,
+    "deepseek_v32": next(c for c in DEEPSEEK_V32 if c.id == "multiple_tools").output,
 }
 
 
@@ -464,11 +813,27 @@ def test_malformed_calls_name_their_path_and_say_how_to_write_them() -> None:
         ("kimi_k2", f"{KB}functions.get_weather:0 {{}}{KE}", "tool_calls[0].id"),
         ("kimi_k2", f"{KB}functions.get_weather:0{KA}{{{KE}", "tool_calls[0].arguments"),
         ("kimi_k2", f"{SB}functions.get_weather:0{KA}{{}}{SE}", "tool_calls[0]"),
+        ("deepseek_v32", f"{FC}{INV[:-7]}>{INV_END_}{FC_END_}", "tool_calls[0].name"),
+        ("deepseek_v32", f'{INV}get_weather">{PAR}city" string="true">Paris{INV_END_}', "tool_calls[0].arguments.city"),
+        ("deepseek_v32", f'{INV}get_weather">city=Paris{INV_END_}', "tool_calls[0]"),
+        (
+            "deepseek_v32",
+            f'{INV}get_weather">{PAR}a">1{PAR_END}{PAR}a">2{PAR_END}{INV_END_}',
+            "tool_calls[0].arguments.a",
+        ),
     ]
     for fmt, text, path in cases:
         result = assemble(TOOLS, fmt, [text], "stop")
         (err,) = result.errors
         assert result.calls == () and err.path == path and err.hint, (fmt, text, err)
+
+
+def test_a_call_without_its_section_is_a_call_and_the_text_after_it_is_text() -> None:
+    text = f'Sure. {CALL_BEGIN}foo{SEP}{{"x": 1}}{CALL_END} Done.'
+    for chunks in ([text], list(text)):
+        result = assemble(TOOLS, "deepseek_v31", chunks, "stop")
+        assert [(c.name, c.arguments) for c in result.calls] == [("foo", {"x": 1})]
+        assert result.text == "Sure.  Done." and result.ok
 
 
 def test_a_call_longer_than_max_event_size_fails_and_is_not_buffered() -> None:
@@ -514,6 +879,15 @@ TEMPLATES = [
         "<｜Assistant｜><think></think>",
         "<｜end▁of▁sentence｜>",
         "Let me check both.",
+    ),
+    # Its history form of an assistant turn opens with </think> (the generation prompt writes <think></think>).
+    Template(
+        "deepseek-ai-DeepSeek-V3.2.jinja",
+        "deepseek_v32",
+        "<｜Assistant｜></think>",
+        "<｜end▁of▁sentence｜>",
+        "Let me check.",
+        framing="\n\n",
     ),
     Template(
         "moonshotai-Kimi-K2.jinja", "kimi_k2", "<|im_assistant|>assistant<|im_middle|>", "<|im_end|>", "Let me check."

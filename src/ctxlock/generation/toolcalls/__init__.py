@@ -39,6 +39,7 @@ When is a call complete?
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
 | `deepseek_v3` | `<｜tool▁call▁end｜>` is seen outside a JSON string (DeepSeek-V3 / R1)                        |
 | `deepseek_v31`| `<｜tool▁call▁end｜>` is seen outside a JSON string (DeepSeek-V3.1)                           |
+| `deepseek_v32`| `</｜DSML｜invoke>` is seen (DeepSeek-V3.2's DSML; values converted by the schema)         |
 | `kimi_k2`     | `<|tool_call_end|>` is seen outside a JSON string (Kimi-K2; `functions.name:0` is the id)   |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
@@ -50,8 +51,8 @@ that: vllm-project/vllm issue 53269).
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
 module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `deepseek_v3`,
-`deepseek_v31`, `kimi_k2`; `tagged` and `sectioned` hold the framing several formats share), `schemas` (the
-tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+`deepseek_v31`, `deepseek_v32`, `kimi_k2`; `tagged` and `sectioned` hold the framing several formats share),
+`schemas` (the tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncated
 from ctxlock.generation.toolcalls._anthropic import AnthropicParser
 from ctxlock.generation.toolcalls._deepseek_v3 import DeepSeekV3Parser
 from ctxlock.generation.toolcalls._deepseek_v31 import DeepSeekV31Parser
+from ctxlock.generation.toolcalls._deepseek_v32 import DeepSeekV32Parser
 from ctxlock.generation.toolcalls._events import (
     DEFAULT_MAX_EVENT_SIZE,
     LENGTH_STOPS,
@@ -47,10 +48,11 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.DEEPSEEK_V3: DeepSeekV3Parser,
     ToolCallFormat.DEEPSEEK_V31: DeepSeekV31Parser,
+    ToolCallFormat.DEEPSEEK_V32: DeepSeekV32Parser,
     ToolCallFormat.KIMI_K2: KimiK2Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_v31", "kimi_k2"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_v31", "deepseek_v32", "kimi_k2"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

@@ -1,54 +1,13 @@
 """Wire format `deepseek_v3` (DeepSeek-V3, DeepSeek-R1 and its distills): a section of calls, each
 `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` then the arguments in a ```json fence, then `<｜tool▁call▁end｜>`.
 The markers use fullwidth bars (U+FF5C) and U+2581 in place of spaces, as DeepSeek's tokenizer writes them. A call
-is complete when `<｜tool▁call▁end｜>` is seen outside a JSON string (the framing is `SectionedParser`'s)."""
+is complete when `<｜tool▁call▁end｜>` is seen outside a JSON string (the framing is `_sectioned.py`'s)."""
 
 from __future__ import annotations
 
-from ctxlock.generation.toolcalls._jsontext import loads_object
-from ctxlock.generation.toolcalls._sectioned import SectionedParser
+from ctxlock.generation.toolcalls._sectioned import CALL_BEGIN, CALL_END, SEP, DeepSeekSectionParser
 
-CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
-CALLS_END = "<｜tool▁calls▁end｜>"
-CALL_BEGIN = "<｜tool▁call▁begin｜>"
-CALL_END = "<｜tool▁call▁end｜>"
-SEP = "<｜tool▁sep｜>"
 _FENCE = "```"
-
-
-class DeepSeekSectionParser(SectionedParser):
-    """The DeepSeek markers; `deepseek_v3` and `deepseek_v31` differ in the call's body only."""
-
-    section_begin = (CALLS_BEGIN,)
-    section_end = (CALLS_END,)
-    call_begin = CALL_BEGIN
-    call_end = CALL_END
-
-    def _arguments(self, name: str, raw: str) -> None:
-        """Parse the arguments of the current call (`raw` as written) and report it."""
-        index = self.index
-        value, problem = loads_object(raw)
-        if problem is not None:
-            self.sink.fail(
-                index,
-                None,
-                name or None,
-                f"arguments are not valid JSON: {problem}",
-                path=f"tool_calls[{index}].arguments",
-                hint="send the arguments as one JSON object",
-            )
-            return
-        self.sink.complete(index, None, name, value, raw, f"tool_calls[{index}].name")
-
-    def _malformed(self, message: str, name: str | None = None, field: str = "") -> None:
-        self.sink.fail(
-            self.index,
-            None,
-            name,
-            message,
-            path=f"tool_calls[{self.index}]{field}",
-            hint=f"write {self.example}",
-        )
 
 
 class DeepSeekV3Parser(DeepSeekSectionParser):

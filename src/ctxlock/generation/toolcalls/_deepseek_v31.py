@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ctxlock.generation.toolcalls._deepseek_v3 import CALL_BEGIN, CALL_END, SEP, DeepSeekSectionParser
+from ctxlock.generation.toolcalls._sectioned import CALL_BEGIN, CALL_END, SEP, DeepSeekSectionParser
 
 
 class DeepSeekV31Parser(DeepSeekSectionParser):

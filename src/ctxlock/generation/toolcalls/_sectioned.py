@@ -6,14 +6,16 @@ tokens, each call between its own begin and end tokens, then text again.
 Whitespace between the markers of a section is framing. Other text there (outside any call) is reported as a
 malformed call, never passed on as text: vLLM's Kimi-K2 parser drops it (vllm/tool_parsers/kimi_k2_tool_parser.py).
 A call begin without a section begin still opens a call. A call is complete when its end token is seen outside a
-JSON string of its body; each format subclasses `SectionedParser` and parses the body its own way.
+JSON string of its body (anywhere, for a body of raw text values: `json_body = False`); each format subclasses
+`SectionedParser` and parses the body its own way. The DeepSeek-V3 / V3.1 markers and what those two formats share
+(`DeepSeekSectionParser`) are here too: the formats do not import each other.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ctxlock.generation.toolcalls._jsontext import JsonSpan, split_marker_prefix, text_delta
+from ctxlock.generation.toolcalls._jsontext import JsonSpan, loads_object, split_marker_prefix, text_delta
 from ctxlock.generation.toolcalls._sink import ToolCallSink
 
 _TEXT, _SECTION, _CALL = 0, 1, 2
@@ -49,6 +51,7 @@ class SectionedParser:
     call_begin = ""
     call_end = ""
     example = ""  # how a call is written, for hints
+    json_body = True  # the end token inside a JSON string of the body is text (not for bodies of raw text values)
 
     def __init__(self, sink: ToolCallSink, choice: int) -> None:
         self.sink = sink
@@ -60,6 +63,7 @@ class SectionedParser:
         self.span = JsonSpan()
         self.too_long = False
         self.stray = ""  # the start of non-whitespace text inside a section, outside any call
+        self.in_section = False  # a call opened without a section returns to text when it closes
 
     def feed(self, text: Any) -> None:
         t = self.pending + text_delta(text, self.sink.format.value)
@@ -80,11 +84,12 @@ class SectionedParser:
             self.sink.emit_text(safe)
             return None
         self.sink.emit_text(t[i:j])
-        if marker == self.call_begin:
-            self._open_call()
-        else:
+        self.in_section = marker != self.call_begin
+        if self.in_section:
             self.state = _SECTION
             self.stray = ""
+        else:
+            self._open_call()
         return j + len(marker)
 
     def _section(self, t: str, i: int) -> int | None:
@@ -135,10 +140,10 @@ class SectionedParser:
             self._body(body)
             return None
         self._body(t[i:j])
-        if self.span.in_string:  # the end token inside a JSON string of the arguments is text
+        if self.json_body and self.span.in_string:  # the end token inside a JSON string of the arguments is text
             self._body(self.call_end)
             return j + len(self.call_end)
-        self.state = _SECTION
+        self.state = _SECTION if self.in_section else _TEXT
         self.stray = ""
         if not self.too_long:
             self._close("".join(self.parts))
@@ -183,3 +188,46 @@ class SectionedParser:
             self.sink.unfinished([self.index], finish_reason, f"before {self.call_end}")
         self.pending = ""
         return finish_reason
+
+
+# The DeepSeek-V3 / V3.1 special tokens: fullwidth bars (U+FF5C), U+2581 in place of spaces.
+CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+CALLS_END = "<｜tool▁calls▁end｜>"
+CALL_BEGIN = "<｜tool▁call▁begin｜>"
+CALL_END = "<｜tool▁call▁end｜>"
+SEP = "<｜tool▁sep｜>"
+
+
+class DeepSeekSectionParser(SectionedParser):
+    """The DeepSeek markers; `deepseek_v3` and `deepseek_v31` differ in the call's body only."""
+
+    section_begin = (CALLS_BEGIN,)
+    section_end = (CALLS_END,)
+    call_begin = CALL_BEGIN
+    call_end = CALL_END
+
+    def _arguments(self, name: str, raw: str) -> None:
+        """Parse the arguments of the current call (`raw` as written) and report it."""
+        index = self.index
+        value, problem = loads_object(raw)
+        if problem is not None:
+            self.sink.fail(
+                index,
+                None,
+                name or None,
+                f"arguments are not valid JSON: {problem}",
+                path=f"tool_calls[{index}].arguments",
+                hint="send the arguments as one JSON object",
+            )
+            return
+        self.sink.complete(index, None, name, value, raw, f"tool_calls[{index}].name")
+
+    def _malformed(self, message: str, name: str | None = None, field: str = "") -> None:
+        self.sink.fail(
+            self.index,
+            None,
+            name,
+            message,
+            path=f"tool_calls[{self.index}]{field}",
+            hint=f"write {self.example}",
+        )

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 from test_toolcalls import PARIS, SEARCH_ARGS, ZURICH, _call
 from test_toolcalls import TOOLS as TEMPLATE_TOOLS
+from test_toolcalls_formats import drive
 
 import fetched
 from ctxlock.errors import TemplateSecurityError, ToolCallError, ToolCallTruncatedError
@@ -715,10 +716,16 @@ def _run(fmt: str, chunks: list[str], release: str, tools: list[dict[str, Any]] 
     return fed, result
 
 
-def _check(fmt: str, case: Case, chunks: list[str]) -> None:
+def _named(case: Case) -> list[dict[str, Any]]:
+    """The case's tools that its output names (compiling unused schemas for every chunking would cost the most)."""
+    tools = case.tools or TOOLS
+    return [t for t in tools if t["function"]["name"] in case.output] or tools[:1]
+
+
+def _check(fmt: str, case: Case, chunks: list[str], tools: list[dict[str, Any]] | None = None) -> None:
     calls, content = (case.ours[0], case.ours[1]) if case.ours else (case.calls, case.content)
     for release in ("finish", "early"):
-        fed, result = _run(fmt, chunks, release, case.tools)
+        fed, result = _run(fmt, chunks, release, tools or case.tools)
         assert [(c.name, c.arguments) for c in result.calls] == calls, (release, chunks)
         assert result.text == content, (release, chunks)
         assert len(result.errors) == case.errors, (release, chunks, result.errors)
@@ -738,10 +745,11 @@ def _cuts(n: int) -> range | list[int]:
 @pytest.mark.parametrize(("fmt", "case"), ALL_CASES)
 def test_vllm_cases_in_every_chunking(fmt: str, case: Case) -> None:
     text = case.output
-    _check(fmt, case, [text])
-    _check(fmt, case, list(text))
+    tools = _named(case)
+    _check(fmt, case, [text], tools)
+    _check(fmt, case, list(text), tools)
     for cut in _cuts(len(text)):
-        _check(fmt, case, [text[:cut], text[cut:]])
+        _check(fmt, case, [text[:cut], text[cut:]], tools)
 
 
 def test_kimi_k2_call_ids_are_the_ids_the_model_wrote() -> None:
@@ -799,6 +807,22 @@ def test_a_length_stop_anywhere_releases_no_call(fmt: str) -> None:
         assert result.calls == () and result.finish_reason == "length"
         for err in result.errors:
             assert type(err) is ToolCallTruncatedError and "nothing was executed" in err.hint, (cut, err)
+
+
+END_TOKENS = {"deepseek_v3": CALL_END, "deepseek_v31": CALL_END, "kimi_k2": "<|tool_call_end|>"}
+END_TOKENS["deepseek_v32"] = "</｜DSML｜invoke>"
+
+
+@pytest.mark.parametrize("fmt", sorted(MULTI))
+def test_each_call_reaches_the_sink_at_the_character_that_ends_it(fmt: str) -> None:
+    """Through the public ToolCallSink protocol, fed one character at a time: `complete` comes exactly when the
+    call's end token has been fed, and the text never holds a marker."""
+    text = MULTI[fmt]
+    ends = [k + len(END_TOKENS[fmt]) for k in range(len(text)) if text.startswith(END_TOKENS[fmt], k)]
+    sink, result = drive(fmt, TOOLS if fmt != "deepseek_v32" else ANY, list(text), "stop")
+    assert [fed for fed, _ in sink.calls("complete")] == ends
+    assert sink.calls("fail") == [] and sink.calls("unfinished") == [] and len(result.calls) == len(ends)
+    assert all("<" not in args[0] for _, args in sink.calls("emit_text"))
 
 
 def test_malformed_calls_name_their_path_and_say_how_to_write_them() -> None:

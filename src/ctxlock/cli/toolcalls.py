@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Argument(
                 help="The recorded stream, or - for stdin: for anthropic the response body (SSE); for openai one "
-                "chunk per line or the SSE body; for hermes, qwen3_coder and mistral the model's text."
+                "chunk per line or the SSE body; for the other formats the model's text (special tokens kept)."
             ),
         ] = STDIN,
         format: Annotated[

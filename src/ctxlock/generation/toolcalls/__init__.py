@@ -39,6 +39,10 @@ When is a call complete?
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
 | `harmony`     | its `<|call|>` is seen, or the stream ends normally inside its content (`<|call|>` is a stop |
 |               | token that servers often do not stream); analysis is `Result.thinking`                      |
+| `deepseek_v3` | `<｜tool▁call▁end｜>` is seen outside a JSON string (DeepSeek-V3 / R1)                        |
+| `deepseek_v31`| `<｜tool▁call▁end｜>` is seen outside a JSON string (DeepSeek-V3.1)                           |
+| `deepseek_v32`| `</｜DSML｜invoke>` is seen (DeepSeek-V3.2's DSML; values converted by the schema)         |
+| `kimi_k2`     | `<|tool_call_end|>` is seen outside a JSON string (Kimi-K2; `functions.name:0` is the id)   |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -48,8 +52,9 @@ that: vllm-project/vllm issue 53269).
 
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
-module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `harmony`), `schemas` (the
-tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+module per wire format (`PARSERS` names them; `tagged` and `sectioned` hold the framing several formats share,
+`sse` Anthropic's event stream), `schemas` (the tools' JSON Schemas), `coerce` (parameter text to the schema's
+types) and `jsontext` (strict JSON and the scanners the formats share).
 """
 
 from __future__ import annotations

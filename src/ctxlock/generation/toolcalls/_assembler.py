@@ -13,6 +13,9 @@ from typing import Any
 
 from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.generation.toolcalls._anthropic import AnthropicParser
+from ctxlock.generation.toolcalls._deepseek_v3 import DeepSeekV3Parser
+from ctxlock.generation.toolcalls._deepseek_v31 import DeepSeekV31Parser
+from ctxlock.generation.toolcalls._deepseek_v32 import DeepSeekV32Parser
 from ctxlock.generation.toolcalls._events import (
     DEFAULT_MAX_EVENT_SIZE,
     LENGTH_STOPS,
@@ -29,6 +32,7 @@ from ctxlock.generation.toolcalls._events import (
 )
 from ctxlock.generation.toolcalls._harmony import HarmonyParser
 from ctxlock.generation.toolcalls._hermes import HermesParser
+from ctxlock.generation.toolcalls._kimi_k2 import KimiK2Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
@@ -44,9 +48,14 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.HARMONY: HarmonyParser,
+    ToolCallFormat.DEEPSEEK_V3: DeepSeekV3Parser,
+    ToolCallFormat.DEEPSEEK_V31: DeepSeekV31Parser,
+    ToolCallFormat.DEEPSEEK_V32: DeepSeekV32Parser,
+    ToolCallFormat.KIMI_K2: KimiK2Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "harmony"})
+# Every format but the two providers' streams reads the model's own text.
+_RAW_FORMATS = frozenset(f.value for f in PARSERS if f not in (ToolCallFormat.OPENAI, ToolCallFormat.ANTHROPIC))
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

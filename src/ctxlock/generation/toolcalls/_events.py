@@ -27,6 +27,18 @@ class ToolCallFormat(StrEnum):
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
     HARMONY = "harmony"  # gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
+    # DeepSeek-V3 / R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```
+    # <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+    DEEPSEEK_V3 = "deepseek_v3"
+    # DeepSeek-V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+    # <｜tool▁calls▁end｜>
+    DEEPSEEK_V31 = "deepseek_v31"
+    # DeepSeek-V3.2 (DSML): <｜DSML｜function_calls>\n<｜DSML｜invoke name="name">\n<｜DSML｜parameter name="p"
+    # string="true">value</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>
+    DEEPSEEK_V32 = "deepseek_v32"
+    # Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
+    # <|tool_call_end|>...<|tool_calls_section_end|>; "functions.name:0" is the call's id
+    KIMI_K2 = "kimi_k2"
 
 
 class Release(StrEnum):

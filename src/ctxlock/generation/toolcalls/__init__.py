@@ -37,6 +37,8 @@ When is a call complete?
 | `openai`      | a fragment for another call arrives (the stream moved past it), or `finish("tool_calls")` / |
 |               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
+| `llama3_json` | its JSON object (after `<|python_tag|>`, or a `{"name"` anywhere in the text) closes; valid |
+|               | JSON without `"name"` and `"parameters"`/`"arguments"` is text                             |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -46,8 +48,8 @@ that: vllm-project/vllm issue 53269).
 
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
-module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`), `schemas` (the
-tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `llama3_json`),
+`schemas` (the tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
 """
 
 from __future__ import annotations

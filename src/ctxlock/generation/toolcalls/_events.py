@@ -25,6 +25,8 @@ class ToolCallFormat(StrEnum):
     HERMES = "hermes"  # Hermes 2 Pro / Qwen2.5: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
+    # Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>, several joined by "; "
+    LLAMA3_JSON = "llama3_json"
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
 
 

@@ -281,3 +281,176 @@ def test_llama3_json_template_round_trip(template: str) -> None:
         case = Case("round_trip", text, [call], "")
         _check("llama3_json", tools, case, [text])
         _check("llama3_json", tools, case, list(text))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pythonic: vLLM tests/tool_parsers/test_pythonic_tool_parser.py and test_llama4_pythonic_tool_parser.py
+
+PY_TOOLS = _tools("get_weather", "register_user", "do_something_cool", "bad", "calc", "f", "g", "foo")
+_SF = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
+_LA = ("get_weather", {"city": "LA", "metric": "C"})
+_MORE = "name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, role=None, passed_test=True, "
+_MORE_ARGS = {
+    "name": "John Doe",
+    "age": 37,
+    "address": {"city": "San Francisco", "state": "CA"},
+    "role": None,
+    "passed_test": True,
+    "aliases": ["John", "Johnny"],
+}
+_MORE_LA = "name='Doe', age=9, address={'city': 'LA', 'state': 'CA'}, role=None, passed_test=True, "
+_MORE_LA_ARGS = {**_MORE_ARGS, "name": "Doe", "age": 9, "address": {"city": "LA", "state": "CA"}}
+_ESCAPED = r"get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')"
+_ESCAPED_ARGS = ("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})
+_DOE = ("register_user", {"name": "Doe", "age": 9})
+_REFUSED = "the bad call is refused with an error the model can read; vLLM drops it silently"
+PY_CASES = [
+    Case("no_tool_call", "How can I help you today?", [], "How can I help you today?"),
+    Case("simple", "[get_weather(city='San Francisco', metric='celsius')]", [_SF], ""),
+    Case("more_types", f"[register_user({_MORE}aliases=['John', 'Johnny'])]", [("register_user", _MORE_ARGS)], ""),
+    Case("parameterless", "[get_weather()]", [("get_weather", {})], ""),
+    Case("empty_dict", "[do_something_cool(additional_data={})]", [("do_something_cool", {"additional_data": {}})], ""),
+    Case("empty_list", "[do_something_cool(steps=[])]", [("do_something_cool", {"steps": []})], ""),
+    Case("escaped_string", f"[{_ESCAPED}]", [_ESCAPED_ARGS], ""),
+    Case(
+        "parallel_calls",
+        f"[get_weather(city='San Francisco', metric='celsius'), register_user({_MORE}aliases=['John', 'Johnny'])]",
+        [_SF, ("register_user", _MORE_ARGS)],
+        "",
+    ),
+    Case(
+        "streaming_large_steps",
+        "[get_weather(city='San Francisco', metric='celsius'), get_weather(), do_something_cool(steps=[])]",
+        [_SF, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+        "",
+    ),
+    Case("regex_timeout_input", "hello world[A(A=" + "\t)A(A=,\t" * 2, [], "hello world[A(A=" + "\t)A(A=,\t" * 2),
+    Case(
+        "bad_sibling_call",
+        "[bad(x=b'z'), get_weather(city='San Francisco', metric='celsius')]",
+        [_SF],
+        "",
+        errors=1,
+        differs=_REFUSED,
+    ),
+    Case(
+        "non_finite_argument",
+        "[calc(x=1e999), get_weather(city='San Francisco', metric='celsius')]",
+        [_SF],
+        "",
+        errors=1,
+        differs=_REFUSED,
+    ),
+    Case(
+        "good_call_survives_unparsable_sibling",
+        "[get_weather(city='San Francisco', metric='celsius'), f(a='x 'y', b='z')]",
+        [],
+        "",
+        errors=1,
+        differs="the quotes never balance, so the list never closes: unterminated, no call; vLLM salvages the first",
+    ),
+    Case(
+        "unrecoverable_block",
+        "[f(a='x 'y' 'z), g(b='p 'q' 'r)]",
+        [],
+        "",
+        errors=1,
+        differs="a closed list that is not valid Python is a refused call; vLLM returns it as content",
+    ),
+    Case("mismatched_brackets", "[foo(x=1])]", [], "", errors=1, differs=_REFUSED),
+    # Llama 4 (llama4_pythonic)
+    Case("llama4_simple", "[get_weather(city='LA', metric='C')]", [_LA], ""),
+    Case(
+        "llama4_more_types",
+        f"[register_user({_MORE_LA}aliases=['John', 'Johnny'])]",
+        [("register_user", _MORE_LA_ARGS)],
+        "",
+    ),
+    Case("llama4_parallel", "[get_weather(city='LA',metric='C'),register_user(name='Doe',age=9)]", [_LA, _DOE], ""),
+    Case("llama4_python_tag", "<|python_start|>[get_weather(city='LA', metric='C')]<|python_end|>", [_LA], ""),
+    Case(
+        "llama4_python_start_parallel",
+        "<|python_start|>[get_weather(city='LA', metric='C'),register_user(name='Doe', age=9)]",
+        [_LA, _DOE],
+        "",
+    ),
+    Case(
+        "llama4_large_steps",
+        "<|python_start|>[get_weather(city='LA', metric='C'), get_weather(), do_something_cool(steps=[])]"
+        "<|python_end|>",
+        [_LA, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+        "",
+    ),
+    Case(
+        "llama4_bad_sibling",
+        "<|python_start|>[bad(x=b'z'), get_weather(city='LA', metric='C')]<|python_end|>",
+        [_LA],
+        "",
+        errors=1,
+        differs=_REFUSED,
+    ),
+    Case(
+        "llama4_non_finite",
+        "<|python_start|>[calc(x=1e999), get_weather(city='LA', metric='C')]<|python_end|>",
+        [_LA],
+        "",
+        errors=1,
+        differs=_REFUSED,
+    ),
+    Case("llama4_mismatched_brackets", "<|python_start|>[foo(x=1])]<|python_end|>", [], "", errors=1, differs=_REFUSED),
+]
+
+
+@pytest.mark.parametrize("case", PY_CASES, ids=[c.id for c in PY_CASES])
+def test_pythonic_vllm_cases(case: Case) -> None:
+    _every_split("pythonic", PY_TOOLS, case)
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "needle"),
+    [
+        ("[get_weather('Paris')]", "tool_calls[0].arguments", "positional"),
+        ("[get_weather(city=open('x'))]", "tool_calls[0].arguments.city", "not a Python literal"),
+        ("[get_weather(city={1: 'a'})]", "tool_calls[0].arguments.city", "not a string"),
+        ("[get_weather(city={'a'})]", "tool_calls[0].arguments.city", "set"),
+        ("<|python_start|>[os.system('x')]", "tool_calls[0]", "plain name"),
+        ("<|python_start|>get_weather()", "tool_calls[0]", "expected a list"),
+    ],
+)
+def test_pythonic_malformed_calls_are_refused(text: str, path: str, needle: str) -> None:
+    _, result = _feed("pythonic", PY_TOOLS, [text], "stop", "finish")
+    assert result.calls == () and result.errors[0].path == path and needle in result.errors[0].message
+
+
+def test_pythonic_bounded() -> None:
+    asm = ToolCallAssembler(PY_TOOLS, "pythonic", max_event_size=100)
+    for ch in "[get_weather(city='" + "x" * 200 + "')] after":
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert result.calls == () and "max_event_size" in result.errors[0].message and result.text == " after"
+
+
+def test_pythonic_never_half_a_call() -> None:
+    text = "<|python_start|>[get_weather(city='LA', metric='C'), register_user(name='Doe', age=9)]<|python_end|>"
+    _never_half_a_call("pythonic", PY_TOOLS, text, 2)
+    _never_half_a_call("pythonic", PY_TOOLS, "[get_weather(city='LA'), get_weather()]", 2)
+
+
+def test_pythonic_template_round_trip_lfm2() -> None:
+    """LFM2.5's template writes <|tool_call_start|>[f(k='v', ...)]<|tool_call_end|>: strings between single quotes
+    (not escaped), mappings as JSON, other values as Python's str()."""
+    tools = _tools("get_weather", "search_docs")
+    calls = [
+        ("get_weather", {"city": "Zürich 天气 🌧", "days": 3, "opts": {"units": ["C", "F"], "raw": None}}),
+        ("search_docs", {"query": "tool calls", "tags": ["a", "b"], "exact": True}),
+    ]
+    text = _generated("LFM2.5-8B-A1B.jinja", [USER, _assistant(calls, "Checking.")], tools, "<|im_end|>")
+    assert "<|tool_call_start|>[" in text
+    case = Case("round_trip", text, calls, "Checking.")
+    _check("pythonic", tools, case, [text])
+    _check("pythonic", tools, case, list(text))
+    # A quote inside a string is written unescaped: the list no longer parses (or never closes), so no call.
+    quoted = [("get_weather", {"city": "Martha's Vineyard"})]
+    text = _generated("LFM2.5-8B-A1B.jinja", [USER, _assistant(quoted)], tools, "<|im_end|>")
+    _, result = _feed("pythonic", tools, [text], "stop", "finish")
+    assert result.calls == () and len(result.errors) == 1

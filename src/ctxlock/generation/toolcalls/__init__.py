@@ -39,6 +39,8 @@ When is a call complete?
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
 | `llama3_json` | its JSON object (after `<|python_tag|>`, or a `{"name"` anywhere in the text) closes; valid |
 |               | JSON without `"name"` and `"parameters"`/`"arguments"` is text                             |
+| `pythonic`    | the `]` closing its list `[f(a=1), g()]` is seen outside a string (a response that starts   |
+|               | with `[name(`, or after `<|python_start|>` / `<|tool_call_start|>`)                         |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -48,8 +50,8 @@ that: vllm-project/vllm issue 53269).
 
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
-module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `llama3_json`),
-`schemas` (the tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `llama3_json`,
+`pythonic`), `schemas` (the tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
 """
 
 from __future__ import annotations

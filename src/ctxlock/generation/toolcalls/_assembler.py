@@ -31,6 +31,7 @@ from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._llama3_json import Llama3JsonParser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
+from ctxlock.generation.toolcalls._pythonic import PythonicParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
 from ctxlock.generation.toolcalls._schemas import Tool, arguments_path, compile_tools, document_position, violation_keys
 from ctxlock.generation.toolcalls._sink import FormatParser, ToolCallSink
@@ -44,9 +45,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.LLAMA3_JSON: Llama3JsonParser,
+    ToolCallFormat.PYTHONIC: PythonicParser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "llama3_json"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "llama3_json", "pythonic"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

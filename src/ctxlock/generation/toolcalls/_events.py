@@ -27,6 +27,9 @@ class ToolCallFormat(StrEnum):
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
     # Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>, several joined by "; "
     LLAMA3_JSON = "llama3_json"
+    # [get_weather(city='Paris'), g()]: bare (Llama 3.2), in <|python_start|>...<|python_end|> (Llama 4) or in
+    # <|tool_call_start|>...<|tool_call_end|> (LFM2.5)
+    PYTHONIC = "pythonic"
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
 
 

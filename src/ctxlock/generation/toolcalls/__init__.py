@@ -41,6 +41,8 @@ When is a call complete?
 |               | JSON without `"name"` and `"parameters"`/`"arguments"` is text                             |
 | `pythonic`    | the `]` closing its list `[f(a=1), g()]` is seen outside a string (a response that starts   |
 |               | with `[name(`, or after `<|python_start|>` / `<|tool_call_start|>`)                         |
+| `granite`     | the JSON list after `<|tool_call|>` / `<tool_call>` (or a response that starts with `[{`)   |
+|               | closes; one object after the marker closes                                                  |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -51,7 +53,8 @@ that: vllm-project/vllm issue 53269).
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
 module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `llama3_json`,
-`pythonic`), `schemas` (the tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+`pythonic`, `granite`), `schemas` (the tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats
+share).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from ctxlock.generation.toolcalls._events import (
     ToolCallRejected,
     error_payload,
 )
+from ctxlock.generation.toolcalls._granite import GraniteParser
 from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._llama3_json import Llama3JsonParser
 from ctxlock.generation.toolcalls._mistral import MistralParser
@@ -46,9 +47,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.LLAMA3_JSON: Llama3JsonParser,
     ToolCallFormat.PYTHONIC: PythonicParser,
+    ToolCallFormat.GRANITE: GraniteParser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "llama3_json", "pythonic"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "llama3_json", "pythonic", "granite"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

@@ -30,6 +30,8 @@ class ToolCallFormat(StrEnum):
     # [get_weather(city='Paris'), g()]: bare (Llama 3.2), in <|python_start|>...<|python_end|> (Llama 4) or in
     # <|tool_call_start|>...<|tool_call_end|> (LFM2.5)
     PYTHONIC = "pythonic"
+    # Granite 3.x: <|tool_call|>[{"name": ..., "arguments": {...}}, ...] (Granite 4 writes the hermes form)
+    GRANITE = "granite"
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
 
 

@@ -229,7 +229,7 @@ class PythonicParser:
     def open_indexes(self) -> list[int]:
         if self.state == _PREFIX:
             return [self.taken]
-        if self.state in (_BLOCK, _OVERFLOW):
+        if self.state == _BLOCK:
             return list(range(self.taken, self.taken + max(1, self.span.calls)))
         return []
 

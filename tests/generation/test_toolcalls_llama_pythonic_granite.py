@@ -412,8 +412,9 @@ def test_pythonic_vllm_cases(case: Case) -> None:
         ("[get_weather('Paris')]", "tool_calls[0].arguments", "positional"),
         ("[get_weather(city=open('x'))]", "tool_calls[0].arguments.city", "not a Python literal"),
         ("[get_weather(city={1: 'a'})]", "tool_calls[0].arguments.city", "not a string"),
-        ("[get_weather(city={'a'})]", "tool_calls[0].arguments.city", "set"),
-        ("<|python_start|>[os.system('x')]", "tool_calls[0]", "plain name"),
+        ("[get_weather(city=1j)]", "tool_calls[0].arguments.city", "complex"),
+        ("[get_weather(**{'city': 'x'})]", "tool_calls[0].arguments", "**arguments"),
+        ("<|python_start|>[get_weather()(city='x')]", "tool_calls[0]", "dotted name"),
         ("<|python_start|>get_weather()", "tool_calls[0]", "expected a list"),
     ],
 )
@@ -641,3 +642,152 @@ def test_granite_template_round_trip() -> None:
         for fmt in ("hermes", "granite"):
             _check(fmt, tools, case, [text])
             _check(fmt, tools, case, list(text))
+
+
+# pythonic inside LFM2.5's markers: vLLM tests/tool_parsers/test_lfm2_tool_parser.py
+
+
+def _lfm2(body: str, after: str = "") -> str:
+    return f"<|tool_call_start|>[{body}]<|tool_call_end|>" + (f"\n{after}" if after else "")
+
+
+LFM2_TOOLS = _tools(
+    "get_candidate_status",
+    "register_user",
+    "get_weather",
+    "do_something_cool",
+    "label",
+    "set_date",
+    "bash",
+    "exec",
+    "grocery.orderIngredients",
+    "bad",
+)
+_CAND = "get_candidate_status(candidate_id='12345')"
+_CAND_CALL = ("get_candidate_status", {"candidate_id": "12345"})
+_DOTTED = (
+    "grocery.orderIngredients(ingredientList=[{'name': 'Lasagna noodles', 'amount': 250, 'unit': 'g'}], "
+    "deliveryAddress='845 Willow Lane, Springfield, IL 62704')"
+)
+_DOTTED_CALL = (
+    "grocery.orderIngredients",
+    {
+        "ingredientList": [{"name": "Lasagna noodles", "amount": 250, "unit": "g"}],
+        "deliveryAddress": "845 Willow Lane, Springfield, IL 62704",
+    },
+)
+_ECHO = "[grocery.orderIngredients(ingredientList=[{'name': 'apple', 'quantity': '2'}], deliveryAddress='123 Main St')]"
+_NOT_PYTHON = "not valid Python: refused; vLLM's lfm2 parser repairs it"
+LFM2_CASES = [
+    Case("simple", _lfm2(_CAND), [_CAND_CALL], ""),
+    Case("more_types", _lfm2(f"register_user({_MORE}aliases=['John', 'Johnny'])"), [("register_user", _MORE_ARGS)], ""),
+    Case("parameterless", _lfm2("get_weather()"), [("get_weather", {})], ""),
+    Case(
+        "empty_dict",
+        _lfm2("do_something_cool(additional_data={})"),
+        [("do_something_cool", {"additional_data": {}})],
+        "",
+    ),
+    Case("empty_list", _lfm2("do_something_cool(steps=[])"), [("do_something_cool", {"steps": []})], ""),
+    Case("escaped_string", _lfm2(_ESCAPED), [_ESCAPED_ARGS], ""),
+    Case(
+        "parallel_calls",
+        _lfm2(f"{_CAND}, register_user({_MORE}aliases=['John', 'Johnny'])"),
+        [_CAND_CALL, ("register_user", _MORE_ARGS)],
+        "",
+    ),
+    Case(
+        "content_after_tool_call",
+        _lfm2(_CAND, "Checking the current status of candidate ID 12345."),
+        [_CAND_CALL],
+        "\nChecking the current status of candidate ID 12345.",
+        differs="ctxlock keeps the newline after <|tool_call_end|> as text; vLLM strips it",
+    ),
+    Case("dotted_name", _lfm2(_DOTTED), [_DOTTED_CALL], ""),
+    Case(
+        "bracket_in_string",
+        _lfm2("exec(command='grep -F \"]\" log.txt')"),
+        [("exec", {"command": 'grep -F "]" log.txt'})],
+        "",
+    ),
+    Case(
+        "multiline_string_arg",
+        _lfm2("exec(command='cat > f.py << EOF\nimport csv\nprint(1)\nEOF')"),
+        [("exec", {"command": "cat > f.py << EOF\nimport csv\nprint(1)\nEOF"})],
+        "",
+    ),
+    Case("set_arg", _lfm2("label(tags={'urgent', 'bug'})"), [("label", {"tags": ["urgent", "bug"]})], ""),
+    Case(
+        "nested_quote",
+        _lfm2("bash(command='sed -n '360,450p' /testbed/sympy/matrices/common.py')"),
+        [],
+        "",
+        errors=1,
+        differs=_NOT_PYTHON,
+    ),
+    Case(
+        "nested_python_c",
+        _lfm2(
+            "bash(command='cd /testbed && python3 -c \"from sympy import latex\nprint(latex(3*x, mul_symbol='\\,'))\"')"
+        ),
+        [],
+        "",
+        errors=1,
+        differs=_NOT_PYTHON,
+    ),
+    Case("leading_zero_int", _lfm2("set_date(month=07, day=05)"), [], "", errors=1, differs=_NOT_PYTHON),
+    Case("nul_byte_string_arg", _lfm2("exec(command='printf a\x00b')"), [("exec", {"command": "printf a\x00b"})], ""),
+    Case("empty_block", _lfm2(""), [], ""),
+    Case("empty_block_space", _lfm2(" "), [], ""),
+    Case("bad_sibling", _lfm2(f"{_CAND}, bad(x=b'z')"), [_CAND_CALL], "", errors=1, differs=_REFUSED),
+    Case("whitespace_after_start_token", f"<|tool_call_start|> [{_CAND}]<|tool_call_end|>", [_CAND_CALL], ""),
+    Case(
+        "large_steps",
+        _lfm2(f"{_CAND}, get_weather(), do_something_cool(steps=[])"),
+        [_CAND_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+        "",
+    ),
+    Case("full_block_and_trailing", _lfm2(_CAND) + "\nDone.", [_CAND_CALL], "\nDone."),
+    Case("leading_content_and_block", "Let me check. " + _lfm2(_CAND), [_CAND_CALL], "Let me check. "),
+    Case("leading_block_trailing", "Let me check. " + _lfm2(_CAND) + "\nDone.", [_CAND_CALL], "Let me check. \nDone."),
+    Case(
+        "echoed_tool_call_body",
+        f"<|tool_call_start|>{_ECHO}<|tool_call_end|>{_ECHO}<|tool_call_end|>",
+        [
+            (
+                "grocery.orderIngredients",
+                {"ingredientList": [{"name": "apple", "quantity": "2"}], "deliveryAddress": "123 Main St"},
+            )
+        ],
+        f"{_ECHO}<|tool_call_end|>",
+        differs="the echo after the block is text (one call either way); vLLM drops it as a repeat",
+    ),
+    Case(
+        "char_by_char_multi_dict_list",
+        _lfm2(
+            'grocery.orderIngredients(ingredientList=[{"name": "apple", "quantity": "2"}, '
+            '{"name": "bread", "quantity": "1"}])'
+        ),
+        [
+            (
+                "grocery.orderIngredients",
+                {"ingredientList": [{"name": "apple", "quantity": "2"}, {"name": "bread", "quantity": "1"}]},
+            )
+        ],
+        "",
+    ),
+    Case(
+        "regex_timeout_input",
+        "<|tool_call_start|>[A(A=" + "\t)A(A=,\t" * 2 + "]<|tool_call_end|>",
+        [],
+        "",
+        errors=1,
+        differs="vLLM's mocked regex timeout returns it as content; ctxlock reads it as a list that is not valid "
+        "Python, and refuses it",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LFM2_CASES, ids=[c.id for c in LFM2_CASES])
+def test_pythonic_lfm2_vllm_cases(case: Case) -> None:
+    _every_split("pythonic", LFM2_TOOLS, case)

@@ -9,8 +9,10 @@ llama4_pythonic_tool_parser.py; LFM2.5's chat template, LFM2.5-8B-A1B.jinja):
 
 The calls are complete when the list's closing `]` is seen (strings, escapes and bracket nesting tracked; the
 closing marker after it is optional and dropped). The list is parsed with `ast.parse` (never evaluated): each
-element must be `name(key=literal, ...)`, each value goes through `ast.literal_eval` (JSON's `true`, `false` and
-`null` are read as Python's, since LFM2.5's template writes mappings with `tojson`) and must be JSON data.
+element must be `name(key=literal, ...)` (a dotted name too, as LFM2 writes), each value goes through
+`ast.literal_eval` and must be JSON data. JSON's `true`, `false` and `null` are read as Python's (LFM2.5's template
+writes mappings with `tojson`), a set as a list in the order written, and a raw newline, carriage return or NUL
+inside a quoted string as its escape (vLLM's lfm2 parser reads these too: tests/tool_parsers/test_lfm2_tool_parser.py).
 """
 
 from __future__ import annotations
@@ -262,11 +264,11 @@ def _bare_head(t: str) -> int | None:
     while i < n and t[i].isspace():
         i += 1
     j = i
-    while i < n and (t[i].isalnum() or t[i] == "_"):
+    while i < n and (t[i].isalnum() or t[i] in "_."):
         i += 1
     if i == n:
         return -1
-    if i == j or t[j].isdigit():
+    if i == j or not (t[j].isalpha() or t[j] == "_"):
         return None
     while i < n and t[i].isspace():
         i += 1
@@ -284,18 +286,18 @@ def parse_call_list(source: str) -> tuple[list[_Parsed], str | None]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an invalid escape such as "\ " is kept as written, with a warning
-            tree = ast.parse(source.strip(), mode="eval")
+            tree = ast.parse(_escape_raw_controls(source.strip()), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return [], f"the list of calls is not valid Python: {getattr(exc, 'msg', None) or exc}"
-    if not isinstance(tree.body, ast.List) or not tree.body.elts:
-        return [], "expected a non-empty list of calls"
+    if not isinstance(tree.body, ast.List):
+        return [], "expected a list of calls"
     return [_call(node) for node in tree.body.elts], None
 
 
 def _call(node: ast.expr) -> _Parsed:
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        return None, {}, ("each element must be a call to a plain name, name(key=value)", "")
-    name = node.func.id
+    name = _dotted_name(node.func) if isinstance(node, ast.Call) else None
+    if not isinstance(node, ast.Call) or name is None:
+        return None, {}, ("each element must be a call to a name or dotted name, name(key=value)", "")
     if node.args:
         return name, {}, ("positional arguments: write each one as key=value", ".arguments")
     args: dict[str, Any] = {}
@@ -316,13 +318,58 @@ def _call(node: ast.expr) -> _Parsed:
     return name, args, None
 
 
+def _dotted_name(node: ast.expr) -> str | None:
+    """`f` or `grocery.order` (LFM2 writes class-method names, vLLM tests/tool_parsers/test_lfm2_tool_parser.py)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
 class _JsonNames(ast.NodeTransformer):
-    """`true`, `false` and `null` (JSON, as LFM2.5's template writes mappings) read as Python's constants."""
+    """`true`, `false` and `null` (JSON, as LFM2.5's template writes mappings) read as Python's constants; a set
+    literal read as a list in the order written (JSON has no set; vLLM's lfm2 parser does the same)."""
 
     def visit_Name(self, node: ast.Name) -> ast.expr:
         if node.id in _JSON_NAMES:
             return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
         return node
+
+    def visit_Set(self, node: ast.Set) -> ast.expr:
+        self.generic_visit(node)
+        return ast.copy_location(ast.List(elts=node.elts, ctx=ast.Load()), node)
+
+
+_RAW_CONTROLS = {"\n": "\\n", "\r": "\\r", "\x00": "\\x00"}
+
+
+def _escape_raw_controls(source: str) -> str:
+    """A raw newline, carriage return or NUL inside a quoted string, escaped (models write multi-line shell
+    commands that way; Python's parser refuses them). Outside strings the text is unchanged."""
+    if not any(c in source for c in _RAW_CONTROLS):
+        return source
+    out: list[str] = []
+    quote = ""
+    escaped = False
+    for c in source:
+        if quote:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == quote:
+                quote = ""
+            elif c in _RAW_CONTROLS:
+                out.append(_RAW_CONTROLS[c])
+                continue
+        elif c in "'\"":
+            quote = c
+        out.append(c)
+    return "".join(out)
 
 
 def _not_json(value: Any) -> str | None:

@@ -413,6 +413,8 @@ def test_pythonic_vllm_cases(case: Case) -> None:
         ("[get_weather(city=open('x'))]", "tool_calls[0].arguments.city", "not a Python literal"),
         ("[get_weather(city={1: 'a'})]", "tool_calls[0].arguments.city", "not a string"),
         ("[get_weather(city=1j)]", "tool_calls[0].arguments.city", "complex"),
+        ("[f(a=" + "-" * 100_000 + "1)]", "tool_calls[0]", "nested too deeply"),
+        ("[f(a=" + "[" * 300 + "]" * 300 + ")]", "tool_calls[0]", "too many nested"),
         ("[get_weather(**{'city': 'x'})]", "tool_calls[0].arguments", "**arguments"),
         ("<|python_start|>[get_weather()(city='x')]", "tool_calls[0]", "dotted name"),
         ("<|python_start|>get_weather()", "tool_calls[0]", "expected a list"),

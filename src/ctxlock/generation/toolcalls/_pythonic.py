@@ -288,7 +288,8 @@ def parse_call_list(source: str) -> tuple[list[_Parsed], str | None]:
             warnings.simplefilter("ignore")  # an invalid escape such as "\ " is kept as written, with a warning
             tree = ast.parse(_escape_raw_controls(source.strip()), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        return [], f"the list of calls is not valid Python: {getattr(exc, 'msg', None) or exc}"
+        why = getattr(exc, "msg", None) or str(exc) or "nested too deeply to parse"
+        return [], f"the list of calls is not valid Python: {why}"
     if not isinstance(tree.body, ast.List):
         return [], "expected a list of calls"
     return [_call(node) for node in tree.body.elts], None

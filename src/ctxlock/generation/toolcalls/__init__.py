@@ -43,6 +43,12 @@ When is a call complete?
 | `deepseek_v31`| `<｜tool▁call▁end｜>` is seen outside a JSON string (DeepSeek-V3.1)                           |
 | `deepseek_v32`| `</｜DSML｜invoke>` is seen (DeepSeek-V3.2's DSML; values converted by the schema)         |
 | `kimi_k2`     | `<|tool_call_end|>` is seen outside a JSON string (Kimi-K2; `functions.name:0` is the id)   |
+| `llama3_json` | its JSON object (after `<|python_tag|>`, or a `{"name"` anywhere in the text) closes; valid |
+|               | JSON without `"name"` and `"parameters"`/`"arguments"` is text                             |
+| `pythonic`    | the `]` closing its list `[f(a=1), g()]` is seen outside a string (a response that starts   |
+|               | with `[name(`, or after `<|python_start|>` / `<|tool_call_start|>`)                         |
+| `granite`     | the JSON list after `<|tool_call|>` / `<tool_call>` (or a response that starts with `[{`)   |
+|               | closes; one object after the marker closes                                                  |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words

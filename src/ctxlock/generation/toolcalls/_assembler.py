@@ -30,11 +30,14 @@ from ctxlock.generation.toolcalls._events import (
     ToolCallRejected,
     error_payload,
 )
+from ctxlock.generation.toolcalls._granite import GraniteParser
 from ctxlock.generation.toolcalls._harmony import HarmonyParser
 from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._kimi_k2 import KimiK2Parser
+from ctxlock.generation.toolcalls._llama3_json import Llama3JsonParser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
+from ctxlock.generation.toolcalls._pythonic import PythonicParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
 from ctxlock.generation.toolcalls._schemas import Tool, arguments_path, compile_tools, document_position, violation_keys
 from ctxlock.generation.toolcalls._sink import FormatParser, ToolCallSink
@@ -52,6 +55,9 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.DEEPSEEK_V31: DeepSeekV31Parser,
     ToolCallFormat.DEEPSEEK_V32: DeepSeekV32Parser,
     ToolCallFormat.KIMI_K2: KimiK2Parser,
+    ToolCallFormat.LLAMA3_JSON: Llama3JsonParser,
+    ToolCallFormat.PYTHONIC: PythonicParser,
+    ToolCallFormat.GRANITE: GraniteParser,
 }
 
 # Every format but the two providers' streams reads the model's own text.

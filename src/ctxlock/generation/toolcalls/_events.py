@@ -25,6 +25,13 @@ class ToolCallFormat(StrEnum):
     HERMES = "hermes"  # Hermes 2 Pro / Qwen2.5: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
+    # Llama 3.1-3.3: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>, several joined by "; "
+    LLAMA3_JSON = "llama3_json"
+    # [get_weather(city='Paris'), g()]: bare (Llama 3.2), in <|python_start|>...<|python_end|> (Llama 4) or in
+    # <|tool_call_start|>...<|tool_call_end|> (LFM2.5)
+    PYTHONIC = "pythonic"
+    # Granite 3.x: <|tool_call|>[{"name": ..., "arguments": {...}}, ...] (Granite 4 writes the hermes form)
+    GRANITE = "granite"
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
     HARMONY = "harmony"  # gpt-oss: <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
     # DeepSeek-V3 / R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```

@@ -55,7 +55,7 @@ TOOLS = [
                 "properties": {
                     "query": _prop("string", "What to look for."),
                     # additionalProperties: command-r-plus' json_to_python_type reads it on every object.
-                    "filters": _prop("object", "Filters.", additionalProperties={"type": "integer"}),
+                    "filters": _prop("object", "Filters.", additionalProperties={"type": "string"}),
                     "tags": _prop("array", "Tags.", items={"type": "string"}),
                     "limit": _prop("integer", "How many."),
                 },
@@ -67,7 +67,7 @@ TOOLS = [
 WEATHER_ARGS = {"city": 'Zürich "HB" \\ 天气 🌧', "metric": True}
 SEARCH_ARGS = {
     "query": "line one\nline two <b>x</b>",
-    "filters": {"lang": "de", "year": 2024},
+    "filters": {"lang": "de", "region": "CH"},
     "tags": ["a"],
     "limit": 5,
 }

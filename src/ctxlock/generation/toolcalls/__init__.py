@@ -37,6 +37,7 @@ When is a call complete?
 | `openai`      | a fragment for another call arrives (the stream moved past it), or `finish("tool_calls")` / |
 |               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
+| `minimax_m2`  | its `</invoke>` is seen (inside `<minimax:tool_call>`; the block's close is not needed)      |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words

@@ -28,6 +28,7 @@ from ctxlock.generation.toolcalls._events import (
     error_payload,
 )
 from ctxlock.generation.toolcalls._hermes import HermesParser
+from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
@@ -42,9 +43,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.QWEN3_CODER: Qwen3CoderParser,
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
+    ToolCallFormat.MINIMAX_M2: MinimaxM2Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

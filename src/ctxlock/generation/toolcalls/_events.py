@@ -26,6 +26,8 @@ class ToolCallFormat(StrEnum):
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
+    # MiniMax-M2: <minimax:tool_call><invoke name="f"><parameter name="p">v</parameter></invoke>...</minimax:tool_call>
+    MINIMAX_M2 = "minimax_m2"
 
 
 class Release(StrEnum):

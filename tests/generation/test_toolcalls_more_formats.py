@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from test_toolcalls_template_survey import ASSISTANT, TOOLS, generated_part
+from test_toolcalls_template_survey import USER as USER_MSG
 
 import fetched
 from ctxlock.errors import ToolCallError, ToolCallTruncatedError
@@ -223,3 +224,303 @@ def test_minimax_m2_a_call_longer_than_max_event_size_is_refused_not_buffered() 
     assert [c.arguments for c in result.calls] == [{"k": "y"}]
     (err,) = result.errors
     assert isinstance(err, ToolCallError) and "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gemma4: vllm-project/vllm tests/tool_parsers/test_gemma4_tool_parser.py
+
+Q = '<|"|>'  # Gemma 4's string delimiter
+
+
+def _g(name: str, args: str) -> str:
+    return f"<|tool_call>call:{name}{{{args}}}<tool_call|>"
+
+
+# The argument-syntax unit tests (_parse_gemma4_args, _parse_gemma4_array) as whole calls to `f`.
+GEMMA4_ARGS_CASES: list[Case] = [
+    ("args_empty_string", _g("f", ""), [("f", {})], ""),
+    ("args_whitespace_only", _g("f", "   "), [("f", {})], ""),
+    ("args_single_string_value", _g("f", f"location:{Q}Paris{Q}"), [("f", {"location": "Paris"})], ""),
+    (
+        "args_string_value_with_comma",
+        _g("f", f"location:{Q}Paris, France{Q}"),
+        [("f", {"location": "Paris, France"})],
+        "",
+    ),
+    (
+        "args_multiple_string_values",
+        _g("f", f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}"),
+        [("f", {"location": "San Francisco", "unit": "celsius"})],
+        "",
+    ),
+    ("args_integer_value", _g("f", "count:42"), [("f", {"count": 42})], ""),
+    ("args_float_value", _g("f", "score:3.14"), [("f", {"score": 3.14})], ""),
+    ("args_boolean_true", _g("f", "flag:true"), [("f", {"flag": True})], ""),
+    ("args_boolean_false", _g("f", "flag:false"), [("f", {"flag": False})], ""),
+    ("args_null_value", _g("f", "param:null"), [("f", {"param": None})], ""),
+    (
+        "args_mixed_types",
+        _g("f", f"name:{Q}test{Q},count:42,active:true,score:3.14"),
+        [("f", {"name": "test", "count": 42, "active": True, "score": 3.14})],
+        "",
+    ),
+    ("args_nested_object", _g("f", f"nested:{{inner:{Q}value{Q}}}"), [("f", {"nested": {"inner": "value"}})], ""),
+    (
+        "args_string_delimited_dict_key",
+        _g("f", f"record_map:{{{Q}3{Q}:{Q}new text{Q}}}"),
+        [("f", {"record_map": {"3": "new text"}})],
+        "",
+    ),
+    (
+        "args_nested_string_delimited_dict_key",
+        _g("f", f"outer:{{inner:{{{Q}3{Q}:{Q}new text{Q}}}}}"),
+        [("f", {"outer": {"inner": {"3": "new text"}}})],
+        "",
+    ),
+    ("args_array_of_strings", _g("f", f"items:[{Q}a{Q},{Q}b{Q}]"), [("f", {"items": ["a", "b"]})], ""),
+    # The non-partial half of test_trailing_dot_float_partial_withheld.
+    ("args_trailing_dot_float", _g("f", "left:108.,right:22.8"), [("f", {"left": 108.0, "right": 22.8})], ""),
+    ("array_string_array", _g("f", f"items:[{Q}a{Q},{Q}b{Q}]"), [("f", {"items": ["a", "b"]})], ""),
+    ("array_empty_array", _g("f", "items:[]"), [("f", {"items": []})], ""),
+    ("array_bare_values", _g("f", "items:[42,true,3.14]"), [("f", {"items": [42, True, 3.14]})], ""),
+    (
+        "array_string_element_with_closing_bracket",
+        _g("f", f"items:[[{Q}a]b{Q},{Q}c{Q}],{Q}tail{Q}]"),
+        [("f", {"items": [["a]b", "c"], "tail"]})],
+        "",
+    ),
+]
+# The extraction and streaming tests: whole model outputs.
+GEMMA4_OUTPUT_CASES: list[Case] = [
+    ("no_tool_calls", "Hello, how can I help you today?", [], "Hello, how can I help you today?"),
+    ("single_tool_call", _g("get_weather", f"location:{Q}London{Q}"), [("get_weather", {"location": "London"})], ""),
+    (
+        "multiple_arguments",
+        _g("get_weather", f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}"),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+        "",
+    ),
+    (
+        "multiple_tool_calls",
+        _g("get_weather", f"location:{Q}London{Q}") + _g("get_time", f"location:{Q}London{Q}"),
+        [("get_weather", {"location": "London"}), ("get_time", {"location": "London"})],
+        "",
+    ),
+    (
+        "nested_arguments",
+        _g("complex_function", f"nested:{{inner:{Q}value{Q}}},list:[{Q}a{Q},{Q}b{Q}]"),
+        [("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]})],
+        "",
+    ),
+    (
+        "tool_call_with_number_and_boolean",
+        _g("set_status", "is_active:true,count:42,score:3.14"),
+        [("set_status", {"is_active": True, "count": 42, "score": 3.14})],
+        "",
+    ),
+    (
+        "hyphenated_function_name",
+        _g("get-weather", f"location:{Q}London{Q}"),
+        [("get-weather", {"location": "London"})],
+        "",
+    ),
+    (
+        "dotted_function_name",
+        _g("weather.get", f"location:{Q}London{Q}"),
+        [("weather.get", {"location": "London"})],
+        "",
+    ),
+    ("no_arguments", _g("get_status", ""), [("get_status", {})], ""),
+    (
+        "streaming_basic_single_tool",
+        _g("get_weather", f"location:{Q}Paris, France{Q}"),
+        [("get_weather", {"location": "Paris, France"})],
+        "",
+    ),
+    (
+        "streaming_multi_arg",
+        _g("get_weather", f"location:{Q}Tokyo{Q},unit:{Q}celsius{Q}"),
+        [("get_weather", {"location": "Tokyo", "unit": "celsius"})],
+        "",
+    ),
+    (
+        "streaming_no_extra_brace",
+        _g("get_weather", f"location:{Q}London{Q}"),
+        [("get_weather", {"location": "London"})],
+        "",
+    ),
+    (
+        "streaming_no_unquoted_keys",
+        _g("get_weather", f"location:{Q}Paris{Q}"),
+        [("get_weather", {"location": "Paris"})],
+        "",
+    ),
+    (
+        "streaming_name_no_call_prefix",
+        _g("get_weather", f"location:{Q}Paris{Q}"),
+        [("get_weather", {"location": "Paris"})],
+        "",
+    ),
+    (
+        "streaming_text_before_tool_call",
+        "Let me check the weather. " + _g("get_weather", f"location:{Q}London{Q}"),
+        [("get_weather", {"location": "London"})],
+        "Let me check the weather. ",
+    ),
+    (
+        "streaming_numeric_args",
+        _g("set_config", "count:42,active:true"),
+        [("set_config", {"count": 42, "active": True})],
+        "",
+    ),
+    (
+        "streaming_boolean_split_across_chunks",
+        _g("search", "input:{all:true}"),
+        [("search", {"input": {"all": True}})],
+        "",
+    ),
+    ("streaming_false_split_across_chunks", _g("set", "flag:false"), [("set", {"flag": False})], ""),
+    ("streaming_number_split_across_chunks", _g("set", "count:42"), [("set", {"count": 42})], ""),
+    ("streaming_empty_args", _g("get_status", ""), [("get_status", {})], ""),
+    (
+        "streaming_split_delimiter_no_invalid_json",
+        _g("todowrite", f"content:{Q}Buy milk{Q}"),
+        [("todowrite", {"content": "Buy milk"})],
+        "",
+    ),
+    (
+        "streaming_does_not_duplicate_plain_text_after_tool_call",
+        _g("get_weather", f"location:{Q}Paris{Q}") + "<div>",
+        [("get_weather", {"location": "Paris"})],
+        "<div>",
+    ),
+    (
+        "streaming_html_argument_does_not_duplicate_tag_prefixes",
+        _g(
+            "write_file",
+            f'path:{Q}index.html{Q},content:{Q}<!DOCTYPE html>\n<html lang="zh-CN">\n<head>\n'
+            f'    <meta charset="UTF-8">\n    <meta name="viewport" content="width=device-width">\n{Q}',
+        ),
+        [
+            (
+                "write_file",
+                {
+                    "path": "index.html",
+                    "content": '<!DOCTYPE html>\n<html lang="zh-CN">\n<head>\n    <meta charset="UTF-8">\n'
+                    '    <meta name="viewport" content="width=device-width">\n',
+                },
+            )
+        ],
+        "",
+    ),
+    (
+        "streaming_trailing_bare_bool_not_duplicated",
+        _g("Edit", f"file_path:{Q}src/env.py{Q},old_string:{Q}old_val{Q},new_string:{Q}new_val{Q},replace_all:false"),
+        [("Edit", {"file_path": "src/env.py", "old_string": "old_val", "new_string": "new_val", "replace_all": False})],
+        "",
+    ),
+]
+GEMMA4_CASES = GEMMA4_ARGS_CASES + GEMMA4_OUTPUT_CASES
+GEMMA4_TOOLS = loose(*sorted({name for case in GEMMA4_CASES for name, _ in case[2]}))
+
+
+@pytest.mark.parametrize(
+    ("output", "calls", "content"), [c[1:] for c in GEMMA4_CASES], ids=[c[0] for c in GEMMA4_CASES]
+)
+def test_gemma4_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("gemma4", GEMMA4_TOOLS, output, calls, content)
+
+
+# Where ctxlock deliberately differs from vLLM (docs/tool-call-formats.md, gemma4): (id, output, vLLM's calls and
+# content, ctxlock's content, the needle of ctxlock's error).
+GEMMA4_DIFFERENCES = [
+    # vLLM strips the content before a call (non-streaming only); ctxlock passes text through unchanged.
+    (
+        "text_before_tool_call",
+        "Let me check the weather for you. " + _g("get_weather", f"location:{Q}Paris{Q}"),
+        "Let me check the weather for you.",
+        "Let me check the weather for you. ",
+        None,
+    ),
+    # No <tool_call|>: vLLM gives the output back as content; ctxlock reports an unterminated call, never text.
+    ("incomplete_tool_call", f"<|tool_call>call:get_weather{{location:{Q}London", "(the output)", "", "<tool_call|>"),
+    # vLLM takes the rest of an unterminated string; here the string swallows }<tool_call|>: the call never ends.
+    ("args_unterminated_string", _g("f", f"key:{Q}unterminated"), "{'key': 'unterminated'}", "", "<tool_call|>"),
+    # vLLM makes a missing value ""; ctxlock refuses the call.
+    ("args_empty_value", _g("f", "key:"), "{'key': ''}", "", "a value is missing"),
+    ("args_malformed_partial_array", _g("f", ":[t:[]"), "some dict", "", "expected key:value"),
+    # vLLM stops the array at a stray ]; ctxlock refuses the text after it.
+    ("array_stray_closing_bracket", _g("f", "items:[42,]trailing]"), "{'items': [42]}", "", "expected , or }"),
+]
+
+
+@pytest.mark.parametrize(("case_id", "output", "vllm", "content", "needle"), GEMMA4_DIFFERENCES)
+def test_gemma4_deliberate_differences(case_id: str, output: str, vllm: str, content: str, needle: str | None) -> None:
+    for chunks in chunkings(output):
+        _, result = run("gemma4", loose("f", "get_weather"), chunks, "stop")
+        assert result.text == content
+        if needle is None:
+            assert [c.name for c in result.calls] == ["get_weather"] and result.ok
+        else:
+            (err,) = result.errors
+            assert result.calls == () and needle in err.message + err.hint, err
+
+
+def _gemma4_round_trip(template: str) -> str:
+    """The model's part: past the generation prompt's `<|turn>model\\n` (the prompt adds an empty thought channel
+    that the history turn omits), minus the end of the turn."""
+    from test_toolcalls_template_survey import _render
+
+    from ctxlock.artifacts import load_template_file
+
+    path = fetched.templates_dir() / template
+    full = _render(path, load_template_file(path), [USER_MSG, ASSISTANT], prompt=False)
+    return full[full.rindex("<|turn>model\n") + len("<|turn>model\n") :]
+
+
+@pytest.mark.parametrize(
+    ("template", "end"),
+    [("google-gemma-4-31B-it.jinja", "<|tool_response>"), ("google-gemma-4-31B-it-interleaved.jinja", "<turn|>\n")],
+)
+def test_gemma4_template_round_trip_and_length_anywhere(template: str, end: str) -> None:
+    text = _gemma4_round_trip(template)
+    assert text.endswith(end)
+    output = text.removesuffix(end)  # the end of the turn: a stop token, never streamed as text
+    check_case("gemma4", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_length_anywhere("gemma4", TOOLS, output, 2)
+
+
+def test_gemma4_none_is_null_and_close_marker_inside_a_string_is_text() -> None:
+    out = _g("f", f"a:None,b:{Q}x<tool_call|>y{Q},c:1e3,d:-2") + "after"
+    _, result = run("gemma4", loose("f"), [out], "stop")
+    assert [c.arguments for c in result.calls] == [{"a": None, "b": "x<tool_call|>y", "c": 1000.0, "d": -2}]
+    assert result.text == "after"
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        ("<|tool_call>get_weather{}<tool_call|>", "tool_calls[0].name", "call:NAME"),
+        (_g("f", "a:1,a:2"), "tool_calls[0].arguments", "twice"),
+        (_g("f", f"a:{Q}x{Q} b:2"), "tool_calls[0].arguments", "expected , or }"),
+        ("<|tool_call>call:f{a:1}junk<tool_call|>", "tool_calls[0].arguments", "junk"),
+        (_g("f", "a:" + "[" * 300 + "]" * 300), "tool_calls[0].arguments", "nested deeper"),
+        (_g("nope", ""), "tool_calls[0].name", "nope"),
+    ],
+)
+def test_gemma4_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("gemma4", loose("f"), [output], "stop")
+    assert result.calls == ()
+    (err,) = result.errors
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_gemma4_a_call_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = _g("f", f"k:{Q}{'x' * 500}{Q}") + _g("f", "k:1")
+    asm = ToolCallAssembler(loose("f"), "gemma4", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"k": 1}]
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

@@ -27,6 +27,7 @@ from ctxlock.generation.toolcalls._events import (
     ToolCallRejected,
     error_payload,
 )
+from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
 from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
@@ -44,9 +45,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.MINIMAX_M2: MinimaxM2Parser,
+    ToolCallFormat.GEMMA4: Gemma4Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

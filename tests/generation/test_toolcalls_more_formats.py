@@ -524,3 +524,176 @@ def test_gemma4_a_call_longer_than_max_event_size_is_refused_not_buffered() -> N
     assert [c.arguments for c in result.calls] == [{"k": 1}]
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# apertus: vllm-project/vllm tests/tool_parsers/test_apertus_tool_parser.py
+
+
+def _ap(calls: str, suffix: bool = True) -> str:
+    return f"<|tools_prefix|>[{calls}]" + ("<|tools_suffix|>" if suffix else "")
+
+
+APERTUS_CASES: list[Case] = [
+    ("no_tool_calls", "Hello, how can I help you today?", [], "Hello, how can I help you today?"),
+    ("single_tool_call", _ap('{"get_weather": {"location": "London"}}'), [("get_weather", {"location": "London"})], ""),
+    (
+        "multiple_arguments",
+        _ap('{"get_weather": {"location": "San Francisco", "unit": "celsius"}}'),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+        "",
+    ),
+    (
+        "multiple_tool_calls",
+        _ap('{"get_weather": {"location": "London"}}, {"get_time": {"location": "London"}}'),
+        [("get_weather", {"location": "London"}), ("get_time", {"location": "London"})],
+        "",
+    ),
+    (
+        "nested_arguments",
+        _ap('{"complex_function": {"nested": {"inner": "value"}, "list": ["a", "b"]}}'),
+        [("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]})],
+        "",
+    ),
+    (
+        "missing_tool_suffix",
+        _ap('{"get_weather": {"location": "San Francisco", "unit": "celsius"}}', suffix=False),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+        "",
+    ),
+    (
+        "streaming_basic_single_tool",
+        _ap('{"get_weather": {"location": "Paris, France"}}'),
+        [("get_weather", {"location": "Paris, France"})],
+        "",
+    ),
+    (
+        "streaming_missing_tool_suffix",
+        _ap('{"get_weather": {"location": "Paris, France"}}', suffix=False),
+        [("get_weather", {"location": "Paris, France"})],
+        "",
+    ),
+    (
+        "streaming_partial_tag_buffering_missing_tool_suffix",
+        "Content" + _ap('{"f": {"a": 1}}', suffix=False),
+        [("f", {"a": 1})],
+        "Content",
+    ),
+    (
+        "streaming_multi_tool",
+        _ap('{"get_weather": {"location": "Tokyo"}}, {"get_time": {"location": "Tokyo"}}'),
+        [("get_weather", {"location": "Tokyo"}), ("get_time", {"location": "Tokyo"})],
+        "",
+    ),
+    (
+        "streaming_text_before_tool_call",
+        "Let me check the weather. " + _ap('{"get_weather": {"location": "London"}}'),
+        [("get_weather", {"location": "London"})],
+        "Let me check the weather. ",
+    ),
+    ("streaming_partial_tag_buffering", "Content" + _ap('{"f": {"a": 1}}'), [("f", {"a": 1})], "Content"),
+    (
+        "mtp_streaming_massive_chunk",
+        "Sure! " + _ap('{"get_weather": {"location": "London"}}'),
+        [("get_weather", {"location": "London"})],
+        "Sure! ",
+    ),
+    (
+        "mtp_streaming_multiple_tools_burst",
+        _ap('{"get_weather": {"location": "London"}}, {"get_time": {"location": "Paris"}}'),
+        [("get_weather", {"location": "London"}), ("get_time", {"location": "Paris"})],
+        "",
+    ),
+    (
+        "mtp_streaming_skip_and_catch_up",
+        _ap('{"t1": {"a": 1}}, {"t2": {"b": 2}}, {"t3": {"c": 3}}'),
+        [("t1", {"a": 1}), ("t2", {"b": 2}), ("t3", {"c": 3})],
+        "",
+    ),
+    (
+        "vllm_streaming_character_by_character",
+        "Hi " + _ap('{"get_weather": {"location": "London"}}') + " ",
+        [("get_weather", {"location": "London"})],
+        "Hi  ",
+    ),
+    (
+        "vllm_streaming_empty_deltas",
+        "Wait" + _ap('{"get_weather": {"location": "London"}}'),
+        [("get_weather", {"location": "London"})],
+        "Wait",
+    ),
+]
+APERTUS_TOOLS = loose(*sorted({name for case in APERTUS_CASES for name, _ in case[2]}))
+
+
+@pytest.mark.parametrize(
+    ("output", "calls", "content"), [c[1:] for c in APERTUS_CASES], ids=[c[0] for c in APERTUS_CASES]
+)
+def test_apertus_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("apertus", APERTUS_TOOLS, output, calls, content)
+
+
+def test_apertus_vllm_empty_deltas_are_fed_as_they_come() -> None:
+    chunks = [
+        "Wait",
+        "",
+        "<|tools_prefix|>",
+        "",
+        '[{"get_weather": ',
+        "",
+        '{"location": "London"}}]',
+        "<|tools_suffix|>",
+    ]
+    _, result = run("apertus", APERTUS_TOOLS, chunks, "stop")
+    assert result.text == "Wait" and [c.arguments for c in result.calls] == [{"location": "London"}]
+
+
+def test_apertus_deliberate_differences() -> None:
+    # test_text_before_tool_call: vLLM's non-streaming reader strips the text ("Let me check the weather for you.");
+    # ctxlock passes it through unchanged.
+    out = "Let me check the weather for you. " + _ap('{"get_weather": {"location": "Paris"}}')
+    for chunks in chunkings(out):
+        _, result = run("apertus", APERTUS_TOOLS, chunks, "stop")
+        assert result.text == "Let me check the weather for you. " and [c.name for c in result.calls] == ["get_weather"]
+    # test_incomplete_tool_call: vLLM completes the cut-off JSON and releases {"location": "London"}; ctxlock reports
+    # the array as unterminated and releases nothing.
+    out = '<|tools_prefix|>[{"get_weather": {"location": "London"}'
+    for chunks in chunkings(out):
+        _, result = run("apertus", APERTUS_TOOLS, chunks, "stop")
+        (err,) = result.errors
+        assert result.calls == () and result.text == "" and "before the array of calls closed" in err.message
+
+
+def test_apertus_template_round_trip_and_length_anywhere() -> None:
+    output = round_trip("Apertus-8B-Instruct.jinja")
+    assert output.endswith("<|tools_suffix|>")  # the template ends the turn there; the model stops after it
+    check_case("apertus", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_length_anywhere("apertus", TOOLS, output, 2)
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        ("<|tools_prefix|>{}", "tool_calls[0]", "expected ["),
+        (_ap(""), "tool_calls[0]", "empty list"),
+        (_ap('{"f": {}, "g": {}}'), "tool_calls[0]", "2 keys"),
+        (_ap('{"f": "x"}'), "tool_calls[0].arguments", "string"),
+        (_ap('{"f": {"a": NaN}}'), "tool_calls[0]", "JSON"),
+        (_ap('{"f": {}}, {"nope": {}}'), "tool_calls[1].name", "nope"),
+    ],
+)
+def test_apertus_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("apertus", loose("f"), [output], "stop")
+    err = result.errors[-1]
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_apertus_calls_longer_than_max_event_size_are_refused_not_buffered() -> None:
+    big = _ap('{"f": {"k": "' + "x" * 500 + '"}}') + "then " + _ap('{"f": {"k": "y"}}')
+    asm = ToolCallAssembler(loose("f"), "apertus", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"k": "y"}] and result.text == "then "
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

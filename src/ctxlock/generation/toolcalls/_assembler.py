@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.generation.toolcalls._anthropic import AnthropicParser
+from ctxlock.generation.toolcalls._apertus import ApertusParser
 from ctxlock.generation.toolcalls._events import (
     DEFAULT_MAX_EVENT_SIZE,
     LENGTH_STOPS,
@@ -46,9 +47,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.MINIMAX_M2: MinimaxM2Parser,
     ToolCallFormat.GEMMA4: Gemma4Parser,
+    ToolCallFormat.APERTUS: ApertusParser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4", "apertus"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

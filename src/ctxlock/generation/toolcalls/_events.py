@@ -28,6 +28,7 @@ class ToolCallFormat(StrEnum):
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
     # MiniMax-M2: <minimax:tool_call><invoke name="f"><parameter name="p">v</parameter></invoke>...</minimax:tool_call>
     MINIMAX_M2 = "minimax_m2"
+    APERTUS = "apertus"  # Apertus: <|tools_prefix|>[{"f": {...}}, ...]<|tools_suffix|>
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 

@@ -44,6 +44,8 @@ def chunkings(text: str) -> list[list[str]]:
 
 
 def check_case(fmt: str, tools: list[dict[str, Any]], output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    names = {name for name, _ in calls}
+    tools = [t for t in tools if t["function"]["name"] in names]  # only the tools called: compiling them costs
     for chunks in chunkings(output):
         for release in ("finish", "early"):
             fed, result = run(fmt, tools, chunks, "stop", release=release)
@@ -695,5 +697,221 @@ def test_apertus_calls_longer_than_max_event_size_are_refused_not_buffered() -> 
         asm.feed(ch)
     result = asm.finish("stop")
     assert [c.arguments for c in result.calls] == [{"k": "y"}] and result.text == "then "
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# lfm2: vllm-project/vllm tests/tool_parsers/test_lfm2_tool_parser.py
+
+LFM2_START, LFM2_END = "<|tool_call_start|>", "<|tool_call_end|>"
+SIMPLE = "get_candidate_status(candidate_id='12345')"
+SIMPLE_CALL = ("get_candidate_status", {"candidate_id": "12345"})
+MORE_TYPES = (
+    "register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, role=None, "
+    "passed_test=True, aliases=['John', 'Johnny'])"
+)
+MORE_TYPES_CALL = (
+    "register_user",
+    {
+        "name": "John Doe",
+        "age": 37,
+        "address": {"city": "San Francisco", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+DOTTED = (
+    "grocery.orderIngredients(ingredientList=[{'name': 'Lasagna noodles', 'amount': 250, 'unit': 'g'}], "
+    "deliveryAddress='845 Willow Lane, Springfield, IL 62704')"
+)
+DOTTED_CALL = (
+    "grocery.orderIngredients",
+    {
+        "ingredientList": [{"name": "Lasagna noodles", "amount": 250, "unit": "g"}],
+        "deliveryAddress": "845 Willow Lane, Springfield, IL 62704",
+    },
+)
+
+
+def _lf(calls: str, after: str = "") -> str:
+    return f"{LFM2_START}[{calls}]{LFM2_END}" + (f"\n{after}" if after else "")
+
+
+LFM2_CASES: list[Case] = [
+    ("no_tool_call", "How can I help you today?", [], "How can I help you today?"),
+    ("simple", _lf(SIMPLE), [SIMPLE_CALL], ""),
+    ("more_types", _lf(MORE_TYPES), [MORE_TYPES_CALL], ""),
+    ("parameterless", _lf("get_weather()"), [("get_weather", {})], ""),
+    ("empty_dict", _lf("do_something_cool(additional_data={})"), [("do_something_cool", {"additional_data": {}})], ""),
+    ("empty_list", _lf("do_something_cool(steps=[])"), [("do_something_cool", {"steps": []})], ""),
+    (
+        "escaped_string",
+        _lf(r"""get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')"""),
+        [("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})],
+        "",
+    ),
+    ("parallel_calls", _lf(f"{SIMPLE}, {MORE_TYPES}"), [SIMPLE_CALL, MORE_TYPES_CALL], ""),
+    ("dotted_name", _lf(DOTTED), [DOTTED_CALL], ""),
+    (
+        "bracket_in_string",
+        _lf("""exec(command='grep -F "]" log.txt')"""),
+        [("exec", {"command": 'grep -F "]" log.txt'})],
+        "",
+    ),
+    (
+        "multiline_string_arg",
+        _lf("exec(command='cat > f.py << EOF\nimport csv\nprint(1)\nEOF')"),
+        [("exec", {"command": "cat > f.py << EOF\nimport csv\nprint(1)\nEOF"})],
+        "",
+    ),
+    ("set_arg", _lf("label(tags={'urgent', 'bug'})"), [("label", {"tags": ["urgent", "bug"]})], ""),
+    ("nul_byte_string_arg", _lf("exec(command='printf a\x00b')"), [("exec", {"command": "printf a\x00b"})], ""),
+    ("empty_tool_call_block", _lf(""), [], ""),
+    ("empty_tool_call_block_space", _lf(" "), [], ""),
+    ("whitespace_after_start_token", f"{LFM2_START} [{SIMPLE}]{LFM2_END}", [SIMPLE_CALL], ""),
+    (
+        "streaming_tool_call_with_large_steps",
+        _lf(f"{SIMPLE}, get_weather(), do_something_cool(steps=[])"),
+        [SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+        "",
+    ),
+    ("streaming_full_block_and_trailing_in_single_delta", _lf(SIMPLE, "Done."), [SIMPLE_CALL], "\nDone."),
+    ("streaming_leading_content_and_full_block", "Let me check. " + _lf(SIMPLE), [SIMPLE_CALL], "Let me check. "),
+    (
+        "streaming_leading_block_and_trailing",
+        "Let me check. " + _lf(SIMPLE, "Done."),
+        [SIMPLE_CALL],
+        "Let me check. \nDone.",
+    ),
+    (
+        "streaming_char_by_char_multi_dict_list",
+        _lf(
+            'grocery.orderIngredients(ingredientList=[{"name": "apple", "quantity": "2"}, '
+            '{"name": "bread", "quantity": "1"}])'
+        ),
+        [
+            (
+                "grocery.orderIngredients",
+                {"ingredientList": [{"name": "apple", "quantity": "2"}, {"name": "bread", "quantity": "1"}]},
+            )
+        ],
+        "",
+    ),
+    ("streaming_dotted_name_in_single_delta", _lf(DOTTED), [DOTTED_CALL], ""),
+]
+LFM2_TOOLS = loose(*sorted({name for case in LFM2_CASES for name, _ in case[2]}), "bad", "bash", "set_date")
+
+
+@pytest.mark.parametrize(("output", "calls", "content"), [c[1:] for c in LFM2_CASES], ids=[c[0] for c in LFM2_CASES])
+def test_lfm2_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("lfm2", LFM2_TOOLS, output, calls, content)
+
+
+def test_lfm2_bad_sibling_call_does_not_drop_good_calls() -> None:
+    """vLLM's case: the good call is released; ctxlock also reports the bad one (bytes are no JSON value)."""
+    for chunks in chunkings(_lf(f"{SIMPLE}, bad(x=b'z')")):
+        _, result = run("lfm2", LFM2_TOOLS, chunks, "stop")
+        assert [(c.name, c.arguments) for c in result.calls] == [SIMPLE_CALL]
+        (err,) = result.errors
+        assert err.path == "tool_calls[1].arguments.x" and "bytes" in err.message
+
+
+ECHOED = (
+    "[grocery.orderIngredients(ingredientList=[{'name': 'apple', 'quantity': '2'}], deliveryAddress='123 Main St')]"
+)
+# Where ctxlock deliberately differs (docs/tool-call-formats.md, lfm2): (id, output, vLLM's answer, ctxlock's text,
+# the needle of ctxlock's error or None).
+LFM2_DIFFERENCES = [
+    # vLLM's non-streaming reader strips the text after the block; ctxlock passes it through unchanged.
+    (
+        "content_after_tool_call",
+        _lf(SIMPLE, "Checking the current status of candidate ID 12345."),
+        "content 'Checking the current status of candidate ID 12345.'",
+        "\nChecking the current status of candidate ID 12345.",
+        None,
+    ),
+    # A quote of the string's own kind inside it: vLLM guesses where the string ends; ctxlock refuses.
+    (
+        "nested_quote",
+        _lf("bash(command='sed -n '360,450p' /testbed/sympy/matrices/common.py')"),
+        "{'command': \"sed -n '360,450p' /testbed/sympy/matrices/common.py\"}",
+        "",
+        "not a Python list",
+    ),
+    (
+        "nested_python_c",
+        _lf(
+            "bash(command='cd /testbed && python3 -c \"from sympy import latex\nprint(latex(3*x, mul_symbol='\\,'))\"')"
+        ),
+        "the command with its inner quotes",
+        "",
+        "not a Python list",
+    ),
+    # 07 is not a Python 3 number: vLLM reads 7; ctxlock refuses.
+    ("leading_zero_int", _lf("set_date(month=07, day=05)"), "{'month': 7, 'day': 5}", "", "not a Python list"),
+    # The body echoed after the block with a second end token: vLLM drops it; ctxlock passes it through as text
+    # (there is no start token, so it is no call).
+    (
+        "echoed_tool_call_body",
+        f"{LFM2_START}{ECHOED}{LFM2_END}{ECHOED}{LFM2_END}",
+        "content ''",
+        f"{ECHOED}{LFM2_END}",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case_id", "output", "vllm", "content", "needle"), LFM2_DIFFERENCES)
+def test_lfm2_deliberate_differences(case_id: str, output: str, vllm: str, content: str, needle: str | None) -> None:
+    for chunks in chunkings(output):
+        _, result = run("lfm2", LFM2_TOOLS, chunks, "stop")
+        assert result.text == content
+        if needle is None:
+            assert len(result.calls) == 1 and result.ok
+        else:
+            (err,) = result.errors
+            assert result.calls == () and needle in err.message, err
+
+
+def test_lfm2_template_round_trip_and_length_anywhere() -> None:
+    text = round_trip("LFM2.5-8B-A1B.jinja")
+    assert text.endswith(f"{LFM2_END}<|im_end|>\n")
+    output = text.removesuffix("<|im_end|>\n")  # <|im_end|> is the stop token, never streamed as text
+    # The template writes strings between quotes unescaped: the raw newline of the query is read back as one.
+    assert "query='line one\nline two" in output
+    check_case("lfm2", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_length_anywhere("lfm2", TOOLS, output, 2)
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        (_lf("get_weather('Paris')"), "tool_calls[0].arguments", "by keyword"),
+        (_lf("get_weather(**x)"), "tool_calls[0].arguments", "unpacking"),
+        (_lf("get_weather(city=open('f'))"), "tool_calls[0].arguments.city", "Call is not a literal"),
+        (_lf("get_weather(city={1: 'a'})"), "tool_calls[0].arguments.city", "keys must be strings"),
+        (_lf("get_weather(city=-'a')"), "tool_calls[0].arguments.city", "number only"),
+        (_lf("'text'"), "tool_calls[0]", "each item must be a call"),
+        (f"{LFM2_START}get_weather(){LFM2_END}", "tool_calls[0]", "must be a list"),
+        (_lf("get_weather(x=" + "[" * 300 + "]" * 300 + ")"), "tool_calls[0]", "nest"),
+        (_lf("nope()"), "tool_calls[0].name", "nope"),
+    ],
+)
+def test_lfm2_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("lfm2", loose("get_weather"), [output], "stop")
+    assert result.calls == ()
+    (err,) = result.errors
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_lfm2_a_block_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = _lf("get_weather(city='" + "x" * 500 + "')") + "then " + _lf("get_weather(city='y')")
+    asm = ToolCallAssembler(loose("get_weather"), "lfm2", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"city": "y"}] and result.text == "then "
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"

@@ -915,3 +915,95 @@ def test_lfm2_a_block_longer_than_max_event_size_is_refused_not_buffered() -> No
     assert [c.arguments for c in result.calls] == [{"city": "y"}] and result.text == "then "
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gigachat3: vllm-project/vllm tests/tool_parsers/test_gigachat3_tool_parser.py
+
+GC3_HEADER = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+GC31_HEADER = "<|function_call|>"
+GC_SIMPLE = {"action": "create", "id": "preferences"}
+GC_COMPLEX = {
+    "action": "create",
+    "id": "preferences",
+    "content": {"short_answers": True, "hate_emojis": True, "english_ui": False, "russian_math_explanations": True},
+}
+GC_CONTENT = "I'll check that for you."
+
+
+def _gc(args: dict[str, Any]) -> str:
+    return json.dumps({"name": "manage_user_memory", "arguments": args}, ensure_ascii=False)
+
+
+GIGACHAT3_CASES: list[Case] = [("no_tool_call", "How can I help you today?", [], "How can I help you today?")]
+for _tag, _header in (("gigachat3", GC3_HEADER), ("gigachat31", GC31_HEADER)):
+    GIGACHAT3_CASES += [
+        (f"simple_{_tag}", _header + _gc(GC_SIMPLE), [("manage_user_memory", GC_SIMPLE)], ""),
+        (f"parameterless_{_tag}", _header + _gc({}), [("manage_user_memory", {})], ""),
+        (f"complex_{_tag}", _header + _gc(GC_COMPLEX), [("manage_user_memory", GC_COMPLEX)], ""),
+        (
+            f"mixed_content_{_tag}",
+            GC_CONTENT + _header + _gc(GC_SIMPLE),
+            [("manage_user_memory", GC_SIMPLE)],
+            GC_CONTENT,
+        ),
+        (
+            f"mixed_content_with_eos_{_tag}",
+            GC_CONTENT + _header + _gc(GC_SIMPLE) + "</s>",
+            [("manage_user_memory", GC_SIMPLE)],
+            GC_CONTENT,
+        ),
+        (
+            f"streaming_tool_call_with_large_steps_{_tag}",
+            GC_CONTENT + _header + _gc(GC_COMPLEX),
+            [("manage_user_memory", GC_COMPLEX)],
+            GC_CONTENT,
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("output", "calls", "content"), [c[1:] for c in GIGACHAT3_CASES], ids=[c[0] for c in GIGACHAT3_CASES]
+)
+def test_gigachat3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("gigachat3", loose("manage_user_memory"), output, calls, content)
+
+
+@pytest.mark.parametrize("template", ["GigaChat3-10B-A1.8B.jinja", "GigaChat3.1-10B-A1.8B.jinja"])
+def test_gigachat3_template_round_trip_and_length_anywhere(template: str) -> None:
+    """The templates write the first call of a turn only: the second call of the message is lost in the render."""
+    text = round_trip(template)
+    assert text.endswith("}<|message_sep|>\n\n") and "search_docs" not in text
+    output = text.removesuffix("<|message_sep|>\n\n")  # the end of the message: the model stops there
+    check_case("gigachat3", TOOLS, output, EXPECTED_CALLS[:1], "Looking it up.")
+    check_length_anywhere("gigachat3", TOOLS, output, 1)
+    # Two calls one after another (as a model may write them) are read as two.
+    two = output + GC31_HEADER + json.dumps({"name": "search_docs", "arguments": EXPECTED_CALLS[1][1]})
+    check_case("gigachat3", TOOLS, two, EXPECTED_CALLS, "Looking it up.")
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        (GC31_HEADER + "[1]", "tool_calls[0]", "expected a JSON object"),
+        (GC31_HEADER + '{"name": "f", "arguments": {"a": NaN}}', "tool_calls[0]", "JSON"),
+        (GC31_HEADER + '{"name": "f"}', "tool_calls[0].arguments", 'no "arguments"'),
+        (GC3_HEADER + '{"name": "nope", "arguments": {}}', "tool_calls[0].name", "nope"),
+    ],
+)
+def test_gigachat3_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("gigachat3", loose("f"), [output], "stop")
+    assert result.calls == ()
+    err = result.errors[0]
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_gigachat3_a_call_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = GC31_HEADER + _gc({"k": "x" * 500}) + "then " + GC31_HEADER + _gc({"k": "y"})
+    asm = ToolCallAssembler(loose("manage_user_memory"), "gigachat3", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"k": "y"}] and result.text == "then "
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

@@ -40,6 +40,7 @@ When is a call complete?
 | `minimax_m2`  | its `</invoke>` is seen (inside `<minimax:tool_call>`; the block's close is not needed)      |
 | `gemma4`      | `<tool_call|>` is seen outside a `<|"|>` string                                              |
 | `lfm2`        | `<|tool_call_end|>` is seen; each call of the list is then read on its own                  |
+| `gigachat3`   | the JSON object after the function-call header closes (a `</s>` after it is dropped)        |
 | `apertus`     | the JSON array after `<|tools_prefix|>` closes (`<|tools_suffix|>` is not needed)            |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released

@@ -29,6 +29,7 @@ from ctxlock.generation.toolcalls._events import (
     error_payload,
 )
 from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
+from ctxlock.generation.toolcalls._gigachat3 import GigaChat3Parser
 from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
@@ -50,9 +51,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.GEMMA4: Gemma4Parser,
     ToolCallFormat.APERTUS: ApertusParser,
     ToolCallFormat.LFM2: Lfm2Parser,
+    ToolCallFormat.GIGACHAT3: GigaChat3Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4", "apertus", "lfm2"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4", "apertus", "lfm2", "gigachat3"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

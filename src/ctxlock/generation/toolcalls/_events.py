@@ -30,6 +30,8 @@ class ToolCallFormat(StrEnum):
     MINIMAX_M2 = "minimax_m2"
     APERTUS = "apertus"  # Apertus: <|tools_prefix|>[{"f": {...}}, ...]<|tools_suffix|>
     LFM2 = "lfm2"  # LFM2 / LFM2.5: <|tool_call_start|>[f(city='Paris', days=3), ...]<|tool_call_end|>
+    # GigaChat 3 / 3.1: <|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ...} or <|function_call|>{"name": ...}
+    GIGACHAT3 = "gigachat3"
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 

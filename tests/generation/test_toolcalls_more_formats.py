@@ -1007,3 +1007,130 @@ def test_gigachat3_a_call_longer_than_max_event_size_is_refused_not_buffered() -
     assert [c.arguments for c in result.calls] == [{"k": "y"}] and result.text == "then "
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nemotron_json: vllm-project/vllm tests/tool_parsers/test_nemotron_json_tool_parser.py
+
+
+def _tc(body: str) -> str:
+    return f"<TOOLCALL>{body}</TOOLCALL>"
+
+
+NJ_WEATHER = '{"name": "get_weather", "arguments": {"city": "Tokyo"}}'
+NJ_TIMEZONE = '{"name": "lookup_timezone", "arguments": {"city": "Tokyo"}}'
+NJ_THINK = "<think>\nI need the weather for Tokyo.\n</think>\n"
+NEMOTRON_JSON_CASES: list[Case] = [
+    ("returns_content_without_tool_call", "No tool call here.", [], "No tool call here."),
+    (
+        "from_nemotron_array",
+        "Let me check that." + _tc('[{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "celsius"}}]'),
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+        "Let me check that.",
+    ),
+    (
+        "wraps_single_object",
+        _tc('{"name": "lookup", "arguments": {"query": "vllm"}}'),
+        [("lookup", {"query": "vllm"})],
+        "",
+    ),
+    (
+        "supports_string_arguments",
+        _tc('[{"name": "run_query", "arguments": "{\\"sql\\": \\"select 1\\"}"}]'),
+        [("run_query", {"sql": "select 1"})],
+        "",
+    ),
+    (
+        "streaming_reconstructs_tool_call",
+        "Let me check." + _tc('[{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "celsius"}}]'),
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+        "Let me check.",
+    ),
+    (
+        "streaming_handles_nested_json_arguments",
+        _tc(
+            '[{"name": "search", "arguments": {"filters": {"city": "Tokyo"}, '
+            '"items": [{"name": "rain", "value": true}]}}]'
+        ),
+        [("search", {"filters": {"city": "Tokyo"}, "items": [{"name": "rain", "value": True}]})],
+        "",
+    ),
+    ("keeps_think_block_as_content", NJ_THINK + _tc(f"[{NJ_WEATHER}]"), [("get_weather", {"city": "Tokyo"})], NJ_THINK),
+    (
+        "streaming_handles_multiple_tool_calls",
+        _tc(f"[{NJ_WEATHER}, {NJ_TIMEZONE}]"),
+        [("get_weather", {"city": "Tokyo"}), ("lookup_timezone", {"city": "Tokyo"})],
+        "",
+    ),
+    (
+        "streaming_single_delta_handles_content_and_tool_call",
+        "Let me check." + _tc(f"[{NJ_WEATHER}]"),
+        [("get_weather", {"city": "Tokyo"})],
+        "Let me check.",
+    ),
+]
+NEMOTRON_JSON_TOOLS = loose("get_weather", "lookup", "run_query", "search", "lookup_timezone", "broken")
+
+
+@pytest.mark.parametrize(
+    ("output", "calls", "content"), [c[1:] for c in NEMOTRON_JSON_CASES], ids=[c[0] for c in NEMOTRON_JSON_CASES]
+)
+def test_nemotron_json_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("nemotron_json", NEMOTRON_JSON_TOOLS, output, calls, content)
+
+
+def test_nemotron_json_deliberate_difference_malformed_block() -> None:
+    """test_extract_tool_calls_returns_original_for_malformed: vLLM gives the block back as content; ctxlock refuses
+    the call (a started call never becomes text)."""
+    for chunks in chunkings(_tc('[{"name": "broken", "arguments": {}')):
+        _, result = run("nemotron_json", NEMOTRON_JSON_TOOLS, chunks, "stop")
+        (err,) = result.errors
+        assert result.calls == () and result.text == "" and "not a JSON array" in err.message
+
+
+def test_nemotron_json_close_marker_inside_a_string_is_argument_text() -> None:
+    out = _tc('[{"name": "search", "arguments": {"q": "a </TOOLCALL> b"}}]') + "done"
+    _, result = run("nemotron_json", NEMOTRON_JSON_TOOLS, [out], "stop")
+    assert [c.arguments for c in result.calls] == [{"q": "a </TOOLCALL> b"}] and result.text == "done"
+
+
+def test_nemotron_json_template_round_trip_and_length_anywhere() -> None:
+    """The template writes a final assistant message as a continuation of the prompt, so the turn is rendered as
+    history (a tool result after it): `<SPECIAL_11>Assistant\\n` text `\\n<TOOLCALL>...</TOOLCALL>\\n<SPECIAL_12>`."""
+    from test_toolcalls_template_survey import _render
+
+    from ctxlock.artifacts import load_template_file
+
+    path = fetched.templates_dir() / "NVIDIA-Nemotron-Nano-v2.jinja"
+    tool = {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "sunny"}
+    full = _render(path, load_template_file(path), [USER_MSG, ASSISTANT, tool], prompt=False)
+    start = full.index("<SPECIAL_11>Assistant\n") + len("<SPECIAL_11>Assistant\n")
+    output = full[start : full.index("\n<SPECIAL_12>", start)]
+    check_case("nemotron_json", TOOLS, output, EXPECTED_CALLS, "Looking it up.\n")
+    check_length_anywhere("nemotron_json", TOOLS, output, 2)
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        (_tc('"text"'), "tool_calls[0]", "got a string"),
+        (_tc('[{"name": "search"}]'), "tool_calls[0].arguments", 'no "arguments"'),
+        (_tc('[{"name": "search", "arguments": {}}, 7]'), "tool_calls[1]", "number"),
+        (_tc('[{"name": "nope", "arguments": {}}]'), "tool_calls[0].name", "nope"),
+    ],
+)
+def test_nemotron_json_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("nemotron_json", NEMOTRON_JSON_TOOLS, [output], "stop")
+    err = result.errors[-1]
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_nemotron_json_a_block_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = _tc('[{"name": "search", "arguments": {"k": "' + "x" * 500 + '"}}]') + "then " + _tc(NJ_WEATHER)
+    asm = ToolCallAssembler(NEMOTRON_JSON_TOOLS, "nemotron_json", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"city": "Tokyo"}] and result.text == "then "
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

@@ -41,6 +41,7 @@ When is a call complete?
 | `gemma4`      | `<tool_call|>` is seen outside a `<|"|>` string                                              |
 | `lfm2`        | `<|tool_call_end|>` is seen; each call of the list is then read on its own                  |
 | `gigachat3`   | the JSON object after the function-call header closes (a `</s>` after it is dropped)        |
+| `nemotron_json` | `</TOOLCALL>` is seen outside a JSON string                                               |
 | `apertus`     | the JSON array after `<|tools_prefix|>` closes (`<|tools_suffix|>` is not needed)            |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released

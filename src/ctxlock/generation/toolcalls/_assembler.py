@@ -34,6 +34,7 @@ from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
+from ctxlock.generation.toolcalls._nemotron_json import NemotronJsonParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
 from ctxlock.generation.toolcalls._schemas import Tool, arguments_path, compile_tools, document_position, violation_keys
@@ -52,9 +53,12 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.APERTUS: ApertusParser,
     ToolCallFormat.LFM2: Lfm2Parser,
     ToolCallFormat.GIGACHAT3: GigaChat3Parser,
+    ToolCallFormat.NEMOTRON_JSON: NemotronJsonParser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4", "apertus", "lfm2", "gigachat3"})
+_RAW_FORMATS = frozenset(
+    {"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4", "apertus", "lfm2", "gigachat3", "nemotron_json"}
+)
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

@@ -32,6 +32,7 @@ class ToolCallFormat(StrEnum):
     LFM2 = "lfm2"  # LFM2 / LFM2.5: <|tool_call_start|>[f(city='Paris', days=3), ...]<|tool_call_end|>
     # GigaChat 3 / 3.1: <|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ...} or <|function_call|>{"name": ...}
     GIGACHAT3 = "gigachat3"
+    NEMOTRON_JSON = "nemotron_json"  # Nemotron Nano v2: <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 

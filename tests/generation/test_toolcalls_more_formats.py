@@ -1134,3 +1134,98 @@ def test_nemotron_json_a_block_longer_than_max_event_size_is_refused_not_buffere
     assert [c.arguments for c in result.calls] == [{"city": "Tokyo"}] and result.text == "then "
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hy_v3: vllm-project/vllm tests/tool_parsers/test_hy_v3_tool_parser.py (bare tags, as the tokenizer there decodes)
+
+HY_DATE = "<tool_calls>\n<tool_call>get_current_date<tool_sep>\n</tool_call>\n</tool_calls>"
+HY_BEIJING = (
+    "<tool_call>get_weather<tool_sep>\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+    "<arg_key>date</arg_key>\n<arg_value>2026-03-30</arg_value>\n</tool_call>"
+)
+HY_HANGZHOU = HY_BEIJING.replace("Beijing", "Hangzhou")
+HY_B = ("get_weather", {"city": "Beijing", "date": "2026-03-30"})
+HY_V3_CASES: list[Case] = [
+    ("no_tool_call", "This is a plain response.", [], "This is a plain response."),
+    (
+        "zero_arg_inline",
+        "<tool_calls><tool_call>get_current_date<tool_sep></tool_call></tool_calls>",
+        [("get_current_date", {})],
+        "",
+    ),
+    ("zero_arg_newline", HY_DATE, [("get_current_date", {})], ""),
+    (
+        "args_same_line",
+        "<tool_calls><tool_call>get_weather<tool_sep><arg_key>city</arg_key><arg_value>Beijing</arg_value>"
+        "<arg_key>date</arg_key><arg_value>2026-03-30</arg_value></tool_call></tool_calls>",
+        [HY_B],
+        "",
+    ),
+    ("args_with_newlines", f"<tool_calls>\n{HY_BEIJING}\n</tool_calls>", [HY_B], ""),
+    ("content_before", "Checking." + HY_DATE, [("get_current_date", {})], "Checking."),
+    (
+        "multiple",
+        f"<tool_calls>\n{HY_BEIJING}\n{HY_HANGZHOU}\n</tool_calls>",
+        [HY_B, ("get_weather", {"city": "Hangzhou", "date": "2026-03-30"})],
+        "",
+    ),
+    ("empty_content_none", HY_DATE, [("get_current_date", {})], ""),
+]
+HY_V3_TOOLS = [
+    {"type": "function", "function": {"name": "get_current_date", "parameters": {}}},
+    typed("get_weather", city={"type": "string"}, date={"type": "string"}),
+]
+
+
+@pytest.mark.parametrize(("output", "calls", "content"), [c[1:] for c in HY_V3_CASES], ids=[c[0] for c in HY_V3_CASES])
+def test_hy_v3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("hy_v3", HY_V3_TOOLS, output, calls, content)
+
+
+def test_hy_v3_template_round_trip_and_length_anywhere() -> None:
+    text = round_trip("tencent-Hy3.jinja")
+    assert text.endswith("</tool_calls:opensource><｜hy_eos:opensource｜>")
+    output = text.removesuffix("<｜hy_eos:opensource｜>")  # the end-of-turn token: a stop, never streamed as text
+    check_case("hy_v3", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_length_anywhere("hy_v3", TOOLS, output, 2)
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        ("<tool_calls><tool_call>get_weather</tool_call>", "tool_calls[0].name", "expected name<tool_sep>"),
+        (
+            "<tool_calls><tool_call>get_weather<tool_sep>junk<arg_key>city</arg_key><arg_value>x</arg_value></tool_call>",
+            "tool_calls[0].arguments",
+            "junk",
+        ),
+        (
+            "<tool_calls><tool_call>get_weather<tool_sep><arg_key>city</arg_key><arg_value>x</arg_value>"
+            "<arg_key>city</arg_key><arg_value>y</arg_value></tool_call>",
+            "tool_calls[0].arguments.city",
+            "twice",
+        ),
+        ("<tool_calls><tool_call>nope<tool_sep></tool_call>", "tool_calls[0].name", "nope"),
+    ],
+)
+def test_hy_v3_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("hy_v3", HY_V3_TOOLS, [output], "stop")
+    assert result.calls == ()
+    (err,) = result.errors
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_hy_v3_a_call_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = (
+        "<tool_calls><tool_call>get_weather<tool_sep><arg_key>city</arg_key><arg_value>"
+        + "x" * 500
+        + "</arg_value></tool_call><tool_call>get_current_date<tool_sep></tool_call></tool_calls>after"
+    )
+    asm = ToolCallAssembler(HY_V3_TOOLS, "hy_v3", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.name for c in result.calls] == ["get_current_date"] and result.text == "after"
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

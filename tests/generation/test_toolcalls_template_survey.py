@@ -118,7 +118,7 @@ MARKERS: list[tuple[str, str]] = [
     ("gigachat3", r"<\|function_call\|>|function call<\|role_sep\|>"),
     ("nemotron_json", r"<TOOLCALL>"),
     ("minicpm5", r'<function name="[^"]*"><param name='),
-    ("solar_open2", r"<\|tool_call:begin\|>"),
+    ("solar_open", r"<\|tool_call:begin\|>"),  # not vLLM's solar_open2 (<|tool_call:start|>)
     ("llama3_json", r"<\|python_tag\|>|\{\"name\": \"[^\"]*\", \"parameters\""),
     ("pythonic", r"<\|python_start\|>"),
     ("granite", r"<\|tool_call\|>"),
@@ -241,7 +241,7 @@ SURVEY: dict[str, tuple[str, int]] = {
     "tencent-Hy3.jinja": ("hy_v3", 2),
     "unsloth-Apriel-1.5.jinja": ("apriel", 2),
     "unsloth-mistral-Devstral-Small-2507.jinja": ("mistral", 2),
-    "upstage-Solar-Open-100B.jinja": ("solar_open2", 2),
+    "upstage-Solar-Open-100B.jinja": ("solar_open", 2),
 }
 
 

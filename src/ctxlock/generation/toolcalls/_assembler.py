@@ -31,6 +31,7 @@ from ctxlock.generation.toolcalls._events import (
 from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
 from ctxlock.generation.toolcalls._gigachat3 import GigaChat3Parser
 from ctxlock.generation.toolcalls._hermes import HermesParser
+from ctxlock.generation.toolcalls._hy_v3 import HyV3Parser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
@@ -54,10 +55,22 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.LFM2: Lfm2Parser,
     ToolCallFormat.GIGACHAT3: GigaChat3Parser,
     ToolCallFormat.NEMOTRON_JSON: NemotronJsonParser,
+    ToolCallFormat.HY_V3: HyV3Parser,
 }
 
 _RAW_FORMATS = frozenset(
-    {"hermes", "qwen3_coder", "mistral", "minimax_m2", "gemma4", "apertus", "lfm2", "gigachat3", "nemotron_json"}
+    {
+        "hermes",
+        "qwen3_coder",
+        "mistral",
+        "minimax_m2",
+        "gemma4",
+        "apertus",
+        "lfm2",
+        "gigachat3",
+        "nemotron_json",
+        "hy_v3",
+    }
 )
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",

@@ -33,6 +33,8 @@ class ToolCallFormat(StrEnum):
     # GigaChat 3 / 3.1: <|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ...} or <|function_call|>{"name": ...}
     GIGACHAT3 = "gigachat3"
     NEMOTRON_JSON = "nemotron_json"  # Nemotron Nano v2: <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>
+    # Tencent Hy3: <tool_calls><tool_call>f<tool_sep><arg_key>k</arg_key><arg_value>v</arg_value></tool_call>...
+    HY_V3 = "hy_v3"
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 

@@ -1229,3 +1229,135 @@ def test_hy_v3_a_call_longer_than_max_event_size_is_refused_not_buffered() -> No
     assert [c.name for c in result.calls] == ["get_current_date"] and result.text == "after"
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# minimax_m3: vllm-project/vllm tests/tool_parsers/test_minimax_m3_tool_parser.py
+
+NS = "]<]minimax[>["
+M3_ORDER = (
+    f"{NS}<tool_call>\n"
+    f'{NS}<invoke name="create_order">'
+    f"{NS}<user_id>42{NS}</user_id>{NS}<urgent>true{NS}</urgent>{NS}<note>Please leave at front desk.{NS}</note>"
+    f"{NS}<shipping>{NS}<city>Singapore{NS}</city>{NS}<zip>018956{NS}</zip>{NS}</shipping>"
+    f"{NS}<items>{NS}<item>{NS}<sku>book-001{NS}</sku>{NS}<qty>2{NS}</qty>{NS}</item>"
+    f"{NS}<item>{NS}<sku>pen-007{NS}</sku>{NS}<qty>5{NS}</qty>{NS}</item>{NS}</items>"
+    f"{NS}<metadata>{NS}<source>mobile{NS}</source>{NS}<campaign>may-launch{NS}</campaign>{NS}</metadata>"
+    f"{NS}<duplicate_demo>{NS}<tag>a{NS}</tag>{NS}<tag>b{NS}</tag>{NS}</duplicate_demo>"
+    f"{NS}</invoke>\n{NS}</tool_call>"
+)
+M3_ORDER_ARGS = {
+    "user_id": 42,
+    "urgent": True,
+    "note": "Please leave at front desk.",
+    "shipping": {"city": "Singapore", "zip": 18956},
+    "items": [{"sku": "book-001", "qty": 2}, {"sku": "pen-007", "qty": 5}],
+    "metadata": {"source": "mobile", "campaign": "may-launch"},
+    "duplicate_demo": {"tag": ["a", "b"]},
+}
+
+
+def _m3_invocation(user_id: int) -> str:
+    return f'{NS}<invoke name="create_order">{NS}<user_id>{user_id}{NS}</user_id>{NS}</invoke>'
+
+
+MINIMAX_M3_TOOLS = [
+    typed(
+        "create_order",
+        user_id={"type": "integer"},
+        urgent={"type": "boolean"},
+        note={"type": "string"},
+        shipping={"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}}},
+        items={
+            "type": "array",
+            "items": {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}}},
+        },
+        metadata={"type": "object", "additionalProperties": {"type": "string"}},
+        duplicate_demo={"type": "object"},
+    )
+]
+MINIMAX_M3_CASES: list[Case] = [
+    (
+        "non_streaming_nested_tool_call",
+        "I will create it.\n" + M3_ORDER,
+        [("create_order", M3_ORDER_ARGS)],
+        "I will create it.\n",
+    ),
+    ("non_streaming_without_tool_call_keeps_content", "plain response", [], "plain response"),
+    (
+        "non_streaming_multiple_tool_calls",
+        f"{NS}<tool_call>\n{_m3_invocation(1)}\n{_m3_invocation(2)}\n{NS}</tool_call>",
+        [("create_order", {"user_id": 1}), ("create_order", {"user_id": 2})],
+        "",
+    ),
+    # A cut-off start marker is text once the stream ends (also test_delegating_parser_flushes_partial_tool_start).
+    ("streaming_flushes_partial_tool_start_as_text", f"plain {NS}<tool_ca", [], f"plain {NS}<tool_ca"),
+    (
+        "streaming_nested_tool_call",
+        "I will create it.\n" + M3_ORDER,
+        [("create_order", M3_ORDER_ARGS)],
+        "I will create it.\n",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("output", "calls", "content"), [c[1:] for c in MINIMAX_M3_CASES], ids=[c[0] for c in MINIMAX_M3_CASES]
+)
+def test_minimax_m3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("minimax_m3", MINIMAX_M3_TOOLS, output, calls, content)
+
+
+def test_minimax_m3_deliberate_differences() -> None:
+    # test_streaming_error_recovery_keeps_committed_tool_call_structured: the second invoke is cut off. vLLM releases
+    # the first call and hands the cut-off invoke back as content; ctxlock releases the first call too and reports
+    # the second as unterminated, never as text.
+    text = f'plain {NS}<tool_call>\n{_m3_invocation(1)}\n{NS}<invoke name="create_order">{NS}<user_id>2'
+    for chunks in chunkings(text):
+        _, result = run("minimax_m3", MINIMAX_M3_TOOLS, chunks, "stop")
+        assert result.text == "plain " and [c.arguments for c in result.calls] == [{"user_id": 1}]
+        (err,) = result.errors
+        assert err.path.startswith("tool_calls[1]") and "</invoke>" in err.message + err.hint
+    # test_streaming_parse_error_emits_buffer_and_later_deltas: a stray close tag inside the block. vLLM gives the
+    # rest of the output back as content; ctxlock drops the block's stray text (noted) and the text after it.
+    _, result = run("minimax_m3", MINIMAX_M3_TOOLS, [f"{NS}<tool_call>\n{NS}</user_id>", " after error"], "stop")
+    assert result.text == "" and result.calls == () and result.ok and result.notes
+
+
+def test_minimax_m3_template_round_trip_and_length_anywhere() -> None:
+    text = round_trip("MiniMax-M3.jinja")
+    assert text.startswith("</mm:think>") and text.endswith(f"{NS}</tool_call>[e~[\n")
+    # The generation prompt opens the model's thinking; the answer starts after </mm:think> and [e~[ ends the turn.
+    output = text.removeprefix("</mm:think>").removesuffix("[e~[\n")
+    check_case("minimax_m3", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_length_anywhere("minimax_m3", TOOLS, output, 2)
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "needle"),
+    [
+        ("<invoke>", "tool_calls[0].name", "name="),
+        (f'<invoke name="create_order">junk{NS}<note>x{NS}</note>', "tool_calls[0].arguments", "junk"),
+        (f'<invoke name="create_order">{NS}<note>x{NS}</user_id>', "tool_calls[0].arguments", "closes no open"),
+        (f'<invoke name="create_order">{NS}<shipping>{NS}<city>x{NS}</city>', "tool_calls[0].arguments", "not closed"),
+        (f'<invoke name="create_order">{NS}<note>x{NS}</note>y', "tool_calls[0].arguments", "unexpected text"),
+        (f'<invoke name="create_order">{NS}<user_id>many{NS}</user_id>', "tool_calls[0].arguments.user_id", "integer"),
+        (f'<invoke name="nope">{NS}<a>1{NS}</a>', "tool_calls[0].name", "nope"),
+    ],
+)
+def test_minimax_m3_malformed_calls_are_refused_with_a_path(body: str, path: str, needle: str) -> None:
+    _, result = run("minimax_m3", MINIMAX_M3_TOOLS, [f"{NS}<tool_call>{NS}{body}{NS}</invoke>"], "stop")
+    assert result.calls == ()
+    (err,) = result.errors
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_minimax_m3_a_call_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = f"{NS}<tool_call>" + _m3_invocation(1).replace(f">1{NS}", ">" + "1" * 500 + NS) + _m3_invocation(2)
+    asm = ToolCallAssembler(MINIMAX_M3_TOOLS, "minimax_m3", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"user_id": 2}]
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

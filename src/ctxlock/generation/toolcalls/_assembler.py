@@ -34,6 +34,7 @@ from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._hy_v3 import HyV3Parser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
+from ctxlock.generation.toolcalls._minimax_m3 import MinimaxM3Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._nemotron_json import NemotronJsonParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
@@ -56,6 +57,7 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.GIGACHAT3: GigaChat3Parser,
     ToolCallFormat.NEMOTRON_JSON: NemotronJsonParser,
     ToolCallFormat.HY_V3: HyV3Parser,
+    ToolCallFormat.MINIMAX_M3: MinimaxM3Parser,
 }
 
 _RAW_FORMATS = frozenset(
@@ -70,6 +72,7 @@ _RAW_FORMATS = frozenset(
         "gigachat3",
         "nemotron_json",
         "hy_v3",
+        "minimax_m3",
     }
 )
 _ABNORMAL_HINTS = {

@@ -35,6 +35,8 @@ class ToolCallFormat(StrEnum):
     NEMOTRON_JSON = "nemotron_json"  # Nemotron Nano v2: <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>
     # Tencent Hy3: <tool_calls><tool_call>f<tool_sep><arg_key>k</arg_key><arg_value>v</arg_value></tool_call>...
     HY_V3 = "hy_v3"
+    # MiniMax-M3: ]<]minimax[>[<tool_call>, <invoke name="f">, one element per argument; ]<]minimax[>[ before each tag
+    MINIMAX_M3 = "minimax_m3"
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 

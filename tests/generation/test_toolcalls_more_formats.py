@@ -38,15 +38,35 @@ def run(fmt: str, tools: list[dict[str, Any]], chunks: list[str], finish: str | 
     return fed, asm.finish(finish)
 
 
+def unique(cases: list[Case]) -> list[Any]:
+    """The cases as pytest params, one per distinct (output, calls, content): vLLM often tests one output both
+    streamed and whole; the ids say which of its tests each param stands for."""
+    merged: dict[str, tuple[list[str], Case]] = {}
+    for case in cases:
+        key = repr(case[1:])
+        merged.setdefault(key, ([], case))[0].append(case[0])
+    return [pytest.param(*case[1:], id="+".join(ids)) for ids, case in merged.values()]
+
+
 def chunkings(text: str) -> list[list[str]]:
     """Whole, split in two at every index, and one character at a time."""
     return [[text], *([text[:k], text[k:]] for k in range(1, len(text))), list(text)]
 
 
-def check_case(fmt: str, tools: list[dict[str, Any]], output: str, calls: list[tuple[str, Any]], content: str) -> None:
+def check_case(
+    fmt: str,
+    tools: list[dict[str, Any]],
+    output: str,
+    calls: list[tuple[str, Any]],
+    content: str,
+    *,
+    splits: bool = True,
+) -> None:
+    """The calls and text of `output` in every chunking (`splits=False`: whole and one character at a time only, for
+    the long template renders, whose every cut is checked by `check_length_anywhere`)."""
     names = {name for name, _ in calls}
     tools = [t for t in tools if t["function"]["name"] in names]  # only the tools called: compiling them costs
-    for chunks in chunkings(output):
+    for chunks in chunkings(output) if splits else [[output], list(output)]:
         for release in ("finish", "early"):
             fed, result = run(fmt, tools, chunks, "stop", release=release)
             assert [(c.name, c.arguments) for c in result.calls] == calls, (release, chunks)
@@ -170,9 +190,7 @@ MINIMAX_M2_TOOLS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("output", "calls", "content"), [c[1:] for c in MINIMAX_M2_CASES], ids=[c[0] for c in MINIMAX_M2_CASES]
-)
+@pytest.mark.parametrize(("output", "calls", "content"), unique(MINIMAX_M2_CASES))
 def test_minimax_m2_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("minimax_m2", MINIMAX_M2_TOOLS, output, calls, content)
 
@@ -181,7 +199,7 @@ def test_minimax_m2_template_round_trip_and_length_anywhere() -> None:
     text = round_trip("MiniMax-M2.jinja")
     assert text.endswith("</minimax:tool_call>[e~[\n")
     output = text.removesuffix("[e~[\n")  # [e~[ ends the turn: the stop token, never streamed as text
-    check_case("minimax_m2", TOOLS, output, EXPECTED_CALLS, "Looking it up.\n")
+    check_case("minimax_m2", TOOLS, output, EXPECTED_CALLS, "Looking it up.\n", splits=False)
     check_length_anywhere("minimax_m2", TOOLS, output, 2)
 
 
@@ -426,9 +444,7 @@ GEMMA4_CASES = GEMMA4_ARGS_CASES + GEMMA4_OUTPUT_CASES
 GEMMA4_TOOLS = loose(*sorted({name for case in GEMMA4_CASES for name, _ in case[2]}))
 
 
-@pytest.mark.parametrize(
-    ("output", "calls", "content"), [c[1:] for c in GEMMA4_CASES], ids=[c[0] for c in GEMMA4_CASES]
-)
+@pytest.mark.parametrize(("output", "calls", "content"), unique(GEMMA4_CASES))
 def test_gemma4_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("gemma4", GEMMA4_TOOLS, output, calls, content)
 
@@ -488,7 +504,7 @@ def test_gemma4_template_round_trip_and_length_anywhere(template: str, end: str)
     text = _gemma4_round_trip(template)
     assert text.endswith(end)
     output = text.removesuffix(end)  # the end of the turn: a stop token, never streamed as text
-    check_case("gemma4", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_case("gemma4", TOOLS, output, EXPECTED_CALLS, "Looking it up.", splits=False)
     check_length_anywhere("gemma4", TOOLS, output, 2)
 
 
@@ -628,9 +644,7 @@ APERTUS_CASES: list[Case] = [
 APERTUS_TOOLS = loose(*sorted({name for case in APERTUS_CASES for name, _ in case[2]}))
 
 
-@pytest.mark.parametrize(
-    ("output", "calls", "content"), [c[1:] for c in APERTUS_CASES], ids=[c[0] for c in APERTUS_CASES]
-)
+@pytest.mark.parametrize(("output", "calls", "content"), unique(APERTUS_CASES))
 def test_apertus_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("apertus", APERTUS_TOOLS, output, calls, content)
 
@@ -669,7 +683,7 @@ def test_apertus_deliberate_differences() -> None:
 def test_apertus_template_round_trip_and_length_anywhere() -> None:
     output = round_trip("Apertus-8B-Instruct.jinja")
     assert output.endswith("<|tools_suffix|>")  # the template ends the turn there; the model stops after it
-    check_case("apertus", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_case("apertus", TOOLS, output, EXPECTED_CALLS, "Looking it up.", splits=False)
     check_length_anywhere("apertus", TOOLS, output, 2)
 
 
@@ -804,7 +818,7 @@ LFM2_CASES: list[Case] = [
 LFM2_TOOLS = loose(*sorted({name for case in LFM2_CASES for name, _ in case[2]}), "bad", "bash", "set_date")
 
 
-@pytest.mark.parametrize(("output", "calls", "content"), [c[1:] for c in LFM2_CASES], ids=[c[0] for c in LFM2_CASES])
+@pytest.mark.parametrize(("output", "calls", "content"), unique(LFM2_CASES))
 def test_lfm2_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("lfm2", LFM2_TOOLS, output, calls, content)
 
@@ -881,7 +895,7 @@ def test_lfm2_template_round_trip_and_length_anywhere() -> None:
     output = text.removesuffix("<|im_end|>\n")  # <|im_end|> is the stop token, never streamed as text
     # The template writes strings between quotes unescaped: the raw newline of the query is read back as one.
     assert "query='line one\nline two" in output
-    check_case("lfm2", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_case("lfm2", TOOLS, output, EXPECTED_CALLS, "Looking it up.", splits=False)
     check_length_anywhere("lfm2", TOOLS, output, 2)
 
 
@@ -962,9 +976,7 @@ for _tag, _header in (("gigachat3", GC3_HEADER), ("gigachat31", GC31_HEADER)):
     ]
 
 
-@pytest.mark.parametrize(
-    ("output", "calls", "content"), [c[1:] for c in GIGACHAT3_CASES], ids=[c[0] for c in GIGACHAT3_CASES]
-)
+@pytest.mark.parametrize(("output", "calls", "content"), unique(GIGACHAT3_CASES))
 def test_gigachat3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("gigachat3", loose("manage_user_memory"), output, calls, content)
 
@@ -975,11 +987,11 @@ def test_gigachat3_template_round_trip_and_length_anywhere(template: str) -> Non
     text = round_trip(template)
     assert text.endswith("}<|message_sep|>\n\n") and "search_docs" not in text
     output = text.removesuffix("<|message_sep|>\n\n")  # the end of the message: the model stops there
-    check_case("gigachat3", TOOLS, output, EXPECTED_CALLS[:1], "Looking it up.")
+    check_case("gigachat3", TOOLS, output, EXPECTED_CALLS[:1], "Looking it up.", splits=False)
     check_length_anywhere("gigachat3", TOOLS, output, 1)
     # Two calls one after another (as a model may write them) are read as two.
     two = output + GC31_HEADER + json.dumps({"name": "search_docs", "arguments": EXPECTED_CALLS[1][1]})
-    check_case("gigachat3", TOOLS, two, EXPECTED_CALLS, "Looking it up.")
+    check_case("gigachat3", TOOLS, two, EXPECTED_CALLS, "Looking it up.", splits=False)
 
 
 @pytest.mark.parametrize(
@@ -1072,9 +1084,7 @@ NEMOTRON_JSON_CASES: list[Case] = [
 NEMOTRON_JSON_TOOLS = loose("get_weather", "lookup", "run_query", "search", "lookup_timezone", "broken")
 
 
-@pytest.mark.parametrize(
-    ("output", "calls", "content"), [c[1:] for c in NEMOTRON_JSON_CASES], ids=[c[0] for c in NEMOTRON_JSON_CASES]
-)
+@pytest.mark.parametrize(("output", "calls", "content"), unique(NEMOTRON_JSON_CASES))
 def test_nemotron_json_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("nemotron_json", NEMOTRON_JSON_TOOLS, output, calls, content)
 
@@ -1106,7 +1116,7 @@ def test_nemotron_json_template_round_trip_and_length_anywhere() -> None:
     full = _render(path, load_template_file(path), [USER_MSG, ASSISTANT, tool], prompt=False)
     start = full.index("<SPECIAL_11>Assistant\n") + len("<SPECIAL_11>Assistant\n")
     output = full[start : full.index("\n<SPECIAL_12>", start)]
-    check_case("nemotron_json", TOOLS, output, EXPECTED_CALLS, "Looking it up.\n")
+    check_case("nemotron_json", TOOLS, output, EXPECTED_CALLS, "Looking it up.\n", splits=False)
     check_length_anywhere("nemotron_json", TOOLS, output, 2)
 
 
@@ -1178,7 +1188,7 @@ HY_V3_TOOLS = [
 ]
 
 
-@pytest.mark.parametrize(("output", "calls", "content"), [c[1:] for c in HY_V3_CASES], ids=[c[0] for c in HY_V3_CASES])
+@pytest.mark.parametrize(("output", "calls", "content"), unique(HY_V3_CASES))
 def test_hy_v3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("hy_v3", HY_V3_TOOLS, output, calls, content)
 
@@ -1187,7 +1197,7 @@ def test_hy_v3_template_round_trip_and_length_anywhere() -> None:
     text = round_trip("tencent-Hy3.jinja")
     assert text.endswith("</tool_calls:opensource><｜hy_eos:opensource｜>")
     output = text.removesuffix("<｜hy_eos:opensource｜>")  # the end-of-turn token: a stop, never streamed as text
-    check_case("hy_v3", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_case("hy_v3", TOOLS, output, EXPECTED_CALLS, "Looking it up.", splits=False)
     check_length_anywhere("hy_v3", TOOLS, output, 2)
 
 
@@ -1301,9 +1311,7 @@ MINIMAX_M3_CASES: list[Case] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("output", "calls", "content"), [c[1:] for c in MINIMAX_M3_CASES], ids=[c[0] for c in MINIMAX_M3_CASES]
-)
+@pytest.mark.parametrize(("output", "calls", "content"), unique(MINIMAX_M3_CASES))
 def test_minimax_m3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
     check_case("minimax_m3", MINIMAX_M3_TOOLS, output, calls, content)
 
@@ -1329,7 +1337,7 @@ def test_minimax_m3_template_round_trip_and_length_anywhere() -> None:
     assert text.startswith("</mm:think>") and text.endswith(f"{NS}</tool_call>[e~[\n")
     # The generation prompt opens the model's thinking; the answer starts after </mm:think> and [e~[ ends the turn.
     output = text.removeprefix("</mm:think>").removesuffix("[e~[\n")
-    check_case("minimax_m3", TOOLS, output, EXPECTED_CALLS, "Looking it up.")
+    check_case("minimax_m3", TOOLS, output, EXPECTED_CALLS, "Looking it up.", splits=False)
     check_length_anywhere("minimax_m3", TOOLS, output, 2)
 
 

@@ -992,6 +992,7 @@ def test_gigachat3_template_round_trip_and_length_anywhere(template: str) -> Non
     # Two calls one after another (as a model may write them) are read as two.
     two = output + GC31_HEADER + json.dumps({"name": "search_docs", "arguments": EXPECTED_CALLS[1][1]})
     check_case("gigachat3", TOOLS, two, EXPECTED_CALLS, "Looking it up.", splits=False)
+    check_length_anywhere("gigachat3", TOOLS, two, 2)
 
 
 @pytest.mark.parametrize(

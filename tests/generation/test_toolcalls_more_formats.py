@@ -1370,3 +1370,100 @@ def test_minimax_m3_a_call_longer_than_max_event_size_is_refused_not_buffered() 
     assert [c.arguments for c in result.calls] == [{"user_id": 2}]
     (err,) = result.errors
     assert "max_event_size" in err.message and err.path == "tool_calls[0]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kimi_k3: vllm-project/vllm tests/tool_parsers/test_kimi_k3_tool_parser.py (content cases only) and the example of
+# vllm/tool_parsers/kimi_k3_tool_parser.py's docstring (the call syntax)
+
+K3_CLOSE_MESSAGE = "<|close|>message<|sep|>"
+
+
+def _k3_call(name: str, *args: tuple[str, str, str]) -> str:
+    body = "".join(f'<|open|>argument key="{k}" type="{t}"<|sep|>{v}<|close|>argument<|sep|>' for k, t, v in args)
+    return f'<|open|>call tool="{name}" index="1"<|sep|>{body}<|close|>call<|sep|>'
+
+
+KIMI_K3_CASES: list[Case] = [
+    # test_streaming_content_stops_at_message_close and test_streaming_content_holds_split_message_close
+    ("streaming_content_stops_at_message_close", f"Hello{K3_CLOSE_MESSAGE}", [], "Hello"),
+    (
+        "parser_docstring_example",
+        "<|open|>tools<|sep|>"
+        + _k3_call("python", ("code", "string", "print(1)"), ("opts", "object", '{"a":1}'))
+        + "<|close|>tools<|sep|>",
+        [("python", {"code": "print(1)", "opts": {"a": 1}})],
+        "",
+    ),
+]
+
+
+@pytest.mark.parametrize(("output", "calls", "content"), unique(KIMI_K3_CASES))
+def test_kimi_k3_vllm_cases(output: str, calls: list[tuple[str, Any]], content: str) -> None:
+    check_case("kimi_k3", loose("python"), output, calls, content)
+
+
+def test_kimi_k3_channels_attributes_and_types() -> None:
+    out = (
+        "<|open|>think<|sep|>hmm<|close|>think<|sep|><|open|>response<|sep|>Sure.<|close|>response<|sep|>"
+        "<|open|>tools<|sep|>"
+        + _k3_call("f", ("q", "string", ' a "b" \n'), ("n", "number", "2.5"), ("z", "null", "null"))
+        + _k3_call("f", ("esc", "string", "x")).replace('tool="f"', 'tool="f" note="&quot;&amp;"')
+        + "<|close|>tools<|sep|>"
+        + K3_CLOSE_MESSAGE
+    )
+    for chunks in chunkings(out):
+        _, result = run("kimi_k3", loose("f"), chunks, "stop")
+        assert result.text == "Sure." and result.thinking == "hmm" and result.ok
+        assert [c.arguments for c in result.calls] == [{"q": ' a "b" \n', "n": 2.5, "z": None}, {"esc": "x"}]
+
+
+def test_kimi_k3_template_round_trip_and_length_anywhere() -> None:
+    text = round_trip("Kimi-K3.jinja")
+    # The generation prompt opens the thinking; <|end_of_msg|> ends the turn (the stop token).
+    assert text.startswith("<|close|>think<|sep|>") and text.endswith(f"{K3_CLOSE_MESSAGE}<|end_of_msg|>")
+    output = text.removesuffix("<|end_of_msg|>")
+    check_case("kimi_k3", TOOLS, output, EXPECTED_CALLS, "Looking it up.", splits=False)
+    check_length_anywhere("kimi_k3", TOOLS, output, 2)
+
+
+@pytest.mark.parametrize(
+    ("output", "path", "needle"),
+    [
+        ('<|open|>call index="1"<|sep|><|close|>call<|sep|>', "tool_calls[0]", 'tool="..."'),
+        (_k3_call("f", ("n", "number", "two")), "tool_calls[0].arguments.n", "not valid JSON"),
+        (_k3_call("f", ("n", "string", "1"), ("n", "string", "2")), "tool_calls[0].arguments.n", "twice"),
+        (_k3_call("f", ("", "string", "1")), "tool_calls[0].arguments", "without key"),
+        (_k3_call("f").replace("<|close|>call", "junk<|close|>call"), "tool_calls[0].arguments", "junk"),
+        (_k3_call("nope"), "tool_calls[0].name", "nope"),
+    ],
+)
+def test_kimi_k3_malformed_calls_are_refused_with_a_path(output: str, path: str, needle: str) -> None:
+    _, result = run("kimi_k3", loose("f"), [output], "stop")
+    assert result.calls == ()
+    (err,) = result.errors
+    assert path in err.path and needle in err.message + err.path and err.hint
+
+
+def test_kimi_k3_unknown_tags_are_text_and_open_calls_are_unfinished() -> None:
+    _, result = run("kimi_k3", loose("f"), ["a<|open|>foo<|sep|>b<|close|>foo<|sep|>c"], "stop")
+    assert result.text == "a<|open|>foo<|sep|>b<|close|>foo<|sep|>c" and result.ok
+    _, result = run(
+        "kimi_k3",
+        loose("f"),
+        ['Hi<|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"<|sep|>x'],
+        "length",
+    )
+    (err,) = result.errors
+    assert result.text == "Hi" and result.calls == () and type(err).__name__ == "ToolCallTruncatedError"
+
+
+def test_kimi_k3_a_call_longer_than_max_event_size_is_refused_not_buffered() -> None:
+    big = _k3_call("f", ("k", "string", "x" * 500)) + _k3_call("f", ("k", "string", "y")) + "after"
+    asm = ToolCallAssembler(loose("f"), "kimi_k3", max_event_size=100)
+    for ch in big:
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert [c.arguments for c in result.calls] == [{"k": "y"}] and result.text == "after"
+    (err,) = result.errors
+    assert "max_event_size" in err.message and err.path == "tool_calls[0]"

@@ -44,6 +44,7 @@ When is a call complete?
 | `nemotron_json` | `</TOOLCALL>` is seen outside a JSON string                                               |
 | `hy_v3`       | its `</tool_call>` is seen (bare or `:opensource` tags; the block's close is not needed)     |
 | `minimax_m3`  | its `]<]minimax[>[</invoke>` is seen (the block's close is not needed)                      |
+| `kimi_k3`     | its `<|close|>call<|sep|>` is seen (XTML; the tools channel's close is not needed)           |
 | `apertus`     | the JSON array after `<|tools_prefix|>` closes (`<|tools_suffix|>` is not needed)            |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released

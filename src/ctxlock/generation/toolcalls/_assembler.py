@@ -32,6 +32,7 @@ from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
 from ctxlock.generation.toolcalls._gigachat3 import GigaChat3Parser
 from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._hy_v3 import HyV3Parser
+from ctxlock.generation.toolcalls._kimi_k3 import KimiK3Parser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._minimax_m3 import MinimaxM3Parser
@@ -58,6 +59,7 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.NEMOTRON_JSON: NemotronJsonParser,
     ToolCallFormat.HY_V3: HyV3Parser,
     ToolCallFormat.MINIMAX_M3: MinimaxM3Parser,
+    ToolCallFormat.KIMI_K3: KimiK3Parser,
 }
 
 _RAW_FORMATS = frozenset(
@@ -73,6 +75,7 @@ _RAW_FORMATS = frozenset(
         "nemotron_json",
         "hy_v3",
         "minimax_m3",
+        "kimi_k3",
     }
 )
 _ABNORMAL_HINTS = {

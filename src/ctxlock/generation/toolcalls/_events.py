@@ -37,6 +37,8 @@ class ToolCallFormat(StrEnum):
     HY_V3 = "hy_v3"
     # MiniMax-M3: ]<]minimax[>[<tool_call>, <invoke name="f">, one element per argument; ]<]minimax[>[ before each tag
     MINIMAX_M3 = "minimax_m3"
+    # Kimi K3 (XTML): <|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"<|sep|>...
+    KIMI_K3 = "kimi_k3"
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 

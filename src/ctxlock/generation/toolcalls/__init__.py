@@ -49,6 +49,15 @@ When is a call complete?
 |               | with `[name(`, or after `<|python_start|>` / `<|tool_call_start|>`)                         |
 | `granite`     | the JSON list after `<|tool_call|>` / `<tool_call>` (or a response that starts with `[{`)   |
 |               | closes; one object after the marker closes                                                  |
+| `minimax_m2`  | its `</invoke>` is seen (inside `<minimax:tool_call>`; the block's close is not needed)      |
+| `gemma4`      | `<tool_call|>` is seen outside a `<|"|>` string                                              |
+| `lfm2`        | `<|tool_call_end|>` is seen; each call of the list is then read on its own                  |
+| `gigachat3`   | the JSON object after the function-call header closes (a `</s>` after it is dropped)        |
+| `nemotron_json` | `</TOOLCALL>` is seen outside a JSON string                                               |
+| `hy_v3`       | its `</tool_call>` is seen (bare or `:opensource` tags; the block's close is not needed)     |
+| `minimax_m3`  | its `]<]minimax[>[</invoke>` is seen (the block's close is not needed)                      |
+| `kimi_k3`     | its `<|close|>call<|sep|>` is seen (XTML; the tools channel's close is not needed)           |
+| `apertus`     | the JSON array after `<|tools_prefix|>` closes (`<|tools_suffix|>` is not needed)            |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words

@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncatedError, ToolCallValidationError
 from ctxlock.generation.toolcalls._anthropic import AnthropicParser
+from ctxlock.generation.toolcalls._apertus import ApertusParser
 from ctxlock.generation.toolcalls._deepseek_v3 import DeepSeekV3Parser
 from ctxlock.generation.toolcalls._deepseek_v31 import DeepSeekV31Parser
 from ctxlock.generation.toolcalls._deepseek_v32 import DeepSeekV32Parser
@@ -30,12 +31,20 @@ from ctxlock.generation.toolcalls._events import (
     ToolCallRejected,
     error_payload,
 )
+from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
+from ctxlock.generation.toolcalls._gigachat3 import GigaChat3Parser
 from ctxlock.generation.toolcalls._granite import GraniteParser
 from ctxlock.generation.toolcalls._harmony import HarmonyParser
 from ctxlock.generation.toolcalls._hermes import HermesParser
+from ctxlock.generation.toolcalls._hy_v3 import HyV3Parser
 from ctxlock.generation.toolcalls._kimi_k2 import KimiK2Parser
+from ctxlock.generation.toolcalls._kimi_k3 import KimiK3Parser
+from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._llama3_json import Llama3JsonParser
+from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
+from ctxlock.generation.toolcalls._minimax_m3 import MinimaxM3Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
+from ctxlock.generation.toolcalls._nemotron_json import NemotronJsonParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._pythonic import PythonicParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
@@ -58,6 +67,15 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.LLAMA3_JSON: Llama3JsonParser,
     ToolCallFormat.PYTHONIC: PythonicParser,
     ToolCallFormat.GRANITE: GraniteParser,
+    ToolCallFormat.MINIMAX_M2: MinimaxM2Parser,
+    ToolCallFormat.GEMMA4: Gemma4Parser,
+    ToolCallFormat.APERTUS: ApertusParser,
+    ToolCallFormat.LFM2: Lfm2Parser,
+    ToolCallFormat.GIGACHAT3: GigaChat3Parser,
+    ToolCallFormat.NEMOTRON_JSON: NemotronJsonParser,
+    ToolCallFormat.HY_V3: HyV3Parser,
+    ToolCallFormat.MINIMAX_M3: MinimaxM3Parser,
+    ToolCallFormat.KIMI_K3: KimiK3Parser,
 }
 
 # Every format but the two providers' streams reads the model's own text.

@@ -46,6 +46,20 @@ class ToolCallFormat(StrEnum):
     # Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
     # <|tool_call_end|>...<|tool_calls_section_end|>; "functions.name:0" is the call's id
     KIMI_K2 = "kimi_k2"
+    # MiniMax-M2: <minimax:tool_call><invoke name="f"><parameter name="p">v</parameter></invoke>...</minimax:tool_call>
+    MINIMAX_M2 = "minimax_m2"
+    APERTUS = "apertus"  # Apertus: <|tools_prefix|>[{"f": {...}}, ...]<|tools_suffix|>
+    LFM2 = "lfm2"  # LFM2 / LFM2.5: <|tool_call_start|>[f(city='Paris', days=3), ...]<|tool_call_end|>
+    # GigaChat 3 / 3.1: <|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ...} or <|function_call|>{"name": ...}
+    GIGACHAT3 = "gigachat3"
+    NEMOTRON_JSON = "nemotron_json"  # Nemotron Nano v2: <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>
+    # Tencent Hy3: <tool_calls><tool_call>f<tool_sep><arg_key>k</arg_key><arg_value>v</arg_value></tool_call>...
+    HY_V3 = "hy_v3"
+    # MiniMax-M3: ]<]minimax[>[<tool_call>, <invoke name="f">, one element per argument; ]<]minimax[>[ before each tag
+    MINIMAX_M3 = "minimax_m3"
+    # Kimi K3 (XTML): <|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"<|sep|>...
+    KIMI_K3 = "kimi_k3"
+    GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 
 
 class Release(StrEnum):

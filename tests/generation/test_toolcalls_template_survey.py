@@ -12,7 +12,6 @@ table (and the docs table) say so. Each template is rendered once.
 from __future__ import annotations
 
 import json
-import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,9 @@ import pytest
 import fetched
 from ctxlock.artifacts import load_template_file
 from ctxlock.errors import CtxlockError
+from ctxlock.generation import formats_for_template
+from ctxlock.generation._detect import NO_CALLS, classify_written
+from ctxlock.generation.toolcalls import PARSERS
 from ctxlock.request import ToolArguments, parse_request
 from ctxlock.template._render import render
 
@@ -86,54 +88,8 @@ EXTRA_VARIABLES = {
 }
 AS_SENT = {"meetkai-functionary-medium-v3.2.jinja"}
 
-# The markers that tell the formats apart, most specific first: (format, regex over the assistant's part).
-# The name is the format's in ctxlock (docs/tool-call-formats.md), else vLLM's parser name (vllm/tool_parsers/).
-MARKERS: list[tuple[str, str]] = [
-    ("harmony", r"<\|channel\|>|<\|message\|>.*<\|call\|>"),
-    ("muse_glimmer", r"<atem:function_calls>"),
-    ("minimax_m2", r"<minimax:tool_call>"),
-    ("minimax_m3", r"\]<\]minimax\[>\[<tool_call>"),
-    ("minimax", r"<tool_calls>\s*\{"),
-    ("apriel", r"<tool_calls>\s*\["),
-    ("seed_oss", r"<seed:tool_call>"),
-    ("deepseek_v32", r"<｜DSML｜function_calls>"),
-    ("deepseek_v4", r"<｜DSML｜tool_calls>"),
-    ("deepseek_v3", r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>"),
-    ("deepseek_v31", r"<｜tool▁call▁begin｜>"),
-    ("kimi_k2", r"<\|tool_calls_section_begin\|>"),
-    ("kimi_k3", r"<\|open\|>call tool="),
-    ("hy_v3", r"<tool_call:opensource>"),
-    ("glm45", r"<tool_call>[^<]*<arg_key>"),
-    ("qwen3_coder", r"<tool_call>\s*<function="),
-    ("hermes", r"<tool_call>\s*\{"),
-    ("mistral", r"\[TOOL_CALLS\]"),
-    ("functionary_v3_1", r"<function=[^>]*>\{"),
-    ("functionary_v3_2", r">>>get_weather"),
-    ("firefunction_v2", r"functools\["),
-    ("lfm2", r"<\|tool_call_start\|>"),
-    ("gemma4", r"<\|tool_call>call:"),
-    ("apertus", r"<\|tools_prefix\|>"),
-    ("cohere_command", r"ACTION\|>\["),
-    ("command_r_plus", r"Action:\s*```json"),
-    ("gigachat3", r"<\|function_call\|>|function call<\|role_sep\|>"),
-    ("nemotron_json", r"<TOOLCALL>"),
-    ("minicpm5", r'<function name="[^"]*"><param name='),
-    ("solar_open", r"<\|tool_call:begin\|>"),  # not vLLM's solar_open2 (<|tool_call:start|>)
-    ("llama3_json", r"<\|python_tag\|>|\{\"name\": \"[^\"]*\", \"parameters\""),
-    ("pythonic", r"<\|python_start\|>"),
-    ("granite", r"<\|tool_call\|>"),
-]
-NO_CALLS = "no tool calls rendered"
 
-
-def classify(generated: str) -> str:
-    """The format whose markers the assistant's part holds, else `NO_CALLS` or "unclassified"."""
-    for name, pattern in MARKERS:
-        if re.search(pattern, generated, re.DOTALL):
-            return name
-    return NO_CALLS if "get_weather" not in generated else "unclassified"
-
-
+# The markers that tell the formats apart are ctxlock's own (`WRITTEN`, used by `formats_for_template` too).
 def _render(path: Path, template: Any, messages: list[dict[str, Any]], prompt: bool) -> str:
     body = {"messages": messages, "tools": TOOLS, "chat_template_kwargs": EXTRA_VARIABLES.get(path.name, {})}
     arguments = ToolArguments.AS_SENT if path.name in AS_SENT else ToolArguments.PARSED
@@ -166,7 +122,7 @@ def survey(path: Path) -> tuple[str, int, str]:
             return "render error", 0, f"{type(exc).__name__}: {exc.message}"
         note = f"one call only: two raise {type(exc).__name__}"
     rendered = sum(name in text for name in ("get_weather", "search_docs"))
-    return classify(text), rendered, note
+    return classify_written(text), rendered, note
 
 
 # template -> (format, how many of the two calls the template writes). Each row is explained in
@@ -263,3 +219,16 @@ def test_the_transformers_conversions_render_no_calls() -> None:
     root = fetched.cache_dir() / "hf-from-gguf"
     for path in sorted(root.rglob("chat_template.jinja")) if root.is_dir() else []:
         assert survey(path)[:2] == (NO_CALLS, 0), path
+
+
+@pytest.mark.parametrize("name", sorted(SURVEY))
+def test_parse_reads_the_format_each_template_writes(name: str) -> None:
+    """`formats_for_template` (what `ctxlock parse` uses when no format is named) gives the surveyed format when
+    ctxlock parses it, and None, with a note naming it, when it does not."""
+    source = (fetched.templates_dir() / name).read_text(encoding="utf-8")
+    tool, _, note = formats_for_template(source)
+    surveyed = SURVEY[name][0]
+    parsed = {f.value for f in PARSERS}
+    assert tool == (surveyed if surveyed in parsed else None), note
+    if surveyed not in parsed and surveyed not in (NO_CALLS, "render error") and "probe render failed" not in note:
+        assert surveyed in note and "does not parse yet" in note

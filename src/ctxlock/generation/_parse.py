@@ -11,8 +11,9 @@ The order is the models' own: the reasoning comes first and is split off (ctxloc
 the calls are read from what remains (ctxlock.generation.toolcalls). A response cut off inside its reasoning has no
 content and no calls; a call from a response cut off anywhere is never released (docs/way-back.md).
 
-`formats_for_template(source)` names the formats a chat template writes, from its markers; `parse_output` uses it
-when given a template and no formats, and its notes say what it chose.
+`formats_for_template(source)` names the formats a chat template writes (the tool-call format from a probe render,
+the reasoning from its markers); `parse_output` uses it when given a template and no formats, and its notes say
+what it chose.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxlock.errors import CtxlockError, ReasoningError, ToolCallError
+from ctxlock.generation._detect import tool_format_for_template
 from ctxlock.generation._reasoning import (
     HARMONY,
     LENGTH_STOPS,
@@ -50,14 +52,8 @@ END_TOKENS = (
 _NORMAL = frozenset({"stop", "tool_calls", "end_turn", "tool_use", "stop_sequence"})
 _ANTHROPIC_STOP = {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_tokens"}
 
-# What a chat template writes, by its markers: (marker, tool-call format), (marker, reasoning format), first match
-# wins. Ordered from the most specific marker to the least.
-_TOOL_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("<|channel|>", "<|call|>"), "harmony"),
-    (("<tool_call>", "<function="), "qwen3_coder"),
-    (("[TOOL_CALLS]",), "mistral"),
-    (("<tool_call>",), "hermes"),
-)
+# How a chat template marks reasoning, by the markers in its source, most specific first (the tool-call format is
+# read from a render instead: ctxlock.generation._detect).
 _REASONING_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|channel|>", "analysis"), HARMONY),
     (("<seed:think>",), "seed_oss"),
@@ -69,14 +65,14 @@ _REASONING_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
-def formats_for_template(source: str) -> tuple[str | None, str | None]:
-    """(tool-call format, reasoning format) a chat template writes, read from its markers; None where it writes
-    none that ctxlock reads. A guess from the template's text: `parse_output` says in its notes that it made it."""
-    tool = next((fmt for marks, fmt in _TOOL_MARKERS if all(m in source for m in marks)), None)
-    if tool is not None and tool not in {f.value for f in PARSERS}:
-        tool = None
+def formats_for_template(source: str) -> tuple[str | None, str | None, str]:
+    """(tool-call format, reasoning format, a note) for a chat template's source. The tool-call format is read from
+    what the template renders for a probe turn with two calls (ctxlock.generation._detect); the reasoning format
+    from the markers in the source. None where the template writes nothing ctxlock reads; the note says what was
+    found (a format ctxlock does not parse yet, a probe the template refused)."""
+    tool, note = tool_format_for_template(source)
     reasoning = next((fmt for marks, fmt in _REASONING_MARKERS if all(m in source for m in marks)), None)
-    return tool, reasoning
+    return tool, reasoning, f"formats read from the chat template: {note}; reasoning {reasoning}"
 
 
 @dataclass(frozen=True)
@@ -157,8 +153,8 @@ def parse_output(
     (`end_tokens`: the model's stop tokens) ends the message and is not part of it; the notes say so."""
     notes: list[str] = []
     if tool_format is None and reasoning is None and template is not None:
-        tool_format, reasoning = formats_for_template(template)
-        notes.append(f"formats read from the chat template: tool calls {tool_format}, reasoning {reasoning}")
+        tool_format, reasoning, note = formats_for_template(template)
+        notes.append(note)
     fmt = _tool_format(tool_format)
     ids = _ids(output, tokenizer)
     if fmt == ToolCallFormat.HARMONY or reasoning == HARMONY:

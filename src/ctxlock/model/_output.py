@@ -36,8 +36,8 @@ def parse_model_output(
 ) -> ParsedMessage:
     notes: list[str] = []
     if tool_format is None and reasoning is None and template is not None:
-        tool_format, reasoning = generation.formats_for_template(template)
-        notes.append(f"formats read from the model's chat template: tool calls {tool_format}, reasoning {reasoning}")
+        tool_format, reasoning, note = generation.formats_for_template(template)
+        notes.append(note.replace("the chat template", "the model's chat template", 1))
     prompt = None if request is None else model.render(request)
     parsed = generation.parse_output(
         output,

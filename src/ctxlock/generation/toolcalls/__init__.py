@@ -37,6 +37,7 @@ When is a call complete?
 | `openai`      | a fragment for another call arrives (the stream moved past it), or `finish("tool_calls")` / |
 |               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
+| `glm45`       | `</tool_call>` is seen outside an `<arg_value>`                                             |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -46,7 +47,7 @@ that: vllm-project/vllm issue 53269).
 
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
-module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`), `schemas` (the
+module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `glm45`), `schemas` (the
 tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
 """
 

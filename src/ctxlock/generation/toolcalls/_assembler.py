@@ -27,6 +27,7 @@ from ctxlock.generation.toolcalls._events import (
     ToolCallRejected,
     error_payload,
 )
+from ctxlock.generation.toolcalls._glm45 import Glm45Parser
 from ctxlock.generation.toolcalls._hermes import HermesParser
 from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
@@ -42,9 +43,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.QWEN3_CODER: Qwen3CoderParser,
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
+    ToolCallFormat.GLM45: Glm45Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "glm45"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

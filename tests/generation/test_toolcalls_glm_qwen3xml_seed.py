@@ -1,0 +1,529 @@
+"""Tool-call formats `glm45` (GLM-4.5/4.6/4.7), `qwen3_xml` (Qwen3-Coder, read as `qwen3_coder`) and `seed_oss`
+(ByteDance Seed-OSS), checked against the cases of vLLM's tool-parser tests and their models' chat templates.
+
+The vLLM cases (the model outputs and the calls and content vLLM's tests expect) come from vllm-project/vllm
+tests/tool_parsers/: test_glm4_moe_tool_parser.py, test_glm47_moe_tool_parser.py, ... (named above each list).
+Each case is fed whole, split at every character index into two chunks, and one character at a time, in both
+release modes, and must give vLLM's calls (name and arguments, types included) and content. Where ctxlock
+deliberately differs (DIFFERENCES: text between calls is kept, a malformed or unterminated call is refused), the
+case asserts ctxlock's answer; docs/tool-call-formats.md lists each with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from test_toolcalls import SEARCH, SEARCH_ARGS, WEATHER, ZURICH
+
+import fetched
+from ctxlock.errors import ToolCallTruncatedError
+from ctxlock.generation.toolcalls import ToolCallAssembler, ToolCallReady
+from ctxlock.request import parse_request
+
+Call = tuple[str, dict[str, Any]]
+Case = tuple[str, str, list[Call], str | None]  # (id, model output, vLLM's expected calls, vLLM's expected content)
+
+
+def tool(name: str, properties: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A declared tool: with `properties` as vLLM's test declares them, else a loose object schema."""
+    parameters: dict[str, Any] = {"type": "object"}
+    if properties is not None:
+        parameters["properties"] = properties
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+S = {"type": "string"}
+
+# ---------------------------------------------------------------------------------------------------------------
+# glm45: vLLM tests/tool_parsers/test_glm4_moe_tool_parser.py and test_glm47_moe_tool_parser.py
+
+GLM_TOOLS = [
+    tool("get_weather", {"city": S, "date": S}),
+    *(tool(n) for n in ("get_current_weather", "send_message", "calculate", "get_current_time", "get_time")),
+    tool("get_current_date", {}),
+]
+GLM_CASE_TOOLS = {
+    "glm4_long_content": [tool("write_to_file", {"file_path": S, "content": S})],
+    "glm4_whitespace_preserved": [tool("apply_diff", {"s": S})],
+    "glm4_typed_number_args": [tool("calculate", {"operation": S, "a": {"type": "number"}, "b": {"type": "number"}})],
+    "glm4_function_tool": [tool("get_weather", {"city": S, "unit": S})],
+    "glm4_function_tool_mixed_types": [
+        tool("calculate", {"operation": S, "a": {"type": "number"}, "b": {"type": "number"}})
+    ],
+    "glm4_anyof_string": [tool("configure", {"api_key": {"anyOf": [S, {"type": "null"}]}})],
+    "glm4_list_type_string": [tool("log", {"message": {"type": ["string", "null"]}})],
+    "glm4_boolean_value": [tool("configure", {"enabled": {"type": "boolean"}})],
+}
+
+
+def _glm(name: str, *pairs: tuple[str, str], nl: str = "\n", indent: str = "") -> str:
+    """A GLM call as vLLM's tests write it: a newline (GLM-4.5/4.6) or nothing (GLM-4.7) after each part."""
+    body = "".join(f"{indent}<arg_key>{k}</arg_key>{nl}{indent}<arg_value>{v}</arg_value>{nl}" for k, v in pairs)
+    return f"<tool_call>{name}{nl}{body}{indent}</tool_call>"
+
+
+DALLAS = _glm("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"), indent="    ")
+ORLANDO = _glm("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"), indent="    ")
+BEIJING_0801 = _glm("get_weather", ("city", "Beijing"), ("date", "2025-08-01"))
+BEIJING = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+SHANGHAI = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>"
+BUBBLE_SORT = '''#!/usr/bin/env python3
+# -*- coding: utf-8 -*-
+"""
+Bubble Sort Implementation
+"""
+
+def bubble_sort(arr):
+    n = len(arr)
+    for i in range(n):
+        swapped = False
+        for j in range(0, n - i - 1):
+            if arr[j] > arr[j + 1]:
+                arr[j], arr[j + 1] = arr[j + 1], arr[j]
+                swapped = True
+        if not swapped:
+            break
+    return arr
+
+if __name__ == "__main__":
+    test_arr = [64, 34, 25, 12, 22, 11, 90]
+    print(f"Original: {test_arr}")
+    sorted_arr = bubble_sort(test_arr.copy())
+    print(f"Sorted: {sorted_arr}")'''
+
+
+def _weather(city: str, state: str, unit: str) -> Call:
+    return ("get_current_weather", {"city": city, "state": state, "unit": unit})
+
+
+GLM_CASES: list[Case] = [
+    ("glm4_no_tools", "This is a test", [], "This is a test"),
+    ("glm4_single_tool_call", DALLAS, [_weather("Dallas", "TX", "fahrenheit")], None),
+    (
+        "glm4_multiple_tool_calls",
+        DALLAS + "\n    " + ORLANDO,
+        [_weather("Dallas", "TX", "fahrenheit"), _weather("Orlando", "FL", "fahrenheit")],
+        None,
+    ),
+    (
+        "glm4_tool_call_with_content_before",
+        "I'll help you check the weather. "
+        + _glm("get_current_weather", ("city", "Seattle"), ("state", "WA"), ("unit", "celsius"), indent="    "),
+        [_weather("Seattle", "WA", "celsius")],
+        "I'll help you check the weather. ",
+    ),
+    (
+        "glm4_tool_call_with_mixed_args",
+        _glm("get_current_weather", ("city", "New York"), ("state", "NY"), ("unit", "celsius"), indent="    "),
+        [_weather("New York", "NY", "celsius")],
+        None,
+    ),
+    (
+        "glm4_tool_call_with_chinese_content",
+        "I will help you get the weather."
+        + _glm("get_weather", ("city", "Beijing"), ("date", "2025-08-01"), indent="    "),
+        [("get_weather", {"city": "Beijing", "date": "2025-08-01"})],
+        "I will help you get the weather.",
+    ),
+    (
+        "glm4_thinking_tags",
+        "<think>I want to get the weather.</think>\n\nI will help you get the weather.\n" + BEIJING_0801,
+        [("get_weather", {"city": "Beijing", "date": "2025-08-01"})],
+        "<think>I want to get the weather.</think>\n\nI will help you get the weather.\n",
+    ),
+    (
+        "glm4_malformed_xml",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Seattle</arg_value>\n"
+        "<arg_key>incomplete_arg\n<arg_value>value</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Seattle"})],  # what vLLM's parser gives; its test accepts any outcome
+        None,
+    ),
+    ("glm4_empty_arguments", "<tool_call>get_current_time\n</tool_call>", [("get_current_time", {})], None),
+    (
+        "glm4_mixed_content",
+        "I will help you get the weather info.\n\n"
+        + BEIJING_0801
+        + "\n\nmeaningwhile, I will also check the weather in Shanghai.\n\n"
+        + _glm("get_weather", ("city", "Shanghai"), ("date", "2025-08-01")),
+        [
+            ("get_weather", {"city": "Beijing", "date": "2025-08-01"}),
+            ("get_weather", {"city": "Shanghai", "date": "2025-08-01"}),
+        ],
+        "I will help you get the weather info.\n\n",
+    ),
+    (
+        "glm4_streaming_basic",
+        BEIJING_0801.replace("<arg_key>date</arg_key>\n<arg_value>2025-08-01</arg_value>\n", ""),
+        [("get_weather", {"city": "Beijing"})],
+        None,
+    ),
+    (
+        "glm4_streaming_no_tool_calls",
+        "This is just regular text without any tool calls.",
+        [],
+        "This is just regular text without any tool calls.",
+    ),
+    (
+        "glm4_streaming_content_before_open_call",
+        "I will help you get the weather.<tool_call>",
+        [],
+        "I will help you get the weather.",
+    ),
+    ("glm4_streaming_incremental_value", BEIJING, [("get_weather", {"city": "Beijing"})], None),
+    ("glm4_streaming_empty_tool_call", "<tool_call></tool_call>", [], None),
+    (
+        "glm4_streaming_two_calls",
+        BEIJING + SHANGHAI,
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        None,
+    ),
+    (
+        "glm4_streaming_json_escape",
+        '<tool_call>send_message\n<arg_key>message</arg_key><arg_value>Hello "world"\nNew line</arg_value></tool_call>',
+        [("send_message", {"message": 'Hello "world"\nNew line'})],
+        None,
+    ),
+    (
+        "glm4_long_content",
+        "<tool_call>write_to_file\n<arg_key>file_path</arg_key><arg_value>/tmp/bubble_sort.py</arg_value>"
+        f"<arg_key>content</arg_key><arg_value>{BUBBLE_SORT}\n</arg_value></tool_call>",
+        [("write_to_file", {"file_path": "/tmp/bubble_sort.py", "content": BUBBLE_SORT + "\n"})],
+        None,
+    ),
+    (
+        "glm4_numeric_deserialization",
+        _glm("calculate", ("operation", "add"), ("a", "42"), ("b", "3.14"), ("enabled", "true")),
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14, "enabled": True})],
+        None,
+    ),
+    (
+        "glm4_whitespace_preserved",
+        "<tool_call>apply_diff\n<arg_key>s</arg_key>\n<arg_value>    indented code    </arg_value>\n</tool_call>",
+        [("apply_diff", {"s": "    indented code    "})],
+        None,
+    ),
+    ("glm4_zero_argument", "<tool_call>get_time\n</tool_call>", [("get_time", {})], None),
+    ("glm4_unterminated_no_regex_match", "<tool_call>   ", [], "<tool_call>   "),
+    (
+        "glm4_unicode_preserved",
+        _glm("send_message", ("greeting", "你好世界"), ("emoji", "🎉")),
+        [("send_message", {"greeting": "你好世界", "emoji": "🎉"})],
+        None,
+    ),
+    (
+        "glm4_streaming_content_between_calls",
+        "I will check.\n" + BEIJING + "\nAlso Shanghai.\n" + SHANGHAI,
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        "I will check.\n\nAlso Shanghai.\n",  # vLLM's streaming path keeps the text between calls
+    ),
+    (
+        "glm4_typed_number_args",
+        "<tool_call>calculate\n<arg_key>operation</arg_key><arg_value>add</arg_value><arg_key>a</arg_key>"
+        "<arg_value>42</arg_value><arg_key>b</arg_key><arg_value>3.14</arg_value></tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14})],
+        None,
+    ),
+    (
+        "glm4_interval_content_then_call",
+        "I will check the weather for you.\n" + BEIJING,
+        [("get_weather", {"city": "Beijing"})],
+        "I will check the weather for you.\n",
+    ),
+    (
+        "glm4_interval_single_chunk",
+        "Here is the weather.\n" + BEIJING,
+        [("get_weather", {"city": "Beijing"})],
+        "Here is the weather.\n",
+    ),
+    (
+        "glm4_interval_content_between_calls",
+        "Checking Beijing.\n" + BEIJING + "\nAlso Shanghai.\n" + SHANGHAI,
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        "Checking Beijing.\n\nAlso Shanghai.\n",
+    ),
+    (
+        "glm4_function_tool",
+        _glm("get_weather", ("city", "Dallas"), ("unit", "fahrenheit")),
+        [("get_weather", {"city": "Dallas", "unit": "fahrenheit"})],
+        None,
+    ),
+    (
+        "glm4_function_tool_mixed_types",
+        _glm("calculate", ("operation", "add"), ("a", "42"), ("b", "3.14")),
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14})],
+        None,
+    ),
+    (
+        "glm4_no_newline_after_name",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Seattle</arg_value></tool_call>",
+        [("get_weather", {"city": "Seattle"})],
+        None,
+    ),
+    (
+        "glm4_anyof_string",
+        "<tool_call>configure<arg_key>api_key</arg_key><arg_value>sk-12345678</arg_value></tool_call>",
+        [("configure", {"api_key": "sk-12345678"})],
+        None,
+    ),
+    (
+        "glm4_list_type_string",
+        "<tool_call>log<arg_key>message</arg_key><arg_value>test message</arg_value></tool_call>",
+        [("log", {"message": "test message"})],
+        None,
+    ),
+    (
+        "glm4_boolean_value",
+        "<tool_call>configure<arg_key>enabled</arg_key><arg_value>true</arg_value></tool_call>",
+        [("configure", {"enabled": True})],
+        None,
+    ),
+    ("glm47_no_tool_call", "This is a plain response.", [], "This is a plain response."),
+    ("glm47_zero_arg_inline", "<tool_call>get_current_date</tool_call>", [("get_current_date", {})], None),
+    ("glm47_zero_arg_newline", "<tool_call>get_current_date\n</tool_call>", [("get_current_date", {})], None),
+    (
+        "glm47_args_same_line",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+        None,
+    ),
+    (
+        "glm47_args_with_newlines",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+        None,
+    ),
+    (
+        "glm47_content_before",
+        "Checking.<tool_call>get_current_date</tool_call>",
+        [("get_current_date", {})],
+        "Checking.",
+    ),
+    (
+        "glm47_multiple",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        None,
+    ),
+    (
+        "glm47_whitespace_content_none",
+        "  \n  <tool_call>get_current_date</tool_call>",
+        [("get_current_date", {})],
+        None,
+    ),
+    ("glm47_streaming_no_args", "<tool_call>get_current_date</tool_call>", [("get_current_date", {})], None),
+    (
+        "glm47_streaming_name_then_args",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+        None,
+    ),
+]
+
+# Where ctxlock deliberately differs from a vLLM case: (ctxlock's calls, ctxlock's text, ctxlock's errors as
+# (type, path), why). Text outside calls is passed through whole (vLLM's non-streaming content is the text before
+# the first call, None when blank); a call that is malformed, nameless or unterminated is refused, never guessed.
+Ours = tuple[list[Call] | None, str | None, list[tuple[str, str]], str]
+KEPT_TEXT = "ctxlock passes every character outside the calls through as text"
+DIFFERENCES: dict[str, Ours] = {
+    "glm4_multiple_tool_calls": (None, "\n    ", [], KEPT_TEXT),
+    "glm4_mixed_content": (
+        None,
+        "I will help you get the weather info.\n\n\n\nmeaningwhile, I will also check the weather in Shanghai.\n\n",
+        [],
+        KEPT_TEXT,
+    ),
+    "glm47_whitespace_content_none": (None, "  \n  ", [], KEPT_TEXT),
+    "glm4_malformed_xml": (
+        [],
+        "",
+        [("ToolCallError", "tool_calls[0].arguments")],
+        "an <arg_key> without </arg_key> is refused; vLLM drops that argument and releases the rest",
+    ),
+    "glm4_streaming_empty_tool_call": (
+        [],
+        "",
+        [("ToolCallError", "tool_calls[0].name")],
+        "a call without a function name is refused (vLLM's test only checks that the parser does not hang)",
+    ),
+    "glm4_streaming_content_before_open_call": (
+        [],
+        None,
+        [("ToolCallError", "tool_calls[0]")],
+        "a call still open when the stream ends is an error, never text",
+    ),
+    "glm4_unterminated_no_regex_match": (
+        [],
+        "",
+        [("ToolCallError", "tool_calls[0]")],
+        "a call still open when the stream ends is an error; vLLM gives the output back as content",
+    ),
+}
+
+
+def _expected(case: Case) -> tuple[list[Call], str, list[tuple[str, str]]]:
+    cid, _, calls, content = case
+    ours = DIFFERENCES.get(cid)
+    if ours is None:
+        return calls, content or "", []
+    our_calls, our_text, errors, _ = ours
+    return (calls if our_calls is None else our_calls), (content or "" if our_text is None else our_text), errors
+
+
+def _outcome(fmt: str, tools: list[dict[str, Any]], chunks: list[str], release: str) -> Any:
+    asm = ToolCallAssembler(tools, fmt, release=release)
+    for chunk in chunks:
+        asm.feed(chunk)
+    result = asm.finish("stop")
+    calls = [(c.name, json.dumps(c.arguments, sort_keys=True)) for c in result.calls]
+    return calls, result.text, [(type(e).__name__, e.path) for e in result.errors]
+
+
+def check_case(fmt: str, tools: list[dict[str, Any]], case: Case) -> None:
+    """The case whole, split at every index, and one character at a time, in both release modes."""
+    calls, text, errors = _expected(case)
+    want = ([(n, json.dumps(a, sort_keys=True)) for n, a in calls], text, errors)
+    output = case[1]
+    chunkings = [[output], list(output), *([output[:k], output[k:]] for k in range(1, len(output)))]
+    for release in ("finish", "early"):
+        for chunks in chunkings:
+            assert _outcome(fmt, tools, chunks, release) == want, (release, chunks)
+
+
+@pytest.mark.parametrize("case", GLM_CASES, ids=[c[0] for c in GLM_CASES])
+def test_glm45_vllm_cases(case: Case) -> None:
+    check_case("glm45", GLM_CASE_TOOLS.get(case[0], GLM_TOOLS), case)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Never half a call: a multi-call output cut anywhere under a length stop releases nothing
+
+MULTI_CALL = {
+    "glm45": ("Let me look.\n" + BEIJING_0801 + "\n" + SHANGHAI, GLM_TOOLS, "<tool_call>"),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(MULTI_CALL))
+def test_a_length_stop_anywhere_releases_no_call(fmt: str) -> None:
+    text, tools, marker = MULTI_CALL[fmt]
+    for cut in range(len(text) + 1):
+        for release in ("finish", "early"):
+            asm = ToolCallAssembler(tools, fmt, release=release)
+            fed = asm.feed(text[:cut])
+            result = asm.finish("length")
+            if release == "finish":
+                assert not any(isinstance(e, ToolCallReady) for e in [*fed, *result.events]), cut
+                assert result.calls == () and result.finish_reason == "length"
+                for err in result.errors:
+                    assert type(err) is ToolCallTruncatedError and "nothing was executed" in err.hint, (cut, err)
+                assert bool(result.errors) == (text[:cut].count(marker) > 0), cut
+            else:
+                assert all(type(err) is ToolCallTruncatedError for err in result.errors), cut
+    asm = ToolCallAssembler(tools, fmt)
+    asm.feed(text)
+    result = asm.finish("stop")
+    assert len(result.calls) == text.count(marker) and result.errors == ()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Template round trip: what the model's own template writes for two calls parses back to the same calls
+
+TEMPLATE_TOOLS = [WEATHER, SEARCH]
+NESTED = {**SEARCH_ARGS, "query": "rain </tool_call> gear, 天气 🌧\n  indented"}
+
+
+def _render(template_name: str, message: dict[str, Any]) -> tuple[str, str]:
+    from ctxlock.artifacts import load_template_file
+    from ctxlock.template import render
+
+    template = load_template_file(fetched.templates_dir() / template_name)
+    user = {"role": "user", "content": "Weather in Zürich, and search the docs?"}
+
+    def text(messages: list[dict[str, Any]], prompt: bool) -> str:
+        request = parse_request(json.dumps({"messages": messages, "tools": TEMPLATE_TOOLS}).encode())
+        return render(request, template, add_generation_prompt=prompt).text
+
+    return text([user], True), text([user, message], False)
+
+
+def _message(content: str, calls: list[Call]) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": f"c{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for k, (n, a) in enumerate(calls)
+        ],
+    }
+
+
+# (format, template, calls, content, the generated text's start that the prompt does not hold, the text outside
+# the calls as ctxlock reads it back)
+ROUND_TRIPS = [
+    (
+        "glm45",
+        "GLM-4.6.jinja",
+        [("get_weather", ZURICH), ("search_docs", NESTED)],
+        "Checking.",
+        "",
+        "\n<think></think>\nChecking.\n\n",
+    ),
+    # GLM-4.7's generation prompt ends with <think>; the history writes </think> for an empty thought, which is
+    # what the model writes after the prompt's <think>: the tool-call reader passes it on as text.
+    (
+        "glm45",
+        "GLM-4.7-Flash.jinja",
+        [("get_weather", ZURICH), ("search_docs", NESTED)],
+        "Checking.",
+        "<think>",
+        "</think>Checking.",
+    ),
+]
+
+
+@pytest.mark.parametrize("fmt, template, calls, content, opened, text", ROUND_TRIPS, ids=[r[1] for r in ROUND_TRIPS])
+def test_template_round_trip(fmt: str, template: str, calls: list[Call], content: str, opened: str, text: str) -> None:
+    prompt, full = _render(template, _message(content, calls))
+    assert prompt.endswith(opened)
+    prompt = prompt.removesuffix(opened)
+    assert full.startswith(prompt)
+    generated = full[len(prompt) :]
+    for chunks in ([generated], list(generated)):
+        asm = ToolCallAssembler(TEMPLATE_TOOLS, fmt)
+        for chunk in chunks:
+            asm.feed(chunk)
+        result = asm.finish("stop")
+        assert result.errors == ()
+        assert [(c.name, c.arguments) for c in result.calls] == calls
+        assert result.text == text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bounds and malformed calls
+
+
+@pytest.mark.parametrize("fmt", ["glm45", "hermes", "qwen3_coder"])
+def test_a_call_longer_than_max_event_size_is_refused_not_buffered(fmt: str) -> None:
+    body = {"glm45": BEIJING, "hermes": '<tool_call>{"name": "get_weather", "arguments": {"city": "Beijing"}}'}
+    call = body.get(fmt, "<tool_call><function=get_weather><parameter=city>Beijing</parameter></function>")
+    call = call.removesuffix("</tool_call>") + "</tool_call>"
+    text = "a" + call.replace("Beijing", "B" * 200) + "b" + call
+    for release in ("finish", "early"):
+        asm = ToolCallAssembler(GLM_TOOLS, fmt, max_event_size=120, release=release)
+        for ch in text:
+            asm.feed(ch)
+        result = asm.finish("stop")
+        assert [(type(e).__name__, e.path) for e in result.errors] == [("ToolCallError", "tool_calls[0]")]
+        assert "max_event_size=120" in result.errors[0].message
+        assert [c.index for c in result.calls] == [1] and result.text == "ab"
+
+
+def test_glm45_refuses_a_repeated_argument_with_its_path() -> None:
+    out = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>A</arg_value>"
+    out += "<arg_key>city</arg_key><arg_value>B</arg_value></tool_call>"
+    asm = ToolCallAssembler(GLM_TOOLS, "glm45")
+    asm.feed(out)
+    (err,) = asm.finish("stop").errors
+    assert err.path == "tool_calls[0].arguments.city" and "twice" in err.message and err.hint

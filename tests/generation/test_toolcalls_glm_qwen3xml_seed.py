@@ -18,7 +18,7 @@ import pytest
 from test_toolcalls import SEARCH, SEARCH_ARGS, WEATHER, ZURICH
 
 import fetched
-from ctxlock.errors import ToolCallTruncatedError
+from ctxlock.errors import ToolCallError, ToolCallTruncatedError
 from ctxlock.generation.toolcalls import ToolCallAssembler, ToolCallReady
 from ctxlock.request import parse_request
 
@@ -360,6 +360,44 @@ DIFFERENCES: dict[str, Ours] = {
         [("ToolCallError", "tool_calls[0]")],
         "a call still open when the stream ends is an error; vLLM gives the output back as content",
     ),
+    "qwen3_fallback_no_tool_call_tags": (
+        [],
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n<parameter=state>\nTX\n"
+        "</parameter>\n</function>",
+        [],
+        "without <tool_call> there is no call: the text is text (vLLM falls back to reading <function=...> alone)",
+    ),
+    "qwen3_malformed_no_gt": (
+        [],
+        None,
+        [("ToolCallError", "tool_calls[0].name")],
+        "<function=NAME without > is refused (vLLM's test only checks that its parser does not crash)",
+    ),
+    "qwen3_none_tool_calls_filtered": (
+        None,
+        "\n",
+        [("ToolCallError", "tool_calls[0].name")],
+        "the malformed first call is refused with an error rather than dropped silently; text kept",
+    ),
+    "qwen3_double_encoded_object": (
+        [],
+        "\n",
+        [("ToolCallValidationError", "tool_calls[0].arguments.data")],
+        "a JSON string holding a Python repr is not an object: refused, not decoded twice",
+    ),
+    "qwen3_two_calls_one_chunk": (None, "\n", [], KEPT_TEXT),
+    "qwen3_jinja_phantom_call": (
+        None,
+        "\n\n",
+        [("ToolCallError", "tool_calls[0].name")],
+        "the call to the undeclared `{{ tc.name }}` is refused with an error (vLLM drops it); text kept",
+    ),
+    "qwen3_inline_empty_tool_call": (
+        None,
+        None,
+        [("ToolCallError", "tool_calls[0].name")],
+        "<tool_call>example</tool_call> is a call without <function=...>: refused with an error (vLLM drops it)",
+    ),
 }
 
 
@@ -395,6 +433,352 @@ def check_case(fmt: str, tools: list[dict[str, Any]], case: Case) -> None:
 @pytest.mark.parametrize("case", GLM_CASES, ids=[c[0] for c in GLM_CASES])
 def test_glm45_vllm_cases(case: Case) -> None:
     check_case("glm45", GLM_CASE_TOOLS.get(case[0], GLM_TOOLS), case)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# qwen3_xml (and qwen3_coder: the same parser): vLLM tests/tool_parsers/test_qwen3_xml_coder_shared.py, the cases
+# both of vLLM's parsers (Qwen3XMLToolParser, Qwen3CoderToolParser) must pass
+
+QWEN_WEATHER = {"city": S, "state": S, "unit": {"type": "string", "enum": ["fahrenheit", "celsius"]}}
+QWEN_TOOLS = [
+    tool("get_current_weather", QWEN_WEATHER),
+    tool("calculate_area", {"shape": S, "dimensions": {"type": "object"}, "precision": {"type": "integer"}}),
+    tool("test"),
+]
+WRITE_FILE = [tool("write_file", {"path": S, "content": S})]
+QWEN_CASE_TOOLS = {
+    # vLLM's test declares "float", which is not a JSON Schema type: ctxlock refuses that declaration
+    # (test_qwen3_a_float_type_is_refused_at_declaration), so the case runs with "number".
+    "qwen3_type_conversion": [
+        tool(
+            "test_types",
+            {
+                "int_param": {"type": "integer"},
+                "float_param": {"type": "number"},
+                "bool_param": {"type": "boolean"},
+                "str_param": S,
+                "obj_param": {"type": "object"},
+            },
+        )
+    ],
+    "qwen3_object_as_python_repr": [tool("test_types", {"obj_param": {"type": "object"}})],
+    "qwen3_no_double_serialization": [tool("greet", {"message": S})],
+    "qwen3_string_null_preserved": [tool("search", {"query": S})],
+    "qwen3_anyof_string_null_keeps_string": [tool("set_code", {"code": {"anyOf": [S, {"type": "null"}]}})],
+    "qwen3_anyof_integer_null_parses_int": [
+        tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}})
+    ],
+    "qwen3_python_none_for_nullable_int": [
+        tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}})
+    ],
+    "qwen3_anyof_object_not_double_encoded": [
+        tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}})
+    ],
+    "qwen3_double_encoded_object": [tool("process", {"name": S, "data": {"type": "object"}})],
+    "qwen3_xml_tags_in_value": WRITE_FILE,
+    "qwen3_param_like_lines_in_value": WRITE_FILE,
+    "qwen3_real_param_name_literal_in_value": WRITE_FILE,
+    "qwen3_full_nested_call_in_value": WRITE_FILE,
+    "qwen3_out_of_schema_nested_literal": [*WRITE_FILE, tool("foo")],
+    "qwen3_array_with_json_bool": [tool("pick", {"items": {"type": "array"}})],
+    "qwen3_two_calls_one_chunk": [tool("get_weather", {"city": S})],
+    "qwen3_two_calls_trailing_text": [tool("get_weather", {"city": S})],
+    "qwen3_trailing_text_after_close": [tool("get_weather", {"city": S})],
+    "qwen3_jinja_phantom_call": WRITE_FILE,
+    "qwen3_inline_empty_tool_call": [tool("log", {"msg": S})],
+    "qwen3_anyof_string_null_literal_null": [tool("set_value", {"optional": {"anyOf": [S, {"type": "null"}]}})],
+    "qwen3_anyof_string_null_literal_none": [tool("set_value", {"optional": {"anyOf": [S, {"type": "null"}]}})],
+}
+
+
+def _qwen(name: str, *params: tuple[str, str], nl: str = "\n") -> str:
+    """A Qwen3-Coder call: the template's newline around each parameter value (nl="" for the tight spelling)."""
+    body = "".join(f"<parameter={k}>{nl}{v}{nl}</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+Q_DALLAS = _qwen("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
+Q_ORLANDO = _qwen("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"))
+DALLAS_CALL: Call = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
+XML_TAGS_IN_CONTENT = (
+    'char_deltas = [\n    "<tool_call>\\n",\n    "<parameter=query>\\n",\n    "\\n</parameter>\\n",\n'
+    '    "</function>\\n",\n]\n'
+)
+PARAM_LIKE_LINES = (
+    'TOOL_CALL_TEMPLATE = """\n</parameter>\n<parameter=new_string>\n#!/usr/bin/env python3\n</parameter>\n"""\n'
+)
+REAL_PARAM_NAME_LITERAL = 'doc = """\n<parameter=path>\nliteral/value\n</parameter>\n"""\n'
+FULL_NESTED_CALL = (
+    'doc = """\n<tool_call>\n<function=write_file>\n<parameter=path>\nliteral/value.txt\n</parameter>\n'
+    '<parameter=content>\nhello\n</parameter>\n</function>\n</tool_call>\n"""\n'
+)
+OUT_OF_SCHEMA_NESTED = (
+    'template = """\n<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n</function>\n</tool_call>\n"""\n'
+)
+Q_PARIS = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+Q_LONDON = "<tool_call>\n<function=get_weather>\n<parameter=city>\nLondon\n</parameter>\n</function>\n</tool_call>"
+
+
+def _write_file(path: str, content: str) -> str:
+    return (
+        f"<tool_call>\n<function=write_file>\n<parameter=path>\n{path}\n</parameter>\n"
+        f"<parameter=content>\n{content}</parameter>\n</function>\n</tool_call>"
+    )
+
+
+def _tight(name: str, param: str, value: str) -> str:
+    return f"<tool_call>\n<function={name}>\n<parameter={param}>{value}</parameter>\n</function>\n</tool_call>"
+
+
+QWEN_CASES: list[Case] = [
+    (
+        "qwen3_no_tools",
+        "This is a test response without any tool calls",
+        [],
+        "This is a test response without any tool calls",
+    ),
+    ("qwen3_single_tool", Q_DALLAS, [DALLAS_CALL], None),
+    (
+        "qwen3_single_tool_with_content",
+        "Sure! Let me check the weather for you." + Q_DALLAS,
+        [DALLAS_CALL],
+        "Sure! Let me check the weather for you.",
+    ),
+    (
+        "qwen3_single_tool_multiline_param",
+        _qwen(
+            "calculate_area",
+            ("shape", "rectangle"),
+            ("dimensions", '{"width": 10,\n "height": 20}'),
+            ("precision", "2"),
+        ),
+        [("calculate_area", {"shape": "rectangle", "dimensions": {"width": 10, "height": 20}, "precision": 2})],
+        None,
+    ),
+    (
+        "qwen3_parallel_tools",
+        Q_DALLAS + "\n" + Q_ORLANDO,
+        [DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})],
+        "\n",
+    ),
+    (
+        "qwen3_tool_with_typed_params",
+        "Let me calculate that area for you."
+        + _qwen("calculate_area", ("shape", "circle"), ("dimensions", '{"radius": 15.5}'), ("precision", "3")),
+        [("calculate_area", {"shape": "circle", "dimensions": {"radius": 15.5}, "precision": 3})],
+        "Let me calculate that area for you.",
+    ),
+    ("qwen3_streaming_no_tools", "This is a test without tools", [], "This is a test without tools"),
+    (
+        "qwen3_fallback_no_tool_call_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n<parameter=state>\nTX\n"
+        "</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        None,
+    ),
+    (
+        "qwen3_type_conversion",
+        _qwen(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        None,
+    ),
+    (
+        "qwen3_object_as_python_repr",
+        _qwen("test_types", ("obj_param", "{'key': 'value'}")),
+        [("test_types", {"obj_param": {"key": "value"}})],
+        None,
+    ),
+    (
+        "qwen3_missing_closing_parameter_tag",
+        "Let me check the weather for you:\n<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n"
+        "<parameter=state>\nTX\n</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>\n</function>\n</tool_call>",
+        [DALLAS_CALL],
+        "Let me check the weather for you:\n",
+    ),
+    (
+        "qwen3_streaming_incremental",
+        "I'll check the weather." + _qwen("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        "I'll check the weather.",
+    ),
+    (
+        "qwen3_malformed_no_gt",
+        "<tool_call>\n<function=get_current_weather\n<parameter=city>Dallas</parameter>\n</function>\n</tool_call>",
+        [],  # vLLM's test asks only that its parser does not crash
+        None,
+    ),
+    (
+        "qwen3_none_tool_calls_filtered",
+        "<tool_call>\n<function=bad_func_no_gt\n</function>\n</tool_call>\n"
+        + _tight("get_current_weather", "city", "Dallas").replace(
+            "</parameter>\n", "</parameter>\n<parameter=state>TX</parameter>\n"
+        ),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        None,
+    ),
+    (
+        "qwen3_multi_param_single_chunk",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n<parameter=state>\nTX\n"
+        "</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>\n</function>\n</tool_call>",
+        [DALLAS_CALL],
+        None,
+    ),
+    (
+        "qwen3_no_double_serialization",
+        _tight("greet", "message", "hello world"),
+        [("greet", {"message": "hello world"})],
+        None,
+    ),
+    (
+        "qwen3_speculative_decode_loss",
+        "<tool_call>\n<function=test>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+        [("test", {"city": "Paris"})],
+        None,
+    ),
+    ("qwen3_string_null_preserved", _tight("search", "query", "null"), [("search", {"query": "null"})], None),
+    ("qwen3_anyof_string_null_keeps_string", _tight("set_code", "code", "42"), [("set_code", {"code": "42"})], None),
+    ("qwen3_anyof_integer_null_parses_int", _tight("set_count", "count", "42"), [("set_count", {"count": 42})], None),
+    (
+        "qwen3_anyof_object_not_double_encoded",
+        _tight("update_record", "data", '{"key": "value", "count": 42}'),
+        [("update_record", {"data": {"key": "value", "count": 42}})],
+        None,
+    ),
+    (
+        "qwen3_double_encoded_object",
+        _qwen("process", ("name", "hello"), ("data", "\"{'key': 'value', 'n': 1}\"")) + "\n",
+        [("process", {"name": "hello", "data": {"key": "value", "n": 1}})],
+        None,
+    ),
+    (
+        "qwen3_xml_tags_in_value",
+        _write_file("test.py", XML_TAGS_IN_CONTENT) + "\n",
+        [("write_file", {"path": "test.py", "content": XML_TAGS_IN_CONTENT.rstrip("\n")})],
+        None,
+    ),
+    (
+        "qwen3_param_like_lines_in_value",
+        _write_file("test_template.py", PARAM_LIKE_LINES) + "\n",
+        [("write_file", {"path": "test_template.py", "content": PARAM_LIKE_LINES.rstrip("\n")})],
+        None,
+    ),
+    (
+        "qwen3_real_param_name_literal_in_value",
+        _write_file("fixture.py", REAL_PARAM_NAME_LITERAL),
+        [("write_file", {"path": "fixture.py", "content": REAL_PARAM_NAME_LITERAL.rstrip("\n")})],
+        None,
+    ),
+    (
+        "qwen3_full_nested_call_in_value",
+        _write_file("fixture.py", FULL_NESTED_CALL),
+        [("write_file", {"path": "fixture.py", "content": FULL_NESTED_CALL.rstrip("\n")})],
+        None,
+    ),
+    (
+        "qwen3_out_of_schema_nested_literal",
+        "<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n</function>\n</tool_call>\n\n"
+        + _write_file("fixture.py", OUT_OF_SCHEMA_NESTED),
+        [("foo", {"bar": "baz"}), ("write_file", {"path": "fixture.py", "content": OUT_OF_SCHEMA_NESTED.rstrip("\n")})],
+        None,
+    ),
+    (
+        "qwen3_array_with_json_bool",
+        _qwen("pick", ("items", '["a", "b", 1, true]')),
+        [("pick", {"items": ["a", "b", 1, True]})],
+        None,
+    ),
+    (
+        "qwen3_two_calls_one_chunk",
+        Q_PARIS + "\n" + Q_LONDON,
+        [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "London"})],
+        None,
+    ),
+    (
+        "qwen3_two_calls_trailing_text",
+        Q_PARIS + "\n" + Q_LONDON + "\nAll done!",
+        [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "London"})],
+        "\n\nAll done!",
+    ),
+    (
+        "qwen3_trailing_text_after_close",
+        _tight("get_weather", "city", "Paris") + "\nI hope this helps!",
+        [("get_weather", {"city": "Paris"})],
+        "\nI hope this helps!",
+    ),
+    (
+        "qwen3_jinja_phantom_call",
+        "<tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>\n{{ v }}\n</parameter>\n</function>\n</tool_call>"
+        "\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nout.txt\n</parameter>\n<parameter=content>\nhello\n"
+        "</parameter>\n</function>\n</tool_call>",
+        [("write_file", {"path": "out.txt", "content": "hello"})],
+        None,
+    ),
+    (
+        "qwen3_inline_empty_tool_call",
+        "I'll show: <tool_call>example</tool_call>. Now real:\n"
+        "<tool_call>\n<function=log>\n<parameter=msg>\nhi\n</parameter>\n</function>\n</tool_call>",
+        [("log", {"msg": "hi"})],
+        "I'll show: . Now real:\n",  # vLLM's test asks that both pieces of narrative are kept
+    ),
+    (
+        "qwen3_anyof_string_null_literal_null",
+        _tight("set_value", "optional", "null"),
+        [("set_value", {"optional": None})],
+        None,
+    ),
+    (
+        "qwen3_anyof_string_null_literal_none",
+        _tight("set_value", "optional", "None"),
+        [("set_value", {"optional": None})],
+        None,
+    ),
+]
+
+
+# Literal tags inside a parameter value (qwen-code writing a parser's test fixture): not read yet.
+QWEN_PENDING = {
+    "qwen3_xml_tags_in_value",
+    "qwen3_param_like_lines_in_value",
+    "qwen3_real_param_name_literal_in_value",
+    "qwen3_full_nested_call_in_value",
+    "qwen3_out_of_schema_nested_literal",
+}
+QWEN_PARAMS = [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="literal tags in a value"))
+    if c[0] in QWEN_PENDING
+    else c
+    for c in QWEN_CASES
+]
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_xml", "qwen3_coder"])
+@pytest.mark.parametrize("case", QWEN_PARAMS, ids=[c[0] for c in QWEN_CASES])
+def test_qwen3_xml_and_coder_vllm_cases(case: Case, fmt: str) -> None:
+    check_case(fmt, QWEN_CASE_TOOLS.get(case[0], QWEN_TOOLS), case)
+
+
+def test_qwen3_a_float_type_is_refused_at_declaration() -> None:
+    with pytest.raises(ToolCallError) as info:
+        ToolCallAssembler([tool("test_types", {"float_param": {"type": "float"}})], "qwen3_xml")
+    assert info.value.path == "tools[0].function.parameters.properties.float_param.type"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -43,10 +43,11 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.QWEN3_CODER: Qwen3CoderParser,
     ToolCallFormat.MISTRAL: MistralParser,
     ToolCallFormat.ANTHROPIC: AnthropicParser,
+    ToolCallFormat.QWEN3_XML: Qwen3CoderParser,
     ToolCallFormat.GLM45: Glm45Parser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "glm45"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "glm45", "qwen3_xml"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

@@ -26,6 +26,8 @@ class ToolCallFormat(StrEnum):
     QWEN3_CODER = "qwen3_coder"  # Qwen3-Coder / Qwen3.5: <tool_call><function=f><parameter=p>v</parameter>...
     MISTRAL = "mistral"  # [TOOL_CALLS]name[ARGS]{...} (v11+) or [TOOL_CALLS][{"name": ..., ...}] (before v11)
     ANTHROPIC = "anthropic"  # Messages API stream: SSE text (event:/data: lines) or the parsed event dicts
+    # vLLM's qwen3_xml parser reads the same Qwen3-Coder output as qwen3_coder: one parser serves both names.
+    QWEN3_XML = "qwen3_xml"
     GLM45 = "glm45"  # GLM-4.5/4.6/4.7: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n</tool_call>
 
 

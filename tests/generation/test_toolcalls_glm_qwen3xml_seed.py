@@ -782,10 +782,87 @@ def test_qwen3_a_float_type_is_refused_at_declaration() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# seed_oss: vLLM tests/tool_parsers/test_seed_oss_tool_parser.py. Its cases expect the <seed:think> reasoning (and a
+# <seed:tool_call> the model writes inside it while thinking) back as content, which is what ctxlock gives.
+
+SEED_TOOLS = [tool("get_weather", {"location": S, "unit": S})]
+SEED_CALL = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>\n</function>\n"
+    "</seed:tool_call>"
+)
+SEED_CALL_UNIT = SEED_CALL.replace("</parameter>\n", "</parameter>\n<parameter=unit>celsius</parameter>\n")
+BARCELONA: Call = ("get_weather", {"location": "Barcelona, Spain"})
+SEED_THINK_512 = (
+    "<seed:think>The user's current thinking budget is 512.</seed:cot_budget_reflect>\nLet me analyze the "
+    "question. The user wants to know the weather in Barcelona, Spain. Looking at the functions available, "
+    "there's a get_weather function that can retrieve the current temperature for a given location. \n\nFirst, "
+    "check the parameters required by get_weather: location is mandatory (needs city and country), and unit is "
+    'optional. The user provided "Barcelona Spain" as the location, which fits the required format (city, '
+    "country). \n<seed:cot_budget_reflect>I have used 131 tokens, and there are 381 tokens remaining for use."
+    "</seed:cot_budget_reflect>\n Since the unit isn't specified, the function will default to Celsius, which "
+    "is fine. \n\nThere's no need to ask for more information because the location is clear. So I should call "
+    'the get_weather function with location set to "Barcelona, Spain" (adding a comma for clarity, though the '
+    "user's input has a space, but the function might accept either; to be safe, using the standard format "
+    "with a comma).\n<seed:cot_budget_reflect>I have used 257 tokens, and there are 255 tokens remaining for "
+    "use.</seed:cot_budget_reflect>\n The unit parameter can be omitted since it's optional.</seed:think>\n"
+)
+SEED_THINK_UNLIMITED = (
+    "<seed:think>\nGot it, let's see. The user asked for the weather in Barcelona, Spain. "
+    "First, I need to remember the function I can use: get_weather. The function requires a "
+    'location (city and country) which is "Barcelona, Spain" here, and unit is optional. Since '
+    "the user didn't specify the unit, the default in the function is Celsius, right? Wait, "
+    "let me check the function docstring again. Oh, the function says unit is optional, and "
+    'returns temperature in Celsius. So I should call get_weather with location "Barcelona, '
+    'Spain" and maybe omit unit or set to Celsius. Let me format the function call correctly. '
+    "The format is <seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, "
+    "Spain</parameter>\n<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>. "
+    'Wait, but does the unit parameter accept "celsius"? The docstring says unit is the unit '
+    "of temperature, but the return is in Celsius anyway. Maybe even if I don't pass unit, "
+    'it\'s okay, but to be explicit, maybe pass "celsius". Let me go with that. So the function '
+    "call should be as above. Then wait for the result to come back and tell the user the "
+    "temperature in Celsius.</seed:think>"
+)
+SEED_THINK_0 = (
+    "<seed:think>\n</seed:cot_budget_reflect>\n</seed:cot_budget_reflect>\n"
+    "The current thinking budget is 0, so I will directly start answering the question.\n</seed:think>\n"
+)
+SEED_CASES: list[Case] = [
+    (
+        "seed_no_tools",
+        "This is a test response without any tool calls",
+        [],
+        "This is a test response without any tool calls",
+    ),
+    ("seed_tool_call_0_thinking_budget", SEED_CALL, [BARCELONA], None),
+    ("seed_tool_call_512_thinking_budget", SEED_THINK_512 + SEED_CALL, [BARCELONA], SEED_THINK_512),
+    (
+        "seed_tool_call_unlimited_thinking_budget",
+        SEED_THINK_UNLIMITED + SEED_CALL_UNIT,
+        [("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"})],
+        SEED_THINK_UNLIMITED,
+    ),
+    (
+        "seed_streaming_no_tools",
+        "This is a test response without any tool calls.",
+        [],
+        "This is a test response without any tool calls.",
+    ),
+    ("seed_streaming_0_thinking_budget", SEED_THINK_0 + SEED_CALL, [BARCELONA], SEED_THINK_0),
+]
+
+
+@pytest.mark.parametrize("case", SEED_CASES, ids=[c[0] for c in SEED_CASES])
+def test_seed_oss_vllm_cases(case: Case) -> None:
+    check_case("seed_oss", SEED_TOOLS, case)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Never half a call: a multi-call output cut anywhere under a length stop releases nothing
 
 MULTI_CALL = {
     "glm45": ("Let me look.\n" + BEIJING_0801 + "\n" + SHANGHAI, GLM_TOOLS, "<tool_call>"),
+    "qwen3_xml": ("Let me look.\n" + Q_DALLAS + "\n" + Q_ORLANDO, QWEN_TOOLS, "<tool_call>"),
+    "seed_oss": (SEED_THINK_0 + SEED_CALL + "\n" + SEED_CALL_UNIT, SEED_TOOLS, "<seed:tool_call>"),
 }
 
 
@@ -843,14 +920,16 @@ def _message(content: str, calls: list[Call]) -> dict[str, Any]:
     }
 
 
-# (format, template, calls, content, the generated text's start that the prompt does not hold, the text outside
-# the calls as ctxlock reads it back)
+# (format, template, calls, content, the generated text's start that the prompt does not hold, the end-of-turn
+# token the model stops with, the text outside the calls as ctxlock reads it back)
+PLAIN_CALLS: list[Call] = [("get_weather", ZURICH), ("search_docs", SEARCH_ARGS)]
 ROUND_TRIPS = [
     (
         "glm45",
         "GLM-4.6.jinja",
         [("get_weather", ZURICH), ("search_docs", NESTED)],
         "Checking.",
+        "",
         "",
         "\n<think></think>\nChecking.\n\n",
     ),
@@ -862,18 +941,28 @@ ROUND_TRIPS = [
         [("get_weather", ZURICH), ("search_docs", NESTED)],
         "Checking.",
         "<think>",
+        "",
         "</think>Checking.",
     ),
+    ("qwen3_xml", "Qwen3-Coder.jinja", PLAIN_CALLS, "Checking.", "", "<|im_end|>\n", "Checking.\n\n\n"),
+    # Qwen3.5's generation prompt opens <think>; the reader passes the thought's close on as text.
+    ("qwen3_xml", "Qwen3.5-4B.jinja", PLAIN_CALLS, "Checking.", "", "<|im_end|>\n", "\n</think>\n\nChecking.\n\n\n"),
+    # Seed-OSS writes values with `| string` (Python's True, None, {'lang': 'de'}): converted back by the schema.
+    ("seed_oss", "ByteDance-Seed-OSS.jinja", PLAIN_CALLS, "Checking.", "", "<seed:eos>", "Checking.\n\n\n"),
 ]
 
 
-@pytest.mark.parametrize("fmt, template, calls, content, opened, text", ROUND_TRIPS, ids=[r[1] for r in ROUND_TRIPS])
-def test_template_round_trip(fmt: str, template: str, calls: list[Call], content: str, opened: str, text: str) -> None:
+@pytest.mark.parametrize(
+    "fmt, template, calls, content, opened, eot, text", ROUND_TRIPS, ids=[r[1] for r in ROUND_TRIPS]
+)
+def test_template_round_trip(
+    fmt: str, template: str, calls: list[Call], content: str, opened: str, eot: str, text: str
+) -> None:
     prompt, full = _render(template, _message(content, calls))
     assert prompt.endswith(opened)
     prompt = prompt.removesuffix(opened)
-    assert full.startswith(prompt)
-    generated = full[len(prompt) :]
+    assert full.startswith(prompt) and full.endswith(eot)
+    generated = full[len(prompt) : len(full) - len(eot)]
     for chunks in ([generated], list(generated)):
         asm = ToolCallAssembler(TEMPLATE_TOOLS, fmt)
         for chunk in chunks:

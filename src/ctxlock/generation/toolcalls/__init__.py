@@ -38,6 +38,8 @@ When is a call complete?
 |               | `finish("stop")`; and in both cases its concatenated arguments parse as one JSON object     |
 | `anthropic`   | its `tool_use` block's `content_block_stop` arrives (SSE text or parsed events)             |
 | `glm45`       | `</tool_call>` is seen outside an `<arg_value>`                                             |
+| `qwen3_xml`   | as `qwen3_coder` (vLLM's other name for the same output; the same parser)                   |
+| `seed_oss`    | `</seed:tool_call>` is seen (a `<seed:tool_call>` inside `<seed:think>` ... is text)        |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -47,8 +49,9 @@ that: vllm-project/vllm issue 53269).
 
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
-module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `glm45`), `schemas` (the
-tools' JSON Schemas) and `jsontext` (strict JSON and the scanners the formats share).
+module per wire format (`openai`, `hermes`, `qwen3_coder`, `mistral`, `anthropic` with `sse`, `glm45`, `seed_oss`;
+`tagged` is the `<tool_call>` framing several share), `schemas` (the tools' JSON Schemas) and `jsontext` (strict
+JSON and the scanners the formats share).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ctxlock.generation.toolcalls._mistral import MistralParser
 from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
 from ctxlock.generation.toolcalls._schemas import Tool, arguments_path, compile_tools, document_position, violation_keys
+from ctxlock.generation.toolcalls._seed_oss import SeedOssParser
 from ctxlock.generation.toolcalls._sink import FormatParser, ToolCallSink
 from ctxlock.request import Request, json_type_name
 
@@ -45,9 +46,10 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.ANTHROPIC: AnthropicParser,
     ToolCallFormat.QWEN3_XML: Qwen3CoderParser,
     ToolCallFormat.GLM45: Glm45Parser,
+    ToolCallFormat.SEED_OSS: SeedOssParser,
 }
 
-_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "glm45", "qwen3_xml"})
+_RAW_FORMATS = frozenset({"hermes", "qwen3_coder", "mistral", "glm45", "qwen3_xml", "seed_oss"})
 _ABNORMAL_HINTS = {
     "pause_turn": "send the response back as the assistant turn so the model can continue it",
     "refusal": "the model declined: rephrase the request rather than re-running the calls",

@@ -11,7 +11,7 @@ from ctxlock.generation.toolcalls._sink import ToolCallSink
 
 # Raw text: <tool_call> ... </tool_call> (hermes, qwen3_coder, glm45)
 
-_TEXT, _BODY = 0, 1
+_TEXT, _BODY, _QUOTED = 0, 1, 2
 _TOOL_CALL_OPEN = "<tool_call>"
 _TOOL_CALL_CLOSE = "</tool_call>"
 
@@ -25,6 +25,9 @@ class TaggedParser:
     ended: str | None = None  # the finish reason says how the stream ended
     open_marker = _TOOL_CALL_OPEN
     close_marker = _TOOL_CALL_CLOSE
+    # A region of text in which `open_marker` is text, not a call (seed_oss: its <seed:think> reasoning), or None.
+    quote_open: str | None = None
+    quote_close = ""
 
     def __init__(self, sink: ToolCallSink, choice: int) -> None:
         self.sink = sink
@@ -42,11 +45,20 @@ class TaggedParser:
         n = len(t)
         opening, closing = self.open_marker, self.close_marker
         while i <= n:
-            if self.state == _TEXT:
+            if self.state == _QUOTED:
+                i = self._quoted(t, i)
+                if i < 0:
+                    return
+            elif self.state == _TEXT:
                 j = t.find(opening, i)
+                k = t.find(self.quote_open, i, j if j >= 0 else n) if self.quote_open else -1
+                if k >= 0:  # the quoted region starts first: its text is text up to its close
+                    self.sink.emit_text(t[i:k])
+                    i = k
+                    self.state = _QUOTED
+                    continue
                 if j < 0:
-                    safe, self.pending = split_marker_prefix(t[i:], opening)
-                    self.sink.emit_text(safe)
+                    self._text_tail(t[i:])
                     return
                 self.sink.emit_text(t[i:j])
                 i = j + len(opening)
@@ -70,6 +82,28 @@ class TaggedParser:
                         self._close("".join(self.parts))
                 else:
                     self._take(closing)
+
+    def _text_tail(self, text: str) -> None:
+        """Text with no marker in it: all of it but a possible start of a marker."""
+        safe, self.pending = split_marker_prefix(text, self.open_marker)
+        if self.quote_open:
+            quoted_safe, quoted_pending = split_marker_prefix(text, self.quote_open)
+            if len(quoted_pending) > len(self.pending):
+                safe, self.pending = quoted_safe, quoted_pending
+        self.sink.emit_text(safe)
+
+    def _quoted(self, t: str, i: int) -> int:
+        """Inside a quoted region (its opening tag at or before `i`): its text is text. The index past its close,
+        or -1 once `t` is used up."""
+        j = t.find(self.quote_close, i)
+        if j < 0:
+            safe, self.pending = split_marker_prefix(t[i:], self.quote_close)
+            self.sink.emit_text(safe)
+            return -1
+        end = j + len(self.quote_close)
+        self.sink.emit_text(t[i:end])
+        self.state = _TEXT
+        return end
 
     def _take(self, text: str) -> None:
         """Body text, within the size bound."""
@@ -107,7 +141,7 @@ class TaggedParser:
         raise NotImplementedError
 
     def finish(self, finish_reason: str | None) -> str | None:
-        if self.state == _TEXT:
+        if self.state != _BODY:
             self.sink.emit_text(self.pending)
             self.pending = ""
         elif not self.oversized:  # an oversized call was refused already

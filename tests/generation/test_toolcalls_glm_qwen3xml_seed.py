@@ -386,6 +386,9 @@ DIFFERENCES: dict[str, Ours] = {
         "a JSON string holding a Python repr is not an object: refused, not decoded twice",
     ),
     "qwen3_two_calls_one_chunk": (None, "\n", [], KEPT_TEXT),
+    "qwen3_xml_tags_in_value": (None, "\n", [], KEPT_TEXT),
+    "qwen3_param_like_lines_in_value": (None, "\n", [], KEPT_TEXT),
+    "qwen3_out_of_schema_nested_literal": (None, "\n\n", [], KEPT_TEXT),
     "qwen3_jinja_phantom_call": (
         None,
         "\n\n",
@@ -753,24 +756,8 @@ QWEN_CASES: list[Case] = [
 ]
 
 
-# Literal tags inside a parameter value (qwen-code writing a parser's test fixture): not read yet.
-QWEN_PENDING = {
-    "qwen3_xml_tags_in_value",
-    "qwen3_param_like_lines_in_value",
-    "qwen3_real_param_name_literal_in_value",
-    "qwen3_full_nested_call_in_value",
-    "qwen3_out_of_schema_nested_literal",
-}
-QWEN_PARAMS = [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="literal tags in a value"))
-    if c[0] in QWEN_PENDING
-    else c
-    for c in QWEN_CASES
-]
-
-
 @pytest.mark.parametrize("fmt", ["qwen3_xml", "qwen3_coder"])
-@pytest.mark.parametrize("case", QWEN_PARAMS, ids=[c[0] for c in QWEN_CASES])
+@pytest.mark.parametrize("case", QWEN_CASES, ids=[c[0] for c in QWEN_CASES])
 def test_qwen3_xml_and_coder_vllm_cases(case: Case, fmt: str) -> None:
     check_case(fmt, QWEN_CASE_TOOLS.get(case[0], QWEN_TOOLS), case)
 
@@ -1000,3 +987,23 @@ def test_glm45_refuses_a_repeated_argument_with_its_path() -> None:
     asm.feed(out)
     (err,) = asm.finish("stop").errors
     assert err.path == "tool_calls[0].arguments.city" and "twice" in err.message and err.hint
+
+
+def test_qwen3_a_literal_call_left_open_in_a_value_keeps_the_call_open() -> None:
+    """A value that opens a literal call (a line `<tool_call>`, then `<function=`) and never closes it: the real
+    `</tool_call>` closes the literal one, so the call is unterminated at the end, never released cut short."""
+    out = _write_file("a.md", "see:\n<tool_call>\n<function=x>\n")
+    for fmt in ("qwen3_xml", "seed_oss"):
+        text = out if fmt == "qwen3_xml" else out.replace("tool_call>", "seed:tool_call>")
+        asm = ToolCallAssembler(WRITE_FILE, fmt)
+        asm.feed(text)
+        result = asm.finish("length")
+        assert result.calls == () and [type(e) for e in result.errors] == [ToolCallTruncatedError]
+
+
+def test_qwen3_a_parameter_given_twice_is_refused_when_the_tool_declares_none() -> None:
+    out = "<tool_call>\n<function=test>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n"
+    asm = ToolCallAssembler(QWEN_TOOLS, "qwen3_xml")
+    asm.feed(out + "</tool_call>")
+    (err,) = asm.finish("stop").errors
+    assert err.path == "tool_calls[0].arguments.a" and "twice" in err.message

@@ -755,6 +755,182 @@ QWEN_CASES: list[Case] = [
     ),
 ]
 
+# vLLM tests/tool_parsers/test_qwen3coder_tool_parser.py: the cases not already in the shared file
+Q_ORLANDO_C = Q_ORLANDO.replace("fahrenheit", "celsius")
+QWEN_CODER_CASES: list[Case] = [
+    (
+        "qwen3coder_parallel_tools",
+        Q_DALLAS + "\n" + Q_ORLANDO,
+        [DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})],
+        None,
+    ),
+    (
+        "qwen3coder_streaming_parallel_tools",
+        Q_DALLAS + "\n" + Q_ORLANDO_C,
+        [DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"})],
+        None,
+    ),
+    (
+        "qwen3coder_anyof_type_conversion",
+        _qwen(
+            "test_anyof",
+            ("anyof_int", "5"),
+            ("anyof_str", "hello"),
+            ("anyof_array", '["a", "b", "c"]'),
+            ("anyof_obj", '{"key": "value"}'),
+            ("type_as_array", "42"),
+            ("multi_non_null", "some text"),
+        ),
+        [
+            (
+                "test_anyof",
+                {
+                    "anyof_int": 5,
+                    "anyof_str": "hello",
+                    "anyof_array": ["a", "b", "c"],
+                    "anyof_obj": {"key": "value"},
+                    "type_as_array": 42,
+                    "multi_non_null": "some text",
+                },
+            )
+        ],
+        None,
+    ),
+    (
+        "qwen3coder_anyof_streaming",
+        _qwen("search_web", ("query", "vllm tool parser"), ("count", "10"), ("verbose", "true")),
+        [("search_web", {"query": "vllm tool parser", "count": 10, "verbose": True})],
+        None,
+    ),
+    (
+        "qwen3coder_missing_opening_tag",
+        "I'll check the weather for you.\n\n" + Q_DALLAS.removeprefix("<tool_call>\n"),
+        [DALLAS_CALL],
+        "I'll check the weather for you.\n\n",
+    ),
+]
+NULLABLE = [{"type": "null"}]
+QWEN_CASE_TOOLS["qwen3coder_anyof_type_conversion"] = [
+    tool(
+        "test_anyof",
+        {
+            "anyof_int": {"anyOf": [{"type": "integer"}, *NULLABLE], "default": 5},
+            "anyof_str": {"anyOf": [S, *NULLABLE]},
+            "anyof_array": {"anyOf": [{"type": "array", "items": S}, *NULLABLE]},
+            "anyof_obj": {"anyOf": [{"type": "object"}, *NULLABLE]},
+            "type_as_array": {"type": ["integer", "null"]},
+            "multi_non_null": {"anyOf": [S, {"type": "integer"}, *NULLABLE]},
+        },
+    )
+]
+QWEN_CASE_TOOLS["qwen3coder_anyof_streaming"] = [
+    tool(
+        "search_web",
+        {
+            "query": {"anyOf": [S, *NULLABLE]},
+            "count": {"anyOf": [{"type": "integer"}, *NULLABLE], "default": 5},
+            "verbose": {"anyOf": [{"type": "boolean"}, *NULLABLE]},
+        },
+    )
+]
+
+# vLLM tests/tool_parsers/test_qwen3xml_tool_parser.py (through its common_tests.py, with no tool declared: here the
+# tools are declared, typed where the case is about types)
+QWEN_XML_CASES: list[Case] = [
+    (
+        "qwen3xml_no_tool_calls",
+        "This is a regular response without any tool calls.",
+        [],
+        "This is a regular response without any tool calls.",
+    ),
+    ("qwen3xml_single_tool_call", _tight("get_weather", "city", "Tokyo"), [("get_weather", {"city": "Tokyo"})], None),
+    (
+        "qwen3xml_parallel_tool_calls",
+        _tight("get_weather", "city", "Tokyo") + _tight("get_time", "timezone", "Asia/Tokyo"),
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        None,
+    ),
+    (
+        "qwen3xml_various_data_types",
+        "<tool_call>\n<function=test_function>\n<parameter=string_field>hello</parameter>\n"
+        "<parameter=int_field>42</parameter>\n<parameter=float_field>3.14</parameter>\n"
+        "<parameter=bool_field>true</parameter>\n<parameter=null_field>null</parameter>\n"
+        '<parameter=array_field>["a", "b", "c"]</parameter>\n<parameter=object_field>{"nested": "value"}</parameter>\n'
+        "</function>\n</tool_call>",
+        [
+            (
+                "test_function",
+                {
+                    "string_field": "hello",
+                    "int_field": 42,
+                    "float_field": 3.14,
+                    "bool_field": True,
+                    "null_field": None,
+                    "array_field": ["a", "b", "c"],
+                    "object_field": {"nested": "value"},
+                },
+            )
+        ],
+        None,
+    ),
+    ("qwen3xml_empty_arguments", "<tool_call>\n<function=refresh>\n</function>\n</tool_call>", [("refresh", {})], None),
+    (
+        "qwen3xml_surrounding_text",
+        "Let me check the weather for you.\n\n"
+        + _tight("get_weather", "city", "Tokyo")
+        + "\n\nI will get that information.",
+        [("get_weather", {"city": "Tokyo"})],
+        "Let me check the weather for you.\n\n\n\nI will get that information.",  # vLLM asks only for the call
+    ),
+    (
+        "qwen3xml_escaped_strings",
+        '<tool_call>\n<function=test_function>\n<parameter=quoted>He said "hello"</parameter>\n'
+        "<parameter=path>C:\\Users\\file.txt</parameter>\n<parameter=newline>line1\nline2</parameter>\n"
+        "</function>\n</tool_call>",
+        [("test_function", {"quoted": 'He said "hello"', "path": "C:\\Users\\file.txt", "newline": "line1\nline2"})],
+        None,
+    ),
+    ("qwen3xml_malformed_unterminated", "<tool_call><function=func>", [], None),
+    ("qwen3xml_malformed_no_name", "<tool_call><function=></function></tool_call>", [], None),
+]
+TYPED_FIELDS = {
+    "string_field": S,
+    "int_field": {"type": "integer"},
+    "float_field": {"type": "number"},
+    "bool_field": {"type": "boolean"},
+    "null_field": {"type": "null"},
+    "array_field": {"type": "array"},
+    "object_field": {"type": "object"},
+}
+QWEN_TOOLS += [tool("get_weather", {"city": S}), tool("get_time"), tool("refresh"), tool("func")]
+QWEN_CASE_TOOLS["qwen3xml_various_data_types"] = [tool("test_function", TYPED_FIELDS)]
+QWEN_CASE_TOOLS["qwen3xml_escaped_strings"] = [tool("test_function", {"quoted": S, "path": S, "newline": S})]
+DIFFERENCES.update(
+    {
+        "qwen3coder_parallel_tools": (None, "\n", [], KEPT_TEXT),
+        "qwen3coder_streaming_parallel_tools": (None, "\n", [], KEPT_TEXT),
+        "qwen3coder_missing_opening_tag": (
+            [],
+            "I'll check the weather for you.\n\n" + Q_DALLAS.removeprefix("<tool_call>\n"),
+            [],
+            "without <tool_call> there is no call: the text is text (vLLM's engine parser reads <function=...> alone)",
+        ),
+        "qwen3xml_malformed_unterminated": (
+            [],
+            None,
+            [("ToolCallError", "tool_calls[0]")],
+            "a call still open at the end is an error (vLLM's test only checks that its parser does not raise)",
+        ),
+        "qwen3xml_malformed_no_name": (
+            [],
+            None,
+            [("ToolCallError", "tool_calls[0].name")],
+            "a call without a name is refused (vLLM's test only checks that its parser does not raise)",
+        ),
+    }
+)
+QWEN_CASES += QWEN_CODER_CASES + QWEN_XML_CASES
+
 
 @pytest.mark.parametrize("fmt", ["qwen3_xml", "qwen3_coder"])
 @pytest.mark.parametrize("case", QWEN_CASES, ids=[c[0] for c in QWEN_CASES])

@@ -35,9 +35,9 @@ class Qwen3CoderParser(TaggedParser):
                 index,
                 None,
                 None,
-                "expected <function=NAME> after <tool_call>",
+                f"expected <function=NAME> after {self.open_marker}",
                 path=f"{path}.name",
-                hint="write <tool_call><function=name><parameter=p>value</parameter></function></tool_call>",
+                hint=f"write {self.open_marker}<function=name><parameter=p>v</parameter></function>{self.close_marker}",
             )
             return
         name = m.group(1).strip()
@@ -51,7 +51,7 @@ class Qwen3CoderParser(TaggedParser):
                     name,
                     "unexpected text after </function>",
                     path=path,
-                    hint="close the call with </tool_call> right after </function>",
+                    hint=f"close the call with {self.close_marker} right after </function>",
                 )
                 return
             rest = rest[:end]

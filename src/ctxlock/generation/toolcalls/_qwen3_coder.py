@@ -21,6 +21,7 @@ _PARAMETER_OPEN = re.compile(r"<parameter=([^>\n]*)>")
 _FUNCTION_CLOSE = "</function>"
 _PARAMETER_CLOSE = "</parameter>"
 _VALUE_TAG = re.compile(r"</parameter>|<parameter=([^>\n]*)>")
+_SPACE = re.compile(r"\s*")
 
 
 class Qwen3CoderParser(TaggedParser):
@@ -160,13 +161,14 @@ def _value_end(rest: str, start: int, opens: list[str] | None) -> tuple[int, re.
             if opens is None or m.group(1).strip() in opens:
                 return m.start(), _PARAMETER_OPEN.match(rest, m.start())
             continue
-        after = m.end() + len(rest[m.end() :]) - len(rest[m.end() :].lstrip())
+        space = _SPACE.match(rest, m.end())
+        after = space.end() if space is not None else m.end()
         if after == len(rest):
             return m.start(), None
         nxt = _PARAMETER_OPEN.match(rest, after)
         if nxt is not None and (opens is None or nxt.group(1).strip() in opens):
             return m.start(), nxt
-    if _PARAMETER_CLOSE in rest[start:]:
+    if rest.find(_PARAMETER_CLOSE, start) >= 0:
         return -1, None
     return len(rest), None
 

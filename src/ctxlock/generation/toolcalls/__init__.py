@@ -58,6 +58,9 @@ When is a call complete?
 | `minimax_m3`  | its `]<]minimax[>[</invoke>` is seen (the block's close is not needed)                      |
 | `kimi_k3`     | its `<|close|>call<|sep|>` is seen (XTML; the tools channel's close is not needed)           |
 | `apertus`     | the JSON array after `<|tools_prefix|>` closes (`<|tools_suffix|>` is not needed)            |
+| `glm45`       | `</tool_call>` is seen outside an `<arg_value>`                                             |
+| `qwen3_xml`   | as `qwen3_coder` (vLLM's other name for the same output; the same parser)                   |
+| `seed_oss`    | `</seed:tool_call>` is seen (a `<seed:tool_call>` inside `<seed:think>` ... is text)        |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words

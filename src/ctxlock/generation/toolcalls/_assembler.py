@@ -33,6 +33,7 @@ from ctxlock.generation.toolcalls._events import (
 )
 from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
 from ctxlock.generation.toolcalls._gigachat3 import GigaChat3Parser
+from ctxlock.generation.toolcalls._glm45 import Glm45Parser
 from ctxlock.generation.toolcalls._granite import GraniteParser
 from ctxlock.generation.toolcalls._harmony import HarmonyParser
 from ctxlock.generation.toolcalls._hermes import HermesParser
@@ -49,6 +50,7 @@ from ctxlock.generation.toolcalls._openai import OpenAIParser
 from ctxlock.generation.toolcalls._pythonic import PythonicParser
 from ctxlock.generation.toolcalls._qwen3_coder import Qwen3CoderParser
 from ctxlock.generation.toolcalls._schemas import Tool, arguments_path, compile_tools, document_position, violation_keys
+from ctxlock.generation.toolcalls._seed_oss import SeedOssParser
 from ctxlock.generation.toolcalls._sink import FormatParser, ToolCallSink
 from ctxlock.request import Request, json_type_name
 
@@ -76,6 +78,9 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.HY_V3: HyV3Parser,
     ToolCallFormat.MINIMAX_M3: MinimaxM3Parser,
     ToolCallFormat.KIMI_K3: KimiK3Parser,
+    ToolCallFormat.QWEN3_XML: Qwen3CoderParser,
+    ToolCallFormat.GLM45: Glm45Parser,
+    ToolCallFormat.SEED_OSS: SeedOssParser,
 }
 
 # Every format but the two providers' streams reads the model's own text.

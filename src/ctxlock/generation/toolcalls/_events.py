@@ -60,6 +60,10 @@ class ToolCallFormat(StrEnum):
     # Kimi K3 (XTML): <|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"<|sep|>...
     KIMI_K3 = "kimi_k3"
     GEMMA4 = "gemma4"  # Gemma 4: <|tool_call>call:f{city:<|"|>Paris<|"|>,days:3}<tool_call|>
+    # vLLM's qwen3_xml parser reads the same Qwen3-Coder output as qwen3_coder: one parser serves both names.
+    QWEN3_XML = "qwen3_xml"
+    SEED_OSS = "seed_oss"  # Seed-OSS: <seed:tool_call>\n<function=f>\n<parameter=p>v</parameter>\n</function>\n...
+    GLM45 = "glm45"  # GLM-4.5/4.6/4.7: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n</tool_call>
 
 
 class Release(StrEnum):

@@ -18,6 +18,8 @@ _FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]*)>")
 _PARAMETER_OPEN = re.compile(r"<parameter=([^>\n]*)>")
 _FUNCTION_CLOSE = "</function>"
 _PARAMETER_CLOSE = "</parameter>"
+_VALUE_TAG = re.compile(r"</parameter>|<parameter=([^>\n]*)>")
+_SPACE = re.compile(r"\s*")
 
 
 class Qwen3CoderParser(TaggedParser):
@@ -32,9 +34,9 @@ class Qwen3CoderParser(TaggedParser):
                 index,
                 None,
                 None,
-                "expected <function=NAME> after <tool_call>",
+                f"expected <function=NAME> after {self.open_marker}",
                 path=f"{path}.name",
-                hint="write <tool_call><function=name><parameter=p>value</parameter></function></tool_call>",
+                hint=f"write {self.open_marker}<function=name><parameter=p>v</parameter></function>{self.close_marker}",
             )
             return
         name = m.group(1).strip()
@@ -48,7 +50,7 @@ class Qwen3CoderParser(TaggedParser):
                     name,
                     "unexpected text after </function>",
                     path=path,
-                    hint="close the call with </tool_call> right after </function>",
+                    hint=f"close the call with {self.close_marker} right after </function>",
                 )
                 return
             rest = rest[:end]
@@ -68,12 +70,43 @@ class Qwen3CoderParser(TaggedParser):
             return
         self.sink.complete(index, None, name, args, raw, f"{path}.name")
 
+    def _start_body(self) -> None:
+        self.nested = 0  # literal calls opened inside a parameter value and not yet closed
+        self.tail = ""
+
+    def _body(self, text: str) -> None:
+        """Count the literal calls a value holds (an agent writing a file that shows one): a `<tool_call>` that
+        starts a line and is followed by `<function=` on the next. Their `</tool_call>` is value text."""
+        if not text:
+            return
+        self.parts.append(text)
+        nested = f"\n{self.open_marker}\n<function="
+        window = self.tail + text
+        start = window.find(nested)
+        while start >= 0:
+            if start + len(nested) > len(self.tail):  # not wholly inside the tail, which was counted before
+                self.nested += 1
+            start = window.find(nested, start + 1)
+        self.tail = window[-(len(nested) - 1) :]
+
+    def _closes_here(self) -> bool:
+        if self.nested > 0:
+            self.nested -= 1
+            return False
+        return True
+
     def _parameters(self, index: int, name: str, rest: str) -> dict[str, Any] | None:
-        """The call's `<parameter=...>` values, converted by the tool's schema; None once a problem is reported."""
+        """The call's `<parameter=...>` values, converted by the tool's schema; None once a problem is reported.
+
+        A value may hold literal tags. Only a `<parameter=P>` whose P the tool declares (any P when it declares
+        none) and that is not given yet opens a parameter, and a `</parameter>` closes the value only when what
+        follows it is such an opening or the end (as vLLM's parsers read Qwen3-Coder output, in
+        vllm/tool_parsers/qwen3coder_tool_parser.py). A value whose `</parameter>` is missing ends at the next
+        opening."""
         properties = _properties(self.sink.tool_schema(name))
         args: dict[str, Any] = {}
-        starts = list(_PARAMETER_OPEN.finditer(rest))
-        if rest[: starts[0].start() if starts else len(rest)].strip():
+        first = _PARAMETER_OPEN.search(rest)
+        if rest[: first.start() if first else len(rest)].strip():
             self.sink.fail(
                 index,
                 None,
@@ -83,26 +116,9 @@ class Qwen3CoderParser(TaggedParser):
                 hint="remove it",
             )
             return None
-        for k, p in enumerate(starts):
+        p = first
+        while p is not None:
             pname = p.group(1).strip()
-            stop = starts[k + 1].start() if k + 1 < len(starts) else len(rest)
-            chunk = rest[p.end() : stop]
-            close = chunk.find(_PARAMETER_CLOSE)
-            if close >= 0:
-                if chunk[close + len(_PARAMETER_CLOSE) :].strip():
-                    self.sink.fail(
-                        index,
-                        None,
-                        name,
-                        f"unexpected text after </parameter> of {pname!r}",
-                        path=arguments_path(index, [pname]),
-                        hint="write one <parameter=...>...</parameter> after another",
-                    )
-                    return None
-                chunk = chunk[:close]
-            # Like vLLM's parser (and the template, which writes "\n" + value + "\n"): one newline on each side is
-            # framing, the rest is the value.
-            value = chunk.removeprefix("\n").removesuffix("\n")
             if pname in args:
                 self.sink.fail(
                     index,
@@ -113,8 +129,46 @@ class Qwen3CoderParser(TaggedParser):
                     hint="give each parameter once",
                 )
                 return None
+            opens = [n for n in properties if n not in args and n != pname] if properties else None
+            end, nxt = _value_end(rest, p.end(), opens)
+            if end < 0:
+                self.sink.fail(
+                    index,
+                    None,
+                    name,
+                    f"unexpected text after </parameter> of {pname!r}",
+                    path=arguments_path(index, [pname]),
+                    hint="write one <parameter=...>...</parameter> after another",
+                )
+                return None
+            # Like vLLM's parser (and the template, which writes "\n" + value + "\n"): one newline on each side is
+            # framing, the rest is the value.
+            value = rest[p.end() : end].removeprefix("\n").removesuffix("\n")
             args[pname] = coerce_parameter(value, properties.get(pname))
+            p = nxt
         return args
+
+
+def _value_end(rest: str, start: int, opens: list[str] | None) -> tuple[int, re.Match[str] | None]:
+    """Where the value starting at `start` ends, and the `<parameter=...>` that follows it (None at the end).
+
+    `opens`: the names that may open the next parameter (None: any). (-1, None) when the value's last
+    `</parameter>` is followed by something else than the end or an opening."""
+    for m in _VALUE_TAG.finditer(rest, start):
+        if m.group(1) is not None:  # an opening without a </parameter> before it: the close is missing
+            if opens is None or m.group(1).strip() in opens:
+                return m.start(), _PARAMETER_OPEN.match(rest, m.start())
+            continue
+        space = _SPACE.match(rest, m.end())
+        after = space.end() if space is not None else m.end()
+        if after == len(rest):
+            return m.start(), None
+        nxt = _PARAMETER_OPEN.match(rest, after)
+        if nxt is not None and (opens is None or nxt.group(1).strip() in opens):
+            return m.start(), nxt
+    if rest.find(_PARAMETER_CLOSE, start) >= 0:
+        return -1, None
+    return len(rest), None
 
 
 def _properties(schema: Any) -> dict[str, Any]:

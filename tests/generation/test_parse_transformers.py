@@ -525,8 +525,9 @@ QWEN3_STRING_ARGS = [
         {**A, "tool_calls": [call("set_alarm", {"hour": [7, 9]})]},
         tools=ALARM,
         ours=A,
-        why="a parameter given twice is ambiguous: the call is refused",
-        refused=("given twice",),
+        why="a declared parameter repeated after its own close is read as text of the first value (as vLLM's"
+        " qwen3 parsers read literal tags in a value), so hour is not an integer and the call is refused",
+        refused=("is not of type 'integer'",),
     ),
 ]
 

@@ -271,6 +271,18 @@ def test_video_refused_where_it_cannot_go(model: ctxlock.Model, tmp_path: Path) 
     assert info.value.path == "messages[0].content[0]"
 
 
+def test_expand_refuses_videos_for_a_family_that_takes_none(model: ctxlock.Model) -> None:
+    # `expand` called directly with videos and an image-only family: the family's refusal at the video's path (it
+    # used to look up a None placeholder: "no control token None", or a TypeError / AttributeError in the tokenizer)
+    from ctxlock.multimodal import expand
+    from ctxlock.multimodal._llava import LlavaFamily
+
+    mm = model.run_images({"messages": [{"role": "user", "content": [video(frames(2, 56, 56))]}]}, decode=False)
+    with pytest.raises(ImagePlacementError, match="the llava image family takes no video") as info:
+        expand(mm.request, mm.rendered, mm.tokenized, model.tokenizer, LlavaFamily(), (), mm.videos)
+    assert info.value.path == "messages[0].content[0]"
+
+
 def test_fit_keeps_or_drops_a_video_whole(model: ctxlock.Model) -> None:
     from ctxlock.budget._fit import BudgetPolicy, fit_context
 

@@ -214,12 +214,26 @@ def pixel_digest(values: np.ndarray) -> str:
 
 @runtime_checkable
 class ImageFamily(Protocol):
-    """A model family's image semantics. Instances are frozen dataclasses holding their parameters."""
+    """A model family's image semantics. Instances are frozen dataclasses holding their parameters (so the
+    attributes are read-only here)."""
 
-    name: str  # "qwen2-vl", "pixtral", "llava"
-    template_placeholder: str  # what the template emits per image and expansion replaces, e.g. "<|image_pad|>"
-    orientation: Orientation  # the decode policies the family's reference uses
-    colour: ColourPolicy
+    @property
+    def name(self) -> str:
+        """The family's name: "qwen2-vl", "pixtral", "llava"."""
+        ...
+
+    @property
+    def template_placeholder(self) -> str:
+        """What the template emits per image and expansion replaces, e.g. "<|image_pad|>"."""
+        ...
+
+    @property
+    def orientation(self) -> Orientation:
+        """The decode policies the family's reference uses (with `colour`)."""
+        ...
+
+    @property
+    def colour(self) -> ColourPolicy: ...
 
     def params(self) -> FrozenDict:
         """Every parameter, as JSON values (recorded)."""
@@ -243,10 +257,17 @@ class ImageFamily(Protocol):
 class VideoFamily(Protocol):
     """A family that also takes videos given as lists of frames (Qwen2-VL)."""
 
-    name: str
-    video_placeholder: str  # what the template emits per video, e.g. "<|video_pad|>"
-    orientation: Orientation
-    colour: ColourPolicy
+    @property
+    def name(self) -> str: ...
+    @property
+    def video_placeholder(self) -> str:
+        """What the template emits per video, e.g. "<|video_pad|>"."""
+        ...
+
+    @property
+    def orientation(self) -> Orientation: ...
+    @property
+    def colour(self) -> ColourPolicy: ...
 
     def plan_video(self, sizes: Sequence[tuple[int, int]]) -> ImagePlan:
         """The grid and placeholder count of a video whose frames have these oriented (height, width) sizes."""

@@ -172,9 +172,15 @@ def expand(
         (k, m, family.placeholders(im.plan), im.ref.index, im.ref.path, "image")
         for im, k, m in zip(images, positions, slots, strict=True)
     ]
-    vph = getattr(family, "video_placeholder", None)
+    vph: str | None = getattr(family, "video_placeholder", None)
     if videos or (vph and tokenizer.token_to_id(vph) is not None):
-        vid = _placeholder_id(vph, family, tokenizer, "videos") if videos else tokenizer.token_to_id(vph)
+        if vph is None:  # videos, and a family that takes none (`Model.run_images` refuses them when it plans them)
+            raise ImagePlacementError(
+                f"the {family.name} image family takes no video",
+                path=videos[0].ref.path,
+                hint="send the frames as images, or use a model that takes video (Qwen2-VL, Qwen2.5-VL)",
+            )
+        vid = _placeholder_id(vph, family, tokenizer, "videos") if videos else _token_id(tokenizer, vph)
         vpos, vslots = _slots(rendered, tokenized, vid, vph, "video")
         if len(vslots) != len(videos):
             raise _video_mismatch(vph, len(vslots), videos)

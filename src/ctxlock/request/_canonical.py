@@ -35,7 +35,7 @@ to the encoder's on every code point.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from ctxlock.core import FrozenDict, canonical_json
 
@@ -66,11 +66,29 @@ def _controls_escaped(data: bytes) -> bytes:
     return data
 
 
+class _Message(Protocol):
+    """What this module reads of a message of `message_type`: `ctxlock.request.Message` (whose module imports this
+    one, so it is described here rather than imported)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def content(self) -> str | tuple[FrozenDict, ...] | None: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> tuple[Any, ...] | None: ...
+    @property
+    def tool_call_id(self) -> str | None: ...
+    @property
+    def reasoning_content(self) -> str | None: ...
+
+
 # The roles a parsed message can have, written once.
 _ROLES = {role: _quoted(role) for role in ("system", "developer", "user", "assistant", "tool")}
 
 
-def request_json_bytes(request: Any, message_type: type) -> bytes | None:
+def request_json_bytes(request: Any, message_type: type[_Message]) -> bytes | None:
     """`request.to_json().encode("utf-8")` of the reference path, written piece by piece (module docstring), or
     None where the reference path must write it."""
     try:
@@ -97,7 +115,7 @@ def request_json_bytes(request: Any, message_type: type) -> bytes | None:
         return None
 
 
-def _message_json(m: Any, message_type: type) -> bytes:
+def _message_json(m: Any, message_type: type[_Message]) -> bytes:
     """The canonical text of `m.to_template()`, as UTF-8."""
     if type(m) is message_type and m.tool_calls is None:
         content, role = m.content, m.role

@@ -53,7 +53,9 @@ class _Names:
         self.calls = [
             c for c in tree.find_all(jinja2.nodes.Call) if isinstance(c.node, name_of) and c.node.name in self.macros
         ]
-        self.lists, self.items, self.contents = {"messages"}, set(), set()
+        self.lists: set[str] = {"messages"}
+        self.items: set[str] = set()
+        self.contents: set[str] = set()
         self._grow()
 
     def is_item(self, node: Any) -> bool:
@@ -131,19 +133,19 @@ def _reads_a_part(tree: jinja2.nodes.Template, is_content: Callable[[Any], bool]
     # Parts read without a loop: a part taken by index (`content[0].text`, `content[0]['text']`, `content|first`) or
     # the parts mapped or filtered by a part's key (`content|map(attribute='text')`, `content|selectattr('type',
     # ...)`); a joined string would give such a template one character, or nothing, in place of the text.
-    for node in tree.find_all(jinja2.nodes.Getattr):
-        if node.attr in PART_KEYS and _part_of_content(node.node, is_content):
+    for attr in tree.find_all(jinja2.nodes.Getattr):
+        if attr.attr in PART_KEYS and _part_of_content(attr.node, is_content):
             return True
-    for node in tree.find_all(jinja2.nodes.Getitem):
-        key = node.arg.value if isinstance(node.arg, jinja2.nodes.Const) else None
-        if key in PART_KEYS and _part_of_content(node.node, is_content):
+    for item in tree.find_all(jinja2.nodes.Getitem):
+        key = item.arg.value if isinstance(item.arg, jinja2.nodes.Const) else None
+        if key in PART_KEYS and _part_of_content(item.node, is_content):
             return True
-    for node in tree.find_all(jinja2.nodes.Filter):
-        by_key = node.name in ("map", "selectattr", "rejectattr", "groupby", "sort", "unique") and any(
+    for filt in tree.find_all(jinja2.nodes.Filter):
+        by_key = filt.name in ("map", "selectattr", "rejectattr", "groupby", "sort", "unique") and any(
             isinstance(a, jinja2.nodes.Const) and a.value in PART_KEYS
-            for a in [*node.args, *(k.value for k in node.kwargs)]
+            for a in [*filt.args, *(k.value for k in filt.kwargs)]
         )
-        if by_key and node.node is not None and is_content(node.node):
+        if by_key and filt.node is not None and is_content(filt.node):
             return True
     return False
 

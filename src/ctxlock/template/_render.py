@@ -175,8 +175,8 @@ def _run(
     limits: RenderLimits,
     checker: taint.Checker,
     seed: int = 0,
-    draws: list | None = None,
-    generation: list | None = None,
+    draws: list[dict[str, Any]] | None = None,
+    generation: list[tuple[int, int]] | None = None,
     prepared: tuple[jinja2.Template, dict[str, Any]] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render once (`prepared`: the template compiled with `limits` and its globals, when the caller has them); map
@@ -292,11 +292,12 @@ def _touched(text: str, spans: list[taint.SpanT], tokens: _TokenSet) -> list[tup
 
 def _template_inputs(
     request: Request, template: ChatTemplate, fmt_option: Any, all_tools: Any, all_docs: Any
-) -> tuple[Any, Any, Any, tuple[Any, Any, bool]]:
+) -> tuple[list[dict[str, Any]], Any, Any, tuple[str, str, tuple[str, ...]]]:
     """The messages, tools and documents the template sees: document blocks pulled out (to `documents` where the
     template takes them), content parts flattened for a string-content template, mistral-common's shapes; and the
-    content format (chosen, detected, flattened)."""
+    content format (chosen, detected, and the paths of the contents flattened)."""
     messages = template_messages(request)
+    flattened: tuple[str, ...]
     if not any([isinstance(m.content, tuple) for m in request.messages]):  # no part lists: no documents, none to join
         fmt, detected, flattened = "", "", ()
     else:
@@ -405,8 +406,9 @@ class _Plan:
     frozen_variables: FrozenDict  # immutable), and `Rendered.variables` for one
     tokens: _TokenSet
     checker: taint.Checker
-    prepared: list  # the jinja2 Template and its globals, once a render has compiled it (where `_run` did)
-    warned: list  # the role-marker warnings, once a render has asked for them
+    # the jinja2 Template and its globals, once a render has compiled it (where `_run` did)
+    prepared: list[tuple[jinja2.Template, dict[str, Any]]]
+    warned: list[tuple[FrozenDict, ...]]  # the role-marker warnings, once a render has asked for them
 
     def role_warnings(self, special_tokens: Any, limits: RenderLimits) -> tuple[FrozenDict, ...]:
         if not self.warned:
@@ -455,7 +457,8 @@ def _make_plan(
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
 # The plan used last, with the very objects it was asked for (immutable ones only): a batch's rows find it by
 # identity, without hashing the options and the template set every row.
-_LAST: list[tuple[Any, ...]] = []
+_LastPlan = tuple[TemplateSet | ChatTemplate, RenderOptions, Mapping[str, str] | None, Iterable[str], bool, _Plan]
+_LAST: list[_LastPlan] = []
 
 
 def _clear_plans() -> None:
@@ -522,10 +525,10 @@ def _run_reporting_parts(
     plan: _Plan,
     context: dict[str, Any],
     limits: RenderLimits,
-    draws: list,
+    draws: list[dict[str, Any]],
     fmt: str,
     request: Request,
-    generation: list | None = None,
+    generation: list[tuple[int, int]] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """`_run`, with the content format option added to the hint of a failure on content-part lists."""
     if not plan.prepared:  # compiled here, after the request's own checks (a failure is not kept: raised each time)
@@ -570,15 +573,15 @@ def _resolve_content_format(
 ) -> tuple[str, str, tuple[str, ...]]:
     """The content format used and the one detected ("" both when no message holds a list: nothing is parsed), and
     the paths of the contents to join."""
-    with_parts = [m for m in request.messages if isinstance(m.content, tuple)]
+    with_parts = [(m, m.content) for m in request.messages if isinstance(m.content, tuple)]
     if not with_parts:
         return "", "", ()
     detected = content_format(template.source)
     fmt = detected if option is ContentFormat.AUTO else option
     if fmt is ContentFormat.OPENAI:
         return fmt, detected, ()
-    for m in with_parts:
-        for j, part in enumerate(m.content):  # type: ignore[arg-type]
+    for m, parts in with_parts:
+        for j, part in enumerate(parts):
             if part.get("type") not in ("text", "document"):  # documents left the messages (template_documents)
                 where = next((m.origins[k] for k in m.origins if k.startswith(f".content[{j}].")), None)
                 part_path = re.sub(r"(\.image_url)?\.url$|\.(source|image_url)$", "", where) if where else None
@@ -589,7 +592,7 @@ def _resolve_content_format(
                     hint="send text only, use a template that reads content parts, or content_format='openai' "
                     "(--content-format openai) to pass the parts as sent, as transformers does",
                 )
-    return fmt, detected, tuple(content_path(m) for m in with_parts)
+    return fmt, detected, tuple(content_path(m) for m, _ in with_parts)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class PaddingSide(StrEnum):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _is_int(x: object) -> bool:
+def _is_int(x: object) -> TypeGuard[int | np.integer[Any]]:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
@@ -110,25 +110,25 @@ def _padding_side(value: PaddingSide | str, path: str = "padding_side") -> Paddi
 def _pad_id(value: object, path: str = "pad_id") -> int | None:
     if value is None:
         return None
-    if not _is_int(value) or not 0 <= int(value) <= _INT64_MAX:  # type: ignore[call-overload]
+    if not _is_int(value) or not 0 <= int(value) <= _INT64_MAX:
         raise TensorError(
             f"pad_id must be a non-negative int or None, got {value!r}",
             path=path,
             hint="pass the tokenizer's pad token id",
         )
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def _multiple(value: object) -> int | None:
     if value is None:
         return None
-    if not _is_int(value) or int(value) < 1:  # type: ignore[call-overload]
+    if not _is_int(value) or int(value) < 1:
         raise TensorError(
             f"pad_to_multiple_of must be a positive int or None, got {value!r}",
             path="pad_to_multiple_of",
             hint="use e.g. 8 or 64, or None for no rounding",
         )
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def _coerce_row(row: object, path: str) -> np.ndarray:
@@ -271,7 +271,7 @@ def _check_mask_and_positions(mask: np.ndarray, pos: np.ndarray, lengths: tuple[
     """The mask is 0/1, contiguous on ``side`` with ``lengths`` ones per row, and the positions are transformers'."""
     n = mask.shape[1]
     if mask.size and not np.isin(mask, (0, 1)).all():
-        b = _first_bad_row(np.isin(mask, (0, 1)).all(axis=1))
+        b = _first_bad_row(cast(np.ndarray, np.isin(mask, (0, 1)).all(axis=1)))  # 2-D: one bool per row
         raise TensorError("attention_mask must be 0/1", path=f"attention_mask[{b}]", hint="1 = real, 0 = pad")
     lens = np.asarray(lengths, dtype=np.int64)[:, None]
     cols = np.arange(n, dtype=np.int64)[None, :]
@@ -315,7 +315,7 @@ def _check_ids(ids: np.ndarray, mask: np.ndarray, pad_id: int | None) -> None:
             )
 
 
-class _KeyedInput(Mapping):
+class _KeyedInput(Mapping[str, Any]):
     """The read-only mapping of the three `KEYS` that `ModelInput` and `TorchInput` are, as transformers'
     ``BatchEncoding`` is one; any other key is a TensorKeyError. A subclass gives a key's value (`_value`)."""
 
@@ -430,7 +430,8 @@ class ModelInput(_KeyedInput):
         b = int(b) % self.batch_size
         n, length = self.seq_len, self.valid_lengths[b]
         start = 0 if self.padding_side is PaddingSide.RIGHT else n - length
-        return self.input_ids[b, start : start + length].tolist()
+        ids: list[int] = self.input_ids[b, start : start + length].tolist()
+        return ids
 
     # -- mapping (transformers' BatchEncoding) --------------------------------------------------------------------
 
@@ -438,7 +439,8 @@ class ModelInput(_KeyedInput):
     _attributes = ("valid_lengths", "padding_side", "pad_id")
 
     def _value(self, key: str) -> np.ndarray:
-        return getattr(self, key)
+        value: np.ndarray = getattr(self, key)  # one of the three arrays (`_keys`)
+        return value
 
     def to(self, device: Any, *, non_blocking: bool = False) -> TorchInput:
         """The arrays as torch tensors on ``device`` (``BatchEncoding.to``). numpy arrays have no device, so this

@@ -152,8 +152,9 @@ class Tokenizer(Protocol):
 
     # -- optional capabilities (TokenizerBase gives each its "not here" default)
     source: str
-    eos_id: int | None
 
+    @property
+    def eos_id(self) -> int | None: ...
     @property
     def engine(self) -> str: ...
     @property

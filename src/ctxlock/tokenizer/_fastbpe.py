@@ -183,9 +183,9 @@ def _check_model(model: Mapping[str, Any]) -> dict[bytes, int]:
     vocab: Mapping[str, int] = model.get("vocab") or {}
     ignore_merges = bool(model.get("ignore_merges", False))
 
-    for b, ch in enumerate(BYTE_CHARS):
-        if ch not in vocab and b not in _NOT_UTF8:
-            raise Refusal(f"byte 0x{b:02x} ({ch!r}) has no token: the vocabulary is not byte-level")
+    for byte, ch in enumerate(BYTE_CHARS):
+        if ch not in vocab and byte not in _NOT_UTF8:
+            raise Refusal(f"byte 0x{byte:02x} ({ch!r}) has no token: the vocabulary is not byte-level")
 
     # Merges as tokenizers maps them: pair -> index; a repeated pair keeps its last index.
     merge_index: dict[tuple[str, str], int] = {}
@@ -246,7 +246,7 @@ def _check_model(model: Mapping[str, Any]) -> dict[bytes, int]:
 
 def _regex_min_width(pattern: str) -> int:
     """The pattern's minimum match width by Python's regex parser (Unicode classes stand in as \\w: width 1)."""
-    import re._parser as sre_parse  # Python >= 3.11
+    import re._parser as sre_parse  # type: ignore[import-not-found]  # Python >= 3.11; typeshed has no re._parser
 
     def sub(m: re.Match[str]) -> str:
         t = m.group(0)
@@ -352,7 +352,7 @@ def check(data: Mapping[str, Any], plain_added: Sequence[Mapping[str, Any]]) -> 
                 raise Refusal(f"the tokenizer.json sets {key}")
         normalizer = data.get("normalizer")
         norm = None if normalizer is None else normalizer.get("type")
-        if norm not in _NORMALIZERS:
+        if normalizer is not None and norm not in _NORMALIZERS:  # no normalizer (None) is supported
             raise Refusal(f"normalizer {_describe_node(normalizer)} is not supported")
         _check_added(plain_added)
         pattern = _check_regex(_check_pre_tokenizer(data.get("pre_tokenizer")))
@@ -484,7 +484,8 @@ def nfc_inert_spans() -> list[list[int]]:
     [first, last] runs. Computed in about 0.2 s and cached on disk per Unicode version."""
     path = cache_root() / "fastbpe" / f"nfc-inert-{unicodedata.unidata_version}-{CHECK_VERSION}.json"
     try:
-        return json.loads(path.read_text("utf-8"))
+        cached: list[list[int]] = json.loads(path.read_text("utf-8"))
+        return cached
     except (OSError, ValueError):
         pass
     spans = _inert_spans()
@@ -580,7 +581,7 @@ class FastEncoder:
         self._ordinary = self._enc.encode_ordinary
         self._normalize = normalize if verdict.normalizer else None
         raw = [(c, i) for c, i, n in added if not n]
-        norm = [(normalize(c) if self._normalize else c, i) for c, i, n in added if n]
+        norm = [(self._normalize(c) if self._normalize else c, i) for c, i, n in added if n]
         self._raw_ids = dict(raw)
         self._norm_ids = dict(norm)
         # Leftmost-longest, as tokenizers' Aho-Corasick matcher for added tokens.

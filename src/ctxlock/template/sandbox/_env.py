@@ -37,7 +37,7 @@ import marshal
 from collections.abc import Callable
 from contextlib import suppress
 from types import CodeType
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import jinja2.compiler
@@ -84,7 +84,8 @@ from ctxlock.template.sandbox._limits import (
 
 class _GenerationTag(jinja2.ext.Extension):
     # transformers' AssistantTracker: `{% generation %}...{% endgeneration %}` renders its body unchanged.
-    tags = frozenset({"generation"})
+    # A frozenset: the class attribute cannot be changed by accident.
+    tags = frozenset({"generation"})  # type: ignore[assignment]  # jinja2 annotates set[str]; it only iterates tags
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -101,10 +102,10 @@ class _GenerationTag(jinja2.ext.Extension):
 
 class _TemplateDict:
     # transformers exposes `dict` without attribute access to the real type.
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -135,7 +136,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 _TOJSON_MEMO: LRU[tuple[Any, ...], tuple[Any, str]] = LRU("sandbox.tojson", max_items=4096)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # Matches transformers' tojson: no HTML escaping, and the json.dumps options exposed.
     checker = taint.CHECKER.get()
     key = None
@@ -159,7 +162,7 @@ def _tojson_uncached(x: Any, ensure_ascii: bool, indent: Any, separators: Any, s
     if size > state.max_single:
         raise Limit(f"tojson would build about {size:,} characters (limit {state.max_single:,})")
     out = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    return taint.derived(out, (x,), "tojson")
+    return cast(str, taint.derived(out, (x,), "tojson"))  # a str in, a str (or its Tainted subclass) out
 
 
 class Raised(jinja2.exceptions.TemplateError):
@@ -178,7 +181,7 @@ class _UnsafeUndefined(jinja2.Undefined):
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         self._fail_with_undefined_error()
 
-    __str__ = __format__ = __iter__ = __len__ = __bool__ = _fail  # type: ignore[assignment]
+    __str__ = __format__ = __iter__ = __len__ = __bool__ = _fail
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,7 +220,7 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
                 self.visit(part, frame)
         self.write("))")
 
-    def visit_Add(self, node: jinja2.nodes.Add, frame: Any) -> None:
+    def visit_Add(self, node: jinja2.nodes.BinExpr, frame: Any) -> None:  # called for Add nodes only
         # Templates join turns with `+` on short strings: that case is written inline (a request string's own `+`
         # keeps its provenance), and everything else (long strings, lists, numbers) goes through `call_binop`, as the
         # sandbox would send it. The operands are evaluated once, left first, as in `a + b`.
@@ -265,7 +268,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.globals["lipsum"] = lipsum
 
     # -- strings built by the template
-    def concat(self, parts: Any) -> str:  # type: ignore[override]
+    def concat(self, parts: Any) -> str:
         parts = list(parts)
         current_state().charge(sum(map(len, parts)), "a block")
         return taint.concat(parts)
@@ -273,14 +276,14 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def ctx_str(self, value: Any) -> str:
         t = type(value)
         if t is str or t is Tainted:
-            return value
+            return cast(str, value)  # its type is str or Tainted (a str)
         if isinstance(value, str):
             return value
         if isinstance(value, (list, tuple, dict, set, frozenset)):
             state = current_state()
             state.charge(deep_size(value, state.max_single), "printing a container")
         check_printable(value, "printing a value")
-        return taint.derived(str(value), (value,), "str()")
+        return cast(str, taint.derived(str(value), (value,), "str()"))  # a str in, a str (or its Tainted subclass) out
 
     def ctx_concat(self, parts: tuple[Any, ...]) -> str:
         strs = [self.ctx_str(p) for p in parts]
@@ -517,8 +520,8 @@ def render_limited(
     *,
     tracer: bool | None = None,
     seed: int = 0,
-    draws: list | None = None,
-    generation: list | None = None,
+    draws: list[dict[str, Any]] | None = None,
+    generation: list[tuple[int, int]] | None = None,
     template_globals: dict[str, Any] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render within the limits, scaled to the size of `context` (`RenderLimits.scaled`); return the text and the

@@ -65,6 +65,7 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any, i
         at = pos
         key, pos = _varint(buf, pos, end)
         field, wire = key >> 3, key & 7
+        value: int | bytes | tuple[int, int]  # VARINT, I64/I32, LEN
         if field == 0:
             raise _ProtoError(at, "field number 0")
         if wire == 0:

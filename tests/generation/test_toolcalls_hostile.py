@@ -24,7 +24,21 @@ TOOLS = [
         "function": {"name": "num", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}},
     },
 ]
-FORMATS = ["anthropic", "openai", "hermes", "mistral", "qwen3_coder"]
+# The formats whose arguments are JSON the model wrote, each with how it frames one call of tool `get` (the newer
+# formats' framings: docs/tool-call-formats.md).
+FRAMES = {
+    "harmony": "<|channel|>commentary to=functions.get <|constrain|>json<|message|>{}<|call|>",
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get\n```json\n{}\n```"
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "deepseek_v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{}"
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get:0<|tool_call_argument_begin|>{}"
+    "<|tool_call_end|><|tool_calls_section_end|>",
+    "llama3_json": '<|python_tag|>{{"name": "get", "parameters": {}}}',
+    "granite": '<|tool_call|>[{{"name": "get", "arguments": {}}}]',
+    "nemotron_json": '<TOOLCALL>[{{"name": "get", "arguments": {}}}]</TOOLCALL>',
+}
+FORMATS = ["anthropic", "openai", "hermes", "mistral", "qwen3_coder", *FRAMES]
 SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -68,6 +82,9 @@ def run(fmt: str, raw_args: str, *, release: str = "finish") -> Result:
         asm.feed('<tool_call>\n{"name": "get", "arguments": ' + raw_args + "}\n</tool_call>")
     elif fmt == "mistral":
         asm.feed("[TOOL_CALLS]get[ARGS]" + raw_args)
+    elif fmt in FRAMES:
+        frame = FRAMES[fmt]
+        asm.feed(frame.format(raw_args) if "{{" in frame else frame.replace("{}", raw_args, 1))
     else:  # qwen3_coder: parameter `a` is untyped, so the text is its (string) value
         asm.feed(f"<tool_call>\n<function=get>\n<parameter=a>\n{raw_args}\n</parameter>\n</function>\n</tool_call>")
     return asm.finish("stop")

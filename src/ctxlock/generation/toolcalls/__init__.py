@@ -61,6 +61,10 @@ When is a call complete?
 | `glm45`       | `</tool_call>` is seen outside an `<arg_value>`                                             |
 | `qwen3_xml`   | as `qwen3_coder` (vLLM's other name for the same output; the same parser)                   |
 | `seed_oss`    | `</seed:tool_call>` is seen (a `<seed:tool_call>` inside `<seed:think>` ... is text)        |
+| `minicpm5`    | `</function>` is seen outside a `<![CDATA[` ... `]]>` value (MiniCPM5)                       |
+| `functionary_v3_1` | `</function>` is seen outside a JSON string (`<function=name>{...}</function>`)        |
+| `functionary_v3_2` | the next `>>>` is seen outside a JSON string, or the stream ends normally inside the call |
+|               | (`<|eot_id|>` is a stop token); the recipient `all` is text                                 |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words

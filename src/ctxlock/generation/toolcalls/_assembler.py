@@ -31,6 +31,8 @@ from ctxlock.generation.toolcalls._events import (
     ToolCallRejected,
     error_payload,
 )
+from ctxlock.generation.toolcalls._functionary_v3_1 import FunctionaryV31Parser
+from ctxlock.generation.toolcalls._functionary_v3_2 import FunctionaryV32Parser
 from ctxlock.generation.toolcalls._gemma4 import Gemma4Parser
 from ctxlock.generation.toolcalls._gigachat3 import GigaChat3Parser
 from ctxlock.generation.toolcalls._glm45 import Glm45Parser
@@ -42,6 +44,7 @@ from ctxlock.generation.toolcalls._kimi_k2 import KimiK2Parser
 from ctxlock.generation.toolcalls._kimi_k3 import KimiK3Parser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._llama3_json import Llama3JsonParser
+from ctxlock.generation.toolcalls._minicpm5 import MiniCPM5Parser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._minimax_m3 import MinimaxM3Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
@@ -81,6 +84,9 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.QWEN3_XML: Qwen3CoderParser,
     ToolCallFormat.GLM45: Glm45Parser,
     ToolCallFormat.SEED_OSS: SeedOssParser,
+    ToolCallFormat.MINICPM5: MiniCPM5Parser,
+    ToolCallFormat.FUNCTIONARY_V3_1: FunctionaryV31Parser,
+    ToolCallFormat.FUNCTIONARY_V3_2: FunctionaryV32Parser,
 }
 
 # Every format but the two providers' streams reads the model's own text.

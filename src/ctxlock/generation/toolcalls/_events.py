@@ -64,6 +64,10 @@ class ToolCallFormat(StrEnum):
     QWEN3_XML = "qwen3_xml"
     SEED_OSS = "seed_oss"  # Seed-OSS: <seed:tool_call>\n<function=f>\n<parameter=p>v</parameter>\n</function>\n...
     GLM45 = "glm45"  # GLM-4.5/4.6/4.7: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n</tool_call>
+    MINICPM5 = "minicpm5"  # MiniCPM5: <function name="f"><param name="p">v</param></function>, one element per call
+    FUNCTIONARY_V3_1 = "functionary_v3_1"  # functionary-medium-v3.1: <function=f>{"city": "Paris"}</function>
+    # functionary-medium-v3.2 (after the prompt's >>>): all\nsome text>>>f\n{"city": "Paris"}>>>g\n{...}
+    FUNCTIONARY_V3_2 = "functionary_v3_2"
 
 
 class Release(StrEnum):

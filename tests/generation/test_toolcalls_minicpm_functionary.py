@@ -151,7 +151,8 @@ MINICPM_CASES: list[Case] = [
     ),
     (
         "arguments_wrapped_arguments",
-        '<function name="get_weather"><param name="arguments">{"city": "上海", "date": "2024-06-27"}</param></function>',
+        '<function name="get_weather">'
+        '<param name="arguments">{"city": "上海", "date": "2024-06-27"}</param></function>',
         [SHANGHAI_CALL],
         None,
     ),
@@ -360,3 +361,142 @@ def test_functionary_v3_1_llama_cpp_cases(case: Case) -> None:
 @pytest.mark.parametrize("case", FUNCTIONARY_V32_CASES, ids=[c[0] for c in FUNCTIONARY_V32_CASES])
 def test_functionary_v3_2_llama_cpp_cases(case: Case) -> None:
     check_case("functionary_v3_2", FUNCTIONARY_TOOLS, case)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Never half a call: a multi-call output cut anywhere under a length stop releases nothing
+
+MULTI_CALL = {
+    "minicpm5": ("Let me look.\n" + SHANGHAI + "\n" + TWO_CALLS, MINICPM_TOOLS, 3),
+    "functionary_v3_1": (
+        'Let me look.<function=special_function>{"arg1": 1}</function><function=python>{"code": "a >>> b"}</function>',
+        FUNCTIONARY_TOOLS,
+        2,
+    ),
+    "functionary_v3_2": (
+        'all\nLet me look.>>>special_function\n{"arg1": 1}>>>python\n{"code": "</function> >>> b"}\n',
+        FUNCTIONARY_TOOLS,
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(MULTI_CALL))
+def test_a_length_stop_anywhere_releases_no_call(fmt: str) -> None:
+    text, tools, count = MULTI_CALL[fmt]
+    for cut in range(len(text) + 1):
+        for release in ("finish", "early"):
+            asm = ToolCallAssembler(tools, fmt, release=release)
+            fed = asm.feed(text[:cut])
+            result = asm.finish("length")
+            if release == "finish":
+                assert not any(isinstance(e, ToolCallReady) for e in [*fed, *result.events]), cut
+                assert result.calls == () and result.finish_reason == "length"
+                for err in result.errors:
+                    assert type(err) is ToolCallTruncatedError and "nothing was executed" in err.hint, (cut, err)
+            else:
+                assert all(type(err) is ToolCallTruncatedError for err in result.errors), cut
+    asm = ToolCallAssembler(tools, fmt)
+    asm.feed(text)
+    result = asm.finish("stop")
+    assert len(result.calls) == count and result.errors == ()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Template round trip: what the model's own template writes for two calls parses back to the same calls
+
+TEMPLATE_TOOLS = [WEATHER, SEARCH]
+NESTED = {**SEARCH_ARGS, "query": "rain </function> >>> gear, 天气 🌧\n  indented & <b>"}
+CALLS: list[Call] = [("get_weather", ZURICH), ("search_docs", NESTED)]
+# llama.cpp hands every template bos and eos (common/chat.cpp); functionary v3.2 concatenates the arguments as a
+# string, so it renders only with the arguments as sent (tests/generation/test_toolcalls_template_survey.py AS_SENT).
+SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+def _render(template_name: str, arguments: ToolArguments, calls: list[Call]) -> tuple[str, str]:
+    from ctxlock.artifacts import load_template_file
+    from ctxlock.template import render
+
+    template = load_template_file(fetched.templates_dir() / template_name)
+    user = {"role": "user", "content": "Weather in Zürich, and search the docs?"}
+    message = {
+        "role": "assistant",
+        "content": "Checking.",
+        "tool_calls": [
+            {"id": f"c{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)}}
+            for k, (n, a) in enumerate(calls)
+        ],
+    }
+
+    def text(messages: list[dict[str, Any]], prompt: bool) -> str:
+        body = json.dumps({"messages": messages, "tools": TEMPLATE_TOOLS}).encode()
+        request = parse_request(body, tool_arguments=arguments)
+        return render(request, template, add_generation_prompt=prompt, special_tokens=SPECIAL_TOKENS).text
+
+    return text([user], True), text([user, message], False)
+
+
+# (format, template, how the arguments reach the template, the end-of-turn token, the text ctxlock reads back)
+ROUND_TRIPS = [
+    ("minicpm5", "openbmb-MiniCPM5-1B.jinja", ToolArguments.PARSED, "<|im_end|>\n", "Checking.\n\n"),
+    ("functionary_v3_1", "meetkai-functionary-medium-v3.1.jinja", ToolArguments.PARSED, "<|eom_id|>", "Checking."),
+    ("functionary_v3_2", "meetkai-functionary-medium-v3.2.jinja", ToolArguments.AS_SENT, "<|eot_id|>", "Checking."),
+]
+
+
+@pytest.mark.parametrize("fmt, template, arguments, eot, text", ROUND_TRIPS, ids=[r[1] for r in ROUND_TRIPS])
+def test_template_round_trip(fmt: str, template: str, arguments: ToolArguments, eot: str, text: str) -> None:
+    prompt, full = _render(template, arguments, CALLS)
+    assert full.startswith(prompt) and full.endswith(eot)
+    generated = full[len(prompt) : len(full) - len(eot)]
+    for chunks in ([generated], list(generated)):
+        asm = ToolCallAssembler(TEMPLATE_TOOLS, fmt)
+        for chunk in chunks:
+            asm.feed(chunk)
+        result = asm.finish("stop")
+        assert result.errors == ()
+        assert [(c.name, c.arguments) for c in result.calls] == CALLS
+        assert result.text == text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bounds and malformed calls
+
+BOUNDED = {
+    "minicpm5": ('<function name="get_weather"><param name="city">Beijing</param></function>', MINICPM_TOOLS),
+    "functionary_v3_1": ('<function=special_function>{"arg1": 1, "pad": "Beijing"}</function>', FUNCTIONARY_TOOLS),
+    "functionary_v3_2": ('>>>special_function\n{"arg1": 1, "pad": "Beijing"}', FUNCTIONARY_TOOLS),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(BOUNDED))
+def test_a_call_longer_than_max_event_size_is_refused_not_buffered(fmt: str) -> None:
+    call, tools = BOUNDED[fmt]
+    v32 = fmt == "functionary_v3_2"  # text there is the recipient `all`'s content
+    text = ("all\na" if v32 else "a") + call.replace("Beijing", "B" * 200) + (">>>all\nb" if v32 else "b") + call
+    for release in ("finish", "early"):
+        asm = ToolCallAssembler(tools, fmt, max_event_size=120, release=release)
+        for ch in text:
+            asm.feed(ch)
+        result = asm.finish("stop")
+        assert [(type(e).__name__, e.path) for e in result.errors] == [("ToolCallError", "tool_calls[0]")]
+        assert "max_event_size=120" in result.errors[0].message
+        assert [c.index for c in result.calls] == [1] and result.text == "ab"
+
+
+def test_minicpm5_refuses_a_repeated_parameter_with_its_path_and_a_hint() -> None:
+    out = '<function name="get_weather"><param name="city">A</param><param name="city">B</param></function>'
+    asm = ToolCallAssembler(MINICPM_TOOLS, "minicpm5")
+    asm.feed(out)
+    (err,) = asm.finish("stop").errors
+    assert err.path == "tool_calls[0].arguments.city" and "twice" in err.message and err.hint
+
+
+def test_functionary_v3_2_a_first_line_that_is_no_recipient_is_text() -> None:
+    asm = ToolCallAssembler(FUNCTIONARY_TOOLS, "functionary_v3_2")
+    asm.feed("Sure, here it is.\n>>>special_function\n")
+    asm.feed('{"arg1": 2}')
+    result = asm.finish("stop")
+    assert result.text == "Sure, here it is.\n" and [(c.name, c.arguments) for c in result.calls] == [
+        ("special_function", {"arg1": 2})
+    ]

@@ -109,7 +109,7 @@ class FunctionaryV32Parser:
         self.size += len(text)
         if self.size > self.sink.max_event_size:
             self.state = _SKIP
-            self.parts = []
+            self.parts, self.span = [], None  # skipped up to the next >>>, wherever it is
             self.sink.fail(
                 self.index,
                 None,

@@ -103,9 +103,15 @@ def classify_written(text: str) -> str:
     return NO_CALLS if "get_weather" not in text else "unclassified"
 
 
-def _render(template: ChatTemplate, messages: list[dict[str, Any]], prompt: bool, variables: dict[str, Any]) -> str:
+def _render(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    prompt: bool,
+    variables: dict[str, Any],
+    arguments: ToolArguments = ToolArguments.PARSED,
+) -> str:
     body = {"messages": messages, "tools": _TOOLS, "chat_template_kwargs": variables}
-    request = parse_request(json.dumps(body).encode(), tool_arguments=ToolArguments.PARSED)
+    request = parse_request(json.dumps(body).encode(), tool_arguments=arguments)
     return render(request, template, add_generation_prompt=prompt, special_tokens=_SPECIAL).text
 
 
@@ -114,12 +120,14 @@ def assistant_turn(
     calls: list[dict[str, Any]],
     variables: dict[str, Any],
     content: str | None = "Looking it up.",
+    arguments: ToolArguments = ToolArguments.PARSED,
 ) -> str:
     """What `template` writes for an assistant turn with `calls` (and `content`): the render past the prefix it
-    shares with the prompt rendered with the generation prompt."""
+    shares with the prompt rendered with the generation prompt. `arguments`: how the calls' arguments reach the
+    template (parsed, or as sent: functionary v3.2 concatenates them as a string)."""
     turn = {"role": "assistant", "content": content, "tool_calls": calls}
-    full = _render(template, [_USER, turn], False, variables)
-    prompt = _render(template, [_USER], True, variables)
+    full = _render(template, [_USER, turn], False, variables, arguments)
+    prompt = _render(template, [_USER], True, variables, arguments)
     k = 0
     while k < min(len(full), len(prompt)) and full[k] == prompt[k]:
         k += 1
@@ -133,16 +141,22 @@ def tool_format_for_template(
     if isinstance(template, str):
         template = ChatTemplate(source=template, id="template")
     # Some templates refuse text beside calls (Mistral's), some more than one call per turn (Llama 3.x): the probe
-    # tries the turn with text and two calls first, then without text, then with one call.
+    # tries the turn with text and two calls first, then without text, then with one call; and when none of those
+    # renders with the arguments parsed, the same with the arguments as sent (functionary v3.2 concatenates them).
     written, first_error = None, None
-    for content, calls in (
-        ("Looking it up.", _CALLS),
-        (None, _CALLS),
-        ("Looking it up.", _CALLS[:1]),
-        (None, _CALLS[:1]),
-    ):
+    probes = [
+        (arguments, content, calls)
+        for arguments in (ToolArguments.PARSED, ToolArguments.AS_SENT)
+        for content, calls in (
+            ("Looking it up.", _CALLS),
+            (None, _CALLS),
+            ("Looking it up.", _CALLS[:1]),
+            (None, _CALLS[:1]),
+        )
+    ]
+    for arguments, content, calls in probes:
         try:
-            written = assistant_turn(template, calls, variables or {}, content)
+            written = assistant_turn(template, calls, variables or {}, content, arguments)
             break
         except CtxlockError as exc:
             first_error = first_error or exc

@@ -500,3 +500,11 @@ def test_functionary_v3_2_a_first_line_that_is_no_recipient_is_text() -> None:
     assert result.text == "Sure, here it is.\n" and [(c.name, c.arguments) for c in result.calls] == [
         ("special_function", {"arg1": 2})
     ]
+
+
+def test_functionary_v3_2_an_empty_first_line_is_text_not_a_nameless_call() -> None:
+    asm = ToolCallAssembler(FUNCTIONARY_TOOLS, "functionary_v3_2")
+    for ch in "\nHello.":
+        asm.feed(ch)
+    result = asm.finish("stop")
+    assert result.text == "\nHello." and result.calls == () and result.errors == ()

@@ -11,8 +11,8 @@ is text; any other is a call whose content is its JSON arguments (`python`, llam
 also write raw code: it becomes `{"code": ...}`, as llama.cpp's common/chat.cpp reads it). A call is complete when
 the next `>>>` is seen outside a JSON string, or when the stream ends normally inside it (the end of the turn is
 the `<|eot_id|>` stop token, which servers do not stream); a call still open at any other end is unfinished.
-A first line that is not a recipient (not a bare name) is text. A call longer than `sink.max_event_size` characters
-is refused and skipped up to the next `>>>`."""
+A first line that is not a recipient (not a bare name, or empty) is text. A call longer than `sink.max_event_size`
+characters is refused and skipped up to the next `>>>`."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ class FunctionaryV32Parser:
     def _recipient(self, t: str, i: int) -> int | None:
         j = t.find("\n", i)
         name = t[i:] if j < 0 else t[i:j]
-        if _NAME_CHARS.fullmatch(name) is None or len(name) > self.sink.max_event_size:
-            self.state = _TEXT  # not a recipient line: the output is text
+        if _NAME_CHARS.fullmatch(name) is None or len(name) > self.sink.max_event_size or (j == i):
+            self.state = _TEXT  # not a recipient line (an empty line neither): the output is text
             return i
         if j < 0:
             self.pending = name

@@ -37,6 +37,8 @@ FRAMES = {
     "llama3_json": '<|python_tag|>{{"name": "get", "parameters": {}}}',
     "granite": '<|tool_call|>[{{"name": "get", "arguments": {}}}]',
     "nemotron_json": '<TOOLCALL>[{{"name": "get", "arguments": {}}}]</TOOLCALL>',
+    "functionary_v3_1": "<function=get>{}</function>",
+    "functionary_v3_2": "get\n{}",
 }
 FORMATS = ["anthropic", "openai", "hermes", "mistral", "qwen3_coder", *FRAMES]
 SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])

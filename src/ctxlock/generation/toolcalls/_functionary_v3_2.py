@@ -26,6 +26,7 @@ from ctxlock.generation.toolcalls._sink import ToolCallSink
 _SEP = ">>>"
 _RECIPIENT, _TEXT, _CALL, _SKIP = range(4)
 _NAME_CHARS = re.compile(r"[\w.\-]*")
+_MAX_NAME = 256  # a longer first line is text (tool names are short; OpenAI allows 64 characters)
 _HINT = 'write >>>name, a newline, then the arguments as one JSON object: >>>get_weather\\n{"city": "Paris"}'
 
 
@@ -43,7 +44,7 @@ class FunctionaryV32Parser:
         self.parts: list[str] = []
         self.size = 0
         self.span: JsonSpan | None = None  # the call's content is JSON (tracked to see `>>>` inside a string)
-        self.lead = ""  # the call's content before its first non-blank character
+        self.lead = ""  # the first non-blank character of the call's content
 
     def feed(self, text: Any) -> None:
         t = self.pending + text_delta(text, self.sink.format.value)
@@ -60,7 +61,7 @@ class FunctionaryV32Parser:
     def _recipient(self, t: str, i: int) -> int | None:
         j = t.find("\n", i)
         name = t[i:] if j < 0 else t[i:j]
-        if _NAME_CHARS.fullmatch(name) is None or len(name) > self.sink.max_event_size or (j == i):
+        if _NAME_CHARS.fullmatch(name) is None or len(name) > _MAX_NAME or j == i:
             self.state = _TEXT  # not a recipient line (an empty line neither): the output is text
             return i
         if j < 0:

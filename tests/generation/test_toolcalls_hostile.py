@@ -37,6 +37,7 @@ FRAMES = {
     "llama3_json": '<|python_tag|>{{"name": "get", "parameters": {}}}',
     "granite": '<|tool_call|>[{{"name": "get", "arguments": {}}}]',
     "nemotron_json": '<TOOLCALL>[{{"name": "get", "arguments": {}}}]</TOOLCALL>',
+    "minimax": '<tool_calls>\n{{"name": "get", "arguments": {}}}\n</tool_calls>',
 }
 FORMATS = ["anthropic", "openai", "hermes", "mistral", "qwen3_coder", *FRAMES]
 SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])

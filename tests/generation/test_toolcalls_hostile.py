@@ -39,6 +39,7 @@ FRAMES = {
     "nemotron_json": '<TOOLCALL>[{{"name": "get", "arguments": {}}}]</TOOLCALL>',
     "functionary_v3_1": "<function=get>{}</function>",
     "functionary_v3_2": "get\n{}",
+    "minimax": '<tool_calls>\n{{"name": "get", "arguments": {}}}\n</tool_calls>',
 }
 FORMATS = ["anthropic", "openai", "hermes", "mistral", "qwen3_coder", *FRAMES]
 SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -65,6 +65,8 @@ When is a call complete?
 | `functionary_v3_1` | `</function>` is seen outside a JSON string (`<function=name>{...}</function>`)        |
 | `functionary_v3_2` | the next `>>>` is seen outside a JSON string, or the stream ends normally inside the call |
 |               | (`<|eot_id|>` is a stop token); the recipient `all` is text                                 |
+| `deepseek_v4` | `</｜DSML｜invoke>` is seen inside `<｜DSML｜tool_calls>` (V3.2's DSML in V4's block)          |
+| `minimax`     | `</tool_calls>` is seen outside a JSON string (MiniMax-M1; a block inside `<think>` is text) |
 
 The `Result.finish_reason` is `"tool_calls"` only when the stream ended normally, at least one call was released
 and no call failed; a normal end that does not meet that is `"stop"`; a length stop in any provider's words
@@ -75,8 +77,8 @@ that: vllm-project/vllm issue 53269).
 The package, one job per module: `events` (the formats, events and `Result`), `assembler` (`ToolCallAssembler`, the
 release rules), `sink` (the public emitter protocol, `ToolCallSink`, between the assembler and the parsers), one
 module per wire format (`PARSERS` names them; `tagged` and `sectioned` hold the framing several formats share,
-`sse` Anthropic's event stream), `schemas` (the tools' JSON Schemas), `coerce` (parameter text to the schema's
-types) and `jsontext` (strict JSON and the scanners the formats share).
+`dsml` DeepSeek's DSML markup (V3.2 and V4), `sse` Anthropic's event stream), `schemas` (the tools' JSON Schemas),
+`coerce` (parameter text to the schema's types) and `jsontext` (strict JSON and the scanners the formats share).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from ctxlock.errors import ProviderStreamError, ToolCallError, ToolCallTruncated
 from ctxlock.generation.toolcalls._anthropic import AnthropicParser
 from ctxlock.generation.toolcalls._apertus import ApertusParser
 from ctxlock.generation.toolcalls._deepseek_v3 import DeepSeekV3Parser
+from ctxlock.generation.toolcalls._deepseek_v4 import DeepSeekV4Parser
 from ctxlock.generation.toolcalls._deepseek_v31 import DeepSeekV31Parser
 from ctxlock.generation.toolcalls._deepseek_v32 import DeepSeekV32Parser
 from ctxlock.generation.toolcalls._events import (
@@ -45,6 +46,7 @@ from ctxlock.generation.toolcalls._kimi_k3 import KimiK3Parser
 from ctxlock.generation.toolcalls._lfm2 import Lfm2Parser
 from ctxlock.generation.toolcalls._llama3_json import Llama3JsonParser
 from ctxlock.generation.toolcalls._minicpm5 import MiniCPM5Parser
+from ctxlock.generation.toolcalls._minimax import MinimaxParser
 from ctxlock.generation.toolcalls._minimax_m2 import MinimaxM2Parser
 from ctxlock.generation.toolcalls._minimax_m3 import MinimaxM3Parser
 from ctxlock.generation.toolcalls._mistral import MistralParser
@@ -87,6 +89,8 @@ PARSERS: dict[ToolCallFormat, Callable[[ToolCallSink, int], FormatParser]] = {
     ToolCallFormat.MINICPM5: MiniCPM5Parser,
     ToolCallFormat.FUNCTIONARY_V3_1: FunctionaryV31Parser,
     ToolCallFormat.FUNCTIONARY_V3_2: FunctionaryV32Parser,
+    ToolCallFormat.DEEPSEEK_V4: DeepSeekV4Parser,
+    ToolCallFormat.MINIMAX: MinimaxParser,
 }
 
 # Every format but the two providers' streams reads the model's own text.

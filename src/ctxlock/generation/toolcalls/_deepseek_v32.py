@@ -1,4 +1,4 @@
-"""Wire format `deepseek_v32` (DeepSeek-V3.2): DSML markup, with `｜DSML｜` (fullwidth bars) in every tag.
+"""Wire format `deepseek_v32` (DeepSeek-V3.2): DSML markup (`_dsml.py`) in a `<｜DSML｜function_calls>` block.
 
     <｜DSML｜function_calls>
     <｜DSML｜invoke name="NAME">
@@ -7,91 +7,17 @@
     </｜DSML｜invoke>
     </｜DSML｜function_calls>
 
-A call is complete when `</｜DSML｜invoke>` is seen (values are raw text: there is no JSON string to be inside). Each
-value is turned into the type its property's schema declares (`coerce_parameter`, as for qwen3_coder); without a
-typed property, a `string="false"` value is parsed as JSON and a `string="true"` one stays text, as the template
-writes them (deepseek-ai-DeepSeek-V3.2.jinja; vllm/tool_parsers/deepseekv32_tool_parser.py)."""
+A call is complete when `</｜DSML｜invoke>` is seen. Values are converted by the tool's schema, else by the `string`
+attribute, as the template writes them (deepseek-ai-DeepSeek-V3.2.jinja;
+vllm/tool_parsers/deepseekv32_tool_parser.py)."""
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
-from ctxlock.generation.toolcalls._coerce import coerce_parameter
-from ctxlock.generation.toolcalls._jsontext import dumps_arguments, loads_object
-from ctxlock.generation.toolcalls._schemas import arguments_path
-from ctxlock.generation.toolcalls._sectioned import SectionedParser
-
-DSML = "｜DSML｜"
-INVOKE = f"<{DSML}invoke"
-INVOKE_END = f"</{DSML}invoke>"
-PARAMETER_END = f"</{DSML}parameter>"
-_NAME = re.compile(r'\s+name="([^"]*)"\s*>')
-_PARAMETER = re.compile(rf'<{DSML}parameter\s+name="([^"]*)"(?:\s+string="(true|false)")?\s*>')
-_TYPED = ("type", "anyOf", "oneOf", "enum", "const")
+from ctxlock.generation.toolcalls._dsml import DSML, DsmlParser
 
 
-class DeepSeekV32Parser(SectionedParser):
-    """Body: ` name="NAME">` then `<｜DSML｜parameter name="P" string="true|false">value</｜DSML｜parameter>`."""
+class DeepSeekV32Parser(DsmlParser):
+    """DSML invokes in a `<｜DSML｜function_calls>` block (an invoke outside one is read too)."""
 
     section_begin = (f"<{DSML}function_calls>",)
     section_end = (f"</{DSML}function_calls>",)
-    call_begin = INVOKE
-    call_end = INVOKE_END
-    json_body = False
-    example = f'{INVOKE} name="NAME"><{DSML}parameter name="P" string="true">value{PARAMETER_END}{INVOKE_END}'
-
-    def _close(self, body: str) -> None:
-        index = self.index
-        m = _NAME.match(body)
-        if m is None:
-            self._fail(f'expected name="NAME"> after {INVOKE}', None, f"tool_calls[{index}].name")
-            return
-        name = m.group(1).strip()
-        args = self._parameters(name, body, m.end())
-        if args is None:
-            return
-        raw, problem = dumps_arguments(args)
-        if problem is not None:
-            self._fail(f"arguments are not valid JSON: {problem}", name, f"tool_calls[{index}].arguments")
-            return
-        self.sink.complete(index, None, name, args, raw, f"tool_calls[{index}].name")
-
-    def _parameters(self, name: str, body: str, pos: int) -> dict[str, Any] | None:
-        """The call's parameters, converted by the tool's schema; None once a problem is reported."""
-        schema = self.sink.tool_schema(name)
-        properties = schema.get("properties") if isinstance(schema, dict) else None
-        properties = properties if isinstance(properties, dict) else {}
-        args: dict[str, Any] = {}
-        while True:
-            while pos < len(body) and body[pos].isspace():
-                pos += 1
-            if pos == len(body):
-                return args
-            p = _PARAMETER.match(body, pos)
-            if p is None:
-                self._fail(f"unexpected {body[pos : pos + 40]!r} in the call", name, f"tool_calls[{self.index}]")
-                return None
-            pname, string = p.group(1), p.group(2)
-            end = body.find(PARAMETER_END, p.end())
-            if end < 0:
-                self._fail(f"parameter {pname!r} is not closed", name, arguments_path(self.index, [pname]))
-                return None
-            if pname in args:
-                self._fail(f"parameter {pname!r} is given twice", name, arguments_path(self.index, [pname]))
-                return None
-            args[pname] = _value(body[p.end() : end], string, properties.get(pname))
-            pos = end + len(PARAMETER_END)
-
-    def _fail(self, message: str, name: str | None, path: str) -> None:
-        self.sink.fail(self.index, None, name, message, path=path, hint=f"write {self.example}")
-
-
-def _value(text: str, string: str | None, schema: Any) -> Any:
-    """A parameter's value: by its property's type when the schema gives one, else by the `string` attribute."""
-    if isinstance(schema, dict) and any(k in schema for k in _TYPED):
-        return coerce_parameter(text, schema)
-    if string == "true":
-        return text
-    value, problem = loads_object(text.strip())
-    return text if problem is not None else value

@@ -43,11 +43,16 @@ class ToolCallFormat(StrEnum):
     # DeepSeek-V3.2 (DSML): <｜DSML｜function_calls>\n<｜DSML｜invoke name="name">\n<｜DSML｜parameter name="p"
     # string="true">value</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>
     DEEPSEEK_V32 = "deepseek_v32"
+    # DeepSeek-V4 (DSML, as V3.2 in another block): <｜DSML｜tool_calls>\n<｜DSML｜invoke name="name">\n
+    # <｜DSML｜parameter name="p" string="true">value</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>
+    DEEPSEEK_V4 = "deepseek_v4"
     # Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
     # <|tool_call_end|>...<|tool_calls_section_end|>; "functions.name:0" is the call's id
     KIMI_K2 = "kimi_k2"
     # MiniMax-M2: <minimax:tool_call><invoke name="f"><parameter name="p">v</parameter></invoke>...</minimax:tool_call>
     MINIMAX_M2 = "minimax_m2"
+    # MiniMax-M1: <tool_calls>\n{"name": "f", "arguments": {...}}\n{"name": "g", "arguments": {...}}\n</tool_calls>
+    MINIMAX = "minimax"
     APERTUS = "apertus"  # Apertus: <|tools_prefix|>[{"f": {...}}, ...]<|tools_suffix|>
     LFM2 = "lfm2"  # LFM2 / LFM2.5: <|tool_call_start|>[f(city='Paris', days=3), ...]<|tool_call_end|>
     # GigaChat 3 / 3.1: <|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ...} or <|function_call|>{"name": ...}

@@ -1,14 +1,16 @@
-"""The framing `deepseek_v3`, `deepseek_v31` and `kimi_k2` share: text, then a section of calls between special
-tokens, each call between its own begin and end tokens, then text again.
+"""The framing `deepseek_v3`, `deepseek_v31`, `kimi_k2` and the DSML formats (`deepseek_v32`, `deepseek_v4`) share:
+text, then a section of calls between special tokens, each call between its own begin and end tokens, then text
+again.
 
     text <section-begin> <call-begin> body <call-end> <call-begin> body <call-end> <section-end> text
 
 Whitespace between the markers of a section is framing. Other text there (outside any call) is reported as a
 malformed call, never passed on as text: vLLM's Kimi-K2 parser drops it (vllm/tool_parsers/kimi_k2_tool_parser.py).
-A call begin without a section begin still opens a call. A call is complete when its end token is seen outside a
-JSON string of its body (anywhere, for a body of raw text values: `json_body = False`); each format subclasses
-`SectionedParser` and parses the body its own way. The DeepSeek-V3 / V3.1 markers and what those two formats share
-(`DeepSeekSectionParser`) are here too: the formats do not import each other.
+A call begin without a section begin still opens a call (with `bare_calls = False` it is text). A call is complete
+when its end token is seen outside a JSON string of its body (anywhere, for a body of raw text values:
+`json_body = False`); each format subclasses `SectionedParser` and parses the body its own way. The DeepSeek-V3 /
+V3.1 markers and what those two formats share (`DeepSeekSectionParser`) are here too: the formats do not import each
+other.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class SectionedParser:
     call_end = ""
     example = ""  # how a call is written, for hints
     json_body = True  # the end token inside a JSON string of the body is text (not for bodies of raw text values)
+    bare_calls = True  # a call begin outside a section opens a call (deepseek_v4: it is text)
 
     def __init__(self, sink: ToolCallSink, choice: int) -> None:
         self.sink = sink
@@ -78,9 +81,10 @@ class SectionedParser:
                 i = self._call(t, i)
 
     def _text(self, t: str, i: int) -> int | None:
-        j, marker = _first(t, i, (*self.section_begin, self.call_begin))
+        markers = (*self.section_begin, self.call_begin) if self.bare_calls else self.section_begin
+        j, marker = _first(t, i, markers)
         if j < 0:
-            safe, self.pending = split_markers_prefix(t[i:], (*self.section_begin, self.call_begin))
+            safe, self.pending = split_markers_prefix(t[i:], markers)
             self.sink.emit_text(safe)
             return None
         self.sink.emit_text(t[i:j])

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from ctxlock.generation.toolcalls._jsontext import dumps_arguments, split_marker_prefix, text_delta
-from ctxlock.generation.toolcalls._sink import ToolCallSink
+from ctxlock.generation.toolcalls._sink import ToolCallSink, add_to_call
 
 _OPEN = "<|tool_call>"
 _CLOSE = "<tool_call|>"
@@ -94,22 +94,7 @@ class Gemma4Parser:
         return c + len(_CLOSE)
 
     def _body(self, text: str) -> None:
-        if self.state == _SKIP or not text:
-            return
-        self.size += len(text)
-        if self.size > self.sink.max_event_size:
-            self.state = _SKIP
-            self.parts = []
-            self.sink.fail(
-                self.index,
-                None,
-                None,
-                f"the call is longer than max_event_size={self.sink.max_event_size} characters",
-                path=f"tool_calls[{self.index}]",
-                hint="the call is not released; raise max_event_size if such a call is real",
-            )
-            return
-        self.parts.append(text)
+        add_to_call(self, text, _SKIP)
 
     def _close(self, body: str) -> None:
         index = self.index

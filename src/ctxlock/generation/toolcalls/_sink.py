@@ -160,3 +160,35 @@ def complete_named_object(sink: ToolCallSink, index: int, obj: Any, path: str, *
         )
         return
     sink.complete(index, cid, name, args, raw, f"{path}.name")
+
+
+class BufferedCall(Protocol):
+    """A parser that gathers the text of the call it is reading in `parts`, `size` characters so far, and has a
+    state that means "skip the rest of this call"."""
+
+    sink: ToolCallSink
+    state: int
+    index: int
+    parts: list[str]
+    size: int
+
+
+def add_to_call(parser: BufferedCall, text: str, skip: int) -> None:
+    """Add `text` to the call `parser` is reading, bounded by the sink's `max_event_size`: past it the call is
+    refused (once), its text let go, and the parser put in state `skip` until the call's end."""
+    if parser.state == skip or not text:
+        return
+    parser.size += len(text)
+    if parser.size > parser.sink.max_event_size:
+        parser.state = skip
+        parser.parts = []
+        parser.sink.fail(
+            parser.index,
+            None,
+            None,
+            f"the call is longer than max_event_size={parser.sink.max_event_size} characters",
+            path=f"tool_calls[{parser.index}]",
+            hint="the call is not released; raise max_event_size if such a call is real",
+        )
+        return
+    parser.parts.append(text)

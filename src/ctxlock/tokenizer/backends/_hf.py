@@ -270,6 +270,12 @@ class HFTokenizer(TokenizerBase):
             tok = tokenizers.Tokenizer.from_str(self._encode_json)
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise self._invalid(exc) from None
+        except BaseException as exc:
+            # A Rust panic inside tokenizers (a vocab entry that breaks its own invariants) surfaces as pyo3's
+            # PanicException, which derives from BaseException: it is the file's fault too. Interrupts still pass.
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise self._invalid(Exception(f"tokenizers panicked reading it: {exc}")) from None
         _remember_loaded(self._encode_sha256)
         return tok
 

@@ -1,3 +1,9 @@
 """`ctxlock lint`: a chat template checked against the failures templates ship with (arguments it never reads, a
 double BOS, history it rewrites, raises ordinary requests reach, a clock read, training masks, portability to other
 Jinja engines), each finding with its template line, as text, JSON or SARIF."""
+
+from ctxlock.lint._findings import Finding, Report, Rule, Severity, Skipped
+from ctxlock.lint._lint import CHECKS, RULES, lint
+from ctxlock.lint._sarif import to_sarif
+
+__all__ = ["CHECKS", "RULES", "Finding", "Report", "Rule", "Severity", "Skipped", "lint", "to_sarif"]

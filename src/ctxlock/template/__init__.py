@@ -21,6 +21,8 @@ from ctxlock.template._render import (
     TemplateSet,
     aware_clock,
     compile_template,
+    content_format,
+    parse_tree,
     render,
     template_from_file_text,
 )
@@ -39,6 +41,8 @@ __all__ = [
     "aware_clock",
     "check_options",
     "compile_template",
+    "content_format",
+    "parse_tree",
     "patch_template",
     "render",
     "render_options",

@@ -1,0 +1,87 @@
+"""`lint`: every rule over one template, with one model's tokenizer and special tokens, on the probe corpus."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ctxlock.errors import CtxlockError, TemplateError
+from ctxlock.lint._findings import Finding, Report, Severity, Skipped
+from ctxlock.lint._masks import training_mask
+from ctxlock.lint._rules import (
+    RULES,
+    Lint,
+    content_format_rule,
+    double_bos,
+    history_rewrite,
+    nondeterminism,
+    reachable_raises,
+    unread_arguments,
+)
+from ctxlock.lint._tree import arguments_read
+from ctxlock.pipeline import Pipeline
+from ctxlock.probes import Corpus, load_corpus, render_probes
+from ctxlock.template import ChatTemplate, parse_tree
+
+RuleFn = Callable[[Lint], list[Finding]]
+CHECKS: dict[str, RuleFn] = {
+    "unread-argument": unread_arguments,
+    "double-bos": double_bos,
+    "history-rewrite": history_rewrite,
+    "content-format": content_format_rule,
+    "reachable-raise": reachable_raises,
+    "nondeterminism": nondeterminism,
+    "training-mask": training_mask,
+}
+
+
+def lint(
+    model: Pipeline,
+    template: ChatTemplate,
+    *,
+    corpus: Corpus | None = None,
+    variables: Mapping[str, Any] | None = None,
+    rules: Sequence[str] | None = None,
+    extra: Mapping[str, RuleFn] | None = None,
+) -> Report:
+    """Lint `template` rendered with `model`'s tokenizer and special tokens over `corpus` (default: the shipped
+    probes), passing `variables` (chat_template_kwargs) to every render. `rules` restricts the rules run (their
+    ids, `RULES`); `extra` adds rules (the portability rule, which needs the other engines). A template that does
+    not compile is one error finding; a rule that cannot run is listed in `skipped` with why."""
+    checks = {**CHECKS, **(extra or {})}
+    chosen = list(checks) if rules is None else [r for r in rules if r in checks]
+    try:
+        tree = parse_tree(template)
+    except TemplateError as exc:
+        finding = Finding("syntax", Severity.ERROR, exc.message, line=_line(exc.path), hint=exc.hint or "")
+        return Report(template.id, template.sha256, template.origin, model.id, (finding,))
+    corpus = corpus if corpus is not None else load_corpus()
+    ctx = Lint(
+        model,
+        template,
+        tree,
+        corpus,
+        render_probes(model, corpus, template, variables=variables),
+        dict(variables or {}),
+    )
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    for rule in chosen:
+        try:
+            findings += checks[rule](ctx)
+        except CtxlockError as exc:
+            skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
+    findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))
+    args = arguments_read(tree)
+    notes = (f"the template takes: {', '.join(f'{k} (line {v})' for k, v in args.items())}",) if args else ()
+    return Report(template.id, template.sha256, template.origin, model.id, tuple(findings), tuple(skipped), notes)
+
+
+def _line(path: str | None) -> int | None:
+    if path and " line " in path:
+        tail = path.rsplit(" line ", 1)[1]
+        return int(tail) if tail.isdigit() else None
+    return None
+
+
+__all__ = ["CHECKS", "RULES", "lint"]

@@ -1,0 +1,138 @@
+"""Reading a template's syntax tree for the lint rules: the variables it reads (with their first line), the keys it
+reads off values (`message.name`, `message['reasoning_content']`), the calls it makes (`raise_exception`,
+`strftime_now`) and where it writes a value out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from jinja2 import meta, nodes
+
+# The names every chat template gets from the caller (transformers' apply_chat_template): they are not arguments.
+STANDARD_NAMES = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "raise_exception",
+        "strftime_now",
+        "range",
+        "dict",
+        "lipsum",
+        "cycler",
+        "joiner",
+        "namespace",
+        "true",
+        "false",
+        "none",
+        "True",
+        "False",
+        "None",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of a global function in the template: its name, line, and its first argument when a literal."""
+
+    name: str
+    line: int
+    message: str = ""
+
+
+def _names(tree: nodes.Template, name: str) -> Iterator[nodes.Name]:
+    for node in tree.find_all(nodes.Name):
+        if node.name == name and node.ctx == "load":
+            yield node
+
+
+def variables_read(tree: nodes.Template) -> dict[str, int]:
+    """The caller-given names the template reads (jinja2's undeclared variables), each with its first line."""
+    out: dict[str, int] = {}
+    stored = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
+    stored |= {m.name for m in tree.find_all(nodes.Macro)}
+    for name in sorted(meta.find_undeclared_variables(tree) - stored):
+        lines = [n.lineno for n in _names(tree, name)]
+        out[name] = min(lines) if lines else 1
+    return out
+
+
+def arguments_read(tree: nodes.Template) -> dict[str, int]:
+    """The variables read that are not the standard ones: the template's own arguments (`enable_thinking`, ...)."""
+    return {k: v for k, v in variables_read(tree).items() if k not in STANDARD_NAMES}
+
+
+def _reads_key(node: nodes.Node, key: str) -> bool:
+    if isinstance(node, nodes.Getattr):
+        return node.attr == key
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == key
+    if isinstance(node, nodes.Call):
+        fn, args = node.node, node.args
+        return (
+            isinstance(fn, nodes.Getattr)
+            and fn.attr == "get"
+            and bool(args)
+            and isinstance(args[0], nodes.Const)
+            and args[0].value == key
+        )
+    if isinstance(node, nodes.Compare):
+        return (
+            isinstance(node.expr, nodes.Const)
+            and node.expr.value == key
+            and any(op.op in ("in", "notin") for op in node.ops)
+        )
+    return False
+
+
+def key_reads(tree: nodes.Template, key: str) -> list[int]:
+    """Lines that read `key` off a value: `x.key`, `x['key']`, `x.get('key')`, `'key' in x`."""
+    found = tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Call, nodes.Compare))
+    return sorted({node.lineno for node in found if _reads_key(node, key)})
+
+
+def calls(tree: nodes.Template, name: str) -> list[Call]:
+    """Every call of the global `name` (`raise_exception`, `strftime_now`), in line order."""
+    out = []
+    for node in tree.find_all(nodes.Call):
+        if isinstance(node.node, nodes.Name) and node.node.name == name:
+            first = node.args[0] if node.args else None
+            message = str(first.value) if isinstance(first, nodes.Const) else ""
+            out.append(Call(name, node.lineno, message))
+    return sorted(out, key=lambda c: c.line)
+
+
+def filter_lines(tree: nodes.Template, names: frozenset[str]) -> list[int]:
+    """Lines that apply one of the filters `names` (`random`, `shuffle`)."""
+    return sorted({n.lineno for n in tree.find_all(nodes.Filter) if n.name in names})
+
+
+def output_lines(tree: nodes.Template, key: str) -> list[int]:
+    """Lines of `{{ ... }}` expressions that read `key` (where a message's content is written out)."""
+    out = set()
+    for output in tree.find_all(nodes.Output):
+        for child in output.nodes:
+            if isinstance(child, nodes.TemplateData):
+                continue
+            for node in child.find_all((nodes.Getattr, nodes.Getitem)):
+                if (isinstance(node, nodes.Getattr) and node.attr == key) or (
+                    isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == key
+                ):
+                    out.add(child.lineno)
+    return sorted(out)
+
+
+def literal_lines(source: str, text: str) -> list[int]:
+    """1-based lines of the template source where the literal `text` appears."""
+    return [i for i, line in enumerate(source.splitlines(), 1) if text and text in line]

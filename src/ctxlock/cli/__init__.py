@@ -27,6 +27,7 @@ HELP = (
 COMMANDS: dict[str, tuple[str, ...]] = {
     "render": ("render", "tokenize"),
     "inspect": ("inspect", "models"),
+    "lint": ("lint",),
     "records": ("records", "replay", "diff"),
     "budget": ("fit",),
     "compaction": ("compact-plan",),

@@ -199,7 +199,8 @@ def _argv_text(text: str, utf8: str) -> tuple[str, tuple[int, ...]]:
     return decode_with_policy(data, label="--text", utf8=utf8)
 
 
-def _parse_vars(items: list[str]) -> dict[str, Any]:
+def parse_vars(items: list[str]) -> dict[str, Any]:
+    """`--var NAME=JSON` values as template variables (a usage error names a bad one)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -370,7 +371,7 @@ def render_options(
     --sampling config for the record. The flags are checked in the order the command always checked them:
     --now, --var, --sampling, --render-seed."""
     parsed_now = _parse_now(now)
-    variables = _parse_vars(var or [])
+    variables = parse_vars(var or [])
     sampler = _read_sampling(sampling)
     seed = _parse_seed(render_seed)
     limits = _limits(template_timeout, max_render_chars)

@@ -3,6 +3,7 @@ provenance for every character, so request text never becomes a control token (`
 `RenderOptions`, `InjectionPolicy`). The sandbox is `ctxlock.template.sandbox`; the Mistral request shapes,
 role markers, documents and template variables are private modules here."""
 
+from ctxlock.template._ast import parse_tree
 from ctxlock.template._mistral import patch_template
 from ctxlock.template._options import (
     BATCH_OPTIONS,
@@ -22,7 +23,6 @@ from ctxlock.template._render import (
     aware_clock,
     compile_template,
     content_format,
-    parse_tree,
     render,
     template_from_file_text,
 )

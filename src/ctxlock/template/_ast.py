@@ -1,8 +1,8 @@
 """What a chat template reads, from its syntax tree (never by rendering it).
 
 `reads_parts(tree)` says whether a template reads a message's content as a list of parts; `template.content_format`
-parses the source (bounded, like a compile) and caches the answer per source. A part of the template stage, below
-`ctxlock.template`; it needs only jinja2's node types.
+parses the source (bounded, like a compile) and caches the answer per source. `parse_tree(template)` gives the tree
+itself, parsed the same bounded way, to the tools that read templates (`ctxlock lint`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from typing import Any
 
 import jinja2
 import jinja2.nodes
+
+from ctxlock.errors import TemplateLimitError, TemplateSyntaxError
+from ctxlock.template._values import ChatTemplate
+from ctxlock.template.sandbox._env import DEFAULT_LIMITS, Limit, new_environment, time_limit
 
 # The keys of a content part: reading one of them from a part means the template reads parts.
 PART_KEYS = frozenset({"type", "text", "image", "image_url", "input_audio", "video", "file", "thinking"})
@@ -160,3 +164,28 @@ def _part_of_content(node: Any, is_content: Callable[[Any], bool]) -> bool:
 
 
 __all__ = ["PART_KEYS", "reads_parts"]
+
+
+def parse_tree(template: ChatTemplate) -> jinja2.nodes.Template:
+    """The template's Jinja syntax tree, parsed in the sandbox's environment (its `{% generation %}` tag included)
+    within the compile limits, for the tools that read a template without rendering it (`ctxlock lint`). A source
+    that does not parse is a `TemplateSyntaxError` naming the template's line; one over the limits a
+    `TemplateLimitError`."""
+    where = template.origin or template.id
+    if len(template.source) > DEFAULT_LIMITS.max_source_chars:
+        raise TemplateLimitError(
+            f"the template is {len(template.source):,} characters, over {DEFAULT_LIMITS.max_source_chars:,}",
+            path=where,
+            hint="it may be hostile",
+        )
+    try:
+        with time_limit(DEFAULT_LIMITS.max_seconds, every_frame=True):
+            return new_environment().parse(template.source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise TemplateSyntaxError(
+            exc.message or str(exc), path=f"{where} line {exc.lineno}", hint="the chat template does not compile"
+        ) from None
+    except (Limit, RecursionError, MemoryError):
+        raise TemplateLimitError(
+            "the template is over the compile limits", path=where, hint="it may be hostile"
+        ) from None

@@ -148,29 +148,6 @@ def _compile_named(template: ChatTemplate, limits: RenderLimits) -> jinja2.Templ
 # Content format: does the template read a message's content as a list of parts, or as a string?
 
 
-def parse_tree(template: ChatTemplate) -> jinja2.nodes.Template:
-    """The template's Jinja syntax tree, parsed in the sandbox's environment (its `{% generation %}` tag included)
-    within the compile limits, for the tools that read a template without rendering it (`ctxlock lint`). A source
-    that does not parse is a `TemplateSyntaxError` naming the template's line; one over the limits a
-    `TemplateLimitError`."""
-    where = template.origin or template.id
-    if len(template.source) > DEFAULT_LIMITS.max_source_chars:
-        raise TemplateLimitError(
-            f"the template is {len(template.source):,} characters, over {DEFAULT_LIMITS.max_source_chars:,}",
-            path=where,
-            hint="it may be hostile",
-        )
-    try:
-        with time_limit(DEFAULT_LIMITS.max_seconds, every_frame=True):
-            return new_environment().parse(template.source)
-    except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise TemplateSyntaxError(
-            exc.message or str(exc), path=f"{where} line {exc.lineno}", hint="the chat template does not compile"
-        ) from None
-    except (Limit, RecursionError, MemoryError):
-        raise TemplateLimitError("the template is over the compile limits", path=where, hint="it may be hostile") from None
-
-
 @memoize("template.content_format", 256, scope="artifact")
 def content_format(source: str) -> ContentFormat:
     """What a template reads a message's content as, from its syntax tree (never by rendering it): `openai` when it

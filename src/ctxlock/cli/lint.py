@@ -1,0 +1,162 @@
+"""`ctxlock lint`: chat templates checked against the failures templates ship with, before they are served or
+trained on (docs/template-checks.md)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from ctxlock.artifacts import load_artifacts, load_template_file
+from ctxlock.cli.files import check_template_file
+from ctxlock.cli.output import console, guarded, print_json
+from ctxlock.cli.render import MODEL_HELP, VarOpt, parse_vars
+from ctxlock.errors import InputError
+from ctxlock.lint import RULES, Report, Severity, lint, to_sarif
+from ctxlock.model import Model
+from ctxlock.probes import load_corpus
+from ctxlock.template import ChatTemplate
+
+HELP = (
+    "Check chat templates before they ship: arguments the template never reads, a double BOS, history it rewrites "
+    "(prompt caching, multi-turn RL), the content format, raises ordinary requests reach, clock and random reads, "
+    "training masks, each finding with its template line. TARGET is a .jinja file (rendered with --model's "
+    "tokenizer and special tokens) or a model (every template of its set). Exit status: 0 when no finding reaches "
+    "--fail-on, 1 when one does or on an error."
+)
+
+
+class FailOn(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+    NEVER = "never"
+
+
+TargetsArg = Annotated[
+    list[str],
+    typer.Argument(help="Template files (.jinja) or models: " + MODEL_HELP, show_default=False),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="The model whose tokenizer and special tokens render a template file (default: the embedded "
+        "mistral-nemo). Not used for a TARGET that is a model.",
+    ),
+]
+ProbesOpt = Annotated[
+    list[Path],
+    typer.Option("--probes", help="A probe file (JSON, docs/template-checks.md) to add to the shipped corpus."),
+]
+RuleOpt = Annotated[list[str], typer.Option("--rule", help="Run only this rule (repeatable); default: all.")]
+FailOnOpt = Annotated[
+    FailOn, typer.Option("--fail-on", help="The least severity that makes the exit status 1.", case_sensitive=False)
+]
+SarifOpt = Annotated[
+    str | None,
+    typer.Option("--sarif", help="Also write the findings as SARIF 2.1.0 to this file (- for stdout, alone)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+
+
+def _version() -> str:
+    try:
+        return version("ctxlock")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _targets(targets: list[str], model: str | None) -> list[tuple[Model, ChatTemplate]]:
+    """Each TARGET as (model, template): a template file with --model, or each template of a model's set."""
+    out: list[tuple[Model, ChatTemplate]] = []
+    paired: Model | None = None
+    for target in targets:
+        path = Path(target)
+        if path.suffix == ".jinja" or (path.is_file() and path.suffix not in (".gguf", ".json")):
+            check_template_file(target, option=f"TARGET {target}")
+            if paired is None:
+                paired = Model(load_artifacts(model))
+            out.append((paired, load_template_file(path)))
+            continue
+        m = Model(load_artifacts(target))
+        if m.templates is None:
+            raise InputError(f"model {m.id!r} has no chat template", path=target, hint="lint a .jinja file instead")
+        out += [(m, t) for t in m.templates.templates]
+    return out
+
+
+def _show(report: Report) -> None:
+    counts = report.counts()
+    summary = ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in counts.items())
+    console.print(
+        f"[bold]{escape(report.origin or report.template_id)}[/] · {report.template_sha256[:12]} · model "
+        f"{escape(report.model)} · {summary}"
+    )
+    colour = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.NOTE: "cyan"}
+    for f in report.findings:
+        where = f"line {f.line}" if f.line is not None else "template"
+        console.print(
+            f"  [{colour[f.severity]}]{f.severity.label:<7}[/] {where:<9} [bold]{f.rule}[/]  {escape(f.message)}",
+            soft_wrap=True,
+        )
+        if f.hint:
+            console.print(f"  {'':<7} {'':<9} [dim]{escape(f.hint)}[/]", soft_wrap=True)
+    for s in report.skipped:
+        console.print(f"  [yellow]not run[/] {s.rule}: {escape(s.reason)}", soft_wrap=True)
+    for note in report.notes:
+        console.print(f"  [dim]{escape(note)}[/]", soft_wrap=True)
+
+
+def lint_cmd(
+    targets: TargetsArg,
+    model: ModelOpt = None,
+    var: VarOpt = [],  # noqa: B006 (typer reads the default)
+    probes: ProbesOpt = [],  # noqa: B006
+    rule: RuleOpt = [],  # noqa: B006
+    fail_on: FailOnOpt = FailOn.ERROR,
+    sarif: SarifOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    unknown = [r for r in rule if r not in RULES]
+    if unknown:
+        raise typer.BadParameter(f"no rule {unknown[0]!r} (rules: {', '.join(RULES)})", param_hint="--rule")
+    if sarif == "-" and as_json:
+        raise typer.BadParameter("--sarif - and --json both write to stdout: choose one", param_hint="--sarif")
+    variables = parse_vars(var)
+
+    def go() -> list[Report]:
+        corpus = load_corpus(probes or None)
+        return [lint(m, t, corpus=corpus, variables=variables, rules=rule or None) for m, t in _targets(targets, model)]
+
+    reports = guarded(as_json, go)
+    if sarif is not None:
+        log = to_sarif(reports, list(RULES.values()), _version())
+        if sarif == "-":
+            print_json(log)
+        else:
+            Path(sarif).write_text(json.dumps(log, indent=2) + "\n", "utf-8")
+    if as_json:
+        print_json({"reports": [r.to_dict() for r in reports]})
+    elif sarif != "-":
+        for r in reports:
+            _show(r)
+    raise typer.Exit(_status(reports, fail_on))
+
+
+def _status(reports: list[Report], fail_on: FailOn) -> int:
+    if fail_on is FailOn.NEVER:
+        return 0
+    least = Severity.named(fail_on.value)
+    worst: list[Any] = [r.worst() for r in reports if r.worst() is not None]
+    return 1 if any(w >= least for w in worst) else 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("lint", help=HELP)(lint_cmd)

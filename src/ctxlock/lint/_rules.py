@@ -6,6 +6,7 @@ public reports it comes from."""
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -135,12 +136,13 @@ def unread_arguments(lint: Lint) -> list[Finding]:
     for name, value in lint.variables.items():
         if name not in tree_of.variables_read(lint.tree):
             near = _suggest(name, list(read))
-            hint = f"did you mean {' or '.join(near)}?" if near else "the template reads " + (", ".join(read) or "none")
+            takes = ", ".join(read) or "no argument"
+            hint = f"did you mean {' or '.join(near)}?" if near else f"the template takes {takes}"
             out.append(
                 Finding(
                     "unread-argument",
                     Severity.ERROR,
-                    f"the template never reads {name!r}: passing {name}={value!r} changes nothing",
+                    f"the template never reads {name!r}: passing {name}={json.dumps(value)} changes nothing",
                     hint=hint,
                     data={"argument": name, "suggestions": near},
                 )
@@ -150,7 +152,8 @@ def unread_arguments(lint: Lint) -> list[Finding]:
                 Finding(
                     "unread-argument",
                     Severity.WARNING,
-                    f"{name!r} is read (line {read.get(name, '?')}) but {name}={value!r} changes no probe's render",
+                    f"{name!r} is read (line {read.get(name, '?')}) but {name}={json.dumps(value)} changes no probe's "
+                    "render",
                     line=read.get(name),
                     hint="check the value's type and spelling the template tests for (true/false, a string?)",
                     data={"argument": name},
@@ -195,7 +198,7 @@ def _dropped_fields(lint: Lint) -> list[Finding]:
                 f"{field} never reach the rendered text (probe {v.probe}){where}",
                 line=lines[0] if lines else None,
                 probe=v.probe,
-                hint="a request's " + field + " is silently ignored by this template",
+                hint=f"a request's {field}: silently ignored by this template",
                 data={"field": field, "capability": cap},
             )
         )

@@ -15,7 +15,6 @@ from ctxlock.lint._findings import Report, Rule, Severity
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
 _SYNTAX = Rule("syntax", "the template does not compile", "a syntax error fails every request")
-INFO_URI = "https://github.com/ctxlock/ctxlock/blob/main/docs/template-checks.md"
 
 
 def _uri(origin: str) -> tuple[str, bool]:
@@ -63,14 +62,13 @@ def to_sarif(reports: Sequence[Report], rules: Sequence[Rule], version: str) -> 
     driver = {
         "name": "ctxlock lint",
         "version": version,
-        "informationUri": INFO_URI,
         "rules": [
             {
                 "id": r.id,
                 "name": r.id.replace("-", " ").title().replace(" ", ""),
                 "shortDescription": {"text": r.summary},
                 "fullDescription": {"text": f"{r.summary}. Seen in: {r.why}"},
-                "helpUri": f"{INFO_URI}#{r.id}",
+                "help": {"text": f"ctxlock's docs: template-checks.md, rule {r.id}"},
             }
             for r in all_rules
         ],

@@ -33,7 +33,8 @@ SHORT = {
 
 
 def _cell(counter: Counter[str]) -> str:
-    return ", ".join(f"{SHORT.get(rule, rule)} {n}" if n > 1 else SHORT.get(rule, rule) for rule, n in counter.items())
+    names = sorted((SHORT.get(rule, rule), n) for rule, n in counter.items())
+    return ", ".join(f"{name} {n}" if n > 1 else name for name, n in names)
 
 
 def block() -> str:

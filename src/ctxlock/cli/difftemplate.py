@@ -24,7 +24,10 @@ EXIT_DIFFERENT = 1
 EXIT_TROUBLE = 2
 EXCERPT_WIDTH = 16  # characters of each text shown on each side of where it parts
 
-SideArg = "A template file (.jinja), an HF model directory, a .gguf file, a built-in model name or org/name[@revision]."
+SIDE_HELP = (
+    "A template file (.jinja), an HF model directory, a .gguf file, a built-in model name, or org/name (or "
+    "org/name@revision) from the local HF hub cache."
+)
 
 
 def _run(a: str, b: str, model: str | None, probes: list[Path], only: list[str], var: list[str]) -> TemplateDiff:
@@ -39,16 +42,16 @@ def register(app: typer.Typer) -> None:
 
 
 def diff_template(
-    a: Annotated[str, typer.Argument(help="The old side. " + SideArg)],
-    b: Annotated[str, typer.Argument(help="The new side. " + SideArg)],
+    a: Annotated[str, typer.Argument(metavar="A", help="The old side. " + SIDE_HELP)],
+    b: Annotated[str, typer.Argument(metavar="B", help="The new side. " + SIDE_HELP)],
     model: Annotated[
         str | None,
         typer.Option(
             "--model",
             "-m",
             help="The tokenizer (and special tokens) a template file renders with: a built-in name, an HF model "
-            "directory, a .gguf file or org/name[@revision]. Default: the other side's model when it is one, else "
-            "the embedded mistral-nemo. A model side always renders with its own.",
+            "directory, a .gguf file, or org/name (org/name@revision). Default: the other side's model when it is "
+            "one, else the embedded mistral-nemo. A model side always renders with its own.",
         ),
     ] = None,
     probes: Annotated[
@@ -74,9 +77,9 @@ def diff_template(
     assistant-mask verdict). When A and B tokenize differently (other tokenizer digests) the texts are compared and
     each side's ids reported (--json), not compared token for token.
 
-    Exit status: 0 when nothing differs, 1 when a probe renders differently or a capability changed (0 with
-    --exit-zero), 2 for an error (a bad file, a side that does not load, a bad --probes file), with one line on
-    stderr."""
+    Exit status: 0 when nothing differs, 1 when a probe renders differently or a capability changed (0 with the
+    option --exit-zero), 2 for an error (a bad file, a side that does not load, a bad probe file), with one line
+    on stderr."""
     try:
         result = guarded(as_json, lambda: _run(a, b, model, probes, only, var))
     except CtxlockError as exc:

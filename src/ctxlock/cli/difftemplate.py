@@ -34,7 +34,8 @@ def _run(a: str, b: str, model: str | None, probes: list[Path], only: list[str],
     options, _ = render_options(None, var=var)
     corpus = load_corpus(probes, only=only)
     side_a, side_b = load_sides(a, b, model=model)
-    return diff_templates(side_a, side_b, corpus, variables=options.chat_template_kwargs)
+    # --only narrows the run to the probes named: the mask check, on conversations of its own, is left out too.
+    return diff_templates(side_a, side_b, corpus, variables=options.chat_template_kwargs, masks=not only)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,10 +20,11 @@ from typing import Any
 
 from ctxlock.probes import PROBE_NOW, ProbeRender, Verdict, capabilities
 from ctxlock.templatediff._sides import Side
-from ctxlock.training import TemplateReport, template_report
+from ctxlock.training import REPORT_CONVERSATIONS, TemplateReport, template_report
 
 CONTENT_FORMAT_PROBE = "content-parts"
 TEMPLATE_CAPABILITIES = ("content_format", "mask")
+MASK_CONVERSATIONS = ", ".join(name for name, _ in REPORT_CONVERSATIONS)  # what the mask verdict is judged on
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _content_format(renders: Sequence[ProbeRender]) -> Verdict:
 
 
 def _mask_verdict(report: TemplateReport) -> Verdict:
-    names = ", ".join(n for n, _ in report.checks)
+    names = MASK_CONVERSATIONS
     if report.agree:
         return Verdict("mask", f"{report.source}: agree", names, "provenance and the sentinel re-renders agree")
     name, check = report.reported[0]
@@ -71,7 +72,7 @@ def _mask(side: Side, renders: Sequence[ProbeRender], variables: Mapping[str, An
         plain = (r.rendered.template for r in renders if r.rendered is not None and not r.probe.request.get("tools"))
         template = next(plain, None)
     if template is None:
-        return Verdict("mask", "error", "", "no probe rendered: there is no template to check the masks of")
+        return Verdict("mask", "error", MASK_CONVERSATIONS, "no probe rendered: no template to check the masks of")
     options: dict[str, Any] = {"now": PROBE_NOW, "seed": 0}
     if variables:
         options["chat_template_kwargs"] = dict(variables)
@@ -84,11 +85,17 @@ def capability_diffs(
     renders_a: Sequence[ProbeRender],
     renders_b: Sequence[ProbeRender],
     variables: Mapping[str, Any] | None = None,
+    *,
+    masks: bool = True,
 ) -> tuple[CapabilityDiff, ...]:
     """Every capability's verdict on A and on B, in `ctxlock.probes.CAPABILITIES` order, then content format and
-    mask."""
+    mask (`masks=False`: not checked, "not probed")."""
     ca, cb = capabilities(renders_a), capabilities(renders_b)
     out = [CapabilityDiff(name, ca[name], cb[name]) for name in ca]
     out.append(CapabilityDiff("content_format", _content_format(renders_a), _content_format(renders_b)))
-    out.append(CapabilityDiff("mask", _mask(a, renders_a, variables), _mask(b, renders_b, variables)))
+    if masks:
+        out.append(CapabilityDiff("mask", _mask(a, renders_a, variables), _mask(b, renders_b, variables)))
+    else:
+        skipped = Verdict("mask", "not probed", MASK_CONVERSATIONS, "the mask check was not asked for")
+        out.append(CapabilityDiff("mask", skipped, skipped))
     return tuple(out)

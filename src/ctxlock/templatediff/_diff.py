@@ -76,11 +76,14 @@ def _templates(diff: TemplateDiff, side: str) -> list[dict[str, str]]:
     return list(seen.values())
 
 
-def diff_templates(a: Side, b: Side, corpus: Corpus, *, variables: Mapping[str, Any] | None = None) -> TemplateDiff:
+def diff_templates(
+    a: Side, b: Side, corpus: Corpus, *, variables: Mapping[str, Any] | None = None, masks: bool = True
+) -> TemplateDiff:
     """Render every probe of `corpus` with A and with B (`variables`: template variables for both, over each probe's
-    own `chat_template_kwargs`) and compare them probe by probe and capability by capability."""
+    own `chat_template_kwargs`) and compare them probe by probe and capability by capability (`masks=False` skips
+    the assistant-mask check, which renders conversations of its own)."""
     renders_a = render_probes(a.model, corpus, a.template, variables=variables)
     renders_b = render_probes(b.model, corpus, b.template, variables=variables)
     probes = tuple(compare(p, ra, rb, a, b) for p, ra, rb in zip(corpus, renders_a, renders_b, strict=True))
-    caps = capability_diffs(a, b, renders_a, renders_b, variables)
+    caps = capability_diffs(a, b, renders_a, renders_b, variables, masks=masks)
     return TemplateDiff(a, b, corpus, dict(variables or {}), probes, caps)

@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "batch": ("batch",),
     "serve": ("serve",),
     "view": ("view",),
+    "difftemplate": ("diff-template",),
 }
 
 

@@ -11,7 +11,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ctxlock.artifacts import DEFAULT_MODEL, load_template_file
 from ctxlock.errors import CtxlockError, InputError, TemplateNotFoundError
@@ -76,10 +76,8 @@ def _named(side: str, spec: str, exc: CtxlockError) -> CtxlockError:
 
 
 def _pipeline(spec: str) -> Pipeline:
-    """`ctxlock.model.load(spec)` as the features see a model. `Model` implements `Pipeline` (ctxlock/pipeline.py)
-    except that its `encode` names its keyword options where the protocol takes `**kwargs: Any`, which strict mypy
-    reads as a mismatch; no member this package calls differs."""
-    return cast(Pipeline, load(spec))
+    """`ctxlock.model.load(spec)`, as the features see a model (`ctxlock.pipeline.Pipeline`)."""
+    return load(spec)
 
 
 def _load_model(side: str, spec: str) -> Pipeline:
@@ -93,7 +91,7 @@ def _load_model(side: str, spec: str) -> Pipeline:
             path=f"{side} {spec}",
             hint="compare a template file instead: a .jinja file renders with the other side's tokenizer",
         )
-    return cast(Pipeline, m)
+    return m
 
 
 def _load_template(side: str, spec: str) -> ChatTemplate:

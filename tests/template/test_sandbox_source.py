@@ -3,7 +3,7 @@ value with its template line, and the line that printed each piece of the text."
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ctxlock.template.sandbox import RenderLimits, SourceRender, render_source
 
@@ -31,7 +31,7 @@ def test_text_and_the_line_that_printed_each_piece() -> None:
 
 
 def test_the_clock_is_the_wall_time_given() -> None:
-    aware = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    aware = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     (r,) = render_source("{{ strftime_now('%H:%M %z') }}", [{}], now=aware)
     assert r.text == "03:04 "  # a naive wall time, as transformers formats datetime.now()
 
@@ -53,9 +53,9 @@ def test_a_syntax_error_fails_every_render() -> None:
 
 def test_the_limits_bound_a_hostile_template() -> None:
     limits = RenderLimits(max_seconds=2.0, max_output_chars=10_000, output_per_input_char=0.0)
-    flood, loop, security = render_source(
+    flood, loop = render_source(
         "{% for i in range(n) %}{{ 'x' * 1000 }}{% endfor %}",
-        [{"n": 100}, {"n": 10**12}, {}],
+        [{"n": 100}, {"n": 10**12}],
         now=NOW,
         limits=limits,
     )

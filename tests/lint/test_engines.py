@@ -18,6 +18,7 @@ import engine_matrix
 import pytest
 
 import fetched
+from ctxlock.errors import InputError, OptionError
 from ctxlock.lint import _engines as engines
 
 TIMEOUT_S = 10.0
@@ -240,10 +241,15 @@ def test_an_answer_over_the_line_cap_is_cut(hf_jinja: Path, monkeypatch: pytest.
 
 
 def test_variables_must_be_json(hf_jinja: Path) -> None:
-    with pytest.raises(ValueError, match="JSON values"):
-        engines.render_with("jinja2", "x", {"f": float("nan")}, timeout_s=1)
-    with pytest.raises(ValueError, match="unknown engine"):
+    for bad in ({"f": float("nan")}, {"d": {1: "a"}}, {"t": ("a",)}, {"o": object()}):
+        with pytest.raises(InputError, match=r"not (all )?JSON values"):
+            engines.render_with("jinja2", "x", bad, timeout_s=1)
+    with pytest.raises(OptionError, match="unknown engine"):
         engines.render_with("jinja3", "x", {}, timeout_s=1)  # type: ignore[arg-type]
+    # a lone surrogate is a JSON string: every engine gets it (escaped on the way to a child); minijinja's strings
+    # are Rust's, which cannot hold one
+    texts = {e: engines.render_with(e, "[{{ s }}]", {"s": "a\ud800b"}, timeout_s=5).text for e in engines.ENGINES}
+    assert texts == {"jinja2": "[a\ud800b]", "hf-jinja": "[a\ud800b]", "minijinja": "[a\ufffd\ufffd\ufffdb]"}
 
 
 def test_locate_finds_a_construct_as_a_formatter_spells_it() -> None:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import jinja2
 
+from ctxlock.errors import InputError, OptionError
 from ctxlock.template.sandbox import RenderLimits, render_source
 
 Engine = Literal["jinja2", "minijinja", "hf-jinja"]
@@ -110,9 +111,9 @@ def render_many(
     per context, in order. The template is compiled once and, for the engines in a child process, one process
     renders them all (a node start costs about 60 ms); each render has `timeout_s` seconds."""
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
+        raise OptionError(f"unknown engine {engine!r}", path="engine", hint=f"one of {', '.join(ENGINES)}")
+    if not timeout_s > 0:
+        raise OptionError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}", path="timeout_s")
     if not contexts:
         return []
     jobs = [_plain(c) for c in contexts]
@@ -124,12 +125,24 @@ def render_many(
 
 
 def _plain(context: Mapping[str, Any]) -> dict[str, Any]:
-    """The variables as JSON values (a copy through JSON: what every engine receives is the same data)."""
+    """The variables as JSON values (a copy through JSON: what every engine receives is the same data); anything
+    JSON would change (a number key, a tuple, NaN, an object) is refused."""
+    hint = "give the template variables as JSON values: strings, numbers, booleans, null, lists, string-keyed objects"
     try:
-        data = json.loads(json.dumps(dict(context), allow_nan=False))
+        data: dict[str, Any] = json.loads(json.dumps(dict(context), allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"the template variables must be JSON values: {exc}") from None
-    return data  # type: ignore[no-any-return]  # json.loads of a dict's JSON is that dict
+        raise InputError(f"the template variables are not JSON values: {exc}", path="variables", hint=hint) from None
+    if data != context or _has_tuple(context):
+        raise InputError("the template variables are not all JSON values", path="variables", hint=hint)
+    return data
+
+
+def _has_tuple(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return True
+    if isinstance(value, Mapping):
+        return any(_has_tuple(v) for v in value.values())
+    return isinstance(value, list) and any(_has_tuple(v) for v in value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -202,7 +215,8 @@ def _jinja2(source: str, contexts: list[dict[str, Any]], timeout_s: float) -> li
     limits = RenderLimits(max_seconds=timeout_s, max_output_chars=MAX_OUTPUT_CHARS, output_per_input_char=0.0)
     out = []
     for r in render_source(source, contexts, now=CLOCK, limits=limits):
-        limited = r.error is not None and r.error.startswith("limit:")
+        # ctxlock's bounds, or its refusal to print a memory address (jinja2 would print one)
+        limited = r.error is not None and r.error.startswith(("limit:", "nondeterministic:"))
         out.append(
             EngineResult(
                 "jinja2", r.text, r.error, r.line, version=jinja2.__version__, limited=limited, printed=r.printed
@@ -244,16 +258,12 @@ def hf_jinja_dir(cwd: Path | None = None) -> Path | str:
 def _hf_jinja(source: str, contexts: list[dict[str, Any]], timeout_s: float) -> list[EngineResult]:
     node = shutil.which("node")
     package = hf_jinja_dir()
-    why = None
-    if node is None:
-        why = "node (Node.js 18 or newer, which runs @huggingface/jinja) is not on PATH"
-    elif isinstance(package, str):
-        why = f"{package}: {HF_JINJA_HINT}"
-    if why is not None or node is None or isinstance(package, str):
-        return [EngineResult("hf-jinja", available=False, why_unavailable=why) for _ in contexts]
-    argv = [node, f"--max-old-space-size={_NODE_HEAP_MB}", "--disallow-code-generation-from-strings", str(_RUNNER)]
-    env = {HF_JINJA_ENV: str(package), "TZ": "UTC"}
-    return _in_child("hf-jinja", argv, env, source, contexts, {}, timeout_s)
+    if node is not None and not isinstance(package, str):
+        argv = [node, f"--max-old-space-size={_NODE_HEAP_MB}", "--disallow-code-generation-from-strings", str(_RUNNER)]
+        env = {HF_JINJA_ENV: str(package), "TZ": "UTC"}
+        return _in_child("hf-jinja", argv, env, source, contexts, {}, timeout_s)
+    why = f"{package}: {HF_JINJA_HINT}" if node is not None else "node (Node.js 18 or newer) is not on PATH"
+    return [EngineResult("hf-jinja", available=False, why_unavailable=why) for _ in contexts]
 
 
 def _in_child(
@@ -273,7 +283,7 @@ def _in_child(
         job = {"source": source, "contexts": todo, "now": CLOCK.isoformat(), "max_chars": MAX_OUTPUT_CHARS, **extra}
         session = _Session(engine, argv, env, timeout_s)
         try:
-            answers = session.run(json.dumps(job, ensure_ascii=False).encode("utf-8"), len(todo))
+            answers = session.run(json.dumps(job).encode("ascii"), len(todo))  # ASCII: lone surrogates escaped
         finally:
             session.close()
         if session.fatal is not None:
@@ -485,3 +495,24 @@ class _Session:
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+__all__ = [
+    "CLOCK",
+    "ENGINES",
+    "HF_JINJA_ENV",
+    "HF_JINJA_HINT",
+    "HF_JINJA_VERSION",
+    "MAX_MESSAGE",
+    "MAX_OUTPUT_CHARS",
+    "MINIJINJA_HINT",
+    "Divergence",
+    "Engine",
+    "EngineResult",
+    "Verdict",
+    "compare",
+    "hf_jinja_dir",
+    "locate",
+    "render_many",
+    "render_with",
+]

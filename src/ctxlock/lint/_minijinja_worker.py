@@ -37,7 +37,7 @@ _MAX_MESSAGE = 2000
 
 
 def _out(value: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps(value) + "\n")  # ASCII: a lone surrogate of the text is escaped, not an error
     sys.stdout.flush()
 
 

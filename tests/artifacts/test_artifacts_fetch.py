@@ -81,6 +81,31 @@ def test_qwen_tiktoken() -> None:
     assert rank == b"0" and token  # base64 token, rank
 
 
+def test_npm_artifacts() -> None:
+    package = fetched.hf_jinja_dir()
+    assert package == fetched.cache_dir() / "hf-jinja-0.5.13" / "package"
+    meta = json.loads((package / "package.json").read_text(encoding="utf-8"))
+    assert (meta["name"], meta["version"]) == ("@huggingface/jinja", "0.5.13")
+    assert (package / meta["exports"]["."]["import"]).is_file()
+    schema = json.loads(fetched.sarif_schema_path().read_text(encoding="utf-8"))
+    assert schema["$schema"] == "http://json-schema.org/draft-04/schema#"
+    assert schema["properties"]["version"]["enum"] == ["2.1.0"]
+
+
+def test_npm_bytes_with_wrong_checksum_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fetched.CACHE_ENV, str(tmp_path / "cache"))
+
+    def tampered_pack(artifact: fetched.Artifact, dest: Path) -> Path:
+        saved = dest / artifact.filename
+        saved.write_bytes(b"not the pinned tarball")
+        return saved
+
+    monkeypatch.setattr(fetched, "_npm_pack", tampered_pack)
+    with pytest.raises(fetched.ChecksumError, match=r"checksum mismatch for huggingface-jinja-0\.5\.13\.tgz"):
+        fetched.ensure(fetched.HF_JINJA)
+    assert not (tmp_path / "cache" / "hf-jinja-0.5.13").exists()
+
+
 # ----------------------------------------------------------------------------------- test vectors
 
 

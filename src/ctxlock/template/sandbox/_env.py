@@ -523,6 +523,7 @@ def render_limited(
     draws: list[dict[str, Any]] | None = None,
     generation: list[tuple[int, int]] | None = None,
     template_globals: dict[str, Any] | None = None,
+    printed: list[tuple[int, int]] | None = None,
 ) -> tuple[str, list[taint.SpanT]]:
     """Render within the limits, scaled to the size of `context` (`RenderLimits.scaled`); return the text and the
     spans of its request-derived characters.
@@ -530,7 +531,8 @@ def render_limited(
     `seed` seeds the render's one random generator (the `random` filter, `lipsum`); each draw is appended to
     `draws` (a dict: what, template line, and the choice made). The `{% generation %}` blocks' [start, end) are
     appended to `generation` (transformers' `return_assistant_tokens_mask` spans). `template_globals`: the
-    template's globals as a dict (`template_globals(compiled)`), when the caller keeps them."""
+    template's globals as a dict (`template_globals(compiled)`), when the caller keeps them. `printed` receives
+    (output offset, template line) for each piece of output, the line of the template code that printed it."""
     # Chunks are joined every _JOIN_EVERY into one string: a template that prints a long input a character at a time
     # would otherwise hold one object per character (hundreds of bytes each) until the end of the render.
     chunks: list[str] = []
@@ -548,7 +550,10 @@ def render_limited(
     try:
         # The clock is the timer's or the tracer's job (both see every template frame); here only the size counts.
         with time_limit(limits.max_seconds, tracer=tracer):
-            for chunk in _generate(compiled, context, template_globals):
+            pieces = _generate(compiled, context, template_globals)
+            for chunk in pieces:
+                if printed is not None:
+                    printed.append((size, _printing_line(pieces, compiled)))
                 if type(chunk) is Tainted:
                     own = chunk.spans
                     if len(own) == 1:  # a request string printed as it is: its one span, shifted
@@ -572,6 +577,19 @@ def render_limited(
         STATE.reset(state_token)
     chunks.append("".join(pending))
     return "".join(chunks), spans
+
+
+def _printing_line(pieces: Any, compiled: jinja2.Template) -> int:
+    """The template line where the innermost template generator under `pieces` is suspended: the code that printed
+    the piece just received (0 when there is none)."""
+    line = 0
+    gen = pieces
+    while gen is not None:
+        frame = getattr(gen, "gi_frame", None)
+        if frame is not None and frame.f_code.co_filename == "<template>":
+            line = compiled.get_corresponding_lineno(frame.f_lineno)
+        gen = getattr(gen, "gi_yieldfrom", None)
+    return line
 
 
 def template_globals(compiled: jinja2.Template) -> dict[str, Any]:

@@ -9,6 +9,7 @@ tests/lint/test_survey.py checks that the page holds exactly what this prints, s
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,6 +29,7 @@ SHORT = {
     "render-error": "fails",
     "nondeterminism": "clock",
     "training-mask": "mask",
+    "portability": "engines",
     "syntax": "syntax",
 }
 
@@ -46,6 +48,7 @@ def block() -> str:
     from ctxlock.lint import Severity, lint
     from ctxlock.probes import load_corpus
 
+    os.environ.setdefault("CTXLOCK_HF_JINJA", str(fetched.hf_jinja_dir()))
     corpus = load_corpus()
     models: dict[str, ctxlock.Model] = {}
     rows = []
@@ -65,7 +68,8 @@ def block() -> str:
         "",
         f"{len(rows)} templates, {sum(totals.values())} findings. A cell lists the rules that fired, with a count "
         "when more than once (unread: unread-argument, BOS: double-bos, history: history-rewrite, content: "
-        "content-format, raise: reachable-raise, fails: render-error, clock: nondeterminism, mask: training-mask).",
+        "content-format, raise: reachable-raise, fails: render-error, clock: nondeterminism, mask: training-mask, engines: portability, against minijinja and "
+        "@huggingface/jinja).",
         "",
         "| template | vocabulary | errors | warnings | notes |",
         "|---|---|---|---|---|",

@@ -17,7 +17,7 @@ from ctxlock.cli.files import check_template_file
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import MODEL_HELP, VarOpt, parse_vars
 from ctxlock.errors import InputError
-from ctxlock.lint import RULES, Report, Severity, lint, to_sarif
+from ctxlock.lint import OTHER_ENGINES, RULES, Engine, Report, Severity, lint, to_sarif
 from ctxlock.model import Model
 from ctxlock.probes import load_corpus
 from ctxlock.template import ChatTemplate
@@ -64,6 +64,15 @@ SarifOpt = Annotated[
     typer.Option("--sarif", help="Also write the findings as SARIF 2.1.0 to this file (- for stdout, alone)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+EngineOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--engine",
+        help="The engines the portability rule compares with jinja2 (repeatable): minijinja (the `lint` extra) and "
+        "hf-jinja (@huggingface/jinja under node, found by $CTXLOCK_HF_JINJA or node_modules); 'none' for neither. "
+        "Default: both; one not installed is reported as not run.",
+    ),
+]
 
 
 def _version() -> str:
@@ -122,6 +131,7 @@ def lint_cmd(
     rule: RuleOpt = [],  # noqa: B006
     fail_on: FailOnOpt = FailOn.ERROR,
     sarif: SarifOpt = None,
+    engine: EngineOpt = [],  # noqa: B006
     as_json: JsonOpt = False,
 ) -> None:
     unknown = [r for r in rule if r not in RULES]
@@ -130,10 +140,14 @@ def lint_cmd(
     if sarif == "-" and as_json:
         raise typer.BadParameter("--sarif - and --json both write to stdout: choose one", param_hint="--sarif")
     variables = parse_vars(var)
+    engines = _engines(engine)
 
     def go() -> list[Report]:
         corpus = load_corpus(probes or None)
-        return [lint(m, t, corpus=corpus, variables=variables, rules=rule or None) for m, t in _targets(targets, model)]
+        return [
+            lint(m, t, corpus=corpus, variables=variables, rules=rule or None, engines=engines)
+            for m, t in _targets(targets, model)
+        ]
 
     reports = guarded(as_json, go)
     if sarif is not None:
@@ -148,6 +162,22 @@ def lint_cmd(
         for r in reports:
             _show(r)
     raise typer.Exit(_status(reports, fail_on))
+
+
+def _engines(names: list[str]) -> tuple[Engine, ...]:
+    if not names:
+        return OTHER_ENGINES
+    if names == ["none"]:
+        return ()
+    chosen: list[Engine] = []
+    for name in names:
+        match = next((e for e in OTHER_ENGINES if e == name), None)
+        if match is None:
+            raise typer.BadParameter(
+                f"no engine {name!r} (engines: {', '.join(OTHER_ENGINES)}, or none alone)", param_hint="--engine"
+            )
+        chosen.append(match)
+    return tuple(chosen)
 
 
 def _status(reports: list[Report], fail_on: FailOn) -> int:

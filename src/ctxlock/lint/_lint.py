@@ -6,8 +6,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ctxlock.errors import CtxlockError, TemplateError
+from ctxlock.lint._engines import Engine
 from ctxlock.lint._findings import Finding, Report, Severity, Skipped
 from ctxlock.lint._masks import training_mask
+from ctxlock.lint._portability import OTHER_ENGINES, portability
 from ctxlock.lint._rules import (
     RULES,
     Lint,
@@ -30,6 +32,7 @@ CHECKS: dict[str, RuleFn] = {
     "history-rewrite": history_rewrite,
     "content-format": content_format_rule,
     "reachable-raise": reachable_raises,
+    "render-error": reachable_raises,  # one pass over the renders finds both
     "nondeterminism": nondeterminism,
     "training-mask": training_mask,
 }
@@ -42,14 +45,14 @@ def lint(
     corpus: Corpus | None = None,
     variables: Mapping[str, Any] | None = None,
     rules: Sequence[str] | None = None,
-    extra: Mapping[str, RuleFn] | None = None,
+    engines: Sequence[Engine] = OTHER_ENGINES,
 ) -> Report:
     """Lint `template` rendered with `model`'s tokenizer and special tokens over `corpus` (default: the shipped
     probes), passing `variables` (chat_template_kwargs) to every render. `rules` restricts the rules run (their
-    ids, `RULES`); `extra` adds rules (the portability rule, which needs the other engines). A template that does
-    not compile is one error finding; a rule that cannot run is listed in `skipped` with why."""
-    checks = {**CHECKS, **(extra or {})}
-    chosen = list(checks) if rules is None else [r for r in rules if r in checks]
+    ids, `RULES`); `engines` are the engines the portability rule compares with jinja2 (none: the rule is
+    skipped). A template that does not compile is one error finding; a rule that cannot run is listed in `skipped`
+    with why."""
+    chosen = list(RULES) if rules is None else [r for r in RULES if r in rules]
     try:
         tree = parse_tree(template)
     except TemplateError as exc:
@@ -66,9 +69,18 @@ def lint(
     )
     findings: list[Finding] = []
     skipped: list[Skipped] = []
+    done: set[RuleFn] = set()
     for rule in chosen:
         try:
-            findings += checks[rule](ctx)
+            if rule == "portability":
+                found, missing = portability(ctx, engines)
+                findings += found
+                skipped += missing
+                if not engines:
+                    skipped.append(Skipped(rule, "no engine chosen to compare with jinja2"))
+            elif rule in CHECKS and CHECKS[rule] not in done:
+                done.add(CHECKS[rule])
+                findings += [f for f in CHECKS[rule](ctx) if f.rule in chosen]
         except CtxlockError as exc:
             skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))

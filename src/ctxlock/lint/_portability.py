@@ -1,0 +1,87 @@
+"""The portability rule: the probe corpus rendered by jinja2 (the reference: transformers' environment), minijinja
+(text-generation-inference, mistral.rs) and @huggingface/jinja (transformers.js), and every construct another
+engine rejects or renders differently, named with its template line (`_engines.py` runs the engines)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ctxlock.core import thaw
+from ctxlock.lint._engines import ENGINES, Divergence, Engine, compare, render_many
+from ctxlock.lint._findings import Finding, Severity, Skipped
+from ctxlock.lint._rules import Lint
+from ctxlock.probes import ProbeRender
+
+OTHER_ENGINES: tuple[Engine, ...] = tuple(e for e in ENGINES if e != "jinja2")
+TIMEOUT_S = 5.0
+_PEERS = {
+    "minijinja": "minijinja (text-generation-inference, mistral.rs)",
+    "hf-jinja": "hf-jinja (@huggingface/jinja, transformers.js)",
+}
+
+
+def context_of(render: ProbeRender) -> dict[str, Any]:
+    """The variables a probe's render gave the template, as plain JSON: the messages, tools and documents as sent,
+    and what else the template saw (special tokens, add_generation_prompt, the arguments)."""
+    assert render.rendered is not None
+    request = render.probe.request
+    out: dict[str, Any] = {"messages": list(request.get("messages") or [])}
+    for key in ("tools", "documents"):
+        if request.get(key) is not None:
+            out[key] = request[key]
+    variables = thaw(render.rendered.variables)
+    assert isinstance(variables, dict)
+    out.update(variables)
+    return out
+
+
+def portability(lint: Lint, engines: Sequence[Engine] = OTHER_ENGINES) -> tuple[list[Finding], list[Skipped]]:
+    """One finding per engine, line and kind of departure, with the probes that show it; an engine that is not
+    installed is skipped, with what to install."""
+    renders = [r for r in lint.renders if r.rendered is not None]
+    if not renders:
+        return [], []
+    contexts = [context_of(r) for r in renders]
+    source = lint.template.source
+    reference = render_many("jinja2", source, contexts, timeout_s=TIMEOUT_S)
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    for engine in engines:
+        results = render_many(engine, source, contexts, timeout_s=TIMEOUT_S)
+        groups: dict[tuple[str, int | None], list[tuple[ProbeRender, Divergence]]] = {}
+        for r, ref, got in zip(renders, reference, results, strict=True):
+            d = compare(ref, got)
+            if d is None:
+                continue
+            if d.verdict == "unavailable":
+                skipped.append(Skipped("portability", f"{engine}: {d.message}"))
+                break
+            groups.setdefault((d.verdict, d.line), []).append((r, d))
+        findings += [_finding(engine, hits) for hits in groups.values()]
+    return findings, skipped
+
+
+def _finding(engine: Engine, hits: list[tuple[ProbeRender, Divergence]]) -> Finding:
+    r, d = hits[0]
+    names = [h.probe.name for h, _ in hits]
+    peer = _PEERS.get(engine, engine)
+    if d.verdict == "differs":
+        message = (
+            f"{peer} renders different text: from {d.reference!r} jinja2 writes, it writes {d.got!r} "
+            f"({len(hits)} probe(s))"
+        )
+    elif d.verdict == "limited":
+        message = f"{d.message} ({len(hits)} probe(s))"
+    else:
+        message = f"{d.message.replace(engine, peer, 1)} ({len(hits)} probe(s))"
+    severity = Severity.NOTE if d.verdict in ("limited", "accepts") else Severity.WARNING
+    return Finding(
+        "portability",
+        severity,
+        message,
+        line=d.line,
+        probe=r.probe.name,
+        hint="probes: " + ", ".join(names),
+        data={"engine": engine, "verdict": d.verdict, "construct": d.construct, "probes": names},
+    )

@@ -223,7 +223,7 @@ class ServerClient:
                 raise TimeoutError
             if conn.sock is not None:
                 conn.sock.settimeout(left)
-            chunk = resp.read(min(_CHUNK, cap + 1 - size))
+            chunk = resp.read1(min(_CHUNK, cap + 1 - size))  # one receive at most: the deadline holds between them
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)

@@ -135,7 +135,9 @@ class ManifestCheck:
 def served_template(client: ServerClient, info: ServerInfo, props: Mapping[str, Any] | None) -> tuple[str | None, str]:
     """The template source the server says it serves, and where that came from (or why there is none)."""
     if info.kind is ServerKind.LLAMACPP:
-        source = (props or {}).get("chat_template")
+        if props is None:
+            return None, "the server answers no GET /props"
+        source = props.get("chat_template")
         if isinstance(source, str) and source:
             return source, "GET /props chat_template"
         return None, "llama-server's GET /props has no chat_template"

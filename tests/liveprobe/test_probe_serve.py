@@ -17,37 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from planted import QWEN, expected_divergences, revision
 
 import fetched
 from cli_runner import run_cli
 from ctxlock.artifacts import load_template_file
 from ctxlock.liveprobe import ProbeReport, Verdict, probe_server, read_manifest
 from ctxlock.model import Model, load
-from ctxlock.probes import load_corpus, render_probes
+from ctxlock.probes import load_corpus
 from ctxlock.records import ExecutionRecord, Store
-from reference import reference_ids, reference_render
 from serve_server import TOKEN, running
 
 TEMPLATES = fetched.templates_dir()
-QWEN = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
 LLAMA3 = TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja"
-DEFAULT_LINE = "You are a helpful assistant.<|im_end|>"
 SHAPES = ("ctxlock", "vllm", "llamacpp")
 # Routes that have no field for a request's documents (the probe is not sent there, and the result says so).
 NO_DOCUMENTS = {"vllm", "llamacpp"}
-
-
-def planted() -> str:
-    """Another revision of the Qwen 2.5 template: a whitespace change in its default system line (no tools)."""
-    source = QWEN.read_text("utf-8")
-    assert source.count(DEFAULT_LINE) == 1
-    return source.replace(DEFAULT_LINE, DEFAULT_LINE.replace("helpful assistant", "helpful  assistant"))
-
-
-def revision(root: Path) -> Path:
-    path = root / "qwen-rev.jinja"
-    path.write_text(planted(), "utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -131,40 +116,6 @@ def test_a_tokenizer_that_adds_the_bos_the_template_writes(server: str, llama_bp
     assert set(got.values()) == ({"agree", "not sent"} if shape in NO_DOCUMENTS else {"agree"})
     first = next(r for r in report.results if r.verdict is Verdict.AGREE)
     assert first.ctxlock_ids is not None and first.ctxlock_ids[0] == 128000 and first.ctxlock_ids[1] != 128000
-
-
-def expected_divergences(model: Model) -> dict[str, tuple[int, int]]:
-    """For every probe transformers renders exactly as ctxlock does with the Qwen 2.5 template: the first token and
-    the first character where the planted revision parts from it, by transformers alone (probes where the two
-    revisions give the same ids are left out: they must agree)."""
-    hf = fetched.hf_tokenizer_dir("qwen2")
-    original = QWEN.read_text("utf-8")
-    out: dict[str, tuple[int, int]] = {}
-    checked = 0
-    for r in render_probes(model, load_corpus(), load_template_file(QWEN)):
-        p, req = r.probe, dict(r.probe.request)
-        kw = {
-            "tools": req.get("tools"),
-            "add_generation_prompt": p.add_generation_prompt,
-            "continue_final_message": p.continue_final_message,
-        }
-        if "documents" in req or r.ids is None:
-            continue
-        try:
-            a = reference_ids(hf, original, req["messages"], **kw)
-        except Exception:  # transformers refuses some probes outright: they are not compared here
-            continue
-        if a != list(r.ids):
-            continue
-        checked += 1
-        b = reference_ids(hf, planted(), req["messages"], **kw)
-        if a != b:
-            k = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
-            ta = reference_render(original, req["messages"], **kw)
-            tb = reference_render(planted(), req["messages"], **kw)
-            out[p.name] = (k, next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y))
-    assert checked >= 10 and 5 <= len(out) < checked, (checked, out)  # both outcomes, over most of the corpus
-    return out
 
 
 @pytest.fixture(scope="module")

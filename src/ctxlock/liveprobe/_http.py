@@ -193,13 +193,12 @@ class ServerClient:
         except CtxlockError:
             raise
         except (OSError, http.client.HTTPException) as exc:
-            timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= deadline
-            why = f"no full answer within {self.limits.timeout:g} s" if timed_out else one_line(str(exc) or repr(exc))
-            raise ServerUnreachableError(
-                why,
-                path=self.where(route),
-                hint="is the server running at this URL? (--timeout sets the seconds one call may take)",
-            ) from None
+            if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
+                why = f"no full answer within {self.limits.timeout:g} s"
+                hint = "is the server busy? --timeout sets the seconds one call may take"
+            else:
+                why, hint = one_line(str(exc) or repr(exc)), "is the server running at this URL?"
+            raise ServerUnreachableError(why, path=self.where(route), hint=hint) from None
         finally:
             conn.close()
 

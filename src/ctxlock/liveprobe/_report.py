@@ -104,17 +104,24 @@ class ProbeReport:
         return [*out, self._summary()]
 
     def _summary(self) -> str:
-        c = self.counts()
-        asked = len(self.results) - c[str(Verdict.NOT_SENT)]
-        head = f"result    {c['agree']} of {asked} agree"
-        if c[str(Verdict.BOTH_REFUSE)]:
-            head += f", {c[str(Verdict.BOTH_REFUSE)]} refused by both"
-        head += f", {c['diverge']} diverge"
-        if c[str(Verdict.NOT_SENT)]:
-            head += f", {c[str(Verdict.NOT_SENT)]} not sent"
+        parts = []
+        if self.local is not None:
+            c = self.counts()
+            asked = len(self.results) - c[str(Verdict.NOT_SENT)]
+            probes = f"{c['agree']} of {asked} agree"
+            if c[str(Verdict.BOTH_REFUSE)]:
+                probes += f", {c[str(Verdict.BOTH_REFUSE)]} refused by both"
+            probes += f", {c['diverge']} diverge"
+            if c[str(Verdict.NOT_SENT)]:
+                probes += f", {c[str(Verdict.NOT_SENT)]} not sent"
+            parts.append(probes)
         if self.manifest is not None:
-            head += "; manifest " + ("differs" if self.manifest.differs else "not contradicted")
-        return head
+            statuses = [c.status for c in self.manifest.checks]
+            differs, unchecked = statuses.count("differs"), statuses.count("not checked")
+            text = f"manifest: {differs} digest{'s differ' if differs > 1 else ' differs'}" if differs else ""
+            text = text or "manifest: the digests checked agree"
+            parts.append(text + (f", {unchecked} not checked" if unchecked else ""))
+        return "result    " + "; ".join(parts)
 
 
 def _shown(text: str) -> str:
@@ -169,8 +176,9 @@ def _result_lines(results: tuple[ProbeResult, ...]) -> list[str]:
 def _manifest_lines(m: ManifestCheck) -> list[str]:
     out = [f"manifest  {m.source}" + (f" (model {m.model})" if m.model else "")]
     for c in m.checks:
-        digests = ""
-        if c.manifest is not None:
-            digests = f" manifest {c.manifest[:16]}…" + (f", server {c.server[:16]}…" if c.server else "")
-        out.append(f"          {c.what}: {c.status}{digests}: {c.detail}")
+        if c.status == "not checked" or c.manifest is None or c.server is None:
+            out.append(f"          {c.what}: {c.status}: {c.detail}")
+        else:
+            digests = f"manifest {c.manifest[:16]}…, server {c.server[:16]}…"
+            out.append(f"          {c.what}: {c.status}: {digests} ({c.detail})")
     return out

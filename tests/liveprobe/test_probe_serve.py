@@ -24,15 +24,26 @@ from cli_runner import run_cli
 from ctxlock.artifacts import load_template_file
 from ctxlock.liveprobe import ProbeReport, Verdict, probe_server, read_manifest
 from ctxlock.model import Model, load
-from ctxlock.probes import load_corpus
+from ctxlock.probes import PROBE_NOW, load_corpus
 from ctxlock.records import ExecutionRecord, Store
 from serve_server import TOKEN, running
 
 TEMPLATES = fetched.templates_dir()
 LLAMA3 = TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja"
 SHAPES = ("ctxlock", "vllm", "llamacpp")
+# A template that reads the clock (the month), as Llama 3.2's reads the date.
+CLOCK = (
+    "{{- strftime_now('%Y-%m') }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Routes that have no field for a request's documents (the probe is not sent there, and the result says so).
 NO_DOCUMENTS = {"vllm", "llamacpp"}
+
+
+def clock_template(root: Path) -> Path:
+    path = root / "clock.jinja"
+    path.write_text(CLOCK, "utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +66,10 @@ template = "{revision(root)}"
 [models.llama3]
 spec = "{fetched.gguf_path("llama-bpe")}"
 template = "{LLAMA3}"
+
+[models.clock]
+spec = "{fetched.gguf_path("qwen2")}"
+template = "{clock_template(root)}"
 """,
         "utf-8",
     )
@@ -129,7 +144,8 @@ def test_the_planted_revision_is_named_at_the_right_token(
 ) -> None:
     recorded: list[str] = []
 
-    def recorder(p: Any) -> str:
+    def recorder(p: Any, now: Any) -> str:
+        assert now == PROBE_NOW  # the template does not read the clock: recorded at the corpus's time
         recorded.append(p.name)
         return f"record-of-{p.name}"
 
@@ -224,3 +240,15 @@ def test_a_manifest_against_what_the_server_serves(server: str, qwen: Model, tmp
         env={"CTXLOCK_PROBE_TOKEN": TOKEN},
     )
     assert out.returncode == 1 and "template: differs" in out.stdout
+
+
+@pytest.mark.parametrize("shape", ["ctxlock", "llamacpp"])
+def test_a_template_that_reads_the_clock_is_compared_at_this_machines_time(
+    server: str, qwen: Model, shape: str, tmp_path: Path
+) -> None:
+    # At the corpus's fixed time (January 2025) the month differs from the server's; at this machine's it does not.
+    report = probe(server, qwen, clock_template(tmp_path), shape, "clock", corpus=load_corpus(only=["user", "system"]))
+    assert [str(r.verdict) for r in report.results] == ["agree", "agree"]
+    for r in report.results:
+        assert r.now is not None and r.now[:7] != PROBE_NOW.isoformat()[:7]
+        assert any(n.startswith("the template reads the clock: ctxlock's side is rendered at") for n in r.notes)

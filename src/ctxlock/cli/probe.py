@@ -5,6 +5,7 @@ its cause and a stored record of ctxlock's side; `--fail-on-diff` for CI, `--man
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,7 +27,7 @@ from ctxlock.cli.render import (
 from ctxlock.errors import InputError
 from ctxlock.liveprobe import HttpLimits, Manifest, ProbeReport, probe_server, read_manifest
 from ctxlock.model._model import Model, load
-from ctxlock.probes import PROBE_NOW, Probe, load_corpus
+from ctxlock.probes import Probe, load_corpus
 from ctxlock.records import RunOptions
 from ctxlock.records._store import Store
 from ctxlock.template import ChatTemplate
@@ -104,13 +105,14 @@ NoRecordOpt = Annotated[
 
 class _Recorder:
     """Stores ctxlock's side of a diverging probe as an execution record (the store opened at the first one): the
-    probe's request rendered as the corpus renders it (its options, the fixed clock, seed 0)."""
+    probe's request rendered as the corpus renders it (its options, seed 0), at the time the probe was compared at
+    (the corpus's fixed clock, or this machine's for a template that reads the clock)."""
 
     def __init__(self, model: Model, template: ChatTemplate | None, variables: dict[str, Any], path: Path | None):
         self.model, self.template, self.variables, self.path = model, template, variables, path
         self.store: Store | None = None
 
-    def __call__(self, probe: Probe) -> str:
+    def __call__(self, probe: Probe, now: datetime) -> str:
         from ctxlock.records._replay import run_and_record, save  # start-up: only a divergence needs the replay module
 
         request = dict(probe.request)
@@ -119,7 +121,7 @@ class _Recorder:
             add_generation_prompt=probe.add_generation_prompt,
             continue_final_message=probe.continue_final_message,
             chat_template_kwargs=kwargs or None,
-            now=PROBE_NOW.isoformat(),
+            now=now.isoformat(),
             render_seed=0,
         )
         data = json.dumps(request, ensure_ascii=False).encode("utf-8")

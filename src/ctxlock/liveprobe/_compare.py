@@ -8,7 +8,8 @@ The cause is read off the two sides in this order:
   tokenizer added where the template wrote one, or did not);
 - `tokenizer`: the server's text is ctxlock's, character for character, and its ids are not;
 - `clock`: the texts differ and the template read the clock (`strftime_now`): ctxlock renders at the probe corpus's
-  fixed time, the server at its own;
+  fixed time, the server at its own (the run then renders ctxlock's side again at this machine's time, and compares
+  that);
 - `template`: the texts differ; the first differing character is named, with both texts around it;
 - `unknown`: the route gives ids only and the server could not decode them, so text cannot be compared.
 
@@ -73,6 +74,7 @@ class ProbeResult:
     cause: Cause | None = None
     notes: tuple[str, ...] = ()
     record_id: str | None = None
+    now: str | None = None  # the time ctxlock's side was rendered at, when not the corpus's (a clock template)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,11 +83,18 @@ class ProbeResult:
             "verdict": str(self.verdict),
             "ctxlock_ids": None if self.ctxlock_ids is None else list(self.ctxlock_ids),
             "server_ids": None if self.server_ids is None else list(self.server_ids),
-            "divergence": None if self.divergence is None else self.divergence.to_dict(),
+            "divergence": None if self.divergence is None else _divergence(self.divergence),
             "cause": None if self.cause is None else self.cause.to_dict(),
             "notes": list(self.notes),
             "record_id": self.record_id,
+            "now": self.now or PROBE_NOW.isoformat(),
         }
+
+
+def _divergence(d: Divergence) -> dict[str, Any]:
+    """`Divergence.to_dict` with its sides named: `a` is ctxlock's, `b` the server's."""
+    raw = d.to_dict()
+    return {"index": raw["index"], "ctxlock": raw["a"], "server": raw["b"]}
 
 
 def _refusals(pr: ProbeRender, answer: ServerRender | Refusal) -> tuple[Verdict, Cause | None]:

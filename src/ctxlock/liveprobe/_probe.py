@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ctxlock.liveprobe._compare import Cause, ProbeResult, Verdict, compare
@@ -14,11 +16,20 @@ from ctxlock.liveprobe._report import LocalSide, ProbeReport, RouteUse
 from ctxlock.liveprobe._routes import Route, RouteAbsent, routes_for
 from ctxlock.liveprobe._servers import ServerKind, detect
 from ctxlock.pipeline import Pipeline
-from ctxlock.probes import Corpus, Probe, ProbeRender, load_corpus, render_probes
+from ctxlock.probes import PROBE_NOW, Corpus, Probe, ProbeRender, load_corpus, render_probe, render_probes
 from ctxlock.template import ChatTemplate
 
-# Stores ctxlock's side of a diverging probe as an execution record; returns the record's id.
-Recorder = Callable[[Probe], str]
+# Stores ctxlock's side of a diverging probe, rendered at the given time, as an execution record; returns its id.
+Recorder = Callable[[Probe, datetime], str]
+
+
+@dataclass(frozen=True)
+class _Side:
+    """ctxlock's side: the model, the template (None: the model's own) and the extra template variables."""
+
+    model: Pipeline
+    template: ChatTemplate | None
+    variables: Mapping[str, Any] | None
 
 
 def _local(model: Pipeline, renders: tuple[ProbeRender, ...]) -> LocalSide:
@@ -31,16 +42,28 @@ def _local(model: Pipeline, renders: tuple[ProbeRender, ...]) -> LocalSide:
     )
 
 
-def _ask(route: Route, pr: ProbeRender, model: Pipeline, variables: Mapping[str, Any] | None) -> ProbeResult:
+def _ask(route: Route, pr: ProbeRender, side: _Side) -> ProbeResult:
     why = route.skip(pr.probe)
     if why is not None:
         return ProbeResult(pr.probe.name, route.name, Verdict.NOT_SENT, pr.ids, cause=Cause("not sent", why))
-    answer = route.ask(pr.probe, variables)
-    return compare(pr, answer, model, route.name, lambda a, b: route.texts(a, b, model), notes=route.notes(pr.probe))
+    answer = route.ask(pr.probe, side.variables)
+    notes = route.notes(pr.probe)
+    result = compare(pr, answer, side.model, route.name, lambda a, b: route.texts(a, b, side.model), notes)
+    if result.cause is None or result.cause.kind != "clock":
+        return result
+    # The template reads the clock and the server renders at its own time: ctxlock's side again at this machine's.
+    now = datetime.now().astimezone().replace(microsecond=0)
+    again = render_probe(side.model, pr.probe, side.template, variables=side.variables, now=now)
+    note = (
+        f"the template reads the clock: ctxlock's side is rendered at this machine's time, {now.isoformat()}, as "
+        "the server renders at its own (a server in another time zone may still part at the date)"
+    )
+    retried = compare(again, answer, side.model, route.name, lambda a, b: route.texts(a, b, side.model), notes)
+    return dataclasses.replace(retried, notes=(*retried.notes, note), now=now.isoformat())
 
 
 def _run(
-    routes: list[Route], renders: tuple[ProbeRender, ...], model: Pipeline, variables: Mapping[str, Any] | None
+    routes: list[Route], renders: tuple[ProbeRender, ...], side: _Side
 ) -> tuple[list[ProbeResult], list[RouteUse]]:
     results: list[ProbeResult] = []
     absent: dict[str, str] = {}
@@ -49,20 +72,21 @@ def _run(
             if route.name in absent:
                 continue
             try:
-                results.append(_ask(route, pr, model, variables))
+                results.append(_ask(route, pr, side))
             except RouteAbsent as exc:
                 absent[route.name] = f"the server does not have it ({exc.why}); {route.absent_hint}"
     return results, [RouteUse(r.name, r.name not in absent, absent.get(r.name, "")) for r in routes]
 
 
 def _record(results: list[ProbeResult], corpus: Corpus, recorder: Recorder) -> list[ProbeResult]:
-    ids: dict[str, str] = {}
+    ids: dict[tuple[str, str | None], str] = {}
     out = []
     for r in results:
         if r.verdict is Verdict.DIVERGE and r.ctxlock_ids is not None:
-            if r.probe not in ids:
-                ids[r.probe] = recorder(corpus.named(r.probe))
-            r = dataclasses.replace(r, record_id=ids[r.probe])
+            if (r.probe, r.now) not in ids:
+                at = PROBE_NOW if r.now is None else datetime.fromisoformat(r.now)
+                ids[r.probe, r.now] = recorder(corpus.named(r.probe), at)
+            r = dataclasses.replace(r, record_id=ids[r.probe, r.now])
         out.append(r)
     return out
 
@@ -98,7 +122,7 @@ def probe_server(
     if model is not None:
         renders = render_probes(model, corpus, template, variables=variables)
         local = _local(model, renders)
-        results, uses = _run(routes_for(client, info), renders, model, variables)
+        results, uses = _run(routes_for(client, info), renders, _Side(model, template, variables))
         if recorder is not None:
             results = _record(results, corpus, recorder)
     checked: ManifestCheck | None = None

@@ -174,11 +174,9 @@ def _run(
     chosen = _template(m, template)
     recorder = _Recorder(m, chosen, variables, path) if record else None
     try:
-        # Model implements Pipeline (src/ctxlock/model/__init__.py); mypy refuses the structural match on `encode`,
-        # whose keyword arguments Model types (RenderKwargs) and the protocol leaves open (**kwargs: Any).
         return probe_server(
-            url, m, template=chosen, corpus=corpus, variables=variables or None, manifest=manifest,  # type: ignore[arg-type]
-            recorder=recorder, **kwargs,
+            url, m, template=chosen, corpus=corpus, variables=variables or None, manifest=manifest, recorder=recorder,
+            **kwargs,
         )  # fmt: skip
     finally:
         if recorder is not None:

@@ -106,7 +106,8 @@ def probe_server(
     recorder: Recorder | None = None,
 ) -> ProbeReport:
     """Ask the server at `url` for the probe corpus on its render and tokenize routes and compare every answer with
-    ctxlock's exact render of `model` (with `template`, default the model's own) at the corpus's fixed clock.
+    ctxlock's exact render of `model` (with `template`, default the model's own) at the corpus's fixed clock (and,
+    for a probe whose template reads the clock, again at this machine's time).
 
     `kind` skips the server's detection; `served_model` names the model at the server (default: the one it
     serves, or its default). `variables` are template variables sent with every probe (and rendered with). With a

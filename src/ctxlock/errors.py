@@ -41,6 +41,10 @@
     │   ├── DeadlineError            the request ran past the render deadline (503)
     │   ├── RouteNotFoundError       no such route, method or configured model name (404/405)
     │   └── InternalServeError       an unexpected failure, logged; typed and JSON, never a traceback
+    ├── LiveServerError              `ctxlock probe`: a live server that cannot be asked, or whose answer is unusable
+    │   ├── ServerUnreachableError   no connection, a timeout, a TLS failure
+    │   ├── ServerAnswerError        not JSON, over the size cap, not the route's shape, a redirect elsewhere
+    │   └── ServerRefusedError       a 4xx or 5xx answer, with the server's own message (401, 403: pass --token)
     ├── MediaError                   image bytes -> pixels -> placeholders (ctxlock.multimodal)
     │   ├── MediaSourceError         a URL ctxlock may not fetch, a bad data: URL or base64, missing supplied bytes
     │   ├── MediaTypeError           an unsupported media type, or one the bytes disagree with
@@ -453,3 +457,29 @@ class RouteNotFoundError(ServeError):
 
 class InternalServeError(ServeError):
     """An exception ctxlock did not expect while serving a request: logged in full on the server, answered as JSON."""
+
+
+class LiveServerError(CtxlockError):
+    """`ctxlock probe` (docs/live-probe.md): a live server (vLLM, llama.cpp, `ctxlock serve`) that could not be asked,
+    or whose answer cannot be used. `path` names the server's URL and the route."""
+
+
+class ServerUnreachableError(LiveServerError):
+    """No answer: the connection was refused or reset, the name does not resolve, TLS failed, or the answer did not
+    come in full within the timeout."""
+
+
+class ServerAnswerError(LiveServerError):
+    """An answer that cannot be used: not JSON (or not strict JSON), over the response size cap (read no further),
+    not the shape the route answers, or a redirect to another host (never followed)."""
+
+
+class ServerRefusedError(LiveServerError):
+    """The server answered a 4xx or 5xx status; `message` carries the server's own words and `status` the code."""
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None, status: int = 0) -> None:
+        self.status = status
+        super().__init__(message, path=path, hint=hint)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "status": self.status}

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "explain": ("explain",),
     "batch": ("batch",),
     "serve": ("serve",),
+    "probe": ("probe",),
     "view": ("view",),
     "difftemplate": ("diff-template",),
 }

@@ -79,9 +79,10 @@ def render_probe(
     *,
     variables: Mapping[str, Any] | None = None,
     tokenize: bool = True,
+    now: datetime = PROBE_NOW,
 ) -> ProbeRender:
     """`probe` rendered with `template` (None: the model's own), its `chat_template_kwargs` plus `variables`, at
-    `PROBE_NOW` with seed 0; its ids with the model's tokenizer when `tokenize`."""
+    `now` (default `PROBE_NOW`) with seed 0; its ids with the model's tokenizer when `tokenize`."""
     request = dict(probe.request)
     kwargs = {**(request.pop("chat_template_kwargs", None) or {}), **(variables or {})}
     try:
@@ -91,7 +92,7 @@ def render_probe(
             continue_final_message=probe.continue_final_message,
             chat_template=template,
             chat_template_kwargs=kwargs or None,
-            now=PROBE_NOW,
+            now=now,
             seed=0,
         )
     except CtxlockError as exc:

@@ -1,0 +1,254 @@
+"""`ctxlock probe` against a real `ctxlock serve` over loopback, in each peer shape it answers: vLLM's `/tokenize` chat
+form (its `/v1/chat/completions/render` absent, and said so), llama.cpp's `/apply-template` + `/tokenize`, and
+ctxlock's own `/v1/render`.
+
+One server for the module serves the qwen2 GGUF vocabulary with llama.cpp's Qwen 2.5 template (`qwen`), the same
+vocabulary with another revision of that template whose default system line has one more space (`qwenrev`: the
+planted divergence), and the llama-bpe vocabulary with the Llama 3.3 template (`llama3`: a tokenizer that adds a BOS
+the template writes too, so llama.cpp's BOS cut and `add_special` are on the path). The expected divergence of the
+planted revision (which probes, the first diverging token, the first differing character) is computed independently,
+with transformers' `apply_chat_template` on the HF tokenizer converted from the same GGUF."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planted import QWEN, expected_divergences, revision
+
+import fetched
+from cli_runner import run_cli
+from ctxlock.artifacts import load_template_file
+from ctxlock.liveprobe import ProbeReport, Verdict, probe_server, read_manifest
+from ctxlock.model import Model, load
+from ctxlock.probes import PROBE_NOW, load_corpus
+from ctxlock.records import ExecutionRecord, Store
+from serve_server import TOKEN, running
+
+TEMPLATES = fetched.templates_dir()
+LLAMA3 = TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja"
+SHAPES = ("ctxlock", "vllm", "llamacpp")
+# A template that reads the clock (the month), as Llama 3.2's reads the date.
+CLOCK = (
+    "{{- strftime_now('%Y-%m') }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Routes that have no field for a request's documents (the probe is not sent there, and the result says so).
+NO_DOCUMENTS = {"vllm", "llamacpp"}
+
+
+def clock_template(root: Path) -> Path:
+    path = root / "clock.jinja"
+    path.write_text(CLOCK, "utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("probe-serve")
+    cfg = root / "ctxlock.toml"
+    cfg.write_text(
+        f"""
+[server]
+tokens = ["{TOKEN}"]
+
+[models.qwen]
+spec = "{fetched.gguf_path("qwen2")}"
+template = "{QWEN}"
+
+[models.qwenrev]
+spec = "{fetched.gguf_path("qwen2")}"
+template = "{revision(root)}"
+
+[models.llama3]
+spec = "{fetched.gguf_path("llama-bpe")}"
+template = "{LLAMA3}"
+
+[models.clock]
+spec = "{fetched.gguf_path("qwen2")}"
+template = "{clock_template(root)}"
+""",
+        "utf-8",
+    )
+    with running(cfg) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Model:
+    return load(str(fetched.gguf_path("qwen2")))
+
+
+@pytest.fixture(scope="module")
+def llama_bpe() -> Model:
+    return load(str(fetched.gguf_path("llama-bpe")))
+
+
+def probe(url: str, model: Model, template: Path, shape: str, served: str, **kw: Any) -> ProbeReport:
+    kind = None if shape == "ctxlock" else shape  # ctxlock serve is detected as itself; the peer shapes are given
+    return probe_server(
+        url, model, template=load_template_file(template), kind=kind, served_model=served, token=TOKEN, **kw
+    )
+
+
+def verdicts(report: ProbeReport) -> dict[str, str]:
+    return {r.probe: str(r.verdict) for r in report.results}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_probe_agrees_with_the_same_template_in_each_shape(server: str, qwen: Model, shape: str) -> None:
+    report = probe(server, qwen, QWEN, shape, "qwen")
+    assert report.server.kind == shape
+    names = set(load_corpus().names)
+    expected = {n: "agree" for n in names}
+    if shape in NO_DOCUMENTS:
+        expected["documents"] = "not sent"
+        (skipped,) = [r for r in report.results if r.verdict is Verdict.NOT_SENT]
+        assert skipped.cause is not None and "documents" in skipped.cause.detail
+    assert verdicts(report) == expected
+    assert report.ok
+    if shape == "vllm":
+        tokenize, render = report.routes
+        assert tokenize.used and not render.used
+        # ctxlock serve has no /v1/chat/completions/render: the report says the route is absent, and why.
+        assert render.name.startswith("POST /v1/chat/completions/render")
+        assert "HTTP 404" in render.why and "vllm-project/vllm/pull/32473" in render.why
+    else:
+        assert [r.used for r in report.routes] == [True]
+    assert report.local is not None and report.local.template_sha256 == load_template_file(QWEN).sha256
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_tokenizer_that_adds_the_bos_the_template_writes(server: str, llama_bpe: Model, shape: str) -> None:
+    # Llama 3.3 writes <|begin_of_text|> and llama-bpe adds it: llama.cpp's /apply-template cuts it and /tokenize
+    # with add_special puts it back once; every probe agrees, and the one the template refuses is refused by both.
+    report = probe(server, llama_bpe, LLAMA3, shape, "llama3")
+    got = verdicts(report)
+    assert got.pop("parallel-tool-calls") == "both refuse"
+    assert set(got.values()) == ({"agree", "not sent"} if shape in NO_DOCUMENTS else {"agree"})
+    first = next(r for r in report.results if r.verdict is Verdict.AGREE)
+    assert first.ctxlock_ids is not None and first.ctxlock_ids[0] == 128000 and first.ctxlock_ids[1] != 128000
+
+
+@pytest.fixture(scope="module")
+def planted_divergences(qwen: Model) -> dict[str, tuple[int, int]]:
+    return expected_divergences(qwen)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_planted_revision_is_named_at_the_right_token(
+    server: str, qwen: Model, shape: str, planted_divergences: dict[str, tuple[int, int]]
+) -> None:
+    recorded: list[str] = []
+
+    def recorder(p: Any, now: Any) -> str:
+        assert now == PROBE_NOW  # the template does not read the clock: recorded at the corpus's time
+        recorded.append(p.name)
+        return f"record-of-{p.name}"
+
+    report = probe(server, qwen, QWEN, shape, "qwenrev", recorder=recorder)
+    assert not report.ok
+    by_name = {r.probe: r for r in report.results}
+    for name, (token, char) in planted_divergences.items():
+        r = by_name[name]
+        assert r.verdict is Verdict.DIVERGE, name
+        assert r.divergence is not None and r.divergence.index == token, name
+        assert r.cause is not None and r.cause.kind == "template" and r.cause.text is not None
+        assert r.cause.text.offset == char, name  # the same character on each route's own text
+        assert "helpful  assistant" in r.cause.text.server and "helpful assistant" in r.cause.text.ctxlock
+        assert r.record_id == f"record-of-{name}"
+    # The probes the revision does not touch (a system message, or tools: the other branch) still agree.
+    agree = {r.probe for r in report.results if r.verdict is Verdict.AGREE}
+    assert {"system", "tools", "multi-turn-system"} <= agree
+    assert set(recorded) == {r.probe for r in report.divergences}  # one record per diverging probe
+
+
+def test_the_record_of_a_divergence_replays_ctxlocks_side(server: str, qwen: Model, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    out = run_cli(
+        "probe", server, "--model", str(fetched.gguf_path("qwen2")), "--template", str(QWEN),
+        "--served-model", "qwenrev", "--only", "user", "--only", "system", "--store", str(store), "--json",
+        env={"CTXLOCK_PROBE_TOKEN": TOKEN},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr  # a divergence is a report, not a failure, without --fail-on-diff
+    report = json.loads(out.stdout)
+    assert report["counts"] == {"agree": 1, "both refuse": 0, "diverge": 1, "not sent": 0}
+    (div,) = [r for r in report["results"] if r["verdict"] == "diverge"]
+    assert div["probe"] == "user" and div["divergence"]["index"] == 17
+    with Store(store) as s:
+        rec = ExecutionRecord.from_bytes(s.get_record(div["record_id"]))
+    assert rec.data["input_ids"] == div["ctxlock_ids"]
+    assert rec.data["replay"]["template_sha256"] == load_template_file(QWEN).sha256
+
+
+def test_fail_on_diff_is_a_ci_gate(server: str, tmp_path: Path) -> None:
+    args = ["probe", server, "--model", str(fetched.gguf_path("qwen2")), "--template", str(QWEN), "--only", "user"]
+    env = {"CTXLOCK_PROBE_TOKEN": TOKEN}
+    same = run_cli(*args, "--fail-on-diff", env=env)
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[-1] == "result    1 of 1 agree, 0 diverge"
+    planted_ = run_cli(*args, "--served-model", "qwenrev", "--fail-on-diff", "--no-record", env=env)
+    assert planted_.returncode == 1 and planted_.stderr == ""
+    lines = planted_.stdout.splitlines()
+    assert "DIVERGE   user on POST /v1/render (ctxlock's own)" in lines
+    assert any(line.startswith("          first diverging token: #17: ctxlock ") for line in lines)
+    assert not any("record" in line for line in lines)  # --no-record
+
+
+def test_the_tokenizer_is_named_when_the_texts_agree(server: str, llama_bpe: Model) -> None:
+    # The same template with another vocabulary on ctxlock's side: the server's text is ctxlock's, the ids are not.
+    report = probe(server, llama_bpe, QWEN, "llamacpp", "qwen", corpus=load_corpus(only=["user"]))
+    (r,) = report.results
+    assert r.verdict is Verdict.DIVERGE and r.cause is not None and r.cause.kind == "tokenizer"
+    assert r.divergence is not None and r.divergence.index == 0
+
+
+def test_a_manifest_against_what_the_server_serves(server: str, qwen: Model, tmp_path: Path) -> None:
+    original = load_template_file(QWEN).sha256
+    # As ctxlock batch writes it: the model's templates by name, and the tokenizer's digest.
+    batch = tmp_path / "manifest.json"
+    batch.write_text(
+        json.dumps(
+            {"model": "qwen", "template_sha256": {"default": original}, "tokenizer_sha256": qwen.tokenizer.sha256}
+        )
+    )
+    manifest = read_manifest(batch)
+    same = probe_server(server, None, kind=None, served_model="qwen", token=TOKEN, manifest=manifest)
+    assert same.ok and same.results == ()
+    assert same.manifest is not None and [c.status for c in same.manifest.checks] == ["same", "same"]
+    other = probe_server(server, None, served_model="qwenrev", token=TOKEN, manifest=manifest)
+    assert other.manifest is not None and [c.status for c in other.manifest.checks] == ["differs", "same"]
+    assert not other.ok
+    # vLLM's shape: the template from GET /tokenizer_info; llama.cpp's: from GET /props, which ctxlock serve lacks.
+    vllm = probe_server(server, None, kind="vllm", served_model="qwen", token=TOKEN, manifest=manifest)
+    assert vllm.manifest is not None and vllm.manifest.checks[0].status == "same"
+    assert vllm.manifest.checks[0].detail == "GET /tokenizer_info chat_template"
+    llama = probe_server(server, None, kind="llamacpp", served_model="qwen", token=TOKEN, manifest=manifest)
+    assert llama.manifest is not None and llama.manifest.checks[0].status == "not checked"
+    assert llama.manifest.checks[0].detail == "the server answers no GET /props"
+    out = run_cli(
+        "probe",
+        server,
+        "--served-model",
+        "qwenrev",
+        "--manifest",
+        str(batch),
+        "--fail-on-diff",
+        env={"CTXLOCK_PROBE_TOKEN": TOKEN},
+    )
+    assert out.returncode == 1 and "template: differs" in out.stdout
+
+
+@pytest.mark.parametrize("shape", ["ctxlock", "llamacpp"])
+def test_a_template_that_reads_the_clock_is_compared_at_this_machines_time(
+    server: str, qwen: Model, shape: str, tmp_path: Path
+) -> None:
+    # At the corpus's fixed time (January 2025) the month differs from the server's; at this machine's it does not.
+    report = probe(server, qwen, clock_template(tmp_path), shape, "clock", corpus=load_corpus(only=["user", "system"]))
+    assert [str(r.verdict) for r in report.results] == ["agree", "agree"]
+    for r in report.results:
+        assert r.now is not None and r.now[:7] != PROBE_NOW.isoformat()[:7]
+        assert any(n.startswith("the template reads the clock: ctxlock's side is rendered at") for n in r.notes)

@@ -57,6 +57,7 @@ __all__ = [
     "build_dir",
     "llama_server_binary",
     "post_json",
+    "running",
     "tiny_gguf",
 ]
 
@@ -193,7 +194,7 @@ def _extract_llama_cpp(archive: Path, target: Path) -> None:
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar:
             rel = "/".join(PurePosixPath(member.name).parts[1:])
-            if not rel.startswith(VENDORED) or rel == VENDORED.rstrip("/"):
+            if not rel.startswith(VENDORED):
                 continue
             rel = rel[len(VENDORED) :]
             if not rel or any((rel + "/").startswith(s) for s in SKIPPED):
@@ -339,7 +340,7 @@ def _tokenizer_keys(source: Path) -> list[tuple[str, int, Any, int | None]]:
     if take(4) != b"GGUF" or u32() not in (2, 3):
         raise fetched.ArtifactError(f"{source} is not a GGUF v2/v3 file")
     u64()  # tensor count
-    found = []
+    found: list[tuple[str, int, Any, int | None]] = []
     for _ in range(u64()):
         key = take(u64()).decode("utf-8")
         vtype = u32()
@@ -496,8 +497,12 @@ class LlamaServer:
         self.args = tuple(args)
         self.binary = binary
         self.timeout = timeout
-        self._own_log = log is None
-        self.log = log if log is not None else Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+        self._own_log = log is None  # removed at stop, unless the server failed
+        if log is None:
+            handle, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
+            os.close(handle)
+            log = Path(name)
+        self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.start_seconds = 0.0
@@ -552,6 +557,7 @@ class LlamaServer:
             self._fail(cmd, f"exited with status {self.proc.returncode}")
 
     def _fail(self, cmd: Sequence[str], what: str) -> None:
+        self._own_log = False  # the message names it
         raise LlamaServerError(f"llama-server {what}.\nCommand: {' '.join(cmd)}\nLog {self.log}:\n{_tail(self.log)}")
 
     def stop(self) -> None:

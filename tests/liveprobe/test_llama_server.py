@@ -1,10 +1,13 @@
 """The llama-server the live-probe tests run against is the reference it should be: for one conversation, its
 /apply-template prompt is ctxlock's render with the same template, and its /tokenize ids (and the count of
-/v1/chat/completions/input_tokens) are ctxlock's ids for that prompt with the same GGUF vocabulary."""
+/v1/chat/completions/input_tokens) are ctxlock's ids for that prompt with the same GGUF vocabulary. A server that
+cannot start fails with its own log's last lines."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 import llama_server
 from ctxlock.artifacts import load_template_file
@@ -40,3 +43,12 @@ def test_llama_server_renders_and_tokenizes_as_ctxlock(
 
     counted = llama_server.post_json(url, "/v1/chat/completions/input_tokens", {"messages": MESSAGES})
     assert counted["input_tokens"] == len(ids)  # qwen2 adds no BOS
+
+
+def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    with pytest.raises(llama_server.LlamaServerError) as caught, llama_server.running(tmp_path / "none.gguf", log=log):
+        pass
+    assert "exited with status 1" in str(caught.value)
+    assert "failed to load model" in str(caught.value)  # the tail of the server's own log
+    assert log.is_file()

@@ -48,8 +48,8 @@ chromium: ## Debian's chromium and a CJK font, for the record viewer's browser t
 		|| sudo apt-get install -y chromium fonts-wqy-zenhei
 
 # The live-probe tests run llama.cpp's own llama-server, built once per test cache from the llama.cpp sources vendored
-# in the pinned llama-cpp-python sdist (tests/llama_server.py; docs/testing.md has the flags and the time: about 5
-# minutes on 2 cores, once). It needs cmake, Ninja and a C++17 compiler (Debian's packages if missing).
+# in the pinned llama-cpp-python sdist (tests/llama_server.py; docs/testing.md has the flags and the time: about 4
+# minutes on 2 free cores, once). It needs cmake, Ninja and a C++17 compiler (Debian's packages if missing).
 llama-server: $(VENV)/.installed-test ## build llama.cpp's llama-server (once per test cache) for the live-probe tests
 	@{ command -v cmake && command -v ninja && command -v c++; } >/dev/null 2>&1 \
 		|| apt-get install -y cmake ninja-build g++ || { apt-get update && apt-get install -y cmake ninja-build g++; } \

@@ -14,7 +14,7 @@
 
   The build runs under an exclusive lock, in a temporary directory renamed into place when complete; a missing,
   partial or damaged cache is built again, and a failed build raises ``fetched.ArtifactError`` with the log's
-  tail. It needs cmake, Ninja and a C++17 compiler; about 4 minutes on 2 cores (docs/testing.md).
+  tail. It needs cmake, Ninja and a C++17 compiler; about 7 minutes of CPU time (docs/testing.md).
 - ``tiny_gguf(vocab, path, chat_template=...)``: a model GGUF of a few MB around a real vocabulary (every
   ``tokenizer.*`` key of ``fetched.gguf_path(vocab)``), one ``llama`` layer of deterministic random weights:
   what llama.cpp needs to load and serve a model whose tokenizer and template are real.
@@ -243,7 +243,7 @@ def _build(final: Path) -> None:
         src, build, out = tmp / "src", tmp / "build", tmp / "out"
         _log(f"extracting {VENDORED} from {archive.name} ...")
         _extract_llama_cpp(archive, src)
-        _log(f"building {BUILD_TARGET} (about 4 minutes on 2 cores, once per cache); log: {log_path}")
+        _log(f"building {BUILD_TARGET} (7 min of CPU time, 4 on 2 free cores; once per cache); log: {log_path}")
         start = time.monotonic()
         with open(log_path, "w", encoding="utf-8") as log:
             _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log, log_path, env)

@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 
-.PHONY: help demo test check lint typecheck docs lock install install-test fetch chromium bench-tools clean
+.PHONY: help demo test check lint typecheck docs lock install install-test fetch chromium llama-server bench-tools clean
 
 # pip's output goes to $(VENV)/install.log, shown only when the install fails: the demo prints only the demo.
 $(VENV)/.installed: pyproject.toml
@@ -47,12 +47,21 @@ chromium: ## Debian's chromium and a CJK font, for the record viewer's browser t
 		|| { apt-get update && apt-get install -y chromium fonts-wqy-zenhei; } \
 		|| sudo apt-get install -y chromium fonts-wqy-zenhei
 
+# The live-probe tests run llama.cpp's own llama-server, built once per test cache from the llama.cpp sources vendored
+# in the pinned llama-cpp-python sdist (tests/llama_server.py; docs/testing.md has the flags and the time: about 4
+# minutes on 2 free cores, once). It needs cmake, Ninja and a C++17 compiler (Debian's packages if missing).
+llama-server: $(VENV)/.installed-test ## build llama.cpp's llama-server (once per test cache) for the live-probe tests
+	@{ command -v cmake && command -v ninja && command -v c++; } >/dev/null 2>&1 \
+		|| apt-get install -y cmake ninja-build g++ || { apt-get update && apt-get install -y cmake ninja-build g++; } \
+		|| sudo apt-get install -y cmake ninja-build g++
+	$(PY) scripts/build_llama_server.py
+
 # benchmarks/bench_serve.py's load client: Debian's wrk (one C thread, a few percent of a core at these rates).
 bench-tools: ## wrk, the load client of benchmarks/bench_serve.py
 	@command -v wrk >/dev/null 2>&1 || apt-get install -y wrk || { apt-get update && apt-get install -y wrk; } \
 		|| sudo apt-get install -y wrk
 
-test: $(VENV)/.installed-test fetch chromium ## everything CI runs: lint, layers, the whole suite, the reference-path suite
+test: $(VENV)/.installed-test fetch chromium llama-server ## everything CI runs: lint, layers, the whole suite, the reference-path suite
 	$(VENV)/bin/ruff check src tests scripts benchmarks conftest.py docs/_hooks.py
 	$(VENV)/bin/ruff format --check src tests scripts benchmarks conftest.py docs/_hooks.py
 	# The layers (pyproject.toml [tool.importlinter]) and no reads of another module's private attributes.

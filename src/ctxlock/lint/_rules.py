@@ -186,7 +186,7 @@ def _dropped_fields(lint: Lint) -> list[Finding]:
         v: Verdict = caps[cap]
         if v.verdict != "dropped":
             continue
-        lines = tree_of.key_reads(lint.tree, key) if key != "content" else []
+        lines = _field_reads(lint.tree, key)
         where = f"; it reads {key!r} at line {lines[0]} without writing it" if lines else ""
         out.append(
             Finding(
@@ -200,6 +200,16 @@ def _dropped_fields(lint: Lint) -> list[Finding]:
             )
         )
     return out
+
+
+def _field_reads(tree: nodes.Template, key: str) -> list[int]:
+    """Where the template reads a request field it drops: `tools` and `documents` as the variables they are, a
+    message's key off a message (not `tool_call.name` for a message's `name`); a tool message's content is read as
+    every message's content, so no line says where it is dropped."""
+    if key in ("tools", "documents"):
+        first = tree_of.variables_read(tree).get(key)
+        return [] if first is None else [first]
+    return [] if key == "content" else tree_of.message_key_reads(tree, key)
 
 
 def double_bos(lint: Lint) -> list[Finding]:

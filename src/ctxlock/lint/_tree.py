@@ -102,6 +102,68 @@ def key_reads(tree: nodes.Template, key: str) -> list[int]:
     return sorted({node.lineno for node in found if _reads_key(node, key)})
 
 
+def _is_conversation(node: nodes.Node, lists: set[str]) -> bool:
+    """`messages`, a name set to it, a slice of it or a filter of it (`messages[1:]`, `messages|reverse`)."""
+    if isinstance(node, nodes.Name):
+        return node.name in lists
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+        return _is_conversation(node.node, lists)
+    if isinstance(node, nodes.Filter) and node.node is not None:
+        return _is_conversation(node.node, lists)
+    return False
+
+
+def _message_bases(tree: nodes.Template) -> tuple[set[str], set[str]]:
+    """The names holding the conversation (`messages`, `loop_messages`) and the names holding one message of it (a
+    `for` target over the conversation, `set first = messages[0]`)."""
+    lists = {"messages"}
+    assigns = [(a.target.name, a.node) for a in tree.find_all(nodes.Assign) if isinstance(a.target, nodes.Name)]
+    grown = True
+    while grown:
+        new = {name for name, value in assigns if name not in lists and _is_conversation(value, lists)}
+        lists |= new
+        grown = bool(new)
+    one = {
+        loop.target.name
+        for loop in tree.find_all(nodes.For)
+        if isinstance(loop.target, nodes.Name) and _is_conversation(loop.iter, lists)
+    }
+    one |= {name for name, value in assigns if _is_message(value, lists, set())}
+    return lists, one
+
+
+def _is_message(node: nodes.Node, lists: set[str], names: set[str]) -> bool:
+    if isinstance(node, nodes.Name):
+        return node.name in names
+    return (
+        isinstance(node, nodes.Getitem) and not isinstance(node.arg, nodes.Slice) and _is_conversation(node.node, lists)
+    )
+
+
+def _read_base(node: nodes.Node) -> nodes.Node | None:
+    """The value a key is read off: `x` of `x.key`, `x['key']`, `x.get('key')`, `'key' in x`."""
+    if isinstance(node, nodes.Getattr | nodes.Getitem):
+        return node.node
+    if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr):
+        return node.node.node
+    if isinstance(node, nodes.Compare) and node.ops:
+        return node.ops[0].expr
+    return None
+
+
+def message_key_reads(tree: nodes.Template, key: str) -> list[int]:
+    """Lines that read `key` off a message of the conversation (`message.name` in `{% for message in messages %}`,
+    `messages[0]['name']`), not off another value (`tool_call.name`)."""
+    lists, names = _message_bases(tree)
+    found = tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Call, nodes.Compare))
+    lines = set()
+    for node in found:
+        base = _read_base(node) if _reads_key(node, key) else None
+        if base is not None and _is_message(base, lists, names):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
 def calls(tree: nodes.Template, name: str) -> list[Call]:
     """Every call of the global `name` (`raise_exception`, `strftime_now`), in line order."""
     out = []

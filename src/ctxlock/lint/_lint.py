@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ctxlock.errors import CtxlockError, TemplateError
+from ctxlock.errors import CtxlockError, InputError, TemplateError
 from ctxlock.lint._findings import Finding, Report, Severity, Skipped
 from ctxlock.lint._masks import training_mask
 from ctxlock.lint._rules import (
@@ -24,6 +24,8 @@ from ctxlock.probes import Corpus, load_corpus, render_probes
 from ctxlock.template import ChatTemplate, parse_tree
 
 RuleFn = Callable[[Lint], list[Finding]]
+# Rules whose findings another rule's check makes: render errors are found with the raises, by rendering the probes.
+_PRODUCED_BY = {"render-error": "reachable-raise"}
 CHECKS: dict[str, RuleFn] = {
     "unread-argument": unread_arguments,
     "double-bos": double_bos,
@@ -49,7 +51,18 @@ def lint(
     ids, `RULES`); `extra` adds rules (the portability rule, which needs the other engines). A template that does
     not compile is one error finding; a rule that cannot run is listed in `skipped` with why."""
     checks = {**CHECKS, **(extra or {})}
-    chosen = list(checks) if rules is None else [r for r in rules if r in checks]
+    known = list(dict.fromkeys([*RULES, *checks]))
+    unknown = [r for r in rules or () if r not in known]
+    if unknown:
+        raise InputError(f"no rule {unknown[0]!r}", path="rules", hint=f"rules: {', '.join(known)}")
+    wanted = [_PRODUCED_BY.get(r, r) for r in rules or ()]
+    chosen = list(checks) if rules is None else [c for c in dict.fromkeys(wanted) if c in checks]
+    # A rule asked for by name whose check is not given (the portability rule without its engines) is said so.
+    absent = [
+        Skipped(r, "its check is not available here")
+        for r, c in zip(rules or (), wanted, strict=True)
+        if c not in checks
+    ]
     try:
         tree = parse_tree(template)
     except TemplateError as exc:
@@ -65,12 +78,14 @@ def lint(
         dict(variables or {}),
     )
     findings: list[Finding] = []
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = list(absent)
     for rule in chosen:
         try:
             findings += checks[rule](ctx)
         except CtxlockError as exc:
             skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
+    if rules is not None:
+        findings = [f for f in findings if f.rule in rules]
     findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))
     args = arguments_read(tree)
     notes = (f"the template takes: {', '.join(f'{k} (line {v})' for k, v in args.items())}",) if args else ()

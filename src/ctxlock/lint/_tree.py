@@ -187,7 +187,7 @@ def output_lines(tree: nodes.Template, key: str) -> list[int]:
         for child in output.nodes:
             if isinstance(child, nodes.TemplateData):
                 continue
-            for node in child.find_all((nodes.Getattr, nodes.Getitem)):
+            for node in (child, *child.find_all((nodes.Getattr, nodes.Getitem))):  # find_all skips `child` itself
                 if (isinstance(node, nodes.Getattr) and node.attr == key) or (
                     isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == key
                 ):

@@ -172,7 +172,13 @@ def read_probes(path: str | Path) -> list[Probe]:
     """The probes of a user's file (bounded read, strict JSON), each checked; errors name the file and JSON path."""
     label = str(path)
     raw = read_input(path, label=label)
-    data = loads_outside(raw, f"{label} $", error=InputError)
+    try:
+        data = loads_outside(raw, f"{label} $", error=InputError)
+    except InputError as exc:
+        if exc.hint:
+            raise
+        # Text that is not JSON at all comes without a hint: say what the file should be.
+        raise InputError(exc.message, path=exc.path, hint='a probe file is JSON: {"probes": [...]}') from None
     return _probes(data, f"{label} $", label)
 
 

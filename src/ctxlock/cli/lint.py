@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from ctxlock.artifacts import load_artifacts
-from ctxlock.cli.files import check_template_file
+from ctxlock.cli.files import check_template_file, open_output
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import MODEL_HELP, VarOpt, parse_vars
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, InputError
@@ -151,13 +151,19 @@ def lint_cmd(
         if sarif == "-":
             print_json(log)
         else:
-            Path(sarif).write_text(json.dumps(log, indent=2) + "\n", "utf-8")
+            guarded(as_json, lambda: _write_sarif(Path(sarif), log))
     if as_json:
         print_json({"reports": [r.to_dict() for r in reports]})
     elif sarif != "-":
         for r in reports:
             _show(r)
     raise typer.Exit(_status(reports, fail_on))
+
+
+def _write_sarif(path: Path, log: dict[str, Any]) -> None:
+    """The SARIF log to a file; one that cannot be written (a directory, a missing parent) is one error line."""
+    with open_output(path, option="--sarif") as fh:
+        fh.write((json.dumps(log, indent=2) + "\n").encode("utf-8"))
 
 
 def _status(reports: list[Report], fail_on: FailOn) -> int:

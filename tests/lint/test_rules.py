@@ -272,6 +272,10 @@ def test_near_miss_suggestion(linted: Linter) -> None:
     assert linted(QWEN3, thinking_mode=True).notes == (f"the template takes: enable_thinking (line {line})",)
 
 
+def test_the_negative_raise_case_has_no_raise() -> None:
+    assert "raise_exception" not in "\n".join(_lines(QWEN25))
+
+
 def test_gemma2_raises_are_one_finding_each(linted: Linter) -> None:
     """Two raises on one line: each is its own finding, with the probes that reach it."""
     raises = [f for f in linted(GEMMA2).findings if f.rule == "reachable-raise"]
@@ -338,18 +342,19 @@ def test_a_rule_that_raises_is_skipped_with_why(models: Models) -> None:
     assert report.findings == ()
 
 
-def test_rules_by_name(models: Models) -> None:
+def test_rules_by_name(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
     model, template = models["qwen2"], ChatTemplate(CLEAN, id="clean")
     with pytest.raises(InputError, match="no rule 'no-such-rule'"):
         lint(model, template, rules=["no-such-rule"])
     # render-error is found by reachable-raise's check; asking for one keeps only its findings.
     hermes = lint(models["llama-bpe"], _template(HERMES2), rules=["render-error"])
     assert {f.rule for f in hermes.findings} == {"render-error"}
-    # A known rule whose check is not given here is said so, never a silent pass.
-    if "portability" not in CHECKS:
-        assert lint(model, template, rules=["portability"]).skipped == (
-            Skipped("portability", "its check is not available here"),
-        )
+    # A known rule whose check is not given here (as portability is without its engines) is said so, never a
+    # silent pass.
+    monkeypatch.delitem(CHECKS, "nondeterminism")
+    assert lint(model, template, rules=["nondeterminism"]).skipped == (
+        Skipped("nondeterminism", "its check is not available here"),
+    )
 
 
 def test_content_format_detected_as_parts_but_written_as_text(models: Models) -> None:

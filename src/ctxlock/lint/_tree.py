@@ -57,14 +57,38 @@ def _names(tree: nodes.Template, name: str) -> Iterator[nodes.Name]:
             yield node
 
 
+def _evaluation_order(node: nodes.Node) -> Iterator[nodes.Node]:
+    """The nodes in the order a render meets them: an assignment's value before its target, a loop's iterable
+    before its target (`find_all` gives a `set`'s target first)."""
+    yield node
+    children: list[nodes.Node]
+    if isinstance(node, nodes.Assign):
+        children = [node.node, node.target]
+    elif isinstance(node, nodes.AssignBlock):
+        children = [*node.body, *([node.filter] if node.filter else []), node.target]
+    elif isinstance(node, nodes.For):
+        children = [node.iter, node.target, *([node.test] if node.test else []), *node.body, *node.else_]
+    else:
+        children = list(node.iter_child_nodes())
+    for child in children:
+        yield from _evaluation_order(child)
+
+
 def variables_read(tree: nodes.Template) -> dict[str, int]:
-    """The caller-given names the template reads (jinja2's undeclared variables), each with its first line."""
+    """The caller-given names the template reads, each with its first line: jinja2's undeclared variables (which
+    include any name a branch or a loop may leave unset) whose first use is a read. `{% if not x is defined %}{% set
+    x = 1 %}{% endif %}` reads the caller's `x` (Llama 3.1's tools_in_user_message, gpt-oss's reasoning_effort); a
+    name set before it is read is the template's own (`{% set content = ... %}` in a loop)."""
+    first: dict[str, str] = {}
+    for node in _evaluation_order(tree):
+        if isinstance(node, nodes.Name):
+            first.setdefault(node.name, node.ctx)
+        elif isinstance(node, nodes.Macro):
+            first.setdefault(node.name, "store")
     out: dict[str, int] = {}
-    stored = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
-    stored |= {m.name for m in tree.find_all(nodes.Macro)}
-    for name in sorted(meta.find_undeclared_variables(tree) - stored):
-        lines = [n.lineno for n in _names(tree, name)]
-        out[name] = min(lines) if lines else 1
+    for name in sorted(meta.find_undeclared_variables(tree)):
+        if first.get(name) == "load":
+            out[name] = min(n.lineno for n in _names(tree, name))
     return out
 
 

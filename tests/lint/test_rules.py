@@ -31,6 +31,7 @@ LLAMA31 = "meta-llama-Llama-3.1-8B-Instruct.jinja"
 LLAMA32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
 HERMES2 = "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"
 KIMI_K2_THINKING = "Kimi-K2-Thinking.jinja"
+GPT_OSS = "openai-gpt-oss-120b.jinja"
 LFM25 = "LFM2.5-8B-A1B.jinja"
 LAGUNA = "poolside-Laguna-XS-2.1.jinja"
 TAGGED_QWEN25 = "tagged:" + QWEN25  # tests/tagged.py: Qwen2.5 with {% generation %} tags that agree with provenance
@@ -121,6 +122,14 @@ POSITIVE = [
         construct="enable_thinking is false",
         variables={"enable_thinking": "false"},
         why="read, but the string 'false' is not false",
+    ),
+    Case(
+        "unread-argument",
+        GPT_OSS,
+        "never reads 'reasoning'",
+        Severity.ERROR,
+        variables={"reasoning": "high"},
+        why="a near miss of reasoning_effort, read with a default",
     ),
     Case("unread-argument", GEMMA2, "tools never reach", Severity.WARNING, probe="tools", why="tools dropped"),
     Case(
@@ -213,6 +222,20 @@ POSITIVE = [
 
 NEGATIVE = [
     Case("unread-argument", QWEN3, "'enable_thinking'", variables={"enable_thinking": False}, why="read, with effect"),
+    Case(
+        "unread-argument",
+        GPT_OSS,
+        "'reasoning_effort'",
+        variables={"reasoning_effort": "high"},
+        why="read when defined, else set: the caller's",
+    ),
+    Case(
+        "unread-argument",
+        LLAMA31,
+        "'tools_in_user_message'",
+        variables={"tools_in_user_message": False},
+        why="read when defined, else set: the caller's",
+    ),
     Case("unread-argument", QWEN25, "tools never reach", why="tools rendered"),
     Case("unread-argument", QWEN3, "it reads 'name'", why="tool_call.name is not a message's name"),
     Case("double-bos", QWEN25),
@@ -230,6 +253,10 @@ def test_every_rule_has_a_positive_and_a_negative_case() -> None:
     ours = set(RULES) - {"portability"}
     assert {c.rule for c in POSITIVE} == ours
     assert {c.rule for c in NEGATIVE} == ours
+
+
+def _positive(rule: str, template: str) -> Case:
+    return next(c for c in POSITIVE if c.rule == rule and c.template == template)
 
 
 def _only(report: Report, case: Case) -> Finding:
@@ -264,12 +291,16 @@ def test_negative(linted: Linter, case: Case) -> None:
 
 
 def test_near_miss_suggestion(linted: Linter) -> None:
-    finding = _only(linted(QWEN3, thinking_mode=True), POSITIVE[0])
+    finding = _only(linted(QWEN3, thinking_mode=True), _positive("unread-argument", QWEN3))
     assert finding.data == {"argument": "thinking_mode", "suggestions": ["enable_thinking"]}
     assert finding.hint == "did you mean enable_thinking?"
     # The argument the template does read, with its line, is in the report's notes.
     line = next(i for i, text in enumerate(_lines(QWEN3), 1) if "enable_thinking" in text)
     assert linted(QWEN3, thinking_mode=True).notes == (f"the template takes: enable_thinking (line {line})",)
+    # an argument read with a default ({% if not x is defined %}{% set x = ... %}) is the template's argument too
+    gpt_oss = _only(linted(GPT_OSS, reasoning="high"), _positive("unread-argument", GPT_OSS))
+    assert gpt_oss.data["suggestions"] == ["reasoning_effort"]
+    assert "reasoning_effort (line " in linted(GPT_OSS, reasoning="high").notes[0]
 
 
 def test_the_negative_raise_case_has_no_raise() -> None:
@@ -286,20 +317,20 @@ def test_gemma2_raises_are_one_finding_each(linted: Linter) -> None:
 
 
 def test_history_rewrite_shows_the_think_block(linted: Linter) -> None:
-    finding = _only(linted(QWEN3), POSITIVE[5])
+    finding = _only(linted(QWEN3), _positive("history-rewrite", QWEN3))
     assert "<think>\\n\\n</think>" in finding.message  # the excerpt, as repr
     assert finding.data["kind"] == "history" and finding.data["paths"] == ["messages[1].content"]
     assert "reasoning" in finding.data["probes"]
 
 
 def test_double_bos_names_the_ids(linted: Linter, models: Models) -> None:
-    finding = _only(linted(LLAMA31), POSITIVE[4])
+    finding = _only(linted(LLAMA31), _positive("double-bos", LLAMA31))
     bos_id = models["llama-bpe"].tokenizer.token_to_id("<|begin_of_text|>")
     assert finding.data == {"bos_token": "<|begin_of_text|>", "bos_id": bos_id}
 
 
 def test_training_mask_untagged_note_and_tagged_data(linted: Linter) -> None:
-    note = _only(linted(QWEN25), POSITIVE[-1])
+    note = _only(linted(QWEN25), _positive("training-mask", QWEN25))
     assert note.data == {"tagged": False}
     tags = [f for f in linted(LFM25).findings if f.rule == "training-mask"]
     assert {f.probe for f in tags} == {"multi-turn-system", "reasoning-last"}

@@ -3,6 +3,7 @@ trained on (docs/template-checks.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
@@ -12,15 +13,16 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ctxlock.artifacts import load_artifacts, load_template_file
-from ctxlock.cli.files import check_template_file
+from ctxlock.artifacts import load_artifacts
+from ctxlock.cli.files import check_template_file, open_output
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import MODEL_HELP, VarOpt, parse_vars
-from ctxlock.errors import InputError
+from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, InputError
 from ctxlock.lint import OTHER_ENGINES, RULES, Engine, Report, Severity, lint, to_sarif
 from ctxlock.model import Model
+from ctxlock.outside import decode_utf8, read_artifact
 from ctxlock.probes import load_corpus
-from ctxlock.template import ChatTemplate
+from ctxlock.template import ChatTemplate, template_from_file_text
 
 HELP = (
     "Check chat templates before they ship: arguments the template never reads, a double BOS, history it rewrites "
@@ -89,16 +91,24 @@ def _targets(targets: list[str], model: str | None) -> list[tuple[Model, ChatTem
     for target in targets:
         path = Path(target)
         if path.suffix == ".jinja" or (path.is_file() and path.suffix not in (".gguf", ".json")):
-            check_template_file(target, option=f"TARGET {target}")
+            check_template_file(target, option="TARGET")
             if paired is None:
                 paired = Model(load_artifacts(model))
-            out.append((paired, load_template_file(path)))
+            out.append((paired, _template_file(path)))
             continue
         m = Model(load_artifacts(target))
         if m.templates is None:
             raise InputError(f"model {m.id!r} has no chat template", path=target, hint="lint a .jinja file instead")
         out += [(m, t) for t in m.templates.templates]
     return out
+
+
+def _template_file(path: Path) -> ChatTemplate:
+    """A template file read as `load_template_file` reads it, without compiling it: a template that does not compile
+    is lint's `syntax` finding, with its line, not an error that stops the run."""
+    data = read_artifact(path, missing=ArtifactNotFoundError, error=ArtifactFormatError)
+    text = decode_utf8(data, label=str(path), error=ArtifactFormatError)
+    return template_from_file_text(text, id=path.name, origin=str(path), file_sha256=hashlib.sha256(data).hexdigest())
 
 
 def _show(report: Report) -> None:
@@ -155,7 +165,7 @@ def lint_cmd(
         if sarif == "-":
             print_json(log)
         else:
-            Path(sarif).write_text(json.dumps(log, indent=2) + "\n", "utf-8")
+            guarded(as_json, lambda: _write_sarif(Path(sarif), log))
     if as_json:
         print_json({"reports": [r.to_dict() for r in reports]})
     elif sarif != "-":
@@ -178,6 +188,12 @@ def _engines(names: list[str]) -> tuple[Engine, ...]:
             )
         chosen.append(match)
     return tuple(chosen)
+
+
+def _write_sarif(path: Path, log: dict[str, Any]) -> None:
+    """The SARIF log to a file; one that cannot be written (a directory, a missing parent) is one error line."""
+    with open_output(path, option="--sarif") as fh:
+        fh.write((json.dumps(log, indent=2) + "\n").encode("utf-8"))
 
 
 def _status(reports: list[Report], fail_on: FailOn) -> int:

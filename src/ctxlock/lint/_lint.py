@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ctxlock.errors import CtxlockError, TemplateError
+from ctxlock.errors import CtxlockError, InputError, TemplateError
 from ctxlock.lint._engines import Engine
 from ctxlock.lint._findings import Finding, Report, Severity, Skipped
 from ctxlock.lint._masks import training_mask
@@ -46,13 +46,19 @@ def lint(
     variables: Mapping[str, Any] | None = None,
     rules: Sequence[str] | None = None,
     engines: Sequence[Engine] = OTHER_ENGINES,
+    extra: Mapping[str, RuleFn] | None = None,
 ) -> Report:
     """Lint `template` rendered with `model`'s tokenizer and special tokens over `corpus` (default: the shipped
     probes), passing `variables` (chat_template_kwargs) to every render. `rules` restricts the rules run (their
-    ids, `RULES`); `engines` are the engines the portability rule compares with jinja2 (none: the rule is
-    skipped). A template that does not compile is one error finding; a rule that cannot run is listed in `skipped`
-    with why."""
-    chosen = list(RULES) if rules is None else [r for r in RULES if r in rules]
+    ids, `RULES`; an unknown id is an `InputError`); `engines` are the engines the portability rule compares with
+    jinja2 (none: the rule is skipped); `extra` adds rules of the caller's own (id -> check). A template that does
+    not compile is one error finding; a rule that cannot run is listed in `skipped` with why."""
+    checks = {**CHECKS, **(extra or {})}
+    known = [*RULES, *(k for k in checks if k not in RULES)]
+    unknown = [r for r in rules or () if r not in known]
+    if unknown:
+        raise InputError(f"no rule {unknown[0]!r}", path="rules", hint=f"rules: {', '.join(known)}")
+    chosen = known if rules is None else [r for r in known if r in rules]
     try:
         tree = parse_tree(template)
     except TemplateError as exc:
@@ -78,11 +84,13 @@ def lint(
                 skipped += missing
                 if not engines:
                     skipped.append(Skipped(rule, "no engine chosen to compare with jinja2"))
-            elif rule in CHECKS and CHECKS[rule] not in done:
-                done.add(CHECKS[rule])
-                findings += [f for f in CHECKS[rule](ctx) if f.rule in chosen]
+            elif rule in checks and checks[rule] not in done:
+                done.add(checks[rule])
+                findings += [f for f in checks[rule](ctx) if f.rule in chosen]
         except CtxlockError as exc:
             skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
+    if rules is not None:
+        findings = [f for f in findings if f.rule in rules]
     findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))
     args = arguments_read(tree)
     notes = (f"the template takes: {', '.join(f'{k} (line {v})' for k, v in args.items())}",) if args else ()

@@ -189,7 +189,7 @@ def _dropped_fields(lint: Lint) -> list[Finding]:
         v: Verdict = caps[cap]
         if v.verdict != "dropped":
             continue
-        lines = tree_of.key_reads(lint.tree, key) if key != "content" else []
+        lines = _field_reads(lint.tree, key)
         where = f"; it reads {key!r} at line {lines[0]} without writing it" if lines else ""
         out.append(
             Finding(
@@ -203,6 +203,16 @@ def _dropped_fields(lint: Lint) -> list[Finding]:
             )
         )
     return out
+
+
+def _field_reads(tree: nodes.Template, key: str) -> list[int]:
+    """Where the template reads a request field it drops: `tools` and `documents` as the variables they are, a
+    message's key off a message (not `tool_call.name` for a message's `name`); a tool message's content is read as
+    every message's content, so no line says where it is dropped."""
+    if key in ("tools", "documents"):
+        first = tree_of.variables_read(tree).get(key)
+        return [] if first is None else [first]
+    return [] if key == "content" else tree_of.message_key_reads(tree, key)
 
 
 def double_bos(lint: Lint) -> list[Finding]:
@@ -381,16 +391,16 @@ def content_format_rule(lint: Lint) -> list[Finding]:
 
 
 def reachable_raises(lint: Lint) -> list[Finding]:
-    """The template's raises that ordinary probes reach (one finding per line), other render errors, and the
-    raises no probe reaches."""
-    by_line: dict[int, list[ProbeRender]] = {}
+    """The template's raises that ordinary probes reach (one finding per raise: its line and message, as two raises
+    can share a line), other render errors, and the raises no probe reaches."""
+    by_raise: dict[tuple[int, str], list[ProbeRender]] = {}
     errors: dict[tuple[int | None, str, str], list[ProbeRender]] = {}
     out: list[Finding] = []
     for r in lint.renders:
         if r.error is None:
             continue
         if r.error.raised and r.error.line is not None:
-            by_line.setdefault(r.error.line, []).append(r)
+            by_raise.setdefault((r.error.line, r.error.message), []).append(r)
         else:
             errors.setdefault((r.error.line, r.error.type, r.error.message), []).append(r)
     for (line, kind, message), hits in errors.items():
@@ -407,22 +417,27 @@ def reachable_raises(lint: Lint) -> list[Finding]:
                 data={"probes": [h.probe.name for h in hits]},
             )
         )
-    for line, hits in sorted(by_line.items()):
+    for (line, message), hits in sorted(by_raise.items()):
         names = ", ".join(h.probe.name for h in hits)
         shapes = "; ".join(h.probe.description.rstrip(".") for h in hits[:3])
-        assert hits[0].error is not None
         out.append(
             Finding(
                 "reachable-raise",
                 Severity.WARNING,
-                f"raise_exception({hits[0].error.message!r}) is reached by {len(hits)} ordinary request(s): {shapes}",
+                f"raise_exception({message!r}) is reached by {len(hits)} ordinary request(s): {shapes}",
                 line=line,
                 probe=hits[0].probe.name,
                 hint=f"probes: {names}",
                 data={"probes": [h.probe.name for h in hits]},
             )
         )
-    unreached = [c for c in tree_of.calls(lint.tree, "raise_exception") if c.line not in by_line]
+    # A raise whose message is not a literal is taken as reached when a raise on its line is.
+    lines = {line for line, _ in by_raise}
+    unreached = [
+        c
+        for c in tree_of.calls(lint.tree, "raise_exception")
+        if (c.line, c.message) not in by_raise and not (c.message == "" and c.line in lines)
+    ]
     if unreached:
         out.append(
             Finding(

@@ -5,12 +5,14 @@ file it came from with the line in the message. Rules that could not run are too
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from ctxlock.lint._findings import Report, Rule, Severity
+from ctxlock.lint._findings import Finding, Report, Rule, Severity
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
@@ -18,15 +20,27 @@ _SYNTAX = Rule("syntax", "the template does not compile", "a syntax error fails 
 
 
 def _uri(origin: str) -> tuple[str, bool]:
-    """The artifact URI of a template's origin (relative to the working directory when under it), and whether the
-    template's lines are the file's lines (a .jinja file of its own)."""
-    path = origin.split(":", 1)[0] if not os.path.exists(origin) else origin
+    """The artifact URI of a template's origin, and whether the template's lines are the file's lines (a .jinja file
+    of its own). A URI reference relative to the working directory when the file is under it (what code scanning
+    maps to the repository), else an absolute `file:` URI; percent-encoded either way (RFC 3986)."""
+    path = origin if os.path.exists(origin) else origin.rsplit(":", 1)[0]  # "model.gguf:tokenizer.chat_template"
     own = path.endswith(".jinja") and os.path.isfile(path)
     try:
-        rel = Path(path).resolve().relative_to(Path.cwd().resolve())
-        return rel.as_posix(), own
-    except (ValueError, OSError):
-        return Path(path).as_posix(), own
+        full = Path(path).resolve()
+    except (OSError, RuntimeError):
+        return quote(Path(path).as_posix()), own
+    try:
+        return quote(full.relative_to(Path.cwd().resolve()).as_posix()), own
+    except ValueError:
+        return full.as_uri(), own
+
+
+def _fingerprint(report: Report, f: Finding) -> str:
+    """What tells this finding from the others of its file across runs: the template (a model's set has several in
+    one file), the rule, the probe and the message. Not the template's digest: an edit elsewhere in the file keeps
+    the finding the same alert."""
+    key = "\0".join((report.template_id, f.rule, f.probe or "", f.message))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
 def to_sarif(reports: Sequence[Report], rules: Sequence[Rule], version: str) -> dict[str, Any]:
@@ -40,20 +54,21 @@ def to_sarif(reports: Sequence[Report], rules: Sequence[Rule], version: str) -> 
             text = f.message if own or f.line is None else f"{f.message} (template line {f.line})"
             if f.hint:
                 text = f"{text}. {f.hint}"
-            location: dict[str, Any] = {"artifactLocation": {"uri": uri}}
-            if own and f.line is not None:
-                location["region"] = {"startLine": f.line}
+            # Code scanning shows a result at a line only: a finding about the whole template is at its first.
+            line = f.line if own and f.line is not None else 1
+            location: dict[str, Any] = {"artifactLocation": {"uri": uri}, "region": {"startLine": line}}
             result: dict[str, Any] = {
                 "ruleId": f.rule,
                 "level": _LEVEL[f.severity],
                 "message": {"text": text},
                 "locations": [{"physicalLocation": location}],
-                "partialFingerprints": {"templateSha256": report.template_sha256},
+                "partialFingerprints": {"ctxlockFinding/v1": _fingerprint(report, f)},
+                "properties": {"templateSha256": report.template_sha256},
             }
             if f.rule in index:
                 result["ruleIndex"] = index[f.rule]
             if f.probe:
-                result["properties"] = {"probe": f.probe}
+                result["properties"]["probe"] = f.probe
             results.append(result)
         for s in report.skipped:
             notifications.append(
@@ -68,7 +83,7 @@ def to_sarif(reports: Sequence[Report], rules: Sequence[Rule], version: str) -> 
                 "name": r.id.replace("-", " ").title().replace(" ", ""),
                 "shortDescription": {"text": r.summary},
                 "fullDescription": {"text": f"{r.summary}. Seen in: {r.why}"},
-                "help": {"text": f"ctxlock's docs: template-checks.md, rule {r.id}"},
+                "help": {"text": f"{r.summary}. Seen in: {r.why}. ctxlock's docs: template-checks.md, rule {r.id}"},
             }
             for r in all_rules
         ],

@@ -149,11 +149,11 @@ def _probes(data: Any, where: str, source: str) -> list[Probe]:
     if isinstance(data, dict) and set(data) - {"probes", "version", "description"}:
         extra = sorted(set(data) - {"probes", "version", "description"})[0]
         raise InputError(f"unknown key {extra!r}", path=f"{where}.{extra}", hint='a probe file is {"probes": [...]}')
-    if not isinstance(items, list):
-        raise InputError("a probe file holds a list of probes", path=where, hint='{"probes": [{"name": ...}]}')
-    if len(items) > MAX_PROBES:
-        raise InputError(f"{len(items)} probes, more than {MAX_PROBES}", path=where, hint="split the file")
     base = f"{where}.probes" if isinstance(data, dict) else where
+    if not isinstance(items, list):
+        raise InputError("a probe file holds a list of probes", path=base, hint='{"probes": [{"name": ...}]}')
+    if len(items) > MAX_PROBES:
+        raise InputError(f"{len(items)} probes, more than {MAX_PROBES}", path=base, hint="split the file")
     out = [_probe(raw, f"{base}[{i}]", source) for i, raw in enumerate(items)]
     seen: set[str] = set()
     for i, p in enumerate(out):
@@ -172,7 +172,13 @@ def read_probes(path: str | Path) -> list[Probe]:
     """The probes of a user's file (bounded read, strict JSON), each checked; errors name the file and JSON path."""
     label = str(path)
     raw = read_input(path, label=label)
-    data = loads_outside(raw, f"{label} $", error=InputError)
+    try:
+        data = loads_outside(raw, f"{label} $", error=InputError)
+    except InputError as exc:
+        if exc.hint:
+            raise
+        # Text that is not JSON at all comes without a hint: say what the file should be.
+        raise InputError(exc.message, path=exc.path, hint='a probe file is JSON: {"probes": [...]}') from None
     return _probes(data, f"{label} $", label)
 
 

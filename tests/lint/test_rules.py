@@ -19,7 +19,7 @@ import tagged
 from conformance import vocab_for
 from ctxlock.artifacts import load_template_file
 from ctxlock.errors import InputError, TemplateError
-from ctxlock.lint import CHECKS, RULES, Finding, Report, Severity, Skipped, lint
+from ctxlock.lint import RULES, Finding, Report, Severity, Skipped, lint
 from ctxlock.model import Model
 from ctxlock.template import ChatTemplate
 
@@ -218,6 +218,24 @@ POSITIVE = [
         construct="generation",
     ),
     Case("training-mask", QWEN25, "no {% generation %} tags", Severity.NOTE, why="untagged"),
+    Case(
+        "portability",
+        "GLM-4.6.jinja",
+        "minijinja (text-generation-inference, mistral.rs) fails where jinja2 renders",
+        Severity.WARNING,
+        probe="tools",
+        construct="tojson(ensure_ascii=False)",
+        why="minijinja's tojson takes no ensure_ascii",
+    ),
+    Case(
+        "portability",
+        HERMES2,
+        "hf-jinja (@huggingface/jinja, transformers.js) fails where jinja2 renders",
+        Severity.WARNING,
+        probe="tools",
+        construct="param_fields.description|trim",
+        why="@huggingface/jinja refuses to trim an undefined value, jinja2 trims it to ''",
+    ),
 ]
 
 NEGATIVE = [
@@ -243,6 +261,7 @@ NEGATIVE = [
     Case("content-format", QWEN35, "Python text", why="reads a list of parts"),
     Case("content-format", QWEN25, "Python text", why="a string, and a list of parts joined"),
     Case("reachable-raise", QWEN25, why="no raise in the template"),
+    Case("portability", QWEN25, why="jinja2, minijinja and @huggingface/jinja render every probe alike"),
     Case("render-error", QWEN25),
     Case("nondeterminism", QWEN25),
     Case("training-mask", TAGGED_QWEN25, why="tags that agree"),
@@ -250,7 +269,7 @@ NEGATIVE = [
 
 
 def test_every_rule_has_a_positive_and_a_negative_case() -> None:
-    ours = set(RULES) - {"portability"}
+    ours = set(RULES)
     assert {c.rule for c in POSITIVE} == ours
     assert {c.rule for c in NEGATIVE} == ours
 
@@ -380,11 +399,9 @@ def test_rules_by_name(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
     # render-error is found by reachable-raise's check; asking for one keeps only its findings.
     hermes = lint(models["llama-bpe"], _template(HERMES2), rules=["render-error"])
     assert {f.rule for f in hermes.findings} == {"render-error"}
-    # A known rule whose check is not given here (as portability is without its engines) is said so, never a
-    # silent pass.
-    monkeypatch.delitem(CHECKS, "nondeterminism")
-    assert lint(model, template, rules=["nondeterminism"]).skipped == (
-        Skipped("nondeterminism", "its check is not available here"),
+    # A rule that cannot run is said so, never a silent pass: portability with no engine to compare.
+    assert lint(model, template, rules=["portability"], engines=()).skipped == (
+        Skipped("portability", "no engine chosen to compare with jinja2"),
     )
 
 

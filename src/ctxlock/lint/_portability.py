@@ -22,11 +22,16 @@ _PEERS = {
 
 
 def context_of(render: ProbeRender) -> dict[str, Any]:
-    """The variables a probe's render gave the template, as plain JSON: the messages, tools and documents as sent,
-    and what else the template saw (special tokens, add_generation_prompt, the arguments)."""
+    """The variables a probe's render gave the template, as plain JSON: the messages, tools and documents as sent
+    (content parts joined into one string with newlines when the render joined them: vLLM's flattening, see
+    `ctxlock.template.content_format`), and what else the template saw (special tokens, add_generation_prompt,
+    the arguments)."""
     assert render.rendered is not None
     request = render.probe.request
-    out: dict[str, Any] = {"messages": list(request.get("messages") or [])}
+    messages = list(request.get("messages") or [])
+    if render.rendered.flattened:  # the template read a string: it saw the text parts joined, as ctxlock renders
+        messages = [_joined(m) for m in messages]
+    out: dict[str, Any] = {"messages": messages}
     for key in ("tools", "documents"):
         if request.get(key) is not None:
             out[key] = request[key]
@@ -34,6 +39,13 @@ def context_of(render: ProbeRender) -> dict[str, Any]:
     assert isinstance(variables, dict)
     out.update(variables)
     return out
+
+
+def _joined(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    return {**message, "content": "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))}
 
 
 def portability(lint: Lint, engines: Sequence[Engine] = OTHER_ENGINES) -> tuple[list[Finding], list[Skipped]]:

@@ -169,6 +169,12 @@ def _template_check(manifest: Manifest, served: tuple[str | None, str], local: s
     digest = ChatTemplate(source=source, id="served").sha256
     if digest == manifest.template_sha256:
         return DigestCheck("template", SAME, manifest.template_sha256, digest, where, local)
+    # llama-server answers the template without the file's final newline, which Jinja drops when it renders
+    # (keep_trailing_newline is off in transformers' environment): the same template.
+    with_newline = ChatTemplate(source=source + "\n", id="served").sha256
+    if with_newline == manifest.template_sha256:
+        detail = f"{where}, without the file's final newline (Jinja drops it when rendering: the same template)"
+        return DigestCheck("template", SAME, manifest.template_sha256, with_newline, detail, local)
     other = [name for name, d in manifest.templates.items() if d == digest]
     detail = where + (f"; it is the manifest's {other[0]!r} template, not the one the rows used" if other else "")
     return DigestCheck("template", DIFFERS, manifest.template_sha256, digest, detail, local)

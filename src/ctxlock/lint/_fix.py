@@ -105,6 +105,7 @@ def tag_generation(
     `probes` (module docstring). `variables`: template variables for every render, as `render_probe` takes them."""
     rows = [_original(model, template, p, variables) for p in _with_training_rows(probes)]
     try:
+        _trainable(rows)  # first: a template that renders nothing is never read further
         base = _without_tags(model, template, rows, variables)
         tagged = _tag(model, base, rows, variables)
     except _Refused as exc:
@@ -232,11 +233,7 @@ class _Targets:
 
 def _tag(model: Pipeline, source: str, rows: list[_Row], variables: Mapping[str, Any] | None) -> str:
     """The tagged source (`_Refused` with the reason when no cut fits every place)."""
-    training = [r for r in rows if r.training and r.text is not None]
-    if not training:
-        raise _Refused("the template refuses every training probe: there is nothing to check a tagging on")
-    if not any(r.regions for r in training):
-        raise _Refused("no training probe has a trained token: there is nothing to tag")
+    training = _trainable(rows)
     try:
         src = fs.read_source(source)
     except fs.SourceError as exc:
@@ -258,10 +255,23 @@ def _tag(model: Pipeline, source: str, rows: list[_Row], variables: Mapping[str,
         raise _Refused(f"the tags cannot be placed: {exc}") from None
 
 
+def _trainable(rows: list[_Row]) -> list[_Row]:
+    """The training rows the template renders; `_Refused` when there is none, or none with a trained token."""
+    training = [r for r in rows if r.training and r.text is not None]
+    if not training:
+        raise _Refused("the template refuses every training probe: there is nothing to check a tagging on")
+    if not any(r.regions for r in training):
+        raise _Refused("no training probe has a trained token: there is nothing to tag")
+    return training
+
+
 def _marker(source: str, texts: list[str]) -> str:
     """Two private-use characters that are in neither the template nor any render."""
-    found = [chr(c) for c in range(0xE000, 0xF900) if chr(c) not in source and not any(chr(c) in t for t in texts)]
-    return "".join(found[:2])
+    used = set(source).union(*map(set, texts))
+    found = [chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used][:2]
+    if len(found) < 2:
+        raise _Refused("the template and its renders use every private-use character: no marker is left")
+    return "".join(found)
 
 
 def _observe(src: fs.Source, row: _Row, text: str, marker: str, places: dict[int, list[_Place]]) -> None:
@@ -284,9 +294,13 @@ def _observe(src: fs.Source, row: _Row, text: str, marker: str, places: dict[int
         raise _Refused("trained text is written outside every piece of the template ctxlock can see")
     ends = [p for p, _ in marks[1:]] + [len(row.text or "")]
     for (start, body), end in zip(marks, ends, strict=True):
-        uid, conds, lengths = body.split(";")
-        unit = src.units[int(uid)]
-        where = _cell_of_chars(src, unit, end - start, [int(n) for n in lengths.split(",")] if lengths else [], row)
+        try:
+            uid, conds, lengths = body.split(";")
+            unit = src.units[int(uid)]
+            sizes = [int(n) for n in lengths.split(",")] if lengths else []
+        except (ValueError, IndexError):
+            raise _Refused(f"ctxlock's markers came back changed (probe {row.probe.name})") from None
+        where = _cell_of_chars(src, unit, end - start, sizes, row)
         cells, tokens, crossing = _place(targets, row.text or "", start, where, len(fs.cells(src, unit)))
         conds_of = tuple(conds.split(",")) if conds else ()
         places[unit.id].append(_Place(row.probe.name, conds_of, cells, tokens, crossing))
@@ -425,7 +439,11 @@ def _conflict(src: fs.Source, unit: fs.Unit, places: list[_Place], n: int) -> st
             if any(status[c] != 0 for c in tok):
                 continue
             cell = tok[0]
-            other = p if p.cells[cell] == 0 else next(q for q in places if q.cells[cell] == 0)
+            if parts[cell][1] < 0 and p.cells[cell] == 0:  # a whole operand or expression, partly trained here
+                return (
+                    "an assistant turn's trained text begins or ends inside a template expression that also writes "
+                    f"untrained text, at line {unit.line} (probe {p.probe}): {src.excerpt(unit)}"
+                )
             crossed = [(q, dict(q.crossing)[cell]) for q in places if cell in dict(q.crossing)]
             if crossed:
                 other, crossing = crossed[0]
@@ -434,11 +452,7 @@ def _conflict(src: fs.Source, unit: fs.Unit, places: list[_Place], n: int) -> st
                     f"{other.probe}): no generation block trains exactly the tokens provenance trains there: "
                     f"{src.excerpt(unit)}"
                 )
-            if other is p:
-                return (
-                    "an assistant turn's trained text begins or ends inside a template expression that also writes "
-                    f"untrained text, at line {unit.line} (probe {p.probe}): {src.excerpt(unit)}"
-                )
+            other = next(q for q in places if q.cells[cell] == 0)
             what = (
                 f"its character {src.cell_text(unit, parts[cell])!r}"
                 if parts[cell][1] >= 0
@@ -499,8 +513,8 @@ def _check(model: Pipeline, tagged: ChatTemplate, row: _Row, variables: Mapping[
 
 def _check_mask(model: Pipeline, req: Any, rendered: Any, row: _Row, options: dict[str, Any]) -> ProbeCheck:
     name = row.probe.name
-    lay = layout_of(model.tokenizer, req, rendered)
     try:
+        lay = layout_of(model.tokenizer, req, rendered)
         ours = mask_of(model, lay, _GENERATION, **options).mask
     except CtxlockError as exc:
         if row.mask is None:

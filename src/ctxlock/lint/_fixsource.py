@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import jinja2
 
+from ctxlock.template.sandbox import DEFAULT_LIMITS
+
 _OPENERS = frozenset({"for", "if", "macro", "call", "filter", "set", "with", "block", "autoescape", "generation"})
 _BUFFERED = frozenset({"macro", "call", "filter", "set", "generation"})  # their text is not output where it is written
 _BLOCKERS = frozenset({"if", "else", "and", "or", "not", "in"})  # a name at depth 0 that keeps an expression whole
@@ -175,6 +177,8 @@ def _ctl(delimiter: str, size: int) -> str:
 
 def read_source(text: str) -> Source:
     """The template's elements and output units; a `SourceError` when they cannot be mapped exactly."""
+    if len(text) > DEFAULT_LIMITS.max_source_chars:
+        raise SourceError(f"the template has {len(text):,} characters, over ctxlock's limit")
     if "\r" in text:
         raise SourceError("the template has carriage returns, which jinja2 reads as newlines")
     elements = _elements(text, _tokens(text))

@@ -1,7 +1,8 @@
 """ctxlock.lint._fix: `ctxlock lint --fix` for the training-mask rule (`tag_generation`).
 
 - Every fixture template (70, each with its vocabulary as tests/conformance.py pairs them): where the fix applies,
-  the tagged template renders the original's text on every probe and, on every training row, ctxlock's generation
+  the tagged template renders the original's text on every probe and, on every training row (a probe with an
+  assistant turn, without the generation prompt; its tool-calling turn also with content), ctxlock's generation
   mask (transformers' rule) is the original's provenance mask, checked here apart from the library's own check;
   where it does not, the reason is of the kind REFUSED records.
 - transformers: on Qwen2.5, Qwen3, Llama 3.1, Mistral Nemo, Gemma 2 and DeepSeek V3.2, `apply_chat_template(...,
@@ -119,17 +120,28 @@ def _result(name: str) -> TagResult:
 
 
 def _rows() -> list[Probe]:
-    """Every probe as it is, and as a training row (no generation prompt) when it has an assistant turn."""
-    out = list(CORPUS)
+    """Every probe as it is, as a training row (no generation prompt) when it has an assistant turn, and as one
+    whose tool-calling turn has content too: the rows `tag_generation` checks, in its order."""
+    out = []
     for p in CORPUS:
-        if any(m["role"] == "assistant" for m in p.request["messages"]) and (
-            p.add_generation_prompt or p.continue_final_message
-        ):
-            row = dataclasses.replace(
-                p, name=f"{p.name}+training", add_generation_prompt=False, continue_final_message=False
-            )
-            out.append(row)
+        out.append(p)
+        messages = p.request["messages"]
+        if any(m["role"] == "assistant" for m in messages) and (p.add_generation_prompt or p.continue_final_message):
+            out.append(_training(p, "training", messages))
+        if any(m["role"] == "assistant" and m.get("tool_calls") and not m.get("content") for m in messages):
+            said = [{**m, "content": "Let me check."} if m.get("tool_calls") else m for m in messages]
+            out.append(_training(p, "content", said))
     return out
+
+
+def _training(probe: Probe, suffix: str, messages: list[Any]) -> Probe:
+    return dataclasses.replace(
+        probe,
+        name=f"{probe.name}+{suffix}",
+        request={**probe.request, "messages": messages},
+        add_generation_prompt=False,
+        continue_final_message=False,
+    )
 
 
 def _options(name: str, template: ChatTemplate, probe: Probe) -> dict[str, Any]:
@@ -169,21 +181,23 @@ def test_a_tagged_template_renders_the_text_and_trains_the_provenance_tokens(nam
         return
     assert result.reason == "" and result.source and HF_TAG.search(result.source)
     assert all(c.render_identical and c.mask_equal for c in result.checked)
-    assert [c.probe for c in result.checked] == sorted((p.name for p in _rows()), key=_order)
+    assert [c.probe for c in result.checked] == [p.name for p in _rows()]
     model, tagged = _model(vocab_for(name)), ChatTemplate(result.source, id="tagged")
+    masked = 0
     for probe in _rows():
         ours, theirs = (_render(model, name, t, probe) for t in (_template(name), tagged))
         assert ours == theirs, probe.name
-        if "+" in probe.name or probe.name in ("multi-turn-system", "reasoning-last"):
+        if _is_training(probe):
             provenance = _mask(model, probe, "provenance", **_options(name, _template(name), probe))
             generation = _mask(model, probe, "generation", **_options(name, tagged, probe))
             assert generation == provenance, probe.name
+            masked += isinstance(provenance, list)
+    assert masked >= 3, f"{name}: only {masked} training rows with a mask"
 
 
-def _order(name: str) -> int:
-    names = [p.name for p in CORPUS]
-    base = name.split("+")[0]
-    return 2 * names.index(base) + ("+" in name)
+def _is_training(probe: Probe) -> bool:
+    shaped = not probe.add_generation_prompt and not probe.continue_final_message
+    return shaped and any(m["role"] == "assistant" for m in probe.request["messages"])
 
 
 def _render(model: ctxlock.Model, name: str, template: ChatTemplate, probe: Probe) -> str:
@@ -270,7 +284,7 @@ def test_transformers_masks_the_tagged_template_as_ctxlock(name: str) -> None:
     vocab = vocab_for(name)
     model = _hf_model(vocab)  # the tokenizer transformers loads (a GGUF's BOS may be another id there)
     compared = 0
-    for probe in (p for p in _rows() if "+" in p.name or p.name in ("multi-turn-system", "reasoning-last")):
+    for probe in filter(_is_training, _rows()):
         expected = _transformers(vocab, result.source, probe)
         if expected is None or not any(expected["assistant_masks"]):
             continue

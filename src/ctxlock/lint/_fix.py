@@ -4,8 +4,9 @@ trains (`ctxlock.training`: the assistant body from after its header through its
 
 How (`tag_generation`):
 
-1. Each probe with an assistant turn is rendered as a training row (no generation prompt, no continuation) and its
-   provenance mask taken: the trained characters of the text.
+1. Each probe with an assistant turn is rendered as a training row (no generation prompt, no continuation; a turn
+   that only calls tools also with content before its calls, a branch templates write apart) and its provenance
+   mask taken: the trained characters of the text.
 2. The template is rendered again with a marker before every piece that writes output at the top level (literal
    text, a `{{ ... }}` expression; `_fixsource.Unit`), which says which piece wrote what, the length of each `+`/`~`
    operand of the expression, and `X.role == "assistant"` for each enclosing `{% for X in ... %}` loop. With the
@@ -119,19 +120,35 @@ def tag_generation(
 
 
 def _with_training_rows(probes: Sequence[Probe]) -> list[tuple[Probe, bool]]:
-    """Every probe as it is, and each probe with an assistant turn as a training row (no generation prompt, no
-    continuation; the probe itself when it is one already)."""
+    """Every probe as it is; each probe with an assistant turn as a training row (no generation prompt, no
+    continuation; the probe itself when it is one already); and a probe whose assistant turn calls tools without
+    content, as a training row where that turn says something first (the branch that writes both)."""
     out: list[tuple[Probe, bool]] = []
     for p in probes:
-        has_turn = any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in p.request.get("messages", ()))
+        messages = [m for m in p.request.get("messages", ()) if isinstance(m, Mapping)]
+        has_turn = any(m.get("role") == "assistant" for m in messages)
         shaped = not p.add_generation_prompt and not p.continue_final_message
         out.append((p, has_turn and shaped))
         if has_turn and not shaped:
-            row = dataclasses.replace(
-                p, name=f"{p.name}+training", add_generation_prompt=False, continue_final_message=False
-            )
-            out.append((row, True))
+            out.append((_training(p, "training", p.request), True))
+        if any(_calls_only(m) for m in messages):
+            said = [{**m, "content": "Let me check."} if _calls_only(m) else m for m in messages]
+            out.append((_training(p, "content", {**p.request, "messages": said}), True))
     return out
+
+
+def _calls_only(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "assistant" and bool(message.get("tool_calls")) and not message.get("content")
+
+
+def _training(probe: Probe, suffix: str, request: Mapping[str, Any]) -> Probe:
+    return dataclasses.replace(
+        probe,
+        name=f"{probe.name}+{suffix}",
+        request=request,
+        add_generation_prompt=False,
+        continue_final_message=False,
+    )
 
 
 def _options(template: ChatTemplate, probe: Probe, variables: Mapping[str, Any] | None) -> dict[str, Any]:

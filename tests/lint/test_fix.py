@@ -308,7 +308,8 @@ def _template_text(draw: st.DrawFn, depth: int = 2, in_loop: bool = False) -> st
     ctl = st.sampled_from(["", "-", "+"])
     out = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["data", "var", "var", "comment", "if", "for"] if depth else ["data", "var"]))
+        kinds = ["data", "var", "var", "comment", "set", "if", "for"] if depth else ["data", "var", "set"]
+        kind = draw(st.sampled_from(kinds))
         left, right = draw(ctl), draw(ctl)
         if kind == "data":
             out.append(draw(st.text(alphabet="ab \n\t", min_size=1, max_size=6)))
@@ -317,9 +318,16 @@ def _template_text(draw: st.DrawFn, depth: int = 2, in_loop: bool = False) -> st
             out.append("{{" + left.replace("+", "") + " " + expr + " " + right.replace("+", "") + "}}")
         elif kind == "comment":
             out.append("{#" + left + " c " + right + "#}")
+        elif kind == "set":
+            out.append(fs.block_tag("set z = 1", left, right))
         elif kind == "if":
             body = draw(_template_text(depth - 1, in_loop))
-            out.append(fs.block_tag("if v", left, right) + body + fs.block_tag("endif", draw(ctl), draw(ctl)))
+            other = draw(st.one_of(st.just(""), _template_text(depth - 1, in_loop)))
+            otherwise = fs.block_tag("else", draw(ctl), draw(ctl)) + other if other else ""
+            test = draw(st.sampled_from(["v", "not v"]))
+            out.append(
+                fs.block_tag(f"if {test}", left, right) + body + otherwise + fs.block_tag("endif", draw(ctl), draw(ctl))
+            )
         elif not in_loop:
             body = draw(_template_text(depth - 1, True))
             out.append(fs.block_tag("for m in ms", left, right) + body + fs.block_tag("endfor", draw(ctl), draw(ctl)))
@@ -370,7 +378,7 @@ def _chars(src: fs.Source, unit: fs.Unit, start: int, sizes: list[int], status: 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_cuts_keep_the_render_and_cover_exactly_the_cut_cells(data: st.DataObject) -> None:
-    source = data.draw(_template_text())
+    source = data.draw(_template_text()) + data.draw(st.sampled_from(["", "\n"]))
     try:
         text, _ = _spans(source)
     except Exception:  # an empty loop body or another template jinja2 refuses: not a case

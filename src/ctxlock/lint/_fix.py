@@ -11,18 +11,24 @@ How (`tag_generation`):
    text, a `{{ ... }}` expression; `_fixsource.Unit`), which says which piece wrote what, the length of each `+`/`~`
    operand of the expression, and `X.role == "assistant"` for each enclosing `{% for X in ... %}` loop. With the
    markers removed the text must be the original's.
-3. Each piece's characters (of literal text and string operands) and other operands are then trained or not,
-   the same in every place it writes: the piece is cut there (`{% generation %}` between two operands, inside a
-   string literal or literal text). A piece written for several roles (one expression for every message) is
-   trained in some places and not in others: it is written twice under `{% if X.role == "assistant" %}`, each
-   branch cut as its own places say.
+3. transformers' rule trains a token when a block overlaps it, provenance when most of its bytes are trained. So
+   what a block must cover is said per token: none of an untrained token's characters, at least one trained
+   character of a trained token (`_targets`). Each piece's characters (of literal text and string operands) and
+   other operands are then cut the same way in every place the piece writes, leaving out what any place must leave
+   out and covering what a place needs covered (`_solve`): `{% generation %}` between two operands, inside a string
+   literal or literal text. A piece written for several roles (one expression for every message) is written twice
+   under `{% if X.role == "assistant" %}`, each branch cut as its own places say.
 4. The tagged template is rendered on every probe as it is and as a training row: the text must be the original's,
    and its generation mask (`source="generation"`, transformers' rule) the original's provenance mask, token for
    token. Anything else is refused with the reason (`TagResult.applies` False), never a template that differs.
 
-What cannot be tagged so is said: a trained run that begins or ends inside an operand that is not a string literal
-(a variable, a filter, a macro call), a piece whose trained part differs between two assistant turns (the header's
-last character written by the tool-call loop), text a `{% filter %}` or `{% call %}` block writes, a template the
+What cannot be tagged so is said: trained text that begins or ends inside an operand that is not a string literal
+(a variable, a filter, a macro call: the whole turn written by one macro); a token that holds both the end of a
+header and the start of a body (`><` where the vocabulary has no `<tool_call>` token), which no block boundary can
+split as provenance does; a piece trained in one place and not in another that no `X.role` tells apart (the
+header's last character written by the tool-call loop, the first call's text a header and the second's a body);
+a block that renders empty inside a token, or a token with no character of its own at the body's start
+(sentencepiece's `▁`), which the check finds; text a `{% filter %}` or `{% call %}` block writes; a template the
 probes all fail on. A part of a piece that no probe reaches is trained as the next part written is (as the one
 before, at the end)."""
 

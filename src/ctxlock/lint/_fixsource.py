@@ -391,7 +391,7 @@ def tag_after_unit(src: Source, unit: Unit, word: str) -> Edit:
     if nxt < len(src.elements):
         pos, tag = before_element(src, nxt, word)
         return Edit(pos, pos, tag, "close")
-    return Edit(e.end, e.end, block_tag(word), "close")
+    return Edit(e.end, e.end, block_tag(word, lstrip_guard(src, e.end)), "close")
 
 
 def tag_inside_data(src: Source, unit: Unit, offset: int, word: str) -> Edit:

@@ -74,7 +74,7 @@ REFUSED = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "moves",
     "fireworks-ai-llama-3-firefunction-v2.jinja": "inside",
     "google-gemma-4-31B-it.jinja": "inside",
-    "ibm-granite-granite-3.3-2B-Instruct.jinja": "moves",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "token",
     "ibm-granite-granite-4.0.jinja": "token",
     "ibm-granite-granite-4.1.jinja": "token",
     "llama-cpp-rwkv-world.jinja": "moves",

@@ -433,9 +433,11 @@ def _edits(src: fs.Source, unit: fs.Unit, places: list[_Place]) -> list[fs.Edit]
         no = _solve([p for p in places if p.conds[j] != "True"], n)
         if yes is not None and no is not None:
             return [fs.conditional(src, unit, f'{var}.role == "assistant"', _fill(yes), _fill(no))]
-    j = next((j for j, var in enumerate(unit.loops) if var is not None), None)
+    first = next((k for k, var in enumerate(unit.loops) if var is not None), None)
     groups = (
-        [places] if j is None else [[p for p in places if (p.conds[j] == "True") is side] for side in (True, False)]
+        [places]
+        if first is None
+        else [[p for p in places if (p.conds[first] == "True") is side] for side in (True, False)]
     )
     raise _Refused(_conflict(src, unit, next(g for g in groups if _solve(g, n) is None), n))
 

@@ -73,7 +73,7 @@ REFUSED = {
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": "token",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "moves",
     "fireworks-ai-llama-3-firefunction-v2.jinja": "inside",
-    "google-gemma-4-31B-it.jinja": "inside",
+    "google-gemma-4-31B-it.jinja": "moves",
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "token",
     "ibm-granite-granite-4.0.jinja": "token",
     "ibm-granite-granite-4.1.jinja": "token",

@@ -236,7 +236,7 @@ def provenance_regions(
         first: int | None = None
         last = 0
         for s, e, part, path in spans:
-            if part == source and not path.endswith(".name"):
+            if part == source and path != f"{source}.name":  # not the message's own name; a call's is written
                 if first is None:
                     first, last = s, e
                 else:

@@ -18,7 +18,7 @@ from ctxlock.cli.files import check_template_file, open_output
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import MODEL_HELP, VarOpt, parse_vars
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, InputError
-from ctxlock.lint import OTHER_ENGINES, RULES, Engine, Report, Severity, lint, to_sarif
+from ctxlock.lint import OTHER_ENGINES, RULES, Engine, Report, Severity, TagResult, lint, tag_generation, to_sarif
 from ctxlock.model import Model
 from ctxlock.outside import decode_utf8, read_artifact
 from ctxlock.probes import load_corpus
@@ -66,6 +66,15 @@ SarifOpt = Annotated[
     typer.Option("--sarif", help="Also write the findings as SARIF 2.1.0 to this file (- for stdout, alone)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the human view.")]
+FixOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--fix",
+        help="Write the template with {% generation %} tags added (its own replaced) to this file: checked to render "
+        "the same text on every probe and to train exactly ctxlock's provenance tokens; exit 1 when it cannot be "
+        "made, with the reason.",
+    ),
+]
 EngineOpt = Annotated[
     list[str],
     typer.Option(
@@ -142,6 +151,7 @@ def lint_cmd(
     fail_on: FailOnOpt = FailOn.ERROR,
     sarif: SarifOpt = None,
     engine: EngineOpt = [],  # noqa: B006
+    fix: FixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     unknown = [r for r in rule if r not in RULES]
@@ -152,14 +162,25 @@ def lint_cmd(
     variables = parse_vars(var)
     engines = _engines(engine)
 
+    fixed: list[TagResult] = []
+
     def go() -> list[Report]:
         corpus = load_corpus(probes or None)
-        return [
-            lint(m, t, corpus=corpus, variables=variables, rules=rule or None, engines=engines)
-            for m, t in _targets(targets, model)
-        ]
+        pairs = _targets(targets, model)
+        if fix is not None:
+            if len(pairs) != 1:
+                raise InputError(
+                    f"--fix writes one template, and the targets hold {len(pairs)}",
+                    path="--fix",
+                    hint="give one template file, or a model with one template",
+                )
+            fixed.append(tag_generation(pairs[0][0], pairs[0][1], corpus.probes, variables=variables))
+        return [lint(m, t, corpus=corpus, variables=variables, rules=rule or None, engines=engines) for m, t in pairs]
 
     reports = guarded(as_json, go)
+    if fixed and fixed[0].source is not None and fix is not None:
+        tagged = fixed[0].source
+        guarded(as_json, lambda: _write_text(fix, tagged))
     if sarif is not None:
         log = to_sarif(reports, list(RULES.values()), _version())
         if sarif == "-":
@@ -167,11 +188,34 @@ def lint_cmd(
         else:
             guarded(as_json, lambda: _write_sarif(Path(sarif), log))
     if as_json:
-        print_json({"reports": [r.to_dict() for r in reports]})
+        out: dict[str, Any] = {"reports": [r.to_dict() for r in reports]}
+        if fixed:
+            out["fix"] = {**fixed[0].to_dict(), "written": str(fix) if fixed[0].applies else None}
+        print_json(out)
     elif sarif != "-":
         for r in reports:
             _show(r)
-    raise typer.Exit(_status(reports, fail_on))
+        if fixed:
+            _show_fix(fixed[0], fix)
+    status = _status(reports, fail_on)
+    raise typer.Exit(1 if fixed and not fixed[0].applies else status)
+
+
+def _show_fix(result: TagResult, path: Path | None) -> None:
+    if not result.applies:
+        console.print(f"[red]--fix: no tagged template written[/]: {escape(result.reason)}", soft_wrap=True)
+        return
+    rows = len(result.checked)
+    console.print(
+        f"--fix: wrote {escape(str(path))}: {{% generation %}} tags that render the same text on all {rows} probe "
+        "rows and train exactly ctxlock's provenance tokens",
+        soft_wrap=True,
+    )
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open_output(path, option="--fix") as fh:
+        fh.write(text.encode("utf-8"))
 
 
 def _engines(names: list[str]) -> tuple[Engine, ...]:

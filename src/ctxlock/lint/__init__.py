@@ -4,6 +4,7 @@ Jinja engines), each finding with its template line, as text, JSON or SARIF."""
 
 from ctxlock.lint._engines import ENGINES, Engine
 from ctxlock.lint._findings import Finding, Report, Rule, Severity, Skipped
+from ctxlock.lint._fix import TagResult, tag_generation
 from ctxlock.lint._lint import CHECKS, RULES, lint
 from ctxlock.lint._portability import OTHER_ENGINES
 from ctxlock.lint._sarif import to_sarif
@@ -19,6 +20,8 @@ __all__ = [
     "Rule",
     "Severity",
     "Skipped",
+    "TagResult",
     "lint",
+    "tag_generation",
     "to_sarif",
 ]

@@ -9,37 +9,11 @@ from dataclasses import dataclass
 
 from jinja2 import meta, nodes
 
-# The names every chat template gets from the caller (transformers' apply_chat_template): they are not arguments.
-STANDARD_NAMES = frozenset(
-    {
-        "messages",
-        "tools",
-        "documents",
-        "add_generation_prompt",
-        "continue_final_message",
-        "bos_token",
-        "eos_token",
-        "unk_token",
-        "pad_token",
-        "sep_token",
-        "cls_token",
-        "mask_token",
-        "raise_exception",
-        "strftime_now",
-        "range",
-        "dict",
-        "lipsum",
-        "cycler",
-        "joiner",
-        "namespace",
-        "true",
-        "false",
-        "none",
-        "True",
-        "False",
-        "None",
-    }
-)
+from ctxlock.request import RESERVED_TEMPLATE_KWARGS
+
+# The names every chat template gets from the caller (transformers' apply_chat_template, its Jinja globals, Jinja's
+# builtins): not the template's own arguments. The literals are names jinja2's parser reads as names.
+STANDARD_NAMES = RESERVED_TEMPLATE_KWARGS | {"True", "False", "None"}
 
 
 @dataclass(frozen=True)

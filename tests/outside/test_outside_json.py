@@ -194,6 +194,13 @@ OWN_OUTPUT = {
         "its own strict RFC 8259 reader of model output (jsontext)"
     ),
     "ctxlock/records/_format.py::ExecutionRecord.data": "a record body whose sha256 the store checked",
+    "ctxlock/probes/_corpus.py::_shipped": "the probe corpus packaged with ctxlock",
+    "ctxlock/probes/_corpus.py::Probe.to_dict": "json.dumps of a probe's request read back: a deep copy",
+    "ctxlock/lint/_engines.py::_plain": "json.dumps of the caller's variables read back: the engines' common data",
+    "ctxlock/lint/_engines.py::_Session._take": (
+        "one answer line of ctxlock's own engine runner (json.dumps / JSON.stringify), under a size cap"
+    ),
+    "ctxlock/lint/_minijinja_worker.py::main": "one job line the parent process wrote with json.dumps",
 }
 
 

@@ -1,0 +1,56 @@
+"""Red-team cases for the probe's HTTP client: servers that misbehave below the body (the status line and headers),
+where the stub server of the other tests cannot reach, over a raw loopback socket."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from ctxlock.errors import ServerUnreachableError
+from ctxlock.liveprobe import HttpLimits
+from ctxlock.liveprobe._http import ServerClient
+
+
+@contextmanager
+def raw_server(chunks: list[bytes], pause: float, sent: list[int]) -> Iterator[str]:
+    """A server that reads one request and sends `chunks`, `pause` seconds apart, then closes: its base URL; `sent`
+    gets how many chunks it sent before the client hung up."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            for i, chunk in enumerate(chunks):
+                try:
+                    conn.sendall(chunk)
+                except OSError:
+                    sent.append(i)  # the client gave up
+                    return
+                time.sleep(pause)
+            sent.append(len(chunks))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        srv.close()
+        thread.join(timeout=10)
+
+
+def test_headers_dripped_a_byte_at_a_time_stop_at_the_timeout() -> None:
+    # A header line sent a byte each 0.1 s for 4 s: each receive waits less than the socket's timeout, so only a
+    # deadline over the whole call (the status line and headers too, read before any body) stops it. Before the fix
+    # the client read the whole drip (any number of bytes, endless for a server that never ends its headers).
+    head = [b"HTTP/1.1 200 OK\r\nX-Slow: "] + [b"a"] * 40
+    sent: list[int] = []
+    with raw_server(head, 0.1, sent) as url, pytest.raises(ServerUnreachableError) as exc:
+        ServerClient(url, limits=HttpLimits(timeout=0.3)).get("/props")
+    assert "no full answer within 0.3 s" in exc.value.message
+    assert sent and sent[0] < len(head)  # the server was cut off (it joined at the block's end)

@@ -36,6 +36,8 @@ CHECKS: dict[str, RuleFn] = {
     "nondeterminism": nondeterminism,
     "training-mask": training_mask,
 }
+# The rules that read probe renders: with none rendered they have nothing to check, and say so (`_unrendered`).
+NEEDS_RENDERS = ("unread-argument", "double-bos", "history-rewrite", "nondeterminism", "training-mask", "portability")
 
 
 def lint(
@@ -89,12 +91,24 @@ def lint(
                 findings += [f for f in checks[rule](ctx) if f.rule in chosen]
         except CtxlockError as exc:
             skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
+    skipped += _unrendered(ctx, chosen)
     if rules is not None:
         findings = [f for f in findings if f.rule in rules]
     findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))
     args = arguments_read(tree)
     notes = (f"the template takes: {', '.join(f'{k} (line {v})' for k, v in args.items())}",) if args else ()
     return Report(template.id, template.sha256, template.origin, model.id, tuple(findings), tuple(skipped), notes)
+
+
+def _unrendered(ctx: Lint, chosen: Sequence[str]) -> list[Skipped]:
+    """When no probe renders, the rules that read renders checked nothing: each is listed as not run, not passed."""
+    if any(r.ok for r in ctx.renders):
+        return []
+    why = (
+        f"none of the {len(ctx.renders)} probes renders (the render-error and reachable-raise findings say why): "
+        "its checks of rendered text did not run"
+    )
+    return [Skipped(rule, why) for rule in chosen if rule in NEEDS_RENDERS]
 
 
 def _line(path: str | None) -> int | None:

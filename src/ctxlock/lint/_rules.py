@@ -164,6 +164,8 @@ def unread_arguments(lint: Lint) -> list[Finding]:
 
 
 def _no_effect(lint: Lint, name: str) -> bool:
+    if not any(r.ok for r in lint.renders):
+        return False  # nothing renders with or without it: no effect to see (the rule is listed as not run)
     without = {k: v for k, v in lint.variables.items() if k != name}
     for r in lint.renders:
         other = lint.render(r.probe, variables=without)

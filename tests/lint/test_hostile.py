@@ -3,17 +3,25 @@ that nothing is silent (a check that could not run says so) and every failure is
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import fetched
 from cli_runner import run_main
-from ctxlock.lint import lint
+from ctxlock.errors import InputError
+from ctxlock.lint import Severity, lint
+from ctxlock.lint._rules import HISTORY_CUTS
 from ctxlock.model import Model, load
+from ctxlock.probes import Corpus, Probe, load_corpus
+from ctxlock.probes._corpus import MAX_MESSAGES
 from ctxlock.template import ChatTemplate
+
+QWEN25_SOURCE = fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +44,7 @@ def test_a_template_that_raises_on_every_probe_lists_the_render_rules_as_not_run
 @pytest.fixture(scope="module")
 def qwen25(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("hostile") / "q25.jinja"
-    shutil.copy(fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja", path)
+    shutil.copy(QWEN25_SOURCE, path)
     return path
 
 
@@ -57,3 +65,32 @@ def test_fix_and_sarif_to_a_fifo_or_an_unwritable_file_are_one_error_line(qwen25
         hint = "file path in an existing directory" if "FIFO" in said else "file you can write"
         assert err.strip().splitlines() == [f"{said} (pass a {hint})"]
     os.close(reader)
+
+
+def _turns(n: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": f"t{i}"} for i in range(n)]}
+
+
+def test_a_probe_file_of_one_endless_conversation_is_refused_when_read(tmp_path: Path) -> None:
+    # Before the fix a 100,001-message probe (2.6 MB, under every size cap) held lint for hours: history-rewrite
+    # renders the conversation twice per assistant turn (2,001 messages took 30 s).
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"probes": [{"name": "long", "request": _turns(MAX_MESSAGES + 1)}]}), "utf-8")
+    with pytest.raises(InputError) as exc:
+        load_corpus(path)
+    assert exc.value.path == f"{path} $.probes[0].request.messages"
+    assert exc.value.message == f"{MAX_MESSAGES + 1} messages, more than {MAX_MESSAGES}"
+
+
+def test_history_rewrite_checks_a_long_conversation_at_its_ends_and_says_so(qwen2: Model) -> None:
+    corpus = Corpus((Probe("long", _turns(2 * (2 * HISTORY_CUTS + 3))),))
+    report = lint(
+        qwen2, ChatTemplate(QWEN25_SOURCE.read_text("utf-8"), id="q25"), corpus=corpus, rules=["history-rewrite"]
+    )
+    assert [(f.rule, f.severity, f.data["kind"]) for f in report.findings] == [
+        ("history-rewrite", Severity.NOTE, "partial")
+    ]
+    assert report.findings[0].message == (
+        f"probe long has {2 * HISTORY_CUTS + 3} assistant turns: history-rewrite checked the first {HISTORY_CUTS} "
+        f"and the last {HISTORY_CUTS} (each check renders the conversation twice), not the 3 between"
+    )

@@ -131,7 +131,7 @@ HOSTILE = [
         '{"probes": [{"name": "x", "request": {"messages": [{"role": "wizard", "content": "hi"}]}}]}',
         '$.probes[0].request.messages[0].role: unknown role "wizard"',
     ),
-    ("not-a-list", '{"probes": {"name": "x"}}', "$: a probe file holds a list of probes"),
+    ("not-a-list", '{"probes": {"name": "x"}}', "$.probes: a probe file holds a list of probes"),
     ("bad-name", '[{"name": "a b", "request": {"messages": []}}]', "$[0].name: name must be 1-64 letters"),
     ("duplicate-key", '{"probes": [], "probes": []}', '$: duplicate key "probes"'),
     ("deep", "[" * 5000 + "]" * 5000, "$: JSON nested deeper than 128 levels"),

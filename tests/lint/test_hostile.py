@@ -17,8 +17,9 @@ from ctxlock.errors import InputError
 from ctxlock.lint import Severity, lint
 from ctxlock.lint._rules import HISTORY_CUTS
 from ctxlock.model import Model, load
-from ctxlock.probes import Corpus, Probe, load_corpus
+from ctxlock.probes import Corpus, Probe, load_corpus, render_probes
 from ctxlock.probes._corpus import MAX_MESSAGES
+from ctxlock.probes._render import MAX_RENDER_CHARS
 from ctxlock.template import ChatTemplate
 
 QWEN25_SOURCE = fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -94,3 +95,19 @@ def test_history_rewrite_checks_a_long_conversation_at_its_ends_and_says_so(qwen
         f"probe long has {2 * HISTORY_CUTS + 3} assistant turns: history-rewrite checked the first {HISTORY_CUTS} "
         f"and the last {HISTORY_CUTS} (each check renders the conversation twice), not the 3 between"
     )
+
+
+def test_a_template_writing_megabytes_for_every_probe_is_a_limit_error_not_tokenized(qwen2: Model) -> None:
+    # Before the fix each probe's 7 MB render was tokenized (3 s) and kept: lint of the 21 probes took 58 s and 2 GB.
+    source = "{% for m in messages %}{{ m.content }}{% endfor %}{{ 'x' * 3000000 }}"
+    report = lint(qwen2, ChatTemplate(source, id="megabytes"), rules=["render-error"], engines=())
+    (finding,) = report.findings
+    assert finding.rule == "render-error" and finding.message.startswith(
+        "20 ordinary request(s) fail with TemplateLimitError: the render is longer than a probe may render to "
+        "(1,000,000 characters beyond twice its request's)"
+    )
+    # (continue-final fails before, as for any template that does not end with the message); a probe's own long
+    # content is not held against the template
+    long = Probe("long", {"messages": [{"role": "user", "content": "y" * (MAX_RENDER_CHARS + 10)}]})
+    (render,) = render_probes(qwen2, [long], ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", id="t"))
+    assert render.ok and len(render.ids or ()) > 0

@@ -14,7 +14,7 @@ import pytest
 import fetched
 from cli_runner import run_main
 from ctxlock.errors import InputError
-from ctxlock.lint import Severity, lint
+from ctxlock.lint import RULES, Finding, Report, Severity, lint, to_sarif
 from ctxlock.lint._rules import HISTORY_CUTS
 from ctxlock.model import Model, load
 from ctxlock.probes import Corpus, Probe, load_corpus, render_probes
@@ -111,3 +111,27 @@ def test_a_template_writing_megabytes_for_every_probe_is_a_limit_error_not_token
     long = Probe("long", {"messages": [{"role": "user", "content": "y" * (MAX_RENDER_CHARS + 10)}]})
     (render,) = render_probes(qwen2, [long], ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", id="t"))
     assert render.ok and len(render.ids or ()) > 0
+
+
+def test_sarif_locates_odd_paths_in_the_repository_and_a_link_at_its_own_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    (repo / "sub dir").mkdir(parents=True)
+    outside.mkdir()
+    for path in (repo / "sub dir" / "é ü%20#?.jinja", repo / "a:b.jinja", outside / "o.jinja"):
+        path.write_text("x", "utf-8")
+    (repo / "link.jinja").symlink_to(outside / "o.jinja")
+    monkeypatch.chdir(repo)
+    origins = ["sub dir/é ü%20#?.jinja", "sub dir/../a:b.jinja", "../outside/o.jinja", "link.jinja"]
+    finding = Finding("reachable-raise", Severity.WARNING, "raised", line=1)
+    reports = [Report(o, "0" * 64, o, "m", (finding,)) for o in origins]
+    results = to_sarif(reports, list(RULES.values()), "0")["runs"][0]["results"]
+    uris = [r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in results]
+    # Before the fix the link was located at its target outside the repository (a file: URI code scanning cannot map).
+    assert uris == [
+        "sub%20dir/%C3%A9%20%C3%BC%2520%23%3F.jinja",
+        "a%3Ab.jinja",
+        (outside / "o.jinja").resolve().as_uri(),
+        "link.jinja",
+    ]

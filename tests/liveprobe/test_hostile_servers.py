@@ -8,12 +8,17 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
+from stub_server import Reply, stub
 
+import fetched
 from ctxlock.errors import ServerUnreachableError
-from ctxlock.liveprobe import HttpLimits
+from ctxlock.liveprobe import HttpLimits, probe_server
 from ctxlock.liveprobe._http import ServerClient
+from ctxlock.model import Model, load
+from ctxlock.probes import load_corpus
 
 
 @contextmanager
@@ -54,3 +59,21 @@ def test_headers_dripped_a_byte_at_a_time_stop_at_the_timeout() -> None:
         ServerClient(url, limits=HttpLimits(timeout=0.3)).get("/props")
     assert "no full answer within 0.3 s" in exc.value.message
     assert sent and sent[0] < len(head)  # the server was cut off (it joined at the block's end)
+
+
+@pytest.fixture(scope="module")
+def qwen2() -> Model:
+    return load(str(fetched.gguf_path("qwen2")))
+
+
+def test_an_id_past_the_vocabulary_is_named_so_not_shown_as_an_empty_token(qwen2: Model) -> None:
+    routes: dict[str, Any] = {
+        "POST /tokenize": Reply(200, {"tokens": [2**32 - 1]}),
+        "POST /v1/chat/completions/render": Reply(501, b""),
+        "POST /detokenize": Reply(400, {"error": {"message": "bad id"}}),
+    }
+    with stub(routes) as (url, _):
+        report = probe_server(url, qwen2, corpus=load_corpus(only=["user"]), kind="vllm")
+    (line,) = [x for x in report.lines() if "first diverging token" in x]
+    # Before the fix: `server "" (id 4294967295)`, as if the server had answered an empty token.
+    assert line.endswith(f"server id {2**32 - 1}, not in ctxlock's vocabulary")

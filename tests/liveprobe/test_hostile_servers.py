@@ -14,7 +14,7 @@ import pytest
 from stub_server import Reply, stub
 
 import fetched
-from ctxlock.errors import ServerUnreachableError
+from ctxlock.errors import ServerAnswerError, ServerUnreachableError
 from ctxlock.liveprobe import HttpLimits, probe_server
 from ctxlock.liveprobe._http import ServerClient
 from ctxlock.model import Model, load
@@ -77,3 +77,12 @@ def test_an_id_past_the_vocabulary_is_named_so_not_shown_as_an_empty_token(qwen2
     (line,) = [x for x in report.lines() if "first diverging token" in x]
     # Before the fix: `server "" (id 4294967295)`, as if the server had answered an empty token.
     assert line.endswith(f"server id {2**32 - 1}, not in ctxlock's vocabulary")
+
+
+def test_a_ctxlock_render_whose_text_is_not_a_string_is_a_wrong_answer(qwen2: Model) -> None:
+    # Before the fix the text was dropped and the report blamed the route for giving "ids only".
+    routes: dict[str, Any] = {"POST /v1/render": Reply(200, {"text": ["x"], "input_ids": [1]})}
+    with stub(routes) as (url, _), pytest.raises(ServerAnswerError) as exc:
+        probe_server(url, qwen2, corpus=load_corpus(only=["user"]), kind="ctxlock")
+    assert exc.value.message == "the answer's text is not a string: \"['x']\""
+    assert exc.value.path == f"{url}/v1/render"

@@ -135,3 +135,23 @@ def test_sarif_locates_odd_paths_in_the_repository_and_a_link_at_its_own_path(
         (outside / "o.jinja").resolve().as_uri(),
         "link.jinja",
     ]
+
+
+@pytest.mark.parametrize(
+    ("block", "line"),
+    [
+        ("{% generation %}{% if loop.last %}{% break %}{% endif %}{{ m.content }}{% endgeneration %}", 3),
+        ("{% macro f() %}{% continue %}{% endmacro %}{{ f() }}", 3),
+        ("{% call raise_exception('x') %}{% break %}{% endcall %}", 3),
+    ],
+    ids=["generation", "macro", "call"],
+)
+def test_a_loop_control_python_refuses_is_a_syntax_error_not_a_traceback(qwen2: Model, block: str, line: int) -> None:
+    # jinja parses these, then generates a module Python's compile refuses ("'break' outside loop"): before the fix a
+    # SyntaxError traceback out of lint, --fix, render and diff-template, and lint's syntax rule passed the template.
+    source = "{% for m in messages %}\n<|{{ m.role }}|>\n" + block + "\n{% endfor %}"
+    report = lint(qwen2, ChatTemplate(source, id="loop-control"), engines=())
+    assert [(f.rule, f.severity, f.line) for f in report.findings] == [("syntax", Severity.ERROR, line)]
+    assert "loop: a macro, call block or {% generation %} block is a function of its own" in (
+        report.findings[0].message
+    )

@@ -23,7 +23,7 @@ from ctxlock.lint._rules import (
 from ctxlock.lint._tree import arguments_read
 from ctxlock.pipeline import Pipeline
 from ctxlock.probes import Corpus, load_corpus, render_probes
-from ctxlock.template import ChatTemplate, parse_tree
+from ctxlock.template import ChatTemplate, compile_template, parse_tree
 
 RuleFn = Callable[[Lint], list[Finding]]
 CHECKS: dict[str, RuleFn] = {
@@ -63,6 +63,7 @@ def lint(
     chosen = known if rules is None else [r for r in known if r in rules]
     try:
         tree = parse_tree(template)
+        compile_template(template)  # what jinja parses Python may still refuse (a `{% break %}` in a macro)
     except TemplateError as exc:
         finding = Finding("syntax", Severity.ERROR, exc.message, line=_line(exc.path), hint=exc.hint or "")
         return Report(template.id, template.sha256, template.origin, model.id, (finding,))

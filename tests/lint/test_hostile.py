@@ -14,7 +14,7 @@ import pytest
 import fetched
 from cli_runner import run_main
 from ctxlock.errors import InputError
-from ctxlock.lint import RULES, Finding, Report, Severity, lint, to_sarif
+from ctxlock.lint import RULES, Finding, Report, Severity, lint, tag_generation, to_sarif
 from ctxlock.lint._rules import HISTORY_CUTS
 from ctxlock.model import Model, load
 from ctxlock.probes import Corpus, Probe, load_corpus, render_probes
@@ -155,3 +155,13 @@ def test_a_loop_control_python_refuses_is_a_syntax_error_not_a_traceback(qwen2: 
     assert "loop: a macro, call block or {% generation %} block is a function of its own" in (
         report.findings[0].message
     )
+
+
+def test_fix_refuses_a_block_written_as_a_whole_whose_turns_each_have_a_cut(qwen2: Model) -> None:
+    # Found by generating templates: each side of the loop's role test had a cut, the block cannot be written twice,
+    # and the search for the side without one raised StopIteration (a traceback out of --fix).
+    source = "{% for m in messages %}{% filter upper %}{{ m }}{% endfilter %}{% endfor %}"
+    corpus = load_corpus(only=["user", "multi-turn", "tool-call", "continue-final", "reasoning-last"])
+    result = tag_generation(qwen2, ChatTemplate(source, id="filter"), corpus.probes)
+    assert not result.applies
+    assert result.reason == "trained text is written by the block at line 1 as a whole: {% filter upper %}"

@@ -15,6 +15,7 @@ import fetched
 from cli_runner import run_main
 from ctxlock.errors import InputError
 from ctxlock.lint import RULES, Finding, Report, Severity, lint, tag_generation, to_sarif
+from ctxlock.lint._engines import render_many
 from ctxlock.lint._rules import HISTORY_CUTS
 from ctxlock.model import Model, load
 from ctxlock.probes import Corpus, Probe, load_corpus, render_probes
@@ -165,3 +166,12 @@ def test_fix_refuses_a_block_written_as_a_whole_whose_turns_each_have_a_cut(qwen
     result = tag_generation(qwen2, ChatTemplate(source, id="filter"), corpus.probes)
     assert not result.applies
     assert result.reason == "trained text is written by the block at line 1 as a whole: {% filter upper %}"
+
+
+def test_minijinja_renders_after_an_oversized_one_are_bounded_the_same_way() -> None:
+    # 100 MB of output per render: before the fix the worker kept the first text while rendering the second, which
+    # then failed its allocation (a panic pyo3 raises as no Exception): the process died with a traceback, and the
+    # result was that traceback's lines.
+    source = "{% for i in range(99999) %}{{ 'abcdefghij' * 100 }}{% endfor %}"
+    results = render_many("minijinja", source, [{}, {"a": 1}, {"b": 2}], timeout_s=5.0)
+    assert [(r.limited, r.error) for r in results] == [(True, "output over 1000000 characters")] * 3

@@ -175,3 +175,14 @@ def test_minijinja_renders_after_an_oversized_one_are_bounded_the_same_way() -> 
     source = "{% for i in range(99999) %}{{ 'abcdefghij' * 100 }}{% endfor %}"
     results = render_many("minijinja", source, [{}, {"a": 1}, {"b": 2}], timeout_s=5.0)
     assert [(r.limited, r.error) for r in results] == [(True, "output over 1000000 characters")] * 3
+
+
+def test_fix_tags_a_template_that_writes_nothing_for_some_rows(qwen2: Model) -> None:
+    # Found by generating templates: a row where no piece of the template writes anything (a conversation without
+    # tool calls, for a template that writes only them) failed a strict zip in --fix (a ValueError traceback).
+    source = (
+        "{% for m in messages %}{% for t in m.tool_calls or [] %}{{ t.function.name }}"
+        "{{ t.function.arguments|tojson }}{% endfor %}{% endfor %}"
+    )
+    result = tag_generation(qwen2, ChatTemplate(source, id="calls-only"), load_corpus().probes)
+    assert result.applies and result.source is not None and "{% generation %}" in result.source

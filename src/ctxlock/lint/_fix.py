@@ -315,7 +315,7 @@ def _observe(src: fs.Source, row: _Row, text: str, marker: str, places: dict[int
     first = marks[0][0] if marks else len(row.text or "")
     if (targets.target[:first] > 0).any():
         raise _Refused("trained text is written outside every piece of the template ctxlock can see")
-    ends = [p for p, _ in marks[1:]] + [len(row.text or "")]
+    ends = [p for p, _ in marks[1:]] + [len(row.text or "")] if marks else []  # no mark: nothing written here
     for (start, body), end in zip(marks, ends, strict=True):
         try:
             uid, conds, lengths = body.split(";")

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fetched
 from cli_runner import run_main
-from ctxlock.errors import InputError
+from ctxlock.errors import CtxlockError, InputError
 from ctxlock.lint import RULES, Finding, Report, Severity, lint, tag_generation, to_sarif
 from ctxlock.lint._engines import render_many
 from ctxlock.lint._rules import HISTORY_CUTS
@@ -22,6 +24,7 @@ from ctxlock.probes import Corpus, Probe, load_corpus, render_probes
 from ctxlock.probes._corpus import MAX_MESSAGES
 from ctxlock.probes._render import MAX_RENDER_CHARS
 from ctxlock.template import ChatTemplate
+from hypothesis_profiles import examples
 
 QWEN25_SOURCE = fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
 
@@ -186,3 +189,44 @@ def test_fix_tags_a_template_that_writes_nothing_for_some_rows(qwen2: Model) -> 
     )
     result = tag_generation(qwen2, ChatTemplate(source, id="calls-only"), load_corpus().probes)
     assert result.applies and result.source is not None and "{% generation %}" in result.source
+
+
+_ATOMS = (
+    "{{ m.content }}", "{{ m }}", "{{ bos_token }}", "{% break %}", "{% continue %}", "{{ raise_exception('x') }}",
+    "{{ strftime_now('%Y') }}", "{{ [1, 2]|random }}", "{{ m.content|tojson }}", "{{ 'x' * 999 }}", "{{ 1 / 0 }}",
+    "{{ m.content[::-1] }}", "{{ loop.index }}", "{% set ns.x = ns.x + 1 %}", "{{ undefined_thing.attr }}", "\n",
+    "{{ m.reasoning_content }}", "{% if loop.first %}{{ bos_token }}{% endif %}", "{{ '<|' + m.role + '|>' }}",
+    "{% for t in m.tool_calls or [] %}{{ t.function.name }}{{ t.function.arguments|tojson }}{% endfor %}",
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}"
+    "{% endif %}",
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}", "{% raw %}{% generation %}{% endraw %}",
+)  # fmt: skip
+_BLOCKS = (
+    "{% for m in messages %}B{% endfor %}", "{% if messages %}B{% else %}B{% endif %}",
+    "{% set x %}B{% endset %}{{ x }}",
+    "{% generation %}B{% endgeneration %}", "{% macro f(m) %}B{% endmacro %}{{ f(messages[0]) }}",
+    "{% filter upper %}B{% endfilter %}", "{% call raise_exception('c') %}B{% endcall %}",
+    "{%- for m in messages -%}{%- if m.role == 'assistant' -%}{% generation %}B{% endgeneration %}{%- else -%}B"
+    "{%- endif -%}{%- endfor -%}",
+)  # fmt: skip
+_TEMPLATES = st.recursive(
+    st.sampled_from(_ATOMS),
+    lambda inner: st.one_of(
+        st.builds(lambda block, body: block.replace("B", body), st.sampled_from(_BLOCKS), inner),
+        st.lists(inner, min_size=1, max_size=3).map("".join),
+    ),
+    max_leaves=8,
+).map(lambda body: "{% set ns = namespace(x=0) %}" + body)
+
+
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(source=_TEMPLATES)
+def test_generated_templates_lint_and_fix_with_typed_errors_only(qwen2: Model, source: str) -> None:
+    # Templates built from the constructs that broke --fix and the compile (loop controls in blocks, rows a template
+    # writes nothing for, blocks written as a whole): lint and --fix answer, or raise a CtxlockError, never another.
+    template = ChatTemplate(source, id="generated")
+    try:
+        lint(qwen2, template, engines=()).to_dict()
+        tag_generation(qwen2, template, load_corpus().probes).to_dict()
+    except CtxlockError:
+        pass

@@ -14,7 +14,7 @@ import pytest
 from stub_server import Reply, stub
 
 import fetched
-from ctxlock.errors import ServerAnswerError, ServerUnreachableError
+from ctxlock.errors import InputError, ServerAnswerError, ServerUnreachableError
 from ctxlock.liveprobe import HttpLimits, probe_server
 from ctxlock.liveprobe._http import ServerClient
 from ctxlock.model import Model, load
@@ -86,3 +86,11 @@ def test_a_ctxlock_render_whose_text_is_not_a_string_is_a_wrong_answer(qwen2: Mo
         probe_server(url, qwen2, corpus=load_corpus(only=["user"]), kind="ctxlock")
     assert exc.value.message == "the answer's text is not a string: \"['x']\""
     assert exc.value.path == f"{url}/v1/render"
+
+
+@pytest.mark.parametrize("url", ["http://[::1:8000", "http://[zz]:80"])
+def test_a_malformed_bracketed_host_is_an_input_error(url: str) -> None:
+    # Before the fix urlsplit's ValueError ("Invalid IPv6 URL") came out of `ctxlock probe` as a traceback.
+    with pytest.raises(InputError) as exc:
+        ServerClient(url)
+    assert exc.value.path == f"URL {url}" and exc.value.message.startswith("not a URL: ")

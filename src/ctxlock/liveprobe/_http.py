@@ -132,8 +132,13 @@ class _Origin:
 
 
 def _origin(url: str) -> _Origin:
-    parts = urlsplit(url)
     where = f"URL {url}"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed IPv6 bracket, ...
+        raise InputError(
+            f"not a URL: {exc}", path=where, hint="e.g. http://127.0.0.1:8000 or http://[::1]:8000"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InputError("not an http(s) URL", path=where, hint="e.g. http://127.0.0.1:8000")
     if parts.username is not None or parts.password is not None:

@@ -27,6 +27,7 @@ from ctxlock.template import ChatTemplate
 from hypothesis_profiles import examples
 
 QWEN25_SOURCE = fetched.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
+PLAIN_LOOP = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +231,21 @@ def test_generated_templates_lint_and_fix_with_typed_errors_only(qwen2: Model, s
         tag_generation(qwen2, template, load_corpus().probes).to_dict()
     except CtxlockError:
         pass
+
+
+@pytest.mark.parametrize(
+    ("source", "tagged"),
+    [
+        ("{{ '{% generation %}' }}" + PLAIN_LOOP, False),
+        ("{% raw %}{% generation %}{% endraw %}" + PLAIN_LOOP, False),
+        (PLAIN_LOOP.replace("{{ m.content }}", "{%+ generation -%}{{ m.content }}{%- endgeneration %}"), True),
+    ],
+    ids=["in-a-string", "in-raw", "whitespace-control"],
+)
+def test_training_mask_reads_generation_tags_off_the_syntax_tree(qwen2: Model, source: str, tagged: bool) -> None:
+    # Before the fix a regex over the source took the tag's text in a string or a raw block for a tag (then "the
+    # masks could not be compared" on every training probe), and missed `{%+ generation %}` ("no tags").
+    report = lint(qwen2, ChatTemplate(source, id="tags"), rules=["training-mask"], engines=())
+    untagged = [f for f in report.findings if f.data.get("tagged") is False]
+    assert bool(untagged) is not tagged
+    assert all("could not be compared" not in f.message for f in report.findings)

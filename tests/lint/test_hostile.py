@@ -249,3 +249,15 @@ def test_training_mask_reads_generation_tags_off_the_syntax_tree(qwen2: Model, s
     untagged = [f for f in report.findings if f.data.get("tagged") is False]
     assert bool(untagged) is not tagged
     assert all("could not be compared" not in f.message for f in report.findings)
+
+
+def test_a_bound_jinja2_meets_is_named_with_each_engine_it_was_compared_with(qwen2: Model) -> None:
+    # Before the fix the two notes (one per engine) read the same, word for word.
+    source = PLAIN_LOOP + "{{ 'y' * 999999 }}"
+    report = lint(qwen2, ChatTemplate(source, id="big"), corpus=load_corpus(only=["user"]), rules=["portability"])
+    messages = sorted(f.message for f in report.findings)
+    assert [m.split(" with ", 1)[1] for m in messages] == [
+        "hf-jinja (@huggingface/jinja, transformers.js) (1 probe(s))",
+        "minijinja (text-generation-inference, mistral.rs) (1 probe(s))",
+    ]
+    assert all(m.startswith("jinja2 went over ctxlock's bounds (limit: ") for m in messages)

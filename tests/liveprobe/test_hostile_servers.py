@@ -94,3 +94,20 @@ def test_a_malformed_bracketed_host_is_an_input_error(url: str) -> None:
     with pytest.raises(InputError) as exc:
         ServerClient(url)
     assert exc.value.path == f"URL {url}" and exc.value.message.startswith("not a URL: ")
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"{}", "BadStatusLine: {}"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "IncompleteRead"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200 + b"\r\n{}", "got more than 100 headers"),
+    ],
+    ids=["no-status-line", "bad-chunk", "headers"],
+)
+def test_an_answer_that_is_not_http_is_a_wrong_answer_not_an_unreachable_server(answer: bytes, said: str) -> None:
+    # Before the fix: ServerUnreachableError "{} (is the server running at this URL?)".
+    sent: list[int] = []
+    with raw_server([answer], 0.0, sent) as url, pytest.raises(ServerAnswerError) as exc:
+        ServerClient(url, limits=HttpLimits(timeout=5)).get("/props")
+    assert exc.value.message.startswith("the answer is not well-formed HTTP: ") and said in exc.value.message

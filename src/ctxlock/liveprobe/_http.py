@@ -276,6 +276,14 @@ class ServerClient:
             if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
                 why = f"no full answer within {self.limits.timeout:g} s"
                 hint = "is the server busy? --timeout sets the seconds one call may take"
+            elif isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
+                # a status line, header or chunk http.client cannot read (RemoteDisconnected, an OSError too, is a
+                # dropped connection)
+                raise ServerAnswerError(
+                    f"the answer is not well-formed HTTP: {type(exc).__name__}: {one_line(str(exc) or repr(exc), 120)}",
+                    path=self.where(route),
+                    hint="is an HTTP server answering at this URL? The port may be another service's",
+                ) from None
             else:
                 why, hint = one_line(str(exc) or repr(exc)), "is the server running at this URL?"
             raise ServerUnreachableError(why, path=self.where(route), hint=hint) from None

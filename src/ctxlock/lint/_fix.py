@@ -315,7 +315,7 @@ def _observe(src: fs.Source, row: _Row, text: str, marker: str, places: dict[int
     first = marks[0][0] if marks else len(row.text or "")
     if (targets.target[:first] > 0).any():
         raise _Refused("trained text is written outside every piece of the template ctxlock can see")
-    ends = [p for p, _ in marks[1:]] + [len(row.text or "")]
+    ends = [p for p, _ in marks[1:]] + [len(row.text or "")] if marks else []  # no mark: nothing written here
     for (start, body), end in zip(marks, ends, strict=True):
         try:
             uid, conds, lengths = body.split(";")
@@ -439,7 +439,10 @@ def _edits(src: fs.Source, unit: fs.Unit, places: list[_Place]) -> list[fs.Edit]
         if first is None
         else [[p for p in places if (p.conds[first] == "True") is side] for side in (True, False)]
     )
-    raise _Refused(_conflict(src, unit, next(g for g in groups if _solve(g, n) is None), n))
+    unsolved = next((g for g in groups if _solve(g, n) is None), None)
+    if unsolved is None:  # each side has a cut, and the unit cannot be written twice: a block written as a whole
+        raise _Refused(f"trained text is written by the block at line {unit.line} as a whole: {src.excerpt(unit)}")
+    raise _Refused(_conflict(src, unit, unsolved, n))
 
 
 def _solve(places: list[_Place], n: int) -> list[int | None] | None:

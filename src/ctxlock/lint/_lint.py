@@ -23,7 +23,7 @@ from ctxlock.lint._rules import (
 from ctxlock.lint._tree import arguments_read
 from ctxlock.pipeline import Pipeline
 from ctxlock.probes import Corpus, load_corpus, render_probes
-from ctxlock.template import ChatTemplate, parse_tree
+from ctxlock.template import ChatTemplate, compile_template, parse_tree
 
 RuleFn = Callable[[Lint], list[Finding]]
 CHECKS: dict[str, RuleFn] = {
@@ -36,6 +36,8 @@ CHECKS: dict[str, RuleFn] = {
     "nondeterminism": nondeterminism,
     "training-mask": training_mask,
 }
+# The rules that read probe renders: with none rendered they have nothing to check, and say so (`_unrendered`).
+NEEDS_RENDERS = ("unread-argument", "double-bos", "history-rewrite", "nondeterminism", "training-mask", "portability")
 
 
 def lint(
@@ -61,6 +63,7 @@ def lint(
     chosen = known if rules is None else [r for r in known if r in rules]
     try:
         tree = parse_tree(template)
+        compile_template(template)  # what jinja parses Python may still refuse (a `{% break %}` in a macro)
     except TemplateError as exc:
         finding = Finding("syntax", Severity.ERROR, exc.message, line=_line(exc.path), hint=exc.hint or "")
         return Report(template.id, template.sha256, template.origin, model.id, (finding,))
@@ -89,12 +92,24 @@ def lint(
                 findings += [f for f in checks[rule](ctx) if f.rule in chosen]
         except CtxlockError as exc:
             skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
+    skipped += _unrendered(ctx, chosen)
     if rules is not None:
         findings = [f for f in findings if f.rule in rules]
     findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))
     args = arguments_read(tree)
     notes = (f"the template takes: {', '.join(f'{k} (line {v})' for k, v in args.items())}",) if args else ()
     return Report(template.id, template.sha256, template.origin, model.id, tuple(findings), tuple(skipped), notes)
+
+
+def _unrendered(ctx: Lint, chosen: Sequence[str]) -> list[Skipped]:
+    """When no probe renders, the rules that read renders checked nothing: each is listed as not run, not passed."""
+    if any(r.ok for r in ctx.renders):
+        return []
+    why = (
+        f"none of the {len(ctx.renders)} probes renders (the render-error and reachable-raise findings say why): "
+        "its checks of rendered text did not run"
+    )
+    return [Skipped(rule, why) for rule in chosen if rule in NEEDS_RENDERS]
 
 
 def _line(path: str | None) -> int | None:

@@ -3,9 +3,8 @@ then has nothing to go on), or with tags whose mask disagrees with ctxlock's pro
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
+from jinja2 import nodes
 
 from ctxlock.errors import CtxlockError
 from ctxlock.lint._findings import Finding, Severity
@@ -13,7 +12,19 @@ from ctxlock.lint._rules import Lint
 from ctxlock.probes import PROBE_NOW, Probe
 from ctxlock.training import MaskOptions, assistant_mask
 
-_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+def generation_lines(tree: nodes.Template) -> list[int]:
+    """The lines of the template's `{% generation %}` blocks, from its syntax tree (the sandbox parses one as a call
+    block of its generation extension): not the tag's text in a string or a raw block, and with any whitespace
+    control (`{%+ generation -%}`)."""
+    return sorted(
+        n.lineno
+        for n in tree.find_all(nodes.CallBlock)
+        if isinstance(n.call, nodes.Call)
+        and isinstance(n.call.node, nodes.ExtensionAttribute)
+        and n.call.node.name == "_body"
+        and n.call.node.identifier.endswith("._GenerationTag")
+    )
 
 
 def training_probes(lint: Lint) -> list[Probe]:
@@ -42,7 +53,8 @@ def mask(lint: Lint, probe: Probe, source: str) -> tuple[tuple[int, ...], np.nda
 
 
 def training_mask(lint: Lint) -> list[Finding]:
-    tagged = bool(_TAG.search(lint.template.source))
+    lines = generation_lines(lint.tree)
+    tagged = bool(lines)
     probes = training_probes(lint)
     if not tagged:
         return [
@@ -80,7 +92,7 @@ def training_mask(lint: Lint) -> list[Finding]:
                     f"the {{% generation %}} tags train {int(by_tags.sum())} tokens of probe {probe.name} where "
                     f"ctxlock's provenance trains {int(by_source.sum())}: {diff.size} token(s) differ, first at "
                     f"token {first} ({shown})",
-                    line=_tag_line(lint.template.source),
+                    line=lines[0],
                     probe=probe.name,
                     hint="a model trained with these tags learns other tokens than the assistant wrote; "
                     "`ctxlock lint --fix FILE` writes tags that agree",
@@ -88,11 +100,6 @@ def training_mask(lint: Lint) -> list[Finding]:
                 )
             )
     return out
-
-
-def _tag_line(source: str) -> int | None:
-    m = _TAG.search(source)
-    return None if m is None else source.count("\n", 0, m.start()) + 1
 
 
 def _token(lint: Lint, ids: tuple[int, ...], i: int, by_tags: bool) -> str:

@@ -108,7 +108,14 @@ def main() -> int:
         except Exception as exc:  # a function of the environment raised (strftime_now with a bad format, ...)
             _out({"error": _bound(f"{type(exc).__name__}: {exc}"), "line": None, "phase": "render", "construct": None})
             continue
+        except BaseException as exc:  # pyo3's PanicException, no Exception: minijinja panicked (a failed allocation)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            why = _bound(f"minijinja panicked ({exc}): out of memory, or its own bug")
+            _out({"error": why, "line": None, "phase": "limit", "construct": None})
+            continue
         if len(text) > max_chars:
+            text = ""  # let go of it before the next render, which has the same address space
             _out({"error": f"output over {max_chars} characters", "line": None, "phase": "limit", "construct": None})
         else:
             _out({"text": text})

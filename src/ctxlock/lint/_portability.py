@@ -83,8 +83,8 @@ def _finding(engine: Engine, hits: list[tuple[ProbeRender, Divergence]]) -> Find
             f"{peer} renders different text: from {d.reference!r} jinja2 writes, it writes {d.got!r} "
             f"({len(hits)} probe(s))"
         )
-    elif d.verdict == "limited":
-        message = f"{d.message} ({len(hits)} probe(s))"
+    elif d.verdict == "limited":  # named the engine compared with: jinja2's own bound is met once per engine
+        message = f"{d.message} with {peer} ({len(hits)} probe(s))"
     else:
         message = f"{d.message.replace(engine, peer, 1)} ({len(hits)} probe(s))"
     severity = Severity.NOTE if d.verdict in ("limited", "accepts") else Severity.WARNING

@@ -164,6 +164,8 @@ def unread_arguments(lint: Lint) -> list[Finding]:
 
 
 def _no_effect(lint: Lint, name: str) -> bool:
+    if not any(r.ok for r in lint.renders):
+        return False  # nothing renders with or without it: no effect to see (the rule is listed as not run)
     without = {k: v for k, v in lint.variables.items() if k != name}
     for r in lint.renders:
         other = lint.render(r.probe, variables=without)
@@ -264,19 +266,25 @@ def _paths_at(r: Rendered, start: int, end: int) -> list[str]:
     return sorted({s.path for s in r.request_spans if s.start < end and s.end > start})
 
 
+HISTORY_CUTS = 16  # assistant turns checked at each end of a probe's conversation by history-rewrite
+
+
 def history_rewrite(lint: Lint) -> list[Finding]:
     """For each multi-turn probe: the render cut before an assistant turn (with the generation prompt) must be a
     prefix of the render with it, and the render up to an assistant turn a prefix of the render with the next
-    turn. One finding per kind, with the probes that show it."""
+    turn. One finding per kind, with the probes that show it. Each check renders the conversation twice, so a long
+    one is checked at its first and last `HISTORY_CUTS` assistant turns, and a note says so."""
     out: list[Finding] = []
     kinds: dict[str, list[Finding]] = {}
     for probe in lint.corpus:
         msgs = probe.request.get("messages") or []
         if len(msgs) < 3 or probe.name.startswith(("system-not-first", "consecutive", "assistant-first")):
             continue
-        for k in range(1, len(msgs)):
-            if msgs[k].get("role") != "assistant":
-                continue
+        cuts = [k for k in range(1, len(msgs)) if msgs[k].get("role") == "assistant"]
+        if len(cuts) > 2 * HISTORY_CUTS:
+            out.append(_cuts_note(probe, len(cuts)))
+            cuts = cuts[:HISTORY_CUTS] + cuts[-HISTORY_CUTS:]
+        for k in cuts:
             found = _prefix_check(lint, probe, k, "generation") or (
                 _prefix_check(lint, probe, k + 1, "history") if k + 1 < len(msgs) else None
             )
@@ -299,6 +307,18 @@ def history_rewrite(lint: Lint) -> list[Finding]:
             )
         )
     return out
+
+
+def _cuts_note(probe: Probe, n: int) -> Finding:
+    return Finding(
+        "history-rewrite",
+        Severity.NOTE,
+        f"probe {probe.name} has {n} assistant turns: history-rewrite checked the first {HISTORY_CUTS} and the last "
+        f"{HISTORY_CUTS} (each check renders the conversation twice), not the {n - 2 * HISTORY_CUTS} between",
+        probe=probe.name,
+        hint="a probe of fewer turns is checked at every one",
+        data={"kind": "partial", "assistant_turns": n, "checked": 2 * HISTORY_CUTS},
+    )
 
 
 def _prefix_check(lint: Lint, probe: Probe, k: int, kind: str) -> Finding | None:

@@ -22,17 +22,22 @@ _SYNTAX = Rule("syntax", "the template does not compile", "a syntax error fails 
 def _uri(origin: str) -> tuple[str, bool]:
     """The artifact URI of a template's origin, and whether the template's lines are the file's lines (a .jinja file
     of its own). A URI reference relative to the working directory when the file is under it (what code scanning
-    maps to the repository), else an absolute `file:` URI; percent-encoded either way (RFC 3986)."""
+    maps to the repository), else an absolute `file:` URI; percent-encoded either way (RFC 3986). The path as given
+    is tried before the one its symlinks resolve to: a link in the repository to a file outside it is the
+    repository's path, not the target's."""
     path = origin if os.path.exists(origin) else origin.rsplit(":", 1)[0]  # "model.gguf:tokenizer.chat_template"
     own = path.endswith(".jinja") and os.path.isfile(path)
     try:
-        full = Path(path).resolve()
+        given, full, cwd = Path(os.path.abspath(path)), Path(path).resolve(), Path.cwd().resolve()
+        same = given.exists() and full.exists() and given.samefile(full)  # lexical `..` after a link may not be
     except (OSError, RuntimeError):
         return quote(Path(path).as_posix()), own
-    try:
-        return quote(full.relative_to(Path.cwd().resolve()).as_posix()), own
-    except ValueError:
-        return full.as_uri(), own
+    for candidate in (given, full) if same else (full,):
+        try:
+            return quote(candidate.relative_to(cwd).as_posix()), own
+        except ValueError:
+            continue
+    return full.as_uri(), own
 
 
 def _fingerprint(report: Report, f: Finding) -> str:

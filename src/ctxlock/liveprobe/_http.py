@@ -10,8 +10,10 @@ for. Every failure is one typed error (`ctxlock.errors.LiveServerError`) naming 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import re
+import socket
 import ssl
 import time
 from collections.abc import Mapping
@@ -39,6 +41,74 @@ class HttpLimits:
     max_bytes: int = DEFAULT_MAX_BYTES
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's receiving side that stops at the call's deadline: each receive may wait only the time left, so a
+    server dripping its status line or headers a byte at a time (which `http.client` reads before any body) cannot
+    hold a call past `--timeout`."""
+
+    def __init__(self, owner: _DeadlineSocket) -> None:
+        self._owner = owner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._owner.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self._owner.sock.settimeout(left)
+        return self._owner.sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._owner.reader_closed()
+        super().close()
+
+
+class _DeadlineSocket:
+    """A connected socket whose `makefile` (what `http.client.HTTPResponse` reads from) is a `_DeadlineReader`;
+    closed, as a socket with open files is, only once its readers are (`http.client` closes the connection of a
+    `Connection: close` answer before its body is read)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+        self._readers = 0
+        self._closing = False
+
+    def makefile(self, mode: str = "r", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        self._readers += 1
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def reader_closed(self) -> None:
+        self._readers -= 1
+        if self._closing and self._readers == 0:
+            self.sock.close()
+
+    def close(self) -> None:
+        self._closing = True
+        if self._readers == 0:
+            self.sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    deadline = 0.0
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    deadline = 0.0
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
 @dataclass(frozen=True)
 class Answer:
     """A server's answer to one call: the status, the JSON body (None when the body is empty or, for an error status,
@@ -62,8 +132,13 @@ class _Origin:
 
 
 def _origin(url: str) -> _Origin:
-    parts = urlsplit(url)
     where = f"URL {url}"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed IPv6 bracket, ...
+        raise InputError(
+            f"not a URL: {exc}", path=where, hint="e.g. http://127.0.0.1:8000 or http://[::1]:8000"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InputError("not an http(s) URL", path=where, hint="e.g. http://127.0.0.1:8000")
     if parts.username is not None or parts.password is not None:
@@ -171,9 +246,13 @@ class ServerClient:
     def _connection(self, deadline: float) -> http.client.HTTPConnection:
         o = self._origin
         left = max(deadline - time.monotonic(), 0.001)
+        conn: _HTTPConnection | _HTTPSConnection
         if o.scheme == "https":
-            return http.client.HTTPSConnection(o.host, o.port, timeout=left, context=ssl.create_default_context())
-        return http.client.HTTPConnection(o.host, o.port, timeout=left)
+            conn = _HTTPSConnection(o.host, o.port, timeout=left, context=ssl.create_default_context())
+        else:
+            conn = _HTTPConnection(o.host, o.port, timeout=left)
+        conn.deadline = deadline
+        return conn
 
     def _exchange(
         self, method: str, target: str, data: bytes | None, deadline: float, route: str
@@ -185,21 +264,32 @@ class ServerClient:
             headers["Authorization"] = f"Bearer {self._token}"
         conn = self._connection(deadline)
         self.calls += 1
+        resp: http.client.HTTPResponse | None = None
         try:
             conn.request(method, target, body=data, headers=headers)
             resp = conn.getresponse()
             got = {k.lower(): v for k, v in resp.getheaders()}
-            return resp.status, got, self._read(resp, got, deadline, route, conn)
+            return resp.status, got, self._read(resp, got, deadline, route)
         except CtxlockError:
             raise
         except (OSError, http.client.HTTPException) as exc:
             if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
                 why = f"no full answer within {self.limits.timeout:g} s"
                 hint = "is the server busy? --timeout sets the seconds one call may take"
+            elif isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
+                # a status line, header or chunk http.client cannot read (RemoteDisconnected, an OSError too, is a
+                # dropped connection)
+                raise ServerAnswerError(
+                    f"the answer is not well-formed HTTP: {type(exc).__name__}: {one_line(str(exc) or repr(exc), 120)}",
+                    path=self.where(route),
+                    hint="is an HTTP server answering at this URL? The port may be another service's",
+                ) from None
             else:
                 why, hint = one_line(str(exc) or repr(exc)), "is the server running at this URL?"
             raise ServerUnreachableError(why, path=self.where(route), hint=hint) from None
         finally:
+            if resp is not None:
+                resp.close()
             conn.close()
 
     def _read(
@@ -208,7 +298,6 @@ class ServerClient:
         headers: Mapping[str, str],
         deadline: float,
         route: str,
-        conn: http.client.HTTPConnection,
     ) -> bytes:
         cap = self.limits.max_bytes
         declared = headers.get("content-length", "")
@@ -220,9 +309,7 @@ class ServerClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            if conn.sock is not None:
-                conn.sock.settimeout(left)
-            chunk = resp.read1(min(_CHUNK, cap + 1 - size))  # one receive at most: the deadline holds between them
+            chunk = resp.read1(min(_CHUNK, cap + 1 - size))  # one receive at most, within the time left
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)

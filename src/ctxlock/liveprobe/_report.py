@@ -129,6 +129,14 @@ def _shown(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _token(i: int | None, token: str | None) -> str:
+    if i is None:
+        return "the end"
+    if token is None:  # a server's id past ctxlock's vocabulary: not an empty token
+        return f"id {i}, not in ctxlock's vocabulary"
+    return f"{_shown(token)} (id {i})"
+
+
 def _group_key(r: ProbeResult) -> tuple[Any, ...]:
     d, c = r.divergence, r.cause
     where = None if d is None else (d.index, d.a_id, d.b_id)
@@ -143,8 +151,7 @@ def _divergence_lines(group: list[ProbeResult]) -> list[str]:
     out = [f"{head} on {first.route}"]
     d, c = first.divergence, first.cause
     if d is not None:
-        mine = "the end" if d.a_id is None else f"{_shown(d.a_token or '')} (id {d.a_id})"
-        theirs = "the end" if d.b_id is None else f"{_shown(d.b_token or '')} (id {d.b_id})"
+        mine, theirs = _token(d.a_id, d.a_token), _token(d.b_id, d.b_token)
         out.append(f"          first diverging token: #{d.index}: ctxlock {mine}, server {theirs}")
     if c is not None:
         out.append(f"          cause: {c.kind}: {c.detail}")

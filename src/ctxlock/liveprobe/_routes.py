@@ -264,11 +264,15 @@ class CtxlockRender(Route):
             return answer
         where = self.client.where(route)
         text = _field(answer.body, "text", where)
+        if not isinstance(text, str):  # else the report would say the route gives no text to compare
+            raise ServerAnswerError(
+                f"the answer's text is not a string: {str(text)[:40]!r}", path=where, hint="is this the route's shape?"
+            )
         template = answer.body.get("template")
         sha = template.get("sha256") if isinstance(template, dict) else None
         return ServerRender(
             ids_of(_field(answer.body, "input_ids", where), where),
-            text if isinstance(text, str) else None,
+            text,
             sha if isinstance(sha, str) else None,
         )
 

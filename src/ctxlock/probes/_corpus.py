@@ -44,6 +44,9 @@ EXERCISES = frozenset(
     }
 )
 MAX_PROBES = 1000
+# Messages in one probe: every rule renders a probe, some once per turn (lint's history-rewrite), so a probe file of
+# one endless conversation would hold a run for hours.
+MAX_MESSAGES = 1000
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,13 @@ def _probe(raw: Any, where: str, source: str) -> Probe:
     request = raw.get("request")
     if not isinstance(request, dict):
         raise InputError("request must be a chat request object", path=f"{where}.request", hint='{"messages": [...]}')
+    messages = request.get("messages")
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise InputError(
+            f"{len(messages)} messages, more than {MAX_MESSAGES}",
+            path=f"{where}.request.messages",
+            hint="a probe is one conversation a server meets: shorten it, as each is rendered many times",
+        )
     try:
         parse_request(request)
     except CtxlockError as exc:

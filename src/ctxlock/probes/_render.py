@@ -6,19 +6,24 @@ class, and the template line it names."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ctxlock.errors import CtxlockError, TemplateRaisedError
+from ctxlock.errors import CtxlockError, TemplateLimitError, TemplateRaisedError
 from ctxlock.pipeline import Pipeline
 from ctxlock.probes._corpus import Probe
 from ctxlock.template import ChatTemplate, Rendered
 
 PROBE_NOW = datetime(2025, 1, 15, 9, 30, 0, tzinfo=UTC)
 _LINE = re.compile(r"\bline (\d+)$")
+# Characters a probe's render may have beyond twice its request's: the shipped probes render to kilobytes, and a
+# template that writes megabytes for every probe would cost seconds and tens of MB per probe to tokenize and keep
+# (lint keeps every render), where the pipeline's own bound is for one request.
+MAX_RENDER_CHARS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,15 @@ def render_probe(
         )
     except CtxlockError as exc:
         return ProbeRender(probe, None, None, ProbeError.of(exc))
+    limit = MAX_RENDER_CHARS + 2 * len(json.dumps(probe.request, ensure_ascii=False))
+    if len(rendered.text) > limit:
+        too_long = TemplateLimitError(  # one message for every probe, so that a report groups them
+            f"the render is longer than a probe may render to ({MAX_RENDER_CHARS:,} characters beyond twice its "
+            "request's)",
+            path=f"probe {probe.name}: {len(rendered.text):,} characters",
+            hint="a chat template's render of a probe is kilobytes; one this long is not tokenized",
+        )
+        return ProbeRender(probe, None, None, ProbeError.of(too_long))
     ids = tuple(model.tokenize(rendered).ids) if tokenize else None
     return ProbeRender(probe, rendered, ids, None)
 

@@ -502,7 +502,29 @@ def _compile_bounded(env: jinja2.Environment, source: str) -> CodeType:
     generated = env.compile(source, raw=True)
     if len(generated) > _MAX_GENERATED:
         raise Limit(f"the template compiles to {len(generated):,} characters of code (limit {_MAX_GENERATED:,})")
-    return compile(generated, "<template>", "exec")
+    try:
+        return compile(generated, "<template>", "exec")
+    except SyntaxError as exc:
+        # jinja's code generator emits code Python refuses for some templates jinja's parser accepts: a `{% break %}`
+        # or `{% continue %}` inside a macro, a call block or a `{% generation %}` block within a loop (each is a
+        # function of its own in the generated module, where the loop's break does not reach).
+        why = exc.msg
+        if "outside loop" in why or "not properly in loop" in why:
+            why += ": a macro, call block or {% generation %} block is a function of its own, and its loop control "
+            why += "does not reach the loop around it"
+        raise jinja2.TemplateSyntaxError(why, _template_line(generated, exc.lineno)) from None
+
+
+def _template_line(generated: str, python_line: int | None) -> int:
+    """The template line of a line of jinja's generated module, from the module's `debug_info` ('tpl=py&...');
+    line 1 when it does not say."""
+    info = generated.rsplit("debug_info = '", 1)[-1].split("'", 1)[0] if "debug_info = '" in generated else ""
+    best = 1
+    for pair in filter(None, info.split("&")):
+        tpl, _, py = pair.partition("=")
+        if tpl.isdigit() and py.isdigit() and python_line is not None and int(py) <= python_line:
+            best = int(tpl)
+    return best
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,10 +17,11 @@ import fetched
 from cli_runner import run_main
 from ctxlock.errors import CtxlockError, InputError
 from ctxlock.lint import RULES, Finding, Report, Severity, lint, tag_generation, to_sarif
+from ctxlock.lint import _lint as lint_module
 from ctxlock.lint._engines import render_many
 from ctxlock.lint._rules import HISTORY_CUTS
 from ctxlock.model import Model, load
-from ctxlock.probes import Corpus, Probe, load_corpus, render_probes
+from ctxlock.probes import Corpus, Probe, ProbeError, ProbeRender, load_corpus, render_probes
 from ctxlock.probes._corpus import MAX_MESSAGES
 from ctxlock.probes._render import MAX_RENDER_CHARS
 from ctxlock.template import ChatTemplate
@@ -261,3 +262,24 @@ def test_a_bound_jinja2_meets_is_named_with_each_engine_it_was_compared_with(qwe
         "minijinja (text-generation-inference, mistral.rs) (1 probe(s))",
     ]
     assert all(m.startswith("jinja2 went over ctxlock's bounds (limit: ") for m in messages)
+
+
+def test_a_rule_stops_re_rendering_a_template_that_runs_out_of_time(
+    qwen2: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each render of a slow template costs the sandbox's time limit (5 s), and history-rewrite renders a probe twice
+    # per assistant turn: before the fix lint of such a template took 281 s on the shipped corpus (111 s after). Here
+    # the corpus's renders ran out of time (as recorded), so the rule's own renders are refused: it is not run.
+    corpus = load_corpus(only=["multi-turn", "multi-turn-system"])
+    late = ProbeError("TemplateLimitError", "the template took longer than 5 s", "slow", None)
+    monkeypatch.setattr(
+        lint_module, "render_probes", lambda *a, **k: tuple(ProbeRender(p, None, None, late) for p in corpus)
+    )
+    report = lint(qwen2, ChatTemplate(PLAIN_LOOP, id="slow"), corpus=corpus, rules=["history-rewrite"], engines=())
+    assert [(s.rule, s.reason.split(": ", 2)[-1]) for s in report.skipped] == [
+        (
+            "history-rewrite",
+            "the template ran out of render time on 2 probe render(s): the renders this rule adds were not run "
+            "(a template this slow costs its time limit on every render)",
+        )
+    ]

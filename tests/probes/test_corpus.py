@@ -219,7 +219,8 @@ def test_any_json_in_any_field_reads_or_is_an_input_error(probe_dir: Path, field
     try:
         probes = read_probes(path)
     except InputError as exc:
-        assert (exc.path or "").startswith(f"{path} $"), exc.path
+        # a JSON path, or for text that is not JSON at all (a string drawn for the whole file) its column
+        assert (exc.path or "").startswith((f"{path} $", f"{path} column ")), exc.path
         assert exc.message and exc.hint is not None
     else:
         for p in probes:

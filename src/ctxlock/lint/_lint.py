@@ -92,7 +92,7 @@ def lint(
                 findings += [f for f in checks[rule](ctx) if f.rule in chosen]
         except CtxlockError as exc:
             skipped.append(Skipped(rule, f"{type(exc).__name__}: {exc}"))
-    skipped += _unrendered(ctx, chosen)
+    skipped += [s for s in _unrendered(ctx, chosen) if s.rule not in {k.rule for k in skipped}]
     if rules is not None:
         findings = [f for f in findings if f.rule in rules]
     findings.sort(key=lambda f: (f.line or 0, -f.severity, f.rule))

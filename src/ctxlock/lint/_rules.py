@@ -5,6 +5,7 @@ public reports it comes from."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -14,7 +15,7 @@ from typing import Any
 
 from jinja2 import nodes
 
-from ctxlock.errors import CtxlockError
+from ctxlock.errors import CtxlockError, TemplateLimitError
 from ctxlock.lint import _tree as tree_of
 from ctxlock.lint._findings import Finding, Rule, Severity
 from ctxlock.pipeline import Pipeline
@@ -43,14 +44,36 @@ class Lint:
     corpus: Corpus
     renders: tuple[ProbeRender, ...]
     variables: Mapping[str, Any]
+    # the probes of the rules' own renders that ran out of time (`render`)
+    slow: list[str] = dataclasses.field(default_factory=list)
 
     def render(self, probe: Probe, *, variables: Mapping[str, Any] | None = None) -> ProbeRender:
-        return render_probe(
-            self.model, probe, self.template, variables=self.variables if variables is None else variables
-        )
+        """A rule's own render of `probe` (a variant of a corpus probe). Each render has the sandbox's time limit;
+        once `SLOW_RENDERS` renders (of the corpus and of the rules) have run out of it, a rule's further renders
+        are refused with a TemplateLimitError, so the rule is listed as not run instead of costing that limit for
+        every turn of every probe."""
+        timed_out = sum(1 for r in self.renders if _timed_out(r)) + len(self.slow)
+        if timed_out >= SLOW_RENDERS:
+            raise TemplateLimitError(
+                f"the template ran out of render time on {timed_out} probe render(s): the renders this rule adds "
+                "were not run",
+                path=f"probe {probe.name}",
+                hint="a template this slow costs its time limit on every render",
+            )
+        r = render_probe(self.model, probe, self.template, variables=self.variables if variables is None else variables)
+        if _timed_out(r):
+            self.slow.append(probe.name)
+        return r
 
     def by_name(self) -> dict[str, ProbeRender]:
         return {r.probe.name: r for r in self.renders}
+
+
+SLOW_RENDERS = 2
+
+
+def _timed_out(r: ProbeRender) -> bool:
+    return r.error is not None and r.error.type == TemplateLimitError.__name__ and "took longer than" in r.error.message
 
 
 RULES: dict[str, Rule] = {

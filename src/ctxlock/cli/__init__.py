@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "probe": ("probe",),
     "view": ("view",),
     "difftemplate": ("diff-template",),
+    "telemetry": ("export", "import"),
 }
 
 

@@ -123,11 +123,13 @@ def record_span(
 
 
 def _neutralized(data: Mapping[str, Any], tokenizer: Mapping[str, Any]) -> dict[str, AttributeValue]:
-    """How many control-token strings of the vocabulary the request's text held (each encoded as text, never as
-    the control token), and which strings: the vocabulary's own, never request text around them."""
+    """How many neutralized matches the record lists (`rendered.neutralized`: control-token strings in request text,
+    each encoded as text, never as the control token), and which of the vocabulary's control strings they were: a
+    match's text is named only when it is one of the vocabulary's added-token strings, so no request text leaves."""
     found = (data.get("rendered") or {}).get("neutralized") or []
-    names = {int(row[1]): str(row[0]) for row in tokenizer.get("added_tokens") or [] if len(row) >= 2}
-    strings = sorted({names.get(int(row[2]), f"<id {row[2]}>") for row in found})
+    text = (data.get("rendered") or {}).get("text") or ""
+    vocabulary = {str(row[0]) for row in tokenizer.get("added_tokens") or [] if row}
+    strings = sorted({text[int(row[0]) : int(row[1])] for row in found} & vocabulary)
     out: dict[str, AttributeValue] = {c.NEUTRALIZED_COUNT: len(found)}
     if strings:
         out[c.NEUTRALIZED_TOKENS] = strings

@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "probe": ("probe",),
     "view": ("view",),
     "difftemplate": ("diff-template",),
+    "telemetry": ("export", "import"),
 }
 
 

@@ -70,9 +70,9 @@ test: $(VENV)/.installed-test fetch chromium llama-server ## everything CI runs:
 	$(VENV)/bin/mypy
 	$(MAKE) --no-print-directory docs
 	# The whole suite (tests/, and every example of README.md and docs/) on both cores; a test file stays on one.
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 	# The conformance, injection and mistral-common suites again with every fast path off (the reference path).
-	CTXLOCK_FAST=0 $(PY) -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests/template/test_conformance.py \
+	CTXLOCK_FAST=0 $(PY) -m pytest -q -n 2 --dist loadfile --durations=30 -p no:cacheprovider tests/template/test_conformance.py \
 		tests/template/test_injection.py tests/template/test_mistral_parity.py
 
 # The inner loop: lint, layers and the fast tier of the suite (the files in tests/fast_tier.txt, collected alone:

@@ -20,7 +20,7 @@ import pytest
 from planted import QWEN, expected_divergences, revision
 
 import fetched
-from cli_runner import run_cli
+from cli_runner import run_main
 from ctxlock.artifacts import load_template_file
 from ctxlock.liveprobe import ProbeReport, Verdict, probe_server, read_manifest
 from ctxlock.model import Model, load
@@ -92,6 +92,15 @@ def probe(url: str, model: Model, template: Path, shape: str, served: str, **kw:
     return probe_server(
         url, model, template=load_template_file(template), kind=kind, served_model=served, token=TOKEN, **kw
     )
+
+
+def probe_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
+    """`ctxlock probe ARGS` in this process (exit status, stdout, stderr), the token from $CTXLOCK_PROBE_TOKEN: the
+    command's reports and statuses; the real `python -m ctxlock probe` (its exit status and stderr as a user sees
+    them) runs in tests/liveprobe/test_probe_llama_server.py and in docs/live-probe.md's examples."""
+    for name, value in (("CTXLOCK_PROBE_TOKEN", TOKEN), ("NO_COLOR", "1"), ("COLUMNS", "200")):
+        monkeypatch.setenv(name, value)
+    return run_main(["probe", *args])
 
 
 def verdicts(report: ProbeReport) -> dict[str, str]:
@@ -166,15 +175,16 @@ def test_the_planted_revision_is_named_at_the_right_token(
     assert set(recorded) == {r.probe for r in report.divergences}  # one record per diverging probe
 
 
-def test_the_record_of_a_divergence_replays_ctxlocks_side(server: str, qwen: Model, tmp_path: Path) -> None:
+def test_the_record_of_a_divergence_replays_ctxlocks_side(
+    server: str, qwen: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = tmp_path / "store"
-    out = run_cli(
-        "probe", server, "--model", str(fetched.gguf_path("qwen2")), "--template", str(QWEN),
+    code, out, err = probe_cli(
+        monkeypatch, server, "--model", str(fetched.gguf_path("qwen2")), "--template", str(QWEN),
         "--served-model", "qwenrev", "--only", "user", "--only", "system", "--store", str(store), "--json",
-        env={"CTXLOCK_PROBE_TOKEN": TOKEN},
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr  # a divergence is a report, not a failure, without --fail-on-diff
-    report = json.loads(out.stdout)
+    assert code == 0, err  # a divergence is a report, not a failure, without --fail-on-diff
+    report = json.loads(out)
     assert report["counts"] == {"agree": 1, "both refuse": 0, "diverge": 1, "not sent": 0}
     (div,) = [r for r in report["results"] if r["verdict"] == "diverge"]
     assert div["probe"] == "user" and div["divergence"]["index"] == 17
@@ -184,15 +194,14 @@ def test_the_record_of_a_divergence_replays_ctxlocks_side(server: str, qwen: Mod
     assert rec.data["replay"]["template_sha256"] == load_template_file(QWEN).sha256
 
 
-def test_fail_on_diff_is_a_ci_gate(server: str, tmp_path: Path) -> None:
-    args = ["probe", server, "--model", str(fetched.gguf_path("qwen2")), "--template", str(QWEN), "--only", "user"]
-    env = {"CTXLOCK_PROBE_TOKEN": TOKEN}
-    same = run_cli(*args, "--fail-on-diff", env=env)
-    assert same.returncode == 0, same.stderr
-    assert same.stdout.splitlines()[-1] == "result    1 of 1 agree, 0 diverge"
-    planted_ = run_cli(*args, "--served-model", "qwenrev", "--fail-on-diff", "--no-record", env=env)
-    assert planted_.returncode == 1 and planted_.stderr == ""
-    lines = planted_.stdout.splitlines()
+def test_fail_on_diff_is_a_ci_gate(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [server, "--model", str(fetched.gguf_path("qwen2")), "--template", str(QWEN), "--only", "user"]
+    code, out, err = probe_cli(monkeypatch, *args, "--fail-on-diff")
+    assert code == 0, err
+    assert out.splitlines()[-1] == "result    1 of 1 agree, 0 diverge"
+    code, out, err = probe_cli(monkeypatch, *args, "--served-model", "qwenrev", "--fail-on-diff", "--no-record")
+    assert code == 1 and err == ""
+    lines = out.splitlines()
     assert "DIVERGE   user on POST /v1/render (ctxlock's own)" in lines
     assert any(line.startswith("          first diverging token: #17: ctxlock ") for line in lines)
     assert not any("record" in line for line in lines)  # --no-record
@@ -206,7 +215,9 @@ def test_the_tokenizer_is_named_when_the_texts_agree(server: str, llama_bpe: Mod
     assert r.divergence is not None and r.divergence.index == 0
 
 
-def test_a_manifest_against_what_the_server_serves(server: str, qwen: Model, tmp_path: Path) -> None:
+def test_a_manifest_against_what_the_server_serves(
+    server: str, qwen: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     original = load_template_file(QWEN).sha256
     # As ctxlock batch writes it: the model's templates by name, and the tokenizer's digest.
     batch = tmp_path / "manifest.json"
@@ -229,17 +240,9 @@ def test_a_manifest_against_what_the_server_serves(server: str, qwen: Model, tmp
     llama = probe_server(server, None, kind="llamacpp", served_model="qwen", token=TOKEN, manifest=manifest)
     assert llama.manifest is not None and llama.manifest.checks[0].status == "not checked"
     assert llama.manifest.checks[0].detail == "the server answers no GET /props"
-    out = run_cli(
-        "probe",
-        server,
-        "--served-model",
-        "qwenrev",
-        "--manifest",
-        str(batch),
-        "--fail-on-diff",
-        env={"CTXLOCK_PROBE_TOKEN": TOKEN},
-    )
-    assert out.returncode == 1 and "template: differs" in out.stdout
+    args = [server, "--served-model", "qwenrev", "--manifest", str(batch), "--fail-on-diff"]
+    code, out, _ = probe_cli(monkeypatch, *args)
+    assert code == 1 and "template: differs" in out
 
 
 @pytest.mark.parametrize("shape", ["ctxlock", "llamacpp"])

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 import fetched
-from ctxlock.settings import fast_path
 from ctxlock.tokenizer import _fastbpe as fastbpe
 from ctxlock.tokenizer.backends._hf import HFTokenizer
 from hypothesis_profiles import examples
@@ -28,9 +27,16 @@ MUST_BE_FAST = ("gguf:qwen2", "gguf:llama-bpe", "gguf:gpt-2", "hf:qwen2", "hf:ll
 pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
 RUN_BY = "key"  # vocabulary by vocabulary (tests/conftest.py), each loaded once (tests/vocabularies.py)
 
-with fast_path():  # which vocabularies take it, whatever CTXLOCK_FAST says at collection
-    FAST = sorted(k for k, t in TOKENIZERS.items() if t.engine == "tiktoken")
-    REFUSED = sorted(k for k, t in TOKENIZERS.items() if t.engine != "tiktoken")
+# Which vocabularies take the fast path (the engine ctxlock chooses with it on), and the sweep's vocabularies (one,
+# the smallest, per distinct split pattern: the split is independent of the vocabulary): written out, not computed
+# at collection, where choosing every vocabulary's engine cost each test process about 10 s of CPU (and choosing the
+# sweep's built the fast encoders too). `test_verdicts` computes both, in its one pass over the vocabularies, and
+# fails with the lists to write here when they change.
+FAST = [
+    "gguf:aquila", "gguf:gpt-2", "gguf:gpt-neox", "gguf:llama-bpe", "gguf:mpt", "gguf:qwen2", "gguf:qwen35",
+    "hf:deepseek-llm", "hf:llama-bpe", "hf:qwen2", "hf:qwen35",
+]  # fmt: skip
+SWEEP_KEYS = ["gguf:gpt-2", "gguf:llama-bpe", "gguf:qwen2", "gguf:qwen35"]
 
 
 def reference(tok: HFTokenizer, text: str) -> list[int]:
@@ -49,15 +55,26 @@ def fast_ids(tok: HFTokenizer, text: str) -> list[int]:
 
 
 def test_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    engines: dict[str, tuple[str, str]] = {}
+    splits: list[tuple[int, str, str]] = []  # (vocabulary size, key, split pattern) of the fast ones
     with capsys.disabled():
         print()
-        for key, tok in sorted(TOKENIZERS.items()):
+        for key, tok in sorted(TOKENIZERS.items()):  # each vocabulary loaded once
             print(f"  {key:22} {tok.engine:10} {tok.engine_reason}")
+            engines[key] = (tok.engine, tok.engine_reason)
+            if tok.engine == "tiktoken":
+                splits.append((tok.vocab_size, key, tok._choose_engine()[2].verdict.pattern))
+    fast = sorted(k for k, (engine, _) in engines.items() if engine == "tiktoken")
+    assert fast == FAST, f"the vocabularies on the fast path are now FAST = {fast}"
+    seen: dict[str, str] = {}
+    for _, key, pattern in sorted(splits, key=lambda s: s[0]):  # the smallest first, ties in key order
+        seen.setdefault(pattern, key)
+    assert sorted(seen.values()) == SWEEP_KEYS, f"one per split pattern is now SWEEP_KEYS = {sorted(seen.values())}"
     for key in MUST_BE_FAST:
-        assert TOKENIZERS[key].engine == "tiktoken", f"{key}: {TOKENIZERS[key].engine_reason}"
+        assert engines[key][0] == "tiktoken", f"{key}: {engines[key][1]}"
     assert {"gguf:qwen35", "gguf:aquila", "gguf:mpt", "gguf:gpt-neox", "hf:qwen35"} <= set(FAST)
     # Refusals name the failed condition, specifically.
-    reasons = {k: TOKENIZERS[k].engine_reason for k in REFUSED}
+    reasons = {k: reason for k, (engine, reason) in engines.items() if engine != "tiktoken"}
     assert reasons["gguf:phi-3"] == "normalizer Sequence[Prepend, Replace] is not supported"
     assert reasons["gguf:falcon"] == (
         "pre-tokenizer Sequence[Punctuation, ByteLevel, Digits, Split] is not Sequence[Split, ByteLevel]"
@@ -125,14 +142,6 @@ SWEEP = [
 ]
 
 
-def _sweep_keys() -> list[str]:
-    # The split is independent of the vocabulary: one (the smallest) vocabulary per distinct split pattern.
-    seen: dict[str, str] = {}
-    for key in sorted(FAST, key=lambda k: TOKENIZERS[k].vocab_size):
-        seen.setdefault(TOKENIZERS[key]._choose_engine()[2].verdict.pattern, key)
-    return sorted(seen.values())
-
-
 def test_nfc_inert_text_is_left_alone_by_tokenizers_nfc() -> None:
     # The fast path skips NFC on text made only of NFC-inert characters: tokenizers' own NFC must agree.
     import tokenizers
@@ -148,7 +157,7 @@ def test_nfc_inert_text_is_left_alone_by_tokenizers_nfc() -> None:
         assert not fastbpe.nfc_inert(text)
 
 
-@pytest.mark.parametrize("key", _sweep_keys())
+@pytest.mark.parametrize("key", SWEEP_KEYS)
 def test_every_code_point_in_context(key: str) -> None:
     tok = TOKENIZERS[key]
     block = 1 << 14

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +23,7 @@ from ctxlock.economics import parse_usage
 from ctxlock.errors import TelemetryError
 from ctxlock.telemetry import GEN_AI_NAMES, SCHEMA_URL, SEMCONV_PACKAGE, SEMCONV_VERSION, read_traces
 from hypothesis_profiles import examples
+from otlp_receiver import attrs, receiver
 
 TURNS = [
     [{"role": "system", "content": "You are terse. <bos>"}, {"role": "user", "content": "Why is the sky blue?"}],
@@ -64,58 +63,24 @@ def test_attribute_names_are_the_pinned_conventions() -> None:
     assert gen_ai_attributes.GenAiOperationNameValues.CHAT.value == "chat"
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[tuple[str, str, bytes]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).bodies.append((self.path, self.headers["Content-Type"], body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def _attrs(pairs: Any) -> dict[str, Any]:
-    out = {}
-    for kv in pairs:
-        v = kv.value
-        kind = v.WhichOneof("value")
-        out[kv.key] = (
-            [getattr(x, x.WhichOneof("value")) for x in v.array_value.values]
-            if kind == "array_value"
-            else (getattr(v, kind))
-        )
-    return out
-
-
 def test_endpoint_gets_genai_spans_without_content(session: tuple[Path, Path, list[str]]) -> None:
     _, store, ids = session
-    server = HTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    with receiver() as got:
         ok(["export", "--otel", *ids, "--store", str(store), "--provider", "vllm", "--model", "book",
-            "--endpoint", url])  # fmt: skip
-    finally:
-        server.shutdown()
-        server.server_close()
-    ((path, ctype, body),) = _Receiver.bodies
+            "--endpoint", got.url])  # fmt: skip
+    ((path, ctype, body),) = got.bodies
     assert (path, ctype) == ("/v1/traces", "application/x-protobuf")
     assert b"sky" not in body and b"terse" not in body  # no message text leaves without --content
     request = ExportTraceServiceRequest.FromString(body)
     (rs,) = request.resource_spans
-    assert _attrs(rs.resource.attributes)["ctxlock.semconv.version"] == SEMCONV_VERSION
+    assert attrs(rs.resource.attributes)["ctxlock.semconv.version"] == SEMCONV_VERSION
     (ss,) = rs.scope_spans
     assert ss.scope.name == "ctxlock" and ss.schema_url == SCHEMA_URL
     spans = list(ss.spans)
     assert [s.name for s in spans] == ["chat book", "chat book"]
     assert {s.kind for s in spans} == {3}  # SPAN_KIND_CLIENT
     assert len({s.trace_id for s in spans}) == 1
-    first, second = (_attrs(s.attributes) for s in spans)
+    first, second = (attrs(s.attributes) for s in spans)
     g = gen_ai_attributes
     assert first[g.GEN_AI_OPERATION_NAME] == "chat" and first[g.GEN_AI_PROVIDER_NAME] == "vllm"
     assert first[g.GEN_AI_REQUEST_MODEL] == "book"

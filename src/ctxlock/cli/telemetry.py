@@ -18,6 +18,7 @@ from ctxlock.cli.files import open_output
 from ctxlock.cli.output import guarded, print_json
 from ctxlock.cli.records import open_store, record_at
 from ctxlock.cli.render import JsonOpt, ModelOpt, StoreOpt
+from ctxlock.economics._session import cache_report
 from ctxlock.errors import CtxlockError, UsageError
 from ctxlock.model._model import load
 from ctxlock.outside._files import read_input
@@ -68,7 +69,7 @@ def _export(
     session = read_records([r.id for r in records], store_dir)
     caches: list[CacheFigures | None] = [None] * len(records)
     if provider is not None:
-        caches = list(cache_figures(load(model), session, provider))
+        caches = list(cache_figures(cache_report(load(model), session, provider, options={}), provider))
     trace_id = trace_id_for([r.id for r in records])
     specs = []
     for turn, (record, (request, _, _), cache) in enumerate(zip(records, session, caches, strict=True)):

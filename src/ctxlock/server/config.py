@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxlock.economics._promptcache import PROVIDERS as CACHE_PROVIDERS
 from ctxlock.errors import ServeConfigError
 
 TOKENS_ENV = "CTXLOCK_SERVE_TOKENS"
@@ -224,13 +225,10 @@ def _otel(server: dict[str, Any], store: str | None) -> OtelConfig | None:
             hint="set server.store",
         )
     provider = server.get("otel_provider")
-    if provider is not None:
-        from ctxlock.telemetry import CACHE_PROVIDERS  # the names only; the SDK is imported when the server starts
-
-        if _typed(provider, str, "server.otel_provider") not in CACHE_PROVIDERS:
-            raise ServeConfigError(
-                f"unknown provider {provider!r}", path="server.otel_provider", hint=" or ".join(CACHE_PROVIDERS)
-            )
+    if provider is not None and _typed(provider, str, "server.otel_provider") not in CACHE_PROVIDERS:
+        raise ServeConfigError(
+            f"unknown provider {provider!r}", path="server.otel_provider", hint=" or ".join(CACHE_PROVIDERS)
+        )
     timeout = _typed(server.get("otel_timeout_seconds", 10.0), float, "server.otel_timeout_seconds")
     if not (timeout > 0 and math.isfinite(timeout)):
         raise ServeConfigError("otel_timeout_seconds must be positive and finite", path="server.otel_timeout_seconds")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxlock import __version__
+from ctxlock.economics._session import cache_report
 from ctxlock.errors import CtxlockError, ServeConfigError, TelemetryError
 from ctxlock.outside._json import Utf8Policy, decode_bytes, loads_strict
 from ctxlock.records import ExecutionRecord
@@ -63,7 +64,8 @@ def span_builder(
                 counts, note = part_counts(record, request, sm.model, template)
             cache = None
             if config.provider is not None and isinstance(request, dict):
-                (cache,) = cache_figures(sm.model, [(request, None, None)], config.provider, options=sm.option_kwargs())
+                run = cache_report(sm.model, [(request, None, None)], config.provider, options=sm.option_kwargs())
+                (cache,) = cache_figures(run, config.provider)
             return record_span(
                 rid,
                 data,

@@ -10,13 +10,12 @@ them to an OTLP/HTTP endpoint and `otlp_json` prints them as OTLP JSON (the SDK 
 
 from ctxlock.telemetry._conventions import GEN_AI_NAMES, SCHEMA_URL, SEMCONV_PACKAGE, SEMCONV_VERSION
 from ctxlock.telemetry._export import otlp_json, sdk_spans, send
-from ctxlock.telemetry._figures import CACHE_PROVIDERS, cache_figures, part_counts
+from ctxlock.telemetry._figures import cache_figures, part_counts
 from ctxlock.telemetry._import import MAX_SPANS, Imported, Turn, read_traces
 from ctxlock.telemetry._spans import CacheFigures, SpanSpec, content_attributes, ids_sha256, record_span, trace_id_for
 from ctxlock.telemetry._stream import REASONS, SpanStream, StreamStats
 
 __all__ = [
-    "CACHE_PROVIDERS",
     "GEN_AI_NAMES",
     "MAX_SPANS",
     "REASONS",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,16 @@ from opentelemetry.semconv.version import __version__ as semconv_package_version
 from cli_runner import run_main
 from ctxlock.economics import parse_usage
 from ctxlock.errors import TelemetryError
-from ctxlock.telemetry import GEN_AI_NAMES, SCHEMA_URL, SEMCONV_PACKAGE, SEMCONV_VERSION, read_traces
+from ctxlock.telemetry import (
+    GEN_AI_NAMES,
+    REASONS,
+    SCHEMA_URL,
+    SEMCONV_PACKAGE,
+    SEMCONV_VERSION,
+    SpanSpec,
+    SpanStream,
+    read_traces,
+)
 from hypothesis_profiles import examples
 from otlp_receiver import attrs, receiver
 
@@ -261,3 +271,37 @@ def test_any_value_anywhere_is_a_session_or_a_telemetry_error(data: st.DataObjec
         assert exc.path and exc.path.startswith("fuzz.json")
     else:
         assert all(isinstance(t.request, dict) for t in got.turns)
+
+
+def test_a_span_stream_accounts_for_every_span() -> None:
+    """SpanStream (what `ctxlock serve` sends with): a span the endpoint took, one whose builder failed, one submitted
+    while the queue was full, and two the endpoint (gone) did not take: each counted once, by reason."""
+    spec = SpanSpec("chat m", 1, 1, trace_id=1, span_id=1, attributes={"gen_ai.operation.name": "chat"})
+
+    def broken() -> SpanSpec:
+        raise RuntimeError("not a record")
+
+    with receiver() as got:
+        stream = SpanStream(got.url, version="t", timeout=1.0, queue_size=2)
+        assert stream.submit(lambda: spec) and stream.submit(broken)
+        stats = stream.close(timeout=5.0)
+    assert len(got.spans()) == stats.exported == 1
+    assert stats.dropped == {**dict.fromkeys(REASONS, 0), "build_failed": 1} and stats.pending == 0
+    with receiver() as gone:
+        url = gone.url  # nothing listens there any more
+    stream = SpanStream(url, version="t", timeout=0.5, queue_size=1)
+    started, hold = threading.Event(), threading.Event()
+
+    def held() -> SpanSpec:
+        started.set()
+        hold.wait(5)
+        return spec
+
+    assert stream.submit(held)
+    assert started.wait(5)  # the stream's thread holds it: the queue is empty again
+    assert stream.submit(lambda: spec)  # the queue's one place
+    assert not stream.submit(lambda: spec)  # full: dropped, and counted
+    hold.set()
+    stats = stream.close(timeout=8.0)
+    assert stats.exported == 0 and stats.pending == 0
+    assert stats.dropped == {**dict.fromkeys(REASONS, 0), "queue_full": 1, "export_failed": 2}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -69,6 +70,7 @@ class SpanStream:
         self._last_log: dict[str, float] = {}
         self._builders: queue.Queue[Callable[[], SpanSpec] | None] = queue.Queue(maxsize=queue_size)
         self._closing = False
+        self._deadline = math.inf  # `close`'s: past it, the thread stops waiting for room
         self._closed = False  # after close: the thread, if still running, counts nothing more
         stream = self
 
@@ -128,6 +130,7 @@ class SpanStream:
         deadline = time.monotonic() + timeout
         with self._lock:
             self._closing = True
+            self._deadline = deadline
             self._lock.notify_all()
         with contextlib.suppress(queue.Full):  # the thread is draining the queue: a slot frees soon
             self._builders.put(None, timeout=max(0.0, deadline - time.monotonic()))
@@ -154,11 +157,11 @@ class SpanStream:
             build = self._builders.get()
             if build is None:
                 return
-            with self._lock:  # room in the processor's queue, or the stream closing and out of time
-                while self._handed - self._settled >= self._queue_size and not self._closing:
+            with self._lock:  # room in the processor's queue, or `close` out of time
+                while self._handed - self._settled >= self._queue_size and time.monotonic() < self._deadline:
                     self._lock.wait(0.5)
                 if self._handed - self._settled >= self._queue_size:
-                    continue  # closing, the processor full: counted as `shutdown` by close
+                    continue  # closed, the processor still full: counted as `shutdown` by close
             try:
                 (span,) = sdk_spans([build()], version=self._version)
             except Exception:  # a record that cannot be a span: counted and logged, the server unaffected

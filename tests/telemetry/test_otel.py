@@ -8,9 +8,8 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,8 +22,18 @@ from opentelemetry.semconv.version import __version__ as semconv_package_version
 from cli_runner import run_main
 from ctxlock.economics import parse_usage
 from ctxlock.errors import TelemetryError
-from ctxlock.telemetry import GEN_AI_NAMES, SCHEMA_URL, SEMCONV_PACKAGE, SEMCONV_VERSION, read_traces
+from ctxlock.telemetry import (
+    GEN_AI_NAMES,
+    REASONS,
+    SCHEMA_URL,
+    SEMCONV_PACKAGE,
+    SEMCONV_VERSION,
+    SpanSpec,
+    SpanStream,
+    read_traces,
+)
 from hypothesis_profiles import examples
+from otlp_receiver import attrs, receiver
 
 TURNS = [
     [{"role": "system", "content": "You are terse. <bos>"}, {"role": "user", "content": "Why is the sky blue?"}],
@@ -64,58 +73,24 @@ def test_attribute_names_are_the_pinned_conventions() -> None:
     assert gen_ai_attributes.GenAiOperationNameValues.CHAT.value == "chat"
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[tuple[str, str, bytes]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).bodies.append((self.path, self.headers["Content-Type"], body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def _attrs(pairs: Any) -> dict[str, Any]:
-    out = {}
-    for kv in pairs:
-        v = kv.value
-        kind = v.WhichOneof("value")
-        out[kv.key] = (
-            [getattr(x, x.WhichOneof("value")) for x in v.array_value.values]
-            if kind == "array_value"
-            else (getattr(v, kind))
-        )
-    return out
-
-
 def test_endpoint_gets_genai_spans_without_content(session: tuple[Path, Path, list[str]]) -> None:
     _, store, ids = session
-    server = HTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    with receiver() as got:
         ok(["export", "--otel", *ids, "--store", str(store), "--provider", "vllm", "--model", "book",
-            "--endpoint", url])  # fmt: skip
-    finally:
-        server.shutdown()
-        server.server_close()
-    ((path, ctype, body),) = _Receiver.bodies
+            "--endpoint", got.url])  # fmt: skip
+    ((path, ctype, body),) = got.bodies
     assert (path, ctype) == ("/v1/traces", "application/x-protobuf")
     assert b"sky" not in body and b"terse" not in body  # no message text leaves without --content
     request = ExportTraceServiceRequest.FromString(body)
     (rs,) = request.resource_spans
-    assert _attrs(rs.resource.attributes)["ctxlock.semconv.version"] == SEMCONV_VERSION
+    assert attrs(rs.resource.attributes)["ctxlock.semconv.version"] == SEMCONV_VERSION
     (ss,) = rs.scope_spans
     assert ss.scope.name == "ctxlock" and ss.schema_url == SCHEMA_URL
     spans = list(ss.spans)
     assert [s.name for s in spans] == ["chat book", "chat book"]
     assert {s.kind for s in spans} == {3}  # SPAN_KIND_CLIENT
     assert len({s.trace_id for s in spans}) == 1
-    first, second = (_attrs(s.attributes) for s in spans)
+    first, second = (attrs(s.attributes) for s in spans)
     g = gen_ai_attributes
     assert first[g.GEN_AI_OPERATION_NAME] == "chat" and first[g.GEN_AI_PROVIDER_NAME] == "vllm"
     assert first[g.GEN_AI_REQUEST_MODEL] == "book"
@@ -296,3 +271,37 @@ def test_any_value_anywhere_is_a_session_or_a_telemetry_error(data: st.DataObjec
         assert exc.path and exc.path.startswith("fuzz.json")
     else:
         assert all(isinstance(t.request, dict) for t in got.turns)
+
+
+def test_a_span_stream_accounts_for_every_span() -> None:
+    """SpanStream (what `ctxlock serve` sends with): a span the endpoint took, one whose builder failed, one submitted
+    while the queue was full, and two the endpoint (gone) did not take: each counted once, by reason."""
+    spec = SpanSpec("chat m", 1, 1, trace_id=1, span_id=1, attributes={"gen_ai.operation.name": "chat"})
+
+    def broken() -> SpanSpec:
+        raise RuntimeError("not a record")
+
+    with receiver() as got:
+        stream = SpanStream(got.url, version="t", timeout=1.0, queue_size=2)
+        assert stream.submit(lambda: spec) and stream.submit(broken)
+        stats = stream.close(timeout=5.0)
+    assert len(got.spans()) == stats.exported == 1
+    assert stats.dropped == {**dict.fromkeys(REASONS, 0), "build_failed": 1} and stats.pending == 0
+    with receiver() as gone:
+        url = gone.url  # nothing listens there any more
+    stream = SpanStream(url, version="t", timeout=0.5, queue_size=1)
+    started, hold = threading.Event(), threading.Event()
+
+    def held() -> SpanSpec:
+        started.set()
+        hold.wait(5)
+        return spec
+
+    assert stream.submit(held)
+    assert started.wait(5)  # the stream's thread holds it: the queue is empty again
+    assert stream.submit(lambda: spec)  # the queue's one place
+    assert not stream.submit(lambda: spec)  # full: dropped, and counted
+    hold.set()
+    stats = stream.close(timeout=8.0)
+    assert stats.exported == 0 and stats.pending == 0
+    assert stats.dropped == {**dict.fromkeys(REASONS, 0), "queue_full": 1, "export_failed": 2}

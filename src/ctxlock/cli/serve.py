@@ -26,7 +26,8 @@ def serve(
         Path | None,
         typer.Option(
             "--config",
-            help="ctxlock.toml: the models by name, the record store, the limits and the bearer tokens. "
+            help="ctxlock.toml: the models by name, the record store, the limits, the bearer tokens and where each "
+            "record goes as an OpenTelemetry span (server.otel_endpoint, docs/telemetry.md). "
             "Without it: the embedded default model, no store, tokens only from $CTXLOCK_SERVE_TOKENS.",
         ),
     ] = None,

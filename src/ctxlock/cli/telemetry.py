@@ -7,14 +7,12 @@ from __future__ import annotations
 import io
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ctxlock import __version__
-from ctxlock.accounting import count
 from ctxlock.cli.cachereport import read_records, record_ids
 from ctxlock.cli.files import open_output
 from ctxlock.cli.output import guarded, print_json
@@ -25,21 +23,22 @@ from ctxlock.errors import CtxlockError, UsageError
 from ctxlock.model._model import load
 from ctxlock.outside._files import read_input
 from ctxlock.records import ExecutionRecord, Store
-from ctxlock.records._replay import materialized, record_values, recorded_request
+from ctxlock.records._replay import materialized, record_values
 from ctxlock.telemetry import (
     SEMCONV_PACKAGE,
     SEMCONV_VERSION,
     CacheFigures,
     Imported,
     SpanSpec,
+    cache_figures,
     otlp_json,
+    part_counts,
     read_traces,
     record_span,
     sdk_spans,
     send,
     trace_id_for,
 )
-from ctxlock.template import RenderOptions
 
 OtelOpt = Annotated[
     bool,
@@ -48,19 +47,13 @@ OtelOpt = Annotated[
 
 
 def _counts(record: ExecutionRecord, store: Store, request: Any) -> tuple[list[tuple[str, int]] | None, str | None]:
-    """Each part's tokens (ctxlock.accounting.count) on the record's own model, rebuilt from the store as replay
-    rebuilds it; none, with the reason, when the count does not give the record's ids."""
-    _, options = recorded_request(record)
+    """Each part's tokens on the record's own model, rebuilt from the store as replay rebuilds it; none, with the
+    reason, when the model cannot be rebuilt or the count does not give the record's ids."""
     try:
         with materialized(record, store) as (model, template):
-            render = RenderOptions.from_record(options.to_dict(), template=template)
-            kwargs = {f.name: getattr(render, f.name) for f in fields(render) if getattr(render, f.name) is not None}
-            counted = count(model, request, **kwargs)
+            return part_counts(record, request, model, template)
     except CtxlockError as exc:
         return None, f"per-part counts not given: {exc}"
-    if counted.total != len(record.data.get("input_ids") or []):
-        return None, f"per-part counts not given: the count gave {counted.total} tokens, the record holds others"
-    return [(p.part, p.tokens) for p in counted.parts], None
 
 
 def _export(
@@ -76,10 +69,7 @@ def _export(
     session = read_records([r.id for r in records], store_dir)
     caches: list[CacheFigures | None] = [None] * len(records)
     if provider is not None:
-        run = cache_report(load(model), session, provider, options={})
-        for i, t in enumerate(run.reports):
-            kind, text = (t.buster.kind, t.buster.message) if t.buster is not None else (None, None)
-            caches[i] = CacheFigures(provider, t.split.cache_read, t.split.cache_write, kind, text)
+        caches = list(cache_figures(cache_report(load(model), session, provider, options={}), provider))
     trace_id = trace_id_for([r.id for r in records])
     specs = []
     for turn, (record, (request, _, _), cache) in enumerate(zip(records, session, caches, strict=True)):

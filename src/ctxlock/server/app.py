@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,10 @@ from ctxlock.request import Utf8Policy
 from ctxlock.server import shapes
 from ctxlock.server.config import ServeConfig, load_config
 from ctxlock.server.edge import Edge, as_ctxlock_error, error_body
-from ctxlock.server.metrics import Metrics
+from ctxlock.server.metrics import Metrics, otel_lines
 from ctxlock.server.models import Models, ServedModel
 from ctxlock.server.openapi import openapi_document
+from ctxlock.server.otel import otel_stream, otel_summary, span_builder
 from ctxlock.server.pool import Pool
 from ctxlock.tokenizer import Tokenizer
 
@@ -56,10 +58,12 @@ _RECORD_ID = re.compile(r"[0-9a-f]{4,64}")
 
 
 class Service:
-    """What the routes share: the config, the loaded models, the pool and the metrics."""
+    """What the routes share: the config, the loaded models, the pool, the metrics and the span stream."""
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
+        # First: a server configured to export spans without the `otel` extra is refused before a model loads.
+        self.spans = otel_stream(config.otel)
         self.models = Models(config)
         lim = config.limits
         self.pool = Pool(lim.pool_size, lim.queue_depth, lim.render_deadline_seconds)
@@ -237,6 +241,10 @@ def render(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
                 used = sm.model.templates.select(None)
             with store:
                 rid = save(store, sm.model, rec, used)
+            if svc.spans is not None:
+                svc.spans.submit(
+                    span_builder(sm, rid, rec, used, svc.config.otel)
+                )  # never waits: a full queue drops it
             if error is not None:
                 raise error
             out = {**run_to_dict(sm.model, result), "record_id": rid}
@@ -489,6 +497,8 @@ async def healthz(_request: Request) -> Response:
 def metrics_route(svc: Service) -> Callable:
     async def endpoint(_request: Request) -> Response:
         text = svc.metrics.render(caches.cache_info(), in_flight=svc.pool.admitted)
+        if svc.spans is not None:
+            text += "\n".join(otel_lines(svc.spans.stats())) + "\n"
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return endpoint
@@ -558,6 +568,9 @@ def lifespan(svc: Service) -> Callable:
         yield
         # uvicorn has drained the in-flight requests (their records are committed before they answer).
         svc.pool.shutdown()
+        if svc.spans is not None and svc.config.otel is not None:  # their spans are sent (flushed) before the exit
+            stats = svc.spans.close(timeout=svc.config.otel.timeout_seconds + 5.0)
+            print(f"ctxlock serve: {otel_summary(stats)}", file=sys.stderr)
 
     return span
 

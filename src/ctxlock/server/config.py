@@ -6,6 +6,11 @@
     allow_named_templates = false     # a request's `chat_template` may name one of the model's templates
     prices = "prices.json"            # a price table (LiteLLM's format) for /v1/cache-report's costs
     fallback_model = "nemo"           # off unless set: a peer route's body naming an unknown model gets this one
+    otel_endpoint = "http://127.0.0.1:4318/v1/traces"  # off unless set (needs store): each record as a GenAI span
+    otel_content = false              # true: the spans carry the messages, the request and the record
+    otel_provider = "vllm"            # optional: the cache attributes under this provider's rule
+    otel_timeout_seconds = 10.0       # one export's allowance, the exporter's retries included
+    otel_queue_size = 2048            # spans waiting to be built or sent; one more is dropped (and counted)
 
     [limits]
     max_body_bytes = 1048576
@@ -37,12 +42,14 @@ A request names a model by its configured name only: never a path, a template bo
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxlock.economics._promptcache import PROVIDERS as CACHE_PROVIDERS
 from ctxlock.errors import ServeConfigError
 
 TOKENS_ENV = "CTXLOCK_SERVE_TOKENS"
@@ -67,7 +74,20 @@ _LIMIT_KEYS = {
     "view_page_tokens": (int, 2000),
 }
 _MODEL_KEYS = {"spec", "template", "templates", "max_model_len", "budget"}
-_SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices", "fallback_model"}
+_OTEL_KEYS = {"otel_endpoint", "otel_content", "otel_provider", "otel_timeout_seconds", "otel_queue_size"}
+_SERVER_KEYS = {"store", "tokens", "allow_named_templates", "prices", "fallback_model", *_OTEL_KEYS}
+_MAX_QUEUE = 1 << 20
+
+
+@dataclass(frozen=True)
+class OtelConfig:
+    """`server.otel_*`: where each new record goes as an OpenTelemetry GenAI span (docs/telemetry.md)."""
+
+    endpoint: str
+    content: bool = False
+    provider: str | None = None
+    timeout_seconds: float = 10.0
+    queue_size: int = 2048
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,7 @@ class ServeConfig:
     allow_named_templates: bool = False
     prices: str | None = None  # a price table file (LiteLLM's format) for /v1/cache-report
     fallback_model: str | None = None  # the served name answering a peer route's unknown `model` (None: 404)
+    otel: OtelConfig | None = None  # None: no spans
     source: str = "(defaults)"
 
     @property
@@ -177,6 +198,47 @@ def _model(name: str, table: Any, base: Path) -> ModelConfig:
     return ModelConfig(name, spec, template, templates, mml, tuple(sorted(budget.items())) if budget else None)
 
 
+def _otel(server: dict[str, Any], store: str | None) -> OtelConfig | None:
+    """`server.otel_*`, each key checked by name; the other keys need `otel_endpoint`, and it needs `store`."""
+    given = sorted(_OTEL_KEYS & set(server))
+    if "otel_endpoint" not in server:
+        if given:
+            raise ServeConfigError(
+                f"{given[0]} has no effect without server.otel_endpoint",
+                path=f"server.{given[0]}",
+                hint='set otel_endpoint = "http://HOST:4318/v1/traces", or remove the key',
+            )
+        return None
+    endpoint = _typed(server["otel_endpoint"], str, "server.otel_endpoint")
+    scheme, sep, rest = endpoint.partition("://")
+    host = rest.split("/", 1)[0]
+    if not sep or scheme not in ("http", "https") or not host or any(ch.isspace() for ch in endpoint):
+        raise ServeConfigError(
+            f"otel_endpoint {endpoint!r} is not an http(s) URL",
+            path="server.otel_endpoint",
+            hint="an OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces",
+        )
+    if store is None:
+        raise ServeConfigError(
+            "otel_endpoint needs a record store: the server exports the records it keeps",
+            path="server.otel_endpoint",
+            hint="set server.store",
+        )
+    provider = server.get("otel_provider")
+    if provider is not None and _typed(provider, str, "server.otel_provider") not in CACHE_PROVIDERS:
+        raise ServeConfigError(
+            f"unknown provider {provider!r}", path="server.otel_provider", hint=" or ".join(CACHE_PROVIDERS)
+        )
+    timeout = _typed(server.get("otel_timeout_seconds", 10.0), float, "server.otel_timeout_seconds")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ServeConfigError("otel_timeout_seconds must be positive and finite", path="server.otel_timeout_seconds")
+    size = _typed(server.get("otel_queue_size", 2048), int, "server.otel_queue_size")
+    if not 1 <= size <= _MAX_QUEUE:
+        raise ServeConfigError(f"otel_queue_size is 1..{_MAX_QUEUE}", path="server.otel_queue_size")
+    content = _typed(server.get("otel_content", False), bool, "server.otel_content")
+    return OtelConfig(endpoint, content, provider, timeout, size)
+
+
 def env_tokens() -> tuple[str, ...]:
     raw = os.environ.get(TOKENS_ENV, "")
     return tuple(t.strip() for t in raw.split(",") if t.strip())
@@ -217,6 +279,7 @@ def parse_config(data: dict[str, Any], *, base: Path, source: str) -> ServeConfi
         allow_named_templates=_typed(server.get("allow_named_templates", False), bool, "server.allow_named_templates"),
         prices=prices,
         fallback_model=fallback,
+        otel=_otel(server, store),
         source=source,
     )
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from ctxlock.caches import CacheInfo
+from ctxlock.telemetry import StreamStats
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -107,4 +108,23 @@ def cache_counts(infos: Mapping[str, CacheInfo]) -> list[str]:
             out.append(f'ctxlock_cache_hit_ratio{{cache="{_label(n)}"}} {i.hits / (i.hits + i.misses):.6f}')
     if hits + misses:
         out.append(f'ctxlock_cache_hit_ratio{{cache="all"}} {hits / (hits + misses):.6f}')
+    return out
+
+
+def otel_lines(stats: StreamStats) -> list[str]:
+    """`server.otel_endpoint`'s spans: exported, dropped by reason (each reason listed, 0 included), and pending."""
+    out = [
+        "# HELP ctxlock_otel_spans_exported_total Record spans the OTLP endpoint took.",
+        "# TYPE ctxlock_otel_spans_exported_total counter",
+        f"ctxlock_otel_spans_exported_total {stats.exported}",
+        "# HELP ctxlock_otel_spans_dropped_total Record spans not sent, by reason (queue_full, build_failed, "
+        "export_failed, shutdown).",
+        "# TYPE ctxlock_otel_spans_dropped_total counter",
+    ]
+    out += [f'ctxlock_otel_spans_dropped_total{{reason="{r}"}} {n}' for r, n in sorted(stats.dropped.items())]
+    out += [
+        "# HELP ctxlock_otel_spans_pending Record spans queued, being built or being sent.",
+        "# TYPE ctxlock_otel_spans_pending gauge",
+        f"ctxlock_otel_spans_pending {stats.pending}",
+    ]
     return out

@@ -4,26 +4,35 @@
 gen_ai.usage.*, and with `content` the opt-in message attributes; plus ctxlock's digests, per-part counts,
 neutralized control strings and cache buster). `sdk_spans` makes them real OpenTelemetry SDK spans, `send` posts
 them to an OTLP/HTTP endpoint and `otlp_json` prints them as OTLP JSON (the SDK is the `otel` extra).
-`read_traces` reads OTLP JSON or a Langfuse observation export back as the turns of a session."""
+`read_traces` reads OTLP JSON or a Langfuse observation export back as the turns of a session. `part_counts` and
+`cache_figures` give a span's per-part counts and cache figures; `SpanStream` sends spans as records are made
+(`ctxlock serve` with `server.otel_endpoint`: bounded, off the request path, every drop counted)."""
 
 from ctxlock.telemetry._conventions import GEN_AI_NAMES, SCHEMA_URL, SEMCONV_PACKAGE, SEMCONV_VERSION
 from ctxlock.telemetry._export import otlp_json, sdk_spans, send
+from ctxlock.telemetry._figures import cache_figures, part_counts
 from ctxlock.telemetry._import import MAX_SPANS, Imported, Turn, read_traces
 from ctxlock.telemetry._spans import CacheFigures, SpanSpec, content_attributes, ids_sha256, record_span, trace_id_for
+from ctxlock.telemetry._stream import REASONS, SpanStream, StreamStats
 
 __all__ = [
     "GEN_AI_NAMES",
     "MAX_SPANS",
+    "REASONS",
     "SCHEMA_URL",
     "SEMCONV_PACKAGE",
     "SEMCONV_VERSION",
     "CacheFigures",
     "Imported",
     "SpanSpec",
+    "SpanStream",
+    "StreamStats",
     "Turn",
+    "cache_figures",
     "content_attributes",
     "ids_sha256",
     "otlp_json",
+    "part_counts",
     "read_traces",
     "record_span",
     "sdk_spans",

@@ -119,9 +119,12 @@ def _provider_cmd(
     format: str | None,
     as_json: bool,
 ) -> None:
-    counted = guarded(
-        as_json or format is not None, lambda: _provider_count(request, provider, model, calibration, media)
-    )
+    def go() -> ProviderCount:
+        if format is not None and format not in ("anthropic", "openai"):
+            raise OptionError(f"unknown count format {format[:40]!r}", path="--format", hint="anthropic or openai")
+        return _provider_count(request, provider, model, calibration, media)
+
+    counted = guarded(as_json or format is not None, go)
     if format is not None:
         shape = {"object": "response.input_tokens"} if format == "openai" else {}
         print_json(

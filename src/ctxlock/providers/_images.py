@@ -71,8 +71,10 @@ def openai_patches(width: int, height: int) -> int:
         return raw
     r = math.sqrt(PATCH * PATCH * MAX_PATCHES / (width * height))
     w, h = width * r / PATCH, height * r / PATCH
-    r *= min(math.floor(w) / w, math.floor(h) / h)
-    return min(MAX_PATCHES, _ceil(width * r / PATCH) * _ceil(height * r / PATCH))
+    # A side scaled below one patch (100000 x 1) still takes a row of patches: the whole-patch step is taken on the
+    # sides that span one or more, so that no real image is scaled to nothing.
+    r *= min((math.floor(x) / x for x in (w, h) if x >= 1), default=1.0)
+    return max(1, min(MAX_PATCHES, _ceil(width * r / PATCH) * _ceil(height * r / PATCH)))
 
 
 def openai_tiles(width: int, height: int) -> tuple[int, int, int]:

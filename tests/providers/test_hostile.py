@@ -4,10 +4,13 @@ degenerate or absurd refused instead of written (docs/closed-providers.md, docs/
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import struct
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -287,3 +290,109 @@ def test_a_tool_call_part_with_the_wrong_types_is_a_telemetry_error() -> None:
         with pytest.raises(TelemetryError) as info:
             read_traces(json.dumps(doc).encode(), "t.json")
         assert "parts[0]" in (info.value.path or "")
+
+
+# -- any request: the count's invariants
+
+
+def _png(w: int, h: int) -> str:
+    """A PNG's signature, IHDR, an empty IDAT and IEND (CRCs right): its size is read from the header alone."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    head = (
+        chunk(b"IHDR", struct.pack(">II5B", w, h, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + head).decode()
+
+
+_WORDS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+_PROP = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["string", "integer", "array"]),
+        "description": _WORDS,
+        "enum": st.lists(st.one_of(_WORDS, st.integers(), st.none(), st.booleans()), max_size=3),
+    },
+)
+_TOOL = st.builds(
+    lambda name, desc, props: {
+        "type": "function",
+        "function": {"name": name, "description": desc, "parameters": {"type": "object", "properties": props}},
+    },
+    st.from_regex(r"[a-z_]{1,10}", fullmatch=True),
+    _WORDS,
+    st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), _PROP, max_size=3),
+)
+_PART = st.one_of(
+    _WORDS.map(lambda t: {"type": "text", "text": t}),
+    st.builds(
+        lambda wh, d: {"type": "image_url", "image_url": {"url": _png(*wh), **({"detail": d} if d else {})}},
+        # ctxlock refuses a header over 89 M pixels (a decompression bomb) before any rule applies
+        st.tuples(st.integers(1, 9000), st.integers(1, 9000)) | st.sampled_from([(100_000, 1), (1, 100_000), (1, 1)]),
+        st.sampled_from([None, "low", "high", "auto"]),
+    ),
+    st.just({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}),
+)
+_MESSAGE = st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, _WORDS),
+    st.builds(lambda p: {"role": "user", "content": p}, st.lists(_PART, min_size=1, max_size=3)),
+    st.builds(
+        lambda t, n: {"role": "assistant", "content": t, "name": n},
+        _WORDS,
+        st.from_regex(r"[A-Za-z0-9_-]{1,8}", fullmatch=True),
+    ),
+    st.builds(
+        lambda args: {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}],
+        },
+        st.dictionaries(_WORDS, _WORDS, max_size=2),
+    ),
+)
+_REQUEST = st.builds(
+    lambda system, messages, tools: {
+        "messages": ([{"role": "system", "content": system}] if system is not None else []) + messages,
+        **({"tools": tools} if tools else {}),
+    },
+    st.none() | _WORDS,
+    st.lists(_MESSAGE, min_size=1, max_size=4),
+    st.lists(_TOOL, max_size=2),
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(request=_REQUEST, provider=st.sampled_from(["openai:gpt-4o", "openai:gpt-4.1-mini", "anthropic:" + MODEL]))
+def test_every_count_is_labelled_and_its_ranges_add_up(request: dict, provider: str) -> None:
+    name, model = provider.split(":", 1)
+    try:
+        counted = count_provider(request, provider=name, model=model)
+    except CtxlockError as e:  # the request parser's refusals (a tool call that is not an answered one, ...)
+        assert e.path is not None
+        return
+    for p in counted.parts:
+        assert p.basis in ("exact", "documented", "estimated") and p.method, p
+        assert 0 <= p.low <= p.tokens <= p.high, p
+        assert p.basis != "exact" or p.low == p.tokens == p.high, p
+        if p.kind == "image":
+            assert p.tokens > 0, p
+    data = counted.to_dict()
+    assert data["input_tokens"] == sum(p["tokens"] for p in data["parts"])
+    assert data["range"] == [sum(p["range"][0] for p in data["parts"]), sum(p["range"][1] for p in data["parts"])]
+    assert data["by_basis"] == {
+        b: sum(p["tokens"] for p in data["parts"] if p["basis"] == b) for b in ("exact", "documented", "estimated")
+    }
+    unfetched = [
+        f"messages[{i}].content[{j}]"
+        for i, m in enumerate(request["messages"])
+        if isinstance(m.get("content"), list)
+        for j, part in enumerate(m["content"])
+        if part.get("type") == "image_url" and part["image_url"]["url"].startswith("https:")
+    ]
+    for path in unfetched:  # an image without its bytes: named in the notes, its part estimated over the rule's range
+        assert any(note.startswith(path) for note in counted.notes), (path, counted.notes)
+        assert next(p for p in counted.parts if p.part == path).basis == "estimated"

@@ -396,3 +396,12 @@ def test_every_count_is_labelled_and_its_ranges_add_up(request: dict, provider: 
     for path in unfetched:  # an image without its bytes: named in the notes, its part estimated over the rule's range
         assert any(note.startswith(path) for note in counted.notes), (path, counted.notes)
         assert next(p for p in counted.parts if p.part == path).basis == "estimated"
+
+
+def test_calibrate_out_that_is_a_fifo_or_a_full_device_is_one_error_line(tmp_path: Path) -> None:
+    log = Path(__file__).parents[2] / "examples" / "anthropic-usage-log.jsonl"
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)  # opening it to write would wait for a reader forever
+    for out in (Path("/dev/full"), tmp_path, fifo):
+        status, _, stderr = run_main(["calibrate", str(log), "--provider", "anthropic", "--out", str(out)])
+        assert status == 1 and stderr.count("\n") == 1 and f"--out {out}" in stderr, stderr

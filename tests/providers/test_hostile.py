@@ -47,7 +47,14 @@ def test_a_real_image_never_costs_nothing(w: int, h: int, model: str) -> None:
         assert 0 < it.low <= it.tokens <= it.high, (model, w, h, detail, it)
     assert 1 <= openai_patches(w, h) <= 1536
     it = anthropic_image(w, h)
-    assert 0 <= it.low <= it.tokens <= it.high and it.tokens >= 1
+    assert 1 <= it.low <= it.tokens <= it.high, (w, h, it)
+    # A count without the image's bytes spans every size: a known size's range lies inside it.
+    for model in IMAGE_MODELS:
+        for detail in ("low", "high", "auto"):
+            known, unknown = openai_image(model, w, h, detail), openai_image(model, 0, 0, detail)
+            assert unknown.low <= known.low and known.high <= unknown.high, (model, w, h, detail)
+    unknown = anthropic_image(0, 0)
+    assert unknown.low <= it.low and it.high <= unknown.high
 
 
 def test_extreme_aspect_ratios_cost_at_least_a_patch_per_side() -> None:
@@ -405,3 +412,15 @@ def test_calibrate_out_that_is_a_fifo_or_a_full_device_is_one_error_line(tmp_pat
     for out in (Path("/dev/full"), tmp_path, fifo):
         status, _, stderr = run_main(["calibrate", str(log), "--provider", "anthropic", "--out", str(out)])
         assert status == 1 and stderr.count("\n") == 1 and f"--out {out}" in stderr, stderr
+
+
+def test_an_estimated_part_the_calibration_did_not_fit_is_named() -> None:
+    lines = [_line("hello world " * i + "x" * (i % 4), 9 + round(3.3 * i)) for i in range(1, 13)]  # text only
+    cal = _fit(lines)
+    tool = {"name": "f", "description": "d", "input_schema": {"type": "object"}}
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    counted = count_provider(request, provider="anthropic", model=MODEL, calibration=cal)
+    tools = next(p for p in counted.parts if p.part == "tools[0]")
+    assert "calibrated" not in tools.method
+    assert any(n.startswith("tools[0]: not calibrated") for n in counted.notes), counted.notes
+    assert all("not calibrated" not in n for n in counted.notes if n.startswith("messages["))

@@ -116,9 +116,12 @@ class Calibration:
             )
         p95 = self.residuals.p95_pct / 100
         parts = []
+        notes = list(counted.notes)
         for p in counted.parts:
             if p.basis != "estimated" or p.kind not in self.factors or p.kind in self.unfitted:
                 parts.append(p)
+                if p.basis == "estimated":  # named, never silently left at the prior
+                    notes.append(f"{p.part}: not calibrated (no {p.kind} part in the fit): the prior range")
                 continue
             tokens = round(p.tokens * self.factors[p.kind])
             method = f"{p.method}; × {self.factors[p.kind]:.4f} calibrated"
@@ -133,7 +136,7 @@ class Calibration:
                     method,
                 )
             )
-        return replace(counted, parts=tuple(parts), calibration=self.ref())
+        return replace(counted, parts=tuple(parts), calibration=self.ref(), notes=tuple(notes))
 
 
 def _by_kind(counted: ProviderCount) -> tuple[int, dict[str, int]]:

@@ -138,5 +138,7 @@ def anthropic_image(width: int, height: int) -> ImageTokens:
         rule = f"{width}x{height} scaled to about {round(w)}x{round(h)}, then width x height / 750 (Anthropic's rule)"
         if scale == by_tokens:  # the "about 1,600 tokens" cap binds: Anthropic's own maximum sizes span this
             return ImageTokens(tokens, min(tokens, 1590), max(tokens, 1639), rule, True)
-        return ImageTokens(tokens, math.floor(exact), tokens, rule, True)
-    return ImageTokens(tokens, math.floor(exact), tokens, f"{width}x{height}: width x height / 750 (Anthropic)", True)
+        return ImageTokens(tokens, max(1, math.floor(exact)), tokens, rule, True)
+    return ImageTokens(
+        tokens, max(1, math.floor(exact)), tokens, f"{width}x{height}: width x height / 750 (Anthropic)", True
+    )

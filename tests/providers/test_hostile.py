@@ -424,3 +424,13 @@ def test_an_estimated_part_the_calibration_did_not_fit_is_named() -> None:
     assert "calibrated" not in tools.method
     assert any(n.startswith("tools[0]: not calibrated") for n in counted.notes), counted.notes
     assert all("not calibrated" not in n for n in counted.notes if n.startswith("messages["))
+
+
+def test_an_unknown_trace_among_many_is_a_short_error_line() -> None:
+    obs = [
+        {"type": "GENERATION", "traceId": f"trace-{i:05}", "input": [{"role": "user", "content": "hi"}]}
+        for i in range(3000)
+    ]
+    with pytest.raises(TelemetryError) as info:
+        read_traces(json.dumps(obs).encode(), "lf.json", trace="x" * 10_000)
+    assert len(str(info.value)) < 600 and "2,990 more" in str(info.value)

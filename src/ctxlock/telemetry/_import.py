@@ -65,7 +65,10 @@ def read_traces(raw: bytes, name: str, *, trace: str | None = None) -> Imported:
     if trace is not None:
         turns = [t for t in turns if t.trace_id == trace]
         if not turns:
-            raise TelemetryError(f"no turn of trace {trace!r}", path=name, hint="traces here: " + ", ".join(traces))
+            more = f" and {len(traces) - 10:,} more" if len(traces) > 10 else ""
+            raise TelemetryError(
+                f"no turn of trace {trace[:80]!r}", path=name, hint="traces here: " + ", ".join(traces[:10]) + more
+            )
     elif len(traces) > 1:
         raise TelemetryError(
             f"holds {len(traces)} traces", path=name, hint="pass --trace ID, one of " + ", ".join(traces[:10])

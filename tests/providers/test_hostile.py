@@ -434,3 +434,25 @@ def test_an_unknown_trace_among_many_is_a_short_error_line() -> None:
     with pytest.raises(TelemetryError) as info:
         read_traces(json.dumps(obs).encode(), "lf.json", trace="x" * 10_000)
     assert len(str(info.value)) < 600 and "2,990 more" in str(info.value)
+
+
+def test_control_characters_from_the_request_do_not_reach_the_terminal(tmp_path: Path) -> None:
+    request = {
+        "model": "claude-x\x1b]0;pwned\x07\x9b",
+        "messages": [{"role": "user", "content": "hi"}],
+        "documents": [{"title": "t\x1b[2J", "text": "x"}],
+    }
+    status, stdout, _ = run_main(["count", "-", "--provider", "anthropic"], stdin=json.dumps(request).encode())
+    assert status == 0 and not any(ch in stdout for ch in "\x1b\x07\x9b"), stdout
+    assert "claude-x\\x1b]0;pwned\\x07\\x9b" in stdout
+    status, stdout, _ = run_main(
+        ["count", "-", "--provider", "anthropic", "--json"], stdin=json.dumps(request).encode()
+    )
+    assert json.loads(stdout)["model"] == request["model"]  # --json is exact
+    log = tmp_path / "log.jsonl"
+    lines = [json.loads(_line("hello world " * i + "x" * (i % 4), 9 + round(3.3 * i))) for i in range(1, 13)]
+    log.write_text(
+        "".join(json.dumps({**o, "request": {**o["request"], "model": request["model"]}}) + "\n" for o in lines)
+    )
+    status, stdout, stderr = run_main(["calibrate", str(log), "--provider", "anthropic", "--out", str(tmp_path / "c")])
+    assert status == 0 and "\x1b" not in stdout and "\\x1b" in stdout, stderr

@@ -4,6 +4,7 @@ requests, and measure the error left on requests held back from the fit (docs/cl
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,14 @@ def _lines(files: list[str]) -> Iterator[tuple[str, bytes]]:
         for n, line in enumerate(data.split(b"\n"), 1):
             if line.strip():
                 yield f"{name}:{n}", line
+
+
+# Controls but tab and newline: a model name from the log would act on the terminal; shown escaped (count.py too).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _label(text: str) -> str:
+    return escape(_CONTROLS.sub(lambda m: repr(m.group())[1:-1], text))
 
 
 def _write(out: Path, raw: bytes) -> None:
@@ -89,10 +98,10 @@ def register(app: typer.Typer) -> None:
             print_json({**cal.to_json(), "sha256": cal.sha256, "file": cal.source, "summary": cal.residuals.summary()})
             return
         console.print(
-            f"[bold]{escape(cal.provider)} {escape(cal.model)}[/]: fitted on {cal.fitted_on} requests; "
-            f"{escape(cal.residuals.summary())} (max {cal.residuals.max_pct:.1f}%)"
+            f"[bold]{_label(cal.provider)} {_label(cal.model)}[/]: fitted on {cal.fitted_on} requests; "
+            f"{_label(cal.residuals.summary())} (max {cal.residuals.max_pct:.1f}%)"
         )
         for kind, factor in sorted(cal.factors.items()):
             note = "  (not in the fit: factor 1, the prior range)" if kind in cal.unfitted else ""
             console.print(f"  {kind:<10} × {factor:.4f}{note}")
-        console.print(f"wrote {escape(cal.source)} (sha256 {cal.sha256})")
+        console.print(f"wrote {_label(cal.source)} (sha256 {cal.sha256})")

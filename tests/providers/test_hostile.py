@@ -456,3 +456,36 @@ def test_control_characters_from_the_request_do_not_reach_the_terminal(tmp_path:
     )
     status, stdout, stderr = run_main(["calibrate", str(log), "--provider", "anthropic", "--out", str(tmp_path / "c")])
     assert status == 0 and "\x1b" not in stdout and "\\x1b" in stdout, stderr
+
+
+@pytest.mark.parametrize(
+    ("request_", "usage", "provider", "path"),
+    [
+        (
+            {"model": MODEL, "messages": [{"role": 5, "content": "x"}]},
+            {"input_tokens": 5},
+            "anthropic",
+            "$.request.messages[0].role",
+        ),
+        (
+            {"model": "claude", "messages": [{"role": "user", "content": "x"}]},
+            {"input_tokens": 5},
+            "openai",
+            "$.request.model",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+            {"input_tokens": -5},
+            "anthropic",
+            "$.usage.input_tokens",
+        ),
+    ],
+    ids=["request", "model", "usage"],
+)
+def test_a_bad_log_line_names_the_json_path_from_the_lines_root(
+    request_: dict, usage: dict, provider: str, path: str
+) -> None:
+    line = json.dumps({"request": request_, "usage": usage}).encode()
+    with pytest.raises(CalibrationError) as info:
+        log_rows([("log.jsonl:3", line)], provider=provider, model=None)
+    assert info.value.path == f"log.jsonl:3 {path}"

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ctxlock.economics import parse_usage
-from ctxlock.errors import CalibrationError, CtxlockError
+from ctxlock.errors import ArtifactNotFoundError, CalibrationError, CtxlockError
 from ctxlock.outside import loads_outside, read_input
 from ctxlock.providers._count import PROVIDERS, count_provider
 from ctxlock.providers._values import PartCount, ProviderCount
@@ -253,14 +253,22 @@ def log_rows(
                 hint="calibrate one model per file, or pass --model to count every line as that model",
             )
         try:
-            usage = parse_usage(obj["usage"], path=f"{where} $.usage")
-            counted = count_provider(request, provider=provider, model=model)
+            usage = parse_usage(obj["usage"], path=f"{where} $.usage")  # its errors name `where` themselves
         except CalibrationError:
             raise
         except CtxlockError as e:
             raise CalibrationError(
-                str(e.message), path=f"{where} {e.path or '$'}", hint=e.hint or "fix or drop this line"
+                str(e.message), path=e.path or f"{where} $.usage", hint=e.hint or "fix or drop this line"
             ) from None
+        try:
+            counted = count_provider(request, provider=provider, model=model)
+        except CalibrationError:
+            raise
+        except CtxlockError as e:
+            # The request's errors name a path inside the request; a model's, the model name.
+            inner = "model" if isinstance(e, ArtifactNotFoundError) else e.path
+            at = f"{where} $.request" + (f".{inner}" if inner and not inner.startswith("[") else inner or "")
+            raise CalibrationError(str(e.message), path=at, hint=e.hint or "fix or drop this line") from None
         reported = usage.input + usage.cache_read + usage.cache_write
         if not 0 < reported <= MAX_REPORTED:
             raise CalibrationError(

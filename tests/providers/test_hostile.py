@@ -489,3 +489,12 @@ def test_a_bad_log_line_names_the_json_path_from_the_lines_root(
     with pytest.raises(CalibrationError) as info:
         log_rows([("log.jsonl:3", line)], provider=provider, model=None)
     assert info.value.path == f"log.jsonl:3 {path}"
+
+
+def test_a_responses_input_image_keeps_its_detail() -> None:
+    url = _png(1024, 1024)
+    for detail, tokens in (("low", 85), ("high", 765)):
+        part = {"type": "input_image", "image_url": url, "detail": detail}
+        counted = count_provider({"messages": [{"role": "user", "content": [part]}]}, provider="openai", model="gpt-4o")
+        image = next(p for p in counted.parts if p.kind == "image")
+        assert (image.tokens, image.low, image.high) == (tokens, tokens, tokens) and f"detail {detail}" in image.method

@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conformance import conversations
 from ctxlock.artifacts import openai_encoding
+from ctxlock.errors import CtxlockError
 from ctxlock.providers import count_provider
 
 PINNED = {
@@ -98,3 +101,56 @@ def test_special_token_text_is_counted_as_text(encoding: tuple[str, tiktoken.Enc
     request = {"messages": [{"role": "user", "content": text}]}
     part = count_provider(request, provider="openai", model=MODELS[name]).parts[0]
     assert part.tokens == len(enc.encode(text, disallowed_special=())) == len(enc.encode_ordinary(text))
+
+
+_PIECES = st.sampled_from(
+    [
+        "<|endoftext|>",
+        "<|endofprompt|>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|im_start|>",
+        "\x00",
+        " " * 40,
+        "\n\n\n",
+        "\r\n",
+        "1234567890" * 5,
+        "'s",
+        "'LL",
+        "\u200d",
+        "\ufeff",
+        "\u0301" * 3,
+        "😀",
+        "한국어",
+        "ع",
+        " \t\u3000",
+    ]
+)
+_TEXT = st.lists(_PIECES | st.text(st.characters(blacklist_categories=("Cs",)), max_size=30), max_size=12).map("".join)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(_TEXT, min_size=1, max_size=3))
+def test_any_text_equals_tiktoken(encoding: tuple[str, tiktoken.Encoding], texts: list[str]) -> None:
+    """Every Unicode category (but lone surrogates), special-token strings, NUL and runs, in text parts and in
+    names: each part's count is tiktoken's, and the framing the cookbook's."""
+    name, enc = encoding
+    messages = [{"role": "user", "content": [{"type": "text", "text": t} for t in texts], "name": "n_1"}]
+    counted = count_provider({"messages": messages}, provider="openai", model=MODELS[name])
+    parts = {p.part: p for p in counted.parts}
+    assert parts["messages[0]"].tokens == sum(len(enc.encode(t, disallowed_special=())) for t in texts)
+    assert parts["framing"].tokens == _cookbook_framing(enc, messages)
+
+
+def test_long_runs_equal_tiktoken(encoding: tuple[str, tiktoken.Encoding]) -> None:
+    """cl100k's pattern has possessive quantifiers over whitespace and digits: long runs of them, and of letters."""
+    name, enc = encoding
+    for text in (" " * 50_000, "\n" * 20_000 + "x", "9" * 50_000, "a" * 60_000, " \n" * 20_000, "\u3000" * 20_000):
+        part = count_provider({"messages": [{"role": "user", "content": text}]}, provider="openai", model=MODELS[name])
+        assert part.parts[0].tokens == len(enc.encode(text, disallowed_special=())), (text[:4], len(text))
+
+
+def test_a_lone_surrogate_is_a_typed_error_naming_the_part() -> None:
+    with pytest.raises(CtxlockError) as info:
+        count_provider(b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', provider="openai", model="gpt-4o")
+    assert info.value.path is not None and "messages[0]" in info.value.path

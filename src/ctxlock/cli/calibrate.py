@@ -3,6 +3,9 @@ requests, and measure the error left on requests held back from the fit (docs/cl
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +15,7 @@ from rich.markup import escape
 
 from ctxlock.cli.files import open_output, read_request
 from ctxlock.cli.output import console, guarded, print_json
-from ctxlock.errors import OptionError
+from ctxlock.errors import InputError, OptionError
 from ctxlock.providers import HOLDOUT, PROVIDERS, Calibration, fit, log_rows, read_calibration
 
 
@@ -22,6 +25,35 @@ def _lines(files: list[str]) -> Iterator[tuple[str, bytes]]:
         for n, line in enumerate(data.split(b"\n"), 1):
             if line.strip():
                 yield f"{name}:{n}", line
+
+
+# Controls but tab and newline: a model name from the log would act on the terminal; shown escaped (count.py too).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _label(text: str) -> str:
+    return escape(_CONTROLS.sub(lambda m: repr(m.group())[1:-1], text))
+
+
+def _write(out: Path, raw: bytes) -> None:
+    """The calibration file, written whole: a FIFO or a device at `out` is refused before it is opened (opening a
+    FIFO for writing waits for a reader), and a failed write (a full disk) is one error line."""
+    try:
+        mode = os.stat(out).st_mode
+    except OSError:
+        mode = None  # not there yet (open_output names a missing directory)
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError("is not a regular file", path=f"--out {out}", hint="pass a file path to write the calibration")
+    with open_output(out) as f:
+        try:
+            f.write(raw)
+            f.flush()
+        except OSError as exc:
+            raise InputError(
+                f"cannot write: {exc.strerror or type(exc).__name__}",
+                path=f"--out {out}",
+                hint="free space or pass another path",
+            ) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -58,8 +90,7 @@ def register(app: typer.Typer) -> None:
             rows, name = log_rows(_lines(logs), provider=provider, model=model)
             cal = fit(rows, provider=provider, model=name, holdout=HOLDOUT)
             raw = cal.file_bytes()
-            with open_output(out) as f:
-                f.write(raw)
+            _write(out, raw)
             return read_calibration(raw, str(out))
 
         cal = guarded(as_json, go)
@@ -67,10 +98,10 @@ def register(app: typer.Typer) -> None:
             print_json({**cal.to_json(), "sha256": cal.sha256, "file": cal.source, "summary": cal.residuals.summary()})
             return
         console.print(
-            f"[bold]{escape(cal.provider)} {escape(cal.model)}[/]: fitted on {cal.fitted_on} requests; "
-            f"{escape(cal.residuals.summary())} (max {cal.residuals.max_pct:.1f}%)"
+            f"[bold]{_label(cal.provider)} {_label(cal.model)}[/]: fitted on {cal.fitted_on} requests; "
+            f"{_label(cal.residuals.summary())} (max {cal.residuals.max_pct:.1f}%)"
         )
         for kind, factor in sorted(cal.factors.items()):
             note = "  (not in the fit: factor 1, the prior range)" if kind in cal.unfitted else ""
             console.print(f"  {kind:<10} × {factor:.4f}{note}")
-        console.print(f"wrote {escape(cal.source)} (sha256 {cal.sha256})")
+        console.print(f"wrote {_label(cal.source)} (sha256 {cal.sha256})")

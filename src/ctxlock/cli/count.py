@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -53,23 +54,32 @@ def _show(counts: Counts, model_id: str, cap: Capacity) -> None:
         console.print(f"[yellow]note[/]    {escape(note)}")
 
 
+# C0 and C1 controls but tab and newline, and DEL: a model name, a document title or a tool name from the request
+# would act on the terminal (a title change, colours) in the human view; they are shown escaped. --json is exact.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _label(text: str) -> str:
+    return escape(_CONTROLS.sub(lambda m: repr(m.group())[1:-1], text))
+
+
 def _show_provider(counted: ProviderCount) -> None:
     kind = "exact encoding" if counted.exact_tokenizer else "proxy"
     console.print(
-        f"[bold]{escape(counted.provider)} {escape(counted.model)}[/] · {counted.total:,} input tokens "
-        f"(range {counted.low:,}..{counted.high:,}; {counted.basis}) · {kind}: {escape(counted.tokenizer[:40])}"
+        f"[bold]{_label(counted.provider)} {_label(counted.model)}[/] · {counted.total:,} input tokens "
+        f"(range {counted.low:,}..{counted.high:,}; {counted.basis}) · {kind}: {_label(counted.tokenizer[:40])}"
     )
     by = counted.by_basis()
     console.print(" · ".join(f"{b} {n:,}" for b, n in by.items()))
     if counted.calibration is not None:
         cal = counted.calibration
-        console.print(f"calibrated by {escape(cal['file'])} (sha256 {cal['sha256'][:16]}…): {escape(cal['summary'])}")
+        console.print(f"calibrated by {_label(cal['file'])} (sha256 {cal['sha256'][:16]}…): {_label(cal['summary'])}")
     width = max((len(p.part) for p in counted.parts), default=8)
     for p in counted.parts:
         span = "" if p.low == p.high else f" ({p.low:,}..{p.high:,})"
-        console.print(f"{escape(p.part):<{width}}  {p.tokens:>8,}  {p.basis:<10}  {escape(p.method)}{escape(span)}")
+        console.print(f"{_label(p.part):<{width}}  {p.tokens:>8,}  {p.basis:<10}  {_label(p.method)}{_label(span)}")
     for note in counted.notes:
-        console.print(f"[yellow]note[/]    {escape(note)}")
+        console.print(f"[yellow]note[/]    {_label(note)}")
 
 
 def _provider_count(
@@ -119,9 +129,12 @@ def _provider_cmd(
     format: str | None,
     as_json: bool,
 ) -> None:
-    counted = guarded(
-        as_json or format is not None, lambda: _provider_count(request, provider, model, calibration, media)
-    )
+    def go() -> ProviderCount:
+        if format is not None and format not in ("anthropic", "openai"):
+            raise OptionError(f"unknown count format {format[:40]!r}", path="--format", hint="anthropic or openai")
+        return _provider_count(request, provider, model, calibration, media)
+
+    counted = guarded(as_json or format is not None, go)
     if format is not None:
         shape = {"object": "response.input_tokens"} if format == "openai" else {}
         print_json(

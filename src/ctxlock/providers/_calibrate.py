@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from ctxlock.economics import parse_usage
-from ctxlock.errors import CalibrationError, CtxlockError
-from ctxlock.outside import loads_outside
-from ctxlock.providers._count import count_provider
+from ctxlock.errors import ArtifactNotFoundError, CalibrationError, CtxlockError
+from ctxlock.outside import loads_outside, read_input
+from ctxlock.providers._count import PROVIDERS, count_provider
 from ctxlock.providers._values import PartCount, ProviderCount
 
 FORMAT = "ctxlock-calibration/1"
@@ -41,6 +41,12 @@ HOLDOUT = 5  # every 5th line (the 5th, 10th, ...) is held back: 20%
 MAX_LINE_BYTES = 16 << 20  # one request and its usage
 MAX_CALIBRATION_BYTES = 1 << 20
 MIN_LINES = 10
+# The most input tokens one request can be reported to take: far past any model's window (a few million tokens). A
+# larger figure is not a provider's report.
+MAX_REPORTED = 10**9
+# A fitted factor outside this range says the log's usage does not belong to its requests (or the kinds cannot be told
+# apart): the fit is refused, not written. A calibration file's factors must be inside it too.
+FACTOR_RANGE = (0.05, 20.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +116,12 @@ class Calibration:
             )
         p95 = self.residuals.p95_pct / 100
         parts = []
+        notes = list(counted.notes)
         for p in counted.parts:
             if p.basis != "estimated" or p.kind not in self.factors or p.kind in self.unfitted:
                 parts.append(p)
+                if p.basis == "estimated":  # named, never silently left at the prior
+                    notes.append(f"{p.part}: not calibrated (no {p.kind} part in the fit): the prior range")
                 continue
             tokens = round(p.tokens * self.factors[p.kind])
             method = f"{p.method}; × {self.factors[p.kind]:.4f} calibrated"
@@ -121,13 +130,13 @@ class Calibration:
                     p.part,
                     p.kind,
                     tokens,
-                    math.floor(tokens * (1 - p95)),
+                    max(0, math.floor(tokens * (1 - p95))),
                     math.ceil(tokens * (1 + p95)),
                     "estimated",
                     method,
                 )
             )
-        return replace(counted, parts=tuple(parts), calibration=self.ref())
+        return replace(counted, parts=tuple(parts), calibration=self.ref(), notes=tuple(notes))
 
 
 def _by_kind(counted: ProviderCount) -> tuple[int, dict[str, int]]:
@@ -180,8 +189,23 @@ def fit(
     if seen:
         a = np.array([[est.get(k, 0) for k in seen] for _, est, _ in train], dtype=float)
         b = np.array([reported - fixed for fixed, _, reported in train], dtype=float)
-        solution, *_ = np.linalg.lstsq(a, b, rcond=None)
-        factors.update({k: float(max(v, 0.0)) for k, v in zip(seen, solution, strict=True)})
+        solution, _, rank, _ = np.linalg.lstsq(a, b, rcond=None)
+        if rank < len(seen):
+            raise CalibrationError(
+                f"the log's requests hold the estimated kinds ({', '.join(seen)}) in fixed proportions: their factors "
+                "cannot be told apart",
+                hint="calibrate on a log of varied requests (different lengths of text, with and without tools)",
+            )
+        lo, hi = FACTOR_RANGE
+        for k, v in zip(seen, solution, strict=True):
+            if not (math.isfinite(v) and lo <= v <= hi):
+                raise CalibrationError(
+                    f"the fit gives {k} a factor of {v:.4g}, outside {lo} to {hi}: the reported usage does not match "
+                    "these requests",
+                    hint="check that each line's usage is the provider's report for that line's request, and for "
+                    "the provider and model calibrated",
+                )
+        factors.update({k: float(v) for k, v in zip(seen, solution, strict=True)})
     residuals, _ = residuals_of(factors, held)
     return Calibration(
         provider=provider,
@@ -229,15 +253,30 @@ def log_rows(
                 hint="calibrate one model per file, or pass --model to count every line as that model",
             )
         try:
-            usage = parse_usage(obj["usage"], path=f"{where} $.usage")
-            counted = count_provider(request, provider=provider, model=model)
+            usage = parse_usage(obj["usage"], path=f"{where} $.usage")  # its errors name `where` themselves
         except CalibrationError:
             raise
         except CtxlockError as e:
             raise CalibrationError(
-                str(e.message), path=f"{where} {e.path or '$'}", hint=e.hint or "fix or drop this line"
+                str(e.message), path=e.path or f"{where} $.usage", hint=e.hint or "fix or drop this line"
             ) from None
+        try:
+            counted = count_provider(request, provider=provider, model=model)
+        except CalibrationError:
+            raise
+        except CtxlockError as e:
+            # The request's errors name a path inside the request; a model's, the model name.
+            inner = "model" if isinstance(e, ArtifactNotFoundError) else e.path
+            at = f"{where} $.request" + (f".{inner}" if inner and not inner.startswith("[") else inner or "")
+            raise CalibrationError(str(e.message), path=at, hint=e.hint or "fix or drop this line") from None
         reported = usage.input + usage.cache_read + usage.cache_write
+        if not 0 < reported <= MAX_REPORTED:
+            raise CalibrationError(
+                f"the usage reports {str(reported)[:20]} input tokens: "
+                + ("a request always takes some" if reported <= 0 else f"over {MAX_REPORTED:,}, not a request's"),
+                path=f"{where} $.usage",
+                hint="drop this line, or give the usage the provider reported for this request",
+            )
         fixed, est = _by_kind(counted)
         rows.append((fixed, est, reported))
     if model is None:
@@ -253,41 +292,57 @@ def read_calibration(raw: bytes, source: str) -> Calibration:
     hint = "write it with ctxlock calibrate"
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CalibrationError(f"not a calibration file (no format {FORMAT!r})", path=f"{source} $.format", hint=hint)
-    try:
-        factors = obj["factors"]
-        held = obj["held_back"]
-        if not isinstance(factors, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and 0 <= v < 1e6 for k, v in factors.items()
-        ):
-            raise TypeError("factors")
-        residuals = Residuals(
-            requests=int(held["requests"]),
-            mean_abs_pct=float(held["mean_abs_pct"]),
-            p95_pct=float(held["p95_pct"]),
-            max_pct=float(held["max_pct"]),
+    lo, hi = FACTOR_RANGE
+
+    def field(where: Mapping[str, Any], key: str, path: str, ok: Any, what: str) -> Any:
+        value = where.get(key) if isinstance(where, Mapping) else None
+        if isinstance(value, bool) or not ok(value):
+            raise CalibrationError(
+                f"{path} is {json.dumps(value)[:40]}, not {what}" if value is not None else f"{path} is missing",
+                path=f"{source} $.{path}",
+                hint=hint,
+            )
+        return value
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and 0 <= v <= MAX_REPORTED
+
+    def pct(v: Any) -> bool:
+        return isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 1e6
+
+    def name(v: Any) -> bool:
+        return isinstance(v, str) and 0 < len(v) <= 200
+
+    provider = field(obj, "provider", "provider", lambda v: v in PROVIDERS, f"a provider ({', '.join(PROVIDERS)})")
+    model = field(obj, "model", "model", name, "a model name")
+    factors = field(obj, "factors", "factors", lambda v: isinstance(v, dict), "an object of factors")
+    for kind in factors:
+        field(
+            factors,
+            kind,
+            f"factors.{kind}",
+            lambda v: isinstance(v, (int, float)) and lo <= v <= hi,
+            f"a factor {lo} to {hi}",
         )
-        if not all(math.isfinite(x) and x >= 0 for x in (residuals.mean_abs_pct, residuals.p95_pct, residuals.max_pct)):
-            raise ValueError("residuals")
-        cal = Calibration(
-            provider=str(obj["provider"]),
-            model=str(obj["model"]),
-            factors={k: float(v) for k, v in factors.items()},
-            unfitted=tuple(str(k) for k in obj.get("unfitted", [])),
-            fitted_on=int(obj["fitted_on"]),
-            residuals=residuals,
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise CalibrationError(
-            f"a calibration file with a missing or bad field ({e})", path=source, hint=hint
-        ) from None
+    unfitted = obj.get("unfitted", [])
+    if not isinstance(unfitted, list) or not all(isinstance(k, str) for k in unfitted):
+        raise CalibrationError("unfitted: not a list of kinds", path=f"{source} $.unfitted", hint=hint)
+    fitted_on = field(obj, "fitted_on", "fitted_on", count, "a count of requests")
+    held = field(obj, "held_back", "held_back", lambda v: isinstance(v, dict), "an object")
+    requests = field(held, "requests", "held_back.requests", count, "a count of requests")
+    pcts = [field(held, k, f"held_back.{k}", pct, "a percentage") for k in ("mean_abs_pct", "p95_pct", "max_pct")]
+    cal = Calibration(
+        provider=provider,
+        model=model,
+        factors={k: float(v) for k, v in factors.items()},
+        unfitted=tuple(unfitted),
+        fitted_on=fitted_on,
+        residuals=Residuals(requests, *(float(v) for v in pcts)),
+    )
     return replace(cal, sha256=hashlib.sha256(raw).hexdigest(), source=source)
 
 
 def load_calibration(path: str | Path) -> Calibration:
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_CALIBRATION_BYTES + 1)
-    except OSError as e:
-        raise CalibrationError(f"cannot read the calibration file: {e.strerror}", path=str(path)) from None
+    # A regular file only, its size capped before reading: a FIFO, a device or a directory is refused unread.
+    raw = read_input(Path(path), label=str(path), limit=MAX_CALIBRATION_BYTES, env=None, error=CalibrationError)
     return read_calibration(raw, str(path))

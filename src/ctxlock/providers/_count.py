@@ -94,6 +94,8 @@ def _detail(message: Message, part_index: int) -> str:
     image_url = part.get("image_url")
     if isinstance(image_url, Mapping) and isinstance(image_url.get("detail"), str):
         return str(image_url["detail"])
+    if isinstance(part.get("detail"), str):  # the Responses API's input_image carries it beside image_url
+        return str(part["detail"])
     return "auto"
 
 

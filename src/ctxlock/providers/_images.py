@@ -71,8 +71,10 @@ def openai_patches(width: int, height: int) -> int:
         return raw
     r = math.sqrt(PATCH * PATCH * MAX_PATCHES / (width * height))
     w, h = width * r / PATCH, height * r / PATCH
-    r *= min(math.floor(w) / w, math.floor(h) / h)
-    return min(MAX_PATCHES, _ceil(width * r / PATCH) * _ceil(height * r / PATCH))
+    # A side scaled below one patch (100000 x 1) still takes a row of patches: the whole-patch step is taken on the
+    # sides that span one or more, so that no real image is scaled to nothing.
+    r *= min((math.floor(x) / x for x in (w, h) if x >= 1), default=1.0)
+    return max(1, min(MAX_PATCHES, _ceil(width * r / PATCH) * _ceil(height * r / PATCH)))
 
 
 def openai_tiles(width: int, height: int) -> tuple[int, int, int]:
@@ -136,5 +138,7 @@ def anthropic_image(width: int, height: int) -> ImageTokens:
         rule = f"{width}x{height} scaled to about {round(w)}x{round(h)}, then width x height / 750 (Anthropic's rule)"
         if scale == by_tokens:  # the "about 1,600 tokens" cap binds: Anthropic's own maximum sizes span this
             return ImageTokens(tokens, min(tokens, 1590), max(tokens, 1639), rule, True)
-        return ImageTokens(tokens, math.floor(exact), tokens, rule, True)
-    return ImageTokens(tokens, math.floor(exact), tokens, f"{width}x{height}: width x height / 750 (Anthropic)", True)
+        return ImageTokens(tokens, max(1, math.floor(exact)), tokens, rule, True)
+    return ImageTokens(
+        tokens, max(1, math.floor(exact)), tokens, f"{width}x{height}: width x height / 750 (Anthropic)", True
+    )

@@ -65,7 +65,10 @@ def read_traces(raw: bytes, name: str, *, trace: str | None = None) -> Imported:
     if trace is not None:
         turns = [t for t in turns if t.trace_id == trace]
         if not turns:
-            raise TelemetryError(f"no turn of trace {trace!r}", path=name, hint="traces here: " + ", ".join(traces))
+            more = f" and {len(traces) - 10:,} more" if len(traces) > 10 else ""
+            raise TelemetryError(
+                f"no turn of trace {trace[:80]!r}", path=name, hint="traces here: " + ", ".join(traces[:10]) + more
+            )
     elif len(traces) > 1:
         raise TelemetryError(
             f"holds {len(traces)} traces", path=name, hint="pass --trace ID, one of " + ", ".join(traces[:10])
@@ -196,7 +199,7 @@ def _int(value: Any, path: str) -> int:
     # OTLP JSON writes 64-bit integers as decimal strings; a number is accepted too.
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit() and len(value) <= 20:
+    if isinstance(value, str) and len(value) <= 20 and value.isascii() and value.removeprefix("-").isdigit():
         return int(value)
     raise TelemetryError(f"not an integer: {str(value)[:40]!r}", path=path)
 
@@ -294,6 +297,9 @@ def _openai_messages(msg: dict[str, Any], path: str, notes: list[str]) -> list[d
         if kind == "text" and isinstance(part.get("content"), str):
             texts.append(part)
         elif kind == "tool_call":
+            for key, need in (("name", True), ("id", False)):
+                if not isinstance(part.get(key), str) and (need or part.get(key) is not None):
+                    raise TelemetryError(f"a tool call's {key} must be a string", path=f"{path}.parts[{n}].{key}")
             args = part.get("arguments")
             arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             calls.append(
@@ -304,6 +310,8 @@ def _openai_messages(msg: dict[str, Any], path: str, notes: list[str]) -> list[d
                 }
             )
         elif kind == "tool_call_response":
+            if part.get("id") is not None and not isinstance(part.get("id"), str):
+                raise TelemetryError("a tool call's id must be a string", path=f"{path}.parts[{n}].id")
             response = part.get("response")
             content = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
             out.append({"role": "tool", "tool_call_id": part.get("id"), "content": content})
@@ -395,7 +403,9 @@ def _langfuse_time(obs: dict[str, Any], path: str) -> str | None:
         if not isinstance(stamp, str):
             raise ValueError
         moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
+        # The blob-storage export writes UTC without a zone (`2024-05-29 13:46:19.963000`). Every time is given in
+        # UTC, so that the turns sort by their text in time order (10:00+05:00 is before 06:00+00:00).
+        moment = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: 0001-01-01T00:00+05:00 is before year 1 in UTC
         raise TelemetryError(f"not a time: {str(stamp)[:40]!r}", path=f"{path}.{key}") from None
-    # The blob-storage export writes UTC without a zone (`2024-05-29 13:46:19.963000`).
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
+    return moment.isoformat()

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "usage": ("usage",),
     "count": ("count",),
     "cachereport": ("cache-report",),
+    "bill": ("bill",),
     "clamp": ("clamp",),
     "explain": ("explain",),
     "batch": ("batch",),

@@ -255,3 +255,18 @@ def test_cache_options_are_checked(raw: dict[str, Any], message: str) -> None:
 
 def test_states_are_in_prompt_order() -> None:
     assert INPUT_STATES == ("read", "written_1h", "written", "uncached")
+
+
+def test_count_prices_each_part_as_uncached_input() -> None:
+    from ctxlock.cli import count as count_cmds
+
+    request = str(ROOT / "examples" / "tools-and-documents.json")
+    args = ["--prices", str(PRICES), "--price-model", "claude-sonnet-4-5", "--json"]
+    got = _json(invoke(count_cmds.register, "count", request, *args))
+    price = Decimal("3e-06")
+    assert {p["part"]: Decimal(p["total"]) for p in got["bill"]["parts"]} == {
+        p["part"]: p["tokens"] * price for p in got["parts"] if p["tokens"]
+    }
+    assert Decimal(got["bill"]["total"]) == got["total"] * price
+    missing = invoke(count_cmds.register, "count", request, "--prices", str(PRICES), "--json")
+    assert missing.exit_code != 0 and "the request names no model" in missing.output

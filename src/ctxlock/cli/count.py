@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -13,6 +14,7 @@ from ctxlock.cli.images import MediaOpt, read_media
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import JsonOpt, ModelOpt, TemplateOpt
 from ctxlock.economics._capacity import Capacity
+from ctxlock.errors import PriceError
 from ctxlock.model._model import load
 
 _BAR = 30
@@ -76,6 +78,18 @@ def register(app: typer.Typer) -> None:
         ] = None,
         media: MediaOpt = [],  # noqa: B006 (typer reads the default)
         as_json: JsonOpt = False,
+        prices: Annotated[
+            str | None,
+            typer.Option(
+                "--prices",
+                help="Also price each part (docs/bill.md): a LiteLLM-format price table (JSON or TOML), or "
+                "genai-prices for its bundled data. A single request has no cache history: every token is uncached "
+                "input. The entry is --price-model, else the request's model.",
+            ),
+        ] = None,
+        price_model: Annotated[
+            str | None, typer.Option("--price-model", help="The price entry (with --prices).")
+        ] = None,
     ) -> None:
         """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
         message, each document and the generation prompt, summing to len(input_ids). Names every request part
@@ -104,9 +118,41 @@ def register(app: typer.Typer) -> None:
             return counts, m.id, m.capacity, by
 
         counts, model_id, cap, by = guarded(as_json or format is not None, go)
+        # --prices: each part's dollars (ctxlock.economics.request_bill), in one block of its own.
+        priced = None
+        if prices is not None:
+            priced = guarded(as_json, lambda: _priced(counts, prices, price_model))
         if format is not None:
             print_json(count_format(counts, format, counted_by=by))
         elif as_json:
-            print_json({**counts.to_dict(), "capacity": cap.to_dict()})
+            print_json({**counts.to_dict(), "capacity": cap.to_dict(), **({"bill": priced} if priced else {})})
         else:
             _show(counts, model_id, cap)
+            if priced is not None:
+                _show_priced(priced)
+
+
+def _priced(counts: Counts, prices: str, price_model: str | None) -> dict[str, Any]:
+    """The request's parts priced as uncached input: `request_bill` over the exact counts."""
+    from ctxlock.economics import PartTokens, PriceTable, genai_table, request_bill
+    from ctxlock.outside._files import read_input
+
+    data = counts.source  # the request as given (already parsed once by the count: valid JSON)
+    raw = json.loads(data) if isinstance(data, bytes | str) else data
+    name = price_model or (raw.get("model") if isinstance(raw, dict) else None)
+    if not isinstance(name, str) or not name:
+        raise PriceError("the request names no model", path="$.model", hint="pass --price-model NAME")
+    if prices == "genai-prices":
+        table = genai_table([name]).table
+    else:
+        table = PriceTable.parse(read_input(prices, label=f"--prices {prices}"), prices)
+    parts = [PartTokens(p.part, p.tokens) for p in counts.parts]
+    bill = request_bill(parts, table, name)
+    return {"prices": {"name": table.name, "sha256": table.sha256}, **bill.to_dict()}
+
+
+def _show_priced(priced: dict[str, Any]) -> None:
+    console.print(f"priced by {escape(priced['prices']['name'])} · {escape(priced['model'])} · all uncached input")
+    for p in priced["parts"]:
+        console.print(f"${p['total']:<16} {escape(p['part'])}")
+    console.print(f"${priced['total']:<16} total")

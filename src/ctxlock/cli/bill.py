@@ -89,6 +89,9 @@ def _show(name: str, bill: Bill) -> None:
     console.print(f"parts: {escape(bill.layout)}")
     for t in bill.turns:
         tier = f" · tier {t.cost.tier}" if t.cost.tier else ""
+        prompt = sum(t.tokens[s] for s in ("read", "written_1h", "written", "uncached"))
+        if t.layout_tokens and t.layout_tokens != prompt:
+            tier += f" · parts scaled from {t.layout_tokens:,} counted tokens to the {prompt:,} billed"
         console.print(
             f"[bold]#{t.index}[/] {escape(t.model)} · ${_money(t.total)} · {escape(t.figures)}{tier}"
             + (f" · provider's own figure ${_money(t.provider_cost)}" if t.provider_cost is not None else "")

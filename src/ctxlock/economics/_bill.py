@@ -21,11 +21,12 @@ quantum of 10^-12 dollars (finer when the state's dollars are finer) by the larg
 add up to the state's dollars exactly, and the states to the turn's total. Output and reasoning are parts of
 their own.
 
-**The buster.** When a turn stops extending the turn before (the cache report names where), the tokens of the
-earlier prompt it no longer reads (from the end of what it read to the end of the earlier prompt) were billed as
-writes or uncached input; the buster's part is charged the difference between those dollars and what the same
-tokens cost as cache reads. That charge names where the money went: it is already inside the parts' dollars and is
-never added to a total.
+**The buster.** When a turn stops extending the turn before (the cache report names where), the tokens it would
+have read without the buster (what the turn before left in the cache: its whole prompt for OpenAI, at 1,024 tokens
+then 128-token steps, and for vLLM in 16-token blocks; its breakpoint prefix, read or written, for Anthropic), from
+the end of what it did read, were billed as writes or uncached input; the buster's part is charged the difference
+between those dollars and what the same tokens cost as cache reads. That charge names where the money went: it
+is already inside the parts' dollars and is never added to a total.
 """
 
 from __future__ import annotations
@@ -253,7 +254,8 @@ def bill_turn(
 ) -> TurnBill:
     """One turn's bill: `usage` (reported, or the cache report's estimate) priced, each input state's dollars
     apportioned over `parts` by their positions, output and reasoning as parts of their own, and the buster's
-    part charged what the buster cost (see the module docstring)."""
+    part charged what the buster cost (see the module docstring): `previous_prompt` is what the turn before left
+    in the cache, `would_read` what the provider's rule reads of a prefix that long."""
     dollars, cost, prices = state_dollars(usage, table, model)
     tokens = _state_tokens(usage)
     prompt = usage.prompt_tokens
@@ -386,11 +388,14 @@ class Bill:
         return sum((t.total for t in self.turns), Decimal(0))
 
     def part_totals(self) -> dict[str, Decimal]:
+        """Each part's dollars over the session, the prompt's parts first (in order of first appearance), then
+        output and reasoning."""
         out: dict[str, Decimal] = {}
         for t in self.turns:
             for p in t.parts:
                 out[p.part] = out.get(p.part, Decimal(0)) + p.total
-        return out
+        last = [k for k in (OUTPUT, REASONING) if k in out]
+        return {**{k: v for k, v in out.items() if k not in last}, **{k: out[k] for k in last}}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -420,12 +425,12 @@ def bill_turns(
     an estimate; the buster of the cache report charged to its part, for the tokens of the earlier prompt the
     provider's rule would have read (`would_read`)."""
 
-    def would_read(shared: int) -> int:
+    def would_read(held: int) -> int:
         if provider == "openai":
-            return openai_cached(shared)
+            return openai_cached(held)
         if provider == "vllm":
-            return vllm_cached(shared)
-        return shared if shared >= minimum else 0  # Anthropic: the earlier prompt, if its breakpoint ended there
+            return vllm_cached(held)
+        return held if held >= minimum else 0  # Anthropic: the breakpoint prefix the earlier turn read or wrote
 
     out: list[TurnBill] = []
     previous: int | None = None
@@ -457,7 +462,9 @@ def bill_turns(
                 would_read=would_read,
             )
         )
-        previous = u.prompt_tokens
+        # What this turn leaves in the cache for the next: OpenAI and vLLM cache the whole prompt (at their
+        # granularity); Anthropic the breakpoint prefix it read or wrote.
+        previous = u.cache_read + u.cache_write if provider == "anthropic" else u.prompt_tokens
     return out
 
 

@@ -134,8 +134,9 @@ def register(app: typer.Typer) -> None:
 
 def _priced(counts: Counts, prices: str, price_model: str | None) -> dict[str, Any]:
     """The request's parts priced as uncached input: `request_bill` over the exact counts."""
+    # Imported only with --prices: a plain count does not load the bill or the price readers.
     from ctxlock.economics import PartTokens, PriceTable, genai_table, request_bill
-    from ctxlock.outside._files import read_input
+    from ctxlock.outside._files import read_input  # with the bill's: read only with --prices
 
     data = counts.source  # the request as given (already parsed once by the count: valid JSON)
     raw = json.loads(data) if isinstance(data, bytes | str) else data

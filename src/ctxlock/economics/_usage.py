@@ -35,6 +35,9 @@ reported total equals the sum of its parts. Costs come from a price table (`Pric
 constants, in Decimal arithmetic, and each cost names its price entry and the table's sha256.
 """
 
+# size: one format's code together: the five providers' readers, the usage-file reader, and the price table with
+# its per-token prices (`unit_prices`, which `price_usage` and the bill share so the two cannot disagree).
+
 from __future__ import annotations
 
 import difflib

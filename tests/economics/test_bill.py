@@ -270,3 +270,27 @@ def test_count_prices_each_part_as_uncached_input() -> None:
     assert Decimal(got["bill"]["total"]) == got["total"] * price
     missing = invoke(count_cmds.register, "count", request, "--prices", str(PRICES), "--json")
     assert missing.exit_code != 0 and "the request names no model" in missing.output
+
+
+def test_a_closed_providers_count_becomes_parts_in_cache_order() -> None:
+    """`ctxlock.providers.count_provider(...).parts` (any part, tokens, basis) folded into top-level parts in the
+    provider's prefix order, each with its weakest basis; the message framing last."""
+    from ctxlock.economics._bill import PartTokens, provider_parts
+
+    counted = [
+        PartTokens("messages[1].content[1]", 85, "documented"),
+        PartTokens("framing", 10, "documented"),
+        PartTokens("messages[1]", 5, "exact"),
+        PartTokens("messages[0]", 4, "exact"),
+        PartTokens("tools[0]", 30, "estimated"),
+        PartTokens("system", 7, "exact"),
+        PartTokens("tool_framing", 12, "estimated"),
+    ]
+    assert provider_parts(counted) == [
+        PartTokens("tool_framing", 12, "estimated"),
+        PartTokens("tools[0]", 30, "estimated"),
+        PartTokens("system", 7, "exact"),
+        PartTokens("messages[0]", 4, "exact"),
+        PartTokens("messages[1]", 90, "documented"),
+        PartTokens("framing", 10, "documented"),
+    ]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal, localcontext
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from ctxlock.accounting import part_of, runs
 from ctxlock.economics._genai import available as genai_available
@@ -66,6 +66,40 @@ class PartTokens:
     part: str
     tokens: int
     basis: str = "exact"
+
+
+class CountedPart(Protocol):
+    """What a counter gives per part (`ctxlock.providers.PartCount` is one): a request path, tokens and a basis."""
+
+    @property
+    def part(self) -> str: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def basis(self) -> str: ...
+
+
+def _cache_order(part: str) -> tuple[int, int]:
+    """Where a part sits in the provider's prefix order (tools → system → messages): the tool-use prompt with the
+    tools, documents after the messages, and the message framing last (a simplification: the provider spreads it
+    through the messages, and where exactly is not published)."""
+    head = part.split("[", 1)[0]
+    index = int(part[len(head) + 1 : part.index("]")]) if "[" in part else 0
+    rank = {"tool_framing": 0, "tools": 1, "system": 2, "messages": 3, "documents": 4, "framing": 5}
+    return rank.get(head, 6), index
+
+
+def provider_parts(parts: Sequence[CountedPart]) -> list[PartTokens]:
+    """A closed provider's count (`ctxlock.providers.count_provider(...).parts`) as the bill's parts: sub-parts
+    (`messages[2].content[1]`, `messages[2].tool_calls`) folded into their part, each part's basis its weakest,
+    in the provider's prefix order (`_cache_order`)."""
+    tokens: dict[str, int] = {}
+    bases: dict[str, set[str]] = {}
+    for p in parts:
+        name = part_of(p.part)
+        tokens[name] = tokens.get(name, 0) + p.tokens
+        bases.setdefault(name, set()).add(p.basis)
+    return [PartTokens(name, tokens[name], _basis(bases[name])) for name in sorted(tokens, key=_cache_order)]
 
 
 def plain(value: Decimal) -> str:
@@ -546,6 +580,7 @@ __all__ = [
     "bill_turns",
     "compare",
     "plain",
+    "provider_parts",
     "request_bill",
     "session_layouts",
     "state_dollars",

@@ -46,10 +46,18 @@ def _request(t: int, *, stamp: bool = False) -> dict[str, Any]:
     return {"model": "claude-sonnet-4-5", "messages": [{"role": "system", "content": system}, *chat], "tools": [tool]}
 
 
-def _anthropic_usage(draw: Any) -> dict[str, Any]:
+def _usage(draw: Any) -> dict[str, Any]:
     big = draw(st.booleans())  # over 200k prompt tokens: the long-context tier
     scale = 60_000 if big else 2_000
     read, five, hour, inp = (draw(st.integers(0, scale)) for _ in range(4))
+    if draw(st.booleans()):  # OpenAI's shape: cached tokens inside the prompt, reasoning inside the completion
+        completion = draw(st.integers(0, 5_000))
+        return {
+            "prompt_tokens": read + inp + 4 * scale,
+            "completion_tokens": completion,
+            "prompt_tokens_details": {"cached_tokens": read},
+            "completion_tokens_details": {"reasoning_tokens": draw(st.integers(0, completion))},
+        }
     return {
         "input_tokens": inp,
         "output_tokens": draw(st.integers(0, 5_000)),
@@ -62,10 +70,11 @@ def _anthropic_usage(draw: Any) -> dict[str, Any]:
 @st.composite
 def sessions(draw: Any) -> tuple[str, list[dict[str, Any]]]:
     """A provider's layout (anthropic, openai: the proxy's estimate; vllm: the model's exact count) and turns
-    with Anthropic usage objects (reads, 5-minute and 1-hour writes, sometimes over the 200k tier)."""
+    with Anthropic usage objects (reads, 5-minute and 1-hour writes) or OpenAI ones (reads, reasoning), sometimes
+    over the 200k tier."""
     n = draw(st.integers(1, 3))
     provider = draw(st.sampled_from(["anthropic", "openai", "vllm"]))
-    return provider, [{"request": _request(t), "usage": _anthropic_usage(draw)} for t in range(n)]
+    return provider, [{"request": _request(t), "usage": _usage(draw)} for t in range(n)]
 
 
 def _write(tmp: Path, lines: list[dict[str, Any]], name: str = "s.jsonl") -> Path:
@@ -105,6 +114,8 @@ def test_bill_totals_are_usage_totals_and_parts_add_up(
         u = row
         assert turn["tokens"]["read"] == u["cache_read"] and turn["tokens"]["uncached"] == u["input"]
         assert turn["tokens"]["written"] + turn["tokens"]["written_1h"] == u["cache_write"]
+        assert turn["tokens"]["reasoning"] == (u["reasoning"] or 0)
+        assert turn["tokens"]["output"] + turn["tokens"]["reasoning"] == u["output"]
 
 
 @settings(max_examples=examples(100), deadline=None)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ctxlock.cli.cachereport import MinPrefixOpt, PriceModelOpt, TemplateOpt, TtlOpt
+from ctxlock.cli.cachereport import MinPrefixOpt, TemplateOpt, TtlOpt
 from ctxlock.cli.files import template_file
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import JsonOpt, ModelOpt
@@ -61,6 +61,13 @@ SourceOpt = Annotated[
         "--price-source",
         help="Which source prices the bill when both are there: prices (the --prices table, the default: the "
         "table you chose and pinned by its sha256) or genai-prices (its bundled data; --prices is then compared).",
+    ),
+]
+PriceModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--price-model",
+        help="The price entry for every turn (default: each request's `model`, else the model its usage names).",
     ),
 ]
 NoCompareOpt = Annotated[

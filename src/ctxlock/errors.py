@@ -400,6 +400,14 @@ class ExplainError(CtxlockError):
     not JSON objects, a record of the wrong kind."""
 
 
+class ProviderCountError(CtxlockError):
+    """A closed provider's count cannot be made: an unknown provider, a calibration file that is not one."""
+
+
+class CalibrationError(ProviderCountError):
+    """A usage log or calibration file `ctxlock calibrate` cannot use (names the file, line and JSON path)."""
+
+
 class PriceError(CtxlockError):
     """A price table that cannot be read, a model it has no entry for, or no price for a kind of token used."""
 

@@ -32,6 +32,7 @@ from ctxlock.artifacts._gguf_load import GGUFTokenizer, load_gguf
 from ctxlock.artifacts._hf_dir import load_hf_dir
 from ctxlock.artifacts._hub import is_hub_id, resolve_hub_revision
 from ctxlock.artifacts._manifest import load_manifest_dir
+from ctxlock.artifacts._openai import OPENAI_PREFIX, as_openai_model, openai_encoding, openai_manifest_dir
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -93,6 +94,10 @@ def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = 
     if tokenizer_pipeline not in TOKENIZER_PIPELINES:
         raise ValueError(f"tokenizer_pipeline must be one of {TOKENIZER_PIPELINES}, not {tokenizer_pipeline!r}")
     name = DEFAULT_MODEL if spec is None else str(spec)
+    if name.startswith(OPENAI_PREFIX):
+        # openai:MODEL: the model's tiktoken encoding from the bpe-openai package, no chat template.
+        root = openai_manifest_dir(name)
+        return as_openai_model(_load_cached(root, _fingerprint(root), "class"), name)
     builtin = BUILTIN_DIR / name
     if "/" not in name and "\\" not in name and (builtin / "ctxlock.json").is_file():
         root = builtin
@@ -154,4 +159,5 @@ __all__ = [
     "load_gguf",
     "load_manifest_dir",
     "load_template_file",
+    "openai_encoding",
 ]

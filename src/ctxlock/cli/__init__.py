@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "parse": ("parse",),
     "usage": ("usage",),
     "count": ("count",),
+    "calibrate": ("calibrate",),
     "cachereport": ("cache-report",),
     "bill": ("bill",),
     "clamp": ("clamp",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,8 +15,10 @@ from ctxlock.cli.images import MediaOpt, read_media
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import JsonOpt, ModelOpt, TemplateOpt
 from ctxlock.economics._capacity import Capacity
-from ctxlock.errors import PriceError
+from ctxlock.errors import OptionError, PriceError, RequestValidationError
 from ctxlock.model._model import load
+from ctxlock.outside import loads_outside
+from ctxlock.providers import ProviderCount, count_provider, load_calibration
 
 _BAR = 30
 
@@ -51,6 +54,43 @@ def _show(counts: Counts, model_id: str, cap: Capacity) -> None:
         console.print(f"[yellow]note[/]    {escape(note)}")
 
 
+def _show_provider(counted: ProviderCount) -> None:
+    kind = "exact encoding" if counted.exact_tokenizer else "proxy"
+    console.print(
+        f"[bold]{escape(counted.provider)} {escape(counted.model)}[/] · {counted.total:,} input tokens "
+        f"(range {counted.low:,}..{counted.high:,}; {counted.basis}) · {kind}: {escape(counted.tokenizer)}"
+    )
+    by = counted.by_basis()
+    console.print(" · ".join(f"{b} {n:,}" for b, n in by.items()))
+    if counted.calibration is not None:
+        cal = counted.calibration
+        console.print(f"calibrated by {escape(cal['file'])} (sha256 {cal['sha256'][:16]}…): {escape(cal['summary'])}")
+    width = max((len(p.part) for p in counted.parts), default=8)
+    for p in counted.parts:
+        span = "" if p.low == p.high else f" ({p.low:,}..{p.high:,})"
+        console.print(f"{escape(p.part):<{width}}  {p.tokens:>8,}  {p.basis:<10}  {escape(p.method)}{escape(span)}")
+    for note in counted.notes:
+        console.print(f"[yellow]note[/]    {escape(note)}")
+
+
+def _provider_count(
+    request: str, provider: str, model: str | None, calibration: Path | None, media: list[str]
+) -> ProviderCount:
+    data = read_request(request)
+    name = model
+    if name is None:
+        obj = loads_outside(data, "$", error=RequestValidationError)
+        name = obj.get("model") if isinstance(obj, dict) else None
+        if not isinstance(name, str) or not name:
+            raise RequestValidationError(
+                "no model to count for: the request names none",
+                path="model",
+                hint=f"pass --model (the {provider} model name, e.g. gpt-4o or claude-sonnet-4-5)",
+            )
+    cal = load_calibration(calibration) if calibration is not None else None
+    return count_provider(data, provider=provider, model=name, media=read_media(media), calibration=cal)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("count")
     def count_cmd(
@@ -77,6 +117,24 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         media: MediaOpt = [],  # noqa: B006 (typer reads the default)
+        provider: Annotated[
+            str | None,
+            typer.Option(
+                "--provider",
+                help="Count as a closed provider counts: openai (text exact under the model's published encoding, "
+                "the framing and images by OpenAI's documented rules, tools estimated) or anthropic (a proxy "
+                "tokenizer, images and PDFs by Anthropic's rules). Each figure says exact, documented or "
+                "estimated, with a range. --model is then the provider's model name (default: the request's).",
+            ),
+        ] = None,
+        calibration: Annotated[
+            Path | None,
+            typer.Option(
+                "--calibration",
+                help="With --provider: a calibration file from `ctxlock calibrate` (the estimates scaled by the "
+                "factors it fitted on your logs, their ranges the error it measured; its sha256 is in the output).",
+            ),
+        ] = None,
         as_json: JsonOpt = False,
         prices: Annotated[
             str | None,
@@ -97,6 +155,32 @@ def register(app: typer.Typer) -> None:
         model's window with its source (--json: "capacity"), when its files state one. Images (for a model with
         an image processor) are counted exactly from their headers alone, with their resize steps; nothing is
         decoded."""
+
+        if provider is not None:
+            counted = guarded(
+                as_json or format is not None,
+                lambda: _provider_count(request, provider, model, calibration, media),
+            )
+            if format is not None:
+                shape = {"object": "response.input_tokens"} if format == "openai" else {}
+                print_json(
+                    {
+                        **shape,
+                        "input_tokens": counted.total,
+                        "exact": counted.basis == "exact",
+                        "range": [counted.low, counted.high],
+                        "basis": counted.basis,
+                        "provider": counted.provider,
+                        "model": counted.model,
+                    }
+                )
+            elif as_json:
+                print_json(counted.to_dict())
+            else:
+                _show_provider(counted)
+            return
+        if calibration is not None:
+            raise OptionError("--calibration applies to a closed provider's count", hint="add --provider")
 
         def go() -> tuple[Counts, str, Capacity, dict[str, str]]:
             data = read_request(request)

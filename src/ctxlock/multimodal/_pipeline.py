@@ -357,6 +357,43 @@ def image_bytes(request: Request, media_map: Mapping[str, bytes] | None = None) 
     return tuple(resolve(ref, media_map) for ref in image_refs(request))
 
 
+@dataclass(frozen=True)
+class ImageSize:
+    """An image of a request and its size as stored (width x height), read from its header alone."""
+
+    ref: ImageRef
+    width: int
+    height: int
+    media_type: str
+
+
+def image_sizes(
+    request: Request,
+    media_map: Mapping[str, bytes] | None = None,
+    options: StageOptions = StageOptions(),
+    *,
+    unfetched: bool = False,
+) -> tuple[ImageSize, ...]:
+    """Every image's size from its header alone (nothing decoded), under the same caps as `plan_images`: what a
+    provider's published image rule needs (`ctxlock.providers`). With `unfetched`, an http(s) image whose bytes
+    were not supplied is listed with size 0 x 0 (its size is unknown) instead of refused."""
+    out = []
+    for ref in image_refs(request):
+        if unfetched and ref.kind == "http" and (media_map is None or ref.url not in media_map):
+            out.append(ImageSize(ref, 0, 0, ""))
+            continue
+        ib = resolve(ref, media_map)
+        header = media.read_header(
+            ib.data,
+            path=ib.ref.path,
+            media_type=ib.declared_type,
+            max_pixels=options.max_pixels,
+            max_decode_bytes=options.decode_limit(),
+        )
+        out.append(ImageSize(ib.ref, header.width, header.height, header.media_type))
+    return tuple(out)
+
+
 def plan_images(
     request: Request,
     family: ImageFamily,

@@ -66,6 +66,19 @@ O200K_PATTERN = "|".join(
     ]
 )
 _O200K_SPECIALS = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+# cl100k_base (gpt-4, gpt-3.5-turbo, the text-embedding models): its pattern and special tokens as
+# tiktoken_ext/openai_public.py (tiktoken 0.14) defines them.
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|"""
+    r"""\s+(?!\S)|\s"""
+)
+_CL100K_SPECIALS = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+}
 # o200k_harmony, the encoding of gpt-oss: o200k_base's ranks and pattern, Harmony's control tokens, and every
 # other id from 200013 to 201087 a reserved token, as openai-harmony 0.0.8 loads it. Two tables differ from it at
 # the edges, and this one follows openai-harmony inside the model's 201,088 ids: tiktoken's o200k_harmony
@@ -94,6 +107,8 @@ _HARMONY_SPECIALS = {
 TIKTOKEN_PRESETS: dict[str, dict[str, Any]] = {
     # OpenAI's o200k_base (gpt-4o, o1, o3): the file is o200k_base.tiktoken.
     "o200k_base": {"pattern": O200K_PATTERN, "special_tokens": _O200K_SPECIALS, "normalizer": None},
+    # OpenAI's cl100k_base (gpt-4, gpt-3.5-turbo): the file is cl100k_base.tiktoken.
+    "cl100k_base": {"pattern": CL100K_PATTERN, "special_tokens": _CL100K_SPECIALS, "normalizer": None},
     # gpt-oss (Harmony): the file is o200k_base.tiktoken.
     "o200k_harmony": {"pattern": O200K_PATTERN, "special_tokens": _HARMONY_SPECIALS, "normalizer": None},
     # Qwen(1) QWenTokenizer, tokenization_qwen.py: SPECIAL_START_ID = 151643, (ENDOFTEXT, IMSTART, IMEND) + EXTRAS.

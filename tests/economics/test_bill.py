@@ -305,3 +305,32 @@ def test_a_closed_providers_count_becomes_parts_in_cache_order() -> None:
         PartTokens("messages[1]", 90, "documented"),
         PartTokens("framing", 10, "documented"),
     ]
+
+
+def test_closed_provider_parts_come_from_ctxlock_providers(tmp_path: Path) -> None:
+    """--provider openai: each turn's parts are `count_provider`'s (the text exact under gpt-4o's published
+    encoding, the framing by the documented rule), and when the model has no known encoding, the cache report's
+    proxy layout, saying why."""
+    from ctxlock.providers import count_provider
+
+    usage = {"prompt_tokens": 2000, "completion_tokens": 100, "prompt_tokens_details": {"cached_tokens": 1024}}
+    request = {**_request(0), "model": "gpt-4o"}
+    session = _write(tmp_path, [{"request": request, "usage": usage}])
+    mine = tmp_path / "p.json"
+    mine.write_text(json.dumps({"gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05,
+                                           "cache_read_input_token_cost": 1.25e-06}}))  # fmt: skip
+    args = ["--provider", "openai", "--prices", str(mine), "--no-compare", "--json"]
+    got = _json(invoke(bill_cmds.register, "bill", str(session), *args))["sessions"][0]
+    assert got["layout"].startswith("ctxlock.providers (openai: o200k_base")
+    counted = count_provider(request, provider="openai", model="gpt-4o")
+    (turn,) = got["turns"]
+    assert turn["layout_tokens"] == counted.total
+    bases = {p["part"]: p["basis"] for p in turn["parts"]}
+    assert bases["messages[0]"] == "exact" and bases["framing"] == "documented" and bases["tools[0]"] == "estimated"
+    assert sum(Decimal(p["total"]) for p in turn["parts"]) == Decimal(turn["total"])
+    other = _write(tmp_path, [{"request": {**request, "model": "no-such-model"}, "usage": usage}], "o.jsonl")
+    mine.write_text(json.dumps({"no-such-model": {"input_cost_per_token": 1e-06, "output_cost_per_token": 1e-06,
+                                                  "cache_read_input_token_cost": 1e-07}}))  # fmt: skip
+    fallback = _json(invoke(bill_cmds.register, "bill", str(other), *args))["sessions"][0]
+    assert fallback["layout"].startswith("the proxy layout: ctxlock.providers cannot count turn 0 (")
+    assert "over the provider's layout" in fallback["layout"]

@@ -14,12 +14,14 @@ from ctxlock.cli.cachereport import MinPrefixOpt, TemplateOpt, TtlOpt
 from ctxlock.cli.files import template_file
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import JsonOpt, ModelOpt
-from ctxlock.economics import Bill, PriceTable, bill_session
+from ctxlock.economics import Bill, PartTokens, PriceTable, bill_session
+from ctxlock.economics._bill import provider_parts
 from ctxlock.economics._promptcache import PROVIDERS
-from ctxlock.economics._session import read_session
-from ctxlock.errors import UsageError
+from ctxlock.economics._session import Session, read_session
+from ctxlock.errors import CtxlockError, UsageError
 from ctxlock.model._model import load
 from ctxlock.outside._files import decode_utf8, read_input
+from ctxlock.providers import count_provider
 
 SOURCES = ("prices", "genai-prices")
 _LABELS = {
@@ -43,8 +45,9 @@ ProviderOpt = Annotated[
     str,
     typer.Option(
         "--provider",
-        help="The caching rule and layout: openai|anthropic (tools → system → messages, counted by --model's "
-        "tokenizer as a proxy: estimated) or vllm (--model's own render: exact).",
+        help="The caching rule and layout: openai|anthropic (tools → system → messages, each part counted as "
+        "the provider counts it by ctxlock.providers: exact, documented or estimated, per part) or vllm (--model's "
+        "own render: exact). --model is the cache report's proxy tokenizer for the closed providers.",
     ),
 ]
 PricesOpt = Annotated[
@@ -136,6 +139,33 @@ def _show(name: str, bill: Bill) -> None:
         console.print(f"[yellow]note[/] {escape(note)}")
 
 
+def _provider_layouts(
+    session: Session, provider: str, price_model: str | None
+) -> tuple[list[list[PartTokens]] | None, str | None]:
+    """For anthropic and openai, each turn's parts as `ctxlock.providers.count_provider` counts them for the turn's
+    model (OpenAI's text exact under its published encoding, framing and images by the documented rules, the rest
+    estimated), in the provider's prefix order. None (the cache report's proxy layout) for vllm; for a turn that
+    names no model, or a model the provider's count does not know, the proxy layout too, and the label says why."""
+    if provider not in ("openai", "anthropic"):
+        return None, None
+    layouts, tokenizers = [], set()
+    for i, (raw, usage, _) in enumerate(session):
+        name = price_model or raw.get("model") or (usage.get("model") if isinstance(usage, dict) else None)
+        if not isinstance(name, str) or not name:
+            return (
+                None,
+                f"the proxy layout: turn {i} names no model for ctxlock.providers to count (pass --price-model)",
+            )
+        try:
+            counted = count_provider(raw, provider=provider, model=name)
+        except CtxlockError as exc:  # a model whose encoding the provider's count does not know
+            return None, f"the proxy layout: ctxlock.providers cannot count turn {i} ({exc.message})"
+        layouts.append(provider_parts(counted.parts))
+        tokenizers.add(counted.tokenizer)
+    label = f"ctxlock.providers ({provider}: {', '.join(sorted(tokenizers))}); each part's basis as counted"
+    return layouts, label
+
+
 def register(app: typer.Typer) -> None:
     @app.command("bill")
     def bill_cmd(
@@ -172,6 +202,7 @@ def register(app: typer.Typer) -> None:
             for name in sessions:
                 label = "stdin" if name == "-" else f"SESSION {name}"
                 session = read_session(decode_utf8(read_input(name, label=label), label=label), label)
+                layouts, layout_label = _provider_layouts(session, provider, price_model)
                 bill = bill_session(
                     m,
                     session,
@@ -183,6 +214,8 @@ def register(app: typer.Typer) -> None:
                     price_model=price_model,
                     ttl=ttl,
                     minimum=min_prefix,
+                    layouts=layouts,
+                    layout_label=layout_label,
                 )
                 out.append((name, bill))
             return out

@@ -161,6 +161,15 @@ def register(app: typer.Typer) -> None:
                 as_json or format is not None,
                 lambda: _provider_count(request, provider, model, calibration, media),
             )
+            if prices is not None:  # --prices: the provider's parts, priced (one block of its own)
+                parts = guarded(as_json, lambda: _provider_parts(counted))
+                priced = guarded(as_json, lambda: _priced(parts, counted.model, prices, price_model))
+                if as_json:
+                    print_json({**counted.to_dict(), "bill": priced})
+                else:
+                    _show_provider(counted)
+                    _show_priced(priced)
+                return
             if format is not None:
                 shape = {"object": "response.input_tokens"} if format == "openai" else {}
                 print_json(
@@ -205,7 +214,9 @@ def register(app: typer.Typer) -> None:
         # --prices: each part's dollars (ctxlock.economics.request_bill), in one block of its own.
         priced = None
         if prices is not None:
-            priced = guarded(as_json, lambda: _priced(counts, prices, price_model))
+            priced = guarded(
+                as_json, lambda: _priced(_count_parts(counts), _request_model(counts), prices, price_model)
+            )
         if format is not None:
             print_json(count_format(counts, format, counted_by=by))
         elif as_json:
@@ -216,22 +227,40 @@ def register(app: typer.Typer) -> None:
                 _show_priced(priced)
 
 
-def _priced(counts: Counts, prices: str, price_model: str | None) -> dict[str, Any]:
-    """The request's parts priced as uncached input: `request_bill` over the exact counts."""
-    # Imported only with --prices: a plain count does not load the bill or the price readers.
-    from ctxlock.economics import PartTokens, PriceTable, genai_table, request_bill
-    from ctxlock.outside._files import read_input  # with the bill's: read only with --prices
-
+def _request_model(counts: Counts) -> str | None:
     data = counts.source  # the request as given (already parsed once by the count: valid JSON)
     raw = json.loads(data) if isinstance(data, bytes | str) else data
-    name = price_model or (raw.get("model") if isinstance(raw, dict) else None)
+    name = raw.get("model") if isinstance(raw, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _count_parts(counts: Counts) -> list[Any]:
+    # Imported only with --prices: a plain count does not load the bill.
+    from ctxlock.economics import PartTokens
+
+    return [PartTokens(p.part, p.tokens) for p in counts.parts]
+
+
+def _provider_parts(counted: ProviderCount) -> list[Any]:
+    # Imported only with --prices: a plain count does not load the bill.
+    from ctxlock.economics._bill import provider_parts
+
+    return provider_parts(counted.parts)
+
+
+def _priced(parts: list[Any], model: str | None, prices: str, price_model: str | None) -> dict[str, Any]:
+    """The request's parts priced as uncached input (`request_bill`)."""
+    # Imported only with --prices: a plain count does not load the bill or the price readers.
+    from ctxlock.economics import PriceTable, genai_table, request_bill
+    from ctxlock.outside._files import read_input  # with the bill's: read only with --prices
+
+    name = price_model or model
     if not isinstance(name, str) or not name:
         raise PriceError("the request names no model", path="$.model", hint="pass --price-model NAME")
     if prices == "genai-prices":
         table = genai_table([name]).table
     else:
         table = PriceTable.parse(read_input(prices, label=f"--prices {prices}"), prices)
-    parts = [PartTokens(p.part, p.tokens) for p in counts.parts]
     bill = request_bill(parts, table, name)
     return {"prices": {"name": table.name, "sha256": table.sha256}, **bill.to_dict()}
 

@@ -637,7 +637,8 @@ def bill_session(
             raise PriceError(f"turn {i} names no model", path=f"turn {i} $.model", hint="pass --price-model NAME")
         models.append(name)
     if layouts is None:
-        layouts, layout_label = session_layouts(model, session, provider, options)
+        layouts, proxy = session_layouts(model, session, provider, options)
+        layout_label = f"{layout_label}; {proxy}" if layout_label else proxy
     use_genai = table is None or source == "genai-prices"
     genai, notes = None, list(run.notes)
     if use_genai or (compare_sources and genai_available()):

@@ -422,14 +422,15 @@ class Bill:
         return sum((t.total for t in self.turns), Decimal(0))
 
     def part_totals(self) -> dict[str, Decimal]:
-        """Each part's dollars over the session, the prompt's parts first (in order of first appearance), then
-        output and reasoning."""
+        """Each part's dollars over the session, the prompt's parts first (in the provider's prefix order,
+        `_cache_order`), then output and reasoning."""
         out: dict[str, Decimal] = {}
         for t in self.turns:
             for p in t.parts:
                 out[p.part] = out.get(p.part, Decimal(0)) + p.total
         last = [k for k in (OUTPUT, REASONING) if k in out]
-        return {**{k: v for k, v in out.items() if k not in last}, **{k: out[k] for k in last}}
+        first = sorted((k for k in out if k not in last), key=_cache_order)
+        return {**{k: out[k] for k in first}, **{k: out[k] for k in last}}
 
     def to_dict(self) -> dict[str, Any]:
         return {

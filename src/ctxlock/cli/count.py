@@ -51,6 +51,19 @@ def _show(counts: Counts, model_id: str, cap: Capacity) -> None:
         console.print(f"[yellow]note[/]    {escape(note)}")
 
 
+PricesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prices",
+        help="Also price each part (docs/bill.md): a LiteLLM-format price table (JSON or TOML), or genai-prices "
+        "for its bundled data. A single request has no cache history: every token is uncached input.",
+    ),
+]
+PriceModelOpt = Annotated[
+    str | None, typer.Option("--price-model", help="The price entry for --prices (default: the request's model).")
+]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("count")
     def count_cmd(
@@ -78,18 +91,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         media: MediaOpt = [],  # noqa: B006 (typer reads the default)
         as_json: JsonOpt = False,
-        prices: Annotated[
-            str | None,
-            typer.Option(
-                "--prices",
-                help="Also price each part (docs/bill.md): a LiteLLM-format price table (JSON or TOML), or "
-                "genai-prices for its bundled data. A single request has no cache history: every token is uncached "
-                "input. The entry is --price-model, else the request's model.",
-            ),
-        ] = None,
-        price_model: Annotated[
-            str | None, typer.Option("--price-model", help="The price entry (with --prices).")
-        ] = None,
+        prices: PricesOpt = None,
+        price_model: PriceModelOpt = None,
     ) -> None:
         """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
         message, each document and the generation prompt, summing to len(input_ids). Names every request part
@@ -119,17 +122,14 @@ def register(app: typer.Typer) -> None:
 
         counts, model_id, cap, by = guarded(as_json or format is not None, go)
         # --prices: each part's dollars (ctxlock.economics.request_bill), in one block of its own.
-        priced = None
-        if prices is not None:
-            priced = guarded(as_json, lambda: _priced(counts, prices, price_model))
+        priced = guarded(as_json, lambda: _priced(counts, prices, price_model)) if prices is not None else None
         if format is not None:
             print_json(count_format(counts, format, counted_by=by))
         elif as_json:
             print_json({**counts.to_dict(), "capacity": cap.to_dict(), **({"bill": priced} if priced else {})})
         else:
             _show(counts, model_id, cap)
-            if priced is not None:
-                _show_priced(priced)
+            _show_priced(priced)
 
 
 def _priced(counts: Counts, prices: str, price_model: str | None) -> dict[str, Any]:
@@ -152,7 +152,9 @@ def _priced(counts: Counts, prices: str, price_model: str | None) -> dict[str, A
     return {"prices": {"name": table.name, "sha256": table.sha256}, **bill.to_dict()}
 
 
-def _show_priced(priced: dict[str, Any]) -> None:
+def _show_priced(priced: dict[str, Any] | None) -> None:
+    if priced is None:
+        return
     console.print(f"priced by {escape(priced['prices']['name'])} · {escape(priced['model'])} · all uncached input")
     for p in priced["parts"]:
         console.print(f"${p['total']:<16} {escape(p['part'])}")

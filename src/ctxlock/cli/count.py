@@ -91,6 +91,19 @@ def _provider_count(
     return count_provider(data, provider=provider, model=name, media=read_media(media), calibration=cal)
 
 
+PricesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prices",
+        help="Also price each part (docs/bill.md): a LiteLLM-format price table (JSON or TOML), or genai-prices "
+        "for its bundled data. A single request has no cache history: every token is uncached input.",
+    ),
+]
+PriceModelOpt = Annotated[
+    str | None, typer.Option("--price-model", help="The price entry for --prices (default: the request's model).")
+]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("count")
     def count_cmd(
@@ -136,18 +149,8 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         as_json: JsonOpt = False,
-        prices: Annotated[
-            str | None,
-            typer.Option(
-                "--prices",
-                help="Also price each part (docs/bill.md): a LiteLLM-format price table (JSON or TOML), or "
-                "genai-prices for its bundled data. A single request has no cache history: every token is uncached "
-                "input. The entry is --price-model, else the request's model.",
-            ),
-        ] = None,
-        price_model: Annotated[
-            str | None, typer.Option("--price-model", help="The price entry (with --prices).")
-        ] = None,
+        prices: PricesOpt = None,
+        price_model: PriceModelOpt = None,
     ) -> None:
         """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
         message, each document and the generation prompt, summing to len(input_ids). Names every request part
@@ -162,8 +165,7 @@ def register(app: typer.Typer) -> None:
                 lambda: _provider_count(request, provider, model, calibration, media),
             )
             if prices is not None:  # --prices: the provider's parts, priced (one block of its own)
-                parts = guarded(as_json, lambda: _provider_parts(counted))
-                priced = guarded(as_json, lambda: _priced(parts, counted.model, prices, price_model))
+                priced = guarded(as_json, lambda: _priced(_provider_parts(counted), counted.model, prices, price_model))
                 if as_json:
                     print_json({**counted.to_dict(), "bill": priced})
                 else:
@@ -223,8 +225,7 @@ def register(app: typer.Typer) -> None:
             print_json({**counts.to_dict(), "capacity": cap.to_dict(), **({"bill": priced} if priced else {})})
         else:
             _show(counts, model_id, cap)
-            if priced is not None:
-                _show_priced(priced)
+            _show_priced(priced)
 
 
 def _request_model(counts: Counts) -> str | None:
@@ -265,7 +266,9 @@ def _priced(parts: list[Any], model: str | None, prices: str, price_model: str |
     return {"prices": {"name": table.name, "sha256": table.sha256}, **bill.to_dict()}
 
 
-def _show_priced(priced: dict[str, Any]) -> None:
+def _show_priced(priced: dict[str, Any] | None) -> None:
+    if priced is None:
+        return
     console.print(f"priced by {escape(priced['prices']['name'])} · {escape(priced['model'])} · all uncached input")
     for p in priced["parts"]:
         console.print(f"${p['total']:<16} {escape(p['part'])}")

@@ -45,6 +45,8 @@
     │   ├── ServerUnreachableError   no connection, a timeout, a TLS failure
     │   ├── ServerAnswerError        not JSON, over the size cap, not the route's shape, a redirect elsewhere
     │   └── ServerRefusedError       a 4xx or 5xx answer, with the server's own message (401, 403: pass --token)
+    ├── TelemetryError               `ctxlock export --otel`/`import --otel`: a trace file that cannot be read as a
+    │                                session, an OTLP endpoint that refused the spans, the `otel` extra missing
     ├── MediaError                   image bytes -> pixels -> placeholders (ctxlock.multimodal)
     │   ├── MediaSourceError         a URL ctxlock may not fetch, a bad data: URL or base64, missing supplied bytes
     │   ├── MediaTypeError           an unsupported media type, or one the bytes disagree with
@@ -465,6 +467,12 @@ class RouteNotFoundError(ServeError):
 
 class InternalServeError(ServeError):
     """An exception ctxlock did not expect while serving a request: logged in full on the server, answered as JSON."""
+
+
+class TelemetryError(CtxlockError):
+    """OpenTelemetry traces (docs/telemetry.md): an OTLP JSON file or Langfuse export that cannot be read as a
+    session (`path` names the file and the JSON path), an OTLP endpoint that did not take the spans, or the `otel`
+    extra not installed."""
 
 
 class LiveServerError(CtxlockError):

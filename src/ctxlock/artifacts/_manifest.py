@@ -130,8 +130,11 @@ def resource_or_file(root: Path, spec: Mapping[str, Any], manifest_path: Path) -
         except (ImportError, ValueError):
             found = None
         if found is None or not found.submodule_search_locations:
+            extra = spec.get("extra")
             raise ArtifactNotFoundError(
-                f"package {spec['package']!r} is not installed", path=f"{manifest_path}:tokenizer.package"
+                f"package {spec['package']!r} is not installed",
+                path=f"{manifest_path}:tokenizer.package",
+                hint=f"pip install 'ctxlock[{extra}]'" if isinstance(extra, str) and extra.isidentifier() else None,
             )
         base = Path(next(iter(found.submodule_search_locations)))
         return inside(base, spec.get("resource"), field="tokenizer.resource", config=manifest_path)

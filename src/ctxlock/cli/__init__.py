@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "probe": ("probe",),
     "view": ("view",),
     "difftemplate": ("diff-template",),
+    "telemetry": ("export", "import"),
 }
 
 

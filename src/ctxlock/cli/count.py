@@ -58,7 +58,7 @@ def _show_provider(counted: ProviderCount) -> None:
     kind = "exact encoding" if counted.exact_tokenizer else "proxy"
     console.print(
         f"[bold]{escape(counted.provider)} {escape(counted.model)}[/] · {counted.total:,} input tokens "
-        f"(range {counted.low:,}..{counted.high:,}; {counted.basis}) · {kind}: {escape(counted.tokenizer)}"
+        f"(range {counted.low:,}..{counted.high:,}; {counted.basis}) · {kind}: {escape(counted.tokenizer[:40])}"
     )
     by = counted.by_basis()
     console.print(" · ".join(f"{b} {n:,}" for b, n in by.items()))
@@ -104,6 +104,67 @@ PriceModelOpt = Annotated[
 ]
 
 
+ProviderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--provider",
+        help="Count as a closed provider counts: openai (text exact under the model's published encoding, the "
+        "framing and images by OpenAI's documented rules, tools estimated) or anthropic (a proxy tokenizer, images "
+        "and PDFs by Anthropic's rules). Each figure says exact, documented or estimated, with a range. --model is "
+        "then the provider's model name (default: the request's).",
+    ),
+]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="With --provider: a calibration file from `ctxlock calibrate` (the estimates scaled by the factors it "
+        "fitted on your logs, their ranges the error it measured; its sha256 is in the output).",
+    ),
+]
+
+
+def _provider_cmd(
+    request: str,
+    provider: str,
+    model: str | None,
+    calibration: Path | None,
+    media: list[str],
+    format: str | None,
+    as_json: bool,
+    prices: str | None = None,
+    price_model: str | None = None,
+) -> None:
+    counted = guarded(
+        as_json or format is not None, lambda: _provider_count(request, provider, model, calibration, media)
+    )
+    if prices is not None:  # --prices: the provider's parts, priced (one block of its own)
+        priced = guarded(as_json, lambda: _priced(_provider_parts(counted), counted.model, prices, price_model))
+        if as_json:
+            print_json({**counted.to_dict(), "bill": priced})
+        else:
+            _show_provider(counted)
+            _show_priced(priced)
+        return
+    if format is not None:
+        shape = {"object": "response.input_tokens"} if format == "openai" else {}
+        print_json(
+            {
+                **shape,
+                "input_tokens": counted.total,
+                "exact": counted.basis == "exact",
+                "range": [counted.low, counted.high],
+                "basis": counted.basis,
+                "provider": counted.provider,
+                "model": counted.model,
+            }
+        )
+    elif as_json:
+        print_json(counted.to_dict())
+    else:
+        _show_provider(counted)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("count")
     def count_cmd(
@@ -130,24 +191,8 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         media: MediaOpt = [],  # noqa: B006 (typer reads the default)
-        provider: Annotated[
-            str | None,
-            typer.Option(
-                "--provider",
-                help="Count as a closed provider counts: openai (text exact under the model's published encoding, "
-                "the framing and images by OpenAI's documented rules, tools estimated) or anthropic (a proxy "
-                "tokenizer, images and PDFs by Anthropic's rules). Each figure says exact, documented or "
-                "estimated, with a range. --model is then the provider's model name (default: the request's).",
-            ),
-        ] = None,
-        calibration: Annotated[
-            Path | None,
-            typer.Option(
-                "--calibration",
-                help="With --provider: a calibration file from `ctxlock calibrate` (the estimates scaled by the "
-                "factors it fitted on your logs, their ranges the error it measured; its sha256 is in the output).",
-            ),
-        ] = None,
+        provider: ProviderOpt = None,
+        calibration: CalibrationOpt = None,
         as_json: JsonOpt = False,
         prices: PricesOpt = None,
         price_model: PriceModelOpt = None,
@@ -160,35 +205,7 @@ def register(app: typer.Typer) -> None:
         decoded."""
 
         if provider is not None:
-            counted = guarded(
-                as_json or format is not None,
-                lambda: _provider_count(request, provider, model, calibration, media),
-            )
-            if prices is not None:  # --prices: the provider's parts, priced (one block of its own)
-                priced = guarded(as_json, lambda: _priced(_provider_parts(counted), counted.model, prices, price_model))
-                if as_json:
-                    print_json({**counted.to_dict(), "bill": priced})
-                else:
-                    _show_provider(counted)
-                    _show_priced(priced)
-                return
-            if format is not None:
-                shape = {"object": "response.input_tokens"} if format == "openai" else {}
-                print_json(
-                    {
-                        **shape,
-                        "input_tokens": counted.total,
-                        "exact": counted.basis == "exact",
-                        "range": [counted.low, counted.high],
-                        "basis": counted.basis,
-                        "provider": counted.provider,
-                        "model": counted.model,
-                    }
-                )
-            elif as_json:
-                print_json(counted.to_dict())
-            else:
-                _show_provider(counted)
+            _provider_cmd(request, provider, model, calibration, media, format, as_json, prices, price_model)
             return
         if calibration is not None:
             raise OptionError("--calibration applies to a closed provider's count", hint="add --provider")

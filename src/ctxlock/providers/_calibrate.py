@@ -115,7 +115,7 @@ class Calibration:
                 parts.append(p)
                 continue
             tokens = round(p.tokens * self.factors[p.kind])
-            method = f"{p.method}; × {self.factors[p.kind]:.4f} calibrated ({self.residuals.summary()})"
+            method = f"{p.method}; × {self.factors[p.kind]:.4f} calibrated"
             parts.append(
                 PartCount(
                     p.part,

@@ -244,7 +244,7 @@ def count_anthropic(
 ) -> ProviderCount:
     m = load(ANTHROPIC_PROXY)
     c = _Counter(m)
-    proxy = f"proxy {m.tokenizer.id}: Anthropic publishes no tokenizer"
+    proxy = "proxy o200k_base (Anthropic publishes no tokenizer)"
     parts: list[PartCount] = []
     notes: list[str] = []
     for i, tool in enumerate(request.tools or ()):
@@ -281,12 +281,14 @@ def count_anthropic(
         parts.extend(_documents(message, "anthropic"))
         for idx, kind in _other_parts(message):
             notes.append(f"{message.source}.content[{idx}]: a {kind} part, not counted (no published rule)")
+    for doc in request.documents or ():
+        notes.append(f"a top-level document ({doc.get('title', 'untitled')}), not counted")
     parts.append(_estimate("framing", "framing", framing + 4, "3 per message and 4 for the turn: not published"))
     return ProviderCount(
         provider="anthropic",
         model=model,
         parts=tuple(parts),
-        tokenizer=f"{m.tokenizer.id} (proxy)",
+        tokenizer="o200k_base (proxy)",
         exact_tokenizer=False,
         notes=tuple(notes),
     )

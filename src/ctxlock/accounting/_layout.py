@@ -464,6 +464,25 @@ def count(model: Pipeline, request: RequestLike, *, marginal: bool = False, **op
     )
 
 
+def runs(model: Pipeline, request: RequestLike, **options: Any) -> tuple[tuple[str, int], ...]:
+    """The request's tokens in input order as runs of one owner: (part, tokens) for each stretch of consecutive
+    tokens `count` attributes to the same part (the template's text between parts is its own `template` runs).
+    The runs' tokens per part are `count`'s; their order is where the tokens sit, which a prompt cache needs."""
+    lay = layout(model, request, **options)
+    render_options = {k: v for k, v in options.items() if k not in ("dialect", "utf8", "tool_arguments")}
+    run = _Pass(lay.request, lay.rendered, lay.ids, lay.control or ())
+    gen = _generation_start(model, run.request, run, render_options)
+    owner, names = _owners(run, gen, lay.offsets)
+    assigned = assign_owners(owner, lay.starts, lay.ends).tolist()
+    out: list[tuple[str, int]] = []
+    for k in assigned:
+        if out and out[-1][0] == names[k]:
+            out[-1] = (names[k], out[-1][1] + 1)
+        else:
+            out.append((names[k], 1))
+    return tuple(out)
+
+
 def _document_blocks(request: Request) -> tuple[str, ...]:
     """The JSON paths of the request's document blocks (content parts of type "document")."""
     return tuple(

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "count": ("count",),
     "calibrate": ("calibrate",),
     "cachereport": ("cache-report",),
+    "bill": ("bill",),
     "clamp": ("clamp",),
     "explain": ("explain",),
     "batch": ("batch",),

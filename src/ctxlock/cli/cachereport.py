@@ -202,3 +202,5 @@ def register(app: typer.Typer) -> None:
             print_json(run.to_dict())
         else:
             _show(run.reports, provider, run.estimate, run.fixed, run.closed, run.proxy_tokenizer)
+            for note in run.notes:
+                console.print(f"[yellow]note[/] {escape(note)}")

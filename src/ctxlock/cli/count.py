@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -15,7 +16,7 @@ from ctxlock.cli.images import MediaOpt, read_media
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import JsonOpt, ModelOpt, TemplateOpt
 from ctxlock.economics._capacity import Capacity
-from ctxlock.errors import OptionError, RequestValidationError
+from ctxlock.errors import OptionError, PriceError, RequestValidationError
 from ctxlock.model._model import load
 from ctxlock.outside import loads_outside
 from ctxlock.providers import ProviderCount, count_provider, load_calibration
@@ -100,6 +101,19 @@ def _provider_count(
     return count_provider(data, provider=provider, model=name, media=read_media(media), calibration=cal)
 
 
+PricesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prices",
+        help="Also price each part (docs/bill.md): a LiteLLM-format price table (JSON or TOML), or genai-prices "
+        "for its bundled data. A single request has no cache history: every token is uncached input.",
+    ),
+]
+PriceModelOpt = Annotated[
+    str | None, typer.Option("--price-model", help="The price entry for --prices (default: the request's model).")
+]
+
+
 ProviderOpt = Annotated[
     str | None,
     typer.Option(
@@ -128,6 +142,8 @@ def _provider_cmd(
     media: list[str],
     format: str | None,
     as_json: bool,
+    prices: str | None = None,
+    price_model: str | None = None,
 ) -> None:
     def go() -> ProviderCount:
         if format is not None and format not in ("anthropic", "openai"):
@@ -135,6 +151,14 @@ def _provider_cmd(
         return _provider_count(request, provider, model, calibration, media)
 
     counted = guarded(as_json or format is not None, go)
+    if prices is not None:  # --prices: the provider's parts, priced (one block of its own)
+        priced = guarded(as_json, lambda: _priced(_provider_parts(counted), counted.model, prices, price_model))
+        if as_json:
+            print_json({**counted.to_dict(), "bill": priced})
+        else:
+            _show_provider(counted)
+            _show_priced(priced)
+        return
     if format is not None:
         shape = {"object": "response.input_tokens"} if format == "openai" else {}
         print_json(
@@ -183,6 +207,8 @@ def register(app: typer.Typer) -> None:
         provider: ProviderOpt = None,
         calibration: CalibrationOpt = None,
         as_json: JsonOpt = False,
+        prices: PricesOpt = None,
+        price_model: PriceModelOpt = None,
     ) -> None:
         """Count a request's tokens exactly, part by part: the template's own text, system, each tool, each
         message, each document and the generation prompt, summing to len(input_ids). Names every request part
@@ -192,7 +218,7 @@ def register(app: typer.Typer) -> None:
         decoded."""
 
         if provider is not None:
-            _provider_cmd(request, provider, model, calibration, media, format, as_json)
+            _provider_cmd(request, provider, model, calibration, media, format, as_json, prices, price_model)
             return
         if calibration is not None:
             raise OptionError("--calibration applies to a closed provider's count", hint="add --provider")
@@ -217,9 +243,63 @@ def register(app: typer.Typer) -> None:
             return counts, m.id, m.capacity, by
 
         counts, model_id, cap, by = guarded(as_json or format is not None, go)
+        # --prices: each part's dollars (ctxlock.economics.request_bill), in one block of its own.
+        priced = None
+        if prices is not None:
+            priced = guarded(
+                as_json, lambda: _priced(_count_parts(counts), _request_model(counts), prices, price_model)
+            )
         if format is not None:
             print_json(count_format(counts, format, counted_by=by))
         elif as_json:
-            print_json({**counts.to_dict(), "capacity": cap.to_dict()})
+            print_json({**counts.to_dict(), "capacity": cap.to_dict(), **({"bill": priced} if priced else {})})
         else:
             _show(counts, model_id, cap)
+            _show_priced(priced)
+
+
+def _request_model(counts: Counts) -> str | None:
+    data = counts.source  # the request as given (already parsed once by the count: valid JSON)
+    raw = json.loads(data) if isinstance(data, bytes | str) else data
+    name = raw.get("model") if isinstance(raw, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _count_parts(counts: Counts) -> list[Any]:
+    # Imported only with --prices: a plain count does not load the bill.
+    from ctxlock.economics import PartTokens
+
+    return [PartTokens(p.part, p.tokens) for p in counts.parts]
+
+
+def _provider_parts(counted: ProviderCount) -> list[Any]:
+    # Imported only with --prices: a plain count does not load the bill.
+    from ctxlock.economics._bill import provider_parts
+
+    return provider_parts(counted.parts)
+
+
+def _priced(parts: list[Any], model: str | None, prices: str, price_model: str | None) -> dict[str, Any]:
+    """The request's parts priced as uncached input (`request_bill`)."""
+    # Imported only with --prices: a plain count does not load the bill or the price readers.
+    from ctxlock.economics import PriceTable, genai_table, request_bill
+    from ctxlock.outside._files import read_input  # with the bill's: read only with --prices
+
+    name = price_model or model
+    if not isinstance(name, str) or not name:
+        raise PriceError("the request names no model", path="$.model", hint="pass --price-model NAME")
+    if prices == "genai-prices":
+        table = genai_table([name]).table
+    else:
+        table = PriceTable.parse(read_input(prices, label=f"--prices {prices}"), prices)
+    bill = request_bill(parts, table, name)
+    return {"prices": {"name": table.name, "sha256": table.sha256}, **bill.to_dict()}
+
+
+def _show_priced(priced: dict[str, Any] | None) -> None:
+    if priced is None:
+        return
+    console.print(f"priced by {escape(priced['prices']['name'])} · {escape(priced['model'])} · all uncached input")
+    for p in priced["parts"]:
+        console.print(f"${p['total']:<16} {escape(p['part'])}")
+    console.print(f"${priced['total']:<16} total")

@@ -4,7 +4,11 @@ cost.
 Providers match an exact prefix, at their own granularity (not byte by byte: each provider's prompt-caching docs):
 
 - **OpenAI** caches automatically: a request whose prefix matches an earlier one's for at least 1,024 tokens reads
-  the match from the cache, in 128-token steps (1,024, 1,152, 1,280, …). Writes cost nothing extra.
+  the match from the cache, in 128-token steps (1,024, 1,152, 1,280, …). Writes cost nothing extra. A request's
+  `prompt_cache_key` is combined with the prefix hash that routes it, so requests with different keys are modelled
+  as not sharing a cache (the same prefix and key are routed together); `prompt_cache_retention` "in_memory" (the
+  default: the report's `ttl`) or "24h" (extended retention: a prefix stays up to 24 hours). The rules:
+  https://platform.openai.com/docs/guides/prompt-caching (How it works; Prompt cache retention).
 - **Anthropic** caches at `cache_control` breakpoints (at most 4 per request), each with a TTL of 5 minutes or 1
   hour, and only prefixes of at least the model's minimum length. A request reads the longest breakpoint prefix it
   wrote earlier (within the TTL), and writes every longer breakpoint prefix: at 1.25x the input price for 5
@@ -37,6 +41,10 @@ PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "vllm")
 
 OPENAI_MIN = 1024
 OPENAI_STEP = 128
+# `prompt_cache_retention`: "in_memory" (the default) or "24h", which keeps a prefix up to 24 hours
+# (https://platform.openai.com/docs/guides/prompt-caching#prompt-cache-retention).
+OPENAI_RETENTIONS = ("in_memory", "24h")
+OPENAI_EXTENDED_TTL = 24 * 3600.0
 VLLM_BLOCK = 16
 ANTHROPIC_MAX_BREAKPOINTS = 4
 ANTHROPIC_DEFAULT_MIN = 1024  # the shortest cacheable prefix when the price table does not give the model's
@@ -132,6 +140,8 @@ def turn_cost(split: Split, output: int, table: PriceTable, model: str) -> tuple
 
 
 __all__ = [
+    "OPENAI_EXTENDED_TTL",
+    "OPENAI_RETENTIONS",
     "PROVIDERS",
     "Breakpoint",
     "Buster",
@@ -141,7 +151,9 @@ __all__ = [
     "anthropic_split",
     "cached_split",
     "name_buster",
+    "openai_cache_options",
     "openai_cached",
+    "retention_note",
     "session_report",
     "turn_cost",
     "vllm_cached",
@@ -224,6 +236,7 @@ class _Prefixes:
         self.chains: list[list[bytes]] = []
         self.ids: list[np.ndarray] = []
         self.times: list[float | None] = []
+        self.ttls: list[float | None] = []  # each request's own retention (OpenAI's `prompt_cache_retention`)
 
     def _chain(self, ids: np.ndarray) -> list[bytes]:
         n = len(ids) // BLOCK
@@ -240,19 +253,20 @@ class _Prefixes:
             chain.append(h)
         return chain
 
-    def longest(self, ids: np.ndarray, at: float | None) -> tuple[int, int | None]:
-        """(common prefix length, the earlier turn it is shared with) and record this request's prefixes."""
+    def longest(self, ids: np.ndarray, at: float | None, ttl: float | None = -1.0) -> tuple[int, int | None]:
+        """(common prefix length, the earlier turn it is shared with) and record this request's prefixes, kept for
+        `ttl` seconds (-1: the report's; None: no expiry)."""
         chain = self._chain(ids)
         best, turn = 0, None
         for k in range(len(chain) - 1, -1, -1):
             hit = self.seen.get(chain[k])
-            if hit is not None and self._alive(self.times[hit[0]], at):
+            if hit is not None and self._alive(hit[0], at):
                 turn = hit[0]
                 best = (k + 1) * BLOCK + _common(ids[(k + 1) * BLOCK :], self.ids[turn][(k + 1) * BLOCK :])
                 break
         if turn is None:  # nothing shared for a whole block: the longest shorter prefix, among live requests
             for j in range(len(self.ids) - 1, -1, -1):
-                if self._alive(self.times[j], at):
+                if self._alive(j, at):
                     c = _common(ids, self.ids[j])
                     if c > best:
                         best, turn = c, j
@@ -264,10 +278,14 @@ class _Prefixes:
         self.chains.append(chain)
         self.ids.append(ids)
         self.times.append(at)
+        self.ttls.append(self.ttl if ttl == -1.0 else ttl)
         return best, turn
 
-    def _alive(self, last: float | None, now: float | None) -> bool:
-        return self.ttl is None or last is None or now is None or now - last <= self.ttl
+    def _alive(self, turn: int, now: float | None) -> bool:
+        """Whether earlier request `turn`'s prefixes are still held at `now`. Without times (a session whose lines
+        carry no timestamp) nothing expires: the report cannot tell, and says so (`retention_note`)."""
+        last, ttl = self.times[turn], self.ttls[turn]
+        return ttl is None or last is None or now is None or now - last <= ttl
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -295,11 +313,13 @@ def session_report(
     caching (when a price table and its model entry are given), and the buster when the turn does not extend the
     turn before it. The common prefix is the longest token prefix shared with any earlier request sent within
     `ttl` seconds (None: no expiry)."""
-    prefixes = _Prefixes(ttl)
+    by_key: dict[str | None, _Prefixes] = {}  # OpenAI: one cache per prompt_cache_key (None: no key)
     written: dict[bytes, float | None] = {}  # Anthropic: breakpoint prefix -> when last written or read
     out: list[TurnReport] = []
     for i, turn in enumerate(turns):
-        common, _ = prefixes.longest(turn.ids, turn.at)
+        cache_key, retention = openai_cache_options(turn.raw, i) if provider == "openai" else (None, "in_memory")
+        prefixes = by_key.setdefault(cache_key, _Prefixes(ttl))
+        common, _ = prefixes.longest(turn.ids, turn.at, OPENAI_EXTENDED_TTL if retention == "24h" else -1.0)
         total = len(turn.ids)
         if provider == "anthropic":
             before = 0
@@ -323,6 +343,37 @@ def session_report(
         buster = name_buster(turns[i - 1], turn) if i else None
         out.append(TurnReport(i, total, common, split, output, cost, uncached, reported, buster))
     return out
+
+
+def openai_cache_options(raw: Mapping[str, Any], turn: int) -> tuple[str | None, str]:
+    """A request's `prompt_cache_key` (None when it sends none) and `prompt_cache_retention` ("in_memory" when it
+    sends none), checked against the documented values
+    (https://platform.openai.com/docs/guides/prompt-caching#prompt-cache-retention)."""
+    key, retention = raw.get("prompt_cache_key"), raw.get("prompt_cache_retention")
+    if key is not None and not isinstance(key, str):
+        raise UsageError(f"prompt_cache_key must be a string, got {key!r}", path=f"turn {turn} $.prompt_cache_key")
+    if retention is None:
+        return key, "in_memory"
+    if retention not in OPENAI_RETENTIONS:
+        raise UsageError(
+            f"prompt_cache_retention {retention!r} is not one OpenAI documents",
+            path=f"turn {turn} $.prompt_cache_retention",
+            hint=" or ".join(OPENAI_RETENTIONS),
+        )
+    return key, str(retention)
+
+
+def retention_note(raws: Sequence[Mapping[str, Any]], times: Sequence[float | None], provider: str) -> str | None:
+    """What the report could not check about OpenAI's cache retention: when a session's lines carry no timestamp,
+    no turn can be held to its window (in_memory's `ttl`, or 24 hours), so no cached prefix expires."""
+    missing = sum(t is None for t in times)
+    if provider != "openai" or not missing:
+        return None
+    asked = sorted({openai_cache_options(r, i)[1] for i, r in enumerate(raws)})
+    return (
+        f"prompt_cache_retention ({', '.join(asked)}) not checked: {missing} of {len(times)} turns carry no "
+        "timestamp, so no cached prefix expires"
+    )
 
 
 def _ttl(b: Breakpoint, default: float) -> float:

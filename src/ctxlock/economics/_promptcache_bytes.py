@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxlock.accounting import part_of
 from ctxlock.core import thaw
 from ctxlock.economics._promptcache import Breakpoint, Buster, Split, TurnReport, turn_cost
 from ctxlock.economics._usage import PriceTable, Usage
@@ -333,6 +334,7 @@ class ProviderTokens:
 
     ids: np.ndarray
     block_ends: dict[str, int]
+    parts: tuple[tuple[str, int], ...] = ()  # each part (`tools[0]`, `system`, `messages[3]`) and its tokens, in order
 
     def breakpoints(self, request: Request) -> tuple[Breakpoint, ...]:
         """The request's `cache_control` breakpoints in these tokens, in the provider's order. A mark on what the
@@ -371,6 +373,7 @@ def provider_layout(
     it is. `memo` (one per session) keeps each part's tokens for the turns that repeat it."""
     ids: list[np.ndarray] = []
     ends: dict[str, int] = {}
+    parts: list[tuple[str, int]] = []
     pos = 0
     cut = request.dialect is Dialect.ANTHROPIC
     for start in doc.starts:
@@ -383,8 +386,9 @@ def provider_layout(
         part_ids, part_ends = memo[key]
         ends.update({path: pos + n for path, n in part_ends.items()})
         ids.append(part_ids)
+        parts.append((part_of(part.base), len(part_ids)))
         pos += len(part_ids)
-    return ProviderTokens(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64), ends)
+    return ProviderTokens(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64), ends, tuple(parts))
 
 
 # -- the report's figures for a closed provider ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from ctxlock.accounting import layout
-from ctxlock.economics._promptcache import PROVIDERS, Breakpoint, TurnData, TurnReport, session_report
+from ctxlock.economics._promptcache import PROVIDERS, Breakpoint, TurnData, TurnReport, retention_note, session_report
 from ctxlock.economics._promptcache_bytes import ORDER, ClosedTurn, canonical_bytes, closed_turns, provider_layout
 from ctxlock.economics._usage import PriceTable, parse_usage
 from ctxlock.errors import RequestError, UsageError
@@ -206,10 +206,12 @@ class CacheRun:
     closed: list[ClosedTurn] | None = None
     closed_fixed: list[ClosedTurn] | None = None
     proxy_tokenizer: str | None = None  # a closed provider's: the tokenizer that estimated the token figures
+    notes: tuple[str, ...] = ()  # what the report could not check (OpenAI's retention without timestamps)
 
     def to_dict(self) -> dict[str, Any]:
         """`ctxlock cache-report --json`."""
         out = {"provider": self.provider, "estimate": self.estimate, **reports_json(self.reports, self.closed)}
+        out["notes"] = list(self.notes)
         if self.proxy_tokenizer is not None:
             out["proxy_tokenizer"] = self.proxy_tokenizer
             out["layout"] = f"provider: {ORDER}, each part's canonical JSON"
@@ -278,4 +280,5 @@ def cache_report(
             f"where a turn has one, else estimates: the proxy tokenizer {proxy} counting the provider's layout "
             f"({ORDER}), not {model.id}'s chat template (the provider's tokenizer is not public)"
         )
-    return CacheRun(provider, reports, fixed, estimate, closed, closed_fixed, proxy)
+    note = retention_note([r for r, _, _ in session], [at for _, _, at in session], provider)
+    return CacheRun(provider, reports, fixed, estimate, closed, closed_fixed, proxy, (note,) if note else ())

@@ -35,6 +35,9 @@ reported total equals the sum of its parts. Costs come from a price table (`Pric
 constants, in Decimal arithmetic, and each cost names its price entry and the table's sha256.
 """
 
+# size: one format's code together: the five providers' readers, the usage-file reader, and the price table with
+# its per-token prices (`unit_prices`, which `price_usage` and the bill share so the two cannot disagree).
+
 from __future__ import annotations
 
 import difflib
@@ -636,14 +639,11 @@ def _price(model: str, spec: Mapping[str, Any], path: str) -> Price:
     )
 
 
-def price_usage(usage: Usage, table: PriceTable, model: str | None = None) -> Cost:
-    """The estimated cost of `usage` under `table`'s entry for `model` (default: the model the response named).
-
-    input, cache reads and cache writes each at their own price (1-hour writes at the 1-hour price); output at the
-    output price, with the reasoning part at `output_cost_per_reasoning_token` where the entry has one. When the
-    prompt side (input + cache read + cache write) is over a tier's threshold (`*_above_200k_tokens`), every price
-    the tier gives replaces the base one, as the providers bill long contexts. A kind of token that was used but
-    has no price is a `PriceError`, never a silent zero."""
+def unit_prices(
+    usage: Usage, table: PriceTable, model: str | None = None
+) -> tuple[Price, dict[str, Decimal], str | None]:
+    """The entry `usage` is priced by, its prices per token for this usage (a long-context tier's in place of the
+    base ones when the prompt side is over the tier's threshold), and the tier's name (None: the base prices)."""
     name = model or usage.model
     if not name:
         raise PriceError("the usage names no model", path=usage.where, hint="pass --model NAME")
@@ -654,6 +654,18 @@ def price_usage(usage: Usage, table: PriceTable, model: str | None = None) -> Co
         if usage.prompt_tokens > threshold:
             prices.update(above)
             tier = f"above_{threshold // 1000}k_tokens"
+    return entry, prices, tier
+
+
+def price_usage(usage: Usage, table: PriceTable, model: str | None = None) -> Cost:
+    """The estimated cost of `usage` under `table`'s entry for `model` (default: the model the response named).
+
+    input, cache reads and cache writes each at their own price (1-hour writes at the 1-hour price); output at the
+    output price, with the reasoning part at `output_cost_per_reasoning_token` where the entry has one. When the
+    prompt side (input + cache read + cache write) is over a tier's threshold (`*_above_200k_tokens`), every price
+    the tier gives replaces the base one, as the providers bill long contexts. A kind of token that was used but
+    has no price is a `PriceError`, never a silent zero."""
+    entry, prices, tier = unit_prices(usage, table, model)
 
     def need(kind: str, tokens: int) -> Decimal:
         if tokens == 0:
@@ -697,4 +709,5 @@ __all__ = [
     "price_usage",
     "read_usage",
     "sum_usage",
+    "unit_prices",
 ]

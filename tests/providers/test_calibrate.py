@@ -177,3 +177,17 @@ def test_hostile_log_lines_are_typed_errors_naming_the_line(line: bytes) -> None
         log_rows([("log.jsonl:1", good), ("log.jsonl:2", line)], provider="anthropic", model=None)
     except CalibrationError as e:
         assert (e.path or "").startswith("log.jsonl:2"), e.path
+
+
+def test_a_calibrated_bill_names_the_calibration(tmp_path: Path) -> None:
+    log = _log(tmp_path, n=10)
+    out = tmp_path / "cal.json"
+    assert run_main(["calibrate", str(log), "--provider", "anthropic", "--out", str(out)])[0] == 0
+    session = tmp_path / "session.jsonl"
+    session.write_text("\n".join(log.read_text().splitlines()[:2]) + "\n")
+    args = ["bill", str(session), "--provider", "anthropic", "--prices", "examples/prices.json", "--json"]
+    status, stdout, stderr = run_main([*args, "--calibration", str(out)])
+    assert status == 0, stderr
+    assert hashlib.sha256(out.read_bytes()).hexdigest() in stdout
+    status, _, stderr = run_main(["bill", str(session), "--provider", "vllm", "--calibration", str(out)])
+    assert status == 1 and "--calibration" in stderr

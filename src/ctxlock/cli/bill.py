@@ -18,10 +18,10 @@ from ctxlock.economics import Bill, PartTokens, PriceTable, bill_session
 from ctxlock.economics._bill import provider_parts
 from ctxlock.economics._promptcache import PROVIDERS
 from ctxlock.economics._session import Session, read_session
-from ctxlock.errors import CtxlockError, UsageError
+from ctxlock.errors import CalibrationError, CtxlockError, UsageError
 from ctxlock.model._model import load
 from ctxlock.outside._files import decode_utf8, read_input
-from ctxlock.providers import count_provider
+from ctxlock.providers import count_provider, load_calibration
 
 SOURCES = ("prices", "genai-prices")
 _LABELS = {
@@ -139,15 +139,28 @@ def _show(name: str, bill: Bill) -> None:
         console.print(f"[yellow]note[/] {escape(note)}")
 
 
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="With --provider openai|anthropic: a calibration file from `ctxlock calibrate`; each turn's parts are "
+        "counted calibrated, and the file's sha256 is in the parts' label.",
+    ),
+]
+
+
 def _provider_layouts(
-    session: Session, provider: str, price_model: str | None
+    session: Session, provider: str, price_model: str | None, calibration: Path | None = None
 ) -> tuple[list[list[PartTokens]] | None, str | None]:
     """For anthropic and openai, each turn's parts as `ctxlock.providers.count_provider` counts them for the turn's
     model (OpenAI's text exact under its published encoding, framing and images by the documented rules, the rest
     estimated), in the provider's prefix order. None (the cache report's proxy layout) for vllm; for a turn that
     names no model, or a model the provider's count does not know, the proxy layout too, and the label says why."""
     if provider not in ("openai", "anthropic"):
+        if calibration is not None:
+            raise UsageError("--calibration applies to openai and anthropic", path="--calibration")
         return None, None
+    cal = load_calibration(calibration) if calibration is not None else None
     layouts, tokenizers = [], set()
     for i, (raw, usage, _) in enumerate(session):
         name = price_model or raw.get("model") or (usage.get("model") if isinstance(usage, dict) else None)
@@ -157,12 +170,16 @@ def _provider_layouts(
                 f"the proxy layout: turn {i} names no model for ctxlock.providers to count (pass --price-model)",
             )
         try:
-            counted = count_provider(raw, provider=provider, model=name)
+            counted = count_provider(raw, provider=provider, model=name, calibration=cal)
+        except CalibrationError:
+            raise
         except CtxlockError as exc:  # a model whose encoding the provider's count does not know
             return None, f"the proxy layout: ctxlock.providers cannot count turn {i} ({exc.message})"
         layouts.append(provider_parts(counted.parts))
         tokenizers.add(counted.tokenizer)
     label = f"ctxlock.providers ({provider}: {', '.join(sorted(tokenizers))}); each part's basis as counted"
+    if cal is not None:
+        label += f"; calibrated by {cal.source} (sha256 {cal.sha256}: {cal.residuals.summary()})"
     return layouts, label
 
 
@@ -179,6 +196,7 @@ def register(app: typer.Typer) -> None:
         no_compare: NoCompareOpt = False,
         ttl: TtlOpt = 300.0,
         min_prefix: MinPrefixOpt = 1024,
+        calibration: CalibrationOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Bill a session per request part: the dollars of every turn split over system, each tool, each message
@@ -202,7 +220,7 @@ def register(app: typer.Typer) -> None:
             for name in sessions:
                 label = "stdin" if name == "-" else f"SESSION {name}"
                 session = read_session(decode_utf8(read_input(name, label=label), label=label), label)
-                layouts, layout_label = _provider_layouts(session, provider, price_model)
+                layouts, layout_label = _provider_layouts(session, provider, price_model, calibration)
                 bill = bill_session(
                     m,
                     session,

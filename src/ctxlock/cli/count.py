@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -260,7 +259,7 @@ def register(app: typer.Typer) -> None:
 
 def _request_model(counts: Counts) -> str | None:
     data = counts.source  # the request as given (already parsed once by the count: valid JSON)
-    raw = json.loads(data) if isinstance(data, bytes | str) else data
+    raw = loads_outside(data, "$", error=RequestValidationError) if isinstance(data, bytes | str) else data
     name = raw.get("model") if isinstance(raw, dict) else None
     return name if isinstance(name, str) else None
 

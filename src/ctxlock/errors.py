@@ -45,6 +45,8 @@
     │   ├── ServerUnreachableError   no connection, a timeout, a TLS failure
     │   ├── ServerAnswerError        not JSON, over the size cap, not the route's shape, a redirect elsewhere
     │   └── ServerRefusedError       a 4xx or 5xx answer, with the server's own message (401, 403: pass --token)
+    ├── TrajectoryError              a token-in/token-out trajectory that cannot be built: an id outside the
+    │                                vocabulary, steps out of order, a malformed trajectory line (names the JSON path)
     ├── TelemetryError               `ctxlock export --otel`/`import --otel`: a trace file that cannot be read as a
     │                                session, an OTLP endpoint that refused the spans, the `otel` extra missing
     ├── MediaError                   image bytes -> pixels -> placeholders (ctxlock.multimodal)
@@ -467,6 +469,12 @@ class RouteNotFoundError(ServeError):
 
 class InternalServeError(ServeError):
     """An exception ctxlock did not expect while serving a request: logged in full on the server, answered as JSON."""
+
+
+class TrajectoryError(CtxlockError):
+    """A trajectory (ctxlock.trajectory) that cannot be built as given: a completion id outside the vocabulary,
+    log-probs that do not pair with the ids, steps out of order, a malformed line of `ctxlock trajectory`'s input.
+    `path` names the line and the JSON path."""
 
 
 class TelemetryError(CtxlockError):

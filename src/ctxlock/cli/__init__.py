@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "clamp": ("clamp",),
     "explain": ("explain",),
     "batch": ("batch",),
+    "trajectory": ("trajectory",),
     "serve": ("serve",),
     "probe": ("probe",),
     "view": ("view",),

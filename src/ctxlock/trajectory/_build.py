@@ -174,6 +174,9 @@ class Trajectory:
         text = self.model.tokenizer.decode(ids)
         parsed, notes = self._parse(ids, text, finish_reason)
         message = parsed.to_openai()
+        if message.get("content") is None:
+            # OpenAI's null content beside tool calls: chat templates read content as a string.
+            message["content"] = ""
         data = {**self._data, "messages": [*self._data["messages"], message]}
         again = self.model.render(data, **self.render_options, add_generation_prompt=False).text
         reproduces = again.startswith(self._prompt + text)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,7 +30,29 @@ from ctxlock.errors import CtxlockError
 if TYPE_CHECKING:
     from ctxlock.accounting import Layout
     from ctxlock.tokenizer import Tokenizer
-    from ctxlock.trajectory._build import Step
+
+
+class Step(Protocol):
+    """What the forks read of a trajectory's step (`ctxlock.trajectory.Step`)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def how(self) -> str: ...
+
+    @property
+    def agrees(self) -> int: ...
+
 
 CAUSES = ("retokenization", "rerender", "history-rewrite", "other")
 

@@ -35,6 +35,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ctxlock.batch._trajectories import COLUMNS as TRAJECTORY_COLUMNS
 from ctxlock.errors import CtxlockError, InputError
 from ctxlock.outside import loads_strict
 from ctxlock.request import Utf8Policy
@@ -301,7 +302,7 @@ def footer_record(fh: BinaryIO, size: int, where: str) -> tuple[dict[str, Any] |
     raw = kv.get(RECORD_KEY.encode())
     if raw is None:
         return f"{where} has no ctxlock record in its footer", 0
-    if names not in (_COLUMNS, _PACKED_COLUMNS):
+    if names not in (_COLUMNS, _PACKED_COLUMNS, TRAJECTORY_COLUMNS):
         return f"{where} does not have a shard's columns", 0
     return _parse_record(raw, f"{where}'s footer"), rows
 
@@ -338,8 +339,11 @@ def check_record(record: dict[str, Any], index: int, span: tuple[int, int] | Non
     """Why a record (read from a footer) is not shard `index`'s, covering rows `span` (None: any span) in a file
     of `rows` rows; None when its fields have their types and add up."""
     keys = {"index", "file", "job", "rows", "input_sha256", "notes", "errors", *_COUNTS}
-    if not keys <= set(record) <= keys | {"fit", "fitted"}:
+    if not keys <= set(record) <= keys | {"fit", "fitted", "forks"}:
         return "its record does not have a shard record's fields"
+    forks = record.get("forks", {})  # --trajectories: the forks by cause
+    if not (isinstance(forks, dict) and all(isinstance(k, str) and _count(v) for k, v in forks.items())):
+        return "its record's forks are not counts by cause"
     if record["index"] != index or record["file"] != shard_file(index):
         return f"its record is not shard {index}'s"
     first_stop = record["rows"]

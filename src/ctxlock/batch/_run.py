@@ -9,7 +9,9 @@ The job (`run_batch`), in order:
   `Model.encode(..., return_assistant_tokens_mask=
   True)` does (`ctxlock.training`; `add_generation_prompt` False). `labels` are the ids where the mask is 1 and -100
   elsewhere. A row that fails (bad JSON, a template refusal, nothing to train on) is an error row: `{row, type,
-  path, message}` in `errors.jsonl`, never dropped silently.
+  path, message}` in `errors.jsonl`, never dropped silently. With `trajectories` each row is a trajectory line
+  instead, built by `batch._trajectories.trajectory_row` (docs/trajectories.md), and its shard has that module's
+  columns; the rest of the job is the same.
 - **`max_length`**: a row over it is fitted (`budget.fit_context`, no generation prefix: the system messages, tools
   and current turn are required; the kept history is a contiguous most-recent suffix of turns) and then
   masked; a row whose required part alone is over it is an error row (`BudgetExceeded`, the fit's message). The
@@ -66,6 +68,8 @@ from ctxlock.batch._output import (
     write_atomic,
     write_manifest,
 )
+from ctxlock.batch._trajectories import policy as trajectory_policy
+from ctxlock.batch._trajectories import trajectory_row, trajectory_table
 from ctxlock.budget import BudgetPolicy, Fitted, fit_context
 from ctxlock.caches import LRU
 from ctxlock.core import die_with_parent, start_method
@@ -96,8 +100,18 @@ class BatchOptions:
     max_length: int | None = None
     pack: int | None = None
     mask: MaskOptions = field(default_factory=MaskOptions)
+    trajectories: bool = False  # rows are trajectory lines (docs/trajectories.md): `batch._trajectories`
+
+    def __post_init__(self) -> None:
+        if self.trajectories and (self.max_length is not None or self.pack is not None or self.mask != MaskOptions()):
+            raise InputError(
+                "--trajectories keeps each trajectory whole, as the engine saw it, with its own loss mask",
+                path="--trajectories",
+                hint="drop --max-length, --pack, --train-on-eot and --last-turn-only",
+            )
 
     def policy(self) -> dict[str, Any]:
+        extra = trajectory_policy() if self.trajectories else {}
         return {
             "schema": SCHEMA_VERSION,
             "shard_rows": self.shard_rows,
@@ -111,6 +125,7 @@ class BatchOptions:
                 "source": self.mask.source,
             },
             "labels_ignore_index": _IGNORE,
+            **extra,
         }
 
 
@@ -224,27 +239,41 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     errors: list[dict[str, Any]] = []
     notes: set[str] = set()  # what the masks say a reader must know (ctxlock.training.Mask.notes)
     fits: Counter[str] = Counter()  # --max-length: rows whole, fitted, over; fit decisions per kind
-    masked = mask_rows(model, [request_of(raw) for _, raw in rows], opts.mask)
-    for (row, raw), result in zip(rows, masked, strict=True):
-        try:
-            kept.append((row, *_encode_row(model, raw, result, opts, notes, fits)))
-        except CtxlockError as exc:
-            errors.append(_error_row(row, exc))
-    columns = _Columns.of_masks(kept)
-    table = columns.packed_table(opts.pack) if opts.pack else columns.table()
+    extra: dict[str, Any] = {}
+    if opts.trajectories:  # trajectory lines: each row built by `trajectory_row`, never the mask rows' fast path
+        built = []
+        for row, raw in rows:
+            try:
+                built.append(trajectory_row(model, row, raw))
+            except CtxlockError as exc:
+                errors.append(_error_row(row, exc))
+        shard = trajectory_table(built)
+        table, tokens, trained, extra = shard.table, shard.token_count, shard.trained_tokens, {"forks": shard.forks}
+        notes.update(shard.notes)
+    else:
+        masked = mask_rows(model, [request_of(raw) for _, raw in rows], opts.mask)
+        for (row, raw), result in zip(rows, masked, strict=True):
+            try:
+                kept.append((row, *_encode_row(model, raw, result, opts, notes, fits)))
+            except CtxlockError as exc:
+                errors.append(_error_row(row, exc))
+        columns = _Columns.of_masks(kept)
+        table = columns.packed_table(opts.pack) if opts.pack else columns.table()
+        tokens, trained = len(columns.ids), int(np.count_nonzero(columns.labels != _IGNORE))
     record = {
         "index": index,
         "file": shard_file(index),
         "job": _job(model, opts),
         "rows": [rows[0][0], rows[-1][0] + 1],
         "input_sha256": rows_sha256(rows),
-        "row_count": len(kept),
+        "row_count": len(rows) - len(errors),
         "error_count": len(errors),
-        "token_count": len(columns.ids),
-        "trained_tokens": int(np.count_nonzero(columns.labels != _IGNORE)),
+        "token_count": tokens,
+        "trained_tokens": trained,
         "sequence_count": table.num_rows,
         "notes": sorted(notes),
         "errors": errors,
+        **extra,
     }
     if opts.max_length is not None:
         record["fit"] = dict(sorted(fits.items()))

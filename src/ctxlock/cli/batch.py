@@ -83,6 +83,15 @@ def batch(
             "model, options and input rows); make the rest, saying why on stderr (docs/batch.md).",
         ),
     ] = False,
+    trajectories: Annotated[
+        bool,
+        typer.Option(
+            "--trajectories",
+            help="Rows are trajectory lines (ctxlock trajectory's input: a request and steps of completion ids and new "
+            "messages): shards of input_ids, labels, loss_mask, logprobs, step/part provenance, and the steps, "
+            "forks and notes as JSON (docs/trajectories.md).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Render a file of chat requests into training data: Parquet shards (zstd) of row, request_sha256, input_ids,
@@ -115,6 +124,7 @@ def batch(
             max_length=max_length,
             pack=pack,
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
+            trajectories=trajectories,
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
         with bar as (update, _):

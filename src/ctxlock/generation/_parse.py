@@ -58,6 +58,9 @@ _REASONING_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|channel|>", "analysis"), HARMONY),
     (("<seed:think>",), "seed_oss"),
     (("[THINK]",), "mistral"),
+    # DeepSeek-V3.1 and later think only when the request's `thinking` says so (the template then opens the block);
+    # R1 and its distills always think (https://huggingface.co/deepseek-ai/DeepSeek-V3.1, "Chat Template").
+    (("<｜Assistant｜>", "<think>", "thinking is defined"), "deepseek_v3"),
     (("<｜Assistant｜>", "<think>"), "deepseek_r1"),
     (("<|im_start|>", "<think>"), "qwen3"),
     (("[gMASK]", "<think>"), "glm45"),

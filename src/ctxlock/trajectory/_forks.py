@@ -21,10 +21,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from ctxlock.caches import LRU
 from ctxlock.errors import CtxlockError
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class Step(Protocol):
 
 
 CAUSES = ("retokenization", "rerender", "history-rewrite", "other")
+# Each vocabulary's bytes per id (False: a vocabulary without per-token bytes), by the tokenizer's sha256.
+_PIECES: LRU[str, tuple[bytes, ...] | Literal[False]] = LRU("trajectory.pieces", max_items=4, scope="artifact")
 
 
 class Pieces:
@@ -62,10 +65,14 @@ class Pieces:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        try:
-            self.pieces: tuple[bytes, ...] | None = tokenizer.token_bytes().pieces
-        except CtxlockError:
-            self.pieces = None
+        hit = _PIECES.get(tokenizer.sha256)  # a vocabulary's bytes take about a second to build: once per process
+        if hit is None:
+            try:
+                hit = tokenizer.token_bytes().pieces
+            except CtxlockError:
+                hit = False
+            _PIECES.put(tokenizer.sha256, hit)
+        self.pieces: tuple[bytes, ...] | None = hit or None
 
     def lengths(self, ids: Sequence[int]) -> np.ndarray:
         """The byte offset of each id's start, and the total at the end (len(ids) + 1 values)."""

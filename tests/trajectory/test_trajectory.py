@@ -1,13 +1,15 @@
 """Token-in/token-out trajectories (docs/trajectories.md) over every fixture template with tool calls.
 
-Each template answers one conversation: a user asks, the engine calls a tool (its ids: the template's own render of
-the call, cut where the generation prompt ends and after the end-of-turn text), the tool answers, the engine answers,
-the user thanks it. The oracle is prefix stability as `ctxlock lint`'s history-rewrite rule and the mask
-cross-check define it: the render cut before each assistant turn (with the generation prompt) and after it is a
-prefix of the whole render. Where it holds and the template writes each parsed message as the engine did, every
-delta is exact and the trajectory's bytes are the canonical render's (a fork there can only be a retokenization);
-where it does not, a fork (or a located delta) names it. Everywhere, the forks are complete: the canonical ids are
-the trajectory's with each fork's canonical side in its place."""
+Each template answers one conversation, computed once per module: a user asks, the engine calls a tool, the tool
+answers, the engine answers, the user thanks it. The engine's ids are the template's own render of each assistant
+turn (see `engine_ids`), and must parse back to the call and answer they were written from. The oracle is prefix
+stability as `ctxlock lint`'s history-rewrite rule and the mask cross-check define it: the render cut before each
+assistant turn (with the generation prompt) and after it is a prefix of the whole render. Where it holds and the
+template writes each parsed message as the engine did, every delta is exact and the trajectory's bytes are the
+canonical render's (a fork there can only be a retokenization); where it does not, the first fork is located
+against the texts and the cut renders (`check_first_fork`). Everywhere, the forks are complete: the canonical ids
+are the trajectory's with each fork's canonical side in its place. gpt-oss (Harmony) has a test of its own; the one
+template that refuses the conversation is asserted to refuse it, by name."""
 
 from __future__ import annotations
 
@@ -55,10 +57,13 @@ def _model(vocab: str) -> ctxlock.Model:
     return ctxlock.load(str(fetched.hf_tokenizer_dir(vocab)))
 
 
+_formats = cache(formats_for_template)  # a probe render per call: once per template source in this module
+
+
 def _tool_templates() -> list[Path]:
     out = []
     for path in fetched.template_paths():
-        tool, _, _ = formats_for_template(path.read_text("utf-8"))
+        tool, _, _ = _formats(path.read_text("utf-8"))
         if tool is not None and tool != "harmony":  # Harmony needs gpt-oss's vocabulary: test_gpt_oss below
             out.append(path)
     return out
@@ -98,7 +103,7 @@ def engine_ids(
         k = text.find(head[:n], k) + n if n else k
     if text[:k].rfind("<") > text[:k].rfind(">"):
         k = text[:k].rfind("<")
-    _, reasoning, _ = formats_for_template(opts["chat_template"].source)
+    _, reasoning, _ = _formats(lay.rendered.template.source)
     close = REASONING_FORMATS[reasoning].close if reasoning in REASONING_FORMATS else None
     if close and prompt.rstrip().endswith(close) and text.startswith(close, k):  # the prompt closed the block
         k += len(close)
@@ -162,7 +167,7 @@ def run_conversation(path: Path, how: str = "render") -> Run:
     traj = Trajectory(model, data, opts)
     prefix = ""
     if how == "tags":
-        _, reasoning, _ = formats_for_template(path.read_text("utf-8"))
+        _, reasoning, _ = _formats(path.read_text("utf-8"))
         prefix = _prefix(reasoning, model.render(data, **opts, add_generation_prompt=True).text)
     given: list[list[int]] = []
     ids = engine_ids(model, opts, data, {"role": "assistant", "content": "", "tool_calls": [CALL], **extra}, prefix)
@@ -298,12 +303,51 @@ def test_known_templates() -> None:
     assert any(f.cause == "history-rewrite" and "AVAILABLE_TOOLS" in f.trajectory_text for f in r.forks), r.forks
 
 
+def test_gpt_oss_harmony() -> None:
+    """gpt-oss's own template and vocabulary (Harmony): the engine thinks, calls the tool (`<|call|>`), thinks
+    again and answers (`<|return|>`). The calls and answer parse back; the forks are the documented ones: once a
+    final answer follows, the template drops the tool-call turn's analysis (a history rewrite), and it writes the
+    final turn without its analysis and ends it with `<|end|>`, even as the last turn (a rerender); the new user
+    turn's delta is located after the engine's `<|return|>`, where the template writes `<|end|>`."""
+    model = ctxlock.load("gpt-oss")
+    opts: dict[str, Any] = {"now": FIXED_NOW}
+    data: dict[str, Any] = {"tools": TOOLS, "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    call = '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|>'
+    final = "<|start|>assistant<|channel|>final<|message|>It is 18 C.<|return|>"
+    given = [
+        model.tokenizer.encode(f"<|channel|>analysis<|message|>{why}<|end|>{then}", parse_special=True)
+        for why, then in (("Look it up.", call), ("Answer.", final))
+    ]
+    traj = Trajectory(model, data, opts)
+    message = traj.complete(given[0], None, "tool_calls").to_openai()
+    assert message["reasoning_content"] == "Look it up." and message["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city":"Paris"}',
+    }
+    traj.add([{"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "18 C"}])
+    answer = traj.complete(given[1]).to_openai()
+    assert (answer["content"], answer["reasoning_content"]) == ("It is 18 C.", "Answer.")
+    traj.add([{"role": "user", "content": "Thanks!"}])
+    r = traj.result()
+    check_invariants(r, given)
+    stable, cut = _stable(model, opts, r.conversation)
+    assert not stable
+    check_first_fork(Run(r, model, opts, given, "harmony"), cut)
+    assert [s.how for s in r.steps] == ["render", "engine", "exact", "engine", "located"]
+    assert [(f.step, f.cause, f.trajectory_text, f.canonical_text) for f in r.forks] == [
+        (1, "history-rewrite", "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant", ""),
+        (3, "rerender", "analysis<|message|>Answer.<|end|><|start|>assistant<|channel|>", ""),
+        (3, "rerender", "<|return|>", "<|end|>"),
+    ]
+    assert "'<|end|>' in history" in " ".join(r.steps[4].notes)
+
+
 # -- token boundaries ---------------------------------------------------------------------------------------------
 
 QWEN = "Qwen-Qwen2.5-7B-Instruct.jinja"
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     words=st.lists(st.sampled_from(["sunny", "weather", "Paris", "tomorrow", "héllo", "天气", "forecast"]), min_size=1),
     cut=st.integers(1, 8),

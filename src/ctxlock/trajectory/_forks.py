@@ -8,7 +8,7 @@ characters), both sides' ids and text, and the cause:
 - `rerender`: in a completion whose parsed message the template renders otherwise than the engine wrote it, even as
   the last turn (a tool call's JSON spacing, whitespace around reasoning, a call the parser did not release);
 - `history-rewrite`: text the template wrote (or reproduced) when its turn was the last, and writes otherwise once
-  later turns follow (Qwen3 drops earlier reasoning; gpt-oss ends a final answer with `<|end|>` in history; a
+  later turns follow (Qwen3 drops earlier reasoning, gpt-oss the analysis of a turn a final answer follows; a
   generation prompt that is not how the template starts the turn);
 - `other`: anything else (text a located delta could not place).
 

@@ -14,6 +14,7 @@ spaces): `token_bytes` refuses them, and `decode_pieces` accepts only the WordPi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,17 @@ def hf_token_bytes(
     scheme, byte_fallback = _scheme(data, where)
     added = {t.id: t for t in added_tokens}
     table = byte_level_decoder_table()
+    # One C-level pass a token: the alphabet's characters translated to the bytes they stand for (as Latin-1
+    # characters), a token with any character outside it found by one regex search (and kept as its UTF-8).
+    to_latin1 = {ord(c): b for c, b in table.items()}
+    outside = re.compile("[^" + "".join(re.escape(c) for c in table) + "]")
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") in ("BPE", "WordPiece", "WordLevel") and isinstance(vocab, dict):
+        # The model's own token -> id map, inverted (what tokenizers' id_to_token reads for an id that is not an
+        # added token), instead of one call into tokenizers per id.
+        by_id = {i: t for t, i in vocab.items() if isinstance(i, int)}
+        id_to_token = by_id.get
     pieces: list[bytes] = []
     for i in range(vocab_size):
         if i in added:
@@ -78,10 +90,10 @@ def hf_token_bytes(
         if token is None:
             pieces.append(b"")
         elif scheme == "byte-level":
-            try:
-                pieces.append(bytes(table[c] for c in token))
-            except KeyError:
+            if outside.search(token):
                 pieces.append(token.encode("utf-8"))  # not in the byte alphabet: HF's ByteLevel decoder keeps it
+            else:
+                pieces.append(token.translate(to_latin1).encode("latin-1"))
         else:
             raw = byte_piece(token) if byte_fallback else None
             if raw is not None:

@@ -47,6 +47,24 @@ PackOpt = Annotated[
     ),
 ]
 
+WorkersOpt = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        help="Worker processes: this one and N-1 more, forked after the model is loaded (spawned if a thread could "
+        "be copied mid-state), one model each; with --engine ray, actors.",
+    ),
+]
+TrajectoriesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trajectories",
+        help="Rows are trajectory lines (ctxlock trajectory's input: a request and steps of completion ids and new "
+        "messages): shards of input_ids, labels, loss_mask, logprobs, step/part provenance, and the steps, forks "
+        "and notes as JSON (docs/trajectories.md).",
+    ),
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("batch")(batch)
@@ -56,14 +74,7 @@ def batch(
     source: Annotated[Path, typer.Argument(help="Input: a .jsonl file (one request per line) or a .parquet file.")],
     out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
     model: ModelOpt = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            help="Worker processes: this one and N-1 more, forked after the model is loaded (spawned if a thread could "
-            "be copied mid-state), one model each; with --engine ray, actors.",
-        ),
-    ] = 1,
+    workers: WorkersOpt = 1,
     engine: EngineOpt = "local",
     ray_address: RayAddressOpt = None,
     max_length: MaxLengthOpt = None,
@@ -83,22 +94,14 @@ def batch(
             "model, options and input rows); make the rest, saying why on stderr (docs/batch.md).",
         ),
     ] = False,
-    trajectories: Annotated[
-        bool,
-        typer.Option(
-            "--trajectories",
-            help="Rows are trajectory lines (ctxlock trajectory's input: a request and steps of completion ids and new "
-            "messages): shards of input_ids, labels, loss_mask, logprobs, step/part provenance, and the steps, "
-            "forks and notes as JSON (docs/trajectories.md).",
-        ),
-    ] = False,
+    trajectories: TrajectoriesOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Render a file of chat requests into training data: Parquet shards (zstd) of row, request_sha256, input_ids,
     labels (-100 where not trained: ctxlock's assistant-mask rule) and length; manifest.json (versions, template,
     tokenizer and policy digests, the input's sha256, each shard's sha256, rows and tokens); errors.jsonl (one line
     per row that could not be encoded). The same input gives byte-identical output for any --workers and either
-    --engine."""
+    --engine. With --trajectories, each row is a trajectory line instead (docs/trajectories.md)."""
     from ctxlock.batch import BatchOptions, check_paths, run_batch  # the job (and pyarrow) load only for this command
     from ctxlock.training import MaskOptions  # with the job: `ctxlock --help` does not pay for it
 

@@ -83,9 +83,11 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
             yield n, line.rstrip(b"\r\n")
 
 
-def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The rows from row `first` on, the row groups wholly before it not read."""
-    pf = _parquet_file(path)
+def _parquet_rows(path: Path | str, first: int = 0, pf: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows from row `first` on, the row groups wholly before it not read (`pf`: the file already open, as a
+    `pyarrow.parquet.ParquetFile`, e.g. on a `pyarrow.fs` filesystem; `path` then only names it)."""
+    if pf is None:
+        pf = _parquet_file(Path(path))
     n, skip = 0, 0
     while skip < pf.num_row_groups and n + pf.metadata.row_group(skip).num_rows <= first:
         n += pf.metadata.row_group(skip).num_rows
@@ -151,6 +153,11 @@ def read_spec(path: Path, spec: ShardSpec) -> list[tuple[int, Any]]:
     return [(spec.first_row + k, line.rstrip(b"\r\n")) for k, line in enumerate(io.BytesIO(data))]
 
 
+def parquet_rows_of(pf: Any, name: str, first: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of an open `pyarrow.parquet.ParquetFile` from row `first` on, as `read_shards` gives them."""
+    return _parquet_rows(name, first, pf)
+
+
 def request_of(raw: Any) -> Any:
     """A raw row -> what `Model.parse` takes: JSONL bytes as they are; a Parquet row's `request` JSON string, or
     its columns as a request object (None-valued columns dropped)."""
@@ -185,4 +192,43 @@ def sha256_file(path: Path) -> str:
     return file_sha256(path)
 
 
-__all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "rows_sha256", "sha256_file"]
+# The input's digest in the manifest is over blocks, so that no process has to read the whole input to make it: the
+# Ray engine's workers digest the blocks they scan, the driver joins 32 bytes per block (docs/batch.md).
+BLOCK_BYTES = 1 << 20
+
+
+def blocks_digest(block_sha256s: list[bytes]) -> str:
+    """sha256 over the raw sha256 digests of the input's consecutive `BLOCK_BYTES` blocks, in order (the last one
+    shorter; none for an empty file)."""
+    return hashlib.sha256(b"".join(block_sha256s)).hexdigest()
+
+
+def input_record(name: str, size: int, block_sha256s: list[bytes]) -> dict[str, Any]:
+    """The manifest's `input`: the file's name, its size and its blocks' digest (`blocks_digest`)."""
+    return {"file": name, "bytes": size, "block_bytes": BLOCK_BYTES, "blocks_sha256": blocks_digest(block_sha256s)}
+
+
+def input_digest(path: Path) -> dict[str, Any]:
+    """`input_record` of a local file, read here block by block (the local engine's)."""
+    digests, size = [], 0
+    with path.open("rb") as fh:
+        while block := fh.read(BLOCK_BYTES):
+            digests.append(hashlib.sha256(block).digest())
+            size += len(block)
+    return input_record(path.name, size, digests)
+
+
+__all__ = [
+    "BLOCK_BYTES",
+    "ShardSpec",
+    "blocks_digest",
+    "input_digest",
+    "input_record",
+    "parquet_rows_of",
+    "plan_shards",
+    "read_shards",
+    "read_spec",
+    "request_of",
+    "rows_sha256",
+    "sha256_file",
+]

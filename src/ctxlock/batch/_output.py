@@ -143,15 +143,15 @@ def _version(name: str) -> str:
 
 
 def write_manifest(
-    source: str,
-    input_sha256: str,
+    source: dict[str, Any],
     out: Path,
     policy: dict[str, Any],
     job: dict[str, Any],
     records: list[dict[str, Any]],
     fit: bool,
 ) -> dict[str, Any]:
-    """Write `errors.jsonl`, then `manifest.json`, from the shards' records (each one kept or made by this run)."""
+    """Write `errors.jsonl`, then `manifest.json`, from the shards' records (each one kept or made by this run);
+    `source` is the manifest's `input` (`batch.input_record`: the file's name, size and blocks' digest)."""
     errors = b"".join(
         (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8") for r in records for e in r["errors"]
     )
@@ -164,7 +164,7 @@ def write_manifest(
         "tokenizer_sha256": job["tokenizer_sha256"],
         "policy": policy,
         "policy_sha256": hashlib.sha256(json_bytes(policy)).hexdigest(),
-        "input": {"file": source, "sha256": input_sha256},
+        "input": source,
         "rows": sum(r["row_count"] + r["error_count"] for r in records),
         "row_count": sum(r["row_count"] for r in records),
         "error_count": sum(r["error_count"] for r in records),

@@ -53,7 +53,16 @@ from typing import Any
 import numpy as np
 
 from ctxlock.batch._fast import MaskedRow, mask_rows
-from ctxlock.batch._input import ShardSpec, plan_shards, read_shards, read_spec, request_of, rows_sha256, sha256_file
+from ctxlock.batch._input import (
+    ShardSpec,
+    input_digest,
+    plan_shards,
+    read_shards,
+    read_spec,
+    request_of,
+    rows_sha256,
+    sha256_file,
+)
 from ctxlock.batch._output import (
     RECORD_KEY,
     Resume,
@@ -461,15 +470,38 @@ def kept_spec(resume: Resume | None, source: Path, spec: ShardSpec) -> dict[str,
     return resume.kept(spec.index, (spec.first_row, spec.stop_row), lambda: rows_sha256(read_spec(source, spec)))
 
 
-# An engine runs the shards that are not finished: (source, out, options, resume, done) -> None, calling
-# done(record, kept) once per shard (kept: a finished shard `resume` kept: `kept_spec`). The local one is
-# `run_batch`'s own.
-Engine = Callable[[Path, Path, BatchOptions, Resume | None, Callable[[dict[str, Any], bool], None]], None]
+# Another engine runs the whole job where the data lives (`ctxlock.batch._ray`): (source, out, options, resume,
+# on_progress) -> the manifest, with `source` a path or a `pyarrow.fs` URI, reporting each shard to a `Tally`. The
+# local one is `run_batch`'s own.
+Engine = Callable[[str, str, BatchOptions, bool, Callable[[Progress], None] | None], dict[str, Any]]
+
+
+class Tally:
+    """The shards' records as they come (kept by a resume or made), counted into a `Progress` for `on_progress`."""
+
+    def __init__(self, on_progress: Callable[[Progress], None] | None, remade: dict[int, str] | None = None) -> None:
+        self.progress = Progress(remade={} if remade is None else remade)
+        self.records: dict[int, dict[str, Any]] = {}
+        self.on_progress = on_progress
+
+    def done(self, record: dict[str, Any], kept: bool) -> None:
+        progress = self.progress
+        self.records[record["index"]] = record
+        progress.rows += record["row_count"] + record["error_count"]
+        progress.tokens += record["token_count"]
+        progress.errors += record["error_count"]
+        progress.shards_done += 1
+        progress.shards_kept += kept
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    def sorted_records(self) -> list[dict[str, Any]]:
+        return [self.records[k] for k in sorted(self.records)]
 
 
 def run_batch(
-    source: Path,
-    out: Path,
+    source: Path | str,
+    out: Path | str,
     opts: BatchOptions,
     *,
     workers: int = 1,
@@ -478,28 +510,19 @@ def run_batch(
     engine: Engine | None = None,
 ) -> dict[str, Any]:
     """Run the job (module docstring); return the manifest. `out` must be empty or absent unless `resume`.
-    `engine`: another engine (`ctxlock.batch.ray_engine`); by default `workers` local processes."""
+    `engine`: another engine (`ctxlock.batch.ray_engine`: it does the whole job where the data lives, `source`
+    and `out` then paths its workers see, or `source` a `pyarrow.fs` URI); by default `workers` local processes."""
+    if engine is not None:
+        return engine(str(source), str(out), opts, resume, on_progress)
+    source, out = Path(source), Path(out)
     check_paths(source, out, resume)
     out.mkdir(parents=True, exist_ok=True)
     clean(out)  # a killed run's half-written files
-    input_sha256 = sha256_file(source)
+    digest = input_digest(source)
     check = Resume(out, _job(load_model(opts.model), opts)) if resume else None
-    progress = Progress(remade={} if check is None else check.remade)
-    records: dict[int, dict[str, Any]] = {}
-
-    def done(record: dict[str, Any], kept: bool) -> None:
-        records[record["index"]] = record
-        progress.rows += record["row_count"] + record["error_count"]
-        progress.tokens += record["token_count"]
-        progress.errors += record["error_count"]
-        progress.shards_done += 1
-        progress.shards_kept += kept
-        if on_progress is not None:
-            on_progress(progress)
-
-    if engine is not None:
-        engine(source, out, opts, check, done)
-    elif workers <= 1:
+    tally = Tally(on_progress, None if check is None else check.remade)
+    progress, done = tally.progress, tally.done
+    if workers <= 1:
         load_model(opts.model)
         for index, rows in enumerate(read_shards(source, opts.shard_rows)):
             span = (rows[0][0], rows[-1][0] + 1)
@@ -509,14 +532,18 @@ def run_batch(
         with _one_encode_thread():
             _run_pool(source, out, opts, workers, check, done)
     if check is not None:
-        progress.removed += remove_stale(out, len(records))
-    if sha256_file(source) != input_sha256:
-        raise InputError(
-            f"{source.name} changed while the job ran: its shards may hold rows of either version",
-            path=str(source),
-            hint="run the same command again with --resume (only the shards whose rows changed are made again)",
-        )
-    return _write_manifest(source, input_sha256, out, opts, [records[k] for k in sorted(records)])
+        progress.removed += remove_stale(out, len(tally.records))
+    if input_digest(source) != digest:
+        raise changed_input(source.name, str(source))
+    return write_job_manifest(digest, out, opts, tally.sorted_records())
+
+
+def changed_input(name: str, path: str) -> InputError:
+    return InputError(
+        f"{name} changed while the job ran: its shards may hold rows of either version",
+        path=path,
+        hint="run the same command again with --resume (only the shards whose rows changed are made again)",
+    )
 
 
 @contextlib.contextmanager
@@ -616,6 +643,11 @@ def check_paths(source: Path, out: Path, resume: bool) -> None:
         ) from None
     if not source.is_file():
         raise InputError(f"no such input file: {source}", path=str(source), hint="give a .jsonl or .parquet file")
+    check_out(out, resume)
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """The output directory can be used: absent, or a directory that is empty unless `resume`."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory", path=str(out), hint="give a directory for the shards")
     if out.is_dir() and any(out.iterdir()) and not resume:
@@ -624,12 +656,18 @@ def check_paths(source: Path, out: Path, resume: bool) -> None:
         )
 
 
-def _write_manifest(
-    source: Path, input_sha256: str, out: Path, opts: BatchOptions, records: list[dict[str, Any]]
+def job_of(opts: BatchOptions) -> dict[str, Any]:
+    """The job a shard made now with `opts` records (model, template, tokenizer and policy digests)."""
+    return _job(load_model(opts.model), opts)
+
+
+def write_job_manifest(
+    source: dict[str, Any], out: Path, opts: BatchOptions, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """`batch_output.write_manifest` of these records (the job their records name; with none, the model's)."""
+    """`batch_output.write_manifest` of these records (the job their records name; with none, the model's);
+    `source` is the manifest's `input` (`batch.input_record`)."""
     job = one_job(out, records) if records else _job(load_model(opts.model), opts)
-    return write_manifest(source.name, input_sha256, out, opts.policy(), job, records, opts.max_length is not None)
+    return write_manifest(source, out, opts.policy(), job, records, opts.max_length is not None)
 
 
 __all__ = [
@@ -638,10 +676,14 @@ __all__ = [
     "Engine",
     "Progress",
     "ShardSpec",
+    "Tally",
+    "changed_input",
+    "check_out",
     "check_paths",
     "encode_shard",
     "encode_spec",
     "init_worker",
+    "job_of",
     "kept_spec",
     "load_model",
     "plan_shards",
@@ -650,5 +692,6 @@ __all__ = [
     "run_batch",
     "sha256_file",
     "shard_bytes",
+    "write_job_manifest",
     "write_shard",
 ]

@@ -26,8 +26,9 @@ RayAddressOpt = Annotated[
     str | None,
     typer.Option(
         "--ray-address",
-        help="With --engine ray: the cluster to join ('auto', 'ray://host:10001'); by default a local Ray is "
-        "started for the job. The input path must be readable by every node; the driver writes the output.",
+        help="With --engine ray: the cluster to join ('auto', 'host:6379', 'ray://host:10001'); by default a local "
+        "Ray is started for the job. The workers read the input (a path every node sees, or a URI: s3://, gs://, "
+        "file://) and write OUT (a path every node can write); this process handles only metadata.",
     ),
 ]
 MaxLengthOpt = Annotated[
@@ -53,7 +54,13 @@ def register(app: typer.Typer) -> None:
 
 
 def batch(
-    source: Annotated[Path, typer.Argument(help="Input: a .jsonl file (one request per line) or a .parquet file.")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="Input: a .jsonl file (one request per line) or a .parquet file; with --engine ray also a pyarrow.fs "
+            "URI (s3://bucket/in.jsonl, gs://..., file:///data/in.jsonl)."
+        ),
+    ],
     out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
     model: ModelOpt = None,
     workers: Annotated[
@@ -108,7 +115,14 @@ def batch(
                 path="--ray-address",
                 hint="e.g. --engine ray --ray-address auto",
             )
-        check_paths(source, out, resume)  # before the progress bar starts
+        if engine == "local":
+            if "://" in source and not source.startswith("file://"):
+                raise InputError(
+                    f"the local engine reads local files, not {source}",
+                    path=source,
+                    hint="give a local path, or --engine ray to read a URI in the workers",
+                )
+            check_paths(_local(source), out, resume)  # before the progress bar starts (Ray's workers check there)
         opts = BatchOptions(
             model=model,
             shard_rows=shard_rows,
@@ -118,7 +132,8 @@ def batch(
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
         with bar as (update, _):
-            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
+            where = source if run is not None else _local(source)
+            return run_batch(where, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
     bar = _ProgressBar(as_json)
     manifest = guarded(as_json, go)
@@ -149,6 +164,13 @@ def _resume_note(progress: Any) -> None:
         kept = f"kept {progress.shards_kept} of {progress.shards_done} shards"
         line = f"note: --resume {kept}; " + "; ".join(parts)
         print(" ".join(line.splitlines()), file=sys.stderr)
+
+
+def _local(source: str) -> Path:
+    """A local input path (a file:// URI's path)."""
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(source).path)) if source.startswith("file://") else Path(source)
 
 
 def _ray_engine(address: str | None, workers: int) -> Any:

@@ -1,23 +1,34 @@
-"""ctxlock batch on Ray Data, and the 20,000-row acceptance run (issue 21, acceptance 2).
+"""ctxlock batch on a real two-node Ray cluster, and the 20,000-row acceptance run (issue 21, acceptance 2).
 
-One local Ray cluster for the module (`ray.init(num_cpus=2)`). The Ray engine must write the local engine's shards
-and manifest byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final
-newline), Parquet input, --pack and --max-length, and a --resume that finishes another engine's run. The 20,000-row
-dataset (1% bad rows) is run once uninterrupted with --workers 1 (a module fixture) and checked against
-Model.encode, the Ray engine, and a real `ctxlock batch --workers 2` process killed with SIGKILL mid-run and then
-resumed with --workers 2.
+The module starts its own cluster with `ray start` (a head and a second node, 1 CPU each, bounded memory and object
+store, token authentication, its own temporary directory and ports), joins it as the driver
+(`ray.init(address=...)`), and tears it down after, even on failure: each node's processes are in their own session,
+killed by pid, and the test checks none is left. The Ray engine must write the local engine's shards and
+manifest byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final newline,
+lines longer than a 1 MiB block), Parquet input, --pack and --max-length, and a --resume that finishes another
+engine's run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs) runs a job
+to completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the second
+node; the output is still the undisturbed run's, byte for byte. The 20,000-row dataset (1% bad rows) is run once
+uninterrupted with --workers 1 (a module fixture) and checked against Model.encode, the Ray engine, and a real
+`ctxlock batch --workers 2` process killed with SIGKILL mid-run and then resumed with --workers 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,35 +47,160 @@ from ctxlock.batch._run import BatchOptions, Progress, run_batch
 from ctxlock.errors import CtxlockError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+RAY = Path(sys.executable).parent / "ray"
 ROWS = 20_000
+# Per node: 1 CPU, 2 GB of Ray's memory resource, a 100 MB object store (the job puts only records there).
+NODE = ["--num-cpus=1", "--memory=2000000000", "--object-store-memory=100000000", "--disable-usage-stats"]
+# A lost node is declared dead after about 1.5 s of failed health checks (Ray's default is about 15 s).
+HEALTH = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live (not zombie) processes in session `sid` (a node's daemons and its workers, which have process groups of
+    their own)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[3]) == sid and stat[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Cluster:
+    """A local Ray cluster started by `ray start`: `address` (the head's GCS), each node's session."""
+
+    address: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    head: int = 0
+    worker: int = 0
+    temp: str = ""
+
+    def start(self, *args: str) -> int:
+        """`ray start ...` in a new session: the daemons it starts and their workers stay in it; its id returned."""
+        proc = subprocess.Popen(
+            [str(RAY), "start", *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out, _ = proc.communicate(timeout=90)
+        if proc.returncode:
+            self.kill_node(proc.pid)
+            raise RuntimeError(f"ray start failed: {out[-3000:].decode(errors='replace')}")
+        return proc.pid
+
+    def kill_node(self, sid: int) -> None:
+        """SIGKILL every process of the node's session (by pid), until none is left (10 s at most)."""
+        deadline = time.monotonic() + 10
+        while (pids := _session_pids(sid)) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def busy_worker(self) -> int | None:
+        """A worker process of this cluster running a task (its title is `ray::_call`, idle ones `ray::IDLE`)."""
+        for sid in (self.worker, self.head):
+            for pid in _session_pids(sid):
+                try:
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_call"):
+                        return pid
+                except OSError:
+                    continue
+        return None
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def cluster() -> Iterator[Cluster]:
+    temp = tempfile.mkdtemp(prefix="ctxr-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # Token authentication, with Ray's own token file (~/.ray/auth_token, made by the head when missing): the GCS
+    # listens on every interface (https://docs.ray.io/en/latest/ray-security/token-auth.html).
+    token = {"RAY_AUTH_MODE": "token"}
+    env = {**os.environ, **token, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    port = _port()
+    c = Cluster(address=f"127.0.0.1:{port}", env=env, temp=temp)
+    saved = {k: os.environ.get(k) for k in token}
+    try:
+        c.head = c.start(
+            "--head",
+            f"--port={port}",
+            f"--temp-dir={temp}",
+            "--include-dashboard=false",
+            f"--dashboard-port={_port()}",
+            f"--dashboard-agent-listen-port={_port()}",
+            f"--system-config={json.dumps(HEALTH)}",
+            *NODE,
+        )
+        c.worker = c.start(
+            f"--address={c.address}", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={_port()}", *NODE
+        )
+        os.environ.update(token)
+        # Ray reads RAY_AUTH_MODE once per process, when its config is first made (`ray.init` of an explicit address
+        # never turns token auth on by itself): read it again, as Ray's own `_enable_token_auth` does.
+        ray._raylet.Config.initialize("")
+        ray.init(address=c.address, log_to_driver=False, logging_level="WARNING")
+        assert [n["Resources"].get("CPU") for n in ray.nodes() if n["Alive"]] == [1.0, 1.0]
+        yield c
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ray._raylet.Config.initialize("")
+        left = []
+        for sid in (c.worker, c.head):
+            if sid:
+                c.kill_node(sid)
+                left += _session_pids(sid)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not left, f"Ray processes left: {left}"
 
 
 def _hostile(tmp: Path) -> Path:
-    """JSONL with every kind of bad line, CRLF endings, and no newline after the last line."""
+    """JSONL with every kind of bad line, CRLF endings, no newline after the last line, and two long lines (JSON
+    whitespace) so that the file spans three 1 MiB blocks and shards start in later blocks."""
     lines = [x.encode() for x in _dataset(70, seed=11)]
     lines[3] = b""
     lines[10] = b"\xff\xfe{"
     lines[20] = lines[21] + b"\r"
     lines[30] = b'{"messages": "no"}'
+    lines[40] = lines[40][:-1] + b" " * 1_500_000 + b"}"
+    lines[50] = lines[50][:-1] + b" " * 900_000 + b"}"
     path = tmp / "in.jsonl"
     path.write_bytes(b"\n".join(lines))
     return path
 
 
-@pytest.mark.parametrize("options", [{}, {"pack": 300, "max_length": 120}])
-def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("options", "uri"), [({}, False), ({"pack": 300, "max_length": 120}, True)])
+def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, Any], uri: bool) -> None:
+    """A local path or a `file://` URI (read through pyarrow.fs in the workers), scanned one 1 MiB block per task:
+    shards whose first row starts in the second and third blocks, rows longer than a block."""
     source = _hostile(tmp_path)
-    opts = BatchOptions(model="book", shard_rows=16, **options)
+    opts = BatchOptions(model="book", shard_rows=7, **options)
     local = run_batch(source, tmp_path / "local", opts)
-    on_ray = run_batch(source, tmp_path / "ray", opts, engine=ray_engine(workers=2))
+    where = f"file://{source}" if uri else str(source)
+    on_ray = run_batch(where, tmp_path / "ray", opts, engine=ray_engine(workers=2, chunk_blocks=1))
     assert on_ray == local and local["rows"] == 70 and local["error_count"] >= 4
+    assert local["input"]["bytes"] > 2 << 20 and len(local["shards"]) == 10
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
     errors = [json.loads(x) for x in (tmp_path / "ray" / "errors.jsonl").read_text("utf-8").splitlines()]
     assert {3, 10, 30} <= {e["row"] for e in errors}
@@ -238,3 +374,77 @@ def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
     # the local engine reads the line as it is: the parsed request has no such key
     opts = BatchOptions(model="book", shard_rows=4)
     assert run_batch(path, tmp_path / "o", opts)["rows"] == 2
+
+
+# -- the driver sees neither the input nor the output; faults --------------------------------------------------
+
+_DRIVER = """
+import json, os, sys
+from ctxlock.batch._ray import ray_engine
+from ctxlock.batch._run import BatchOptions, run_batch
+source, out, address = sys.argv[1:4]
+hidden = os.path.dirname(source)
+assert not os.path.exists(source) and os.listdir(hidden) == [], os.listdir(hidden)
+engine = ray_engine(address, workers=2, chunk_blocks=1)
+manifest = run_batch(source, out, BatchOptions(model="book", shard_rows=7), engine=engine)
+assert os.listdir(hidden) == [], os.listdir(hidden)  # the driver wrote nothing where the output is
+print(json.dumps(manifest))
+"""
+
+
+def test_the_driver_needs_neither_input_nor_output(cluster: Cluster, tmp_path: Path) -> None:
+    """The driver runs in its own mount namespace (`unshare -m`) with a tmpfs over the directory that holds the
+    input and the output directory: it cannot read the one nor write the other, yet the job completes, and the
+    output the cluster's workers wrote (seen from outside) is the local engine's, byte for byte."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1) and root to mount a tmpfs in a private mount namespace")
+    data = tmp_path / "data"
+    data.mkdir()
+    source = _hostile(data)
+    local = run_batch(source, tmp_path / "local", BatchOptions(model="book", shard_rows=7))
+    out = data / "ray"
+    script = f'mount -t tmpfs tmpfs "{data}" && exec "{sys.executable}" -c "$0" "$@"'
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _DRIVER, str(source), str(out)]
+    proc = subprocess.run([*cmd, cluster.address], env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == local
+    assert _tree(out) == _tree(tmp_path / "local")
+
+
+def test_a_worker_process_then_a_node_killed_mid_job(cluster: Cluster, tmp_path: Path) -> None:
+    """While the job runs: SIGKILL a worker process running a shard task, then the whole second node (its raylet
+    and everything it started). Ray runs the lost tasks again on what is left; the output has no half shard and
+    no temporary file, and is the undisturbed local run's, byte for byte. Last in the module: the cluster has one
+    node after it."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(x + "\n" for x in _conversations(2400, seed=5)), "utf-8")
+    opts = BatchOptions(model="book", shard_rows=60)
+    local = run_batch(source, tmp_path / "local", opts)
+    out = tmp_path / "ray"
+    events: dict[str, Any] = {}
+
+    def records() -> int:
+        return len(list(out.glob("shard-*.json"))) if out.is_dir() else 0
+
+    def faults() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "worker" not in events:
+            if records() >= 2 and (pid := cluster.busy_worker()) is not None:
+                os.kill(pid, signal.SIGKILL)
+                events["worker"] = (pid, records())
+            time.sleep(0.005)
+        while time.monotonic() < deadline and records() < 10:
+            time.sleep(0.005)
+        events["node"] = (records(), (out / "manifest.json").exists())
+        cluster.kill_node(cluster.worker)
+
+    killer = threading.Thread(target=faults)
+    killer.start()
+    try:
+        manifest = run_batch(source, out, opts, engine=ray_engine(cluster.address, workers=2))
+    finally:
+        killer.join()
+    assert "worker" in events and events["node"][1] is False, events  # both faults hit before the commit
+    assert events["node"][0] < 40 == len(local["shards"])
+    assert [n["Alive"] for n in ray.nodes()].count(False) == 1
+    assert manifest == local and _tree(out) == _tree(tmp_path / "local")

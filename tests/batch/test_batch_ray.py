@@ -9,8 +9,10 @@ lines longer than a 1 MiB block), Parquet input, --pack and --max-length, and a 
 engine's run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs) runs a job
 to completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the second
 node; the output is still the undisturbed run's, byte for byte. The 20,000-row dataset (1% bad rows) is run once
-uninterrupted with --workers 1 (a module fixture) and checked against Model.encode, the Ray engine, and a real
-`ctxlock batch --workers 2` process killed with SIGKILL mid-run and then resumed with --workers 2.
+uninterrupted with --workers 1 (a module fixture) and checked against Model.encode and a real `ctxlock batch
+--workers 2` process killed with SIGKILL mid-run and then resumed with --workers 2. (Its run on Ray, 11 s here, was
+cut: the Ray engine's identity to the local one is held by the hostile inputs above and by the fault test's 1,200
+rows in 40 shards, and benchmarks/bench_ray_nodes.py checks it on these 20,000 rows.)
 """
 
 from __future__ import annotations
@@ -221,7 +223,7 @@ def test_ray_reads_parquet_and_fits_like_local(tmp_path: Path) -> None:
     lines = _long_chats(45, seed=12)
     pq.write_table(pa.table({"request": lines}), tmp_path / "in.parquet", row_group_size=7)
     opts = BatchOptions(model=model_dir, shard_rows=10, max_length=200)
-    local = run_batch(tmp_path / "in.parquet", tmp_path / "local", opts, workers=2)
+    local = run_batch(tmp_path / "in.parquet", tmp_path / "local", opts)
     on_ray = run_batch(tmp_path / "in.parquet", tmp_path / "ray", opts, engine=ray_engine(workers=2))
     assert on_ray == local and local["fit"]["rows_fitted"] and local["fit"]["rows_over"]
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
@@ -245,6 +247,21 @@ def test_ray_resumes_a_local_run(tmp_path: Path) -> None:
     run_batch(source, out, opts, resume=True, on_progress=seen.append, engine=ray_engine(workers=2))
     assert seen[-1].shards_kept == 2 and seen[-1].shards_done == 7 and sorted(seen[-1].remade) == [1, 2, 3, 4, 5]
     assert _tree(out) == _tree(tmp_path / "whole")
+
+
+def test_local_resumes_a_ray_run(tmp_path: Path) -> None:
+    """The other way: a Ray run that lost its manifest and two shards (as a killed driver leaves it), finished by
+    the local engine: the files of an uninterrupted run."""
+    source = _hostile(tmp_path)
+    opts = BatchOptions(model="book", shard_rows=10)
+    out = tmp_path / "out"
+    run_batch(f"file://{source}", out, opts, engine=ray_engine(workers=2, chunk_blocks=1))
+    for name in ("shard-00002.json", "shard-00006.parquet", "manifest.json", "errors.jsonl"):
+        (out / name).unlink()
+    seen: list[Progress] = []
+    run_batch(source, out, opts, resume=True, on_progress=seen.append)
+    assert seen[-1].shards_kept == 5 and sorted(seen[-1].remade) == [2, 6]
+    assert _tree(out) == _tree(run_batch(source, tmp_path / "whole", opts) and tmp_path / "whole")
 
 
 def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
@@ -313,12 +330,6 @@ def test_20k_every_row_accounted_for_and_equal_to_encode(big: dict[str, Any]) ->
             continue
         assert rows[n]["input_ids"] == mi["input_ids"][0].tolist()
         assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
-
-
-def test_20k_byte_identical_on_ray(big: dict[str, Any], tmp_path: Path) -> None:
-    manifest = run_batch(big["source"], tmp_path / "ray", big["opts"], engine=ray_engine(workers=2))
-    assert manifest == big["manifest"]
-    assert _tree(tmp_path / "ray") == _tree(big["out"])
 
 
 def test_20k_two_workers_killed_and_resumed(big: dict[str, Any], tmp_path: Path) -> None:
@@ -417,8 +428,8 @@ def test_a_worker_process_then_a_node_killed_mid_job(cluster: Cluster, tmp_path:
     no temporary file, and is the undisturbed local run's, byte for byte. Last in the module: the cluster has one
     node after it."""
     source = tmp_path / "in.jsonl"
-    source.write_text("".join(x + "\n" for x in _conversations(2400, seed=5)), "utf-8")
-    opts = BatchOptions(model="book", shard_rows=60)
+    source.write_text("".join(x + "\n" for x in _conversations(1200, seed=5)), "utf-8")
+    opts = BatchOptions(model="book", shard_rows=30)
     local = run_batch(source, tmp_path / "local", opts)
     out = tmp_path / "ray"
     events: dict[str, Any] = {}

@@ -18,7 +18,7 @@ EngineOpt = Annotated[
     str,
     typer.Option(
         "--engine",
-        help="local: worker processes on this machine. ray: Ray Data actors (pip install 'ctxlock\\[ray]'); the "
+        help="local: worker processes on this machine. ray: Ray tasks on a cluster (pip install 'ctxlock\\[ray]'); the "
         "same shards and manifest, byte for byte.",
     ),
 ]
@@ -68,7 +68,7 @@ def batch(
         typer.Option(
             "--workers",
             help="Worker processes: this one and N-1 more, forked after the model is loaded (spawned if a thread could "
-            "be copied mid-state), one model each; with --engine ray, actors.",
+            "be copied mid-state), one model each; with --engine ray, at most 2N shard tasks in flight, one CPU each.",
         ),
     ] = 1,
     engine: EngineOpt = "local",

@@ -1,18 +1,15 @@
-"""ctxlock batch on a real two-node Ray cluster, and the 20,000-row acceptance run (issue 21, acceptance 2).
+"""ctxlock batch on a real two-node Ray cluster.
 
-The module starts its own cluster with `ray start` (a head and a second node, 1 CPU each, bounded memory and object
-store, token authentication, its own temporary directory and ports), joins it as the driver
+The module starts its own cluster with `ray start` (a head and a second node started together, 1 CPU each, bounded
+memory and object store, token authentication, its own temporary directory and ports), joins it as the driver
 (`ray.init(address=...)`), and tears it down after, even on failure: each node's processes are in their own session,
-killed by pid, and the test checks none is left. The Ray engine must write the local engine's shards and
-manifest byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final newline,
-lines longer than a 1 MiB block), Parquet input, --pack and --max-length, and a --resume that finishes another
-engine's run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs) runs a job
-to completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the second
-node; the output is still the undisturbed run's, byte for byte. The 20,000-row dataset (1% bad rows) is run once
-uninterrupted with --workers 1 (a module fixture) and checked against Model.encode and a real `ctxlock batch
---workers 2` process killed with SIGKILL mid-run and then resumed with --workers 2. (Its run on Ray, 11 s here, was
-cut: the Ray engine's identity to the local one is held by the hostile inputs above and by the fault test's 1,200
-rows in 40 shards, and benchmarks/bench_ray_nodes.py checks it on these 20,000 rows.)
+killed by pid, and the test checks none is left. The Ray engine must write the local engine's shards and manifest
+byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final newline, lines
+longer than a 1 MiB block), Parquet input, --pack and --max-length, and a --resume that finishes another engine's
+run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs) runs a job to
+completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the second node;
+the output is still the undisturbed run's, byte for byte. The 20,000-row acceptance run is test_batch_20k.py's (no
+Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -34,25 +30,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from test_batch import _dataset, _long_chats, _rows, _tree
+from test_batch import _dataset, _long_chats, _tree
+from test_batch_20k import _conversations
 
-import ctxlock
 import fetched
 from cli_runner import run_main
+from ctxlock.batch._dist import Place, read_place
 from ctxlock.batch._ray import ray_engine
 from ctxlock.batch._run import BatchOptions, Progress, run_batch
-from ctxlock.errors import CtxlockError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RAY = Path(sys.executable).parent / "ray"
-ROWS = 20_000
 # Per node: 1 CPU, 2 GB of Ray's memory resource, a 100 MB object store (the job puts only records there).
-NODE = ["--num-cpus=1", "--memory=2000000000", "--object-store-memory=100000000", "--disable-usage-stats"]
+# No log monitor (the driver takes no worker logs): a process less per node.
+NODE = [
+    "--num-cpus=1",
+    "--memory=2000000000",
+    "--object-store-memory=100000000",
+    "--disable-usage-stats",
+    "--include-log-monitor=false",
+]
 # A lost node is declared dead after about 1.5 s of failed health checks (Ray's default is about 15 s).
 HEALTH = {
     "health_check_initial_delay_ms": 1000,
@@ -93,15 +94,18 @@ class Cluster:
     worker: int = 0
     temp: str = ""
 
-    def start(self, *args: str) -> int:
-        """`ray start ...` in a new session: the daemons it starts and their workers stay in it; its id returned."""
-        proc = subprocess.Popen(
+    def launch(self, *args: str) -> subprocess.Popen[bytes]:
+        """`ray start ...` in a new session: the daemons it starts and their workers stay in it (its id: the pid)."""
+        return subprocess.Popen(
             [str(RAY), "start", *args],
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def started(self, proc: subprocess.Popen[bytes]) -> int:
+        """The session id of a `ray start` that returned 0; else its node killed and its output raised."""
         out, _ = proc.communicate(timeout=90)
         if proc.returncode:
             self.kill_node(proc.pid)
@@ -140,19 +144,26 @@ def cluster() -> Iterator[Cluster]:
     c = Cluster(address=f"127.0.0.1:{port}", env=env, temp=temp)
     saved = {k: os.environ.get(k) for k in token}
     try:
-        c.head = c.start(
+        # Both nodes start at once: the second one's `ray start` retries its connection until the head's GCS
+        # answers (ray._private.node.Node._init_gcs_client).
+        head = c.launch(
             "--head",
             f"--port={port}",
             f"--temp-dir={temp}",
             "--include-dashboard=false",
+            # No autoscaler monitor (the cluster is fixed): an interpreter importing Ray at start, for nothing.
+            "--no-monitor",
             f"--dashboard-port={_port()}",
             f"--dashboard-agent-listen-port={_port()}",
             f"--system-config={json.dumps(HEALTH)}",
             *NODE,
         )
-        c.worker = c.start(
+        second = c.launch(
             f"--address={c.address}", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={_port()}", *NODE
         )
+        c.head, c.worker = head.pid, second.pid  # torn down below even when a start fails
+        c.started(head)
+        c.started(second)
         os.environ.update(token)
         # Ray reads RAY_AUTH_MODE once per process, when its config is first made (`ray.init` of an explicit address
         # never turns token auth on by itself): read it again, as Ray's own `_enable_token_auth` does.
@@ -277,95 +288,12 @@ def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
     assert _tree(out) == _tree(tmp_path / "fresh")
 
 
-# -- 20,000 rows ------------------------------------------------------------------------------------------------
-
-
-def _conversations(n: int, seed: int) -> list[str]:
-    """n JSONL lines, exactly 1% bad (every 100th from row 37: broken JSON, blank, no assistant turn, not an
-    object), the rest 1 to 3 turns of mixed scripts, both dialects."""
-    rnd = random.Random(seed)
-    words = ["alpha", "beta", "données", "日本語", "🙂", "print(x)", "42", "\n", "<|im_end|>"]
-    bad = ['{"messages": [', "", '{"messages":[{"role":"user","content":"hi"}]}', "[1]"]
-    out = []
-    for i in range(n):
-        if i % 100 == 37:
-            out.append(bad[i // 100 % 4])
-            continue
-        msgs: list[dict[str, Any]] = []
-        for t in range(rnd.randint(1, 3)):
-            q = " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 12)))
-            a = " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 20)))
-            msgs += [{"role": "user", "content": f"{i}.{t} {q}"}, {"role": "assistant", "content": a}]
-        row = {"system": "be brief", "messages": msgs, "max_tokens": 9} if i % 5 == 0 else {"messages": msgs}
-        out.append(json.dumps(row, ensure_ascii=False))
-    return out
-
-
-@pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The 20,000-row input and one uninterrupted local run of it (workers 1), shared by the tests below."""
-    tmp = tmp_path_factory.mktemp("big")
-    lines = _conversations(ROWS, seed=21)
-    source = tmp / "in.jsonl"
-    source.write_text("".join(x + "\n" for x in lines), "utf-8")
-    model = str(fetched.hf_tokenizer_dir("qwen2"))
-    opts = BatchOptions(model=model, shard_rows=1000)
-    manifest = run_batch(source, tmp / "whole", opts)
-    return {"lines": lines, "source": source, "model": model, "opts": opts, "out": tmp / "whole", "manifest": manifest}
-
-
-def test_20k_every_row_accounted_for_and_equal_to_encode(big: dict[str, Any]) -> None:
-    lines, out, manifest = big["lines"], big["out"], big["manifest"]
-    rows = _rows(out)
-    errors = {e["row"]: e for e in map(json.loads, (out / "errors.jsonl").read_text("utf-8").splitlines())}
-    assert sorted([*rows, *errors]) == list(range(ROWS)) and not set(rows) & set(errors)
-    assert len(errors) == ROWS // 100 == manifest["error_count"] and manifest["rows"] == ROWS
-    assert manifest["token_count"] == sum(r["length"] for r in rows.values())
-    model = ctxlock.load(big["model"])
-    for n in [*range(0, ROWS, 97), *errors]:
-        try:
-            mi = model.encode(lines[n], return_assistant_tokens_mask=True)
-        except CtxlockError as exc:
-            assert errors[n] == {"row": n, "type": type(exc).__name__, "path": exc.path, "message": exc.message}
-            continue
-        assert rows[n]["input_ids"] == mi["input_ids"][0].tolist()
-        assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
-
-
-def test_20k_two_workers_killed_and_resumed(big: dict[str, Any], tmp_path: Path) -> None:
-    """A real `ctxlock batch --workers 2` killed with SIGKILL (its whole process group: the parent and its workers,
-    as a crash would) after five shards, then `--resume` with --workers 2: the files of the uninterrupted
-    --workers 1 run, byte for byte (so this is also the workers 1 / 2 identity on 20,000 rows)."""
-    out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "ctxlock", "batch", str(big["source"]), str(out), "-m", big["model"]]
-    cmd += ["--shard-rows", "1000", "--workers", "2", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 150
-    # Two workers finish shards out of order (shard 4 can land before shard 3), so wait for five records, not for
-    # the fifth name.
-    while len(list(out.glob("shard-*.json"))) < 5 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "manifest.json").exists(), "the run finished before it was killed"
-    kept_before = len(list(out.glob("shard-*.json")))
-    seen: list[Progress] = []
-    manifest = run_batch(big["source"], out, big["opts"], workers=2, resume=True, on_progress=seen.append)
-    assert seen[-1].shards_kept >= kept_before >= 5 and seen[-1].shards_done == ROWS // 1000
-    assert manifest == big["manifest"]
-    assert _tree(out) == _tree(big["out"])
-
-
 def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
     """The engine's dataset is the job's shards, each actor reading its rows itself, rather than
     `ray.data.read_json`'s rows, for two reasons shown here: read_json fails the whole read on one bad line (the
     job makes it an error row at its number), and it reads well-formed requests into one inferred schema, so a
     message gets keys the user never sent (`"tool_calls": None` on every message of a request without tool calls),
     which changes what a template sees (`is defined`) and the request's digest."""
-    with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid in its own task errors
-        ray.data.read_json(str(_hostile(tmp_path))).take_all()
-    assert "JSON" in str(failed.value) or "ArrowInvalid" in str(failed.value), failed.value
     plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     tools = {
         "messages": [
@@ -380,17 +308,22 @@ def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
     path = tmp_path / "ok.jsonl"
     path.write_text(json.dumps(plain) + "\n" + json.dumps(tools) + "\n", "utf-8")
     rows = ray.data.read_json(str(path)).take_all()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(json.dumps(plain).encode() + b'\n{"messages": [\n' + json.dumps(tools).encode() + b"\n")
+    with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid in its own task errors
+        ray.data.read_json(str(bad)).take_all()
+    assert "JSON" in str(failed.value) or "ArrowInvalid" in str(failed.value), failed.value
     first = next(r for r in rows if r["messages"][0]["content"] == "hi")
     assert "tool_calls" in first["messages"][0] and "tool_calls" not in plain["messages"][0]
-    # the local engine reads the line as it is: the parsed request has no such key
-    opts = BatchOptions(model="book", shard_rows=4)
-    assert run_batch(path, tmp_path / "o", opts)["rows"] == 2
+    # ctxlock's reader gives the line's bytes as they are (`batch.read_place`): the parsed request has no such key
+    assert b"tool_calls" not in read_place(str(path), Place(0, 0, 1), parquet=False)[0][1]
 
 
 # -- the driver sees neither the input nor the output; faults --------------------------------------------------
 
 _DRIVER = """
 import json, os, sys
+from ctxlock.batch._dist import Place, read_place
 from ctxlock.batch._ray import ray_engine
 from ctxlock.batch._run import BatchOptions, run_batch
 source, out, address = sys.argv[1:4]

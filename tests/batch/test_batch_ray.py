@@ -15,6 +15,7 @@ Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,11 @@ import ray
 from test_batch import _dataset, _long_chats, _tree
 from test_batch_20k import _conversations
 
-import fetched
 from cli_runner import run_main
-from ctxlock.batch._dist import Place, read_place
+from ctxlock.batch._dist import Place, make_shard, read_place
 from ctxlock.batch._ray import ray_engine
-from ctxlock.batch._run import BatchOptions, Progress, run_batch
+from ctxlock.batch._run import BatchOptions, Progress, job_of, run_batch
+from ctxlock.errors import InputError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RAY = Path(sys.executable).parent / "ray"
@@ -205,18 +206,26 @@ def _hostile(tmp: Path) -> Path:
 
 @pytest.mark.parametrize(("options", "uri"), [({}, False), ({"pack": 300, "max_length": 120}, True)])
 def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, Any], uri: bool) -> None:
-    """A local path or a `file://` URI (read through pyarrow.fs in the workers), scanned one 1 MiB block per task:
-    shards whose first row starts in the second and third blocks, rows longer than a block."""
+    """Local paths, or `file://` URIs for the input and the output (read and written through pyarrow.fs in the
+    workers: the code path of s3:// and gs://), scanned one 1 MiB block per task: shards whose first row starts in
+    the second and third blocks, rows longer than a block. The error rows stay in the shard records: what a shard
+    task sends back has none (the commit task reads them from the record files)."""
     source = _hostile(tmp_path)
     opts = BatchOptions(model="book", shard_rows=7, **options)
     local = run_batch(source, tmp_path / "local", opts)
     where = f"file://{source}" if uri else str(source)
-    on_ray = run_batch(where, tmp_path / "ray", opts, engine=ray_engine(workers=2, chunk_blocks=1))
+    to = f"file://{tmp_path}/ray" if uri else str(tmp_path / "ray")
+    on_ray = run_batch(where, to, opts, engine=ray_engine(workers=2, chunk_blocks=1))
     assert on_ray == local and local["rows"] == 70 and local["error_count"] >= 4
     assert local["input"]["bytes"] > 2 << 20 and len(local["shards"]) == 10
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
     errors = [json.loads(x) for x in (tmp_path / "ray" / "errors.jsonl").read_text("utf-8").splitlines()]
     assert {3, 10, 30} <= {e["row"] for e in errors}
+    # Shard 1 (rows 7 to 13, row 10 broken) as its task sends it back on a resume: counts and digests, no rows.
+    sent, kept, _ = make_shard(where, Place(1, 7, 14, 0, 7), False, to, opts, job_of(opts))
+    whole = json.loads((tmp_path / "ray" / "shard-00001.json").read_text("utf-8"))
+    assert kept and whole["errors"] and sent["error_count"] == len(whole["errors"]) and "errors" not in sent
+    assert sent["record_sha256"] == hashlib.sha256((tmp_path / "ray" / "shard-00001.json").read_bytes()).hexdigest()
 
 
 def test_cli_engine_ray(tmp_path: Path) -> None:
@@ -230,14 +239,20 @@ def test_cli_engine_ray(tmp_path: Path) -> None:
 
 
 def test_ray_reads_parquet_and_fits_like_local(tmp_path: Path) -> None:
-    model_dir = str(fetched.hf_tokenizer_dir("qwen2"))
-    lines = _long_chats(45, seed=12)
-    pq.write_table(pa.table({"request": lines}), tmp_path / "in.parquet", row_group_size=7)
-    opts = BatchOptions(model=model_dir, shard_rows=10, max_length=200)
+    """Parquet whose messages are in a column of another name (--messages-column), row groups of 7 rows (a shard
+    starts inside one), --max-length fitting rows: the workers read it through pyarrow.fs (`file://`)."""
+    table = pa.Table.from_pylist([json.loads(x) for x in _long_chats(45, seed=12)])
+    pq.write_table(table.rename_columns(["conversation"]), tmp_path / "in.parquet", row_group_size=7)
+    opts = BatchOptions(model="book", shard_rows=10, max_length=200, messages_column="conversation")
     local = run_batch(tmp_path / "in.parquet", tmp_path / "local", opts)
-    on_ray = run_batch(tmp_path / "in.parquet", tmp_path / "ray", opts, engine=ray_engine(workers=2))
+    on_ray = run_batch(f"file://{tmp_path}/in.parquet", tmp_path / "ray", opts, engine=ray_engine(workers=2))
     assert on_ray == local and local["fit"]["rows_fitted"] and local["fit"]["rows_over"]
+    assert local["policy"]["messages_column"] == "conversation" and local["row_count"] > 20
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
+    with pytest.raises(InputError, match="has no column 'messages_'"):
+        run_batch(
+            tmp_path / "in.parquet", tmp_path / "x", replace(opts, messages_column="messages_"), engine=ray_engine()
+        )
 
 
 def test_ray_resumes_a_local_run(tmp_path: Path) -> None:
@@ -260,19 +275,29 @@ def test_ray_resumes_a_local_run(tmp_path: Path) -> None:
     assert _tree(out) == _tree(tmp_path / "whole")
 
 
-def test_local_resumes_a_ray_run(tmp_path: Path) -> None:
-    """The other way: a Ray run that lost its manifest and two shards (as a killed driver leaves it), finished by
-    the local engine: the files of an uninterrupted run."""
+def test_resumes_across_engines_on_a_uri_output(tmp_path: Path) -> None:
+    """A Ray run into a `file://` output that lost its manifest and two shards (as a killed driver leaves it),
+    finished by the local engine; then, on that output, a Ray resume through pyarrow.fs after a shard was damaged,
+    a record was removed and a stale temporary file was left: each time the files of an uninterrupted run."""
     source = _hostile(tmp_path)
     opts = BatchOptions(model="book", shard_rows=10)
-    out = tmp_path / "out"
-    run_batch(f"file://{source}", out, opts, engine=ray_engine(workers=2, chunk_blocks=1))
+    out, uri = tmp_path / "out", f"file://{tmp_path}/out"
+    run_batch(f"file://{source}", uri, opts, engine=ray_engine(workers=2, chunk_blocks=1))
     for name in ("shard-00002.json", "shard-00006.parquet", "manifest.json", "errors.jsonl"):
         (out / name).unlink()
     seen: list[Progress] = []
     run_batch(source, out, opts, resume=True, on_progress=seen.append)
     assert seen[-1].shards_kept == 5 and sorted(seen[-1].remade) == [2, 6]
-    assert _tree(out) == _tree(run_batch(source, tmp_path / "whole", opts) and tmp_path / "whole")
+    whole = _tree(run_batch(source, tmp_path / "whole", opts) and tmp_path / "whole")
+    assert _tree(out) == whole
+    (out / "manifest.json").unlink()
+    (out / "shard-00003.json").unlink()
+    (out / "shard-00005.parquet").write_bytes(b"PAR1 damaged")
+    (out / ".shard-00001.parquet.0123.tmp").write_bytes(b"half")
+    seen.clear()
+    run_batch(str(source), uri, opts, resume=True, on_progress=seen.append, engine=ray_engine(workers=2))
+    assert seen[-1].shards_kept == 5 and sorted(seen[-1].remade) == [3, 5], seen[-1].remade
+    assert _tree(out) == whole
 
 
 def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
@@ -323,7 +348,7 @@ def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
 
 _DRIVER = """
 import json, os, sys
-from ctxlock.batch._dist import Place, read_place
+from ctxlock.batch._dist import Place, make_shard, read_place
 from ctxlock.batch._ray import ray_engine
 from ctxlock.batch._run import BatchOptions, run_batch
 source, out, address = sys.argv[1:4]

@@ -30,8 +30,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ctxlock.batch._input import BLOCK_BYTES, parquet_rows_of, rows_sha256
-from ctxlock.batch._output import Resume, clean, remove_stale
+from ctxlock.batch._input import BLOCK_BYTES, MESSAGES, messages_column_problem, parquet_rows_of, rows_sha256
+from ctxlock.batch._output import (
+    FsDir,
+    Out,
+    Resume,
+    clean,
+    json_bytes,
+    open_regular,
+    out_dir,
+    read_record_of,
+    record_file,
+    remove_stale,
+)
 from ctxlock.batch._run import (
     BatchOptions,
     check_out,
@@ -121,10 +132,16 @@ def probe(source: str, out: str, resume: bool, opts: BatchOptions) -> dict[str, 
         raise InputError(f"no such input file: {source}", path=source, hint="give a .jsonl or .parquet file")
     size = int(info.size)
     parquet = _is_parquet(fs, path, size)
-    rows = _parquet_file(fs, path).metadata.num_rows if parquet else 0
-    target = Path(out)
-    check_out(target, resume)
-    target.mkdir(parents=True, exist_ok=True)
+    pf = _parquet_file(fs, path) if parquet else None
+    rows = pf.metadata.num_rows if pf is not None else 0
+    names = pf.schema_arrow.names if pf is not None else []
+    messages_column_problem(source, "Parquet" if parquet else "JSONL", names, opts.messages_column)
+    target = out_dir(out)
+    if isinstance(target, FsDir):
+        target.check(resume)
+    else:
+        check_out(target, resume)
+        target.mkdir(parents=True, exist_ok=True)
     clean(target)  # a killed run's half-written files
     init_worker(opts.model)
     return {"size": size, "parquet": parquet, "rows": rows, "job": job_of(opts)}
@@ -166,14 +183,14 @@ def plan_parquet(rows: int, shard_rows: int) -> list[Place]:
     ]
 
 
-def read_place(source: str, place: Place, parquet: bool) -> list[tuple[int, Any]]:
+def read_place(source: str, place: Place, parquet: bool, column: str = MESSAGES) -> list[tuple[int, Any]]:
     """One shard's rows, as `batch.read_shards` gives them: JSONL lines without their line ending (row numbers
     counted from the place's first row), or Parquet rows."""
     fs, path = open_source(source)
     want = place.stop_row - place.first_row
     if parquet:
         pf = _parquet_file(fs, path)
-        return list(itertools.islice(parquet_rows_of(pf, source, place.first_row), want))
+        return list(itertools.islice(parquet_rows_of(pf, source, place.first_row, column), want))
     rows: list[tuple[int, Any]] = []
     skip, n, buf = place.skip, place.first_row, b""
     with fs.open_input_file(path) as fh:
@@ -203,37 +220,65 @@ def read_place(source: str, place: Place, parquet: bool) -> list[tuple[int, Any]
     return rows
 
 
+# What of a shard's record stays in the output directory, not sent back to the driver: its error rows and its fitted
+# rows (each proportional to the shard's rows). The commit task reads them from the record file.
+_LEFT_THERE = ("errors", "fitted")
+
+
+def slim(record: dict[str, Any]) -> dict[str, Any]:
+    """What a shard task sends back: its record without its rows' lists, and the sha256 of its record file's bytes
+    (so that the commit task uses the very record the task wrote)."""
+    kept = {k: v for k, v in record.items() if k not in _LEFT_THERE}
+    return {**kept, "record_sha256": hashlib.sha256(json_bytes(record)).hexdigest()}
+
+
 def make_shard(
     source: str, place: Place, parquet: bool, out: str, opts: BatchOptions, resume_job: dict[str, Any] | None
 ) -> tuple[dict[str, Any], bool, str | None]:
     """Shard `place`: with `resume_job`, kept when it passes every `--resume` check (its record, kept True), else
-    made (read, encoded, written) and its record returned with why a started one was made again."""
+    made (read, encoded, written) and its record returned with why a started one was made again; the record
+    `slim`med."""
     init_worker(opts.model)
     read: list[list[tuple[int, Any]]] = []
 
     def rows() -> list[tuple[int, Any]]:
         if not read:
-            read.append(read_place(source, place, parquet))
+            read.append(read_place(source, place, parquet, opts.messages_column))
         return read[0]
 
     why = None
     if resume_job is not None:
-        check = Resume(Path(out), resume_job)
+        check = Resume(out_dir(out), resume_job)
         kept = check.kept(place.index, (place.first_row, place.stop_row), lambda: rows_sha256(rows()))
         if kept is not None:
-            return kept, True, None
+            return slim(kept), True, None
         why = check.remade.get(place.index)
-    return encode_shard(place.index, rows(), out, opts), False, why
+    return slim(encode_shard(place.index, rows(), out, opts)), False, why
+
+
+def _whole(target: Out, record: dict[str, Any]) -> dict[str, Any]:
+    """A shard's whole record, read from its record file and checked against what its task sent back."""
+    name = record_file(record["index"])
+    opened = target.open(name) if isinstance(target, FsDir) else open_regular(target / name)
+    whole, data = read_record_of(opened, name)
+    if isinstance(whole, str) or hashlib.sha256(data).hexdigest() != record["record_sha256"]:
+        raise InputError(
+            f"{name} is not the record its shard task wrote ({whole if isinstance(whole, str) else 'it changed'})",
+            path=name,
+            hint="another process writes in the output directory? run the same command again with --resume",
+        )
+    return whole
 
 
 def commit(
     source: dict[str, Any], out: str, opts: BatchOptions, records: list[dict[str, Any]], resume: bool
 ) -> tuple[dict[str, Any], list[str]]:
-    """The manifest and errors.jsonl, written last from the records; returns it and the stale files removed."""
-    target = Path(out)
+    """The manifest and errors.jsonl, written last from the shards' records (read whole from their record files:
+    the error rows never went through the driver); returns it and the stale files removed."""
+    target = out_dir(out)
     clean(target)  # a temporary file a killed worker left
     removed = remove_stale(target, len(records)) if resume else []
-    return write_job_manifest(source, target, opts, records), removed
+    return write_job_manifest(source, target, opts, [_whole(target, r) for r in records]), removed
 
 
 __all__ = [
@@ -247,5 +292,6 @@ __all__ = [
     "probe",
     "read_place",
     "scan",
+    "slim",
     "source_name",
 ]

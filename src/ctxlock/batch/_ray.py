@@ -108,7 +108,7 @@ class _Job:
         self.ray = ray
         # Paths are made absolute here (the driver's working directory; a string operation, nothing is opened).
         self.source = source if is_uri(source) else os.path.abspath(source)
-        self.out = os.path.abspath(out)
+        self.out = out if is_uri(out) else os.path.abspath(out)
         self.opts = opts
         self.workers = workers
         self.chunk_blocks = chunk_blocks

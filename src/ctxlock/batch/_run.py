@@ -54,7 +54,9 @@ import numpy as np
 
 from ctxlock.batch._fast import MaskedRow, mask_rows
 from ctxlock.batch._input import (
+    MESSAGES,
     ShardSpec,
+    check_columns,
     input_digest,
     plan_shards,
     read_shards,
@@ -65,14 +67,16 @@ from ctxlock.batch._input import (
 )
 from ctxlock.batch._output import (
     RECORD_KEY,
+    Out,
     Resume,
     clean,
     json_bytes,
     one_job,
+    out_dir,
+    put,
     record_file,
     remove_stale,
     shard_file,
-    write_atomic,
     write_manifest,
 )
 from ctxlock.budget import BudgetPolicy, Fitted, fit_context
@@ -105,9 +109,15 @@ class BatchOptions:
     max_length: int | None = None
     pack: int | None = None
     mask: MaskOptions = field(default_factory=MaskOptions)
+    # Parquet input: the column that holds each request's messages (--messages-column).
+    messages_column: str = MESSAGES
 
     def policy(self) -> dict[str, Any]:
+        # A messages column other than the default is part of the policy (it chooses what is read); the default is
+        # left out, so that the policy's digest of a job without the option is what it always was.
+        column = {} if self.messages_column == MESSAGES else {"messages_column": self.messages_column}
         return {
+            **column,
             "schema": SCHEMA_VERSION,
             "shard_rows": self.shard_rows,
             "max_length": self.max_length,
@@ -220,9 +230,10 @@ def _error_row(row: int, exc: CtxlockError) -> dict[str, Any]:
 
 
 def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchOptions) -> dict[str, Any]:
-    """Encode one shard's rows and write its Parquet file and record (atomically); return the record."""
+    """Encode one shard's rows and write its Parquet file and record (atomically) in `out` (a path, or a
+    `pyarrow.fs` URI: `batch.out_dir`); return the record."""
     data, record = shard_bytes(index, rows, opts)
-    return write_shard(Path(out), data, record)
+    return write_shard(out_dir(out), data, record)
 
 
 def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> tuple[bytes, dict[str, Any]]:
@@ -262,12 +273,12 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     return _parquet_bytes(table, record), record
 
 
-def write_shard(out: Path, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
+def write_shard(out: Out, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
     """Write a shard's Parquet bytes, then its record with their sha256, each under a temporary name renamed into
     place (a shard counts as done only once its record is there); return the record."""
     record = {**record, "sha256": hashlib.sha256(data).hexdigest()}
-    write_atomic(out / shard_file(record["index"]), data)
-    write_atomic(out / record_file(record["index"]), json_bytes(record))
+    put(out, shard_file(record["index"]), data)
+    put(out, record_file(record["index"]), json_bytes(record))
     return record
 
 
@@ -462,12 +473,14 @@ def _parquet_bytes(table: Any, record: dict[str, Any] | None = None) -> bytes:
 # -- the job ----------------------------------------------------------------------------------------------------
 
 
-def kept_spec(resume: Resume | None, source: Path, spec: ShardSpec) -> dict[str, Any] | None:
+def kept_spec(resume: Resume | None, source: Path, spec: ShardSpec, column: str = MESSAGES) -> dict[str, Any] | None:
     """With `resume`, shard `spec`'s record when it passes every check (`batch_output.Resume`; its input rows read
     only to compare their sha256, after everything else held), else None."""
     if resume is None:
         return None
-    return resume.kept(spec.index, (spec.first_row, spec.stop_row), lambda: rows_sha256(read_spec(source, spec)))
+    return resume.kept(
+        spec.index, (spec.first_row, spec.stop_row), lambda: rows_sha256(read_spec(source, spec, column))
+    )
 
 
 # Another engine runs the whole job where the data lives (`ctxlock.batch._ray`): (source, out, options, resume,
@@ -514,8 +527,16 @@ def run_batch(
     and `out` then paths its workers see, or `source` a `pyarrow.fs` URI); by default `workers` local processes."""
     if engine is not None:
         return engine(str(source), str(out), opts, resume, on_progress)
+    for where in (str(source), str(out)):
+        if "://" in where:
+            raise InputError(
+                f"the local engine reads and writes local paths, not {where}",
+                path=where,
+                hint="give a local path, or use the Ray engine (its workers open pyarrow.fs URIs: docs/batch-ray.md)",
+            )
     source, out = Path(source), Path(out)
     check_paths(source, out, resume)
+    check_columns(source, opts.messages_column)
     out.mkdir(parents=True, exist_ok=True)
     clean(out)  # a killed run's half-written files
     digest = input_digest(source)
@@ -524,7 +545,7 @@ def run_batch(
     progress, done = tally.progress, tally.done
     if workers <= 1:
         load_model(opts.model)
-        for index, rows in enumerate(read_shards(source, opts.shard_rows)):
+        for index, rows in enumerate(read_shards(source, opts.shard_rows, opts.messages_column)):
             span = (rows[0][0], rows[-1][0] + 1)
             finished = None if check is None else check.kept(index, span, lambda rows=rows: rows_sha256(rows))
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
@@ -580,7 +601,7 @@ def _run_pool(
     todo: list[ShardSpec] = []
     kept: list[dict[str, Any]] = []
     for spec in plan_shards(source, opts.shard_rows):
-        finished = kept_spec(resume, source, spec)
+        finished = kept_spec(resume, source, spec, opts.messages_column)
         if finished is not None:
             kept.append(finished)
         else:
@@ -630,7 +651,7 @@ def report_kept(kept: list[dict[str, Any]], done: Callable[[dict[str, Any], bool
 
 def encode_spec(source: str, spec: ShardSpec, out: str, opts: BatchOptions) -> dict[str, Any]:
     """`encode_shard` of the rows of `spec` (read here, in the worker)."""
-    return encode_shard(spec.index, read_spec(Path(source), spec), out, opts)
+    return encode_shard(spec.index, read_spec(Path(source), spec, opts.messages_column), out, opts)
 
 
 def check_paths(source: Path, out: Path, resume: bool) -> None:
@@ -662,7 +683,7 @@ def job_of(opts: BatchOptions) -> dict[str, Any]:
 
 
 def write_job_manifest(
-    source: dict[str, Any], out: Path, opts: BatchOptions, records: list[dict[str, Any]]
+    source: dict[str, Any], out: Out, opts: BatchOptions, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """`batch_output.write_manifest` of these records (the job their records name; with none, the model's);
     `source` is the manifest's `input` (`batch.input_record`)."""

@@ -27,8 +27,8 @@ RayAddressOpt = Annotated[
     typer.Option(
         "--ray-address",
         help="With --engine ray: the cluster to join ('auto', 'host:6379', 'ray://host:10001'); by default a local "
-        "Ray is started for the job. The workers read the input (a path every node sees, or a URI: s3://, gs://, "
-        "file://) and write OUT (a path every node can write); this process handles only metadata.",
+        "Ray is started for the job. The workers read the input and write OUT (each a path every node sees, or a "
+        "pyarrow.fs URI: s3://, gs://, file://); this process handles only metadata.",
     ),
 ]
 MaxLengthOpt = Annotated[
@@ -61,7 +61,13 @@ def batch(
             "URI (s3://bucket/in.jsonl, gs://..., file:///data/in.jsonl)."
         ),
     ],
-    out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help="Output directory for the shards, manifest.json and errors.jsonl; with --engine ray also a pyarrow.fs "
+            "URI (s3://bucket/prefix, gs://..., file:///data/out), written by the workers."
+        ),
+    ],
     model: ModelOpt = None,
     workers: Annotated[
         int,
@@ -76,6 +82,14 @@ def batch(
     max_length: MaxLengthOpt = None,
     shard_rows: Annotated[int, typer.Option("--shard-rows", help="Input rows per shard.")] = 10_000,
     pack: PackOpt = None,
+    messages_column: Annotated[
+        str,
+        typer.Option(
+            "--messages-column",
+            help="Parquet input: the column holding each request's messages (read as 'messages'; the other columns "
+            "are the request's other fields). Recorded in the manifest's policy when not 'messages'.",
+        ),
+    ] = "messages",
     train_on_eot: Annotated[
         str, typer.Option("--train-on-eot", help="Train the end-of-turn token of: all turns, the last, none.")
     ] = "all",
@@ -116,24 +130,27 @@ def batch(
                 hint="e.g. --engine ray --ray-address auto",
             )
         if engine == "local":
-            if "://" in source and not source.startswith("file://"):
-                raise InputError(
-                    f"the local engine reads local files, not {source}",
-                    path=source,
-                    hint="give a local path, or --engine ray to read a URI in the workers",
-                )
-            check_paths(_local(source), out, resume)  # before the progress bar starts (Ray's workers check there)
+            for where in (source, out):
+                if "://" in where and not where.startswith("file://"):
+                    raise InputError(
+                        f"the local engine reads and writes local files, not {where}",
+                        path=where,
+                        hint="give a local path, or --engine ray to read and write a URI in the workers",
+                    )
+            check_paths(_local(source), _local(out), resume)  # before the progress bar (Ray's workers check there)
         opts = BatchOptions(
             model=model,
             shard_rows=shard_rows,
             max_length=max_length,
             pack=pack,
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
+            messages_column=messages_column,
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
         with bar as (update, _):
-            where = source if run is not None else _local(source)
-            return run_batch(where, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
+            src: str | Path = source if run is not None else _local(source)
+            dst: str | Path = out if run is not None else _local(out)
+            return run_batch(src, dst, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
     bar = _ProgressBar(as_json)
     manifest = guarded(as_json, go)
@@ -145,7 +162,7 @@ def batch(
     console.print(
         f"{manifest['rows']:,} rows: {manifest['row_count']:,} in {len(manifest['shards'])} shards, "
         f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
-        f"{manifest['trained_tokens']:,} trained · {out / 'manifest.json'}"
+        f"{manifest['trained_tokens']:,} trained · {out.rstrip('/')}/manifest.json"
     )
 
 
@@ -167,7 +184,7 @@ def _resume_note(progress: Any) -> None:
 
 
 def _local(source: str) -> Path:
-    """A local input path (a file:// URI's path)."""
+    """A local path (a file:// URI's path)."""
     from urllib.parse import unquote, urlparse
 
     return Path(unquote(urlparse(source).path)) if source.startswith("file://") else Path(source)

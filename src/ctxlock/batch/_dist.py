@@ -2,8 +2,8 @@
 
 The input is a local path or a `pyarrow.fs` URI (`s3://`, `gs://`, `file://`, ...) opened in the worker
 (`open_source`); the output directory is a path every worker can write (a shared filesystem, the same path on every
-node). Each step returns plain data (a few numbers, digests, shard records) and never the input's or the shards'
-bytes:
+node) or a `pyarrow.fs` URI (`batch.out_dir`). Each step returns plain data (a few numbers, digests, shard records
+without their error rows) and never the input's or the shards' bytes:
 
 - `probe`: the input's size and kind (Parquet's footer: its row count), the output directory checked, created and
   cleaned of a killed run's temporary files, and the job's digests (the model is loaded there).
@@ -14,8 +14,9 @@ bytes:
   numbers are the input's own, a blank or broken line stays a row), checked for `--resume` or encoded, and written
   with its record (`write_shard`: temporary name, rename). Running it twice (a retry after a lost worker) writes the
   same bytes.
-- `commit`: the manifest and `errors.jsonl` from the shards' records, after removing a killed run's temporary files
-  and, on a resume, the shards of an earlier, longer input.
+- `commit`: the manifest and `errors.jsonl` from the shards' record files (each checked against the sha256 its
+  task sent back), after removing a killed run's temporary files and, on a resume, the shards of an earlier,
+  longer input.
 """
 
 from __future__ import annotations

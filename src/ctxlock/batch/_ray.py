@@ -14,10 +14,15 @@ the output directory (tests/batch/test_batch_ray.py runs it in a mount namespace
    fails the read on a broken line and adds keys to messages: tests/batch/test_batch_ray.py).
 3. **shards** (a task per shard, at most `2 * workers` in flight): the worker reads its rows from the input,
    checks a `--resume` shard or encodes it with the local engine's code, and writes the Parquet file and its record
-   (temporary name, rename). Only the record (counts, digests, error rows) comes back.
+   (temporary name, rename). Only the record's counts and digests come back (`batch.slim`): the error rows stay
+   in the record file.
 4. **check and commit**: the blocks are digested again (scan tasks) and must give the same digest (else the input
-   changed while the job ran: no manifest); then one task writes `errors.jsonl` and `manifest.json` from the
-   records (`batch.write_manifest`, as the local engine does).
+   changed while the job ran: no manifest); then one task reads the record files (each with the sha256 its task
+   sent back) and writes `errors.jsonl` and `manifest.json` from them (`batch.write_manifest`, as the local engine
+   does).
+
+The input and OUT may each be a `pyarrow.fs` URI (`batch.FsDir` for OUT: temporary name, then
+`FileSystem.move`). Ray Core only: Ray Data's readers are not used (docs/batch-ray.md says why).
 
 **Faults.** Every task may run twice: a worker process or a node lost mid-task makes Ray run it again
 (`max_retries`, https://docs.ray.io/en/latest/ray-core/fault_tolerance/tasks.html), and a lost result is made

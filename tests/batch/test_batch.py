@@ -26,6 +26,7 @@ import fetched
 from batch_tables import reference_table
 from cli_runner import run_main
 from ctxlock.batch._run import BatchOptions, Progress, plan_shards, read_shards, read_spec, run_batch
+from ctxlock.errors import InputError
 from ctxlock.training._masks import MaskOptions
 from hypothesis_profiles import examples
 
@@ -99,7 +100,15 @@ def test_manifest_digests(tmp_path: Path) -> None:
     out = tmp_path / "out"
     manifest = run_batch(source, out, BatchOptions(model="book", shard_rows=20))
     assert manifest == json.loads((out / "manifest.json").read_text("utf-8"))
-    assert manifest["input"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    # The input's digest is over its 1 MiB blocks' sha256s (docs/batch.md): a 3-line check with hashlib.
+    data = source.read_bytes()
+    blocks = b"".join(hashlib.sha256(data[k : k + (1 << 20)]).digest() for k in range(0, len(data), 1 << 20))
+    assert manifest["input"] == {
+        "file": source.name,
+        "bytes": len(data),
+        "block_bytes": 1 << 20,
+        "blocks_sha256": hashlib.sha256(blocks).hexdigest(),
+    }
     assert manifest["errors"]["sha256"] == hashlib.sha256((out / "errors.jsonl").read_bytes()).hexdigest()
     model = ctxlock.load("book")
     assert manifest["tokenizer_sha256"] == model.tokenizer.sha256
@@ -178,6 +187,37 @@ def test_parquet_input_gives_the_same_shards(tmp_path: Path) -> None:
     pq.write_table(columns, tmp_path / "columns.parquet")
     manifest = run_batch(tmp_path / "columns.parquet", tmp_path / "c", opts)
     assert manifest["rows"] == columns.num_rows
+
+
+def test_messages_column(tmp_path: Path) -> None:
+    """--messages-column: a Parquet column of another name read as the messages, in its place among the columns,
+    so the rows are those of the same table with a `messages` column (the policy records the option); with
+    either engine's workers (test_batch_ray.py). Refused: JSONL input, a missing column, a `messages` column beside
+    it, and a URI with the local engine."""
+    rows = [json.loads(x) for x in _dataset(30, seed=6) if x.startswith("{") and "system" not in x]
+    rows = [r for r in rows if isinstance(r.get("messages"), list) and r["messages"]]
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, tmp_path / "messages.parquet", row_group_size=4)
+    renamed = table.rename_columns(["conversation" if n == "messages" else n for n in table.column_names])
+    pq.write_table(renamed, tmp_path / "conv.parquet", row_group_size=4)
+    plain = run_batch(tmp_path / "messages.parquet", tmp_path / "a", BatchOptions(model="book", shard_rows=5))
+    opts = BatchOptions(model="book", shard_rows=5, messages_column="conversation")
+    conv = run_batch(tmp_path / "conv.parquet", tmp_path / "b", opts, workers=2)
+    assert _rows(tmp_path / "a") == _rows(tmp_path / "b") and plain["row_count"] == conv["row_count"] > 10
+    assert conv["policy"]["messages_column"] == "conversation" and "messages_column" not in plain["policy"]
+    assert [s["input_sha256"] for s in conv["shards"]] == [s["input_sha256"] for s in plain["shards"]]
+    both = table.append_column("conversation", table.column("messages"))
+    pq.write_table(both, tmp_path / "both.parquet")
+    refused = {
+        "is JSONL": _write(tmp_path, [json.dumps(r) for r in rows]),
+        "has no column 'conversation'": tmp_path / "messages.parquet",
+        "has both": tmp_path / "both.parquet",
+    }
+    for why, source in refused.items():
+        with pytest.raises(InputError, match=why):
+            run_batch(source, tmp_path / f"x{len(why)}", opts)
+    with pytest.raises(InputError, match="the local engine reads and writes local paths"):
+        run_batch(tmp_path / "conv.parquet", f"file://{tmp_path}/uri", opts)
 
 
 def test_max_length_and_mask_options(tmp_path: Path) -> None:

@@ -1,73 +1,231 @@
-"""ctxlock batch on Ray Data, and the 20,000-row acceptance run (issue 21, acceptance 2).
+"""ctxlock batch on a real two-node Ray cluster.
 
-One local Ray cluster for the module (`ray.init(num_cpus=2)`). The Ray engine must write the local engine's shards
-and manifest byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final
-newline), Parquet input, --pack and --max-length, and a --resume that finishes another engine's run. The 20,000-row
-dataset (1% bad rows) is run once uninterrupted with --workers 1 (a module fixture) and checked against
-Model.encode, the Ray engine, and a real `ctxlock batch --workers 2` process killed with SIGKILL mid-run and then
-resumed with --workers 2.
+The module starts its own cluster with `ray start` (a head and a second node started together, 1 CPU each, bounded
+memory and object store, token authentication, its own temporary directory and ports), joins it as the driver
+(`ray.init(address=...)`), and tears it down after, even on failure: each node's processes are in their own session,
+killed by pid, and the test checks none is left. The Ray engine must write the local engine's shards and manifest
+byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final newline, lines
+longer than a 1 MiB block), Parquet input, --pack and --max-length, and a --resume that finishes another engine's
+run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs) runs a job to
+completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the second node;
+the output is still the undisturbed run's, byte for byte. The 20,000-row acceptance run is test_batch_20k.py's (no
+Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
-import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from test_batch import _dataset, _long_chats, _rows, _tree
+from test_batch import _dataset, _long_chats, _tree
+from test_batch_20k import _conversations
 
-import ctxlock
-import fetched
 from cli_runner import run_main
+from ctxlock.batch._dist import Place, make_shard, read_place
 from ctxlock.batch._ray import ray_engine
-from ctxlock.batch._run import BatchOptions, Progress, run_batch
-from ctxlock.errors import CtxlockError
+from ctxlock.batch._run import BatchOptions, Progress, job_of, run_batch
+from ctxlock.errors import InputError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-ROWS = 20_000
+RAY = Path(sys.executable).parent / "ray"
+# Per node: 1 CPU, 2 GB of Ray's memory resource, a 100 MB object store (the job puts only records there).
+# No log monitor (the driver takes no worker logs): a process less per node.
+NODE = [
+    "--num-cpus=1",
+    "--memory=2000000000",
+    "--object-store-memory=100000000",
+    "--disable-usage-stats",
+    "--include-log-monitor=false",
+]
+# A lost node is declared dead after about 1.5 s of failed health checks (Ray's default is about 15 s).
+HEALTH = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live (not zombie) processes in session `sid` (a node's daemons and its workers, which have process groups of
+    their own)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[3]) == sid and stat[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Cluster:
+    """A local Ray cluster started by `ray start`: `address` (the head's GCS), each node's session."""
+
+    address: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    head: int = 0
+    worker: int = 0
+    temp: str = ""
+
+    def launch(self, *args: str) -> subprocess.Popen[bytes]:
+        """`ray start ...` in a new session: the daemons it starts and their workers stay in it (its id: the pid)."""
+        return subprocess.Popen(
+            [str(RAY), "start", *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def started(self, proc: subprocess.Popen[bytes]) -> int:
+        """The session id of a `ray start` that returned 0; else its node killed and its output raised."""
+        out, _ = proc.communicate(timeout=90)
+        if proc.returncode:
+            self.kill_node(proc.pid)
+            raise RuntimeError(f"ray start failed: {out[-3000:].decode(errors='replace')}")
+        return proc.pid
+
+    def kill_node(self, sid: int) -> None:
+        """SIGKILL every process of the node's session (by pid), until none is left (10 s at most)."""
+        deadline = time.monotonic() + 10
+        while (pids := _session_pids(sid)) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def busy_worker(self) -> int | None:
+        """A worker process of this cluster running a task (its title is `ray::_call`, idle ones `ray::IDLE`)."""
+        for sid in (self.worker, self.head):
+            for pid in _session_pids(sid):
+                try:
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_call"):
+                        return pid
+                except OSError:
+                    continue
+        return None
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def cluster() -> Iterator[Cluster]:
+    temp = tempfile.mkdtemp(prefix="ctxr-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # Token authentication, with Ray's own token file (~/.ray/auth_token, made by the head when missing): the GCS
+    # listens on every interface (https://docs.ray.io/en/latest/ray-security/token-auth.html).
+    token = {"RAY_AUTH_MODE": "token"}
+    env = {**os.environ, **token, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    port = _port()
+    c = Cluster(address=f"127.0.0.1:{port}", env=env, temp=temp)
+    saved = {k: os.environ.get(k) for k in token}
+    try:
+        # Both nodes start at once: the second one's `ray start` retries its connection until the head's GCS
+        # answers (ray._private.node.Node._init_gcs_client).
+        head = c.launch(
+            "--head",
+            f"--port={port}",
+            f"--temp-dir={temp}",
+            "--include-dashboard=false",
+            # No autoscaler monitor (the cluster is fixed): an interpreter importing Ray at start, for nothing.
+            "--no-monitor",
+            f"--dashboard-port={_port()}",
+            f"--dashboard-agent-listen-port={_port()}",
+            f"--system-config={json.dumps(HEALTH)}",
+            *NODE,
+        )
+        second = c.launch(
+            f"--address={c.address}", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={_port()}", *NODE
+        )
+        c.head, c.worker = head.pid, second.pid  # torn down below even when a start fails
+        c.started(head)
+        c.started(second)
+        os.environ.update(token)
+        # Ray reads RAY_AUTH_MODE once per process, when its config is first made (`ray.init` of an explicit address
+        # never turns token auth on by itself): read it again, as Ray's own `_enable_token_auth` does.
+        ray._raylet.Config.initialize("")
+        ray.init(address=c.address, log_to_driver=False, logging_level="WARNING")
+        assert [n["Resources"].get("CPU") for n in ray.nodes() if n["Alive"]] == [1.0, 1.0]
+        yield c
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ray._raylet.Config.initialize("")
+        left = []
+        for sid in (c.worker, c.head):
+            if sid:
+                c.kill_node(sid)
+                left += _session_pids(sid)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not left, f"Ray processes left: {left}"
 
 
 def _hostile(tmp: Path) -> Path:
-    """JSONL with every kind of bad line, CRLF endings, and no newline after the last line."""
+    """JSONL with every kind of bad line, CRLF endings, no newline after the last line, and two long lines (JSON
+    whitespace) so that the file spans three 1 MiB blocks and shards start in later blocks."""
     lines = [x.encode() for x in _dataset(70, seed=11)]
     lines[3] = b""
     lines[10] = b"\xff\xfe{"
     lines[20] = lines[21] + b"\r"
     lines[30] = b'{"messages": "no"}'
+    lines[40] = lines[40][:-1] + b" " * 1_500_000 + b"}"
+    lines[50] = lines[50][:-1] + b" " * 900_000 + b"}"
     path = tmp / "in.jsonl"
     path.write_bytes(b"\n".join(lines))
     return path
 
 
-@pytest.mark.parametrize("options", [{}, {"pack": 300, "max_length": 120}])
-def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("options", "uri"), [({}, False), ({"pack": 300, "max_length": 120}, True)])
+def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, Any], uri: bool) -> None:
+    """Local paths, or `file://` URIs for the input and the output (read and written through pyarrow.fs in the
+    workers: the code path of s3:// and gs://), scanned one 1 MiB block per task: shards whose first row starts in
+    the second and third blocks, rows longer than a block. The error rows stay in the shard records: what a shard
+    task sends back has none (the commit task reads them from the record files)."""
     source = _hostile(tmp_path)
-    opts = BatchOptions(model="book", shard_rows=16, **options)
+    opts = BatchOptions(model="book", shard_rows=7, **options)
     local = run_batch(source, tmp_path / "local", opts)
-    on_ray = run_batch(source, tmp_path / "ray", opts, engine=ray_engine(workers=2))
+    where = f"file://{source}" if uri else str(source)
+    to = f"file://{tmp_path}/ray" if uri else str(tmp_path / "ray")
+    on_ray = run_batch(where, to, opts, engine=ray_engine(workers=2, chunk_blocks=1))
     assert on_ray == local and local["rows"] == 70 and local["error_count"] >= 4
+    assert local["input"]["bytes"] > 2 << 20 and len(local["shards"]) == 10
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
     errors = [json.loads(x) for x in (tmp_path / "ray" / "errors.jsonl").read_text("utf-8").splitlines()]
     assert {3, 10, 30} <= {e["row"] for e in errors}
+    # Shard 1 (rows 7 to 13, row 10 broken) as its task sends it back on a resume: counts and digests, no rows.
+    sent, kept, _ = make_shard(where, Place(1, 7, 14, 0, 7), False, to, opts, job_of(opts))
+    whole = json.loads((tmp_path / "ray" / "shard-00001.json").read_text("utf-8"))
+    assert kept and whole["errors"] and sent["error_count"] == len(whole["errors"]) and "errors" not in sent
+    assert sent["record_sha256"] == hashlib.sha256((tmp_path / "ray" / "shard-00001.json").read_bytes()).hexdigest()
 
 
 def test_cli_engine_ray(tmp_path: Path) -> None:
@@ -81,14 +239,20 @@ def test_cli_engine_ray(tmp_path: Path) -> None:
 
 
 def test_ray_reads_parquet_and_fits_like_local(tmp_path: Path) -> None:
-    model_dir = str(fetched.hf_tokenizer_dir("qwen2"))
-    lines = _long_chats(45, seed=12)
-    pq.write_table(pa.table({"request": lines}), tmp_path / "in.parquet", row_group_size=7)
-    opts = BatchOptions(model=model_dir, shard_rows=10, max_length=200)
-    local = run_batch(tmp_path / "in.parquet", tmp_path / "local", opts, workers=2)
-    on_ray = run_batch(tmp_path / "in.parquet", tmp_path / "ray", opts, engine=ray_engine(workers=2))
+    """Parquet whose messages are in a column of another name (--messages-column), row groups of 7 rows (a shard
+    starts inside one), --max-length fitting rows: the workers read it through pyarrow.fs (`file://`)."""
+    table = pa.Table.from_pylist([json.loads(x) for x in _long_chats(45, seed=12)])
+    pq.write_table(table.rename_columns(["conversation"]), tmp_path / "in.parquet", row_group_size=7)
+    opts = BatchOptions(model="book", shard_rows=10, max_length=200, messages_column="conversation")
+    local = run_batch(tmp_path / "in.parquet", tmp_path / "local", opts)
+    on_ray = run_batch(f"file://{tmp_path}/in.parquet", tmp_path / "ray", opts, engine=ray_engine(workers=2))
     assert on_ray == local and local["fit"]["rows_fitted"] and local["fit"]["rows_over"]
+    assert local["policy"]["messages_column"] == "conversation" and local["row_count"] > 20
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
+    with pytest.raises(InputError, match="has no column 'messages_'"):
+        run_batch(
+            tmp_path / "in.parquet", tmp_path / "x", replace(opts, messages_column="messages_"), engine=ray_engine()
+        )
 
 
 def test_ray_resumes_a_local_run(tmp_path: Path) -> None:
@@ -111,6 +275,31 @@ def test_ray_resumes_a_local_run(tmp_path: Path) -> None:
     assert _tree(out) == _tree(tmp_path / "whole")
 
 
+def test_resumes_across_engines_on_a_uri_output(tmp_path: Path) -> None:
+    """A Ray run into a `file://` output that lost its manifest and two shards (as a killed driver leaves it),
+    finished by the local engine; then, on that output, a Ray resume through pyarrow.fs after a shard was damaged,
+    a record was removed and a stale temporary file was left: each time the files of an uninterrupted run."""
+    source = _hostile(tmp_path)
+    opts = BatchOptions(model="book", shard_rows=10)
+    out, uri = tmp_path / "out", f"file://{tmp_path}/out"
+    run_batch(f"file://{source}", uri, opts, engine=ray_engine(workers=2, chunk_blocks=1))
+    for name in ("shard-00002.json", "shard-00006.parquet", "manifest.json", "errors.jsonl"):
+        (out / name).unlink()
+    seen: list[Progress] = []
+    run_batch(source, out, opts, resume=True, on_progress=seen.append)
+    assert seen[-1].shards_kept == 5 and sorted(seen[-1].remade) == [2, 6]
+    whole = _tree(run_batch(source, tmp_path / "whole", opts) and tmp_path / "whole")
+    assert _tree(out) == whole
+    (out / "manifest.json").unlink()
+    (out / "shard-00003.json").unlink()
+    (out / "shard-00005.parquet").write_bytes(b"PAR1 damaged")
+    (out / ".shard-00001.parquet.0123.tmp").write_bytes(b"half")
+    seen.clear()
+    run_batch(str(source), uri, opts, resume=True, on_progress=seen.append, engine=ray_engine(workers=2))
+    assert seen[-1].shards_kept == 5 and sorted(seen[-1].remade) == [3, 5], seen[-1].remade
+    assert _tree(out) == whole
+
+
 def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
     source = _hostile(tmp_path)
     out = tmp_path / "out"
@@ -124,101 +313,12 @@ def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
     assert _tree(out) == _tree(tmp_path / "fresh")
 
 
-# -- 20,000 rows ------------------------------------------------------------------------------------------------
-
-
-def _conversations(n: int, seed: int) -> list[str]:
-    """n JSONL lines, exactly 1% bad (every 100th from row 37: broken JSON, blank, no assistant turn, not an
-    object), the rest 1 to 3 turns of mixed scripts, both dialects."""
-    rnd = random.Random(seed)
-    words = ["alpha", "beta", "données", "日本語", "🙂", "print(x)", "42", "\n", "<|im_end|>"]
-    bad = ['{"messages": [', "", '{"messages":[{"role":"user","content":"hi"}]}', "[1]"]
-    out = []
-    for i in range(n):
-        if i % 100 == 37:
-            out.append(bad[i // 100 % 4])
-            continue
-        msgs: list[dict[str, Any]] = []
-        for t in range(rnd.randint(1, 3)):
-            q = " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 12)))
-            a = " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 20)))
-            msgs += [{"role": "user", "content": f"{i}.{t} {q}"}, {"role": "assistant", "content": a}]
-        row = {"system": "be brief", "messages": msgs, "max_tokens": 9} if i % 5 == 0 else {"messages": msgs}
-        out.append(json.dumps(row, ensure_ascii=False))
-    return out
-
-
-@pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The 20,000-row input and one uninterrupted local run of it (workers 1), shared by the tests below."""
-    tmp = tmp_path_factory.mktemp("big")
-    lines = _conversations(ROWS, seed=21)
-    source = tmp / "in.jsonl"
-    source.write_text("".join(x + "\n" for x in lines), "utf-8")
-    model = str(fetched.hf_tokenizer_dir("qwen2"))
-    opts = BatchOptions(model=model, shard_rows=1000)
-    manifest = run_batch(source, tmp / "whole", opts)
-    return {"lines": lines, "source": source, "model": model, "opts": opts, "out": tmp / "whole", "manifest": manifest}
-
-
-def test_20k_every_row_accounted_for_and_equal_to_encode(big: dict[str, Any]) -> None:
-    lines, out, manifest = big["lines"], big["out"], big["manifest"]
-    rows = _rows(out)
-    errors = {e["row"]: e for e in map(json.loads, (out / "errors.jsonl").read_text("utf-8").splitlines())}
-    assert sorted([*rows, *errors]) == list(range(ROWS)) and not set(rows) & set(errors)
-    assert len(errors) == ROWS // 100 == manifest["error_count"] and manifest["rows"] == ROWS
-    assert manifest["token_count"] == sum(r["length"] for r in rows.values())
-    model = ctxlock.load(big["model"])
-    for n in [*range(0, ROWS, 97), *errors]:
-        try:
-            mi = model.encode(lines[n], return_assistant_tokens_mask=True)
-        except CtxlockError as exc:
-            assert errors[n] == {"row": n, "type": type(exc).__name__, "path": exc.path, "message": exc.message}
-            continue
-        assert rows[n]["input_ids"] == mi["input_ids"][0].tolist()
-        assert rows[n]["labels"] == np.where(mi["assistant_masks"][0] == 1, mi["input_ids"][0], -100).tolist()
-
-
-def test_20k_byte_identical_on_ray(big: dict[str, Any], tmp_path: Path) -> None:
-    manifest = run_batch(big["source"], tmp_path / "ray", big["opts"], engine=ray_engine(workers=2))
-    assert manifest == big["manifest"]
-    assert _tree(tmp_path / "ray") == _tree(big["out"])
-
-
-def test_20k_two_workers_killed_and_resumed(big: dict[str, Any], tmp_path: Path) -> None:
-    """A real `ctxlock batch --workers 2` killed with SIGKILL (its whole process group: the parent and its workers,
-    as a crash would) after five shards, then `--resume` with --workers 2: the files of the uninterrupted
-    --workers 1 run, byte for byte (so this is also the workers 1 / 2 identity on 20,000 rows)."""
-    out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "ctxlock", "batch", str(big["source"]), str(out), "-m", big["model"]]
-    cmd += ["--shard-rows", "1000", "--workers", "2", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 150
-    # Two workers finish shards out of order (shard 4 can land before shard 3), so wait for five records, not for
-    # the fifth name.
-    while len(list(out.glob("shard-*.json"))) < 5 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "manifest.json").exists(), "the run finished before it was killed"
-    kept_before = len(list(out.glob("shard-*.json")))
-    seen: list[Progress] = []
-    manifest = run_batch(big["source"], out, big["opts"], workers=2, resume=True, on_progress=seen.append)
-    assert seen[-1].shards_kept >= kept_before >= 5 and seen[-1].shards_done == ROWS // 1000
-    assert manifest == big["manifest"]
-    assert _tree(out) == _tree(big["out"])
-
-
 def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
     """The engine's dataset is the job's shards, each actor reading its rows itself, rather than
     `ray.data.read_json`'s rows, for two reasons shown here: read_json fails the whole read on one bad line (the
     job makes it an error row at its number), and it reads well-formed requests into one inferred schema, so a
     message gets keys the user never sent (`"tool_calls": None` on every message of a request without tool calls),
     which changes what a template sees (`is defined`) and the request's digest."""
-    with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid in its own task errors
-        ray.data.read_json(str(_hostile(tmp_path))).take_all()
-    assert "JSON" in str(failed.value) or "ArrowInvalid" in str(failed.value), failed.value
     plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     tools = {
         "messages": [
@@ -233,8 +333,87 @@ def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
     path = tmp_path / "ok.jsonl"
     path.write_text(json.dumps(plain) + "\n" + json.dumps(tools) + "\n", "utf-8")
     rows = ray.data.read_json(str(path)).take_all()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(json.dumps(plain).encode() + b'\n{"messages": [\n' + json.dumps(tools).encode() + b"\n")
+    with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid in its own task errors
+        ray.data.read_json(str(bad)).take_all()
+    assert "JSON" in str(failed.value) or "ArrowInvalid" in str(failed.value), failed.value
     first = next(r for r in rows if r["messages"][0]["content"] == "hi")
     assert "tool_calls" in first["messages"][0] and "tool_calls" not in plain["messages"][0]
-    # the local engine reads the line as it is: the parsed request has no such key
-    opts = BatchOptions(model="book", shard_rows=4)
-    assert run_batch(path, tmp_path / "o", opts)["rows"] == 2
+    # ctxlock's reader gives the line's bytes as they are (`batch.read_place`): the parsed request has no such key
+    assert b"tool_calls" not in read_place(str(path), Place(0, 0, 1), parquet=False)[0][1]
+
+
+# -- the driver sees neither the input nor the output; faults --------------------------------------------------
+
+_DRIVER = """
+import json, os, sys
+from ctxlock.batch._dist import Place, make_shard, read_place
+from ctxlock.batch._ray import ray_engine
+from ctxlock.batch._run import BatchOptions, run_batch
+source, out, address = sys.argv[1:4]
+hidden = os.path.dirname(source)
+assert not os.path.exists(source) and os.listdir(hidden) == [], os.listdir(hidden)
+engine = ray_engine(address, workers=2, chunk_blocks=1)
+manifest = run_batch(source, out, BatchOptions(model="book", shard_rows=7), engine=engine)
+assert os.listdir(hidden) == [], os.listdir(hidden)  # the driver wrote nothing where the output is
+print(json.dumps(manifest))
+"""
+
+
+def test_the_driver_needs_neither_input_nor_output(cluster: Cluster, tmp_path: Path) -> None:
+    """The driver runs in its own mount namespace (`unshare -m`) with a tmpfs over the directory that holds the
+    input and the output directory: it cannot read the one nor write the other, yet the job completes, and the
+    output the cluster's workers wrote (seen from outside) is the local engine's, byte for byte."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1) and root to mount a tmpfs in a private mount namespace")
+    data = tmp_path / "data"
+    data.mkdir()
+    source = _hostile(data)
+    local = run_batch(source, tmp_path / "local", BatchOptions(model="book", shard_rows=7))
+    out = data / "ray"
+    script = f'mount -t tmpfs tmpfs "{data}" && exec "{sys.executable}" -c "$0" "$@"'
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _DRIVER, str(source), str(out)]
+    proc = subprocess.run([*cmd, cluster.address], env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == local
+    assert _tree(out) == _tree(tmp_path / "local")
+
+
+def test_a_worker_process_then_a_node_killed_mid_job(cluster: Cluster, tmp_path: Path) -> None:
+    """While the job runs: SIGKILL a worker process running a shard task, then the whole second node (its raylet
+    and everything it started). Ray runs the lost tasks again on what is left; the output has no half shard and
+    no temporary file, and is the undisturbed local run's, byte for byte. Last in the module: the cluster has one
+    node after it."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(x + "\n" for x in _conversations(1200, seed=5)), "utf-8")
+    opts = BatchOptions(model="book", shard_rows=30)
+    local = run_batch(source, tmp_path / "local", opts)
+    out = tmp_path / "ray"
+    events: dict[str, Any] = {}
+
+    def records() -> int:
+        return len(list(out.glob("shard-*.json"))) if out.is_dir() else 0
+
+    def faults() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "worker" not in events:
+            if records() >= 2 and (pid := cluster.busy_worker()) is not None:
+                os.kill(pid, signal.SIGKILL)
+                events["worker"] = (pid, records())
+            time.sleep(0.005)
+        while time.monotonic() < deadline and records() < 10:
+            time.sleep(0.005)
+        events["node"] = (records(), (out / "manifest.json").exists())
+        cluster.kill_node(cluster.worker)
+
+    killer = threading.Thread(target=faults)
+    killer.start()
+    try:
+        manifest = run_batch(source, out, opts, engine=ray_engine(cluster.address, workers=2))
+    finally:
+        killer.join()
+    assert "worker" in events and events["node"][1] is False, events  # both faults hit before the commit
+    assert events["node"][0] < 40 == len(local["shards"])
+    assert [n["Alive"] for n in ray.nodes()].count(False) == 1
+    assert manifest == local and _tree(out) == _tree(tmp_path / "local")

@@ -63,10 +63,46 @@ def _parquet_file(path: Path) -> Any:
         ) from exc
 
 
-def read_shards(path: Path, shard_rows: int) -> Iterator[list[tuple[int, Any]]]:
+MESSAGES = "messages"  # the request's field (and by default the Parquet column) that holds its messages
+
+
+def check_columns(path: Path, column: str) -> None:
+    """`column` can be read as the requests' messages (`--messages-column`): any Parquet input for the default; else
+    the input must be Parquet with that column and no `messages` column beside it. An InputError otherwise."""
+    if column != MESSAGES:
+        kind = "Parquet" if _is_parquet(path) else "JSONL"
+        names = _parquet_file(path).schema_arrow.names if kind == "Parquet" else []
+        messages_column_problem(str(path), kind, names, column)
+
+
+def messages_column_problem(where: str, kind: str, names: list[str], column: str) -> None:
+    """`check_columns` of an input of `kind` whose Parquet columns are `names` (also for a `pyarrow.fs` input)."""
+    if column == MESSAGES:
+        return
+    if kind != "Parquet":
+        raise InputError(
+            f"--messages-column {column} applies to Parquet input; {where} is JSONL",
+            path=where,
+            hint="drop --messages-column (a JSONL request names its messages 'messages'), or give a Parquet file",
+        )
+    if column not in names:
+        raise InputError(
+            f"{where} has no column {column!r} (its columns: {', '.join(names) or 'none'})",
+            path=where,
+            hint="give --messages-column one of the file's columns",
+        )
+    if MESSAGES in names:
+        raise InputError(
+            f"{where} has both a {column!r} and a 'messages' column: which one holds the messages is ambiguous",
+            path=where,
+            hint="drop or rename one of the two columns, or drop --messages-column to read 'messages'",
+        )
+
+
+def read_shards(path: Path, shard_rows: int, column: str = MESSAGES) -> Iterator[list[tuple[int, Any]]]:
     """The input's rows, `shard_rows` at a time: (row number, raw row) with the raw row a JSONL line's bytes or a
-    Parquet row's dict."""
-    rows = _parquet_rows(path) if _is_parquet(path) else _jsonl_rows(path)
+    Parquet row's dict (its column `column` named `messages`: `--messages-column`, checked by `check_columns`)."""
+    rows = _parquet_rows(path, column=column) if _is_parquet(path) else _jsonl_rows(path)
     shard: list[tuple[int, Any]] = []
     for item in rows:
         shard.append(item)
@@ -83,9 +119,14 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
             yield n, line.rstrip(b"\r\n")
 
 
-def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The rows from row `first` on, the row groups wholly before it not read."""
-    pf = _parquet_file(path)
+def _parquet_rows(
+    path: Path | str, first: int = 0, pf: Any = None, column: str = MESSAGES
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows from row `first` on, the row groups wholly before it not read (`pf`: the file already open, as a
+    `pyarrow.parquet.ParquetFile`, e.g. on a `pyarrow.fs` filesystem; `path` then only names it). Column `column`
+    is the row's `messages`, in its place among the columns (so the row is the one a `messages` column gives)."""
+    if pf is None:
+        pf = _parquet_file(Path(path))
     n, skip = 0, 0
     while skip < pf.num_row_groups and n + pf.metadata.row_group(skip).num_rows <= first:
         n += pf.metadata.row_group(skip).num_rows
@@ -106,7 +147,7 @@ def _parquet_rows(path: Path, first: int = 0) -> Iterator[tuple[int, dict[str, A
             return
         for row in batch.to_pylist():
             if n >= first:
-                yield n, row
+                yield n, row if column == MESSAGES else {(MESSAGES if k == column else k): v for k, v in row.items()}
             n += 1
 
 
@@ -141,14 +182,20 @@ def plan_shards(path: Path, shard_rows: int) -> Iterator[ShardSpec]:
             yield ShardSpec(index, first, n, start, at)
 
 
-def read_spec(path: Path, spec: ShardSpec) -> list[tuple[int, Any]]:
+def read_spec(path: Path, spec: ShardSpec, column: str = MESSAGES) -> list[tuple[int, Any]]:
     """One shard's rows, as `read_shards` gives them."""
     if _is_parquet(path):
-        return list(itertools.islice(_parquet_rows(path, spec.first_row), spec.stop_row - spec.first_row))
+        rows = _parquet_rows(path, spec.first_row, column=column)
+        return list(itertools.islice(rows, spec.stop_row - spec.first_row))
     with path.open("rb") as fh:
         fh.seek(spec.start)
         data = fh.read(spec.end - spec.start)
     return [(spec.first_row + k, line.rstrip(b"\r\n")) for k, line in enumerate(io.BytesIO(data))]
+
+
+def parquet_rows_of(pf: Any, name: str, first: int, column: str = MESSAGES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of an open `pyarrow.parquet.ParquetFile` from row `first` on, as `read_shards` gives them."""
+    return _parquet_rows(name, first, pf, column)
 
 
 def request_of(raw: Any) -> Any:
@@ -185,4 +232,46 @@ def sha256_file(path: Path) -> str:
     return file_sha256(path)
 
 
-__all__ = ["ShardSpec", "plan_shards", "read_shards", "read_spec", "request_of", "rows_sha256", "sha256_file"]
+# The input's digest in the manifest is over blocks, so that no process has to read the whole input to make it: the
+# Ray engine's workers digest the blocks they scan, the driver joins 32 bytes per block (docs/batch.md).
+BLOCK_BYTES = 1 << 20
+
+
+def blocks_digest(block_sha256s: list[bytes]) -> str:
+    """sha256 over the raw sha256 digests of the input's consecutive `BLOCK_BYTES` blocks, in order (the last one
+    shorter; none for an empty file)."""
+    return hashlib.sha256(b"".join(block_sha256s)).hexdigest()
+
+
+def input_record(name: str, size: int, block_sha256s: list[bytes]) -> dict[str, Any]:
+    """The manifest's `input`: the file's name, its size and its blocks' digest (`blocks_digest`)."""
+    return {"file": name, "bytes": size, "block_bytes": BLOCK_BYTES, "blocks_sha256": blocks_digest(block_sha256s)}
+
+
+def input_digest(path: Path) -> dict[str, Any]:
+    """`input_record` of a local file, read here block by block (the local engine's)."""
+    digests, size = [], 0
+    with path.open("rb") as fh:
+        while block := fh.read(BLOCK_BYTES):
+            digests.append(hashlib.sha256(block).digest())
+            size += len(block)
+    return input_record(path.name, size, digests)
+
+
+__all__ = [
+    "BLOCK_BYTES",
+    "MESSAGES",
+    "ShardSpec",
+    "blocks_digest",
+    "check_columns",
+    "input_digest",
+    "input_record",
+    "messages_column_problem",
+    "parquet_rows_of",
+    "plan_shards",
+    "read_shards",
+    "read_spec",
+    "request_of",
+    "rows_sha256",
+    "sha256_file",
+]

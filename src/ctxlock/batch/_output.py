@@ -26,7 +26,9 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
+import secrets
 import stat
 import tempfile
 from collections import Counter
@@ -97,6 +99,128 @@ def _unwritable(path: Path, exc: OSError) -> InputError:
     )
 
 
+class FsDir:
+    """An output directory on a `pyarrow.fs` filesystem, named by a URI (`file:///path`, `s3://bucket/prefix`,
+    `gs://bucket/prefix`): the same operations as a local directory's, through the filesystem's own calls. A file
+    is written under a temporary name in the same directory and then moved to its name (`FileSystem.move`): a
+    rename on a local or POSIX filesystem; on an object store a copy then a delete, where the object appears whole
+    or not at all (docs/batch-ray.md, "Output on an object store"). An object store has no links or FIFOs: what
+    is read on --resume is a file or is missing."""
+
+    def __init__(self, uri: str) -> None:
+        import pyarrow as pa
+        import pyarrow.fs as pafs
+
+        self.uri = uri
+        try:
+            self.fs, path = pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowException, ValueError, OSError) as exc:
+            raise InputError(
+                f"cannot open {uri}: {exc}",
+                path=uri,
+                hint="give a directory path or a pyarrow.fs URI (s3://bucket/prefix, gs://bucket/prefix, file:///path)",
+            ) from None
+        self.base = path.rstrip("/") or "/"
+        self.name = posixpath.basename(self.base)
+
+    def path(self, name: str) -> str:
+        return posixpath.join(self.base, name)
+
+    def _kind(self, name: str | None = None) -> Any:
+        import pyarrow.fs as pafs
+
+        info = self.fs.get_file_info(self.base if name is None else self.path(name))
+        if info.type == pafs.FileType.NotFound:
+            return None
+        return {pafs.FileType.File: "file", pafs.FileType.Directory: "directory"}.get(info.type, "not a file")
+
+    def check(self, resume: bool) -> None:
+        """As `check_out`: absent, or a directory that is empty unless `resume`; then made."""
+        kind = self._kind()
+        if kind == "file":
+            raise InputError(f"{self.uri} is a file", path=self.uri, hint="give a directory for the shards")
+        if kind == "directory" and self.names() and not resume:
+            raise InputError(
+                f"{self.uri} is not empty", path=self.uri, hint="use --resume to finish a job there, or an empty one"
+            )
+        self._call(self.uri, lambda: self.fs.create_dir(self.base, recursive=True))
+
+    def names(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.base, allow_not_found=True)
+        return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(selector))
+
+    def put(self, name: str, data: bytes) -> None:
+        tmp = self.path(f".{name}.{secrets.token_hex(8)}.tmp")
+
+        def write() -> None:
+            with self.fs.open_output_stream(tmp) as fh:
+                fh.write(data)
+            self.fs.move(tmp, self.path(name))
+
+        try:
+            self._call(self.path(name), write)
+        finally:
+            if self._kind(posixpath.basename(tmp)) is not None:
+                self.fs.delete_file(tmp)
+
+    def exists(self, name: str) -> bool:
+        return self._kind(name) is not None
+
+    def open(self, name: str) -> BinaryIO | str:
+        """The file opened for reading (seekable), or why not (as `open_regular`)."""
+        kind = self._kind(name)
+        if kind is None:
+            return "is missing"
+        if kind != "file":
+            return f"is not a regular file ({kind})"
+        try:
+            return self.fs.open_input_file(self.path(name))
+        except OSError as exc:
+            return f"cannot be opened ({exc})"
+
+    def remove(self, name: str) -> None:
+        if self._kind(name) == "directory":
+            raise InputError(
+                f"{name} is a directory",
+                path=self.path(name),
+                hint="ctxlock batch writes only files there: remove it, or use an empty directory",
+            )
+        self._call(self.path(name), lambda: self.fs.delete_file(self.path(name)))
+
+    def _call(self, where: str, fn: Callable[[], Any]) -> None:
+        import pyarrow as pa
+
+        try:
+            fn()
+        except FileNotFoundError:
+            pass
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(
+                f"cannot write {where}: {exc}",
+                path=where,
+                hint="check the filesystem's permissions and credentials, or use another directory",
+            ) from None
+
+
+# An output directory: a local path, or a `pyarrow.fs` one.
+Out = Path | FsDir
+
+
+def out_dir(out: str) -> Out:
+    """The output directory named by `out`: a `pyarrow.fs` URI (`scheme://...`) or a local path."""
+    return FsDir(out) if "://" in out else Path(out)
+
+
+def put(out: Out, name: str, data: bytes) -> None:
+    """Write `name` in the output directory atomically (`write_atomic`, or `FsDir.put`)."""
+    if isinstance(out, FsDir):
+        out.put(name, data)
+    else:
+        write_atomic(out / name, data)
+
+
 def remove(path: Path) -> None:
     """Remove a leftover or stale entry of the output directory (a link itself, never its target); a directory
     there is an InputError (ctxlock never makes one)."""
@@ -114,22 +238,35 @@ def remove(path: Path) -> None:
         raise _unwritable(path, exc) from None
 
 
-def clean(out: Path) -> None:
+def _leftover(name: str) -> bool:
+    return name.startswith((".shard-", ".manifest.json.", ".errors.jsonl.")) and name.endswith(".tmp")
+
+
+def clean(out: Out) -> None:
     """Remove a killed run's half-written files (`.shard-*.tmp`, `.manifest.json.*.tmp`, ...)."""
+    if isinstance(out, FsDir):
+        for name in out.names():
+            if _leftover(name):
+                out.remove(name)
+        return
     for leftover in out.glob(".*.tmp"):
-        if leftover.name.startswith((".shard-", ".manifest.json.", ".errors.jsonl.")):
+        if _leftover(leftover.name):
             remove(leftover)
 
 
-def remove_stale(out: Path, shards: int) -> list[str]:
+def remove_stale(out: Out, shards: int) -> list[str]:
     """Remove the shard files of an earlier run beyond this run's `shards` (its input had more rows): a loader
     that reads `shard-*.parquet` must not meet rows that are not in the manifest. Returns their names."""
     removed = []
-    for entry in sorted(out.iterdir(), key=lambda p: p.name):
-        m = _SHARD_NAME.fullmatch(entry.name)
+    names = out.names() if isinstance(out, FsDir) else sorted(p.name for p in out.iterdir())
+    for name in names:
+        m = _SHARD_NAME.fullmatch(name)
         if m is not None and int(m.group(1)) >= shards:
-            remove(entry)
-            removed.append(entry.name)
+            if isinstance(out, FsDir):
+                out.remove(name)
+            else:
+                remove(out / name)
+            removed.append(name)
     return removed
 
 
@@ -144,19 +281,19 @@ def _version(name: str) -> str:
 
 
 def write_manifest(
-    source: str,
-    input_sha256: str,
-    out: Path,
+    source: dict[str, Any],
+    out: Out,
     policy: dict[str, Any],
     job: dict[str, Any],
     records: list[dict[str, Any]],
     fit: bool,
 ) -> dict[str, Any]:
-    """Write `errors.jsonl`, then `manifest.json`, from the shards' records (each one kept or made by this run)."""
+    """Write `errors.jsonl`, then `manifest.json`, from the shards' records (each one kept or made by this run);
+    `source` is the manifest's `input` (`batch.input_record`: the file's name, size and blocks' digest)."""
     errors = b"".join(
         (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8") for r in records for e in r["errors"]
     )
-    write_atomic(out / "errors.jsonl", errors)
+    put(out, "errors.jsonl", errors)
     manifest = {
         "ctxlock_version": _version("ctxlock"),
         "pyarrow_version": _version("pyarrow"),  # the shards' bytes are pyarrow's writer's
@@ -165,7 +302,7 @@ def write_manifest(
         "tokenizer_sha256": job["tokenizer_sha256"],
         "policy": policy,
         "policy_sha256": hashlib.sha256(json_bytes(policy)).hexdigest(),
-        "input": {"file": source, "sha256": input_sha256},
+        "input": source,
         "rows": sum(r["row_count"] + r["error_count"] for r in records),
         "row_count": sum(r["row_count"] for r in records),
         "error_count": sum(r["error_count"] for r in records),
@@ -176,11 +313,11 @@ def write_manifest(
         **({"fit": _fit_counts(records)} if fit else {}),
         "shards": [{k: v for k, v in r.items() if k not in ("errors", "job", "fitted")} for r in records],
     }
-    write_atomic(out / "manifest.json", json_bytes(manifest))
+    put(out, "manifest.json", json_bytes(manifest))
     return manifest
 
 
-def one_job(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+def one_job(out: Out, records: list[dict[str, Any]]) -> dict[str, Any]:
     """The job every shard was made by (their records say it): shards of different models cannot share a manifest."""
     jobs = {json.dumps(r["job"], sort_keys=True) for r in records}
     if len(jobs) > 1:
@@ -247,14 +384,18 @@ def _kind(mode: int) -> str:
 
 def read_json_record(path: Path) -> tuple[dict[str, Any] | str, bytes]:
     """A shard's JSON record (bounded, strict JSON), or why it cannot be used; and its bytes."""
-    opened = open_regular(path)
+    return read_record_of(open_regular(path), path.name)
+
+
+def read_record_of(opened: BinaryIO | str, name: str) -> tuple[dict[str, Any] | str, bytes]:
+    """`read_json_record` of a file opened by `open_regular` or `FsDir.open` (or why it was not)."""
     if isinstance(opened, str):
-        return f"its record {path.name} {opened}", b""
+        return f"its record {name} {opened}", b""
     with opened as fh:
         data = fh.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
-        return f"its record {path.name} is over {MAX_RECORD_BYTES >> 20} MiB", b""
-    return _parse_record(data, path.name), data
+        return f"its record {name} is over {MAX_RECORD_BYTES >> 20} MiB", b""
+    return _parse_record(data, name), data
 
 
 def _parse_record(data: bytes, where: str) -> dict[str, Any] | str:
@@ -386,7 +527,7 @@ class Resume:
     """What `--resume` keeps: `kept(...)` gives a finished shard's record when it passes every check (module
     docstring), else None, with the reason in `remade` (shard index -> reason) when the shard had been started."""
 
-    def __init__(self, out: Path, job: dict[str, Any]) -> None:
+    def __init__(self, out: Out, job: dict[str, Any]) -> None:
         self.out = out
         self.job = job
         self.remade: dict[int, str] = {}
@@ -404,17 +545,16 @@ class Resume:
     def _why_not(
         self, index: int, span: tuple[int, int], input_sha256: Callable[[], str]
     ) -> dict[str, Any] | str | None:
-        path = self.out / record_file(index)
-        if not os.path.lexists(path) and not os.path.lexists(self.out / shard_file(index)):
+        if not self._exists(record_file(index)) and not self._exists(shard_file(index)):
             return None  # never started: nothing to report
-        record, data = read_json_record(path)
+        record, data = read_record_of(self._open(record_file(index)), record_file(index))
         if isinstance(record, str):
             return record
         change = job_change(record.get("job"), self.job)
         if change is not None:
             return change
         sha = record.get("sha256")
-        opened = open_regular(self.out / shard_file(index))
+        opened = self._open(shard_file(index))
         if isinstance(opened, str):
             return f"its Parquet file {shard_file(index)} {opened}"
         with opened as fh:
@@ -432,16 +572,28 @@ class Resume:
             return "its input rows changed"
         return record
 
+    def _exists(self, name: str) -> bool:
+        return self.out.exists(name) if isinstance(self.out, FsDir) else os.path.lexists(self.out / name)
+
+    def _open(self, name: str) -> BinaryIO | str:
+        return self.out.open(name) if isinstance(self.out, FsDir) else open_regular(self.out / name)
+
 
 __all__ = [
     "MAX_FOOTER_BYTES",
     "MAX_RECORD_BYTES",
     "RECORD_KEY",
+    "FsDir",
+    "Out",
     "Resume",
     "check_record",
     "clean",
     "json_bytes",
     "one_job",
+    "open_regular",
+    "out_dir",
+    "put",
+    "read_record_of",
     "record_file",
     "record_of_bytes",
     "remove",

@@ -1,94 +1,106 @@
-"""`ctxlock batch --engine ray`: the same job on Ray Data, with the same shards and manifest as the local engine.
+"""`ctxlock batch --engine ray`: the job on a Ray cluster, read and written by the workers, the same bytes as local.
 
-- **The dataset** is the job's shards, not its rows: `ray.data.from_items` of one `batch.ShardSpec` per shard that
-  is not finished (its input rows, and for JSONL its byte range, from `batch.plan_shards`: a scan for line offsets,
-  or the Parquet footer), one block each. Row numbers are the input's own, counted by the driver, so a bad line, a
-  blank line or invalid UTF-8 stays an error row at its number (`ray.data.read_json` would parse the lines itself:
-  it fails on a broken line, skips blank ones and numbers nothing). The input must be readable at the same path by
-  every node (a shared filesystem); nothing is read whole.
-- **`map_batches` with a callable class** (`ShardEncoder`, `batch_size=1`, `concurrency=workers` actors of one CPU
-  each): each actor pins its tokenizer to one thread and loads the model once, in its constructor; each call reads
-  its shard's rows (`batch.read_spec`, the same rows the local reader gives) and encodes them with the local
-  engine's code (`batch.shard_bytes`: the same Parquet writer settings), returning the Parquet bytes, which carry
-  the shard's record in their footer.
-- **The driver** takes the results as they come (`iter_rows`; Ray Data streams with its own backpressure), reads
-  each shard's record from its bytes' footer (`batch_output.record_of_bytes`, checked as a resume checks one) and
-  writes them with the local engine's writer (`batch.write_shard`: temporary name, rename, then the record), so the
-  output directory is on the driver only, and `--resume` works across engines. `run_batch` writes the manifest.
+The driver (the process that calls `run_batch`) handles only metadata; every step that touches the input or the
+output directory is a Ray task (`ctxlock.batch._dist`, one CPU each), so the driver needs neither the input nor
+the output directory (tests/batch/test_batch_ray.py runs it in a mount namespace where both are hidden):
 
-`address`: `None` starts a local Ray for the job (and stops it after), `"auto"` or `ray://...` joins a cluster; when
-Ray is already initialized in this process (a test's `ray.init(num_cpus=2)`), the job uses it and leaves it running.
+1. **probe** (one task): the input's size and kind, the Parquet row count from its footer; the output directory
+   checked, created and cleaned; the job's digests (model, template, tokenizer, options).
+2. **scan** (a task per `chunk_blocks` blocks of 1 MiB): each block's sha256 and, for JSONL, its newline count.
+   The driver joins the block digests into the input's digest (`batch.input_record`, what the manifest records
+   with either engine) and, by prefix sums of the newline counts, places every shard: the block where its first
+   row starts and the newlines to skip from there. Row numbers are the input's own line numbers, so a bad line, a
+   blank line or invalid UTF-8 stays an error row at its number (Ray Data's `read_json` parses lines itself: it
+   fails the read on a broken line and adds keys to messages: tests/batch/test_batch_ray.py).
+3. **shards** (a task per shard, at most `2 * workers` in flight): the worker reads its rows from the input,
+   checks a `--resume` shard or encodes it with the local engine's code, and writes the Parquet file and its record
+   (temporary name, rename). Only the record's counts and digests come back (`batch.slim`): the error rows stay
+   in the record file.
+4. **check and commit**: the blocks are digested again (scan tasks) and must give the same digest (else the input
+   changed while the job ran: no manifest); then one task reads the record files (each with the sha256 its task
+   sent back) and writes `errors.jsonl` and `manifest.json` from them (`batch.write_manifest`, as the local engine
+   does).
+
+The input and OUT may each be a `pyarrow.fs` URI (`batch.FsDir` for OUT: temporary name, then
+`FileSystem.move`). Ray Core only: Ray Data's readers are not used (docs/batch-ray.md says why).
+
+**Faults.** Every task may run twice: a worker process or a node lost mid-task makes Ray run it again
+(`max_retries`, https://docs.ray.io/en/latest/ray-core/fault_tolerance/tasks.html), and a lost result is made
+again from its lineage (https://docs.ray.io/en/latest/ray-core/fault_tolerance/objects.html). A shard task writes
+the same bytes each time, by rename, so a retry leaves one whole file and the killed attempt at most a temporary
+file, which the commit removes. A typed ctxlock error in a task (a bad `--model`, an output directory in the way)
+is sent back as data and raised in the driver as itself; it is not retried.
+
+`address`: `None` starts a local Ray for the job (and stops it after), `"auto"`, `"host:port"` or `ray://...`
+joins a cluster; when Ray is already initialized in this process, the job uses it and leaves it running.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 from collections.abc import Callable
-from dataclasses import asdict, fields
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ctxlock.batch._output import Resume, record_of_bytes
-from ctxlock.batch._run import (
-    BatchOptions,
-    Engine,
-    ShardSpec,
-    init_worker,
-    kept_spec,
-    plan_shards,
-    read_spec,
-    shard_bytes,
-    write_shard,
+from ctxlock.batch._dist import (
+    Place,
+    commit,
+    is_uri,
+    make_shard,
+    plan_jsonl,
+    plan_parquet,
+    probe,
+    scan,
+    source_name,
 )
-from ctxlock.errors import InputError
+from ctxlock.batch._input import BLOCK_BYTES, input_record
+from ctxlock.batch._run import BatchOptions, Engine, Progress, Tally, changed_input
+from ctxlock.errors import CtxlockError, InputError
 
-_SPEC_FIELDS = tuple(f.name for f in fields(ShardSpec))
-
-
-class ShardEncoder:
-    """The Ray Data callable class: one per actor, one model per actor; a call encodes the shards in its batch."""
-
-    def __init__(self, source: str, opts: BatchOptions) -> None:
-        init_worker(opts.model)  # tokenizer threads pinned, then the model, once
-        self.source = Path(source)
-        self.opts = opts
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        index, data = [], []
-        for k in range(len(batch["index"])):
-            spec = ShardSpec(**{name: int(batch[name][k]) for name in _SPEC_FIELDS})
-            blob, _ = shard_bytes(spec.index, read_spec(self.source, spec), self.opts)  # the record is in the blob
-            index.append(spec.index)
-            data.append(blob)
-        return {"index": np.asarray(index, dtype=np.int64), "parquet": np.asarray(data, dtype=object)}
+# A task lost with its worker process or its node is run again up to this many times (Ray's default is 3).
+RETRIES = 5
 
 
-def ray_engine(address: str | None = None, workers: int = 1) -> Engine:
-    """The engine `run_batch(..., engine=...)` runs: `workers` Ray actors (module docstring)."""
+def _call(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """Run a step in a worker: its result, or its ctxlock error as data (a CtxlockError's keyword arguments do not
+    survive pickling, and a deterministic error must not be retried)."""
+    try:
+        return "ok", fn(*args)
+    except CtxlockError as exc:
+        return "error", (type(exc).__module__, type(exc).__qualname__, exc.message, exc.path, exc.hint)
+
+
+def _unwrap(result: tuple[str, Any]) -> Any:
+    status, value = result
+    if status == "ok":
+        return value
+    module, name, message, path, hint = value
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, CtxlockError)):
+        cls = InputError
+    exc = cls.__new__(cls)
+    CtxlockError.__init__(exc, message, path=path, hint=hint)
+    raise exc
+
+
+def ray_engine(address: str | None = None, workers: int = 1, chunk_blocks: int = 64) -> Engine:
+    """The engine `run_batch(..., engine=...)` runs (module docstring): at most `2 * workers` shard tasks in
+    flight, the input scanned `chunk_blocks` MiB per task."""
 
     def run(
-        source: Path,
-        out: Path,
+        source: str,
+        out: str,
         opts: BatchOptions,
-        resume: Resume | None,
-        done: Callable[[dict[str, Any], bool], None],
-    ) -> None:
+        resume: bool,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> dict[str, Any]:
         ray = _ray()
         started = not ray.is_initialized()
         if started:
             _init(ray, address)
         try:
-            todo = []
-            for spec in plan_shards(source, opts.shard_rows):
-                finished = kept_spec(resume, source, spec)
-                if finished is not None:
-                    done(finished, True)
-                else:
-                    todo.append(asdict(spec))
-            if todo:
-                _run(ray, todo, source, out, opts, workers, done)
+            return _Job(ray, source, out, opts, max(1, workers), max(1, chunk_blocks)).run(resume, on_progress)
         finally:
             if started:
                 ray.shutdown()
@@ -96,33 +108,59 @@ def ray_engine(address: str | None = None, workers: int = 1) -> Engine:
     return run
 
 
-def _run(
-    ray: Any,
-    todo: list[dict[str, int]],
-    source: Path,
-    out: Path,
-    opts: BatchOptions,
-    workers: int,
-    done: Callable[[dict[str, Any], bool], None],
-) -> None:
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # ctxlock's own bar shows rows/s and tokens/s
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # not a line per dataset on the command's stderr
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # nor "progress bars disabled"
-    shards = ray.data.from_items(todo, override_num_blocks=len(todo))
-    encoded = shards.map_batches(
-        ShardEncoder,
-        fn_constructor_args=(str(source.resolve()), opts),
-        batch_size=1,
-        # A fixed pool of actors, at most two shards in flight per actor (as the local engine): memory stays bounded.
-        compute=ray.data.ActorPoolStrategy(size=min(workers, len(todo)), max_tasks_in_flight_per_actor=2),
-        num_cpus=1,
-        batch_format="numpy",
-    )
-    for row in encoded.iter_rows():
-        data = bytes(row["parquet"])
-        record = record_of_bytes(data, int(row["index"]))
-        done(write_shard(out, data, {k: v for k, v in record.items() if k != "sha256"}), False)
+class _Job:
+    def __init__(self, ray: Any, source: str, out: str, opts: BatchOptions, workers: int, chunk_blocks: int) -> None:
+        self.ray = ray
+        # Paths are made absolute here (the driver's working directory; a string operation, nothing is opened).
+        self.source = source if is_uri(source) else os.path.abspath(source)
+        self.out = out if is_uri(out) else os.path.abspath(out)
+        self.opts = opts
+        self.workers = workers
+        self.chunk_blocks = chunk_blocks
+        self.task = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_call)
+
+    def get(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return _unwrap(self.ray.get(self.task.remote(fn, *args)))
+
+    def scan(self, size: int, count_lines: bool) -> list[tuple[bytes, int, bool]]:
+        blocks = -(-size // BLOCK_BYTES)
+        step = self.chunk_blocks
+        refs = [
+            self.task.remote(scan, self.source, b, min(b + step, blocks), count_lines) for b in range(0, blocks, step)
+        ]
+        return [block for ref in refs for block in _unwrap(self.ray.get(ref))]
+
+    def run(self, resume: bool, on_progress: Callable[[Progress], None] | None) -> dict[str, Any]:
+        info = self.get(probe, self.source, self.out, resume, self.opts)
+        parquet = info["parquet"]
+        blocks = self.scan(info["size"], not parquet)
+        digest = input_record(source_name(self.source), info["size"], [b[0] for b in blocks])
+        places = (
+            plan_parquet(info["rows"], self.opts.shard_rows) if parquet else plan_jsonl(blocks, self.opts.shard_rows)
+        )
+        tally = Tally(on_progress)
+        self._shards(places, parquet, info["job"] if resume else None, tally)
+        again = self.scan(info["size"], False)
+        if [b[0] for b in again] != [b[0] for b in blocks]:
+            raise changed_input(digest["file"], self.source)
+        manifest, removed = self.get(commit, digest, self.out, self.opts, tally.sorted_records(), resume)
+        tally.progress.removed += removed
+        return manifest
+
+    def _shards(self, places: list[Place], parquet: bool, job: dict[str, Any] | None, tally: Tally) -> None:
+        """The shard tasks, at most `2 * workers` in flight, each result reported as it comes."""
+        pending: list[Any] = []
+        todo = iter(places)
+        while True:
+            while len(pending) < 2 * self.workers and (place := next(todo, None)) is not None:
+                pending.append(self.task.remote(make_shard, self.source, place, parquet, self.out, self.opts, job))
+            if not pending:
+                return
+            ready, pending = self.ray.wait(pending, num_returns=1)
+            record, kept, why = _unwrap(self.ray.get(ready[0]))
+            if why is not None:
+                tally.progress.remade[record["index"]] = why
+            tally.done(record, kept)
 
 
 def _init(ray: Any, address: str | None) -> None:
@@ -141,12 +179,11 @@ def _init(ray: Any, address: str | None) -> None:
 def _ray() -> Any:
     try:
         import ray
-        import ray.data  # the Data library is its own import
     except ImportError:
         raise InputError(
-            "Ray Data is not installed", path="--engine ray", hint="pip install 'ctxlock[ray]' (ray[data]==2.60.0)"
+            "Ray is not installed", path="--engine ray", hint="pip install 'ctxlock[ray]' (ray[data]==2.60.0)"
         ) from None
     return ray
 
 
-__all__ = ["ShardEncoder", "ray_engine"]
+__all__ = ["RETRIES", "ray_engine"]

@@ -55,17 +55,30 @@ from typing import Any
 import numpy as np
 
 from ctxlock.batch._fast import MaskedRow, mask_rows
-from ctxlock.batch._input import ShardSpec, plan_shards, read_shards, read_spec, request_of, rows_sha256, sha256_file
+from ctxlock.batch._input import (
+    MESSAGES,
+    ShardSpec,
+    check_columns,
+    input_digest,
+    plan_shards,
+    read_shards,
+    read_spec,
+    request_of,
+    rows_sha256,
+    sha256_file,
+)
 from ctxlock.batch._output import (
     RECORD_KEY,
+    Out,
     Resume,
     clean,
     json_bytes,
     one_job,
+    out_dir,
+    put,
     record_file,
     remove_stale,
     shard_file,
-    write_atomic,
     write_manifest,
 )
 from ctxlock.batch._trajectories import policy as trajectory_policy
@@ -100,6 +113,8 @@ class BatchOptions:
     max_length: int | None = None
     pack: int | None = None
     mask: MaskOptions = field(default_factory=MaskOptions)
+    # Parquet input: the column that holds each request's messages (--messages-column).
+    messages_column: str = MESSAGES
     trajectories: bool = False  # rows are trajectory lines (docs/trajectories.md): `batch._trajectories`
 
     def __post_init__(self) -> None:
@@ -112,7 +127,11 @@ class BatchOptions:
 
     def policy(self) -> dict[str, Any]:
         extra = trajectory_policy() if self.trajectories else {}
+        # A messages column other than the default is part of the policy (it chooses what is read); the default is
+        # left out, so that the policy's digest of a job without the option is what it always was.
+        column = {} if self.messages_column == MESSAGES else {"messages_column": self.messages_column}
         return {
+            **column,
             "schema": SCHEMA_VERSION,
             "shard_rows": self.shard_rows,
             "max_length": self.max_length,
@@ -226,9 +245,10 @@ def _error_row(row: int, exc: CtxlockError) -> dict[str, Any]:
 
 
 def encode_shard(index: int, rows: list[tuple[int, Any]], out: str, opts: BatchOptions) -> dict[str, Any]:
-    """Encode one shard's rows and write its Parquet file and record (atomically); return the record."""
+    """Encode one shard's rows and write its Parquet file and record (atomically) in `out` (a path, or a
+    `pyarrow.fs` URI: `batch.out_dir`); return the record."""
     data, record = shard_bytes(index, rows, opts)
-    return write_shard(Path(out), data, record)
+    return write_shard(out_dir(out), data, record)
 
 
 def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> tuple[bytes, dict[str, Any]]:
@@ -282,12 +302,12 @@ def shard_bytes(index: int, rows: list[tuple[int, Any]], opts: BatchOptions) -> 
     return _parquet_bytes(table, record), record
 
 
-def write_shard(out: Path, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
+def write_shard(out: Out, data: bytes, record: dict[str, Any]) -> dict[str, Any]:
     """Write a shard's Parquet bytes, then its record with their sha256, each under a temporary name renamed into
     place (a shard counts as done only once its record is there); return the record."""
     record = {**record, "sha256": hashlib.sha256(data).hexdigest()}
-    write_atomic(out / shard_file(record["index"]), data)
-    write_atomic(out / record_file(record["index"]), json_bytes(record))
+    put(out, shard_file(record["index"]), data)
+    put(out, record_file(record["index"]), json_bytes(record))
     return record
 
 
@@ -482,23 +502,48 @@ def _parquet_bytes(table: Any, record: dict[str, Any] | None = None) -> bytes:
 # -- the job ----------------------------------------------------------------------------------------------------
 
 
-def kept_spec(resume: Resume | None, source: Path, spec: ShardSpec) -> dict[str, Any] | None:
+def kept_spec(resume: Resume | None, source: Path, spec: ShardSpec, column: str = MESSAGES) -> dict[str, Any] | None:
     """With `resume`, shard `spec`'s record when it passes every check (`batch_output.Resume`; its input rows read
     only to compare their sha256, after everything else held), else None."""
     if resume is None:
         return None
-    return resume.kept(spec.index, (spec.first_row, spec.stop_row), lambda: rows_sha256(read_spec(source, spec)))
+    return resume.kept(
+        spec.index, (spec.first_row, spec.stop_row), lambda: rows_sha256(read_spec(source, spec, column))
+    )
 
 
-# An engine runs the shards that are not finished: (source, out, options, resume, done) -> None, calling
-# done(record, kept) once per shard (kept: a finished shard `resume` kept: `kept_spec`). The local one is
-# `run_batch`'s own.
-Engine = Callable[[Path, Path, BatchOptions, Resume | None, Callable[[dict[str, Any], bool], None]], None]
+# Another engine runs the whole job where the data lives (`ctxlock.batch._ray`): (source, out, options, resume,
+# on_progress) -> the manifest, with `source` a path or a `pyarrow.fs` URI, reporting each shard to a `Tally`. The
+# local one is `run_batch`'s own.
+Engine = Callable[[str, str, BatchOptions, bool, Callable[[Progress], None] | None], dict[str, Any]]
+
+
+class Tally:
+    """The shards' records as they come (kept by a resume or made), counted into a `Progress` for `on_progress`."""
+
+    def __init__(self, on_progress: Callable[[Progress], None] | None, remade: dict[int, str] | None = None) -> None:
+        self.progress = Progress(remade={} if remade is None else remade)
+        self.records: dict[int, dict[str, Any]] = {}
+        self.on_progress = on_progress
+
+    def done(self, record: dict[str, Any], kept: bool) -> None:
+        progress = self.progress
+        self.records[record["index"]] = record
+        progress.rows += record["row_count"] + record["error_count"]
+        progress.tokens += record["token_count"]
+        progress.errors += record["error_count"]
+        progress.shards_done += 1
+        progress.shards_kept += kept
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    def sorted_records(self) -> list[dict[str, Any]]:
+        return [self.records[k] for k in sorted(self.records)]
 
 
 def run_batch(
-    source: Path,
-    out: Path,
+    source: Path | str,
+    out: Path | str,
     opts: BatchOptions,
     *,
     workers: int = 1,
@@ -507,30 +552,29 @@ def run_batch(
     engine: Engine | None = None,
 ) -> dict[str, Any]:
     """Run the job (module docstring); return the manifest. `out` must be empty or absent unless `resume`.
-    `engine`: another engine (`ctxlock.batch.ray_engine`); by default `workers` local processes."""
+    `engine`: another engine (`ctxlock.batch.ray_engine`: it does the whole job where the data lives, `source`
+    and `out` then paths its workers see, or `source` a `pyarrow.fs` URI); by default `workers` local processes."""
+    if engine is not None:
+        return engine(str(source), str(out), opts, resume, on_progress)
+    for where in (str(source), str(out)):
+        if "://" in where:
+            raise InputError(
+                f"the local engine reads and writes local paths, not {where}",
+                path=where,
+                hint="give a local path, or use the Ray engine (its workers open pyarrow.fs URIs: docs/batch-ray.md)",
+            )
+    source, out = Path(source), Path(out)
     check_paths(source, out, resume)
+    check_columns(source, opts.messages_column)
     out.mkdir(parents=True, exist_ok=True)
     clean(out)  # a killed run's half-written files
-    input_sha256 = sha256_file(source)
+    digest = input_digest(source)
     check = Resume(out, _job(load_model(opts.model), opts)) if resume else None
-    progress = Progress(remade={} if check is None else check.remade)
-    records: dict[int, dict[str, Any]] = {}
-
-    def done(record: dict[str, Any], kept: bool) -> None:
-        records[record["index"]] = record
-        progress.rows += record["row_count"] + record["error_count"]
-        progress.tokens += record["token_count"]
-        progress.errors += record["error_count"]
-        progress.shards_done += 1
-        progress.shards_kept += kept
-        if on_progress is not None:
-            on_progress(progress)
-
-    if engine is not None:
-        engine(source, out, opts, check, done)
-    elif workers <= 1:
+    tally = Tally(on_progress, None if check is None else check.remade)
+    progress, done = tally.progress, tally.done
+    if workers <= 1:
         load_model(opts.model)
-        for index, rows in enumerate(read_shards(source, opts.shard_rows)):
+        for index, rows in enumerate(read_shards(source, opts.shard_rows, opts.messages_column)):
             span = (rows[0][0], rows[-1][0] + 1)
             finished = None if check is None else check.kept(index, span, lambda rows=rows: rows_sha256(rows))
             done(finished or encode_shard(index, rows, str(out), opts), finished is not None)
@@ -538,14 +582,18 @@ def run_batch(
         with _one_encode_thread():
             _run_pool(source, out, opts, workers, check, done)
     if check is not None:
-        progress.removed += remove_stale(out, len(records))
-    if sha256_file(source) != input_sha256:
-        raise InputError(
-            f"{source.name} changed while the job ran: its shards may hold rows of either version",
-            path=str(source),
-            hint="run the same command again with --resume (only the shards whose rows changed are made again)",
-        )
-    return _write_manifest(source, input_sha256, out, opts, [records[k] for k in sorted(records)])
+        progress.removed += remove_stale(out, len(tally.records))
+    if input_digest(source) != digest:
+        raise changed_input(source.name, str(source))
+    return write_job_manifest(digest, out, opts, tally.sorted_records())
+
+
+def changed_input(name: str, path: str) -> InputError:
+    return InputError(
+        f"{name} changed while the job ran: its shards may hold rows of either version",
+        path=path,
+        hint="run the same command again with --resume (only the shards whose rows changed are made again)",
+    )
 
 
 @contextlib.contextmanager
@@ -582,7 +630,7 @@ def _run_pool(
     todo: list[ShardSpec] = []
     kept: list[dict[str, Any]] = []
     for spec in plan_shards(source, opts.shard_rows):
-        finished = kept_spec(resume, source, spec)
+        finished = kept_spec(resume, source, spec, opts.messages_column)
         if finished is not None:
             kept.append(finished)
         else:
@@ -632,7 +680,7 @@ def report_kept(kept: list[dict[str, Any]], done: Callable[[dict[str, Any], bool
 
 def encode_spec(source: str, spec: ShardSpec, out: str, opts: BatchOptions) -> dict[str, Any]:
     """`encode_shard` of the rows of `spec` (read here, in the worker)."""
-    return encode_shard(spec.index, read_spec(Path(source), spec), out, opts)
+    return encode_shard(spec.index, read_spec(Path(source), spec, opts.messages_column), out, opts)
 
 
 def check_paths(source: Path, out: Path, resume: bool) -> None:
@@ -645,6 +693,11 @@ def check_paths(source: Path, out: Path, resume: bool) -> None:
         ) from None
     if not source.is_file():
         raise InputError(f"no such input file: {source}", path=str(source), hint="give a .jsonl or .parquet file")
+    check_out(out, resume)
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """The output directory can be used: absent, or a directory that is empty unless `resume`."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory", path=str(out), hint="give a directory for the shards")
     if out.is_dir() and any(out.iterdir()) and not resume:
@@ -653,12 +706,18 @@ def check_paths(source: Path, out: Path, resume: bool) -> None:
         )
 
 
-def _write_manifest(
-    source: Path, input_sha256: str, out: Path, opts: BatchOptions, records: list[dict[str, Any]]
+def job_of(opts: BatchOptions) -> dict[str, Any]:
+    """The job a shard made now with `opts` records (model, template, tokenizer and policy digests)."""
+    return _job(load_model(opts.model), opts)
+
+
+def write_job_manifest(
+    source: dict[str, Any], out: Out, opts: BatchOptions, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """`batch_output.write_manifest` of these records (the job their records name; with none, the model's)."""
+    """`batch_output.write_manifest` of these records (the job their records name; with none, the model's);
+    `source` is the manifest's `input` (`batch.input_record`)."""
     job = one_job(out, records) if records else _job(load_model(opts.model), opts)
-    return write_manifest(source.name, input_sha256, out, opts.policy(), job, records, opts.max_length is not None)
+    return write_manifest(source, out, opts.policy(), job, records, opts.max_length is not None)
 
 
 __all__ = [
@@ -667,10 +726,14 @@ __all__ = [
     "Engine",
     "Progress",
     "ShardSpec",
+    "Tally",
+    "changed_input",
+    "check_out",
     "check_paths",
     "encode_shard",
     "encode_spec",
     "init_worker",
+    "job_of",
     "kept_spec",
     "load_model",
     "plan_shards",
@@ -679,5 +742,6 @@ __all__ = [
     "run_batch",
     "sha256_file",
     "shard_bytes",
+    "write_job_manifest",
     "write_shard",
 ]

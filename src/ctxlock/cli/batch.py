@@ -18,7 +18,7 @@ EngineOpt = Annotated[
     str,
     typer.Option(
         "--engine",
-        help="local: worker processes on this machine. ray: Ray Data actors (pip install 'ctxlock\\[ray]'); the "
+        help="local: worker processes on this machine. ray: Ray tasks on a cluster (pip install 'ctxlock\\[ray]'); the "
         "same shards and manifest, byte for byte.",
     ),
 ]
@@ -26,8 +26,9 @@ RayAddressOpt = Annotated[
     str | None,
     typer.Option(
         "--ray-address",
-        help="With --engine ray: the cluster to join ('auto', 'ray://host:10001'); by default a local Ray is "
-        "started for the job. The input path must be readable by every node; the driver writes the output.",
+        help="With --engine ray: the cluster to join ('auto', 'host:6379', 'ray://host:10001'); by default a local "
+        "Ray is started for the job. The workers read the input and write OUT (each a path every node sees, or a "
+        "pyarrow.fs URI: s3://, gs://, file://); this process handles only metadata.",
     ),
 ]
 MaxLengthOpt = Annotated[
@@ -52,7 +53,15 @@ WorkersOpt = Annotated[
     typer.Option(
         "--workers",
         help="Worker processes: this one and N-1 more, forked after the model is loaded (spawned if a thread could "
-        "be copied mid-state), one model each; with --engine ray, actors.",
+        "be copied mid-state), one model each; with --engine ray, at most 2N shard tasks in flight, one CPU each.",
+    ),
+]
+MessagesColumnOpt = Annotated[
+    str,
+    typer.Option(
+        "--messages-column",
+        help="Parquet input: the column holding each request's messages (read as 'messages'; the other columns "
+        "are the request's other fields). Recorded in the manifest's policy when not 'messages'.",
     ),
 ]
 TrajectoriesOpt = Annotated[
@@ -71,8 +80,20 @@ def register(app: typer.Typer) -> None:
 
 
 def batch(
-    source: Annotated[Path, typer.Argument(help="Input: a .jsonl file (one request per line) or a .parquet file.")],
-    out: Annotated[Path, typer.Argument(help="Output directory for the shards, manifest.json and errors.jsonl.")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="Input: a .jsonl file (one request per line) or a .parquet file; with --engine ray also a pyarrow.fs "
+            "URI (s3://bucket/in.jsonl, gs://..., file:///data/in.jsonl)."
+        ),
+    ],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help="Output directory for the shards, manifest.json and errors.jsonl; with --engine ray also a pyarrow.fs "
+            "URI (s3://bucket/prefix, gs://..., file:///data/out), written by the workers."
+        ),
+    ],
     model: ModelOpt = None,
     workers: WorkersOpt = 1,
     engine: EngineOpt = "local",
@@ -80,6 +101,7 @@ def batch(
     max_length: MaxLengthOpt = None,
     shard_rows: Annotated[int, typer.Option("--shard-rows", help="Input rows per shard.")] = 10_000,
     pack: PackOpt = None,
+    messages_column: MessagesColumnOpt = "messages",
     train_on_eot: Annotated[
         str, typer.Option("--train-on-eot", help="Train the end-of-turn token of: all turns, the last, none.")
     ] = "all",
@@ -120,7 +142,15 @@ def batch(
                 path="--ray-address",
                 hint="e.g. --engine ray --ray-address auto",
             )
-        check_paths(source, out, resume)  # before the progress bar starts
+        if engine == "local":
+            for where in (source, out):
+                if "://" in where and not where.startswith("file://"):
+                    raise InputError(
+                        f"the local engine reads and writes local files, not {where}",
+                        path=where,
+                        hint="give a local path, or --engine ray to read and write a URI in the workers",
+                    )
+            check_paths(_local(source), _local(out), resume)  # before the progress bar (Ray's workers check there)
         opts = BatchOptions(
             model=model,
             shard_rows=shard_rows,
@@ -128,10 +158,13 @@ def batch(
             pack=pack,
             mask=MaskOptions(train_on_eot=train_on_eot, last_turn_only=last_turn_only),
             trajectories=trajectories,
+            messages_column=messages_column,
         )
         run = None if engine == "local" else _ray_engine(ray_address, workers)
         with bar as (update, _):
-            return run_batch(source, out, opts, workers=workers, resume=resume, on_progress=update, engine=run)
+            src: str | Path = source if run is not None else _local(source)
+            dst: str | Path = out if run is not None else _local(out)
+            return run_batch(src, dst, opts, workers=workers, resume=resume, on_progress=update, engine=run)
 
     bar = _ProgressBar(as_json)
     manifest = guarded(as_json, go)
@@ -143,7 +176,7 @@ def batch(
     console.print(
         f"{manifest['rows']:,} rows: {manifest['row_count']:,} in {len(manifest['shards'])} shards, "
         f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
-        f"{manifest['trained_tokens']:,} trained · {out / 'manifest.json'}"
+        f"{manifest['trained_tokens']:,} trained · {out.rstrip('/')}/manifest.json"
     )
 
 
@@ -162,6 +195,13 @@ def _resume_note(progress: Any) -> None:
         kept = f"kept {progress.shards_kept} of {progress.shards_done} shards"
         line = f"note: --resume {kept}; " + "; ".join(parts)
         print(" ".join(line.splitlines()), file=sys.stderr)
+
+
+def _local(source: str) -> Path:
+    """A local path (a file:// URI's path)."""
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(source).path)) if source.startswith("file://") else Path(source)
 
 
 def _ray_engine(address: str | None, workers: int) -> Any:

@@ -31,7 +31,10 @@ from ctxlock.errors import ConstraintError, SamplerError
 from ctxlock.generation._constrain import WHITESPACE_MODES, JsonSchemaMask
 from ctxlock.generation._sampler import DEFAULT_ORDER, PROCESSORS, Sampler, SamplerConfig
 
-LOGITS = "i.i.d. uniform float32 in [-5, 5) over the vocabulary, one vector per step, numpy default_rng([seed, sample])"
+LOGITS = (
+    "i.i.d. uniform float32 in [-5, 5) for the ids the mask allows (in id order; 0 for the others, never sampled), "
+    "one vector per step, numpy default_rng([seed, sample])"
+)
 
 
 @dataclass(frozen=True)
@@ -82,18 +85,24 @@ def check_output(text: str, validator: Any) -> str | None:
     return f"{where}: {error.message}"
 
 
-def random_logits(rng: np.random.Generator, n: int) -> np.ndarray:
-    """One step's stand-in for a model: i.i.d. uniform float32 in [-5, 5), the same for every id."""
-    logits = rng.random(n, dtype=np.float32)
-    logits *= 10
-    logits -= 5
+def random_logits(rng: np.random.Generator, allowed: np.ndarray) -> np.ndarray:
+    """One step's stand-in for a model: i.i.d. uniform float32 in [-5, 5) for each id the mask allows (drawn in id
+    order), 0 for the others, which the sampler never takes (`allowed=`). Drawing only the allowed ids gives the
+    same distribution over the next token as drawing the whole vocabulary, at a fraction of the cost on a 131K
+    vocabulary whose mask allows a few ids."""
+    ids = np.flatnonzero(allowed)
+    logits = np.zeros(allowed.size, dtype=np.float32)
+    drawn = rng.random(ids.size, dtype=np.float32)
+    drawn *= 10
+    drawn -= 5
+    logits[ids] = drawn
     return logits
 
 
 def generate(
     mask: JsonSchemaMask, config: SamplerConfig, *, samples: int, seed: int, max_tokens: int, validator: Any
 ) -> Iterator[ConstrainedSample]:
-    """Sample `samples` outputs under `mask`. Sample i: logits from default_rng([seed, i]), sampler stream i.
+    """Sample `samples` outputs under `mask`. Sample i: logits from default_rng([seed, i]) (`random_logits`), sampler stream i.
 
     Each step samples one token (EOS included, as max_tokens counts it in vLLM); the sample stops when EOS is
     drawn or when the token just consumed closed the value (`is_stopped`: only EOS could follow)."""
@@ -107,7 +116,7 @@ def generate(
         finish = "length"
         for _ in range(max_tokens):
             allowed = mask.mask()
-            logits = random_logits(logits_rng, mask.vocab_size)
+            logits = random_logits(logits_rng, allowed)
             t0 = time.perf_counter()
             token = sampler.sample(logits, allowed=allowed, history=ids)
             times.append(time.perf_counter() - t0)

@@ -397,7 +397,7 @@ _kept_rows = st.lists(
 @settings(max_examples=examples(60), deadline=None)
 @given(rows=_kept_rows, pack=st.one_of(st.none(), st.integers(1, 120)))
 def test_shard_columns_equal_pa_array_and_write_the_same_bytes(rows: list[Any], pack: int | None) -> None:
-    from ctxlock.batch import _run as batch
+    from ctxlock.batch import _tables as tables
 
     kept = [
         (r, sha, np.array(ids, np.int32), np.where(np.array(ids) % 2 == 0, -100, ids).astype(np.int32), None)
@@ -405,10 +405,10 @@ def test_shard_columns_equal_pa_array_and_write_the_same_bytes(rows: list[Any], 
     ]
     if pack is not None:
         kept = [k for k in kept if len(k[2]) <= pack]
-    ours = batch._table(kept) if pack is None else batch._packed_table(kept, pack)
+    ours = tables.table_of(kept) if pack is None else tables.packed_table(kept, pack)
     ref = reference_table(kept, pack)
     assert ours.schema.equals(ref.schema, check_metadata=True) and ours.equals(ref)
-    assert batch._parquet_bytes(ours) == batch._parquet_bytes(ref)
+    assert tables.parquet_bytes(ours) == tables.parquet_bytes(ref)
 
 
 def test_a_worker_does_not_import_pandas(tmp_path: Path) -> None:

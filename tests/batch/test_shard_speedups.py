@@ -32,6 +32,7 @@ from batch_tables import reference_table
 from ctxlock.accounting import _tokenlay as tokenlay
 from ctxlock.batch import _fast as _fast_batch
 from ctxlock.batch import _run as batch
+from ctxlock.batch import _tables as tables
 from ctxlock.settings import call_fast, fast_path, reference_path
 from ctxlock.training import _fastmask
 from ctxlock.training import _masks as masks
@@ -214,11 +215,11 @@ def test_shard_columns_equal_the_per_row_build_and_write_the_same_bytes(rows: li
     ]
     if pack is not None:
         kept = [k for k in kept if len(k[2]) <= pack]
-    columns = batch._Columns.of_masks(kept)
+    columns = tables.Columns.of_masks(kept)
     ours = columns.table() if pack is None else columns.packed_table(pack)
     plain = _plain_table(kept, pack)
     assert ours.schema.equals(plain.schema, check_metadata=True) and ours.equals(plain)
-    assert batch._parquet_bytes(ours) == batch._parquet_bytes(plain)
+    assert tables.parquet_bytes(ours) == tables.parquet_bytes(plain)
     # the record's counts, as the per-row code summed them
     assert len(columns.ids) == sum(len(k[2]) for k in kept)
     per_row = [np.where(k[3] == 1, np.asarray(k[2], np.int32), -100).astype(np.int32) for k in kept]

@@ -128,28 +128,8 @@ def batch(
     from ctxlock.training import MaskOptions  # with the job: `ctxlock --help` does not pay for it
 
     def go() -> dict[str, Any]:
-        if workers < 1 or shard_rows < 1 or any(n is not None and n < 1 for n in (max_length, pack)):
-            raise InputError(
-                "--workers, --shard-rows, --max-length and --pack must be positive",
-                path="options",
-                hint="e.g. --workers 2 --shard-rows 10000",
-            )
-        if engine not in ("local", "ray"):
-            raise InputError(f"--engine is 'local' or 'ray', not {engine!r}", path="--engine", hint="e.g. --engine ray")
-        if ray_address is not None and engine != "ray":
-            raise InputError(
-                "--ray-address goes with --engine ray",
-                path="--ray-address",
-                hint="e.g. --engine ray --ray-address auto",
-            )
+        _check_options(source, out, workers, shard_rows, max_length, pack, engine, ray_address)
         if engine == "local":
-            for where in (source, out):
-                if "://" in where and not where.startswith("file://"):
-                    raise InputError(
-                        f"the local engine reads and writes local files, not {where}",
-                        path=where,
-                        hint="give a local path, or --engine ray to read and write a URI in the workers",
-                    )
             check_paths(_local(source), _local(out), resume)  # before the progress bar (Ray's workers check there)
         opts = BatchOptions(
             model=model,
@@ -178,6 +158,41 @@ def batch(
         f"{manifest['error_count']:,} in errors.jsonl · {manifest['token_count']:,} tokens, "
         f"{manifest['trained_tokens']:,} trained · {out.rstrip('/')}/manifest.json"
     )
+
+
+def _check_options(
+    source: str,
+    out: str,
+    workers: int,
+    shard_rows: int,
+    max_length: int | None,
+    pack: int | None,
+    engine: str,
+    ray_address: str | None,
+) -> None:
+    """The options' own checks, before any file is opened."""
+    if workers < 1 or shard_rows < 1 or any(n is not None and n < 1 for n in (max_length, pack)):
+        raise InputError(
+            "--workers, --shard-rows, --max-length and --pack must be positive",
+            path="options",
+            hint="e.g. --workers 2 --shard-rows 10000",
+        )
+    if engine not in ("local", "ray"):
+        raise InputError(f"--engine is 'local' or 'ray', not {engine!r}", path="--engine", hint="e.g. --engine ray")
+    if ray_address is not None and engine != "ray":
+        raise InputError(
+            "--ray-address goes with --engine ray",
+            path="--ray-address",
+            hint="e.g. --engine ray --ray-address auto",
+        )
+    if engine == "local":
+        for where in (source, out):
+            if "://" in where and not where.startswith("file://"):
+                raise InputError(
+                    f"the local engine reads and writes local files, not {where}",
+                    path=where,
+                    hint="give a local path, or --engine ray to read and write a URI in the workers",
+                )
 
 
 def _resume_note(progress: Any) -> None:

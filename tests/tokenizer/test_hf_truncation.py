@@ -8,10 +8,9 @@ under Qwen2Tokenizer (which carries the sections into the backend it rebuilds). 
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxlock
+from cli_runner import run_main
 from ctxlock.records import RunOptions, build_record
 from hf_dirs import NON_NFC, auto_tokenizer, build_dir, reference_chat_ids
 from hypothesis_profiles import examples
@@ -50,9 +50,17 @@ def truncating_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from ctxlock.cli import main; main(sys.argv[1:])"
-    env = {**os.environ, "COLUMNS": "200"}  # no wrapping in the human view
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, env=env)
+    """The command in this process (`cli_runner.run_main`: a traceback fails the test), 200 columns wide."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "200")  # no wrapping in the human view
+        code, out, err = run_main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
+@functools.cache
+def _reference(path: Path) -> Any:
+    """transformers' tokenizer of the directory, loaded once per directory (hypothesis calls a test many times)."""
+    return auto_tokenizer(path)
 
 
 def test_the_file_would_cut_and_pad(truncating_dir: Path) -> None:
@@ -62,7 +70,7 @@ def test_the_file_would_cut_and_pad(truncating_dir: Path) -> None:
 
 
 def test_chat_render_is_neither_truncated_nor_padded(truncating_dir: Path) -> None:
-    ref, model = auto_tokenizer(truncating_dir), ctxlock.load(str(truncating_dir))
+    ref, model = _reference(truncating_dir), ctxlock.load(str(truncating_dir))
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": MESSAGE}]
     expected = reference_chat_ids(ref, messages)
     got = model.encode({"messages": messages})
@@ -74,7 +82,7 @@ def test_chat_render_is_neither_truncated_nor_padded(truncating_dir: Path) -> No
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(NON_NFC))
 def test_generated_chats_match_apply_chat_template(truncating_dir: Path, text: str) -> None:
-    ref, model = auto_tokenizer(truncating_dir), ctxlock.load(str(truncating_dir))
+    ref, model = _reference(truncating_dir), ctxlock.load(str(truncating_dir))
     messages = [{"role": "user", "content": text}, {"role": "assistant", "content": MESSAGE}]
     assert list(model.run({"messages": messages}).tokenized.ids) == reference_chat_ids(ref, messages)
 

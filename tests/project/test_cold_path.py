@@ -99,12 +99,14 @@ def test_a_corrupt_or_foreign_entry_counts_as_absent(cache: Path) -> None:
     assert HFTokenizer(text, id="qwen2").whole_text.accelerator.wait()
     [entry] = _entries(cache)
     good = entry.read_text("utf-8")
-    for bad in ("{not json", "[]", json.dumps({**json.loads(good), "json_sha256": "0" * 64})):
-        entry.write_text(bad, "utf-8")
-        assert accel.load_verdict(digest) is None
-        acc = HFTokenizer(text, id="qwen2 (again)").whole_text.accelerator
-        assert acc.wait() and not acc.cached  # probed again, and the entry rewritten
-        assert accel.load_verdict(digest) is not None
+    bad = ("{not json", "[]", json.dumps({**json.loads(good), "json_sha256": "0" * 64}))
+    for content in bad:
+        entry.write_text(content, "utf-8")
+        assert accel.load_verdict(digest) is None  # what the tokenizer asks before it takes a verdict
+    # A tokenizer over the last of them probes again and rewrites the entry (one full probe: each costs seconds).
+    acc = HFTokenizer(text, id="qwen2 (again)").whole_text.accelerator
+    assert acc.wait() and not acc.cached
+    assert accel.load_verdict(digest) is not None
 
 
 def test_a_refusal_is_kept_and_skips_the_build(cache: Path) -> None:

@@ -29,7 +29,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from ctxlock.tokenizer._base import AddedToken, ControlMatch, ManifestFiles, Pie
 from ctxlock.tokenizer._fastbpe import FastEncoder, cached_check
 from ctxlock.tokenizer._prefix import WholeText, prefix_cache_bytes, split_runs, whole_text_refusal
 from ctxlock.tokenizer.backends._hf_bytes import hf_decode_pieces, hf_token_bytes
+from ctxlock.tokenizer.backends._hf_normalizer import normalizer_alone
 
 if TYPE_CHECKING:
     import tokenizers  # imported on first use: `import ctxlock` does not load it
@@ -309,12 +310,18 @@ class HFTokenizer(TokenizerBase):
                     self._engine_choice = ("tokenizers", verdict.reason, None)
                     self._whole_choice = (None, f"encode_text uses tokenizers ({verdict.reason})")
                 else:
+                    # The normalizer alone (the fast engine needs nothing else of `tokenizers`), built when a text
+                    # that is not NFC-inert first needs it.
                     normalize = None
                     if self._head.get("normalizer") is not None:
+                        section = self._head["normalizer"]
+                        built: list[Callable[[str], str] | None] = []
 
                         def normalize(text: str) -> str:
-                            normalized: str = self._tok.normalizer.normalize_str(text)  # built on first use
-                            return normalized
+                            if not built:
+                                built.append(normalizer_alone(section))
+                            fn = built[0]
+                            return text if fn is None else fn(text)
 
                     refusal = whole_text_refusal(self._added)
                     fast = FastEncoder(

@@ -32,6 +32,7 @@ IMAGE_AND_EXTRAS = {
     "ctxlock.accounting._layout",
     "ctxlock.training._masks",
     "ctxlock.economics._bill",
+    "ctxlock.economics._usage",
     "ctxlock.economics._promptcache",
     "ctxlock.generation._constrain",
     "transformers",

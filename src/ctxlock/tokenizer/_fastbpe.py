@@ -459,11 +459,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def cached_check(
-    json_text: str, data: Callable[[], Mapping[str, Any]], plain_added: Sequence[Mapping[str, Any]]
+    json_text: str,
+    data: Callable[[], Mapping[str, Any]],
+    plain_added: Sequence[Mapping[str, Any]],
+    *,
+    json_sha256: str | None = None,
 ) -> tuple[Verdict, dict[bytes, int]]:
     """`check`, through the on-disk cache. `data()`: the parsed `json_text`, called only on a miss. A corrupt or
     unreadable entry counts as absent; a failed write is ignored."""
-    h = hashlib.sha256(json_text.encode("utf-8"))
+    # `json_sha256`: the text's digest when the caller has it (hashing 7 MB again is not free).
+    h = hashlib.sha256((json_sha256 or hashlib.sha256(json_text.encode("utf-8")).hexdigest()).encode("ascii"))
     h.update(json.dumps(sorted(int(t["id"]) for t in plain_added)).encode())
     h.update(f"\0ctxlock {_ctxlock_version()}".encode())
     key = h.hexdigest()

@@ -28,7 +28,7 @@ import numpy as np
 from ctxlock.caches import memoize
 from ctxlock.core import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
 from ctxlock.errors import ControlTokenError
-from ctxlock.settings import fast_enabled
+from ctxlock.settings import cache_root, fast_enabled
 from ctxlock.template import InjectionPolicy, Rendered, Span
 from ctxlock.tokenizer._accel import setting as accel_setting
 from ctxlock.tokenizer._accel import start_after as accel_start_after
@@ -335,8 +335,6 @@ def clear_disk_cache() -> list[str]:
     """Delete the tokenizer caches under the cache directory (`TOKENIZER_CACHE_DIRS`); the next load of each
     vocabulary builds them again (a few seconds for a 150k vocabulary). Returns the directories removed."""
     import shutil
-
-    from ctxlock.settings import cache_root
 
     removed = []
     for name in TOKENIZER_CACHE_DIRS:

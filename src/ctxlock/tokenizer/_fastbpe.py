@@ -370,9 +370,10 @@ def check(data: Mapping[str, Any], plain_added: Sequence[Mapping[str, Any]]) -> 
 
 def _ctxlock_version() -> str:
     # Entries are keyed by ctxlock's version too: a release that changes what an entry means never reads an old one.
-    from ctxlock import __version__
-
-    return __version__
+    # Read from the root package, which Python imported before this module (importing it here would draw an edge
+    # from the tokenizer to every package the root names).
+    version: str = sys.modules["ctxlock"].__version__
+    return version
 
 
 def _cache_paths(key: str) -> tuple[Path, Path]:

@@ -51,13 +51,19 @@ import corpus
 # ctxlock is imported inside the functions: a --fresh-process round times its import.
 
 
-def _once(fn) -> float:
+_CPU: dict[str, list[float]] = {}  # the process's CPU time (all threads) of each timed run, by variant
+
+
+def _once(fn, name: str | None = None) -> float:
     import ctxlock
 
     ctxlock.clear_caches("request")  # every run starts cold: run cache, prefix cache, request memo, template caches
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if name is not None:
+        _CPU.setdefault(name, []).append(cpu)
+    return wall
 
 
 def _interleaved(fns: dict[str, object], rounds: int) -> dict[str, list[float]]:
@@ -66,7 +72,7 @@ def _interleaved(fns: dict[str, object], rounds: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            samples[name].append(_once(fn))
+            samples[name].append(_once(fn, name))
     return samples
 
 
@@ -97,7 +103,7 @@ def _fresh_round(args: argparse.Namespace, theirs_first: bool) -> dict:
         import ctxlock
         from ctxlock.template._render import ChatTemplate
 
-        model = ctxlock.load(str(tok_dir))
+        model = ctxlock.load(str(fetched.gguf_path(args.vocab) if args.load == "gguf" else tok_dir))
         template = ChatTemplate(source, id=args.template)
         t1, c1 = time.perf_counter(), time.process_time()
         ids = [model.encode(r, chat_template=template).input_ids[0] for r in requests]
@@ -216,6 +222,12 @@ def main() -> None:
     ap.add_argument("--vocab", default="qwen2")
     ap.add_argument("--template", default="Qwen-Qwen2.5-7B-Instruct.jinja")
     ap.add_argument(
+        "--load",
+        choices=["dir", "gguf"],
+        default="dir",
+        help="what ctxlock loads: the HF directory transformers converted (default) or llama.cpp's GGUF file itself",
+    )
+    ap.add_argument(
         "--fresh-process",
         action="store_true",
         help="time first passes in new processes, without warm_up(), both sides side by side (see above)",
@@ -237,7 +249,7 @@ def main() -> None:
 
     import ctxlock
 
-    model, template, hf, source = side_by_side(args.vocab, args.template)
+    model, template, hf, source = side_by_side(args.vocab, args.template, load=args.load)
     engines = model.warm_up()  # already warm: what it says about the engines
 
     requests = _requests(args)
@@ -310,7 +322,7 @@ def main() -> None:
 
     print(
         f"{args.mode}: {len(requests)} requests, {tokens:,} tokens (scale {args.scale:g}), identical ids on all; "
-        f"engine {engine}"
+        f"ctxlock loads the {'GGUF file' if args.load == 'gguf' else 'HF directory'}; engine {engine}"
     )
     print(f"transformers apply_chat_template(tokenize=True)  {med['theirs']:8.3f} s")
     ours = _ratio(times["theirs"], times["ours"])
@@ -323,6 +335,12 @@ def main() -> None:
         vs = _ratio(times["theirs_batch"], times["batch"])
         print(f"{label:49s}{med['theirs_batch']:8.3f} s   (encode_batch {vs:.1f}x faster than it)")
     print(f"ctxlock Model.encode, CTXLOCK_FAST=0             {t_exact:8.3f} s   {med['theirs'] / t_exact:6.1f}x")
+    cpu = sorted(t / o for t, o in zip(_CPU["theirs"], _CPU["ours"], strict=True))
+    print(
+        f"in CPU time (the process's, all threads; steadier on a busy machine): transformers "
+        f"{statistics.median(_CPU['theirs']):.3f} s, ctxlock {statistics.median(_CPU['ours']):.3f} s, "
+        f"ctxlock {statistics.median(cpu):.1f}x (per round: {', '.join(f'{x:.1f}' for x in cpu)})"
+    )
     for name, label in (("ours", "Model.encode"), ("batch", "Model.encode_batch")):
         if name in times:
             spread = sorted(t / o for t, o in zip(times["theirs"], times[name], strict=True))

@@ -20,11 +20,12 @@ def median_seconds(fn: Callable[[], object], rounds: int, *, warmup: bool = Fals
     return statistics.median(samples)
 
 
-def side_by_side(vocab: str, template_file: str) -> tuple[Any, Any, Any, str]:
+def side_by_side(vocab: str, template_file: str, *, load: str = "dir") -> tuple[Any, Any, Any, str]:
     """(ctxlock model, ChatTemplate, transformers tokenizer, template source) on the same artifacts: the vocabulary
     as transformers converts llama.cpp's GGUF, and a chat template file, both fetched by scripts/fetch_artifacts.py.
     The model is warmed up as a server would be at start-up (`Model.warm_up`: the engine check, fastokens built and
-    checked), so no timed round pays for it."""
+    checked), so no timed round pays for it. `load="gguf"`: ctxlock loads llama.cpp's GGUF file itself (another
+    loader, the same vocabulary), transformers still its conversion."""
     import ctxlock
     import fetched
     import reference
@@ -32,6 +33,6 @@ def side_by_side(vocab: str, template_file: str) -> tuple[Any, Any, Any, str]:
 
     tok_dir = fetched.hf_tokenizer_dir(vocab)
     source = (fetched.templates_dir() / template_file).read_text("utf-8")
-    model = ctxlock.load(str(tok_dir))
+    model = ctxlock.load(str(fetched.gguf_path(vocab) if load == "gguf" else tok_dir))
     model.warm_up()
     return model, ChatTemplate(source, id=template_file), reference.reference_tokenizer(tok_dir), source

@@ -10,13 +10,15 @@ with these members. The package layers are drawn in docs/architecture.md.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
-from ctxlock.multimodal import ImageFamily, MultimodalInput, StageOptions
 from ctxlock.request import Request
 from ctxlock.template import Rendered, RenderKwargs, RenderOptions
 from ctxlock.tensors import ModelInput, TorchInput
 from ctxlock.tokenizer import Tokenized, Tokenizer
+
+if TYPE_CHECKING:
+    from ctxlock.multimodal import ImageFamily, MultimodalInput, StageOptions
 
 # What the stages accept as a request: a parsed `Request`, or the JSON of one (a mapping, text or bytes).
 RequestLike = Request | Mapping[str, Any] | str | bytes

@@ -35,20 +35,22 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ctxlock.accounting._tokenlay import Unaligned, assign_owners, spread, tally_segments, token_ranges, whole_lay
 from ctxlock.caches import LRU, memoize
 from ctxlock.errors import CtxlockError, RequestError
-from ctxlock.multimodal import ImageInput, MultimodalInput, VideoInput
 from ctxlock.outside import Utf8Policy, decode_bytes, loads_strict
 from ctxlock.pipeline import Pipeline, RequestLike
 from ctxlock.request import Request
 from ctxlock.settings import fast_enabled
 from ctxlock.template import RENDER_OPTIONS, Rendered, check_options
 from ctxlock.tokenizer import ControlMatch, control_matches, encode_ids
+
+if TYPE_CHECKING:
+    from ctxlock.multimodal import ImageInput, MultimodalInput, VideoInput
 
 TEMPLATE = "template"
 GENERATION_PROMPT = "generation_prompt"

@@ -11,7 +11,6 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ctxlock.artifacts import load_template_file
 from ctxlock.errors import ArtifactNotFoundError, CtxlockError, InputError, RequestEncodingError, RequestJSONError
 from ctxlock.outside._files import STDIN, check_input_file, decode_utf8, read_input
 from ctxlock.outside._json import loads_outside
@@ -144,6 +143,10 @@ def template_file(value: str | Path | None, *, option: str = "--template") -> Ch
     if is_template_name(value):
         return str(value)
     check_template_file(value, option=option)
+    # start-up: `ctxlock.artifacts` brings the tokenizers and numpy, which `import ctxlock.cli` (every command, and
+    # `--help`) does not need (tests/project/test_imports.py)
+    from ctxlock.artifacts import load_template_file
+
     return load_template_file(Path(value))
 
 

@@ -4,7 +4,8 @@ each video as one `[video 0: 56 tokens, 3 frames, grid (2, 8, 14)]` block."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -13,11 +14,13 @@ from rich.rule import Rule
 from ctxlock.cli.output import console, write_exact, write_ids
 from ctxlock.errors import CtxlockError, InputError
 from ctxlock.model._model import Model
-from ctxlock.multimodal._expand import MultimodalInput
-from ctxlock.multimodal._sources import image_refs, video_refs
+from ctxlock.multimodal import image_refs, video_refs
 from ctxlock.outside._files import read_input
 from ctxlock.records._wire import run_warnings
 from ctxlock.template._options import RenderOptions
+
+if TYPE_CHECKING:
+    from ctxlock.multimodal import MultimodalInput
 
 MediaOpt = Annotated[
     list[str],
@@ -42,6 +45,13 @@ def read_media(items: list[str]) -> dict[str, bytes]:
             raise InputError(f"--media names {url!r} twice", path=f"--media {url}", hint="name each URL once")
         out[url] = read_input(path, label=f"--media {path}")
     return out
+
+
+def is_multimodal(result: object) -> bool:
+    """Whether a run's result is a `MultimodalInput` (`Model.run_images`): a text-only run never imports the image
+    stage, so its module is looked up only if something loaded it."""
+    expand = sys.modules.get("ctxlock.multimodal._expand")
+    return expand is not None and isinstance(result, expand.MultimodalInput)
 
 
 def wants_images(model: Model, data: bytes, options: RenderOptions) -> bool:

@@ -27,7 +27,6 @@ from ctxlock.cli.output import console, guarded, print_json, write_exact, write_
 from ctxlock.errors import InputError, SamplerError, TokenizerError
 from ctxlock.generation._sampler import SamplerConfig
 from ctxlock.model._model import Model, Run, load
-from ctxlock.multimodal._expand import MultimodalInput
 from ctxlock.outside._files import iter_lines, read_input, stdin_stream
 from ctxlock.outside._json import SYNTAX_ERROR, Utf8Policy, loads_outside
 from ctxlock.records import RunOptions
@@ -480,7 +479,7 @@ def render(
         return m, (m.run_images(data, options, media=media_map) if with_images else m.run(data, options)), None
 
     m, result, rid = guarded(as_json, go)
-    mm = result if isinstance(result, MultimodalInput) else None
+    mm = result if images.is_multimodal(result) else None
     if mm is not None:
         result = Run(mm.request, mm.rendered, mm.tokenized, mm.model_input)
     if as_json:

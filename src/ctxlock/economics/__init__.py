@@ -10,15 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 from ctxlock.economics._capacity import Capacity
 from ctxlock.economics._capacity import from_files as capacity_from_files
-from ctxlock.economics._usage import PriceTable, Usage, parse_usage
 
 if TYPE_CHECKING:
     from ctxlock.economics._bill import Bill, PartTokens, TurnBill, bill_session, bill_turn, request_bill
     from ctxlock.economics._genai import GenaiTable, genai_table
+    from ctxlock.economics._usage import PriceTable, Usage, parse_usage
 
 # The bill's names are imported when first used: the bill brings the cache report (and its numpy and template
-# imports), which a command such as `render` never needs (tests/cli/test_cli_lazy.py).
+# imports), which a command such as `render` never needs (tests/cli/test_cli_lazy.py); usage and prices (decimal,
+# the price tables' parser) on first use too: loading a model reads only its capacity (tests/project/test_imports.py).
 _LAZY = {
+    "PriceTable": "_usage",
+    "Usage": "_usage",
+    "parse_usage": "_usage",
     "Bill": "_bill",
     "PartTokens": "_bill",
     "TurnBill": "_bill",
@@ -32,7 +36,9 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ctxlock.economics._usage import Price
+if TYPE_CHECKING:
+    from ctxlock.economics._usage import Price
 
 # transformers: VERY_LARGE_INTEGER = int(1e30) is what `model_max_length` holds when nothing sets it, and
 # LARGE_INTEGER = int(1e20) its smaller cousin. Neither is a window.

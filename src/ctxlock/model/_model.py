@@ -8,27 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
+# accounting, training and multimodal export their names lazily: a model that only encodes text never imports them
+# (tests/project/test_imports.py).
 from ctxlock import accounting, caches, training
+from ctxlock import multimodal as mm_stage
 from ctxlock.artifacts import ModelArtifacts, load_artifacts
-from ctxlock.economics import Capacity
 from ctxlock.errors import ImagePlacementError, OptionError, TemplateNotFoundError
 from ctxlock.model._output import parse_model_output
-from ctxlock.multimodal import (
-    ImageFamily,
-    MultimodalInput,
-    StageOptions,
-    expand,
-    family_for,
-    image_refs,
-    plan_images,
-    plan_videos,
-    process_images,
-    process_videos,
-    processor_image_parts,
-    processor_parts_warning,
-    video_refs,
-    with_processor_special_tokens,
-)
 from ctxlock.pipeline import RequestLike
 from ctxlock.request import Dialect, Request, ToolArguments, Utf8Policy, parse_request
 from ctxlock.template import (
@@ -56,7 +42,9 @@ from ctxlock.tensors import (
 from ctxlock.tokenizer import Tokenized, Tokenizer, encode_ids, encode_ids_batch, tokenize
 
 if TYPE_CHECKING:
+    from ctxlock.economics import Capacity
     from ctxlock.generation import ParsedMessage
+    from ctxlock.multimodal import ImageFamily, MultimodalInput, StageOptions
 
 
 @dataclass(frozen=True)
@@ -188,7 +176,7 @@ class Model:
             templates = self.templates
         # A model with an image processor renders as its HF processor does: image_url parts become image parts.
         request, rewritten = (
-            processor_image_parts(request) if self.artifacts.preprocessor is not None else (request, ())
+            mm_stage.processor_image_parts(request) if self.artifacts.preprocessor is not None else (request, ())
         )
         rendered = render(
             request,
@@ -198,14 +186,16 @@ class Model:
             control_tokens=self.tokenizer.control_tokens,
         )
         if rewritten:
-            warnings = (*rendered.warnings, processor_parts_warning(rewritten))
+            warnings = (*rendered.warnings, mm_stage.processor_parts_warning(rewritten))
             rendered = dataclasses.replace(rendered, warnings=warnings)
         return rendered
 
     @property
     def image_family(self) -> ImageFamily | None:
         """The image family the model directory's preprocessor_config.json names (None: no image processor)."""
-        return family_for(self.artifacts.preprocessor, path=f"{self.artifacts.source}/preprocessor_config.json")
+        return mm_stage.family_for(
+            self.artifacts.preprocessor, path=f"{self.artifacts.source}/preprocessor_config.json"
+        )
 
     def run_images(
         self,
@@ -235,13 +225,15 @@ class Model:
                 path=refs[0] if refs else "images",
                 hint="this is a text-only model; pass family= to name the image processor",
             )
-        stage = images or StageOptions()
-        found = (process_images if decode else plan_images)(req, fam, media, stage)
-        videos = (process_videos if decode else plan_videos)(req, fam, media, stage)
+        stage = images or mm_stage.StageOptions()
+        found = (mm_stage.process_images if decode else mm_stage.plan_images)(req, fam, media, stage)
+        videos = (mm_stage.process_videos if decode else mm_stage.plan_videos)(req, fam, media, stage)
         rendered = self._render(req, opts)
-        mm = expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found, videos)
+        mm = mm_stage.expand(req, rendered, self.tokenize(rendered), self.tokenizer, fam, found, videos)
         # what the family's HF processor adds in its tokenize step (LLaVA's <s>); nothing for the others
-        return with_processor_special_tokens(mm, fam, self.tokenizer, self.artifacts.special_tokens.get("bos_token"))
+        return mm_stage.with_processor_special_tokens(
+            mm, fam, self.tokenizer, self.artifacts.special_tokens.get("bos_token")
+        )
 
     def refuse_images(self, request: Request) -> None:
         """`ImagePlacementError` for a request with images or videos when this model expands them (an image
@@ -397,5 +389,7 @@ def load(model: str | None = None, *, tokenizer_pipeline: str = "class") -> Mode
 
 def _media_paths(request: Request) -> list[str]:
     """The JSON paths of the request's images and videos, in order of the messages."""
-    found = [(r.message, r.path) for r in image_refs(request)] + [(v.message, v.path) for v in video_refs(request)]
+    found = [(r.message, r.path) for r in mm_stage.image_refs(request)] + [
+        (v.message, v.path) for v in mm_stage.video_refs(request)
+    ]
     return [p for _, p in sorted(found, key=lambda x: x[0])]

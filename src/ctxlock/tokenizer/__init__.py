@@ -28,7 +28,7 @@ import numpy as np
 from ctxlock.caches import memoize
 from ctxlock.core import longest_first  # the control-token regex of every backend (leftmost-longest, as a trie)
 from ctxlock.errors import ControlTokenError
-from ctxlock.settings import fast_enabled
+from ctxlock.settings import cache_root, fast_enabled
 from ctxlock.template import InjectionPolicy, Rendered, Span
 from ctxlock.tokenizer._accel import setting as accel_setting
 from ctxlock.tokenizer._accel import start_after as accel_start_after
@@ -324,8 +324,30 @@ def tokenize(rendered: Rendered, tokenizer: Tokenizer) -> Tokenized:
     return Tokenized(tuple(ids), tuple(trusted), tuple(forged))
 
 
+# What a vocabulary leaves under the cache directory (`ctxlock.settings.cache_root()`) for later processes: the fast
+# engine's verdict and rank table (`fastbpe/`), tokenizer.json heads (`tokenizer-json-head/`), the marks of files
+# `tokenizers` has built (`tokenizers-loaded/`) and fastokens' verdicts (`fastokens/`). Every entry is checked when
+# read (a digest, its own key, the type of every field); one that fails counts as absent and is built again.
+TOKENIZER_CACHE_DIRS = ("fastbpe", "tokenizer-json-head", "tokenizers-loaded", "fastokens")
+
+
+def clear_disk_cache() -> list[str]:
+    """Delete the tokenizer caches under the cache directory (`TOKENIZER_CACHE_DIRS`); the next load of each
+    vocabulary builds them again (a few seconds for a 150k vocabulary). Returns the directories removed."""
+    import shutil
+
+    removed = []
+    for name in TOKENIZER_CACHE_DIRS:
+        path = cache_root() / name
+        if path.is_dir():
+            shutil.rmtree(path)
+            removed.append(str(path))
+    return removed
+
+
 __all__ = [
     "ENCODE_THREADS",
+    "TOKENIZER_CACHE_DIRS",
     "AddedToken",
     "ControlMatch",
     "ManifestFiles",
@@ -338,6 +360,7 @@ __all__ = [
     "accel_setting",
     "accel_start_after",
     "byte_level_decoder_table",
+    "clear_disk_cache",
     "control_matches",
     "encode_between",
     "encode_ids",

@@ -368,6 +368,14 @@ def check(data: Mapping[str, Any], plain_added: Sequence[Mapping[str, Any]]) -> 
 # ------------------------------------------------------------------------------------------------ disk cache
 
 
+def _ctxlock_version() -> str:
+    # Entries are keyed by ctxlock's version too: a release that changes what an entry means never reads an old one.
+    # Read from the root package, which Python imported before this module (importing it here would draw an edge
+    # from the tokenizer to every package the root names).
+    version: str = sys.modules["ctxlock"].__version__
+    return version
+
+
 def _cache_paths(key: str) -> tuple[Path, Path]:
 
     base = cache_root() / "fastbpe" / f"{key}-{CHECK_VERSION}"
@@ -408,18 +416,36 @@ def _marshal_path(ranks_path: Path) -> Path:
     )
 
 
-def _dump_marshal(ranks: Mapping[bytes, int]) -> bytes:
+def _marshal_digest(key: str, payload: bytes) -> bytes:
+    # The entry's key is hashed in: a dump is valid only under the name it was written for (a dump copied or renamed
+    # from another vocabulary's entry is refused).
+    return hashlib.sha256(key.encode("ascii") + b"\0" + payload).digest()
+
+
+def _dump_marshal(ranks: Mapping[bytes, int], key: str) -> bytes:
     payload = marshal.dumps(dict(ranks))
-    return _MARSHAL_MAGIC + hashlib.sha256(payload).digest() + payload
+    return _MARSHAL_MAGIC + _marshal_digest(key, payload) + payload
 
 
-def _load_marshal(blob: bytes) -> dict[bytes, int] | None:
+def _load_marshal(blob: bytes, key: str) -> dict[bytes, int] | None:
     head = len(_MARSHAL_MAGIC)
     payload = blob[head + 32 :]
-    if blob[:head] != _MARSHAL_MAGIC or hashlib.sha256(payload).digest() != blob[head : head + 32]:
+    if blob[:head] != _MARSHAL_MAGIC or _marshal_digest(key, payload) != blob[head : head + 32]:
         return None
     ranks = marshal.loads(payload)
     return ranks if type(ranks) is dict else None
+
+
+def _verdict_of(meta: Any, key: str) -> Verdict:
+    """The verdict an entry's metadata holds, every field of its type and the entry's own key; ValueError else."""
+    if not isinstance(meta, dict) or meta.get("key") != key or meta.get("check_version") != CHECK_VERSION:
+        raise ValueError("not this entry's metadata")
+    ok, reason, pattern, normalizer = meta.get("ok"), meta.get("reason"), meta.get("pattern"), meta.get("normalizer")
+    if type(ok) is not bool or type(reason) is not str or type(pattern) is not str or normalizer not in _NORMALIZERS:
+        raise ValueError("a field of the wrong type")
+    if ok and (not pattern or not isinstance(meta.get("ranks_sha256"), str)):
+        raise ValueError("a verdict without its pattern or ranks digest")
+    return Verdict(ok, reason, pattern, normalizer)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -434,21 +460,27 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def cached_check(
-    json_text: str, data: Callable[[], Mapping[str, Any]], plain_added: Sequence[Mapping[str, Any]]
+    json_text: str,
+    data: Callable[[], Mapping[str, Any]],
+    plain_added: Sequence[Mapping[str, Any]],
+    *,
+    json_sha256: str | None = None,
 ) -> tuple[Verdict, dict[bytes, int]]:
     """`check`, through the on-disk cache. `data()`: the parsed `json_text`, called only on a miss. A corrupt or
     unreadable entry counts as absent; a failed write is ignored."""
-    h = hashlib.sha256(json_text.encode("utf-8"))
+    # `json_sha256`: the text's digest when the caller has it (hashing 7 MB again is not free).
+    h = hashlib.sha256((json_sha256 or hashlib.sha256(json_text.encode("utf-8")).hexdigest()).encode("ascii"))
     h.update(json.dumps(sorted(int(t["id"]) for t in plain_added)).encode())
+    h.update(f"\0ctxlock {_ctxlock_version()}".encode())
     key = h.hexdigest()
     meta_path, ranks_path = _cache_paths(key)
     try:
         meta = json.loads(meta_path.read_text("utf-8"))
-        verdict = Verdict(meta["ok"], meta["reason"], meta["pattern"], meta["normalizer"])
+        verdict = _verdict_of(meta, key)
         if not verdict.ok:
             return verdict, {}
         try:
-            fast = _load_marshal(_marshal_path(ranks_path).read_bytes())
+            fast = _load_marshal(_marshal_path(ranks_path).read_bytes(), key)
         except (OSError, ValueError, EOFError, TypeError):
             fast = None
         if fast is not None:
@@ -457,19 +489,19 @@ def cached_check(
         if hashlib.sha256(blob).hexdigest() == meta["ranks_sha256"]:
             ranks = _unpack(blob)
             with contextlib.suppress(OSError):
-                _write_atomic(_marshal_path(ranks_path), _dump_marshal(ranks))
+                _write_atomic(_marshal_path(ranks_path), _dump_marshal(ranks, key))
             return verdict, ranks
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError):
         pass
     verdict, ranks = check(data(), plain_added)
     try:
         meta_path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"check_version": CHECK_VERSION, **verdict.__dict__}
+        meta = {"key": key, "check_version": CHECK_VERSION, **verdict.__dict__}
         if verdict.ok:
             blob = _pack(ranks)
             meta["ranks_sha256"] = hashlib.sha256(blob).hexdigest()
             _write_atomic(ranks_path, blob)
-            _write_atomic(_marshal_path(ranks_path), _dump_marshal(ranks))
+            _write_atomic(_marshal_path(ranks_path), _dump_marshal(ranks, key))
         _write_atomic(meta_path, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
     except OSError:
         pass

@@ -29,7 +29,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from ctxlock.tokenizer._base import AddedToken, ControlMatch, ManifestFiles, Pie
 from ctxlock.tokenizer._fastbpe import FastEncoder, cached_check
 from ctxlock.tokenizer._prefix import WholeText, prefix_cache_bytes, split_runs, whole_text_refusal
 from ctxlock.tokenizer.backends._hf_bytes import hf_decode_pieces, hf_token_bytes
+from ctxlock.tokenizer.backends._hf_normalizer import normalizer_alone
 
 if TYPE_CHECKING:
     import tokenizers  # imported on first use: `import ctxlock` does not load it
@@ -234,6 +235,7 @@ class HFTokenizer(TokenizerBase):
         self._engine_lock = threading.Lock()
         self._engine_choice: tuple[str, str, Any] | None = None
         self._whole_choice: tuple[WholeText | None, str] = (None, "not decided")
+        self._whole_fast: Any = None  # the FastEncoder the whole-text encoder is still to be built on (`_whole`)
 
     def _invalid(self, exc: Exception) -> ArtifactFormatError:
         if isinstance(exc, ArtifactFormatError):  # the strict reader's error, naming the JSON path
@@ -304,17 +306,25 @@ class HFTokenizer(TokenizerBase):
             if self._engine_choice is None:
                 plain_added = [t for t in self._head.get("added_tokens", []) if int(t["id"]) not in self._control_ids]
                 # The full parse (`_data`) only when the check's verdict is not on disk.
-                verdict, ranks = cached_check(self._encode_json, lambda: self._data, plain_added)
+                verdict, ranks = cached_check(
+                    self._encode_json, lambda: self._data, plain_added, json_sha256=self._encode_sha256
+                )
                 if not verdict.ok:
                     self._engine_choice = ("tokenizers", verdict.reason, None)
                     self._whole_choice = (None, f"encode_text uses tokenizers ({verdict.reason})")
                 else:
+                    # The normalizer alone (the fast engine needs nothing else of `tokenizers`), built when a text
+                    # that is not NFC-inert first needs it.
                     normalize = None
                     if self._head.get("normalizer") is not None:
+                        section = self._head["normalizer"]
+                        built: list[Callable[[str], str] | None] = []
 
                         def normalize(text: str) -> str:
-                            normalized: str = self._tok.normalizer.normalize_str(text)  # built on first use
-                            return normalized
+                            if not built:
+                                built.append(normalizer_alone(section))
+                            fn = built[0]
+                            return text if fn is None else fn(text)
 
                     refusal = whole_text_refusal(self._added)
                     fast = FastEncoder(
@@ -326,7 +336,10 @@ class HFTokenizer(TokenizerBase):
                         specials=None if refusal else {t.content: t.id for t in self._added},
                     )
                     self._engine_choice = ("tiktoken", verdict.reason, fast)
-                    self._whole_choice = (None, refusal) if refusal else (self._build_whole(fast), "")
+                    # Taken or refused now; built on first use (`_whole`): `tokenize` (`ctxlock render`) never needs
+                    # it, and its length table over the vocabulary is work a short process should not pay for.
+                    self._whole_choice = (None, refusal or "")
+                    self._whole_fast = None if refusal else fast
             return self._engine_choice
 
     def _build_whole(self, fast: Any) -> WholeText:
@@ -367,6 +380,17 @@ class HFTokenizer(TokenizerBase):
         )
         return whole
 
+    def _whole(self) -> WholeText | None:
+        """The whole-text encoder `_choose_engine` admitted, built on first use (None when refused)."""
+        self._choose_engine()
+        if self._whole_fast is not None:
+            with self._engine_lock:
+                fast = self._whole_fast
+                if fast is not None:
+                    self._whole_choice = (self._build_whole(fast), "")
+                    self._whole_fast = None
+        return self._whole_choice[0]
+
     @property
     def whole_text(self) -> WholeText | None:
         """The whole-text encoder (`prefix.WholeText`: one tiktoken call per rendered text, prefix reuse across
@@ -374,8 +398,7 @@ class HFTokenizer(TokenizerBase):
         paths are off."""
         if not fast_enabled():
             return None
-        self._choose_engine()
-        return self._whole_choice[0]
+        return self._whole()
 
     @property
     def whole_text_reason(self) -> str:

@@ -102,7 +102,8 @@ def random_logits(rng: np.random.Generator, allowed: np.ndarray) -> np.ndarray:
 def generate(
     mask: JsonSchemaMask, config: SamplerConfig, *, samples: int, seed: int, max_tokens: int, validator: Any
 ) -> Iterator[ConstrainedSample]:
-    """Sample `samples` outputs under `mask`. Sample i: logits from default_rng([seed, i]) (`random_logits`), sampler stream i.
+    """Sample `samples` outputs under `mask`. Sample i: logits from default_rng([seed, i]) (`random_logits`),
+    sampler stream i.
 
     Each step samples one token (EOS included, as max_tokens counts it in vLLM); the sample stops when EOS is
     drawn or when the token just consumed closed the value (`is_stopped`: only EOS could follow)."""

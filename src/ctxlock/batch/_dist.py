@@ -37,6 +37,7 @@ from ctxlock.batch._output import (
     Out,
     Resume,
     clean,
+    filesystem_of,
     json_bytes,
     open_regular,
     out_dir,
@@ -61,19 +62,13 @@ def is_uri(source: str) -> bool:
 
 def open_source(source: str) -> tuple[Any, str]:
     """The input's `pyarrow.fs` filesystem and its path there: a URI's own, else the local filesystem."""
-    import pyarrow as pa
     import pyarrow.fs as pafs
 
     if not is_uri(source):
         return pafs.LocalFileSystem(), os.path.abspath(source)
-    try:
-        return pafs.FileSystem.from_uri(source)
-    except (pa.ArrowException, ValueError, OSError) as exc:
-        raise InputError(
-            f"cannot open {source}: {exc}",
-            path=source,
-            hint="give a local path or a pyarrow.fs URI (s3://bucket/key, gs://bucket/key, file:///path)",
-        ) from None
+    return filesystem_of(
+        source, "give a local path or a pyarrow.fs URI (s3://bucket/key, gs://bucket/key, file:///path)"
+    )
 
 
 def source_name(source: str) -> str:
@@ -129,14 +124,20 @@ def probe(source: str, out: str, resume: bool, opts: BatchOptions) -> dict[str, 
 
     fs, path = open_source(source)
     info = fs.get_file_info(path)
-    if info.type != pafs.FileType.File:
+    if info.type == pafs.FileType.NotFound:
         raise InputError(f"no such input file: {source}", path=source, hint="give a .jsonl or .parquet file")
+    if info.type != pafs.FileType.File:
+        # A directory, or on file:// a device or FIFO (pyarrow follows links): not an input to read.
+        raise InputError(
+            f"{source} is not a regular file ({info.type.name})", path=source, hint="give a .jsonl or .parquet file"
+        )
     size = int(info.size)
     parquet = _is_parquet(fs, path, size)
     pf = _parquet_file(fs, path) if parquet else None
     rows = pf.metadata.num_rows if pf is not None else 0
     names = pf.schema_arrow.names if pf is not None else []
-    messages_column_problem(source, "Parquet" if parquet else "JSONL", names, opts.messages_column)
+    schema = pf.schema_arrow if pf is not None else None
+    messages_column_problem(source, "Parquet" if parquet else "JSONL", names, opts.messages_column, schema)
     target = out_dir(out)
     if isinstance(target, FsDir):
         target.check(resume)

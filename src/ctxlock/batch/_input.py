@@ -71,12 +71,13 @@ def check_columns(path: Path, column: str) -> None:
     the input must be Parquet with that column and no `messages` column beside it. An InputError otherwise."""
     if column != MESSAGES:
         kind = "Parquet" if _is_parquet(path) else "JSONL"
-        names = _parquet_file(path).schema_arrow.names if kind == "Parquet" else []
-        messages_column_problem(str(path), kind, names, column)
+        schema = _parquet_file(path).schema_arrow if kind == "Parquet" else None
+        messages_column_problem(str(path), kind, [] if schema is None else schema.names, column, schema)
 
 
-def messages_column_problem(where: str, kind: str, names: list[str], column: str) -> None:
-    """`check_columns` of an input of `kind` whose Parquet columns are `names` (also for a `pyarrow.fs` input)."""
+def messages_column_problem(where: str, kind: str, names: list[str], column: str, schema: Any = None) -> None:
+    """`check_columns` of an input of `kind` whose Parquet columns are `names` (also for a `pyarrow.fs` input);
+    with the file's `schema` (a `pyarrow.Schema`), a column that cannot hold messages (not a list) is refused."""
     if column == MESSAGES:
         return
     if kind != "Parquet":
@@ -91,6 +92,16 @@ def messages_column_problem(where: str, kind: str, names: list[str], column: str
             path=where,
             hint="give --messages-column one of the file's columns",
         )
+    if schema is not None:
+        import pyarrow as pa  # an optional extra: ctxlock[batch]
+
+        kind_of = schema.field(column).type
+        if not (pa.types.is_list(kind_of) or pa.types.is_large_list(kind_of) or pa.types.is_fixed_size_list(kind_of)):
+            raise InputError(
+                f"{where}'s column {column!r} holds {kind_of}, not messages (a list of message structs)",
+                path=where,
+                hint="give --messages-column the column that holds each row's list of messages",
+            )
     if MESSAGES in names:
         raise InputError(
             f"{where} has both a {column!r} and a 'messages' column: which one holds the messages is ambiguous",

@@ -99,6 +99,29 @@ def _unwritable(path: Path, exc: OSError) -> InputError:
     )
 
 
+def filesystem_of(uri: str, hint: str) -> tuple[Any, str]:
+    """`pyarrow.fs.FileSystem.from_uri(uri)`, or an InputError naming `uri`. A `file://` URI with a host other
+    than localhost is refused: pyarrow drops the host, so `file://out/x` would be `/x` (RFC 8089: a local file URI
+    is `file:///path`, https://www.rfc-editor.org/rfc/rfc8089#section-2)."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    scheme, _, rest = uri.partition("://")
+    host = rest.split("/", 1)[0]
+    if scheme.lower() == "file" and host not in ("", "localhost"):
+        raise InputError(
+            f"{uri} names the host {host!r}: a file URI's path starts at its third slash, and pyarrow would "
+            f"use /{rest.partition('/')[2]}",
+            path=uri,
+            hint="write file:///absolute/path, or give the path without file://",
+        )
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise InputError(f"cannot open {uri}: {exc}", path=uri, hint=hint) from None
+    return fs, path
+
+
 class FsDir:
     """An output directory on a `pyarrow.fs` filesystem, named by a URI (`file:///path`, `s3://bucket/prefix`,
     `gs://bucket/prefix`): the same operations as a local directory's, through the filesystem's own calls. A file
@@ -108,18 +131,10 @@ class FsDir:
     is read on --resume is a file or is missing."""
 
     def __init__(self, uri: str) -> None:
-        import pyarrow as pa
-        import pyarrow.fs as pafs
-
         self.uri = uri
-        try:
-            self.fs, path = pafs.FileSystem.from_uri(uri)
-        except (pa.ArrowException, ValueError, OSError) as exc:
-            raise InputError(
-                f"cannot open {uri}: {exc}",
-                path=uri,
-                hint="give a directory path or a pyarrow.fs URI (s3://bucket/prefix, gs://bucket/prefix, file:///path)",
-            ) from None
+        self.fs, path = filesystem_of(
+            uri, "give a directory path or a pyarrow.fs URI (s3://bucket/prefix, gs://bucket/prefix, file:///path)"
+        )
         self.base = path.rstrip("/") or "/"
         self.name = posixpath.basename(self.base)
 
@@ -588,6 +603,7 @@ __all__ = [
     "Resume",
     "check_record",
     "clean",
+    "filesystem_of",
     "json_bytes",
     "one_job",
     "open_regular",

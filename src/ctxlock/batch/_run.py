@@ -513,7 +513,9 @@ def check_paths(source: Path, out: Path, resume: bool) -> None:
             "pyarrow is not installed", path="ctxlock batch", hint="pip install 'ctxlock[batch]'"
         ) from None
     if not source.is_file():
-        raise InputError(f"no such input file: {source}", path=str(source), hint="give a .jsonl or .parquet file")
+        # A directory, a device or a FIFO (a link followed) is there but is no input to read.
+        what = "no such input file" if not source.exists() else "not a regular file"
+        raise InputError(f"{what}: {source}", path=str(source), hint="give a .jsonl or .parquet file")
     check_out(out, resume)
 
 

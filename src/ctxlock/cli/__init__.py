@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import re
@@ -101,6 +102,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # a CtxlockError: a bad input, a failed check (diff: a layer diverged; toolcalls: a call not released)
 EXIT_USAGE = 2  # the command line itself: an unknown option, a missing or malformed option value
 EXIT_INTERRUPTED = 130
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,6 +131,15 @@ def main(argv: list[str] | None = None) -> None:
         # `ctxlock render ... | head`: the reader left; nothing more to say. Stop Python's flush at exit failing too.
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed at exit)
+        sys.exit(EXIT_ERROR)
+    except OSError as exc:
+        # stdout on a full disk or a failed device (`ctxlock ... --json > /dev/full`): one line, not a traceback.
+        # Any other OSError reaching here is a bug: shown as Python shows it.
+        if exc.errno not in _WRITE_ERRNOS:
+            raise
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed at exit)
+        print(one_line(f"error: cannot write the output: {exc.strerror} (free space or redirect it)"), file=sys.stderr)
         sys.exit(EXIT_ERROR)
     except Exception as exc:
         # click's family (typer vendors it in some versions): a usage error carries its exit code (2) and the

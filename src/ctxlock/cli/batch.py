@@ -213,10 +213,20 @@ def _resume_note(progress: Any) -> None:
 
 
 def _local(source: str) -> Path:
-    """A local path (a file:// URI's path)."""
+    """A local path (a file:// URI's path). A host other than localhost is refused (RFC 8089: a local file URI is
+    `file:///path`, https://www.rfc-editor.org/rfc/rfc8089#section-2), not dropped: `file://out/x` is not `/x`."""
     from urllib.parse import unquote, urlparse
 
-    return Path(unquote(urlparse(source).path)) if source.startswith("file://") else Path(source)
+    if not source.startswith("file://"):
+        return Path(source)
+    parsed = urlparse(source)
+    if parsed.netloc not in ("", "localhost"):
+        raise InputError(
+            f"{source} names the host {parsed.netloc!r}: a file URI's path starts at its third slash",
+            path=source,
+            hint="write file:///absolute/path, or give the path without file://",
+        )
+    return Path(unquote(parsed.path))
 
 
 def _ray_engine(address: str | None, workers: int) -> Any:

@@ -362,7 +362,9 @@ def _checked_ids(ids: Any, size: int, where: str) -> list[int]:
             i = int(i)
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size:
             raise TrajectoryError(
-                f"{i!r} is not a token id of this vocabulary", path=f"{where}[{k}]", hint=f"ids are in [0, {size})"
+                f"{_shown(i)} is not a token id of this vocabulary",
+                path=f"{where}[{k}]",
+                hint=f"ids are in [0, {size})",
             )
         out.append(i)
     if not out:
@@ -380,10 +382,30 @@ def _checked_logprobs(probs: Any, n: int, where: str) -> list[float]:
         if p is None:
             out.append(math.nan)
             continue
-        if isinstance(p, bool) or not isinstance(p, int | float | np.floating) or not math.isfinite(p) or p > 0:
-            raise TrajectoryError(f"{p!r} is not a log-probability (a finite number <= 0)", path=f"{where}[{k}]")
-        out.append(float(p))
+        # An integer past a float's range (JSON allows 1e400 written out) is no log-probability either.
+        value = _float_or_none(p)
+        if value is None or not math.isfinite(value) or value > 0:
+            raise TrajectoryError(f"{_shown(p)} is not a log-probability (a finite number <= 0)", path=f"{where}[{k}]")
+        out.append(value)
     return out
+
+
+def _shown(value: Any) -> str:
+    """A hostile value in an error message, cut to 40 characters (a 1 MB string would make a 1 MB line)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300-digit str() limit
+        return f"an integer of about {value.bit_length() * 0.30103:,.0f} digits" if isinstance(value, int) else "?"
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} chars)"
+
+
+def _float_or_none(p: Any) -> float | None:
+    if isinstance(p, bool) or not isinstance(p, int | float | np.floating | np.integer):
+        return None
+    try:
+        return float(p)
+    except OverflowError:
+        return None
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

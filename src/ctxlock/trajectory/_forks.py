@@ -136,8 +136,7 @@ def find_forks(
     n = len(canonical)
     # The canonical render of a conversation that ends with an assistant turn may go on past the engine's last id
     # with the template's closing: that tail is not a fork, and a note says so.
-    matcher = difflib.SequenceMatcher(None, ids, canonical, autojunk=False)
-    ops = matcher.get_opcodes()
+    ops = _opcodes(ids, canonical, notes)
     if not ends_with_prompt and ops and ops[-1][0] == "insert" and ops[-1][1] == len(ids):
         _, _, _, j1, j2 = ops.pop()
         text = pieces.join(canonical[j1:j2]).decode("utf-8", "replace")
@@ -178,6 +177,42 @@ def find_forks(
             )
         )
     return forks, notes
+
+
+# The exact alignment's inner loop visits, for each token of one side, every place its id holds in the other: a
+# long run of one id on both sides (a tool's output of 100,000 "x") makes it quadratic (minutes for one line).
+# Past this many visits, the shared head and tail are taken as they are and the rest is aligned with difflib's
+# popular-id heuristic (https://docs.python.org/3/library/difflib.html#difflib.SequenceMatcher, autojunk), and a
+# note says so.
+MAX_ALIGN_WORK = 10_000_000
+
+
+def _opcodes(ids: list[int], canonical: list[int], notes: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes from `ids` to `canonical`: exact, or bounded (see MAX_ALIGN_WORK) with a note."""
+    counts: dict[int, int] = {}
+    for i in canonical:
+        counts[i] = counts.get(i, 0) + 1
+    work = sum(counts.get(i, 0) for i in ids)
+    if work <= MAX_ALIGN_WORK:
+        return list(difflib.SequenceMatcher(None, ids, canonical, autojunk=False).get_opcodes())
+    head = 0
+    while head < min(len(ids), len(canonical)) and ids[head] == canonical[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(ids), len(canonical)) - head and ids[-1 - tail] == canonical[-1 - tail]:
+        tail += 1
+    a, b = ids[head : len(ids) - tail], canonical[head : len(canonical) - tail]
+    inner = difflib.SequenceMatcher(None, a, b, autojunk=True).get_opcodes()
+    notes.append(
+        f"the trajectory and the canonical render repeat ids too much to align exactly in bounded time ({work:,} "
+        f"comparisons, over {MAX_ALIGN_WORK:,}): between their shared head ({head} tokens) and tail ({tail}) the "
+        "forks were found with difflib's popular-id heuristic and may be coarser than the exact ones"
+    )
+    ops: list[tuple[str, int, int, int, int]] = [("equal", 0, head, 0, head)] if head else []
+    ops += [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in inner]
+    if tail:
+        ops.append(("equal", len(ids) - tail, len(ids), len(canonical) - tail, len(canonical)))
+    return ops
 
 
 def _owners(steps: Sequence[Step], n: int) -> np.ndarray:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -222,7 +223,8 @@ def test_ray_writes_the_local_engines_bytes(tmp_path: Path, options: dict[str, A
     errors = [json.loads(x) for x in (tmp_path / "ray" / "errors.jsonl").read_text("utf-8").splitlines()]
     assert {3, 10, 30} <= {e["row"] for e in errors}
     # Shard 1 (rows 7 to 13, row 10 broken) as its task sends it back on a resume: counts and digests, no rows.
-    sent, kept, _ = make_shard(where, Place(1, 7, 14, 0, 7), False, to, opts, job_of(opts))
+    with mock.patch.dict(os.environ):  # a shard task caps the tokenizer threads in its process's environment
+        sent, kept, _ = make_shard(where, Place(1, 7, 14, 0, 7), False, to, opts, job_of(opts))
     whole = json.loads((tmp_path / "ray" / "shard-00001.json").read_text("utf-8"))
     assert kept and whole["errors"] and sent["error_count"] == len(whole["errors"]) and "errors" not in sent
     assert sent["record_sha256"] == hashlib.sha256((tmp_path / "ray" / "shard-00001.json").read_bytes()).hexdigest()

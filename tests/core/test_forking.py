@@ -19,7 +19,10 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def _method(code: str) -> tuple[str, str]:
     script = textwrap.dedent(code) + "\nfrom ctxlock.core._forking import start_method\nprint(repr(start_method()))\n"
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # Without the thread caps a batch worker sets (a test that ran a shard in this process leaves them behind): with
+    # RAYON_NUM_THREADS=1, tokenizers starts no pool to find.
+    caps = ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")
+    env = {**{k: v for k, v in os.environ.items() if k not in caps}, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return ast.literal_eval(out.stdout.strip().splitlines()[-1])

@@ -201,6 +201,8 @@ OWN_OUTPUT = {
         "one answer line of ctxlock's own engine runner (json.dumps / JSON.stringify), under a size cap"
     ),
     "ctxlock/lint/_minijinja_worker.py::main": "one job line the parent process wrote with json.dumps",
+    "ctxlock/trajectory/_build.py::Trajectory.__post_init__": "the parsed request's own to_json(), read back",
+    "ctxlock/trajectory/_build.py::Trajectory.add": "the parsed request's own to_json(), read back",
 }
 
 

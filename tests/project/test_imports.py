@@ -110,3 +110,22 @@ def test_model_encode_of_text_loads_no_image_stage(entry: str) -> None:
     )
     loaded, _ = _child(body)
     assert _absent(loaded, IMAGE_AND_EXTRAS) == []
+
+
+def test_an_hf_directory_loads_no_other_kind_of_model() -> None:
+    """Loading an HF directory and encoding a request imports neither the loaders of the other kinds of model (GGUF,
+    ctxlock.json directories, the hub cache, `openai:`) nor the other tokenizer backends (SentencePiece, Tekken,
+    tiktoken files, the book fixture)."""
+    import fetched
+
+    directory = fetched.hf_tokenizer_dir("qwen2")
+    body = (
+        "import ctxlock\n"
+        f"model = ctxlock.load({str(directory)!r})\n"
+        "model.encode({'messages': [{'role': 'user', 'content': 'hi'}]})\n"
+    )
+    loaded, _ = _child(body)
+    assert "ctxlock.artifacts._hf_dir" in loaded and "ctxlock.tokenizer.backends._hf" in loaded
+    others = {f"ctxlock.artifacts.{m}" for m in ("_gguf", "_gguf_load", "_manifest", "_registry", "_hub", "_openai")}
+    others |= {f"ctxlock.tokenizer.backends.{m}" for m in ("_sentencepiece", "_tekken", "_tiktoken_file", "_book")}
+    assert _absent(loaded, others | IMAGE_AND_EXTRAS) == []

@@ -25,6 +25,9 @@ from ctxlock.outside import SYNTAX_ERROR, decode_utf8, loads_outside, read_artif
 from ctxlock.template import ChatTemplate, TemplateSet, compile_template, template_from_file_text
 from ctxlock.tokenizer import Tokenizer
 
+# `openai:MODEL`: a closed model's tiktoken encoding (`artifacts._openai`), no chat template.
+OPENAI_PREFIX = "openai:"
+
 NO_CAPACITY = Capacity()  # nothing stated: window and output limit unknown
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # JSON escapes can spell a lone surrogate, which no tokenizer vocabulary holds and UTF-8 cannot encode.

@@ -31,7 +31,7 @@ from ctxlock.artifacts._common import (
 from ctxlock.core import freeze
 from ctxlock.economics import capacity_from_files
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError
-from ctxlock.outside import load_cached, read_artifact, store_cached
+from ctxlock.outside import decode_utf8, load_cached, read_artifact, store_cached
 from ctxlock.template import TemplateSet
 from ctxlock.tokenizer.backends import (
     PIPELINE_VERSION,
@@ -40,7 +40,6 @@ from ctxlock.tokenizer.backends import (
     Pipeline,
     bare_bpe,
     build_pipeline,
-    read_model_info,
     spm_bpe,
 )
 
@@ -118,6 +117,8 @@ def load_hf_dir(
         pipeline.json_text,
         id=f"{d.model_id}/{source.path.name}",
         source=str(source.path),
+        # the file's digest is the text's when the pipeline kept the file as written (identity first, then equality)
+        text_sha256=source.sha256 if source.file_text is not None and pipeline.json_text == source.file_text else None,
         description={
             **pipeline.describe(),
             "file_sha256": source.sha256,
@@ -179,8 +180,10 @@ def _tokenizer_source(d: _Dir, configs: _Configs) -> _Source:
         else d.local("tokenizer.json")
     )
     if present(tok_path):
-        file_text = read_text(tok_path)
-        return _Source(tok_path, hashlib.sha256(file_text.encode("utf-8")).hexdigest(), file_text=file_text)
+        # The bytes' digest is the text's: a strict UTF-8 decode is lossless, so the text encodes back to them.
+        raw = read_artifact(tok_path, missing=ArtifactNotFoundError, error=ArtifactFormatError)
+        file_text = decode_utf8(raw, label=str(tok_path), error=ArtifactFormatError)
+        return _Source(tok_path, hashlib.sha256(raw).hexdigest(), file_text=file_text)
     if present(d.local("vocab.json")) and present(d.local("merges.txt")):
         # A slow-only BPE directory: transformers builds the fast tokenizer from the two files.
         slow = (d.local("vocab.json"), d.local("merges.txt"))
@@ -275,6 +278,8 @@ def _hf_pipeline(
     if file_text is not None:
         file_data = _tokenizer_json(file_text, source)
     elif spm_raw is not None:
+        from ctxlock.tokenizer.backends import read_model_info  # SentencePiece's reader: only for a .model
+
         file_data, spm_specials = spm_bpe(read_model_info(spm_raw, source=str(source)).pieces)
     else:
         file_data = _slow_bpe(*slow)  # type: ignore[misc]

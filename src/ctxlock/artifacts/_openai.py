@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ctxlock.artifacts._common import ModelArtifacts
+from ctxlock.artifacts._common import OPENAI_PREFIX, ModelArtifacts
 from ctxlock.errors import ArtifactNotFoundError
 
-OPENAI_PREFIX = "openai:"
 MANIFEST_DIR = Path(__file__).resolve().parent / "openai"
 
 # tiktoken 0.14, tiktoken/model.py: exact names first, then prefixes (a dated snapshot such as gpt-4o-2024-08-06).

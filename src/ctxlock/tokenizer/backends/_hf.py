@@ -172,14 +172,16 @@ class HFTokenizer(TokenizerBase):
         source: str = "",
         sha256: str | None = None,
         description: dict[str, Any] | None = None,
+        text_sha256: str | None = None,
     ) -> None:
         """`sha256`/`description` describe the source artifact when the JSON was converted from another format (a
-        GGUF file, `artifacts.gguf_load.GGUFTokenizer`): the digest is then the source file's, not the JSON's."""
+        GGUF file, `artifacts.gguf_load.GGUFTokenizer`): the digest is then the source file's, not the JSON's.
+        `text_sha256`: the sha256 of `json_text`'s UTF-8 when the caller already has it (the file's bytes' digest:
+        encoding and hashing a 7 MB text again costs a fresh process about 20 ms)."""
         self.id = id
         self.source = source
         self._json_text = json_text
-        json_bytes = json_text.encode("utf-8")
-        text_sha256 = hashlib.sha256(json_bytes).hexdigest()
+        text_sha256 = text_sha256 or hashlib.sha256(json_text.encode("utf-8")).hexdigest()
         self.sha256 = sha256 or text_sha256
         self._description = dict(description or {})
         # A text parsed by an earlier process (same sha256) left its head on disk: everything but the vocabulary

@@ -63,14 +63,14 @@ def test_fix_and_sarif_to_a_fifo_or_an_unwritable_file_are_one_error_line(qwen25
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that a regression fails rather than hangs
     base = [str(qwen25), "-m", str(fetched.gguf_path("qwen2")), "--engine", "none", "--rule", "double-bos"]
     for args, said in (
-        (["--fix", str(fifo)], f"error: InputError: --fix {fifo}: is a FIFO (named pipe), not a file"),
-        (["--sarif", str(fifo)], f"error: InputError: --sarif {fifo}: is a FIFO (named pipe), not a file"),
-        (["--fix", "/dev/full"], "error: InputError: --fix /dev/full: cannot write: No space left on device"),
+        (["--fix", str(fifo)], f"--fix {fifo}: is a FIFO (named pipe), not a file (pass a file path in an existing "),
+        (["--sarif", str(fifo)], f"--sarif {fifo}: is a FIFO (named pipe), not a file (pass a file path in an exis"),
+        (["--fix", "/dev/full"], "--fix /dev/full: cannot write: No space left on device (free space on its disk or "),
     ):
         code, _, err = run_main(["lint", *base, *args])
         assert code == 1 and "Traceback" not in err
-        hint = "file path in an existing directory" if "FIFO" in said else "file you can write"
-        assert err.strip().splitlines() == [f"{said} (pass a {hint})"]
+        (line,) = err.strip().splitlines()
+        assert line.startswith(f"error: InputError: {said}"), line
     os.close(reader)
 
 

@@ -45,15 +45,7 @@ def _write(out: Path, raw: bytes) -> None:
     if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise InputError("is not a regular file", path=f"--out {out}", hint="pass a file path to write the calibration")
     with open_output(out) as f:
-        try:
-            f.write(raw)
-            f.flush()
-        except OSError as exc:
-            raise InputError(
-                f"cannot write: {exc.strerror or type(exc).__name__}",
-                path=f"--out {out}",
-                hint="free space or pass another path",
-            ) from None
+        f.write(raw)
 
 
 def register(app: typer.Typer) -> None:

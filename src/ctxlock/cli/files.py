@@ -4,6 +4,9 @@ an unreadable or oversize file is one typed error line naming the option, never 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
 import re
 import stat
@@ -186,16 +189,60 @@ def check_record_arg(spec: str, *, option: str = "RECORD") -> str:
     raise InputError(f"is {kind}", path=f"{option} {spec}", hint="pass a record id, an id prefix or a record file")
 
 
+class _Output(io.BufferedWriter):
+    """A file being written whose failed writes (a full disk, /dev/full, a /proc file) are one error line naming the
+    option and the path, as a failed open is; the file object every command writes through (`open_output`)."""
+
+    def __init__(self, raw: io.FileIO, where: str) -> None:
+        super().__init__(raw)
+        self._where = where
+
+    def _failed(self, exc: OSError) -> InputError:
+        hint = "free space on its disk or pass a file on another" if exc.errno == errno.ENOSPC else ""
+        return InputError(
+            f"cannot write: {exc.strerror or type(exc).__name__}",
+            path=self._where,
+            hint=hint or "pass a file you can write",
+        )
+
+    def write(self, data: Any, /) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+
 def open_output(path: Path, *, option: str = "--out") -> BinaryIO:
-    """A file to write (created or truncated); a directory or a missing parent is one error line."""
+    """A file to write (created or truncated), each failure one error line naming `option` and the path: a FIFO or a
+    socket there is refused before opening (a FIFO's open waits for a reader for ever), a directory or a missing
+    parent is the open's error, and a write or close the file refuses (a full disk) is the returned file's."""
+    where = f"{option} {path}"
+    with contextlib.suppress(OSError):  # nothing there yet (or not reachable: the open says why)
+        mode = os.stat(path).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket"
+            raise InputError(f"is {kind}, not a file", path=where, hint="pass a file path in an existing directory")
     try:
-        return path.open("wb")
+        raw = io.FileIO(path, "wb")
     except OSError as exc:
         raise InputError(
             f"cannot write: {exc.strerror or type(exc).__name__}",
-            path=f"{option} {path}",
+            path=where,
             hint="pass a file path in an existing directory",
         ) from None
+    return _Output(raw, where)
 
 
 __all__ = [

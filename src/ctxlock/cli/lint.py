@@ -3,11 +3,8 @@ trained on (docs/template-checks.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import stat
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -221,22 +218,9 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _write_file(path: Path, data: bytes, option: str) -> None:
-    """`data` to the file `path`, each failure one error line: a FIFO or socket there is refused before opening (a
-    FIFO's open waits for a reader for ever), a directory or missing parent is `open_output`'s error, and a write
-    the file refuses (a full disk, /proc) is caught as well as the open."""
-    where = f"{option} {path}"
-    with contextlib.suppress(OSError):  # nothing there yet (or not reachable: the open says why)
-        mode = os.stat(path).st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket"
-            raise InputError(f"is {kind}, not a file", path=where, hint="pass a file path in an existing directory")
-    try:
-        with open_output(path, option=option) as fh:
-            fh.write(data)
-    except OSError as exc:
-        raise InputError(
-            f"cannot write: {exc.strerror or type(exc).__name__}", path=where, hint="pass a file you can write"
-        ) from None
+    """`data` to the file `path`: a FIFO, a socket, an open or a write that fails is `open_output`'s one error line."""
+    with open_output(path, option=option) as fh:
+        fh.write(data)
 
 
 def _engines(names: list[str]) -> tuple[Engine, ...]:

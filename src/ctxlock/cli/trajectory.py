@@ -16,7 +16,7 @@ import typer
 from ctxlock.cli.files import open_output, template_file
 from ctxlock.cli.output import guarded
 from ctxlock.cli.render import ModelOpt, TemplateOpt
-from ctxlock.errors import InputError, TrajectoryError
+from ctxlock.errors import TrajectoryError
 from ctxlock.model import load
 from ctxlock.outside import read_input
 from ctxlock.trajectory import TrajectoryResult, build_line, read_line
@@ -66,16 +66,9 @@ def _summary(n: int, r: TrajectoryResult) -> list[str]:
 
 def _write(out: Path, results: list[tuple[int, TrajectoryResult]]) -> None:
     """The JSON lines to `out`; a failed write (a full disk, /dev/full) is one error line, as a failed open is."""
-    try:
-        with open_output(out, option="--out") as f:
-            for _, r in results:
-                f.write(json.dumps(r.to_dict(), ensure_ascii=False).encode("utf-8") + b"\n")
-    except OSError as exc:
-        raise InputError(
-            f"cannot write: {exc.strerror or type(exc).__name__}",
-            path=f"--out {out}",
-            hint="free space or pass another path",
-        ) from None
+    with open_output(out, option="--out") as f:
+        for _, r in results:
+            f.write(json.dumps(r.to_dict(), ensure_ascii=False).encode("utf-8") + b"\n")
 
 
 def _short(text: str) -> str:

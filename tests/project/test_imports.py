@@ -96,8 +96,9 @@ def test_a_text_render_loads_no_image_stage() -> None:
     loaded, cpu = _child(body)
     assert "ctxlock.cli.render" in loaded and "ctxlock.tokenizer" in loaded
     others = {f"ctxlock.cli.{m}" for m in ("count", "bill", "cachereport", "batch", "lint", "serve")}
-    # The render's record names the request parts the template never wrote (`accounting.unseen_parts`).
-    assert _absent(loaded, (IMAGE_AND_EXTRAS - {"ctxlock.accounting._layout"}) | others) == []
+    # The render's record names the request parts the template never wrote (`accounting.unseen_parts`); --json
+    # prints no human view, so rich (the rules and colours) is never imported.
+    assert _absent(loaded, (IMAGE_AND_EXTRAS - {"ctxlock.accounting._layout"}) | others | {"rich"}) == []
     assert cpu < 6.0, f"ctxlock render took {cpu:.2f} s of CPU"
 
 

@@ -8,8 +8,6 @@ import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.rule import Rule
 
 from ctxlock.cli.output import console, write_exact, write_ids
 from ctxlock.errors import CtxlockError, InputError
@@ -110,6 +108,9 @@ _SHOWN = (
 
 
 def show(model: Model, mm: MultimodalInput) -> None:
+    from rich.markup import escape  # the human view only: --json never imports rich
+    from rich.rule import Rule
+
     r = mm.rendered
     console.print(
         Rule(f"[bold]{escape(model.id)}[/] · template [cyan]{escape(r.template.id)}[/] · images: {escape(mm.family)}")
@@ -157,6 +158,9 @@ _PIL_FILTERS = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX
 
 
 def _show_videos(mm: MultimodalInput) -> None:
+    from rich.markup import escape
+    from rich.rule import Rule
+
     if not mm.videos:
         return
     console.print(Rule("videos"))

@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.rule import Rule
-from rich.text import Text
 
 from ctxlock.artifacts import load_artifacts
 from ctxlock.cli import images
@@ -305,6 +302,9 @@ _NEUTRALIZED_SGR = "1;4;31"  # bold red underline
 
 
 def _show(model: Model, run: Run) -> None:
+    from rich.markup import escape  # the human view only: --json never imports rich
+    from rich.rule import Rule
+
     r, t = run.rendered, run.tokenized
     ids = run.model_input.input_ids[0].tolist()
     console.print(
@@ -611,6 +611,8 @@ def _tokenize_input(
 
 
 def _show_ids(tok: Any, ids: list[int], replaced: tuple[int, ...], cut: dict[str, Any] | None, section: Any) -> None:
+    from rich.text import Text
+
     write_ids(ids, limit=len(ids))  # every id: they are what tokenize is asked for
     console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
     if replaced:

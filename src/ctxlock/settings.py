@@ -6,7 +6,8 @@ ctxlock, so any stage module can ask it without creating a cycle.
 - `CTXLOCK_FAST=0` (or `false`/`off`/`no`) turns every fast path off; `reference_path()` does the same for the
   enclosed code in this thread or task. Each fast path checks `fast_enabled()` and falls back to its reference path.
 - `call_fast(fn, *args)` runs one call inside `fast_path()` cheaply, for a caller that already found them on.
-- `cache_root()` is `$CTXLOCK_CACHE_DIR`, else `$XDG_CACHE_HOME/ctxlock`, else `~/.cache/ctxlock`.
+- `cache_root()` is `$CTXLOCK_CACHE_DIR`, else `$XDG_CACHE_HOME/ctxlock`, else `~/.cache/ctxlock`; `CACHE_KINDS`
+  names each subdirectory ctxlock keeps there (`ctxlock cache` lists and clears them).
 """
 
 from __future__ import annotations
@@ -74,3 +75,17 @@ def cache_root() -> Path:
         return Path(os.environ["CTXLOCK_CACHE_DIR"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "ctxlock"
+
+
+# Every subdirectory of `cache_root()` ctxlock writes, with what it holds: all of it is built again when missing, so
+# `ctxlock cache --clear` removes these and nothing else under the root (which a user may point anywhere).
+# tests/project/test_caches.py checks that every directory the source joins to `cache_root()` is one of them.
+CACHE_KINDS: dict[str, str] = {
+    "converted": "tokenizers converted from other formats (GGUF, Tekken, slow BPE files) and HF pipelines",
+    "jinja": "compiled chat templates (jinja2 bytecode)",
+    "fastbpe": "the fast BPE engine's verdict and rank table per vocabulary, and the NFC-inert code points",
+    "fastokens": "fastokens' verdict per tokenizer.json",
+    "tokenizer-json-head": "tokenizer.json without its vocabulary and merges",
+    "tokenizers-loaded": "the mark of a tokenizer.json that tokenizers has loaded",
+    "token-lengths": "each token's byte length per vocabulary, for accounting",
+}

@@ -228,3 +228,18 @@ def test_clear_caches_empties_every_registered_cache() -> None:
     chat = {"messages": [{"role": "user", "content": "Why is the sky blue?"}]}
     cold = qwen.encode(chat, chat_template=template).input_ids.tolist()
     assert qwen.encode(chat, chat_template=template).input_ids.tolist() == cold
+
+
+def test_every_on_disk_cache_directory_is_a_named_kind() -> None:
+    """`ctxlock cache` lists, and `--clear` removes, the kinds of `settings.CACHE_KINDS`: every directory the source
+    puts under `cache_root()` must be one of them (a static scan for `cache_root() / "NAME"`), or it would never be
+    shown nor cleared."""
+    from ctxlock.settings import CACHE_KINDS
+    from ctxlock.tokenizer import TOKENIZER_CACHE_DIRS
+
+    used = set()
+    for path in SRC.rglob("*.py"):
+        used |= set(re.findall(r'cache_root\(\)\s*/\s*"([^"]+)"', path.read_text("utf-8")))
+    assert used, "the scan found no cache directory"
+    assert used <= set(CACHE_KINDS), sorted(used - set(CACHE_KINDS))
+    assert set(TOKENIZER_CACHE_DIRS) <= set(CACHE_KINDS)

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "count": ("count",),
     "calibrate": ("calibrate",),
     "cachereport": ("cache-report",),
+    "cache": ("cache",),
     "bill": ("bill",),
     "clamp": ("clamp",),
     "explain": ("explain",),

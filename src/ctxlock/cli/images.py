@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ctxlock.cli.output import console, write_exact, write_ids
+from ctxlock.cli import output
+from ctxlock.cli.output import write_exact, write_ids
 from ctxlock.errors import CtxlockError, InputError
 from ctxlock.model._model import Model
 from ctxlock.multimodal import image_refs, video_refs
@@ -111,6 +112,7 @@ def show(model: Model, mm: MultimodalInput) -> None:
     from rich.markup import escape  # the human view only: --json never imports rich
     from rich.rule import Rule
 
+    console = output.console
     r = mm.rendered
     console.print(
         Rule(f"[bold]{escape(model.id)}[/] · template [cyan]{escape(r.template.id)}[/] · images: {escape(mm.family)}")
@@ -161,6 +163,7 @@ def _show_videos(mm: MultimodalInput) -> None:
     from rich.markup import escape
     from rich.rule import Rule
 
+    console = output.console
     if not mm.videos:
         return
     console.print(Rule("videos"))

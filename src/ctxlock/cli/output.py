@@ -10,7 +10,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxlock.cli.files import name_request_source
 from ctxlock.errors import CtxlockError
@@ -21,24 +21,29 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class _LazyConsole:
-    """A rich Console made on first use: a command that prints only JSON or exact text never imports rich (about a
-    tenth of a fresh `ctxlock render --json`'s imports)."""
-
-    def __init__(self, **options: Any) -> None:
-        self._options = options
-        self._console: Console | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(**self._options)
-        return getattr(self._console, name)
+_CONSOLES: dict[str, Console] = {}
+_CONSOLE_OPTIONS: dict[str, dict[str, Any]] = {
+    "console": {"highlight": False, "soft_wrap": True},
+    "err_console": {"stderr": True, "highlight": False, "soft_wrap": True},
+}
 
 
-console = cast("Console", _LazyConsole(highlight=False, soft_wrap=True))
-err_console = cast("Console", _LazyConsole(stderr=True, highlight=False, soft_wrap=True))
+def __getattr__(name: str) -> Console:
+    # `console` and `err_console`, rich Consoles made on first use (PEP 562): a command that prints only JSON or
+    # exact text, and reads them at call time (`output.console`), never imports rich (about a tenth of a fresh
+    # `ctxlock render --json`'s imports).
+    if name not in _CONSOLE_OPTIONS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _CONSOLES:
+        from rich.console import Console
+
+        _CONSOLES[name] = Console(**_CONSOLE_OPTIONS[name])
+    return _CONSOLES[name]
+
+
+def _console() -> Console:
+    return __getattr__("console")
+
 
 # The human views show at most this many ids, the first and the last half of them; --json prints all.
 MAX_SHOWN_IDS = 1000
@@ -106,6 +111,7 @@ _RESET = "\x1b[0m"
 
 def colours() -> bool:
     """Whether the human view may colour its output: a terminal that takes colour, and no NO_COLOR."""
+    console = _console()
     return console.is_terminal and console.color_system is not None and not console.no_color
 
 
@@ -113,7 +119,7 @@ def write_exact(text: str, marks: Iterable[tuple[int, int, str]] = ()) -> None:
     """Write `text` as it is (no wrapping, nothing dropped), then a newline. `marks` are (start, end, SGR code)
     spans coloured on a terminal (ANSI `\\x1b[<code>m`); elsewhere they are ignored and the bytes are exactly
     `text`. On a terminal, control characters are shown escaped (`\\x1b`), reversed, instead of acting."""
-    console.file.flush()
+    _console().file.flush()
     out = sys.stdout
     if not colours():
         out.write(text)
@@ -156,6 +162,6 @@ def ids_line(ids: Sequence[int], limit: int = MAX_SHOWN_IDS) -> str:
 
 
 def write_ids(ids: Sequence[int], limit: int = MAX_SHOWN_IDS) -> None:
-    console.file.flush()
+    _console().file.flush()
     sys.stdout.write(ids_line(ids, limit) + "\n")
     sys.stdout.flush()

@@ -18,9 +18,9 @@ from typing import Annotated, Any
 import typer
 
 from ctxlock.artifacts import load_artifacts
-from ctxlock.cli import images
+from ctxlock.cli import images, output
 from ctxlock.cli.files import check_scalar_values, decode_with_policy, read_json, read_request, store_dir, template_file
-from ctxlock.cli.output import console, guarded, print_json, write_exact, write_ids
+from ctxlock.cli.output import guarded, print_json, write_exact, write_ids
 from ctxlock.errors import InputError, SamplerError, TokenizerError
 from ctxlock.generation._sampler import SamplerConfig
 from ctxlock.model._model import Model, Run, load
@@ -305,6 +305,7 @@ def _show(model: Model, run: Run) -> None:
     from rich.markup import escape  # the human view only: --json never imports rich
     from rich.rule import Rule
 
+    console = output.console
     r, t = run.rendered, run.tokenized
     ids = run.model_input.input_ids[0].tolist()
     console.print(
@@ -490,7 +491,7 @@ def render(
     else:
         _show(m, result)
         if rid:
-            console.print(f"record     {rid}  (ctxlock replay {rid[:12]})")
+            output.console.print(f"record     {rid}  (ctxlock replay {rid[:12]})")
 
 
 # `ctxlock tokenize`'s options.
@@ -613,6 +614,7 @@ def _tokenize_input(
 def _show_ids(tok: Any, ids: list[int], replaced: tuple[int, ...], cut: dict[str, Any] | None, section: Any) -> None:
     from rich.text import Text
 
+    console = output.console
     write_ids(ids, limit=len(ids))  # every id: they are what tokenize is asked for
     console.print(f"{len(ids)} tokens · {tok.id} · sha256 {tok.sha256[:16]}…")
     if replaced:

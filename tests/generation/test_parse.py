@@ -118,6 +118,7 @@ def test_template_markers_name_the_formats() -> None:
     assert of("openai-gpt-oss-120b.jinja") == ("harmony", "harmony")
     assert of("mistralai-Mistral-Nemo-Instruct-2407.jinja") == ("mistral", None)
     assert of("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")[1] == "deepseek_r1"
+    assert of("MiniMax-M3.jinja")[1] == "minimax_m3" and of("MiniMax-M2.jinja")[1] == "qwen3"
 
 
 def test_bad_input_is_a_clear_error() -> None:

@@ -227,6 +227,10 @@ TEMPLATE_STARTS = [
     ("GLM-4.6.jinja", "glm45", {"chat_template_kwargs": {"enable_thinking": False}}, "content"),
     ("Kimi-K2-Thinking.jinja", "kimi_k2", {}, None),
     ("ByteDance-Seed-OSS.jinja", "seed_oss", {}, None),
+    # MiniMax-M3's system prompt shows the tags (`<mm:think></mm:think>`) mid-text: not the end of the prompt.
+    ("MiniMax-M3.jinja", "minimax_m3", {}, None),
+    ("MiniMax-M3.jinja", "minimax_m3", {"chat_template_kwargs": {"thinking_mode": "enabled"}}, "reasoning"),
+    ("MiniMax-M3.jinja", "minimax_m3", {"chat_template_kwargs": {"thinking_mode": "disabled"}}, "content"),
 ]
 
 

@@ -195,8 +195,7 @@ def _parsed_as_meant(run: Run) -> bool:
         [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
         == [("get_weather", {"city": "Paris"})]
         # An end-of-turn text the fixture's stand-in vocabulary holds as plain text (`<seed:eos>` in Qwen2's) is
-        # no end token there, and a reasoning tag of no format ctxlock reads (MiniMax-M3's `</mm:think>`) is text:
-        # they stay in the content, around the answer.
+        # no end token there: it stays in the content, after the answer.
         and "It is 18 C." in (second.get("content") or "")
     )
 

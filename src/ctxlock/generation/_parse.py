@@ -57,6 +57,7 @@ _ANTHROPIC_STOP = {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_
 _REASONING_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|channel|>", "analysis"), HARMONY),
     (("<seed:think>",), "seed_oss"),
+    (("<mm:think>",), "minimax_m3"),
     (("[THINK]",), "mistral"),
     # DeepSeek-V3.1 and later think only when the request's `thinking` says so (the template then opens the block);
     # R1 and its distills always think (https://huggingface.co/deepseek-ai/DeepSeek-V3.1, "Chat Template").

@@ -2,6 +2,7 @@
 
 A reasoning model writes its chain of thought before the answer, between two tags: `<think>` ... `</think>`
 (Qwen3, DeepSeek-R1 and V3.1+, GLM-4.5+, Kimi-K2-Thinking), `<seed:think>` ... `</seed:think>` (Seed-OSS),
+`<mm:think>` ... `</mm:think>` (MiniMax-M3),
 `[THINK]` ... `[/THINK]` (Magistral). gpt-oss writes Harmony channels instead: `analysis` is the reasoning,
 `final` the answer (`format="harmony"`).
 
@@ -72,6 +73,10 @@ REASONING_FORMATS: Mapping[str, ReasoningFormat] = {
             "kimi_k2", "<think>", "</think>", "reasoning", ("<|tool_calls_section_begin|>",), "Kimi-K2-Thinking, K2.5"
         ),
         ReasoningFormat("seed_oss", "<seed:think>", "</seed:think>", "reasoning", (), "Seed-OSS"),
+        # MiniMax-M3's template opens the block for thinking_mode "enabled", closes an empty one for "disabled" and
+        # leaves it to the model otherwise ("adaptive", its default): the model writes <mm:think> itself when it
+        # thinks (MiniMax-M3.jinja, in llama.cpp's models/templates/).
+        ReasoningFormat("minimax_m3", "<mm:think>", "</mm:think>", "content", (), "MiniMax-M3"),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", "content", (), "Magistral"),
     )
 }

@@ -382,6 +382,27 @@ def test_example_file() -> None:
     assert not math.isnan(r.logprobs[r.steps[1].start]) and math.isnan(r.logprobs[r.steps[3].start])
 
 
+def test_a_tool_result_without_its_call_id_gets_the_parsed_calls_and_a_wrong_one_is_refused() -> None:
+    """Mistral's template writes each tool result's `tool_call_id`: a result given without one gets the id of the
+    completion's call at its place (the same ids as the line that gives it), and the step's notes say so; an id that
+    names no call at all is refused by the request's own check, naming the step."""
+    model = ctxlock.load()
+    given = json.loads(Path("examples/weather-trajectory.jsonl").read_text("utf-8"))
+    missing = json.loads(json.dumps(given))
+    del missing["steps"][1]["messages"][0]["tool_call_id"]
+    wrong = json.loads(json.dumps(given))
+    wrong["steps"][1]["messages"][0]["tool_call_id"] = "zzzzzzzzz"
+    full, filled = build_line(model, given, "ex:1"), build_line(model, missing, "ex:1")
+    assert filled.ids.tolist() == full.ids.tolist()
+    assert [n for n in full.steps[2].notes if "tool_call_id" in n] == []
+    assert [n for n in filled.steps[2].notes if "tool_call_id" in n] == [
+        "steps[1].messages[0].tool_call_id: filled with 'a1b2c3d4e', the id of the completion's call 0 (get_weather)"
+    ]
+    with pytest.raises(TrajectoryError, match='no earlier assistant tool call has id "zzzzzzzzz"') as exc:
+        build_line(model, wrong, "ex:1")
+    assert exc.value.path == "ex:1 $.steps[1].messages"
+
+
 @pytest.mark.parametrize(
     ("line", "path"),
     [

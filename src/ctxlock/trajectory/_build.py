@@ -218,13 +218,15 @@ class Trajectory:
                     path=f"{where}[{k}]",
                     hint="an assistant turn is a completion step: give its ids",
                 )
-        data = {**self._data, "messages": [*self._data["messages"], *[dict(m) for m in messages]]}
+        new, id_notes = _tool_call_ids(self._data["messages"][-1], messages, where)
+        data = {**self._data, "messages": [*self._data["messages"], *new]}
         try:
             data = json.loads(self.model.parse(data).to_json())
         except CtxlockError as exc:
             raise TrajectoryError(f"the new messages do not make a request: {exc.message}", path=where) from None
         lay = self._lay(data, True)
         start_char, how, notes = _delta_start(lay, pending, self.model)
+        notes = [*id_notes, *notes]
         delta = _delta_ids(lay, start_char, self.model, notes)
         index = len(self._steps)
         start = len(self._ids)
@@ -289,6 +291,37 @@ class Trajectory:
         for err in parsed.errors:
             notes.append(f"a call was not released ({err.message}): the message carries no such call")
         return parsed, [*notes, *parsed.notes]
+
+
+def _tool_call_ids(
+    assistant: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], where: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The new messages, a tool result without `tool_call_id` given the id of the call at its place (the k-th tool
+    result of the step answers the completion's k-th call, as engines and RL frameworks pair them), and notes: each
+    id filled in, and each id given that names no call of this completion but one of an earlier turn (kept as given;
+    an id naming no call at all is the request check's error)."""
+    calls = [c for c in assistant.get("tool_calls") or [] if isinstance(c, Mapping)]
+    ids = [str(c.get("id")) for c in calls]
+    out: list[dict[str, Any]] = []
+    notes: list[str] = []
+    k = 0
+    for n, m in enumerate(messages):
+        message = dict(m)
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") is None and k < len(calls):
+                message["tool_call_id"] = ids[k]
+                name = (calls[k].get("function") or {}).get("name")
+                notes.append(
+                    f"{where}[{n}].tool_call_id: filled with {ids[k]!r}, the id of the completion's call {k} ({name})"
+                )
+            elif message.get("tool_call_id") is not None and str(message["tool_call_id"]) not in ids:
+                notes.append(
+                    f"{where}[{n}].tool_call_id {message['tool_call_id']!r} names no call of the completion before it "
+                    f"(its calls' ids: {', '.join(map(repr, ids)) or 'none'}), but an earlier turn's; kept as given"
+                )
+            k += 1
+        out.append(message)
+    return out, notes
 
 
 def _delta_start(lay: Layout, pending: _Pending, model: Model) -> tuple[int, str, list[str]]:

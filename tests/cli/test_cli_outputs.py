@@ -48,7 +48,7 @@ COMMANDS: list[tuple[tuple[str, ...], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "option"), COMMANDS, ids=[c[0][0] + " " + c[0][1] for c in COMMANDS])
+@pytest.mark.parametrize(("argv", "option"), COMMANDS, ids=[c[0][0] for c in COMMANDS])
 def test_every_unwritable_output_is_one_line_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...], option: str
 ) -> None:

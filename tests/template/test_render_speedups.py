@@ -321,3 +321,49 @@ def test_a_chain_of_additions_equals_adding_one_at_a_time(operands: list[str], o
     assert text == str(want)
     if isinstance(want, str):
         assert spans == list(want.spans if type(want) is Tainted else ()), source
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `_touched` on the fast path answers a span from what it found for the same text around the same span before: the
+# same spans and occurrences as looking again, when the text around a span changes under the same key too.
+
+_TOKENS = ["<|im_start|>", "<|im_end|>", "[INST]", "<tool_call>"]
+_PIECES = ["<|im_start|>", "<|im_", "start|>", "[INST]", "[IN", "<", "[", "hello ", "é", "<tool_call>", "x"]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(st.sampled_from(_PIECES), max_size=6), st.booleans()), min_size=1, max_size=6),
+    st.lists(st.sampled_from(_PIECES), max_size=4),
+)
+def test_touched_from_the_memo_equals_looking_again(parts: list[tuple[list[str], bool]], tail: list[str]) -> None:
+    from ctxlock.template._render import _clear_touched, _token_set, _touched
+
+    tokens = _token_set(frozenset(_TOKENS))
+    texts, spans_of = [], []
+    for variant in range(3):  # the same spans (paths, offsets, lengths) over texts that differ around them
+        text, spans = "", []
+        for k, (pieces, requested) in enumerate(parts):
+            chunk = "".join(pieces) or "y"
+            if variant and not requested:  # template text between the spans changes, its length kept
+                chunk = "".join(reversed(chunk))
+            if requested:
+                spans.append((len(text), len(text) + len(chunk), f"$.m[{k}]", ""))
+            text += chunk
+        texts.append(text + "".join(tail))
+        spans_of.append(spans)
+    _clear_touched()
+    for text, spans in [*zip(texts, spans_of, strict=True), *zip(texts, spans_of, strict=True)]:
+        assert _touched(text, spans, tokens, memo=True) == _touched(text, spans, tokens, memo=False), text
+
+
+def test_touched_memo_tells_apart_texts_that_differ_only_around_a_span() -> None:
+    from ctxlock.template._render import _clear_touched, _token_set, _touched
+
+    tokens = _token_set(frozenset(_TOKENS))
+    span = (7, 16, "$.messages[1].content", "")
+    forged, plain = "ab<|im_" + "start|>hi", "ab_mi|<" + "start|>hi"  # the same span, the same key
+    _clear_touched()
+    assert _touched(forged, [span], tokens, memo=True) == [(span, 2, 14)]
+    assert _touched(plain, [span], tokens, memo=True) == []
+    assert _touched(forged, [span], tokens, memo=True) == [(span, 2, 14)]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ctxlock.caches import memoize, register
+from ctxlock.caches import memoize
 from ctxlock.core import FrozenDict, freeze, thaw
 from ctxlock.errors import ControlTokenError, RequestValidationError, TemplateError
 from ctxlock.request import NO_ORIGINS, Dialect, Message, Request, join_path
@@ -57,29 +57,9 @@ def tool_call(tc: dict[str, Any], path: Callable[[str], str]) -> dict[str, Any]:
     return out
 
 
-# The Messages `template_messages` converted, by identity: id -> (the Message, its source, its origins, the dict).
-# A chat's requests share their earlier Messages (the request memo keeps them), so each is found without hashing and
-# comparing it field by field as `template_message`'s memo does; an entry holds its Message, so the id stays its own.
-_BY_ID: dict[int, tuple[Message, str, Any, dict[str, Any]]] = {}
-_MAX_BY_ID = 8192
-register("template.message_by_id", size=_BY_ID.__len__, clear=_BY_ID.clear, scope="request")
-
-
 def template_messages(request: Request) -> list[dict[str, Any]]:
     """The request's messages as templates see them (`template_message`, per message)."""
-    out = []
-    get = _BY_ID.get
-    for m in request.messages:
-        hit = get(id(m))
-        if hit is not None and hit[0] is m and hit[1] == m.source and hit[2] is m.origins:
-            out.append(hit[3])
-            continue
-        converted = template_message(m, m.source, None if m.origins is NO_ORIGINS else m.origins)
-        if len(_BY_ID) >= _MAX_BY_ID:
-            _BY_ID.clear()
-        _BY_ID[id(m)] = (m, m.source, m.origins, converted)
-        out.append(converted)
-    return out
+    return [template_message(m, m.source, None if m.origins is NO_ORIGINS else m.origins) for m in request.messages]
 
 
 @memoize("template.message", 8192)

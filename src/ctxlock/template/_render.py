@@ -267,10 +267,13 @@ def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
 # `longest - 1` characters before the span) is read from at most `longest` characters, so the text from lo to
 # `longest - 1` characters past the span decides. Keyed by (token set, the span's path, where the span starts and
 # ends in that text, its length) -> (that text, the occurrence relative to lo or None). A chat's messages are
-# rendered again every turn between the same template text: a hit costs one comparison of the text in place.
-_TOUCHED: dict[tuple[Any, ...], tuple[str, tuple[int, int] | None]] = {}
+# rendered again every turn between the same template text: a hit costs one comparison of the text in place. The
+# text is kept the second time a key is seen (the first, only the key: `_ONCE`).
+_TOUCHED: dict[tuple[Any, ...], tuple[str | None, tuple[int, int] | None]] = {}
 _TOUCHED_CHARS = [0]  # the characters the entries hold: emptied past _MAX_TOUCHED_CHARS
 _MAX_TOUCHED_CHARS = 4_000_000
+_MAX_TOUCHED_KEYS = 65_536
+_ONCE: tuple[None, None] = (None, None)
 
 
 def _clear_touched() -> None:
@@ -302,15 +305,18 @@ def _touched(
             size = min(n, e + back) - lo
             key = (tokens, sp[2], s - lo, e - lo, size)
             seen = _TOUCHED.get(key)
-            if seen is not None and text.startswith(seen[0], lo):  # the same `size` characters from lo
+            if seen is not None and seen[0] is not None and text.startswith(seen[0], lo):  # the same text from lo
                 rel = seen[1]
                 hit = None if rel is None else (rel[0] + lo, rel[1] + lo)
             else:
                 hit = _touching(text, s, e, lo, tokens)
-                if _TOUCHED_CHARS[0] > _MAX_TOUCHED_CHARS:
+                if _TOUCHED_CHARS[0] > _MAX_TOUCHED_CHARS or len(_TOUCHED) > _MAX_TOUCHED_KEYS:
                     _clear_touched()
-                _TOUCHED[key] = (text[lo : lo + size], None if hit is None else (hit[0] - lo, hit[1] - lo))
-                _TOUCHED_CHARS[0] += size
+                if seen is None:  # seen once: only the key is kept (a request seen once costs no copy of its text)
+                    _TOUCHED[key] = _ONCE
+                else:
+                    _TOUCHED[key] = (text[lo : lo + size], None if hit is None else (hit[0] - lo, hit[1] - lo))
+                    _TOUCHED_CHARS[0] += size
         if hit is not None:
             out.append((sp, hit[0], hit[1]))
     return out

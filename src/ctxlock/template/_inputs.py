@@ -18,7 +18,6 @@ from ctxlock.template import _mistral as mistral
 from ctxlock.template import _taint as taint
 from ctxlock.template._options import ContentFormat, RenderOptions
 from ctxlock.template._values import ChatTemplate, TemplateSet
-from ctxlock.template.sandbox._limits import remember_input_chars
 
 # transformers' continue_final_message: the last message's content is tagged, rendered, and cut at the tag.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -82,11 +81,8 @@ def template_message(message: Message, source: str, origins: FrozenDict | None =
         and message.reasoning_content is None
         and not message.origins
     ):
-        out = {"role": message.role, "content": taint.leaf(content, source + ".content")}
-    else:
-        out = convert_message(message, source)
-    remember_input_chars(out)  # every render of the conversation counts its size
-    return out
+        return {"role": message.role, "content": taint.leaf(content, source + ".content")}
+    return convert_message(message, source)
 
 
 # A content string joined from several request strings (Anthropic system blocks, a tool_result's text blocks) keeps
@@ -158,7 +154,6 @@ def template_tools(tools: tuple[Any, ...], dialect: Dialect) -> tuple[dict[str, 
                 }
             else:
                 t[key] = tainted(value, join_path(f"tools[{k}]", key))
-        remember_input_chars(t)  # every render of the chat counts its size
         out.append(t)
     return tuple(out)
 

@@ -263,77 +263,31 @@ def _token_set(all_tokens: frozenset[str]) -> _TokenSet:
     )
 
 
-# What `_touched` found for a span, kept with the text that decides it: a token starting in [lo, e) (lo is
-# `longest - 1` characters before the span) is read from at most `longest` characters, so the text from lo to
-# `longest - 1` characters past the span decides. Keyed by (token set, the span's path, where the span starts and
-# ends in that text, its length) -> (that text, the occurrence relative to lo or None). A chat's messages are
-# rendered again every turn between the same template text: a hit costs one comparison of the text in place. The
-# text is kept the second time a key is seen (the first, only the key: `_ONCE`).
-_TOUCHED: dict[tuple[Any, ...], tuple[str | None, tuple[int, int] | None]] = {}
-_TOUCHED_CHARS = [0]  # the characters the entries hold: emptied past _MAX_TOUCHED_CHARS
-_MAX_TOUCHED_CHARS = 4_000_000
-_MAX_TOUCHED_KEYS = 65_536
-_ONCE: tuple[None, None] = (None, None)
-
-
-def _clear_touched() -> None:
-    _TOUCHED.clear()
-    _TOUCHED_CHARS[0] = 0
-
-
-register("template.touched", size=_TOUCHED.__len__, clear=_clear_touched, scope="request")
-
-
-def _touched(
-    text: str, spans: list[taint.SpanT], tokens: _TokenSet, memo: bool = False
-) -> list[tuple[taint.SpanT, int, int]]:
+def _touched(text: str, spans: list[taint.SpanT], tokens: _TokenSet) -> list[tuple[taint.SpanT, int, int]]:
     """The request-derived spans that some control-token occurrence in `text` shares a character with, each with
     that occurrence. Every start position a token could have is tried (not one left-to-right scan), so no choice of
-    matches by the tokenizer can hide one. With `memo` (the fast path), a span whose deciding text was seen before
-    (`_TOUCHED`) is answered from it."""
+    matches by the tokenizer can hide one."""
     if tokens.regex is None or not spans:
         return []
     out: list[tuple[taint.SpanT, int, int]] = []
+    match = tokens.regex.match
     back = tokens.longest - 1
-    n = len(text)
     for sp in spans:
         s, e = sp[0], sp[1]
         lo = max(0, s - back)
-        if not memo:
-            hit = _touching(text, s, e, lo, tokens)
-        else:
-            size = min(n, e + back) - lo
-            key = (tokens, sp[2], s - lo, e - lo, size)
-            seen = _TOUCHED.get(key)
-            if seen is not None and seen[0] is not None and text.startswith(seen[0], lo):  # the same text from lo
-                rel = seen[1]
-                hit = None if rel is None else (rel[0] + lo, rel[1] + lo)
-            else:
-                hit = _touching(text, s, e, lo, tokens)
-                if _TOUCHED_CHARS[0] > _MAX_TOUCHED_CHARS or len(_TOUCHED) > _MAX_TOUCHED_KEYS:
-                    _clear_touched()
-                if seen is None:  # seen once: only the key is kept (a request seen once costs no copy of its text)
-                    _TOUCHED[key] = _ONCE
-                else:
-                    _TOUCHED[key] = (text[lo : lo + size], None if hit is None else (hit[0] - lo, hit[1] - lo))
-                    _TOUCHED_CHARS[0] += size
+        hit = None
+        for f in tokens.firsts:
+            i = text.find(f, lo, e)
+            while i >= 0 and hit is None:
+                m = match(text, i)
+                if m is not None and m.end() > s:
+                    hit = (i, m.end())
+                i = text.find(f, i + 1, e)
+            if hit is not None:
+                break
         if hit is not None:
             out.append((sp, hit[0], hit[1]))
     return out
-
-
-def _touching(text: str, s: int, e: int, lo: int, tokens: _TokenSet) -> tuple[int, int] | None:
-    """The occurrence `_touched` reports for the span [s, e): the first found, trying the characters a token starts
-    with in order, from lo on."""
-    match = tokens.regex.match
-    for f in tokens.firsts:
-        i = text.find(f, lo, e)
-        while i >= 0:
-            m = match(text, i)
-            if m is not None and m.end() > s:
-                return (i, m.end())
-            i = text.find(f, i + 1, e)
-    return None
 
 
 def _template_inputs(
@@ -592,7 +546,7 @@ def _untrusted(text: str, spans: list[taint.SpanT], tokens: _TokenSet, policy: I
     """The request-derived spans a control-token string touches (no control id there); under `raise`, or where
     an operation mixed request text with a control token of the template's own, the render is refused instead."""
     untrusted: list[Span] = []
-    for (s, e, path, note), at, end in _touched(text, spans, tokens, memo=fast_enabled()):
+    for (s, e, path, note), at, end in _touched(text, spans, tokens):
         if policy is InjectionPolicy.KEEP:
             continue
         token = text[at:end]

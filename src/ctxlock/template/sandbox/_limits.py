@@ -35,7 +35,6 @@ import jinja2
 import jinja2.runtime
 import jinja2.utils
 
-from ctxlock.caches import register
 from ctxlock.settings import fast_enabled
 from ctxlock.template._taint import Tainted
 from ctxlock.template.sandbox import _watchdog
@@ -101,22 +100,6 @@ class RenderLimits:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if data.get(k) is not None})
 
 
-# Dicts whose count is known (`remember_input_chars`), by identity: id -> (the dict, its count). An entry holds its
-# dict, so the id cannot be reused while it is here.
-_COUNTED: dict[int, tuple[Any, int]] = {}
-_MAX_COUNTED = 16384
-register("template.input_chars", size=_COUNTED.__len__, clear=_COUNTED.clear, scope="request")
-
-
-def remember_input_chars(value: dict[Any, Any]) -> None:
-    """Keep `input_chars(value)` for a dict that nothing changes any more (a message as templates see it, made once
-    and shared by every render of the conversation, which the immutable sandbox cannot change): `input_chars` then
-    counts it with one lookup instead of a walk."""
-    if len(_COUNTED) >= _MAX_COUNTED:
-        _COUNTED.clear()
-    _COUNTED[id(value)] = (value, input_chars(value))
-
-
 def input_chars(value: Any) -> int:
     """The characters of every string in `value` (mappings, sequences and sets walked; keys counted): the size of
     what a render receives, which its limits grow with. Other values count nothing."""
@@ -127,15 +110,10 @@ def input_chars(value: Any) -> int:
     total = 0
     stack = [value]
     pop, push, extend = stack.pop, stack.append, stack.extend
-    counted = _COUNTED.get
     while stack:
         v = pop()
         t = type(v)
         if t is dict:
-            known = counted(id(v))
-            if known is not None and known[0] is v:
-                total += known[1]
-                continue
             for k in v:
                 if type(k) is str or type(k) is Tainted:
                     total += len(k)
@@ -577,7 +555,6 @@ __all__ = [
     "deep_size",
     "fixed_order",
     "input_chars",
-    "remember_input_chars",
     "running_line",
     "settle_deadlines",
     "time_limit",

@@ -8,6 +8,9 @@
 - `jsonread.loads_strict` searches the whole text once for what could spell a lone surrogate and skips the search of
   each string when nothing could: values and errors must equal the reference path's (`CTXLOCK_FAST=0`), which
   searches every string, on generated JSON texts full of escapes.
+- A chain `a + b + c` in a template is one call when its operands are strings, and `x.attr` on a dict is read inline:
+  the text, the provenance spans and the failures must be those of adding one operand at a time, on generated chains
+  of request strings, plain strings, long ones, numbers, lists, methods and undefined names.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from ctxlock.errors import CtxlockError
 from ctxlock.outside._json import loads_strict
 from ctxlock.request import Utf8Policy
 from ctxlock.settings import fast_path, reference_path
-from ctxlock.template._taint import Tainted
+from ctxlock.template._taint import Checker, Tainted
+from ctxlock.template.sandbox._env import DEFAULT_LIMITS, new_environment, render_limited
 from ctxlock.template.sandbox._limits import input_chars
 from hypothesis_profiles import examples
 
@@ -237,3 +241,83 @@ def test_frozen_dict_get_and_in_equal_mappings_own(data: dict[Any, Any], probes:
             Mapping.get(fd, unhashable)
         with pytest.raises(TypeError):
             _ = unhashable in fd
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `a + b + c + ...` written as one call (`LimitedEnvironment.add_strings`) and `x.attr` read inline from a dict: the
+# same text, the same provenance spans (per character) and the same failures as adding one operand at a time.
+
+_CHAIN_VALUES: dict[str, Any] = {
+    "p": "plain",
+    "e": "",
+    "t": Tainted("req", ((0, 3, "$.t", ""),)),
+    "u": Tainted("two", ((0, 1, "$.u", ""), (1, 3, "$.v", ""))),
+    "long": "L" * 2500,
+    "tlong": Tainted("T" * 2500, ((0, 2500, "$.tlong", ""),)),
+    "n": 7,
+    "items": [1, 2],
+    "m": {"role": Tainted("user", ((0, 4, "$.m.role", ""),)), "items": "key, not method"},
+    "w": Word("word"),
+}
+_OPERANDS = [*_CHAIN_VALUES, "m.role", "m['role']", "m.items", "m.missing", "missing", "'<|s|>'", "'\\n'", "1"]
+
+
+def _sequential(operands: list[Any]) -> Any:
+    """The oracle: Python's `+`, one operand at a time (Tainted keeps its spans through its own `__add__`)."""
+    out = operands[0]
+    for x in operands[1:]:
+        out = out + x
+    return out
+
+
+def _value(expr: str) -> Any:
+    if expr.startswith("'"):
+        return json.loads('"' + expr[1:-1] + '"')
+    if expr == "1":
+        return 1
+    if expr == "m.items":  # a dict method, as jinja's sandbox gives it (not the key)
+        return _CHAIN_VALUES["m"].items
+    if expr.startswith("m"):
+        key = expr.removeprefix("m.").removeprefix("m['").removesuffix("']")
+        return _CHAIN_VALUES["m"][key] if key in _CHAIN_VALUES["m"] else Undefined(name=key)
+    return _CHAIN_VALUES[expr] if expr in _CHAIN_VALUES else Undefined(name=expr)
+
+
+class Undefined:  # a marker: the oracle fails where jinja's Undefined would
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __add__(self, other: Any) -> Any:
+        raise TypeError("undefined")
+
+    __radd__ = __add__
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.sampled_from(_OPERANDS), min_size=2, max_size=7), st.integers(0, 6), st.integers(0, 6))
+def test_a_chain_of_additions_equals_adding_one_at_a_time(operands: list[str], open_at: int, close_at: int) -> None:
+    # An optional parenthesized group inside the chain (a chain of its own, or the chain's non-pure first operand).
+    terms = list(operands)
+    lo, hi = sorted((open_at % len(terms), close_at % len(terms)))
+    if hi > lo:
+        terms[lo] = "(" + terms[lo]
+        terms[hi] = terms[hi] + ")"
+    source = "{{ " + " + ".join(terms) + " }}"
+    values = [_value(x) for x in operands]
+    try:
+        expected = _sequential(values[lo : hi + 1]) if hi > lo else None
+        grouped = [*values[:lo], expected, *values[hi + 1 :]] if hi > lo else values
+        want: Any = _sequential(grouped)
+    except TypeError:
+        want = TypeError
+    checker = Checker(lambda s: False, lambda: "")
+    env = new_environment()
+    try:
+        text, spans = render_limited(env.from_string(source), dict(_CHAIN_VALUES), DEFAULT_LIMITS, checker)
+    except Exception as exc:  # UndefinedError, TypeError: jinja's own failures of `+`
+        assert want is TypeError, (source, exc)
+        return
+    assert want is not TypeError, source
+    assert text == str(want)
+    if isinstance(want, str):
+        assert spans == list(want.spans if type(want) is Tainted else ()), source

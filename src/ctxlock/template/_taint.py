@@ -263,6 +263,18 @@ def concat(parts: Iterable[str]) -> str:
     return text if spans is None else make(text, spans)
 
 
+def shifted(text: str, spans: tuple[SpanT, ...], at: int) -> Tainted:
+    """`text` holding the characters of one request string at offset `at`, with its spans: what `+` builds from
+    that string and plain strings around it (the spans shifted, not merged)."""
+    if at:
+        if len(spans) == 1:
+            s, e, p, n = spans[0]
+            spans = ((s + at, e + at, p, n),)
+        else:
+            spans = tuple([(s + at, e + at, p, n) for s, e, p, n in spans])
+    return _tainted(text, spans)
+
+
 def join(sep: str, parts: list[str]) -> str:
     """`sep.join(parts)` with the spans of the separator and of every part kept."""
     if not parts:
@@ -379,5 +391,6 @@ __all__ = [
     "join",
     "leaf",
     "make",
+    "shifted",
     "trusted_strings",
 ]

@@ -220,14 +220,67 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
                 self.visit(part, frame)
         self.write("))")
 
+    def _name(self) -> int:
+        k: int = getattr(self, "_ctx_names", 0) + 1
+        self._ctx_names = k
+        return k
+
     def visit_Add(self, node: jinja2.nodes.BinExpr, frame: Any) -> None:  # called for Add nodes only
+        # A chain `a + b + c + ...` whose operands after the first are pure reads (`_pure`: constants, names, and
+        # constant attributes and items of those) is written as one call when every operand is a string
+        # (`add_strings`, which adds them exactly as the binary form below would, one `+` at a time in effect, with
+        # one Python call instead of one per `+`); else the binary form runs, with the first operand as already
+        # evaluated (the pure ones are read again: reading them has no effect and gives the same values).
+        rights: list[jinja2.nodes.Expr] = []
+        first: jinja2.nodes.Expr = node
+        while isinstance(first, jinja2.nodes.Add) and _pure(first.right):
+            rights.append(first.right)
+            first = first.left
+        if len(rights) < 2 or self.environment.is_async:
+            self._binary_add(node, frame, None, None, spine=False)
+            return
+        rights.reverse()
+        k = self._name()
+        names = [f"t_ctx_c{k}_{i}" for i in range(len(rights) + 1)]
+        # A string constant is written as it is (it is a string); every other operand is tested as it is evaluated.
+        operands = [first, *rights]
+        items = [
+            repr(op.value) if _string_constant(op) else name  # type: ignore[attr-defined]
+            for name, op in zip(names, operands, strict=True)
+        ]
+        self.write(f"(environment.add_strings(context, ({', '.join(items)},)) if ")
+        tests = 0
+        for name, item, operand in zip(names, items, operands, strict=True):
+            if item != name:
+                continue
+            self.write(f"{' and ' if tests else ''}isinstance({name} := ")
+            self.visit(operand, frame)
+            self.write(", str)")
+            tests += 1
+        self.write(" else " if tests else "True else ")
+        # the first operand, when it is not a constant, is not evaluated again (it need not be pure)
+        self._binary_add(node, frame, None if items[0] != names[0] else first, names[0], spine=True)
+        self.write(")")
+
+    def _binary_add(
+        self, node: jinja2.nodes.Expr, frame: Any, evaluated: jinja2.nodes.Expr | None, name: str | None, *, spine: bool
+    ) -> None:
         # Templates join turns with `+` on short strings: that case is written inline (a request string's own `+`
         # keeps its provenance), and everything else (long strings, lists, numbers) goes through `call_binop`, as the
-        # sandbox would send it. The operands are evaluated once, left first, as in `a + b`.
-        k = self._ctx_names = getattr(self, "_ctx_names", 0) + 1
+        # sandbox would send it. The operands are evaluated once, left first, as in `a + b`. `evaluated` (a node of
+        # the chain, written as the variable `name`) has been evaluated already; with `spine`, the `+` on the left are
+        # written in this binary form too (the fallback of a chain), else each is visited (and may be a chain).
+        if node is evaluated:
+            self.write(str(name))
+            return
+        assert isinstance(node, jinja2.nodes.BinExpr)
+        k = self._name()
         left, right = f"t_ctx_l{k}", f"t_ctx_r{k}"
         self.write(f"({left} + {right} if (({left} := ")
-        self.visit(node.left, frame)
+        if node.left is evaluated or (spine and isinstance(node.left, jinja2.nodes.Add)):
+            self._binary_add(node.left, frame, evaluated, name, spine=spine)
+        else:
+            self.visit(node.left, frame)
         self.write(f"), ({right} := ")
         self.visit(node.right, frame)
         self.write(
@@ -236,12 +289,41 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
             f"else environment.call_binop(context, '+', {left}, {right}))"
         )
 
+    def visit_Getattr(self, node: jinja2.nodes.Getattr, frame: Any) -> None:
+        # `message.role`: a dict's key, read inline when it is there (what `LimitedEnvironment.getattr` returns for
+        # a dict and a name that is not a dict attribute); anything else through `environment.getattr`.
+        attr = node.attr
+        if self.environment.is_async or attr.startswith("_") or attr in _DICT_ATTRIBUTES:
+            super().visit_Getattr(node, frame)
+            return
+        k = self._name()
+        obj = f"t_ctx_o{k}"
+        self.write(f"({obj}[{attr!r}] if type({obj} := ")
+        self.visit(node.node, frame)
+        self.write(f") is dict and {attr!r} in {obj} else environment.getattr({obj}, {attr!r}))")
+
     def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
         self.write("environment.ctx_concat((")
         for arg in node.nodes:
             self.visit(arg, frame)
             self.write(", ")
         self.write("))")
+
+
+def _pure(node: jinja2.nodes.Node) -> bool:
+    """True for an expression whose evaluation changes nothing and gives the same value each time: a constant,
+    a variable, or a constant attribute or item (not a slice) of one of these."""
+    while isinstance(node, (jinja2.nodes.Getattr, jinja2.nodes.Getitem)):
+        if isinstance(node, jinja2.nodes.Getitem) and not isinstance(node.arg, jinja2.nodes.Const):
+            return False
+        node = node.node
+    return isinstance(node, (jinja2.nodes.Const, jinja2.nodes.TemplateData)) or (
+        isinstance(node, jinja2.nodes.Name) and node.ctx == "load"
+    )
+
+
+def _string_constant(node: jinja2.nodes.Node) -> bool:
+    return isinstance(node, jinja2.nodes.Const) and type(node.value) is str
 
 
 _INLINE_ADD = 4096  # `+` on two strings shorter than this together runs inline (uncharged)
@@ -402,6 +484,37 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 out = [taint.derived(x, (receiver, args, kwargs), f"{name}()") for x in out]
         return out
 
+    def add_strings(self, context: Any, parts: tuple[str, ...]) -> Any:
+        """`parts[0] + parts[1] + ...` (strings), as the binary form of `_CodeGenerator` adds them one at a time:
+        inline while the two sides are under `_INLINE_ADD` characters together, else through `call_binop`."""
+        total = 0
+        found: Any = None  # the one request string among them (`several` when there are more)
+        at = 0
+        several = False
+        for p in parts:
+            t = type(p)
+            if t is Tainted:
+                if found is None:
+                    found, at = p, total
+                else:
+                    several = True
+            elif t is not str:
+                break
+            total += len(p)
+        else:
+            if total < _INLINE_ADD:  # every partial sum is under it too: `+` would run inline each time
+                if found is None:
+                    return "".join(parts)
+                # `+` shifts the spans of one request string, and merges those of several as `concat` does
+                return taint.concat(parts) if several else taint.shifted("".join(parts), found.spans, at)
+        out: Any = parts[0]
+        for p in parts[1:]:
+            if isinstance(out, str) and isinstance(p, str) and len(out) + len(p) < _INLINE_ADD:
+                out = out + p
+            else:
+                out = self.call_binop(context, "+", out, p)
+        return out
+
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         state = current_state()
         if operator == "+" and isinstance(left, str) and isinstance(right, str):
@@ -440,7 +553,7 @@ class LimitedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
 # Bump when the environment changes (options, extensions, filters, code generation): the bytecode cache is keyed by
 # the template source only, so a new environment needs a new directory.
-_BYTECODE_VERSION = 8  # 8: the generation extension moved to ctxlock.template.sandbox
+_BYTECODE_VERSION = 9  # 9: `+` chains and dict attributes written inline
 _MAX_CACHED_CODE = 1 << 20  # bytes of marshalled code: a larger compiled template is not kept on disk
 _MAX_GENERATED = 600_000  # characters of generated Python: real templates (under 20 kB) generate under 150 kB
 

@@ -62,6 +62,11 @@ def test_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
         for key, tok in sorted(TOKENIZERS.items()):  # each vocabulary loaded once
             print(f"  {key:22} {tok.engine:10} {tok.engine_reason}")
             engines[key] = (tok.engine, tok.engine_reason)
+            # describe() names the engine and why, as the verdict has them (checked here, in the one pass that
+            # loads every vocabulary, rather than by a test per vocabulary that loaded each again)
+            d = tok.describe()
+            assert d["engine"] == tok.engine in ("tiktoken", "tokenizers"), key
+            assert d["engine_reason"] == tok.engine_reason, key
             if tok.engine == "tiktoken":
                 splits.append((tok.vocab_size, key, tok._choose_engine()[2].verdict.pattern))
     fast = sorted(k for k, (engine, _) in engines.items() if engine == "tiktoken")
@@ -83,14 +88,6 @@ def test_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
     assert reasons["gguf:starcoder"].startswith("pre-tokenizer Sequence[Digits, ByteLevel] cannot be one regex")
     for key, reason in reasons.items():
         assert reason and reason != "CTXLOCK_FAST=0", key
-
-
-@pytest.mark.parametrize("key", sorted(TOKENIZERS))
-def test_describe_names_the_engine(key: str) -> None:
-    tok = TOKENIZERS[key]
-    d = tok.describe()
-    assert d["engine"] == tok.engine in ("tiktoken", "tokenizers")
-    assert d["engine_reason"] == tok.engine_reason
 
 
 def test_ctxlock_fast_0_forces_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,6 +54,9 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
     whole: list[str] = []
     with capsys.disabled():
         print()
+        # Which native engine each one's whole-text calls get (fastokens, built and checked against the exact path)
+        # is not built here: the `fastokens` cases of test_vectors_and_chat_texts_give_reference_ids build it for
+        # every vocabulary of WHOLE and assert it is admitted (building it here too cost about 8 s of CPU).
         for key in sorted(TOKENIZERS):  # each vocabulary loaded once
             tok = TOKENIZERS[key]
             verdict = "refused" if tok.whole_text is None else "whole-text"
@@ -62,8 +65,6 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
                 refusals[key] = tok.whole_text_reason
             else:
                 whole.append(key)
-                tok.whole_text.accelerator.wait()
-                print(f"  {'':28s} native call: {tok.whole_text_engine}")
     assert whole == WHOLE, f"the vocabularies on the whole-text path are now WHOLE = {whole}"
     assert set(MUST_BE_WHOLE) <= set(WHOLE)
     for key, reason in refusals.items():

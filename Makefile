@@ -69,9 +69,10 @@ test: $(VENV)/.installed-test fetch chromium llama-server ## everything CI runs:
 	$(VENV)/bin/ruff check --select SLF001 src
 	$(VENV)/bin/mypy
 	$(MAKE) --no-print-directory docs
-	# ctxlock's bytecode, written once: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every process
-	# the suite starts would compile ctxlock again (0.1 to 0.2 s each, hundreds of processes). Git ignores __pycache__.
-	$(PY) -m compileall -q -j 2 src
+	# ctxlock's bytecode and the test helpers', written once: with PYTHONDONTWRITEBYTECODE set (as on this project's
+	# machines) every process the suite starts would compile ctxlock again (0.1 to 0.2 s each, hundreds of processes),
+	# and each test process the test helpers (tests/conftest.py has pytest keep the test modules'). Git ignores them.
+	$(PY) -m compileall -q -j 2 src tests scripts
 	# The whole suite (tests/, and every example of README.md and docs/) on both cores; a test file stays on one.
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 	# The conformance, injection and mistral-common suites again with every fast path off (the reference path).

@@ -45,6 +45,22 @@ os.environ.setdefault("CTXLOCK_FASTOKENS", "sync")
 # ------------------------------------------------------------------------------------------- hooks
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[object]:
+    """Collection writes bytecode even where PYTHONDONTWRITEBYTECODE is set (as on this project's machines): pytest
+    keeps each test module's assertion-rewritten code in `__pycache__` (git ignores it) only when writing is on, and
+    reads it back in every later process. Without it every test process (`-n 2` makes two, each collecting every
+    module) rewrote and compiled all of them again: 21 to 29 s of CPU to collect the suite, against 11.5 to 15 s with
+    the cached code (`pytest --collect-only`, user time, three pairs of runs on 2 shared cores). Only collection is
+    affected: the tests themselves run with the environment's setting, and so do the processes they start."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = saved
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     try:
         fetched.ensure_all()

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import ctxlock
 import fetched
+from cli_runner import run_main
 
 # Each vocabulary's vectors run once per session, for whichever test asks first: the summary then covers every
 # vocabulary whatever ran before it (or whether anything did).
@@ -20,22 +19,31 @@ RESULTS: dict[str, tuple[int, int, list[tuple[str, list[int], list[int]]]]] = {}
 
 
 def run_vectors(vocab: str, cache: Path) -> tuple[int, int, list[tuple[str, list[int], list[int]]]]:
-    """(cases passed, cases, the failures as (text, expected, got)) of `vocab`'s vectors through the CLI."""
+    """(cases passed, cases, the failures as (text, expected, got)) of `vocab`'s vectors through the CLI.
+
+    The command runs in this process (`ctxlock.cli.main`, what `python -m ctxlock` calls; a child process each cost
+    about a second more for nothing tested here), with its own empty conversion cache and ctxlock's caches emptied
+    first, so the vocabulary is converted from the GGUF file afresh, as in a process of its own."""
     if vocab in RESULTS:
         return RESULTS[vocab]
     cases = fetched.vocab_vectors(vocab)
     stdin = "".join(json.dumps(text, ensure_ascii=False) + "\n" for text, _ in cases)
-    env = {**os.environ, "CTXLOCK_CACHE_DIR": str(cache)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ctxlock", "tokenize", "--model", str(fetched.gguf_path(vocab)), "--jsonl"],
-        input=stdin.encode("utf-8"),
-        capture_output=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    got = [json.loads(line) for line in proc.stdout.decode("utf-8").splitlines()]
+    saved = os.environ.get("CTXLOCK_CACHE_DIR")
+    os.environ["CTXLOCK_CACHE_DIR"] = str(cache)
+    try:
+        ctxlock.clear_caches()
+        code, out, err = run_main(
+            ["tokenize", "--model", str(fetched.gguf_path(vocab)), "--jsonl"], stdin=stdin.encode("utf-8")
+        )
+    finally:
+        if saved is None:
+            del os.environ["CTXLOCK_CACHE_DIR"]
+        else:
+            os.environ["CTXLOCK_CACHE_DIR"] = saved
+        ctxlock.clear_caches()  # the vocabulary converted into `cache` is not kept past it
+    assert code == 0, err
+    assert cache.is_dir()  # converted afresh, into its own cache
+    got = [json.loads(line) for line in out.splitlines()]
     # --jsonl skips blank input lines only; every case here is a JSON string, so one output line per case.
     assert len(got) == len(cases)
     failures = [(text, want, ids) for (text, want), ids in zip(cases, got, strict=True) if ids != want]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
+from cli_runner import run_main
 from ctxlock.budget._fit import BudgetPolicy, clamp_max_tokens, fit_context, segments
 from ctxlock.errors import BudgetError, BudgetExceeded
 from ctxlock.request import parse_request
@@ -154,34 +155,25 @@ def test_clamp_max_tokens() -> None:
         clamp_max_tokens(32768, 32000, 1000, margin_tokens=4096)
 
 
-def test_fit_cli_json_and_record(tmp_path) -> None:
+def test_fit_cli_json_and_record(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    example = Path(__file__).resolve().parents[2] / "examples" / "long-chat.json"
-    env = {**os.environ, "CTXLOCK_DATA_DIR": str(tmp_path / "store")}
-    args = [sys.executable, "-m", "ctxlock", "fit", str(example), "--model", str(fetched.hf_tokenizer_dir("qwen2"))]
-    proc = subprocess.run([*args, "--max-input-tokens", "600", "--json"], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    monkeypatch.setenv("CTXLOCK_DATA_DIR", str(tmp_path / "store"))
+    args = ["fit", str(EXAMPLE), "--model", str(fetched.hf_tokenizer_dir("qwen2"))]
+    # In this process (cli_runner.run_main: an exception escaping main, the traceback a user would see, fails the test)
+    code, stdout, stderr = run_main([*args, "--max-input-tokens", "600", "--json"])
+    assert code == 0, stderr
+    out = json.loads(stdout)
     assert out["input_tokens"] == len(out["input_ids"]) <= 600
     assert {"segment", "kept", "tokens", "reason"} <= set(out["decisions"][0])
     assert any(not d["kept"] for d in out["decisions"])
-    human = subprocess.run(
-        [*args, "--context-window", "1000", "--reserve-output", "400", "--record"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert human.returncode == 0 and "dropped" in human.stdout and "record " in human.stdout
-    too_small = subprocess.run([*args, "--max-input-tokens", "10"], capture_output=True, text=True, env=env)
-    assert too_small.returncode == 1 and "BudgetExceeded" in too_small.stderr and "Traceback" not in too_small.stderr
-    assert "system 12, tools 0, current 12, generation prefix 3" in too_small.stderr  # real counts
-    recorded = subprocess.run([*args, "--max-input-tokens", "10", "--record"], capture_output=True, text=True, env=env)
-    assert recorded.returncode == 1 and "Traceback" not in recorded.stderr and "record " in recorded.stderr
+    code, stdout, stderr = run_main([*args, "--context-window", "1000", "--reserve-output", "400", "--record"])
+    assert code == 0 and "dropped" in stdout and "record " in stdout
+    code, _, stderr = run_main([*args, "--max-input-tokens", "10"])
+    assert code == 1 and "BudgetExceeded" in stderr and "Traceback" not in stderr
+    assert "system 12, tools 0, current 12, generation prefix 3" in stderr  # real counts
+    code, _, stderr = run_main([*args, "--max-input-tokens", "10", "--record"])
+    assert code == 1 and "Traceback" not in stderr and "record " in stderr
 
 
 # -- the incremental counter on its own: edits anywhere, control tokens that are prefixes of one another ----------
@@ -311,19 +303,13 @@ def test_the_naive_oracle_on_llama3(llama_tok, data: dict, budget: int) -> None:
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "long-chat.json"
 
 
-def _fit_cli(*extra: str, cwd=None) -> dict:
+def _fit_cli(*extra: str) -> dict:
+    """`ctxlock fit EXAMPLE EXTRA --json` in this process (cli_runner.run_main), its JSON output."""
     import json
-    import subprocess
-    import sys
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "ctxlock", "fit", str(EXAMPLE), *extra, "--json"],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    code, stdout, stderr = run_main(["fit", str(EXAMPLE), *extra, "--json"])
+    assert code == 0, stderr
+    return json.loads(stdout)
 
 
 def _history_kept(decisions: list) -> list[tuple[int, int]]:

@@ -366,9 +366,14 @@ def test_inspect_shows_what_add_special_tokens_adds() -> None:
 @pytest.mark.parametrize(
     "command", ["render", "tokenize", "inspect", "fit", "compact-plan", "detok", "constrain", "diff"]
 )
-def test_every_model_option_names_gguf_files_and_hub_revisions(command: str) -> None:
-    proc = cli(command, "--help")
-    flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", proc.stdout).split())
+def test_every_model_option_names_gguf_files_and_hub_revisions(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The help's words, not its layout, are checked: in this process (run_main), as `cli` would show them (no color,
+    # no COLUMNS), without a child Python per command.
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, err = run_main([command, "--help"])
+    assert code == 0, err
+    flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", out).split())
     assert ".gguf file" in flat and "org/name@revision" in flat, flat
 
 

@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
 import anthropic_streams as A
+from cli_runner import run_main
 
 STREAMS = Path(__file__).parents[1] / "data" / "streams"
 
 
+@pytest.fixture(autouse=True)
+def _terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
 def ctxlock(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "ctxlock", "toolcalls", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    """`ctxlock toolcalls ARGS` in this process (cli_runner.run_main: an exception escaping main fails the test, as
+    the traceback a user would see): these tests read what the command prints and its exit status, not its process."""
+    code, out, err = run_main(["toolcalls", *args], stdin=(stdin or "").encode("utf-8"))
+    return subprocess.CompletedProcess(["toolcalls", *args], code, out, err)
 
 
 def tools_file(tmp_path: Path) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import pytest
 import ctxlock
 import fetched
 import reference
-from cli_runner import run_cli
+from cli_runner import run_main
 from conformance import vocab_for
 from ctxlock.template._render import ChatTemplate
 
@@ -149,7 +151,24 @@ def test_the_warning_is_true_a_user_forges_turns() -> None:
     assert model.run(genuine, chat_template=qwen).rendered.warnings == ()
 
 
-def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(tmp_path: Path) -> None:
+def _in_process_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`ctxlock ARGS` in this process (cli_runner.run_main: an exception escaping main fails the test), with the
+    environment run_cli gives a child (NO_COLOR=1, COLUMNS=200): what these tests read is the commands' output, not
+    their process, so they need no child Python each."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        code, out, err = run_main(list(args))
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return cli
+
+
+def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli = _in_process_cli(monkeypatch)
     book = ctxlock.load("book")
     req = {"messages": [{"role": "user", "content": "天空为什么是蓝色？"}]}
     assert book.render(req).warnings == ()
@@ -158,7 +177,7 @@ def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(tmp_
     request = tmp_path / "req.json"
     request.write_text(json.dumps(req, ensure_ascii=False), "utf-8")
     store = tmp_path / "store"
-    out = run_cli("render", str(request), "-m", "book", "-t", str(plain), "--record", "--store", str(store), "--json")
+    out = cli("render", str(request), "-m", "book", "-t", str(plain), "--record", "--store", str(store), "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     (w,) = data["warnings"]
@@ -168,24 +187,25 @@ def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(tmp_
 
     record = ExecutionRecord.from_bytes(Store(store).get_record(data["record_id"]))
     assert record.data["warnings"] == [w]
-    human = run_cli("render", str(request), "-m", "book", "-t", str(plain))
+    human = cli("render", str(request), "-m", "book", "-t", str(plain))
     assert "warning" in human.stdout and "role markers are plain text" in human.stdout
-    clean = run_cli("render", str(request), "-m", "book", "--json")
+    clean = cli("render", str(request), "-m", "book", "--json")
     assert json.loads(clean.stdout)["warnings"] == []
 
 
-def test_inspect_shows_the_verdict(tmp_path: Path) -> None:
+def test_inspect_shows_the_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli = _in_process_cli(monkeypatch)
     model_dir = tmp_path / "rwkv-on-qwen2"
     model_dir.mkdir()
     src = fetched.hf_tokenizer_dir("qwen2")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (model_dir / name).write_bytes((src / name).read_bytes())
     (model_dir / "chat_template.jinja").write_bytes((fetched.templates_dir() / RWKV).read_bytes())
-    shown = run_cli("inspect", "-m", str(model_dir))
+    shown = cli("inspect", "-m", str(model_dir))
     assert shown.returncode == 0, shown.stderr
     assert "role markers are plain text" in shown.stdout and "chat_template.jinja line 23" in shown.stdout
-    as_json = json.loads(run_cli("inspect", "-m", str(model_dir), "--json").stdout)
+    as_json = json.loads(cli("inspect", "-m", str(model_dir), "--json").stdout)
     markers = as_json["templates"][0]["role_markers"]
     assert markers["checked"] and markers["warning"]["path"].endswith("chat_template.jinja line 23")
-    good = run_cli("inspect", "-m", str(src))
+    good = cli("inspect", "-m", str(src))
     assert "role markers are control tokens at every turn boundary" in good.stdout

@@ -62,6 +62,11 @@ def test_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
         for key, tok in sorted(TOKENIZERS.items()):  # each vocabulary loaded once
             print(f"  {key:22} {tok.engine:10} {tok.engine_reason}")
             engines[key] = (tok.engine, tok.engine_reason)
+            # describe() names the engine and why, as the verdict has them (checked here, in the one pass that
+            # loads every vocabulary, rather than by a test per vocabulary that loaded each again)
+            d = tok.describe()
+            assert d["engine"] == tok.engine in ("tiktoken", "tokenizers"), key
+            assert d["engine_reason"] == tok.engine_reason, key
             if tok.engine == "tiktoken":
                 splits.append((tok.vocab_size, key, tok._choose_engine()[2].verdict.pattern))
     fast = sorted(k for k, (engine, _) in engines.items() if engine == "tiktoken")
@@ -83,14 +88,6 @@ def test_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
     assert reasons["gguf:starcoder"].startswith("pre-tokenizer Sequence[Digits, ByteLevel] cannot be one regex")
     for key, reason in reasons.items():
         assert reason and reason != "CTXLOCK_FAST=0", key
-
-
-@pytest.mark.parametrize("key", sorted(TOKENIZERS))
-def test_describe_names_the_engine(key: str) -> None:
-    tok = TOKENIZERS[key]
-    d = tok.describe()
-    assert d["engine"] == tok.engine in ("tiktoken", "tokenizers")
-    assert d["engine_reason"] == tok.engine_reason
 
 
 def test_ctxlock_fast_0_forces_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,12 +113,13 @@ def test_vectors_and_sources_give_reference_ids(key: str) -> None:
     texts = [text for name in fetched.vector_vocabs() for text, _ in fetched.vocab_vectors(name)]
     texts += [p.read_text("utf-8") for p in fetched.template_paths()[:20]]
     texts += [p.read_text("utf-8") for p in sorted(Path(fastbpe.__file__).parent.glob("*.py"))]
-    bad = [t for t in texts if fast_ids(tok, t) != reference(tok, t)]
+    expected = [reference(tok, t) for t in texts]
+    bad = [t for t, ids in zip(texts, expected, strict=True) if fast_ids(tok, t) != ids]
     assert not bad, f"{len(bad)}/{len(texts)} differ; first {bad[0]!r}"
     # encode_text is the fast path, and the batch API agrees with it.
     assert tok.encode_text(texts[0], at_start=True) == fast_ids(tok, texts[0])
     flags = [i % 2 == 0 for i in range(len(texts))]
-    assert tok.encode_text_batch(texts, flags) == [reference(tok, t) for t in texts]
+    assert tok.encode_text_batch(texts, flags) == expected
 
 
 # Each code point in one context that exercises the split regexes' classes and boundaries (letters, marks, numbers,

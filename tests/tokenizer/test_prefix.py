@@ -4,6 +4,7 @@ token honoured (the reference ids of `tokenize`); where it is refused, the reaso
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Callable
@@ -54,6 +55,9 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
     whole: list[str] = []
     with capsys.disabled():
         print()
+        # Which native engine each one's whole-text calls get (fastokens, built and checked against the exact path)
+        # is not built here: the `fastokens` cases of test_vectors_and_chat_texts_give_reference_ids build it for
+        # every vocabulary of WHOLE and assert it is admitted (building it here too cost about 8 s of CPU).
         for key in sorted(TOKENIZERS):  # each vocabulary loaded once
             tok = TOKENIZERS[key]
             verdict = "refused" if tok.whole_text is None else "whole-text"
@@ -62,8 +66,6 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
                 refusals[key] = tok.whole_text_reason
             else:
                 whole.append(key)
-                tok.whole_text.accelerator.wait()
-                print(f"  {'':28s} native call: {tok.whole_text_engine}")
     assert whole == WHOLE, f"the vocabularies on the whole-text path are now WHOLE = {whole}"
     assert set(MUST_BE_WHOLE) <= set(WHOLE)
     for key, reason in refusals.items():
@@ -77,19 +79,27 @@ def test_which_vocabularies_take_it(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("key", WHOLE)
 def test_vectors_and_chat_texts_give_reference_ids(key: str, engine: str) -> None:
     tok = TOKENIZERS[key]
+    texts, expected = _texts_and_reference_ids(key)
+    with native_engine(tok.whole_text, engine) as whole:
+        whole.clear()
+        bad = [t for t, ids in zip(texts, expected, strict=True) if whole.encode(t, cache=False).tolist() != ids]
+    assert not bad, f"{len(bad)}/{len(texts)} differ; first {bad[0]!r}"
+
+
+@functools.lru_cache(maxsize=1)  # one vocabulary's engines run one after the other (RUN_BY); let go after the module
+def _texts_and_reference_ids(key: str) -> tuple[list[str], list[list[int]]]:
+    """llama.cpp's vectors, 10 templates and 200 texts spelling the vocabulary's added tokens between words (as a
+    rendered chat does), with their reference ids: computed once for both engines."""
+    tok = TOKENIZERS[key]
     texts = [text for name in fetched.vector_vocabs() for text, _ in fetched.vocab_vectors(name)]
     texts += [p.read_text("utf-8") for p in fetched.template_paths()[:10]]
     rng = random.Random(7)
     added = _added_strings(tok)
-    # Texts spelling the vocabulary's added tokens between words, as a rendered chat does.
     for _ in range(200):
         texts.append(
             "".join(rng.choice([*added, " hello", "\n", "世界", "e\u0301", "😀", "  x", "12345"]) for _ in range(12))
         )
-    with native_engine(tok.whole_text, engine) as whole:
-        whole.clear()
-        bad = [t for t in texts if whole.encode(t, cache=False).tolist() != reference(tok, t)]
-    assert not bad, f"{len(bad)}/{len(texts)} differ; first {bad[0]!r}"
+    return texts, [reference(tok, t) for t in texts]
 
 
 WORDS = [

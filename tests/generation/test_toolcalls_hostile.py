@@ -388,3 +388,61 @@ def test_the_cli_never_prints_a_traceback(tmp_path: Path, fmt: str, body: str, s
     else:
         report = json.loads(proc.stdout)
         assert report["calls"] == [] and report["errors"]
+
+
+# Threads parsing pythonic calls while the garbage collector runs finalizers mid-parse: on CPython 3.11, two
+# `ast.parse` calls at once can make one fail with "SystemError: AST constructor recursion depth mismatch"
+# (https://github.com/python/cpython/issues/106905), which a server's worker threads would turn into a 500.
+_RACE = """
+import ast, gc, json, sys, threading, time
+from ctxlock.generation.toolcalls import ToolCallAssembler
+from ctxlock.generation.toolcalls._jsontext import parse_python_expression
+sys.setswitchinterval(1e-6)
+gc.set_threshold(50, 1, 1)
+SOURCE = "[" + ", ".join(f"get_weather(city='c{i}', days=[1, [2, [3, {{'k': {i}}}]]])" for i in range(200)) + "]"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+class Finalized:
+    def __del__(self):
+        sum(range(200))
+
+def run(parse, seconds, stop_at_first):
+    errors, calls = [], []
+    end = time.monotonic() + seconds
+    def worker():
+        while time.monotonic() < end and not (stop_at_first and errors):
+            for _ in range(50):
+                a, b = Finalized(), Finalized()
+                a.other, b.other = b, a  # cyclic garbage: the collector runs the finalizers during a parse
+            try:
+                calls.append(parse())
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    return errors, calls
+
+def assembled():
+    assembler = ToolCallAssembler(TOOLS, "pythonic")
+    assembler.feed(SOURCE)
+    result = assembler.finish("tool_calls")
+    return [len(result.calls), [e.message for e in result.errors]]
+
+raw, _ = run(lambda: ast.parse(SOURCE, mode="eval"), 20, True)
+ours, _ = run(lambda: parse_python_expression(SOURCE), 3, False)  # what the pythonic and lfm2 parsers call
+calls = [assembled() for _ in range(2)]
+print(json.dumps([len(raw), raw[:1], len(ours), ours[:1], len(calls), sorted(set(map(json.dumps, calls)))[:2]]))
+"""
+
+
+def test_pythonic_calls_parsed_on_many_threads_never_hit_the_parsers_race() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _RACE], capture_output=True, text=True, timeout=120, env=os.environ.copy()
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    raw, raw_first, ours, ours_first, n, outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    if sys.version_info < (3, 12):  # the race is there to provoke: the attack must bite bare ast.parse
+        assert raw >= 1 and "recursion depth mismatch" in raw_first[0], (raw, raw_first)
+    assert ours == 0, ours_first
+    assert n > 0 and outcomes == ["[200, []]"], outcomes  # every parse gave all 200 calls, none refused

@@ -3,11 +3,38 @@ streamed JSON container ends (`JsonSpan`), and how much of a text delta may be a
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import threading
+import warnings
 from typing import Any
 
 from ctxlock.errors import ToolCallError
+
+# CPython 3.11 keeps ast.parse's recursion-depth count in per-interpreter state: two threads parsing at once (the
+# server's worker threads) can each reset the other's count, and one of them fails with "SystemError: AST constructor
+# recursion depth mismatch" (https://github.com/python/cpython/issues/106905). ctxlock's own parses take turns.
+_AST_LOCK = threading.Lock()
+
+
+def parse_python_expression(source: str) -> ast.Expression:
+    """`ast.parse(source, mode="eval")` (never evaluated), one thread at a time, invalid escapes kept as written
+    without a warning; a SystemError from another library's parse racing this one is retried once, then a
+    ValueError. SyntaxError, ValueError, RecursionError and MemoryError pass through, as from `ast.parse`."""
+    try:
+        return _parse_expression(source)
+    except SystemError:
+        try:
+            return _parse_expression(source)
+        except SystemError as exc:
+            raise ValueError(f"Python's parser failed: {exc}") from None
+
+
+def _parse_expression(source: str) -> ast.Expression:
+    with _AST_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an invalid escape such as "\\ " is kept as written, with a warning
+        return ast.parse(source, mode="eval")
 
 
 def text_delta(text: Any, fmt: str) -> str:

@@ -14,10 +14,14 @@ of the same kind inside the string, `07`) is refused, where vLLM guesses.
 from __future__ import annotations
 
 import ast
-import warnings
 from typing import Any
 
-from ctxlock.generation.toolcalls._jsontext import dumps_arguments, split_marker_prefix, text_delta
+from ctxlock.generation.toolcalls._jsontext import (
+    dumps_arguments,
+    parse_python_expression,
+    split_marker_prefix,
+    text_delta,
+)
 from ctxlock.generation.toolcalls._schemas import arguments_path
 from ctxlock.generation.toolcalls._sink import ToolCallSink
 
@@ -101,9 +105,7 @@ class Lfm2Parser:
     def _close(self, body: str) -> None:
         """Parse the list; each call gets its index here (an empty list is no call)."""
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # invalid escapes such as "\ " stay as written, as in Python
-                tree = ast.parse(_escape_raw_controls(body.strip()), mode="eval")
+            tree = parse_python_expression(_escape_raw_controls(body.strip()))
         except SyntaxError as exc:
             self._fail_block(f"the tool calls are not a Python list: {exc.msg} at char {exc.offset or 0}")
             return

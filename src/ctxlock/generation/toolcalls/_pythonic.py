@@ -18,10 +18,15 @@ inside a quoted string as its escape (vLLM's lfm2 parser reads these too: tests/
 from __future__ import annotations
 
 import ast
-import warnings
 from typing import Any
 
-from ctxlock.generation.toolcalls._jsontext import dumps_arguments, loads_object, split_marker_prefix, text_delta
+from ctxlock.generation.toolcalls._jsontext import (
+    dumps_arguments,
+    loads_object,
+    parse_python_expression,
+    split_marker_prefix,
+    text_delta,
+)
 from ctxlock.generation.toolcalls._sink import ToolCallSink
 
 _OPENERS = {"<|python_start|>": "<|python_end|>", "<|tool_call_start|>": "<|tool_call_end|>"}
@@ -284,9 +289,7 @@ _Parsed = tuple[str | None, dict[str, Any], tuple[str, str] | None]
 def parse_call_list(source: str) -> tuple[list[_Parsed], str | None]:
     """The calls of a pythonic list: [(name, arguments, problem or None)], or the problem of the whole list."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an invalid escape such as "\ " is kept as written, with a warning
-            tree = ast.parse(_escape_raw_controls(source.strip()), mode="eval")
+        tree = parse_python_expression(_escape_raw_controls(source.strip()))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         why = getattr(exc, "msg", None) or str(exc) or "nested too deeply to parse"
         return [], f"the list of calls is not valid Python: {why}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,10 @@ _EXPORTS = {
     "load_gguf": "ctxlock.artifacts._gguf_load",
     "load_manifest_dir": "ctxlock.artifacts._manifest",
     "openai_encoding": "ctxlock.artifacts._openai",
+    "as_openai_model": "ctxlock.artifacts._openai",
+    "openai_manifest_dir": "ctxlock.artifacts._openai",
+    "is_hub_id": "ctxlock.artifacts._hub",
+    "resolve_hub_revision": "ctxlock.artifacts._hub",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
@@ -93,21 +96,10 @@ def _load_cached(
     root: Path, fingerprint: tuple[tuple[str, int, int], ...], tokenizer_pipeline: str = "class"
 ) -> ModelArtifacts:
     if root.is_file():
-        from ctxlock.artifacts._gguf_load import load_gguf
-
-        return load_gguf(root)
+        return __getattr__("load_gguf")(root)  # the lazy table: a process that loads no GGUF never imports it
     if (root / "ctxlock.json").is_file():
-        from ctxlock.artifacts._manifest import load_manifest_dir
-
-        return load_manifest_dir(root)
+        return __getattr__("load_manifest_dir")(root)
     return load_hf_dir(root, tokenizer_pipeline=tokenizer_pipeline)
-
-
-def _hub_module() -> types.ModuleType:
-    """The local HF hub cache's resolver, imported when a spec names no local path."""
-    from ctxlock.artifacts import _hub as hub
-
-    return hub
 
 
 def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = "class") -> ModelArtifacts:
@@ -120,8 +112,7 @@ def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = 
         raise ValueError(f"tokenizer_pipeline must be one of {TOKENIZER_PIPELINES}, not {tokenizer_pipeline!r}")
     name = DEFAULT_MODEL if spec is None else str(spec)
     if name.startswith(OPENAI_PREFIX):
-        from ctxlock.artifacts._openai import as_openai_model, openai_manifest_dir
-
+        as_openai_model, openai_manifest_dir = __getattr__("as_openai_model"), __getattr__("openai_manifest_dir")
         # openai:MODEL: the model's tiktoken encoding from the bpe-openai package, no chat template.
         root = openai_manifest_dir(name)
         return as_openai_model(_load_cached(root, _fingerprint(root), "class"), name)
@@ -134,14 +125,14 @@ def load_artifacts(spec: str | Path | None = None, *, tokenizer_pipeline: str = 
             exists = root.exists()
         except OSError as exc:  # ENAMETOOLONG and the like: not a path this machine can open
             exists = False
-            if not _hub_module().is_hub_id(name):
+            if not __getattr__("is_hub_id")(name):
                 raise ArtifactNotFoundError(
                     f"cannot look up {name[:80]!r}: {exc.strerror}", path=name[:200], hint="pass a shorter path"
                 ) from None
-        if not exists and _hub_module().is_hub_id(name):
+        if not exists and __getattr__("is_hub_id")(name):
             # org/name[@revision]: the local HF hub cache, offline; never downloads. The artifacts carry how the
             # revision resolved (a rolling ref or a pinned commit), for the record.
-            pin = _hub_module().resolve_hub_revision(name)
+            pin = __getattr__("resolve_hub_revision")(name)
             loaded = _load_hub_cached(pin.snapshot, pin.repo_id, _fingerprint(pin.snapshot), tokenizer_pipeline)
             return dataclasses.replace(loaded, hub=pin)
         if not exists:

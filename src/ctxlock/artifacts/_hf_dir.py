@@ -33,6 +33,7 @@ from ctxlock.economics import capacity_from_files
 from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError
 from ctxlock.outside import decode_utf8, load_cached, read_artifact, store_cached
 from ctxlock.template import TemplateSet
+from ctxlock.tokenizer import backends
 from ctxlock.tokenizer.backends import (
     PIPELINE_VERSION,
     SPM_NOTE,
@@ -278,9 +279,8 @@ def _hf_pipeline(
     if file_text is not None:
         file_data = _tokenizer_json(file_text, source)
     elif spm_raw is not None:
-        from ctxlock.tokenizer.backends import read_model_info  # SentencePiece's reader: only for a .model
-
-        file_data, spm_specials = spm_bpe(read_model_info(spm_raw, source=str(source)).pieces)
+        # SentencePiece's reader, a lazy export of the backends: imported for a .model only
+        file_data, spm_specials = spm_bpe(backends.read_model_info(spm_raw, source=str(source)).pieces)
     else:
         file_data = _slow_bpe(*slow)  # type: ignore[misc]
     try:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-_CONSOLES: dict[str, Console] = {}
+_CONSOLES: dict[str, Console] = {}  # not a cache: the two consoles of the process, made once
 _CONSOLE_OPTIONS: dict[str, dict[str, Any]] = {
     "console": {"highlight": False, "soft_wrap": True},
     "err_console": {"stderr": True, "highlight": False, "soft_wrap": True},

@@ -1,3 +1,5 @@
+# size: the environment and the code generator that writes calls to its hooks by name (the `+` chains, inline
+# attribute reads): 700 lines before the chained `+`; apart, each would have to know the other's private names.
 """The jinja2 environment chat templates run in: transformers' sandbox, bounded, and provenance-keeping.
 
 The environment mirrors `transformers.apply_chat_template`: jinja2's ImmutableSandboxedEnvironment with

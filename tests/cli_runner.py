@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import typer
 from click.testing import Result
@@ -103,3 +104,16 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], *needles: str) ->
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     for needle in needles:
         assert needle in proc.stderr, proc.stderr
+
+
+def in_process_cli(monkeypatch: Any) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`ctxlock ARGS` as `run_cli` runs it (NO_COLOR=1, COLUMNS=200) but in this process (`run_main`: an exception
+    escaping main fails the test), for tests that read the commands' output and exit status, not their process."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        code, out, err = run_main(list(args))
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return cli

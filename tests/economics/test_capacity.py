@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from hypothesis import strategies as st
 
 import ctxlock
 import fetched
-from cli_runner import invoke, run_main
+from cli_runner import in_process_cli, invoke
 from ctxlock.artifacts._gguf import read_metadata
 from ctxlock.cli import budget as budget_cmds
 from ctxlock.cli import clamp as clamp_cmds
@@ -258,21 +256,8 @@ def _request(tmp_path: Path, request: dict = REQUEST) -> str:
     return str(path)
 
 
-def _in_process(monkeypatch: pytest.MonkeyPatch) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`ctxlock ARGS` as run_cli runs it (NO_COLOR=1, COLUMNS=200), but in this process (cli_runner.run_main: an
-    exception escaping main fails the test): what these tests read is the output and the exit status."""
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        code, out, err = run_main(list(args))
-        return subprocess.CompletedProcess(list(args), code, out, err)
-
-    return run
-
-
 def test_fit_uses_the_models_window_without_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_cli = _in_process(monkeypatch)
+    run_cli = in_process_cli(monkeypatch)
     gguf_path = str(fetched.gguf_path("qwen2"))
     out = run_cli("fit", _request(tmp_path), "--model", gguf_path, "--json", "--record", "--store", str(tmp_path / "s"))
     assert out.returncode == 0, out.stderr
@@ -308,7 +293,7 @@ def test_fit_on_a_model_directory_without_flags(tmp_path: Path) -> None:
 
 
 def test_clamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_cli = _in_process(monkeypatch)
+    run_cli = in_process_cli(monkeypatch)
     gguf_path = str(fetched.gguf_path("qwen2"))
     req = _request(tmp_path)
     n = len(ctxlock.load(gguf_path).encode(REQUEST)["input_ids"][0])

@@ -13,8 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ import pytest
 import ctxlock
 import fetched
 import reference
-from cli_runner import run_main
+from cli_runner import in_process_cli
 from conformance import vocab_for
 from ctxlock.template._render import ChatTemplate
 
@@ -151,24 +149,10 @@ def test_the_warning_is_true_a_user_forges_turns() -> None:
     assert model.run(genuine, chat_template=qwen).rendered.warnings == ()
 
 
-def _in_process_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`ctxlock ARGS` in this process (cli_runner.run_main: an exception escaping main fails the test), with the
-    environment run_cli gives a child (NO_COLOR=1, COLUMNS=200): what these tests read is the commands' output, not
-    their process, so they need no child Python each."""
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        code, out, err = run_main(list(args))
-        return subprocess.CompletedProcess(list(args), code, out, err)
-
-    return cli
-
-
 def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cli = _in_process_cli(monkeypatch)
+    cli = in_process_cli(monkeypatch)
     book = ctxlock.load("book")
     req = {"messages": [{"role": "user", "content": "天空为什么是蓝色？"}]}
     assert book.render(req).warnings == ()
@@ -194,7 +178,7 @@ def test_book_fixture_markers_are_control_tokens_and_a_plain_template_warns(
 
 
 def test_inspect_shows_the_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cli = _in_process_cli(monkeypatch)
+    cli = in_process_cli(monkeypatch)
     model_dir = tmp_path / "rwkv-on-qwen2"
     model_dir.mkdir()
     src = fetched.hf_tokenizer_dir("qwen2")

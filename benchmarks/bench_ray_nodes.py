@@ -16,12 +16,9 @@ The input is tests/batch/test_batch_ray.py's 20,000-row conversations (1% bad ro
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,35 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "batch"))
+from ray_nodes import free_port, kill_session  # noqa: E402 (tests/ray_nodes.py, on the path above)
+
 NODE = ["--num-cpus=1", "--memory=2000000000", "--object-store-memory=100000000", "--disable-usage-stats"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _session_pids(sid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[3]) == sid and stat[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
-def _kill(sid: int) -> None:
-    deadline = time.monotonic() + 10
-    while (pids := _session_pids(sid)) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
 
 
 def _start(env: dict[str, str], *args: str) -> int:
@@ -73,7 +44,7 @@ def _start(env: dict[str, str], *args: str) -> int:
     )
     out, _ = proc.communicate(timeout=90)
     if proc.returncode:
-        _kill(proc.pid)
+        kill_session(proc.pid)
         raise RuntimeError(out.decode(errors="replace")[-3000:])
     return proc.pid
 
@@ -102,18 +73,18 @@ def main() -> None:
     source.write_text("".join(x + "\n" for x in _conversations(args.rows, seed=21)), "utf-8")
     opts = BatchOptions(model=str(fetched.hf_tokenizer_dir("qwen2")), shard_rows=args.shard_rows)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RAY_USAGE_STATS_ENABLED": "0"}
-    port = _port()
+    port = free_port()
     sessions: list[int] = []
     results: dict[int, list[float]] = {}
     first: dict[str, bytes] | None = None
     try:
         head_args = [f"--port={port}", f"--temp-dir={work / 'ray'}", "--include-dashboard=false"]
-        head_args += [f"--dashboard-port={_port()}", f"--dashboard-agent-listen-port={_port()}"]
+        head_args += [f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
         sessions.append(_start(env, "--head", *head_args))
         ray.init(address=f"127.0.0.1:{port}", log_to_driver=False, logging_level="WARNING")
         for nodes in (1, 2):
             if nodes == 2:
-                agent = f"--dashboard-agent-listen-port={_port()}"
+                agent = f"--dashboard-agent-listen-port={free_port()}"
                 sessions.append(_start(env, f"--address=127.0.0.1:{port}", f"--temp-dir={work / 'ray'}", agent))
                 while sum(n["Alive"] for n in ray.nodes()) < 2:
                     time.sleep(0.1)
@@ -135,7 +106,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         for sid in reversed(sessions):
-            _kill(sid)
+            kill_session(sid)
         shutil.rmtree(work, ignore_errors=True)
     one, two = results[1][-1], results[2][-1]
     summary = {

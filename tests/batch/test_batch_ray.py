@@ -14,13 +14,11 @@ Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +42,7 @@ from ctxlock.batch._dist import Place, make_shard, read_place
 from ctxlock.batch._ray import ray_engine
 from ctxlock.batch._run import BatchOptions, Progress, job_of, run_batch
 from ctxlock.errors import InputError
+from ray_nodes import free_port, kill_session, session_pids
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RAY = Path(sys.executable).parent / "ray"
@@ -63,27 +62,6 @@ HEALTH = {
     "health_check_timeout_ms": 500,
     "health_check_failure_threshold": 3,
 }
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _session_pids(sid: int) -> list[int]:
-    """Live (not zombie) processes in session `sid` (a node's daemons and its workers, which have process groups of
-    their own)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[3]) == sid and stat[0] != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 @dataclass
@@ -116,17 +94,12 @@ class Cluster:
 
     def kill_node(self, sid: int) -> None:
         """SIGKILL every process of the node's session (by pid), until none is left (10 s at most)."""
-        deadline = time.monotonic() + 10
-        while (pids := _session_pids(sid)) and time.monotonic() < deadline:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+        kill_session(sid)
 
     def busy_worker(self) -> int | None:
         """A worker process of this cluster running a task (its title is `ray::_call`, idle ones `ray::IDLE`)."""
         for sid in (self.worker, self.head):
-            for pid in _session_pids(sid):
+            for pid in session_pids(sid):
                 try:
                     if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_call"):
                         return pid
@@ -142,7 +115,7 @@ def cluster() -> Iterator[Cluster]:
     # listens on every interface (https://docs.ray.io/en/latest/ray-security/token-auth.html).
     token = {"RAY_AUTH_MODE": "token"}
     env = {**os.environ, **token, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
-    port = _port()
+    port = free_port()
     c = Cluster(address=f"127.0.0.1:{port}", env=env, temp=temp)
     saved = {k: os.environ.get(k) for k in token}
     try:
@@ -155,13 +128,13 @@ def cluster() -> Iterator[Cluster]:
             "--include-dashboard=false",
             # No autoscaler monitor (the cluster is fixed): an interpreter importing Ray at start, for nothing.
             "--no-monitor",
-            f"--dashboard-port={_port()}",
-            f"--dashboard-agent-listen-port={_port()}",
+            f"--dashboard-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
             f"--system-config={json.dumps(HEALTH)}",
             *NODE,
         )
         second = c.launch(
-            f"--address={c.address}", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={_port()}", *NODE
+            f"--address={c.address}", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port()}", *NODE
         )
         c.head, c.worker = head.pid, second.pid  # torn down below even when a start fails
         c.started(head)
@@ -185,7 +158,7 @@ def cluster() -> Iterator[Cluster]:
         for sid in (c.worker, c.head):
             if sid:
                 c.kill_node(sid)
-                left += _session_pids(sid)
+                left += session_pids(sid)
         shutil.rmtree(temp, ignore_errors=True)
         assert not left, f"Ray processes left: {left}"
 

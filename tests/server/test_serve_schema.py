@@ -12,6 +12,11 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
+
+# Imported here, at collection, not lazily mid-test: pytest rewrites schemathesis' modules (a plugin) with ast.parse,
+# and on CPython 3.11 a parse racing another thread's fails (https://github.com/python/cpython/issues/106905).
+from schemathesis.specs.openapi import converter as _converter  # noqa: F401
+from schemathesis.specs.openapi.adapter import parameters as _parameters  # noqa: F401
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,

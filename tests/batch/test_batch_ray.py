@@ -5,11 +5,11 @@ memory and object store, token authentication, its own temporary directory and p
 (`ray.init(address=...)`), and tears it down after, even on failure: each node's processes are in their own session,
 killed by pid, and the test checks none is left. The Ray engine must write the local engine's shards and manifest
 byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8, CRLF, no final newline, lines
-longer than a 1 MiB block), Parquet input, --pack and --max-length, and a --resume that finishes another engine's
-run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs) runs a job to
-completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the second node;
-the output is still the undisturbed run's, byte for byte. The 20,000-row acceptance run is test_batch_20k.py's (no
-Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
+longer than a 1 MiB block), Parquet input, --pack and --max-length, --trajectories, and a --resume that finishes
+another engine's run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs)
+runs a job to completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the
+second node; the output is still the undisturbed run's, byte for byte. The 20,000-row acceptance run is
+test_batch_20k.py's (no Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from ctxlock.errors import InputError
 from ray_nodes import free_port, kill_session, session_pids
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+EXAMPLES = SRC.parent / "examples"
 RAY = Path(sys.executable).parent / "ray"
 # Per node: 1 CPU, 2 GB of Ray's memory resource, a 100 MB object store (the job puts only records there).
 # No log monitor (the driver takes no worker logs): a process less per node.
@@ -210,6 +211,21 @@ def test_cli_engine_ray(tmp_path: Path) -> None:
     code, out, _ = run_main([*base[:2], str(tmp_path / "ray"), *base[2:], "--engine", "ray", "--workers", "2"])
     assert code == 0 and json.loads(out)["rows"] == 70
     assert run_main([*base[:2], str(tmp_path / "local"), *base[2:]])[0] == 0
+    assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
+
+
+def test_ray_trajectories_are_the_local_engines_bytes(tmp_path: Path) -> None:
+    """--trajectories (docs/trajectories.md) on the cluster: the weather trajectory of examples/, a broken line, a
+    blank line and the trajectory again (no final newline), in shards of 2 rows: the Ray engine's files are the
+    local engine's, byte for byte, forks and error rows included."""
+    line = (EXAMPLES / "weather-trajectory.jsonl").read_bytes().rstrip(b"\n")
+    source = tmp_path / "traj.jsonl"
+    source.write_bytes(b"\n".join([line, b'{"messages": [', b"", line]))
+    opts = BatchOptions(shard_rows=2, trajectories=True)
+    local = run_batch(source, tmp_path / "local", opts)
+    on_ray = run_batch(source, tmp_path / "ray", opts, engine=ray_engine(workers=2))
+    assert on_ray == local and (local["rows"], local["row_count"], local["error_count"]) == (4, 2, 2)
+    assert local["policy"]["trajectories"] and all(sum(s["forks"].values()) for s in local["shards"])
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "local")
 
 

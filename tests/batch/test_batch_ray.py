@@ -352,19 +352,47 @@ print(json.dumps(manifest))
 """
 
 
+def _private_mounts(scratch: Path) -> list[str]:
+    """The `unshare` command line whose child may mount a tmpfs that no other process sees: as root, a mount
+    namespace (`--mount`); else a user namespace too (`--map-root-user`: no privilege needed where the kernel allows
+    unprivileged user namespaces, https://man7.org/linux/man-pages/man7/user_namespaces.7.html). Each is tried on
+    `scratch`; when none works the test fails, naming what the machine lacks (never a skip)."""
+    if shutil.which("unshare") is None:
+        pytest.fail("this test needs unshare(1) (util-linux) to hide the input from the driver; install it")
+    private = ["--mount", "--propagation", "private"]
+    ways = ([["unshare", *private]] if os.geteuid() == 0 else []) + [["unshare", "--map-root-user", *private]]
+    tried = []
+    for way in ways:
+        probe = subprocess.run(
+            [*way, "mount", "-t", "tmpfs", "tmpfs", str(scratch)], capture_output=True, text=True, timeout=30
+        )
+        if probe.returncode == 0:
+            return way
+        tried.append(f"`{' '.join(way)} mount -t tmpfs ...`: {' '.join(probe.stderr.split())[-300:]}")
+    knobs = ["/proc/sys/user/max_user_namespaces", "/proc/sys/kernel/unprivileged_userns_clone"]
+    knobs += ["/proc/sys/kernel/apparmor_restrict_unprivileged_userns"]
+    found = {k: Path(k).read_text().strip() for k in knobs if Path(k).exists()}
+    pytest.fail(
+        f"cannot mount a tmpfs in a private mount namespace (uid {os.geteuid()}): {'; '.join(tried)}. "
+        "The machine lacks root or unprivileged user namespaces (max_user_namespaces > 0, "
+        f"unprivileged_userns_clone = 1, no AppArmor or seccomp rule against them; here: {found})"
+    )
+
+
 def test_the_driver_needs_neither_input_nor_output(cluster: Cluster, tmp_path: Path) -> None:
-    """The driver runs in its own mount namespace (`unshare -m`) with a tmpfs over the directory that holds the
-    input and the output directory: it cannot read the one nor write the other, yet the job completes, and the
-    output the cluster's workers wrote (seen from outside) is the local engine's, byte for byte."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs unshare(1) and root to mount a tmpfs in a private mount namespace")
+    """The driver runs in its own mount namespace (`unshare --mount`, in a user namespace of its own when not root)
+    with a tmpfs over the directory that holds the input and the output directory: it cannot read the one nor write
+    the other, yet the job completes, and the output the cluster's workers wrote (seen from outside) is the local
+    engine's, byte for byte."""
+    (tmp_path / "scratch").mkdir()
+    unshare = _private_mounts(tmp_path / "scratch")
     data = tmp_path / "data"
     data.mkdir()
     source = _hostile(data)
     local = run_batch(source, tmp_path / "local", BatchOptions(model="book", shard_rows=7))
     out = data / "ray"
     script = f'mount -t tmpfs tmpfs "{data}" && exec "{sys.executable}" -c "$0" "$@"'
-    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _DRIVER, str(source), str(out)]
+    cmd = [*unshare, "sh", "-c", script, _DRIVER, str(source), str(out)]
     proc = subprocess.run([*cmd, cluster.address], env=cluster.env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == local

@@ -8,12 +8,13 @@ byte for byte, on inputs with bad rows (broken JSON, blank lines, invalid UTF-8,
 longer than a 1 MiB block), Parquet input, --pack and --max-length, --trajectories, and a --resume that finishes
 another engine's run. A driver in a mount namespace where the input and the output directory are hidden (tmpfs)
 runs a job to completion: the workers read and write. Last, the fault test kills a worker process mid-job, then the
-second node; the output is still the undisturbed run's, byte for byte. The 20,000-row acceptance run is
-test_batch_20k.py's (no Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
+second node while it runs a shard; the output is still the undisturbed run's, byte for byte. The 20,000-row
+acceptance run is test_batch_20k.py's (no Ray: under `pytest -n 2 --dist loadfile` it runs beside this module).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -97,16 +98,30 @@ class Cluster:
         """SIGKILL every process of the node's session (by pid), until none is left (10 s at most)."""
         kill_session(sid)
 
-    def busy_worker(self) -> int | None:
-        """A worker process of this cluster running a task (its title is `ray::_call`, idle ones `ray::IDLE`)."""
-        for sid in (self.worker, self.head):
+    def busy_worker(self, *sids: int) -> int | None:
+        """A worker process of these nodes (their sessions; default both) running a task: its title is `ray::_call`
+        (the engine's one remote function) while it runs one, `ray::IDLE` between tasks."""
+        for sid in sids or (self.worker, self.head):
             for pid in session_pids(sid):
-                try:
-                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_call"):
-                        return pid
-                except OSError:
-                    continue
+                if _running_a_task(pid):
+                    return pid
         return None
+
+    def freeze_node(self, sid: int) -> list[int]:
+        """SIGSTOP every process of the node's session: until killed or continued, none of them changes (no task
+        ends, no title changes)."""
+        pids = session_pids(sid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
+
+def _running_a_task(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_call")
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -401,9 +416,9 @@ def test_the_driver_needs_neither_input_nor_output(cluster: Cluster, tmp_path: P
 
 def test_a_worker_process_then_a_node_killed_mid_job(cluster: Cluster, tmp_path: Path) -> None:
     """While the job runs: SIGKILL a worker process running a shard task, then the whole second node (its raylet
-    and everything it started). Ray runs the lost tasks again on what is left; the output has no half shard and
-    no temporary file, and is the undisturbed local run's, byte for byte. Last in the module: the cluster has one
-    node after it."""
+    and everything it started) while one of its workers runs a shard task (waited for, 60 s at most). Ray runs the
+    lost tasks again on what is left; the output has no half shard and no temporary file, and is the undisturbed
+    local run's, byte for byte. Last in the module: the cluster has one node after it."""
     source = tmp_path / "in.jsonl"
     source.write_text("".join(x + "\n" for x in _conversations(1200, seed=5)), "utf-8")
     opts = BatchOptions(model="book", shard_rows=30)
@@ -421,10 +436,19 @@ def test_a_worker_process_then_a_node_killed_mid_job(cluster: Cluster, tmp_path:
                 os.kill(pid, signal.SIGKILL)
                 events["worker"] = (pid, records())
             time.sleep(0.005)
-        while time.monotonic() < deadline and records() < 10:
+        # The second node dies while one of its workers runs a task: a busy worker seen there, the node frozen
+        # (SIGSTOP), the worker still busy, then every process of the node killed; else the node goes on.
+        while time.monotonic() < deadline and "node" not in events:
+            if records() >= 10 and (pid := cluster.busy_worker(cluster.worker)) is not None:
+                frozen = cluster.freeze_node(cluster.worker)
+                if _running_a_task(pid):
+                    cluster.kill_node(cluster.worker)
+                    events["node"] = (pid, records(), (out / "manifest.json").exists())
+                    break
+                for stopped in frozen:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(stopped, signal.SIGCONT)
             time.sleep(0.005)
-        events["node"] = (records(), (out / "manifest.json").exists())
-        cluster.kill_node(cluster.worker)
 
     killer = threading.Thread(target=faults)
     killer.start()
@@ -432,8 +456,11 @@ def test_a_worker_process_then_a_node_killed_mid_job(cluster: Cluster, tmp_path:
         manifest = run_batch(source, out, opts, engine=ray_engine(cluster.address, workers=2))
     finally:
         killer.join()
-    assert "worker" in events and events["node"][1] is False, events  # both faults hit before the commit
-    assert events["node"][0] < 40 == len(local["shards"])
+    # Both faults hit before the commit. The node was killed while a worker of its ran a task, and before the 40th
+    # shard's record was written (counted after the kill): the driver was still in its shard loop (the scans before
+    # it had returned, the check after it had not begun), so that task was a shard's.
+    assert "worker" in events and "node" in events and events["node"][2] is False, events
+    assert events["node"][1] < 40 == len(local["shards"]), events
     # the job can finish on the head before the GCS's health checks declare the killed node dead (on a loaded
     # machine well past their 1.5 s): wait for that verdict, bounded, rather than read it once
     deadline = time.monotonic() + 60

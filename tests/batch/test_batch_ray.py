@@ -320,11 +320,14 @@ def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
 
 
 def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
-    """The engine's dataset is the job's shards, each actor reading its rows itself, rather than
-    `ray.data.read_json`'s rows, for two reasons shown here: read_json fails the whole read on one bad line (the
-    job makes it an error row at its number), and it reads well-formed requests into one inferred schema, so a
-    message gets keys the user never sent (`"tool_calls": None` on every message of a request without tool calls),
-    which changes what a template sees (`is defined`) and the request's digest."""
+    """The engine's dataset is the job's shards, each task reading its rows itself, rather than Ray Data's readers'
+    rows (docs/batch-ray.md). `ray.data.read_json` fails the whole read on one bad line (the job makes it an error
+    row at its number), and it reads well-formed requests into one inferred schema, so a message gets keys the user
+    never sent (`"tool_calls": None` on every message of a request without tool calls), which changes what a
+    template sees (`is defined`) and the request's digest. `read_json(lines=True)` (pandas' reader) fails on the bad
+    line too, adds keys as well, and drops a blank line (every later row's number shifts). `read_text(
+    drop_empty_lines=False)` keeps the lines as text, but splits them with `str.splitlines`, so a request with an
+    unescaped U+2028 in a string (valid JSON) becomes two rows, and one invalid UTF-8 byte fails the whole read."""
     plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     tools = {
         "messages": [
@@ -337,17 +340,30 @@ def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
         ]
     }
     path = tmp_path / "ok.jsonl"
-    path.write_text(json.dumps(plain) + "\n" + json.dumps(tools) + "\n", "utf-8")
+    path.write_text(json.dumps(plain) + "\n\n" + json.dumps(tools) + "\n", "utf-8")
     rows = ray.data.read_json(str(path)).take_all()
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(json.dumps(plain).encode() + b'\n{"messages": [\n' + json.dumps(tools).encode() + b"\n")
-    with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid in its own task errors
-        ray.data.read_json(str(bad)).take_all()
-    assert "JSON" in str(failed.value) or "ArrowInvalid" in str(failed.value), failed.value
+    for lines in (False, True):
+        with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid, pandas' ValueError
+            ray.data.read_json(str(bad), lines=lines).take_all()
+        assert any(x in str(failed.value) for x in ("JSON", "ArrowInvalid", "ValueError")), failed.value
     first = next(r for r in rows if r["messages"][0]["content"] == "hi")
     assert "tool_calls" in first["messages"][0] and "tool_calls" not in plain["messages"][0]
+    by_pandas = ray.data.read_json(str(path), lines=True).take_all()
+    assert len(by_pandas) == 2  # three lines, the blank one dropped
+    second = next(r for r in by_pandas if r["messages"][0]["content"] == "weather?")
+    assert "tool_calls" in second["messages"][0] and "tool_calls" not in tools["messages"][0]
     # ctxlock's reader gives the line's bytes as they are (`batch.read_place`): the parsed request has no such key
     assert b"tool_calls" not in read_place(str(path), Place(0, 0, 1), parquet=False)[0][1]
+    separator = tmp_path / "u2028.jsonl"
+    separator.write_text('{"messages": [{"role": "user", "content": "a\u2028b"}]}\n' + json.dumps(plain), "utf-8")
+    texts = ray.data.read_text(str(separator), drop_empty_lines=False).take_all()
+    assert len(texts) == 3 and len(read_place(str(separator), Place(0, 0, 2), parquet=False)) == 2
+    undecodable = tmp_path / "undecodable.jsonl"
+    undecodable.write_bytes(json.dumps(plain).encode() + b"\n\xff\xfe{\n")
+    with pytest.raises(Exception, match=r"UnicodeDecodeError|codec can.t decode"):
+        ray.data.read_text(str(undecodable), drop_empty_lines=False).take_all()
 
 
 # -- the driver sees neither the input nor the output; faults --------------------------------------------------

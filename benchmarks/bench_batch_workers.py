@@ -5,7 +5,7 @@
 
 Each job is a fresh `python -m ctxlock batch IN OUT -m <qwen2> --workers N [--engine ray]` process into an empty
 directory, so its wall time includes Python's start, the imports, starting the workers (or Ray) and loading the
-model in each; the jobs run one after another on the same input (the generator of tests/batch/test_batch_ray.py: 1 to 3
+model in each; the jobs run one after another on the same input (the generator of tests/batch/test_batch_20k.py: 1 to 3
 turns, mixed scripts, 1% bad rows). While a job runs, this script reads `/proc/<pid>/status` of the job and every
 process under it every 0.1 s: each one's peak RSS (`VmHWM`), and the largest worker's RSS when a quarter, half,
 three quarters and all of the job's time had passed (a flat line: memory does not grow with the input).
@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="rounds of all the engines, one after another")
     args = ap.parse_args()
 
-    from test_batch_ray import _conversations
+    from test_batch_20k import _conversations
 
     import fetched
 

@@ -10,7 +10,7 @@ byte against the first round's. The first round on a node count pays for startin
 model in each (a worker process keeps it for the next task); the last is reported as the warm figure. The cluster
 is torn down by pid at the end (each node's processes are in their own session), even on failure.
 
-The input is tests/batch/test_batch_ray.py's 20,000-row conversations (1% bad rows) and the Qwen2 tokenizer.
+The input is tests/batch/test_batch_20k.py's 20,000-row conversations (1% bad rows) and the Qwen2 tokenizer.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> None:
 
     os.environ["RAY_AUTH_MODE"] = "token"  # before Ray reads its config (the cluster below uses token auth)
     import ray
-    from test_batch_ray import _conversations
+    from test_batch_20k import _conversations
 
     import fetched
     from ctxlock.batch._ray import ray_engine

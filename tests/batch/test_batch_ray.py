@@ -322,12 +322,13 @@ def test_a_resume_with_other_options_remakes_the_shards(tmp_path: Path) -> None:
 def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
     """The engine's dataset is the job's shards, each task reading its rows itself, rather than Ray Data's readers'
     rows (docs/batch-ray.md). `ray.data.read_json` fails the whole read on one bad line (the job makes it an error
-    row at its number), and it reads well-formed requests into one inferred schema, so a message gets keys the user
-    never sent (`"tool_calls": None` on every message of a request without tool calls), which changes what a
-    template sees (`is defined`) and the request's digest. `read_json(lines=True)` (pandas' reader) fails on the bad
-    line too, adds keys as well, and drops a blank line (every later row's number shifts). `read_text(
-    drop_empty_lines=False)` keeps the lines as text, but splits them with `str.splitlines`, so a request with an
-    unescaped U+2028 in a string (valid JSON) becomes two rows, and one invalid UTF-8 byte fails the whole read."""
+    row at its number), skips a blank line, and reads well-formed requests into one inferred schema, so a message
+    gets keys the user never sent (`"tool_calls": None` on every message of a request without tool calls), which
+    changes what a template sees (`is defined`) and the request's digest. `read_json(lines=True)` (pandas' reader)
+    fails on the bad line too, adds keys as well, and drops a blank line (every later row's number shifts).
+    `read_text(drop_empty_lines=False)` keeps the lines as text, but splits them with `str.splitlines`, so a request
+    with an unescaped U+2028 in a string (valid JSON) becomes two rows, and one invalid UTF-8 byte fails the whole
+    read."""
     plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     tools = {
         "messages": [
@@ -348,6 +349,7 @@ def test_why_the_dataset_is_shards_not_read_json_rows(tmp_path: Path) -> None:
         with pytest.raises(Exception) as failed:  # Ray wraps pyarrow's ArrowInvalid, pandas' ValueError
             ray.data.read_json(str(bad), lines=lines).take_all()
         assert any(x in str(failed.value) for x in ("JSON", "ArrowInvalid", "ValueError")), failed.value
+    assert len(rows) == 2  # three lines, the blank one skipped
     first = next(r for r in rows if r["messages"][0]["content"] == "hi")
     assert "tool_calls" in first["messages"][0] and "tool_calls" not in plain["messages"][0]
     by_pandas = ray.data.read_json(str(path), lines=True).take_all()

@@ -18,6 +18,7 @@ import engine_matrix
 import pytest
 
 import fetched
+from cli_runner import run_main
 from ctxlock.errors import InputError, OptionError
 from ctxlock.lint import _engines as engines
 
@@ -235,6 +236,37 @@ def test_hf_jinja_missing_is_said_with_what_to_do(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     (result,) = engines.render_many("hf-jinja", "x", [{}], timeout_s=TIMEOUT_S)
     assert not result.available and result.why_unavailable is not None and "node" in result.why_unavailable
+
+
+def test_lint_names_the_missing_engine_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`ctxlock lint` without @huggingface/jinja: the not-run line names that engine and says minijinja was compared
+    (its finding is there); without either engine, each line says no other engine was."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}\n{% endfor %}{{ {'c': \"it's <x>\"}|tojson }}\n")
+    monkeypatch.delenv(engines.HF_JINJA_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # no node_modules here or above
+    argv = ["lint", str(template), "--rule", "portability", "--fail-on", "never"]
+    code, out, err = run_main(argv)
+    assert (code, err) == (0, "")
+    [line] = [line for line in out.splitlines() if "not run" in line]
+    assert line.startswith(
+        "  not run portability: only hf-jinja (@huggingface/jinja, transformers.js) was not compared with jinja2 "
+        "(minijinja was): the @huggingface/jinja package was not found"
+    ), line
+    assert "npm install @huggingface/jinja@0.5.13" in line
+    assert "minijinja (text-generation-inference, mistral.rs) renders different text" in out  # line 2's tojson
+    find_spec = engines.importlib.util.find_spec
+    monkeypatch.setattr(
+        engines.importlib.util, "find_spec", lambda n, *a: None if n == "minijinja" else find_spec(n, *a)
+    )
+    code, out, _ = run_main(argv)
+    lines = [line for line in out.splitlines() if "not run" in line]
+    assert [line.split(" was not compared")[0] for line in lines] == [
+        "  not run portability: minijinja (text-generation-inference, mistral.rs)",
+        "  not run portability: hf-jinja (@huggingface/jinja, transformers.js)",
+    ]
+    assert all(", and no other engine was either: " in line for line in lines), lines
+    assert code == 0 and "renders different text" not in out
 
 
 # -------------------------------------------------------------------------------------------- hostile templates

@@ -7,14 +7,19 @@ can compare ctxlock's messages with the reference's.
 
 - ``reference_render``: rendered text without any tokenizer (special tokens given explicitly).
 - ``reference_ids``: ids from a saved HF tokenizer dir (e.g. ``fetched.hf_tokenizer_dir("qwen2")``).
+- ``reference_assistant_mask``: ids and ``return_assistant_tokens_mask``'s mask, from a saved HF tokenizer dir.
 - ``reference_encode``, ``reference_special_tokens``, ``reference_tokenizer``: the tokenizer's own view.
 
-The results of ``reference_render`` and ``reference_ids`` are cached on disk, once per pinned transformers version
-(``<test cache>/reference-outputs/transformers-<version>/``, keyed by the sha256 of every input: the template, the
-messages, the options, and for ids the tokenizer directory's files; for a template that reads the clock, the day
-too). A run after the first reads them instead of calling transformers again. ``CTXLOCK_TEST_REFERENCE_CACHE=0``
-turns the cache off; tests/project/test_reference_cache.py holds cached answers to fresh ones. Only answers are
-cached: an input transformers refuses raises again each time.
+The results of ``reference_render``, ``reference_ids`` and ``reference_assistant_mask`` are cached on disk, once per
+pinned transformers version (``<test cache>/reference-outputs/transformers-<version>/``, keyed by the sha256 of every
+input: the template, the messages, the options, and for ids and masks the tokenizer directory's files; for a
+template that reads the clock, the day, or the fixed clock given). A run after the first reads them instead of
+calling transformers again. ``CTXLOCK_TEST_REFERENCE_CACHE=0`` turns the cache off;
+tests/project/test_reference_cache.py holds cached answers to fresh ones. For renders and ids only answers are
+cached: an input transformers refuses raises again each time. For masks a refusal is cached too, as its exception's
+type and message, and raised each time as ``ReferenceRefusal``: a mask test walks every training row of a template,
+and a template that refuses most of them (a tool call without an id) would otherwise load the tokenizer again on
+every run.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Any
 import fetched
 
 __all__ = [
+    "ReferenceRefusal",
+    "reference_assistant_mask",
     "reference_encode",
     "reference_ids",
     "reference_render",
@@ -43,8 +50,13 @@ __all__ = [
 CACHE_ENV = "CTXLOCK_TEST_REFERENCE_CACHE"
 
 
+@functools.cache
+def _transformers_version() -> str:
+    return importlib.metadata.version("transformers")  # reads the package's metadata file: about 10 ms a call
+
+
 def _cache_root() -> Path:
-    return fetched.cache_dir() / "reference-outputs" / f"transformers-{importlib.metadata.version('transformers')}"
+    return fetched.cache_dir() / "reference-outputs" / f"transformers-{_transformers_version()}"
 
 
 def cached(namespace: str, key: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
@@ -217,6 +229,87 @@ def reference_ids(
         "day": _clock(template),
     }
     return cached("ids", key, compute)
+
+
+class ReferenceRefusal(Exception):
+    """transformers refused the input (``reference_assistant_mask``): the type of what it raised, and its message."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+def _fixed_clock(now: datetime.datetime) -> type[datetime.datetime]:
+    """A ``datetime`` class whose ``now()`` is ``now``: its wall time without a zone, or converted to the zone asked
+    for."""
+
+    class Fixed(datetime.datetime):
+        @classmethod
+        def now(cls, tz: datetime.tzinfo | None = None) -> datetime.datetime:  # type: ignore[override]
+            return now.replace(tzinfo=None) if tz is None else now.astimezone(tz)
+
+    return Fixed
+
+
+def reference_assistant_mask(
+    tokenizer_dir: Path | str,
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: list[dict] | None = None,
+    documents: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool | str = False,
+    now: datetime.datetime | None = None,
+    **kwargs: Any,
+) -> dict[str, list[int]]:
+    """``apply_chat_template(..., tokenize=True, return_dict=True, return_assistant_tokens_mask=True)`` as
+    ``{"input_ids": [...], "assistant_masks": [...]}``, the mask transformers derives from the template's
+    ``{% generation %}`` blocks. ``now`` fixes the clock ``strftime_now`` reads (transformers' module-level
+    ``datetime`` is replaced for the call); without it the machine's clock is read and the day is part of the key.
+    A refusal (whatever transformers or the template raises) is ``ReferenceRefusal``, cached like an answer."""
+
+    def compute() -> dict[str, Any]:
+        import transformers.utils.chat_template_utils as ctu
+
+        saved = ctu.datetime
+        if now is not None:
+            ctu.datetime = _fixed_clock(now)
+        try:
+            out = reference_tokenizer(tokenizer_dir).apply_chat_template(
+                [dict(m) for m in messages],
+                tools=tools,
+                documents=documents,
+                chat_template=template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                **kwargs,
+            )
+        except Exception as exc:  # the template's raise_exception, an undefined value, an option transformers refuses
+            return {"refused": {"kind": type(exc).__name__, "message": str(exc)}}
+        finally:
+            ctu.datetime = saved
+        return {"input_ids": _flat_ids(out), "assistant_masks": [int(v) for v in out["assistant_masks"]]}
+
+    key = {
+        "tokenizer": _dir_digest(str(Path(tokenizer_dir).resolve())),
+        "template": template,
+        "messages": list(messages),
+        "tools": tools,
+        "documents": documents,
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        "variables": kwargs,
+        "clock": now.isoformat() if now is not None else _clock(template),
+    }
+    answer = cached("assistant-masks", key, compute)
+    if "refused" in answer:
+        raise ReferenceRefusal(answer["refused"]["kind"], answer["refused"]["message"])
+    return answer
 
 
 def reference_encode(tokenizer_dir: Path | str, text: str, add_special_tokens: bool = False) -> list[int]:

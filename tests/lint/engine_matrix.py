@@ -5,8 +5,9 @@ rendered with a few fixed conversations by jinja2 (the reference), minijinja and
     python tests/lint/engine_matrix.py            print the summary
     python tests/lint/engine_matrix.py --write    also write tests/data/lint/engine_matrix.json
 
-The JSON is for `ctxlock lint`'s portability rule and its docs table; tests/lint/test_engines.py checks that the
-committed file is what the engines render now.
+The JSON records, template by template, where each engine departs from jinja2 on these conversations (the docs
+table comes from `ctxlock lint` itself, scripts/lint_survey.py); tests/lint/test_engines.py checks that the
+committed file is what the engines render now (whole for a sample, jinja2's column for every template).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def contexts() -> list[dict[str, Any]]:
     return [{**SPECIAL, **c} for c in CONVERSATIONS.values()]
 
 
-def _outcome(result: engines.EngineResult) -> dict[str, Any]:
+def outcome(result: engines.EngineResult) -> dict[str, Any]:
     if result.text is not None:
         return {"renders": True, "chars": len(result.text)}
     return {"renders": False, "error": result.error, "line": result.line, "limited": result.limited}
@@ -105,7 +106,7 @@ def template_row(path: Path) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for k, name in enumerate(CONVERSATIONS):
         ref = runs["jinja2"][k]
-        row[name] = {"jinja2": _outcome(ref)} | {
+        row[name] = {"jinja2": outcome(ref)} | {
             e: _divergence(engines.compare(ref, runs[e][k])) for e in engines.ENGINES if e != "jinja2"
         }
     return row

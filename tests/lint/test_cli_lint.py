@@ -1,5 +1,5 @@
 """`ctxlock lint` on the command line (tests/cli_runner.py): the text view, the --json shape, --sarif FILE and -,
---fail-on and the exit statuses (0 below the level, 1 at it or on an error, 2 for a usage error), several targets,
+--fail-on and the exit statuses (0 below the level, 1 at it, 2 for an error or a usage error), several targets,
 --rule, --probes, --var, a model target (a GGUF with its embedded templates), and bad inputs, each one error line
 without a traceback.
 
@@ -140,10 +140,13 @@ def test_exit_statuses_of_the_real_command(work: Path) -> None:
     ok = run_cli("lint", str(work / QWEN25), "-m", qwen2())
     assert ok.returncode == 0 and ok.stderr == "" and "0 errors, 0 warnings, 5 notes" in ok.stdout
     failed = run_cli("lint", str(work / "broken.jinja"))
-    assert failed.returncode == 1 and failed.stderr == ""
+    assert failed.returncode == 1 and failed.stderr == ""  # a finding: the template does not compile
     usage = run_cli("lint", str(work / QWEN25), "--fail-on", "sometimes")
     assert usage.returncode == 2 and usage.stdout == ""
     assert usage.stderr.startswith("error: usage: ") and len(usage.stderr.splitlines()) == 1
+    broken_run = run_cli("lint", str(work / "absent.jinja"))  # an error: 2, never a finding's 1
+    assert broken_run.returncode == 2 and broken_run.stdout == ""
+    assert broken_run.stderr.startswith("error: ArtifactNotFoundError: ") and len(broken_run.stderr.splitlines()) == 1
 
 
 # ------------------------------------------------------------------------------------ targets, rules, probes, vars
@@ -204,16 +207,18 @@ def _one_error_line(code: int, out: str, err: str, status: int, *needles: str) -
         assert needle in line, line
 
 
+# Every bad input exits 2 (the run could not be made), usage errors included: 1 is a finding's alone.
 BAD = [
-    ("missing file", ["{work}/absent.jinja"], 1, ["ArtifactNotFoundError", "TARGET {work}/absent.jinja: no such file"]),
-    ("a directory", ["{work}"], 1, ["{work}"]),
+    ("missing file", ["{work}/absent.jinja"], 2, ["ArtifactNotFoundError", "TARGET {work}/absent.jinja: no such file"]),
+    ("a directory", ["{work}"], 2, ["{work}"]),
     ("unknown rule", ["{work}/broken.jinja", "--rule", "no-such-rule"], 2, ["--rule", "no rule 'no-such-rule'"]),
     ("sarif - and json", ["{work}/broken.jinja", "--sarif", "-", "--json"], 2, ["--sarif - and --json"]),
-    ("unwritable sarif", ["{work}/broken.jinja", "--sarif", "{work}"], 1, ["--sarif {work}: cannot write"]),
-    ("missing probes", ["{work}/broken.jinja", "--probes", "{work}/absent.json"], 1, ["{work}/absent.json"]),
-    ("bad probes", ["{work}/broken.jinja", "--probes", "{work}/broken.jinja"], 1, ["invalid JSON"]),
+    ("unwritable sarif", ["{work}/broken.jinja", "--sarif", "{work}"], 2, ["--sarif {work}: cannot write"]),
+    ("unwritable fix", ["{work}/" + QWEN25, "--rule", "double-bos", "--fix", "{work}"], 2, ["--fix {work}: cannot"]),
+    ("missing probes", ["{work}/broken.jinja", "--probes", "{work}/absent.json"], 2, ["{work}/absent.json"]),
+    ("bad probes", ["{work}/broken.jinja", "--probes", "{work}/broken.jinja"], 2, ["invalid JSON"]),
     ("bad var", ["{work}/broken.jinja", "--var", "thinking_mode"], 2, ["--var", "NAME=JSON"]),
-    ("missing model", ["{work}/broken.jinja", "-m", "{work}/absent.gguf"], 1, ["{work}/absent.gguf"]),
+    ("missing model", ["{work}/broken.jinja", "-m", "{work}/absent.gguf"], 2, ["{work}/absent.gguf"]),
     ("no target", [], 2, ["Missing argument"]),
 ]
 
@@ -229,10 +234,10 @@ def test_bad_input_is_one_line(work: Path, case: str, args: list[str], status: i
 
 def test_bad_input_with_json_is_an_error_object(work: Path) -> None:
     code, out, err = _lint(str(work / "absent.jinja"), "--json")
-    _one_error_line(code, out, err, 1, "absent.jinja")
+    _one_error_line(code, out, err, 2, "absent.jinja")
     assert json.loads(out)["error"]["type"] == "ArtifactNotFoundError"
 
 
 def test_a_bad_input_from_the_real_command(work: Path) -> None:
     proc = run_cli("lint", str(work))
-    _one_error_line(proc.returncode, proc.stdout, proc.stderr, 1, str(work))
+    _one_error_line(proc.returncode, proc.stdout, proc.stderr, 2, str(work))

@@ -68,7 +68,7 @@ def test_fix_and_sarif_to_a_fifo_or_an_unwritable_file_are_one_error_line(qwen25
         (["--fix", "/dev/full"], "--fix /dev/full: cannot write: No space left on device (free space on its disk or "),
     ):
         code, _, err = run_main(["lint", *base, *args])
-        assert code == 1 and "Traceback" not in err
+        assert code == 2 and "Traceback" not in err  # an error, not a finding
         (line,) = err.strip().splitlines()
         assert line.startswith(f"error: InputError: {said}"), line
     os.close(reader)

@@ -2,8 +2,9 @@
 
 A temporary git repository holds a template that does not compile and one that does, and a .pre-commit-config.yaml
 whose `repo:` is a git clone of this repository at HEAD (the committed tree: pre-commit installs a hook from a
-revision, never from a working tree). `pre-commit run --all-files` fails naming the bad template's finding, and
-passes once only the good one is left.
+revision, never from a working tree). `pre-commit run --all-files` fails naming the bad template's finding (exit
+status 1), passes once only the good one is left, and fails again on a template that cannot be read (not UTF-8: an
+error, exit status 2).
 
 What it costs: pre-commit builds a virtualenv and pip-installs ctxlock from the clone (its dependencies: numpy,
 tokenizers, mistral-common, ...). Measured on 2 cores: 51 s the first time on a machine (downloads), 31 s with pip's
@@ -166,6 +167,13 @@ def test_the_hook_fails_on_a_bad_template_and_passes_on_a_good_one(precommit: tu
     passed = _pre_commit(repo, env)
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "ctxlock lint (chat templates)" in passed.stdout and "Passed" in passed.stdout
+
+    (repo / "templates" / "latin1.jinja").write_bytes(b"{{ 'caf\xe9' }}\n")  # lint's error status 2, not a finding's 1
+    _commit(repo, "a template that is not UTF-8")
+    broken = _pre_commit(repo, env)
+    out = broken.stdout + broken.stderr
+    assert broken.returncode == 1 and "Failed" in out and "- exit code: 2" in out, out
+    assert "error: ArtifactFormatError: " in out and "latin1.jinja" in out and "Traceback" not in out
 
 
 def test_the_hook_manifest_is_valid() -> None:

@@ -21,6 +21,7 @@ from ctxlock.artifacts import load_template_file
 from ctxlock.errors import InputError, TemplateError
 from ctxlock.lint import RULES, Finding, Report, Severity, Skipped, lint
 from ctxlock.model import Model
+from ctxlock.probes import load_corpus
 from ctxlock.template import ChatTemplate
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
@@ -34,6 +35,7 @@ KIMI_K2_THINKING = "Kimi-K2-Thinking.jinja"
 GPT_OSS = "openai-gpt-oss-120b.jinja"
 LFM25 = "LFM2.5-8B-A1B.jinja"
 LAGUNA = "poolside-Laguna-XS-2.1.jinja"
+GRANITE33 = "ibm-granite-granite-3.3-2B-Instruct.jinja"
 TAGGED_QWEN25 = "tagged:" + QWEN25  # tests/tagged.py: Qwen2.5 with {% generation %} tags that agree with provenance
 
 Linter = Callable[..., Report]
@@ -140,6 +142,22 @@ POSITIVE = [
         probe="reasoning-last",
         construct="message.get('reasoning_content'",
         why="a message field read, never written",
+    ),
+    Case(
+        "unread-argument",
+        QWEN25,
+        "documents never reach",
+        Severity.NOTE,
+        probe="documents",
+        why="documents dropped: the template never reads them",
+    ),
+    Case(
+        "unread-argument",
+        QWEN25,
+        "messages[].name never reach",
+        Severity.NOTE,
+        probe="named",
+        why="a user's name dropped",
     ),
     Case("double-bos", LLAMA31, "'<|begin_of_text|>'", Severity.WARNING, probe="user", construct="bos_token"),
     Case(
@@ -256,7 +274,10 @@ NEGATIVE = [
     ),
     Case("unread-argument", QWEN25, "tools never reach", why="tools rendered"),
     Case("unread-argument", QWEN3, "it reads 'name'", why="tool_call.name is not a message's name"),
-    Case("double-bos", QWEN25),
+    Case("unread-argument", GRANITE33, "documents never reach", why="documents written"),
+    Case("unread-argument", KIMI_K2_THINKING, "messages[].name never reach", why="a message's name written"),
+    Case("double-bos", QWEN25, why="no BOS written"),
+    Case("double-bos", GEMMA2, why="the BOS written, and the qwen2 tokenizer adds none"),
     Case("history-rewrite", QWEN25),
     Case("content-format", QWEN35, "Python text", why="reads a list of parts"),
     Case("content-format", QWEN25, "Python text", why="a string, and a list of parts joined"),
@@ -346,6 +367,32 @@ def test_double_bos_names_the_ids(linted: Linter, models: Models) -> None:
     finding = _only(linted(LLAMA31), _positive("double-bos", LLAMA31))
     bos_id = models["llama-bpe"].tokenizer.token_to_id("<|begin_of_text|>")
     assert finding.data == {"bos_token": "<|begin_of_text|>", "bos_id": bos_id}
+
+
+def test_the_bos_negative_writes_the_bos_and_the_positive_tokenizer_adds_one(models: Models) -> None:
+    """Gemma 2's template writes the BOS (line 1), rendered with the qwen2 tokenizer, whose post-processor adds
+    none; Llama 3.1's writes it too, and its tokenizer adds one: the one difference between the two cases."""
+    request = {"messages": [{"role": "user", "content": "Hi"}]}
+    for name, adds in ((GEMMA2, False), (LLAMA31, True)):
+        model = models[vocab_for(name)]
+        bos = model.special_tokens["bos_token"]
+        assert model.render(request, chat_template=_template(name)).text.startswith(bos), name
+        with_special = model.tokenizer.encode("x", add_special_tokens=True)
+        assert (with_special[:1] == [model.tokenizer.token_to_id(bos)]) is adds, (name, with_special)
+        assert (with_special == model.tokenizer.encode("x", add_special_tokens=False)) is not adds, name
+    assert _lines(GEMMA2)[0].startswith("{{ bos_token }}")
+
+
+def test_the_field_negatives_write_the_field(models: Models) -> None:
+    """Granite 3.3 writes the documents' text, Kimi K2 Thinking the user's name: the negatives are not vacuous."""
+    corpus = {p.name: p for p in load_corpus()}
+    for name, probe, text in (
+        (GRANITE33, "documents", "The Eiffel Tower is in Paris."),
+        (KIMI_K2_THINKING, "named", "alice"),
+    ):
+        model = models[vocab_for(name)]
+        rendered = model.render(dict(corpus[probe].request), chat_template=_template(name))
+        assert text in rendered.text, (name, rendered.text)
 
 
 def test_training_mask_untagged_note_and_tagged_data(linted: Linter) -> None:

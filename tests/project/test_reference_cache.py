@@ -1,9 +1,10 @@
 """The reference outputs cached on disk (tests/reference.py) are the outputs transformers computes: a cached answer
-equals a fresh one, a damaged or mismatched entry is computed again, and inputs that are not plain JSON are never
-cached."""
+equals a fresh one (renders, ids, assistant masks, and a mask's refusal), a damaged or mismatched entry is computed
+again, and inputs that are not plain JSON are never cached."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 
 import fetched
 import reference
-from reference import CACHE_ENV, reference_ids, reference_render
+import tagged
+from reference import CACHE_ENV, ReferenceRefusal, reference_assistant_mask, reference_ids, reference_render
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -29,6 +31,12 @@ def sources() -> tuple[Path, list[str]]:
     """Qwen2's tokenizer directory and three templates, read from the real cache before a private one is set."""
     texts = [(fetched.templates_dir() / t).read_text(encoding="utf-8") for t in TEMPLATES]
     return fetched.hf_tokenizer_dir("qwen2"), texts
+
+
+@pytest.fixture(scope="module")
+def tagged_qwen() -> str:
+    """Qwen2.5's template with {% generation %} tags (tests/tagged.py), read before a private cache is set."""
+    return tagged.tagged_source("Qwen-Qwen2.5-7B-Instruct.jinja")
 
 
 @pytest.fixture
@@ -56,6 +64,34 @@ def test_cached_answers_equal_fresh_ones(
     first = answers()
     assert len(list((private_cache / "reference-outputs").rglob("*.json"))) == 2 * len(cases)
     again = answers()
+    monkeypatch.setenv(CACHE_ENV, "0")
+    assert first == again == answers()
+
+
+@pytest.mark.reference
+def test_cached_masks_and_refusals_equal_fresh_ones(
+    sources: tuple[Path, list[str]], tagged_qwen: str, private_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen2.5 with {% generation %} tags masks the assistant's turn; Gemma 2 refuses a system turn, and the
+    refusal is cached as its type and message. A fixed clock is part of the key."""
+    qwen, (_, _, gemma) = sources
+    rows = [*MESSAGES, {"role": "assistant", "content": "Once more."}]
+    now = datetime.datetime(2025, 1, 15, 9, 30, tzinfo=datetime.UTC)
+
+    def answers() -> list[object]:
+        out: list[object] = [reference_assistant_mask(qwen, tagged_qwen, rows, now=now)]
+        with pytest.raises(ReferenceRefusal) as refused:
+            reference_assistant_mask(qwen, gemma, rows, now=now)
+        return [*out, (refused.value.kind, refused.value.message)]
+
+    first = answers()
+    assert len(list(private_cache.rglob("assistant-masks/*/*.json"))) == 2
+    assert first[1] == ("TemplateError", "System role not supported")
+    mask = first[0]
+    assert isinstance(mask, dict) and 0 < sum(mask["assistant_masks"]) < len(mask["input_ids"])
+    again = answers()
+    reference_assistant_mask(qwen, tagged_qwen, rows, now=now + datetime.timedelta(days=1))
+    assert len(list(private_cache.rglob("assistant-masks/*/*.json"))) == 3  # another clock, another entry
     monkeypatch.setenv(CACHE_ENV, "0")
     assert first == again == answers()
 

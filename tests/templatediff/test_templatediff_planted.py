@@ -3,7 +3,8 @@ rendered with the qwen2 vocabulary (its GGUF), and on pure reformattings that mu
 
 Each planted case states, from the corpus data and the edit alone, which probes must render differently and which
 capabilities must change; the first diverging token is checked against HF `tokenizers` encoding the two rendered
-texts on its own (the tokenizer.json transformers converts from the same GGUF), not against ctxlock's ids."""
+texts on its own (the tokenizer.json transformers converts from the same GGUF), not against ctxlock's ids. The plants
+are Qwen2.5's, and Qwen3's reasoning branch removed (its capability line checked in the command's view too)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 import fetched
+from cli_runner import run_main
 from ctxlock.probes import Corpus, Probe, load_corpus
 from ctxlock.templatediff import TemplateDiff, diff_templates, load_sides
 
 QWEN = "Qwen-Qwen2.5-7B-Instruct.jinja"
+QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 LLAMA_31 = "meta-llama-Llama-3.1-8B-Instruct.jinja"
 
 
@@ -75,16 +78,24 @@ def nothing(p: Probe) -> bool:
     return False
 
 
+def reasoning_after_the_last_user_turn(p: Probe) -> bool:
+    """Qwen3 writes an assistant turn's reasoning only after the conversation's last user turn."""
+    messages = _messages(p)
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    return any(m.get("reasoning_content") for m in messages[last_user + 1 :])
+
+
 @dataclass(frozen=True)
 class Plant:
-    """An edit of the Qwen2.5 template: `old` (found once) becomes `new`; the probes it must change; the capabilities
-    that must change, with B's verdict."""
+    """An edit of a template (Qwen2.5 unless said): `old` (found once) becomes `new`; the probes it must change; the
+    capabilities that must change, with B's verdict."""
 
     name: str
     old: str
     new: str
     differs: Callable[[Probe], bool]
     changed: dict[str, str]
+    template: str = QWEN
 
 
 PLANTS = [
@@ -164,6 +175,28 @@ PLANTS = [
         nothing,
         {"content_format": "openai"},
     ),
+    # Qwen3's reasoning_content branch removed (reasoning read only from a <think> block inside content): the
+    # request's reasoning no longer reaches the text, and its <think> block is written empty.
+    Plant(
+        "reasoning-branch-removed",
+        "        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}\n"
+        "            {%- set reasoning_content = message.reasoning_content %}\n"
+        "        {%- else %}\n"
+        "            {%- if '</think>' in message.content %}\n"
+        "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+        "                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n')"
+        ".split('<think>')[-1].lstrip('\\n') %}\n"
+        "            {%- endif %}\n"
+        "        {%- endif %}\n",
+        "        {%- if '</think>' in message.content %}\n"
+        "            {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+        "            {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n')"
+        ".split('<think>')[-1].lstrip('\\n') %}\n"
+        "        {%- endif %}\n",
+        reasoning_after_the_last_user_turn,
+        {"reasoning": "dropped"},
+        QWEN3,
+    ),
 ]
 
 
@@ -171,7 +204,7 @@ PLANTS = [
 def test_a_planted_difference_is_found_at_its_token(
     plant: Plant, tmp_path: Path, corpus: Corpus, hf: HFTokenizer
 ) -> None:
-    source = template_path(QWEN).read_text("utf-8")
+    source = template_path(plant.template).read_text("utf-8")
     assert source.count(plant.old) == 1, plant.name
     diff = run(tmp_path, source, source.replace(plant.old, plant.new), corpus)
     assert diff.ids_comparable
@@ -202,6 +235,28 @@ def test_a_planted_difference_is_found_at_its_token(
     for p in diff.probes:
         if p.probe.name not in expected:
             assert p.kind == "same" and p.a.ids == p.b.ids
+
+
+def test_the_capability_line_names_reasoning(tmp_path: Path) -> None:
+    """The command's human view of the reasoning plant: the one probe, and reasoning on the capability line."""
+    (plant,) = [p for p in PLANTS if p.name == "reasoning-branch-removed"]
+    source = template_path(plant.template).read_text("utf-8")
+    (tmp_path / "a.jinja").write_text(source, "utf-8")
+    (tmp_path / "b.jinja").write_text(source.replace(plant.old, plant.new), "utf-8")
+    argv = [
+        "diff-template",
+        str(tmp_path / "a.jinja"),
+        str(tmp_path / "b.jinja"),
+        "-m",
+        str(fetched.gguf_path("qwen2")),
+    ]
+    code, out, err = run_main(argv)
+    assert (code, err) == (1, "")
+    lines = out.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("differs ")] == ["reasoning-last"]
+    at = lines.index("capabilities that changed (A → B)")
+    assert lines[at + 1 : at + 3] == [f"  {'reasoning':<22} rendered → dropped", ""]
+    assert lines[-1].endswith("; 1 capability changed")
 
 
 def test_a_template_that_raises_is_an_error_against_a_render(tmp_path: Path, corpus: Corpus) -> None:

@@ -1,23 +1,30 @@
 """`ctxlock lint`: chat templates checked against the failures templates ship with, before they are served or
-trained on (docs/template-checks.md)."""
+trained on (docs/template-checks.md). Exit 0: no finding reaches --fail-on; 1: one does (or --fix cannot tag the
+template); 2: an error (a bad file, a model that does not load, a bad probe file, an output that cannot be written),
+so CI can tell a finding from a broken run: as `diff-template` does, and linters such as ty
+(https://docs.astral.sh/ty/reference/exit-codes) and SQLFluff
+(https://docs.sqlfluff.com/en/3.1.1/production/cli_use.html)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from collections.abc import Callable
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
 
 from ctxlock.artifacts import load_artifacts
-from ctxlock.cli.files import check_template_file, open_output
+from ctxlock.cli import one_line
+from ctxlock.cli.files import check_template_file, name_request_source, open_output
 from ctxlock.cli.output import console, guarded, print_json
 from ctxlock.cli.render import MODEL_HELP, VarOpt, parse_vars
-from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, InputError
+from ctxlock.errors import ArtifactFormatError, ArtifactNotFoundError, CtxlockError, InputError
 from ctxlock.lint import OTHER_ENGINES, RULES, Engine, Report, Severity, TagResult, lint, tag_generation, to_sarif
 from ctxlock.model import Model
 from ctxlock.outside import decode_utf8, read_artifact
@@ -29,8 +36,15 @@ HELP = (
     "(prompt caching, multi-turn RL), the content format, raises ordinary requests reach, clock and random reads, "
     "training masks, each finding with its template line. TARGET is a .jinja file (rendered with --model's "
     "tokenizer and special tokens) or a model (every template of its set). Exit status: 0 when no finding reaches "
-    "--fail-on, 1 when one does or on an error."
+    "--fail-on, 1 when one does (or --fix cannot tag the template), 2 on an error (a bad file or option, a model "
+    "that does not load, an output that cannot be written), with one line on stderr."
 )
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1  # a finding at or over --fail-on, or a --fix that cannot be made
+EXIT_ERROR = 2  # the run could not be made: a bad input or option, an output that cannot be written
+
+
+T = TypeVar("T")
 
 
 class FailOn(StrEnum):
@@ -177,16 +191,16 @@ def lint_cmd(
             fixed.append(tag_generation(pairs[0][0], pairs[0][1], corpus.probes, variables=variables))
         return [lint(m, t, corpus=corpus, variables=variables, rules=rule or None, engines=engines) for m, t in pairs]
 
-    reports = guarded(as_json, go)
+    reports = _or_exit(as_json, go)
     if fixed and fixed[0].source is not None and fix is not None:
         tagged = fixed[0].source
-        guarded(as_json, lambda: _write_text(fix, tagged))
+        _or_exit(as_json, lambda: _write_text(fix, tagged))
     if sarif is not None:
         log = to_sarif(reports, list(RULES.values()), _version())
         if sarif == "-":
             print_json(log)
         else:
-            guarded(as_json, lambda: _write_sarif(Path(sarif), log))
+            _or_exit(as_json, lambda: _write_sarif(Path(sarif), log))
     if as_json:
         out: dict[str, Any] = {"reports": [r.to_dict() for r in reports]}
         if fixed:
@@ -198,7 +212,17 @@ def lint_cmd(
         if fixed:
             _show_fix(fixed[0], fix)
     status = _status(reports, fail_on)
-    raise typer.Exit(1 if fixed and not fixed[0].applies else status)
+    raise typer.Exit(EXIT_FINDINGS if fixed and not fixed[0].applies else status)
+
+
+def _or_exit(as_json: bool, fn: Callable[[], T]) -> T:
+    """`fn()`; a CtxlockError is one line on stderr (and the error object with --json) and exit status 2."""
+    try:
+        return guarded(as_json, fn)
+    except CtxlockError as exc:
+        name_request_source(exc)
+        print(one_line(f"error: {type(exc).__name__}: {exc}"), file=sys.stderr)
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def _show_fix(result: TagResult, path: Path | None) -> None:
@@ -246,10 +270,10 @@ def _write_sarif(path: Path, log: dict[str, Any]) -> None:
 
 def _status(reports: list[Report], fail_on: FailOn) -> int:
     if fail_on is FailOn.NEVER:
-        return 0
+        return EXIT_CLEAN
     least = Severity.named(fail_on.value)
     worst: list[Any] = [r.worst() for r in reports if r.worst() is not None]
-    return 1 if any(w >= least for w in worst) else 0
+    return EXIT_FINDINGS if any(w >= least for w in worst) else EXIT_CLEAN
 
 
 def register(app: typer.Typer) -> None:

@@ -58,7 +58,7 @@ def portability(lint: Lint, engines: Sequence[Engine] = OTHER_ENGINES) -> tuple[
     source = lint.template.source
     reference = render_many("jinja2", source, contexts, timeout_s=TIMEOUT_S)
     findings: list[Finding] = []
-    skipped: list[Skipped] = []
+    missing: dict[Engine, str] = {}
     for engine in engines:
         results = render_many(engine, source, contexts, timeout_s=TIMEOUT_S)
         groups: dict[tuple[str, int | None], list[tuple[ProbeRender, Divergence]]] = {}
@@ -67,11 +67,21 @@ def portability(lint: Lint, engines: Sequence[Engine] = OTHER_ENGINES) -> tuple[
             if d is None:
                 continue
             if d.verdict == "unavailable":
-                skipped.append(Skipped("portability", f"{engine}: {d.message}"))
+                missing[engine] = d.message
                 break
             groups.setdefault((d.verdict, d.line), []).append((r, d))
         findings += [_finding(engine, hits) for hits in groups.values()]
-    return findings, skipped
+    ran = [e for e in engines if e not in missing]
+    return findings, [Skipped("portability", _not_compared(e, why, ran)) for e, why in missing.items()]
+
+
+def _not_compared(engine: Engine, why: str, ran: Sequence[Engine]) -> str:
+    """Which engine was not compared and why, and which were: one engine missing is not the rule not running."""
+    peer = _PEERS.get(engine, engine)
+    if not ran:
+        return f"{peer} was not compared with jinja2, and no other engine was either: {why}"
+    others = " and ".join(ran)
+    return f"only {peer} was not compared with jinja2 ({others} {'was' if len(ran) == 1 else 'were'}): {why}"
 
 
 def _finding(engine: Engine, hits: list[tuple[ProbeRender, Divergence]]) -> Finding:

@@ -371,22 +371,6 @@ GENERATE_REQUEST = _obj(
 
 def _anchor_paths() -> dict[str, Any]:
     return {
-        "/v1/chat/completions/render": {
-            "post": _op(
-                "vLLM's chat render: a GenerateRequest with the request's exact token ids (errors in vLLM's shape).",
-                _json(GENERATE_REQUEST),
-                body=_json(CHAT_RENDER_IN),
-                vllm_errors=True,
-            )
-        },
-        "/v1/completions/render": {
-            "post": _op(
-                "vLLM's completion render: a GenerateRequest per prompt (errors in vLLM's shape).",
-                _json({"type": "array", "items": GENERATE_REQUEST}),
-                body=_json(COMPLETION_RENDER_IN),
-                vllm_errors=True,
-            )
-        },
         "/tokenize": {
             "post": _op(
                 "vLLM's /tokenize (completion or chat form) or llama.cpp's (`content`).",
@@ -415,6 +399,22 @@ def _anchor_paths() -> dict[str, Any]:
                 "model_max_length and the added tokens.",
                 _json(TOKENIZER_INFO_OUT),
                 params=[QUERY_MODEL],
+            )
+        },
+        "/v1/chat/completions/render": {
+            "post": _op(
+                "vLLM's chat render: a GenerateRequest with the request's exact token ids (errors in vLLM's shape).",
+                _json(GENERATE_REQUEST),
+                body=_json(CHAT_RENDER_IN),
+                vllm_errors=True,
+            )
+        },
+        "/v1/completions/render": {
+            "post": _op(
+                "vLLM's completion render: a GenerateRequest per prompt (errors in vLLM's shape).",
+                _json({"type": "array", "items": GENERATE_REQUEST}),
+                body=_json(COMPLETION_RENDER_IN),
+                vllm_errors=True,
             )
         },
         "/v1/messages/count_tokens": {

@@ -1,7 +1,8 @@
 """A scripted HTTP server on loopback for the probe's client tests: each route answers what the test says (a status,
 headers and body, or a function of the request), in a thread of this process. It stands in where no real server
 can be made to misbehave on purpose (a redirect elsewhere, a body over the cap, a slow drip, a non-JSON answer) and
-for the answer shapes of vLLM routes that no server in the suite runs (`/v1/chat/completions/render`)."""
+for the answer shapes of vLLM routes that no server in the suite gives (the first shape of
+`/v1/chat/completions/render`, and its absence)."""
 
 from __future__ import annotations
 

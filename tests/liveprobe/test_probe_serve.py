@@ -1,6 +1,6 @@
 """`ctxlock probe` against a real `ctxlock serve` over loopback, in each peer shape it answers: vLLM's `/tokenize` chat
-form (its `/v1/chat/completions/render` absent, and said so), llama.cpp's `/apply-template` + `/tokenize`, and
-ctxlock's own `/v1/render`.
+form and its `/v1/chat/completions/render` (a GenerateRequest, whose ids must be ctxlock's own render), llama.cpp's
+`/apply-template` + `/tokenize`, and ctxlock's own `/v1/render`.
 
 One server for the module serves the qwen2 GGUF vocabulary with llama.cpp's Qwen 2.5 template (`qwen`), the same
 vocabulary with another revision of that template whose default system line has one more space (`qwenrev`: the
@@ -37,7 +37,13 @@ CLOCK = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # Routes that have no field for a request's documents (the probe is not sent there, and the result says so).
-NO_DOCUMENTS = {"vllm", "llamacpp"}
+NO_DOCUMENTS = {"POST /tokenize (vLLM's chat form)", "POST /apply-template + POST /tokenize (llama.cpp's chat path)"}
+# The routes `ctxlock probe` asks in each shape; ctxlock serve has them all.
+ROUTES = {
+    "ctxlock": ["POST /v1/render (ctxlock's own)"],
+    "vllm": ["POST /tokenize (vLLM's chat form)", "POST /v1/chat/completions/render (vLLM)"],
+    "llamacpp": ["POST /apply-template + POST /tokenize (llama.cpp's chat path)"],
+}
 
 
 def clock_template(root: Path) -> Path:
@@ -103,30 +109,29 @@ def probe_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, st
     return run_main(["probe", *args])
 
 
-def verdicts(report: ProbeReport) -> dict[str, str]:
-    return {r.probe: str(r.verdict) for r in report.results}
+def verdicts(report: ProbeReport) -> dict[str, dict[str, str]]:
+    """Each route's verdicts by probe."""
+    out: dict[str, dict[str, str]] = {}
+    for r in report.results:
+        out.setdefault(r.route, {})[r.probe] = str(r.verdict)
+    return out
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_probe_agrees_with_the_same_template_in_each_shape(server: str, qwen: Model, shape: str) -> None:
     report = probe(server, qwen, QWEN, shape, "qwen")
     assert report.server.kind == shape
+    assert [(r.name, r.used) for r in report.routes] == [(name, True) for name in ROUTES[shape]]
     names = set(load_corpus().names)
-    expected = {n: "agree" for n in names}
-    if shape in NO_DOCUMENTS:
-        expected["documents"] = "not sent"
-        (skipped,) = [r for r in report.results if r.verdict is Verdict.NOT_SENT]
+    expected = {route: {n: "agree" for n in names} for route in ROUTES[shape]}
+    for route in set(ROUTES[shape]) & NO_DOCUMENTS:
+        expected[route]["documents"] = "not sent"
+        (skipped,) = [r for r in report.results if r.route == route and r.verdict is Verdict.NOT_SENT]
         assert skipped.cause is not None and "documents" in skipped.cause.detail
     assert verdicts(report) == expected
     assert report.ok
-    if shape == "vllm":
-        tokenize, render = report.routes
-        assert tokenize.used and not render.used
-        # ctxlock serve has no /v1/chat/completions/render: the report says the route is absent, and why.
-        assert render.name.startswith("POST /v1/chat/completions/render")
-        assert "HTTP 404" in render.why and "vllm-project/vllm/pull/32473" in render.why
-    else:
-        assert [r.used for r in report.routes] == [True]
+    for r in report.results:  # the ids each route answered are ctxlock's own render, token for token
+        assert r.verdict is Verdict.NOT_SENT or (r.server_ids == r.ctxlock_ids and r.ctxlock_ids), r.probe
     assert report.local is not None and report.local.template_sha256 == load_template_file(QWEN).sha256
 
 
@@ -135,9 +140,11 @@ def test_a_tokenizer_that_adds_the_bos_the_template_writes(server: str, llama_bp
     # Llama 3.3 writes <|begin_of_text|> and llama-bpe adds it: llama.cpp's /apply-template cuts it and /tokenize
     # with add_special puts it back once; every probe agrees, and the one the template refuses is refused by both.
     report = probe(server, llama_bpe, LLAMA3, shape, "llama3")
-    got = verdicts(report)
-    assert got.pop("parallel-tool-calls") == "both refuse"
-    assert set(got.values()) == ({"agree", "not sent"} if shape in NO_DOCUMENTS else {"agree"})
+    by_route = verdicts(report)
+    assert list(by_route) == ROUTES[shape]
+    for route, got in by_route.items():
+        assert got.pop("parallel-tool-calls") == "both refuse"
+        assert set(got.values()) == ({"agree", "not sent"} if route in NO_DOCUMENTS else {"agree"})
     first = next(r for r in report.results if r.verdict is Verdict.AGREE)
     assert first.ctxlock_ids is not None and first.ctxlock_ids[0] == 128000 and first.ctxlock_ids[1] != 128000
 
@@ -160,19 +167,22 @@ def test_the_planted_revision_is_named_at_the_right_token(
 
     report = probe(server, qwen, QWEN, shape, "qwenrev", recorder=recorder)
     assert not report.ok
-    by_name = {r.probe: r for r in report.results}
-    for name, (token, char) in planted_divergences.items():
-        r = by_name[name]
-        assert r.verdict is Verdict.DIVERGE, name
-        assert r.divergence is not None and r.divergence.index == token, name
-        assert r.cause is not None and r.cause.kind == "template" and r.cause.text is not None
-        assert r.cause.text.offset == char, name  # the same character on each route's own text
-        assert "helpful  assistant" in r.cause.text.server and "helpful assistant" in r.cause.text.ctxlock
-        assert r.record_id == f"record-of-{name}"
-    # The probes the revision does not touch (a system message, or tools: the other branch) still agree.
-    agree = {r.probe for r in report.results if r.verdict is Verdict.AGREE}
-    assert {"system", "tools", "multi-turn-system"} <= agree
-    assert set(recorded) == {r.probe for r in report.divergences}  # one record per diverging probe
+    assert {r.route for r in report.results} == set(ROUTES[shape])
+    for route in ROUTES[shape]:
+        by_name = {r.probe: r for r in report.results if r.route == route}
+        for name, (token, char) in planted_divergences.items():
+            r = by_name[name]
+            assert r.verdict is Verdict.DIVERGE, (route, name)
+            assert r.divergence is not None and r.divergence.index == token, (route, name)
+            assert r.cause is not None and r.cause.kind == "template" and r.cause.text is not None
+            assert r.cause.text.offset == char, (route, name)  # the same character on each route's own text
+            assert "helpful  assistant" in r.cause.text.server and "helpful assistant" in r.cause.text.ctxlock
+            assert r.record_id == f"record-of-{name}"
+        # The probes the revision does not touch (a system message, or tools: the other branch) still agree.
+        agree = {p for p, r in by_name.items() if r.verdict is Verdict.AGREE}
+        assert {"system", "tools", "multi-turn-system"} <= agree
+    # one record per diverging probe, shared by the routes it diverged on
+    assert sorted(recorded) == sorted({r.probe for r in report.divergences})
 
 
 def test_the_record_of_a_divergence_replays_ctxlocks_side(

@@ -1,10 +1,10 @@
-"""Server detection and the answer shapes of routes no server in the suite runs, over loopback with a scripted
-server: vLLM's `/v1/chat/completions/render` in both of its shapes (vLLM's tests/entrypoints/openai/test_render.py:
-`[conversation, [{prompt, prompt_token_ids}]]` first, a `GenerateRequest` `{request_id, token_ids, features,
-sampling_params}` since vllm-project/vllm#35684) and absent (501, as vLLM answers without a renderer), vLLM's and
-llama.cpp's `/v1/models` rows, and what the report says when a server refuses a probe or adds a BOS. The ids the
-scripted server answers are ctxlock's own (its exact render of the same model), so what is tested is the reading of
-each shape, the verdicts and the causes."""
+"""Server detection and the answer shapes no server in the suite gives, over loopback with a scripted server: vLLM's
+`/v1/chat/completions/render` in its first shape (vLLM's tests/entrypoints/openai/test_render.py before
+vllm-project/vllm#35684: `[conversation, [{prompt, prompt_token_ids}]]`) and absent (501, as vLLM answers without a
+renderer), vLLM's and llama.cpp's `/v1/models` rows, and what the report says when a server refuses a probe or adds
+a BOS. The route's current shape, a `GenerateRequest`, is `ctxlock serve`'s own, probed in test_probe_serve.py. The
+ids the scripted server answers are ctxlock's own (its exact render of the same model), so what is tested is the
+reading of each shape, the verdicts and the causes."""
 
 from __future__ import annotations
 
@@ -82,33 +82,6 @@ def vllm(model: Model, template: ChatTemplate) -> Iterator[Callable[..., Any]]:
     yield serve
 
 
-def test_vllm_with_its_render_route_answering_a_generate_request(
-    vllm: Callable[..., Any], model: Model, template: ChatTemplate
-) -> None:
-    encode = encoder(model, template)
-
-    def render(r: Seen) -> Reply:
-        ids = encode(r.body)[1]
-        return Reply(200, {"request_id": "chatcmpl-1", "token_ids": ids, "features": None, "sampling_params": {}})
-
-    with vllm(render) as (url, seen):
-        report = probe_server(url, model, template=template)
-    s = report.server
-    assert (s.kind, s.model, s.version) == ("vllm", BASE, "0.16.0")  # the base model, not the LoRA adapter
-    assert s.detected == "GET /v1/models: owned_by 'vllm'"
-    assert [(r.name, r.used) for r in report.routes] == [
-        ("POST /tokenize (vLLM's chat form)", True),
-        ("POST /v1/chat/completions/render (vLLM)", True),
-    ]
-    by_route: dict[str, set[str]] = {}
-    for r in report.results:
-        by_route.setdefault(r.route, set()).add(str(r.verdict))
-    assert by_route == {"POST /tokenize (vLLM's chat form)": {"agree", "not sent"}, report.routes[1].name: {"agree"}}
-    tokenize = [x for x in seen if x.path == "/tokenize"]
-    assert all(x.body["model"] == BASE and x.body["add_special_tokens"] is False for x in tokenize)
-    assert not any("documents" in x.body for x in tokenize)  # /tokenize's chat form has no field for them
-
-
 def test_vllm_render_route_in_its_first_shape_and_a_bos_it_adds(
     vllm: Callable[..., Any], model: Model, template: ChatTemplate
 ) -> None:
@@ -128,16 +101,22 @@ def test_vllm_render_route_in_its_first_shape_and_a_bos_it_adds(
         assert "the server's ids have one more token at the start" in r.cause.detail
 
 
-def test_a_render_route_the_server_lacks_is_named_absent(vllm: Callable[..., Any], model: Model) -> None:
+def test_vllm_detected_and_a_render_route_it_lacks_named_absent(vllm: Callable[..., Any], model: Model) -> None:
     refuse = Reply(501, {"error": {"message": "The model does not support Chat Completions Render API"}})
     with vllm(lambda _r: refuse) as (url, seen):
-        report = probe_server(url, model, template=load_template_file(QWEN), corpus=load_corpus(only=["user"]))
+        corpus = load_corpus(only=["user", "documents"])
+        report = probe_server(url, model, template=load_template_file(QWEN), corpus=corpus)
+    s = report.server
+    assert (s.kind, s.model, s.version) == ("vllm", BASE, "0.16.0")  # the base model, not the LoRA adapter
+    assert s.detected == "GET /v1/models: owned_by 'vllm'"
     render = report.routes[1]
-    assert not render.used
+    assert [r.used for r in report.routes] == [True, False]
     assert render.why.startswith("the server does not have it (HTTP 501: The model does not support Chat")
     assert "--enable-scale-out" in render.why
     assert [x.path for x in seen].count("/v1/chat/completions/render") == 1  # asked once, then not again
-    assert [str(r.verdict) for r in report.results] == ["agree"]
+    assert [(r.probe, str(r.verdict)) for r in report.results] == [("user", "agree"), ("documents", "not sent")]
+    tokenize = [x for x in seen if x.path == "/tokenize"]
+    assert [x.body["model"] for x in tokenize] == [BASE] and tokenize[0].body["add_special_tokens"] is False
 
 
 def test_a_probe_the_server_refuses(model: Model, template: ChatTemplate) -> None:

@@ -465,6 +465,9 @@ def test_without_a_token_every_protected_route_is_401(http: httpx.Client) -> Non
         for method, path in protected:
             r = c.request(method, path, content=b"{}")
             assert refused(r, 401)["type"] == "AuthError", (token, path)
+        for path in ("/v1/chat/completions/render", "/v1/completions/render"):  # vLLM's routes: vLLM's error shape
+            r = c.post(path, content=b"{}")
+            assert r.status_code == 401 and r.json()["error"]["type"] == "UnauthorizedError", (token, path)
         assert c.get("/healthz").status_code == 200
 
 

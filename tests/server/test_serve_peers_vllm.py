@@ -1,6 +1,10 @@
-"""vLLM's own tokenization tests (vllm-project/vllm tests/entrypoints/serve/tokenize/test_tokenization.py), run
-against `ctxlock serve`, with transformers as the reference exactly as the peer's test uses it: the expected ids are
-`tokenizer.encode(tokenizer.apply_chat_template(..., tokenize=False), add_special_tokens=...)`.
+"""vLLM's own tokenization and render tests (vllm-project/vllm tests/entrypoints/serve/tokenize/test_tokenization.py
+and tests/entrypoints/serve/render/test_render.py, formerly tests/entrypoints/openai/), run against `ctxlock serve`,
+with transformers as the reference exactly as the peer's test uses it: the expected ids are
+`tokenizer.encode(tokenizer.apply_chat_template(..., tokenize=False), add_special_tokens=...)`. The render routes
+answer vLLM's `GenerateRequest` (`{request_id, token_ids, sampling_params, ...}`) and vLLM's error shape
+(`{"error": {message, type, param, code}}`); where the peer's render test only checks that there are ids, these
+check that they are the reference's.
 
 Two HF tokenizers stand in for the peer's model: Qwen 2.5 (its tokenizer adds no special tokens, so the chat form's
 `add_special_tokens` changes nothing) and phi-3 (it adds a BOS, and its template writes one too: the peer's answer has
@@ -116,7 +120,7 @@ CHAT_CASES = [
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize(("conversation", "tools", "agp", "special", "cont"), CHAT_CASES)
-def test_tokenize_chat(
+def test_tokenize_and_render_chat(
     http: httpx.Client, model: str, conversation: list, tools: list | None, agp: bool, special: bool, cont: bool
 ) -> None:
     if cont:
@@ -140,6 +144,10 @@ def test_tokenize_chat(
         assert result["double_bos"] is (model.startswith("microsoft/"))
     else:
         assert "double_bos" not in result
+    # The same body on the chat render route: the same ids, as vLLM's render and /tokenize share its renderer.
+    r = http.post("/v1/chat/completions/render", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["token_ids"] == tokens
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -220,3 +228,118 @@ def test_tokenizer_info_takes_one_model(http: httpx.Client) -> None:
     a, b = list(MODELS)[:2]
     r = http.get(f"/tokenizer_info?model={a}&model={b}")
     assert r.status_code == 400 and r.json()["path"] == "?model", r.text
+
+
+# --- /v1/chat/completions/render and /v1/completions/render (vLLM's render endpoints) ------------------------------
+
+RENDER_CHAT = [{"role": "user", "content": "Returning an empty string for the prompt may be confusing."}]
+MULTI_TURN = [
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi there!"},
+    {"role": "user", "content": "How are you?"},
+]
+
+
+def render(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
+    r = http.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    return r.json()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("conversation", [RENDER_CHAT, MULTI_TURN], ids=["basic", "multi-turn"])
+def test_chat_completion_render(http: httpx.Client, model: str, conversation: list) -> None:
+    data = render(http, "/v1/chat/completions/render", {"model": model, "messages": conversation})
+    # test_chat_completion_render_basic / _multi_turn: one GenerateRequest, its ids the rendered prompt's
+    assert isinstance(data, dict) and data["request_id"].startswith("chatcmpl-")
+    assert data["token_ids"] == expected_chat(model, conversation, None, True, False, False)
+    assert (data["model"], data["features"], data["sampling_params"]) == (model, None, {})
+    assert (data["stream"], data["stream_options"], data["priority"]) == (False, None, 0)
+    if model.startswith("microsoft/"):  # the peer checks "BOS token (usually 1 for LLaMA models)": phi-3 writes it
+        assert data["token_ids"][0] == 1
+    assert "ignored" not in data
+
+
+def test_chat_completion_render_with_stream_and_sampling_params(http: httpx.Client) -> None:
+    # test_chat_completion_render_with_stream_true and _with_sampling_params: the stream fields and the sampling
+    # settings are carried over into the GenerateRequest; a generation setting that does not change the ids is named.
+    body = {
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "messages": [{"role": "user", "content": "Test sampling params"}],
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "temperature": 0.123,
+        "top_p": 0.456,
+        "frequency_penalty": 1.1,
+        "max_completion_tokens": 7,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "tool_choice": "auto",
+    }
+    data = render(http, "/v1/chat/completions/render", body)
+    assert data["stream"] is True and data["stream_options"] == body["stream_options"]
+    assert data["sampling_params"] == {
+        "temperature": 0.123, "top_p": 0.456, "frequency_penalty": 1.1, "max_tokens": 7, "logprobs": 3,
+    }  # fmt: skip
+    assert "_all_stop_token_ids" not in data["sampling_params"]
+    assert [i["path"] for i in data["ignored"]] == ["tool_choice"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_completion_render(http: httpx.Client, model: str) -> None:
+    # test_completion_render_basic and _multiple_prompts: a list of GenerateRequests, one per prompt, with the
+    # tokenizer's special tokens added (the completions default); ids are taken as sent
+    prompts = ["When should a chat-completions handler return an empty string?", "Hello world", "Goodbye world"]
+    data = render(http, "/v1/completions/render", {"model": model, "prompt": prompts})
+    assert [d["token_ids"] for d in data] == [reference(model).encode(p) for p in prompts]
+    assert all(d["request_id"].startswith("cmpl-") and d["model"] == model for d in data)
+    assert all("sampling_params" in d for d in data)
+    (one,) = render(http, "/v1/completions/render", {"model": model, "prompt": prompts[0], "add_special_tokens": False})
+    assert one["token_ids"] == reference(model).encode(prompts[0], add_special_tokens=False)
+    (ids,) = render(http, "/v1/completions/render", {"model": model, "prompt": one["token_ids"]})
+    assert ids["token_ids"] == one["token_ids"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/render", "/v1/completions/render"])
+def test_render_errors_are_vllms_shape(http: httpx.Client, path: str) -> None:
+    chat = path.startswith("/v1/chat")
+    ok: dict[str, Any] = {"messages": [{"role": "user", "content": "Hello"}]} if chat else {"prompt": "Hello"}
+    # test_*_render_error_invalid_model: 404 with {"error": ...}, as vLLM's model check answers it
+    r = http.post(path, json={**ok, "model": "invalid-model-name"})
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("NotFoundError", 404, "$.model")
+    # a field the route does not take, a wrong type, beam search (vLLM's render refuses it)
+    for body, param in [
+        ({**ok, "bogus": 1}, "$.bogus"),
+        ({**ok, "temperature": "hot"}, "$.temperature"),
+        ({**ok, "use_beam_search": True}, "$.use_beam_search"),
+    ]:
+        r = http.post(path, json={**body, "model": "Qwen/Qwen2.5-7B-Instruct"})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, param), r.text
+        assert isinstance(error["message"], str) and isinstance(error["hint"], str)
+    if chat:  # a template's own failure: 422 on ctxlock's routes, 400 here, as vLLM answers a jinja2 error
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+        body = {"model": "microsoft/Phi-3-mini-4k-instruct", "messages": messages}
+        assert http.post("/tokenize", json=body).status_code == 422
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError", r.text
+        assert r.json()["error"]["param"].endswith("chat_template.jinja line 4")
+
+
+def test_render_refuses_a_prompt_over_max_model_len_as_vllm_does(http: httpx.Client) -> None:
+    model = "Qwen/Qwen2.5-7B-Instruct"
+    long = "hello " * MAX_MODEL_LEN
+    r = http.post("/v1/chat/completions/render", json={"model": model, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens", r.text
+    r = http.post("/v1/completions/render", json={"model": model, "prompt": "hi", "max_tokens": MAX_MODEL_LEN + 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "$.max_tokens", r.text
+    # the completion's default max_tokens is 16 (vLLM's): a prompt of max_model_len - 16 tokens fits, one more not
+    ids = reference(model).encode("hello " * (MAX_MODEL_LEN - 16))[: MAX_MODEL_LEN - 16]
+    assert render(http, "/v1/completions/render", {"model": model, "prompt": ids})[0]["token_ids"] == ids
+    r = http.post("/v1/completions/render", json={"model": model, "prompt": [*ids, ids[0]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens", r.text

@@ -7,6 +7,11 @@ The cause is read off the two sides in this order:
 - `special tokens`: one id sequence is the other with one more id at the start or the end (a BOS or EOS the
   tokenizer added where the template wrote one, or did not);
 - `tokenizer`: the server's text is ctxlock's, character for character, and its ids are not;
+
+and whatever the cause, when one side's ids start with a BOS (the tokenizer's named `bos_token`, or what its
+`add_special_tokens` puts first) that the other side's lack, or end with the EOS the tokenizer adds and the other's
+do not, the detail says so first: a server that tokenizes the rendered prompt with the tokenizer's special tokens
+(llama.cpp's `add_special: true`) adds a BOS the template does not write, besides any other difference.
 - `clock`: the texts differ and the template read the clock (`strftime_now`): ctxlock renders at the probe corpus's
   fixed time, the server at its own (the run then renders ctxlock's side again at this machine's time, and compares
   that);
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ctxlock.liveprobe._routes import Refusal, ServerRender
+from ctxlock.liveprobe._routes import Refusal, ServerRender, special_affixes
 from ctxlock.pipeline import Pipeline
 from ctxlock.probes import PROBE_NOW, Divergence, ProbeRender, diverge, excerpt, text_difference
 
@@ -133,31 +138,55 @@ def _extra_special(a: Sequence[int], b: Sequence[int], model: Pipeline) -> Cause
     return None
 
 
-def _text_cause(pr: ProbeRender, sr: ServerRender, texts: tuple[str, str, str] | None, k: int) -> Cause:
+def special_ends(a: Sequence[int], b: Sequence[int], model: Pipeline) -> str:
+    """What one id sequence has at its start (end) that the other lacks there: a BOS (the named `bos_token`, or
+    what the tokenizer's `add_special_tokens` puts first), or the EOS the tokenizer appends. `a` is ctxlock's, `b`
+    the server's; "" when neither."""
+    tok = model.tokenizer
+    prefix, suffix = special_affixes(tok)
+    starts = set(prefix)
+    bos = model.special_tokens.get("bos_token")
+    if isinstance(bos, str) and (bos_id := tok.token_to_id(bos)) is not None:
+        starts.add(bos_id)
+    said = []
+    for ids, other, side, others in ((b, a, "the server's", "ctxlock's"), (a, b, "ctxlock's", "the server's")):
+        if ids and ids[0] in starts and (not other or other[0] != ids[0]):
+            said.append(f"{side} ids start with a BOS, {_token(model, ids[0])}, that {others} lack")
+        if ids and suffix and ids[-1] in suffix and (not other or other[-1] != ids[-1]):
+            said.append(f"{side} ids end with the EOS the tokenizer adds, {_token(model, ids[-1])}, that {others} lack")
+    return "; ".join(said)
+
+
+def _text_cause(
+    pr: ProbeRender, sr: ServerRender, texts: tuple[str, str, str] | None, k: int, model: Pipeline
+) -> Cause:
+    assert pr.ids is not None
+    ends = special_ends(pr.ids, sr.ids, model)
+    first = f"{ends}; besides, " if ends else ""
     if texts is None:
         return Cause(
             "unknown",
-            f"the ids part at token {k}; the route answers ids only and the server did not decode them, so the texts "
-            "cannot be compared",
+            f"{first}the ids part at token {k}; the route answers ids only and the server did not decode them, so "
+            "the texts cannot be compared",
         )
     mine, theirs, source = texts
     at = text_difference(mine, theirs)
     if at is None:
         return Cause(
             "tokenizer",
-            f"the texts are the same ({source}), character for character; the ids part at token {k}: the server's "
-            "tokenizer makes other ids of the same text",
+            f"{first}the texts are the same ({source}), character for character; the ids part at token {k}: the "
+            "server's tokenizer makes other ids of the same text",
         )
     diff = TextDifference(at, excerpt(mine, at), excerpt(theirs, at), source)
     assert pr.rendered is not None
     if pr.rendered.clock_used:
         return Cause(
             "clock",
-            f"the texts part at character {at}, and the template reads the clock: ctxlock renders at "
+            f"{first}the texts part at character {at}, and the template reads the clock: ctxlock renders at "
             f"{PROBE_NOW.isoformat()} (the probe corpus's fixed time), the server at its own",
             diff,
         )
-    detail = f"the texts part at character {at} ({source}): the server's template renders other text here"
+    detail = f"{first}the texts part at character {at} ({source}): the server's template renders other text here"
     mine_sha = pr.rendered.template.sha256
     if sr.template_sha256 is not None and sr.template_sha256 != mine_sha:
         detail += f"; it renders with template sha256 {sr.template_sha256[:16]}…, ctxlock with {mine_sha[:16]}…"
@@ -182,5 +211,5 @@ def compare(
         return ProbeResult(pr.probe.name, route, Verdict.AGREE, pr.ids, answer.ids, notes=notes)
     d = diverge(pr.ids, answer.ids, model)
     assert d is not None
-    cause = _extra_special(pr.ids, answer.ids, model) or _text_cause(pr, answer, texts(pr, answer), d.index)
+    cause = _extra_special(pr.ids, answer.ids, model) or _text_cause(pr, answer, texts(pr, answer), d.index, model)
     return ProbeResult(pr.probe.name, route, Verdict.DIVERGE, pr.ids, answer.ids, d, cause, notes)

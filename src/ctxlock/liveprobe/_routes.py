@@ -7,8 +7,9 @@
   prompt_token_ids}]]`; since https://github.com/vllm-project/vllm/pull/35684 (March 2026) it answers a
   `GenerateRequest`, `{request_id, token_ids, features, sampling_params, ...}`, the ids only. Plain `vllm serve`
   registers it only with `--enable-scale-out` (`VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1` before that flag) since
-  https://github.com/vllm-project/vllm/pull/54579 (September 2026); `vllm launch render` always does. Both shapes
-  are read; a 404, 405 or 501 means the route is absent, and the report says so.
+  https://github.com/vllm-project/vllm/pull/54579 (September 2026); `vllm launch render` always does (and
+  `ctxlock serve` answers it, docs/serve-compat.md). Both shapes are read; a 404, 405 or 501 means the route is
+  absent, and the report says so.
 - llama.cpp: `POST /apply-template` (`{messages, tools, add_generation_prompt, continue_final_message,
   chat_template_kwargs}` -> `{prompt}`), then `POST /tokenize` of that prompt with `add_special: true` and
   `parse_special: true`, as its chat path does (tools/server/server-context.cpp: the OpenAI-compatible path

@@ -43,7 +43,7 @@ from ctxlock.records._store import Store
 from ctxlock.records._viewer import CSP, diff_page, record_page
 from ctxlock.records._wire import fit_to_dict, run_to_dict
 from ctxlock.request import Utf8Policy
-from ctxlock.server import shapes
+from ctxlock.server import shapes, vllm_render
 from ctxlock.server.config import ServeConfig, load_config
 from ctxlock.server.edge import Edge, as_ctxlock_error, error_body
 from ctxlock.server.metrics import Metrics, otel_lines
@@ -149,7 +149,7 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
         try:
             result = await svc.pool.run(work)
         except Exception as exc:  # every failure answers as typed JSON here, not in Starlette's error page
-            code, body, headers = error_body(as_ctxlock_error(exc))
+            code, body, headers = error_body(as_ctxlock_error(exc), request.url.path)
             return JSONResponse(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
         if isinstance(result, Response):
             return result
@@ -157,6 +157,8 @@ def route(svc: Service, fn: Callable[[Service, Request, bytes], Callable[[], Any
         if tokens is not None:
             svc.metrics.tokens(*tokens)
         headers = result.pop("_headers", None) if isinstance(result, dict) else None
+        if isinstance(result, dict) and "_body" in result:  # an answer that is not an object (a list)
+            result = result["_body"]
         return JSONResponse(result, headers=headers)
 
     return endpoint
@@ -215,6 +217,30 @@ def simple(fn: Callable[..., dict[str, Any]], *, named: bool = False) -> Callabl
         return work
 
     return handler
+
+
+def chat_render(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
+    """POST /v1/chat/completions/render (vLLM's): a GenerateRequest with the request's exact token ids."""
+
+    def work() -> Any:
+        body = object_body(data)
+        sm, headers = _peer_served(svc, body, request)
+        out = vllm_render.chat_render(sm, body, allow_named=svc.config.allow_named_templates)
+        return {**out, "_tokens": (sm.name, len(out["token_ids"])), "_headers": headers}
+
+    return work
+
+
+def completion_render(svc: Service, request: Request, data: bytes) -> Callable[[], Any]:
+    """POST /v1/completions/render (vLLM's): a GenerateRequest per prompt."""
+
+    def work() -> Any:
+        body = object_body(data)
+        sm, headers = _peer_served(svc, body, request)
+        out = vllm_render.completion_render(sm, body)
+        return {"_body": out, "_tokens": (sm.name, sum(len(g["token_ids"]) for g in out)), "_headers": headers}
+
+    return work
 
 
 def tokenizer_info(svc: Service, request: Request, _data: bytes) -> Callable[[], Any]:
@@ -521,12 +547,12 @@ async def http_error(_request: Request, exc: Exception) -> Response:
         hint="see docs/serving.md for the routes",
         status=exc.status_code,
     )
-    code, body, headers = error_body(err)
+    code, body, headers = error_body(err, _request.url.path)
     return JSONResponse(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
 
 
 async def ctxlock_error(_request: Request, exc: Exception) -> Response:
-    code, body, headers = error_body(as_ctxlock_error(exc))
+    code, body, headers = error_body(as_ctxlock_error(exc), _request.url.path)
     return JSONResponse(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
 
 
@@ -542,6 +568,8 @@ def routes(svc: Service) -> list[Route]:
         post("/detokenize", detokenize),
         post("/apply-template", simple(shapes.apply_template, named=True)),
         get("/tokenizer_info", tokenizer_info),
+        post("/v1/chat/completions/render", chat_render),
+        post("/v1/completions/render", completion_render),
         post("/v1/messages/count_tokens", simple(shapes.anthropic_count)),
         post("/v1/responses/input_tokens", simple(shapes.openai_input_tokens)),
         post("/v1/render", render),

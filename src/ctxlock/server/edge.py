@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from http import HTTPStatus
 from typing import Any
 
 from ctxlock.errors import (
@@ -68,14 +69,36 @@ def status_of(exc: CtxlockError) -> int:
     return 422  # the request was well-formed but the pipeline could not process it (template, tokenizer, budget)
 
 
-def error_body(exc: CtxlockError) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
+# The routes that answer errors in vLLM's shape (vLLM's own routes, whose clients read `error.message`).
+VLLM_ERROR_ROUTES = frozenset({"/v1/chat/completions/render", "/v1/completions/render"})
+
+
+def error_body(exc: CtxlockError, path: str | None = None) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
+    """The status, JSON body and headers of an error: ctxlock's `{type, message, path, hint}`, or vLLM's shape on
+    the routes of `VLLM_ERROR_ROUTES` (`path` is the request's URL path)."""
     headers = []
     if isinstance(exc, OverloadedError):
         headers.append((b"retry-after", str(exc.retry_after).encode()))
     body = exc.to_dict()
     if isinstance(body.get("hint"), str):
         body["hint"] = server_hint(body["hint"])
+    if path in VLLM_ERROR_ROUTES:
+        return (*vllm_error(status_of(exc), body), headers)
     return status_of(exc), body, headers
+
+
+def vllm_error(status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """vLLM's error shape, `{"error": {message, type, param, code}}` (its ErrorResponse: the type a name such as
+    `BadRequestError` or `NotFoundError`, the code the HTTP status), with ctxlock's `hint` kept in the object. A
+    request the pipeline could not process (ctxlock's 422: a template's own failure) is 400, as vLLM answers a
+    template error (vllm/entrypoints/serve/utils/error_response.py)."""
+    if status == 422:
+        status = 400
+    name = "".join(HTTPStatus(status).phrase.split())
+    kind = name if name.endswith("Error") else name + "Error"
+    return status, {
+        "error": {"message": body["message"], "type": kind, "param": body["path"], "code": status, "hint": body["hint"]}
+    }
 
 
 # Hints the library writes for Python callers that name a choice an HTTP client does not have (the server parses
@@ -226,7 +249,7 @@ class Edge:
             if started[0]:
                 log.exception("error after the response started", exc_info=exc)
             else:
-                code, body, headers = error_body(as_ctxlock_error(exc))
+                code, body, headers = error_body(as_ctxlock_error(exc), scope.get("path"))
                 await send_json(sending, code, body, headers)
         finally:
             self.metrics.observe(self.route_of(scope), scope.get("method", ""), status[0], time.perf_counter() - start)

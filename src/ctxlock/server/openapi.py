@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxlock.server.shapes import ANTHROPIC_SETTINGS
+from ctxlock.server.vllm_render import IGNORED, REASONING_EFFORTS, SAMPLING
 
 # The status of each error type (edge.STATUS): every route may answer these with the error body.
 ERROR_STATUSES = {
@@ -36,6 +37,27 @@ ERROR = {
         "hint": {"type": ["string", "null"]},
     },
 }
+
+# vLLM's error shape (its ErrorResponse), on vLLM's render routes; `hint` is ctxlock's.
+VLLM_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "integer"},
+                "hint": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+# Refused on the wire before the route is known (connection.py): ctxlock's shape on every route.
+WIRE_STATUSES = frozenset({"408", "431"})
 
 CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]}
 MESSAGE = {
@@ -204,11 +226,17 @@ def _op(
     body: dict[str, Any] | None = None,
     params: list[dict[str, Any]] | None = None,
     open_route: bool = False,
+    vllm_errors: bool = False,
 ) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     retry = {"Retry-After": {"schema": {"type": "string", "pattern": "^[0-9]+$"}, "required": True}}
     for code, what in ERROR_STATUSES.items():
-        responses[code] = {"description": what, "content": _json({"$ref": "#/components/schemas/Error"})}
+        schema = "Error"
+        if vllm_errors and code == "422":  # answered as 400, as vLLM answers a template's failure
+            continue
+        if vllm_errors and code not in WIRE_STATUSES:
+            schema = "VllmError"
+        responses[code] = {"description": what, "content": _json({"$ref": f"#/components/schemas/{schema}"})}
         if code == "429":
             responses[code]["headers"] = retry
     op: dict[str, Any] = {"summary": summary, "responses": responses}
@@ -267,6 +295,80 @@ RESPONSES_COUNT_IN = _obj(
 )
 
 
+SAMPLING_IN = {
+    key: {
+        "number": {"type": "number"},
+        "int": {"type": "integer"},
+        "count": {"type": "integer", "minimum": 0},
+        "bool": {"type": "boolean"},
+        "ints": {"type": "array", "items": {"type": "integer"}},
+        "strings": {"type": "array", "items": {"type": "string"}},
+        "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "object": ANY_OBJECT,
+    }[kind]
+    for key, (_name, kind) in SAMPLING.items()
+}
+RENDER_COMMON = {
+    "model": MODEL,
+    **SAMPLING_IN,
+    "stream": {"type": "boolean"},
+    "stream_options": ANY_OBJECT,
+    "cache_salt": {"type": "string", "minLength": 1, "maxLength": 1024},
+    "priority": {"type": "integer"},
+    # Accepted, named in the answer's `ignored` (use_beam_search: true is refused, as vLLM's render refuses it).
+    **{key: {} for key in sorted(IGNORED)},
+}
+CHAT_RENDER_IN = _obj(
+    ["messages"],
+    {
+        **RENDER_COMMON,
+        "messages": MESSAGES,
+        "tools": {"anyOf": [TOOLS, {"type": "null"}]},
+        "documents": {"anyOf": [{"type": "array", "items": ANY_OBJECT}, {"type": "null"}]},
+        "add_generation_prompt": {"type": "boolean"},
+        "continue_final_message": {"type": "boolean"},
+        "add_special_tokens": {"type": "boolean"},
+        "chat_template": {"type": "string", "description": "Refused (400) unless the config allows named templates."},
+        "chat_template_kwargs": ANY_OBJECT,
+        "reasoning_effort": {"enum": [*REASONING_EFFORTS, None]},
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0},
+    },
+)
+COMPLETION_RENDER_IN = _obj(
+    ["prompt"],
+    {
+        **{k: v for k, v in RENDER_COMMON.items() if k != "max_completion_tokens"},
+        "prompt": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+                {"type": "array", "items": IDS, "minItems": 1},
+            ]
+        },
+        "add_special_tokens": {"type": "boolean"},
+        "logprobs": {"type": "integer", "minimum": 0},
+    },
+)
+GENERATE_REQUEST = _obj(
+    ["request_id", "token_ids", "features", "sampling_params", "model", "stream", "priority"],
+    {
+        "request_id": {"type": "string"},
+        "token_ids": IDS,
+        "features": {"type": "null"},
+        "sampling_params": ANY_OBJECT,
+        "model": {"type": ["string", "null"]},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": ["object", "null"]},
+        "cache_salt": {"type": ["string", "null"]},
+        "priority": {"type": "integer"},
+        "kv_transfer_params": {"type": "null"},
+        "ignored": {"type": "array", "items": ANY_OBJECT},
+    },
+)
+
+
 def _anchor_paths() -> dict[str, Any]:
     return {
         "/tokenize": {
@@ -297,6 +399,22 @@ def _anchor_paths() -> dict[str, Any]:
                 "model_max_length and the added tokens.",
                 _json(TOKENIZER_INFO_OUT),
                 params=[QUERY_MODEL],
+            )
+        },
+        "/v1/chat/completions/render": {
+            "post": _op(
+                "vLLM's chat render: a GenerateRequest with the request's exact token ids (errors in vLLM's shape).",
+                _json(GENERATE_REQUEST),
+                body=_json(CHAT_RENDER_IN),
+                vllm_errors=True,
+            )
+        },
+        "/v1/completions/render": {
+            "post": _op(
+                "vLLM's completion render: a GenerateRequest per prompt (errors in vLLM's shape).",
+                _json({"type": "array", "items": GENERATE_REQUEST}),
+                body=_json(COMPLETION_RENDER_IN),
+                vllm_errors=True,
             )
         },
         "/v1/messages/count_tokens": {
@@ -438,7 +556,7 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "ctxlock serve", "version": "1", "description": "See docs/serving.md."},
         "paths": {**_anchor_paths(), **_own_paths(), **_view_paths()},
         "components": {
-            "schemas": {"Error": ERROR},
+            "schemas": {"Error": ERROR, "VllmError": VLLM_ERROR},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],

@@ -98,8 +98,16 @@ def template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return kwargs
 
 
-def chat_options(sm: ServedModel, body: Mapping[str, Any], *, allow_named: bool, where: str) -> RenderOptions:
-    """The RenderOptions of a chat-form body: generation prompt, continuation, kwargs and the (named) template."""
+def chat_options(
+    sm: ServedModel,
+    body: Mapping[str, Any],
+    *,
+    allow_named: bool,
+    where: str,
+    extra_kwargs: Mapping[str, Any] | None = None,
+) -> RenderOptions:
+    """The RenderOptions of a chat-form body: generation prompt, continuation, kwargs (with `extra_kwargs` over the
+    body's own) and the (named) template."""
     agp = flag(body, "add_generation_prompt", True)
     cont = flag(body, "continue_final_message", False)
     if agp and cont and "add_generation_prompt" in body:
@@ -111,7 +119,7 @@ def chat_options(sm: ServedModel, body: Mapping[str, Any], *, allow_named: bool,
     return sm.options(
         add_generation_prompt=agp and not cont,
         continue_final_message=cont,
-        kwargs=template_kwargs(body),
+        kwargs={**(template_kwargs(body) or {}), **(extra_kwargs or {})} or None,
         template_name=sm.named_template(body.get("chat_template"), allow_named=allow_named, where=where),
     )
 

@@ -208,13 +208,13 @@ def test_generated_bomb_variants_are_bounded(tmp_path) -> None:
     _check_cache(tmp_path)
 
 
-def _gguf_with_template(tmp_path: Path, source: str) -> Path:
+def _gguf_with_template(tmp_path: Path, source: str, name: str = "bomb.gguf") -> Path:
     """A real vocabulary-only GGUF with `tokenizer.chat_template` set to `source` (one key-value pair more)."""
     data = fetched.gguf_path("bert-bge").read_bytes()
     version, n_tensors, n_kv = struct.unpack("<IQQ", data[4:24])
     key, value = b"tokenizer.chat_template", source.encode()
     pair = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
-    path = tmp_path / "bomb.gguf"
+    path = tmp_path / name
     path.write_bytes(data[:4] + struct.pack("<IQQ", version, n_tensors, n_kv + 1) + pair + data[24:])
     return path
 
@@ -227,6 +227,11 @@ baseline = None
 import ctxlock
 from ctxlock.errors import CtxlockError
 ctxlock.load("book")
+# The same vocabulary under a benign template, timed: what loading costs on this machine at this moment, beside the
+# template's compile limit (a loaded machine stretches both).
+t0 = time.monotonic()
+ctxlock.load(sys.argv[2]).render({"messages": [{"role": "user", "content": "hi"}]})
+plain = time.monotonic() - t0
 baseline = hwm()
 t0 = time.monotonic()
 try:
@@ -235,7 +240,7 @@ try:
 except CtxlockError as exc:
     outcome = type(exc).__name__
 elapsed = time.monotonic() - t0
-print(json.dumps([outcome, elapsed, (hwm() - baseline) / 1024]))
+print(json.dumps([outcome, elapsed, plain, (hwm() - baseline) / 1024]))
 """
 )
 
@@ -256,15 +261,21 @@ def test_a_gguf_chat_template_bomb_is_bounded_at_load_and_inspect(
     # The template comes from the file's metadata: loading compiles it (default limits: 5 s), rendering runs it;
     # `inspect` compiles it without rendering (a bomb that only goes off at render time inspects fine).
     path = _gguf_with_template(tmp_path, source)
+    plain_path = _gguf_with_template(tmp_path, "{{ messages[0].content }}", "plain.gguf")
     cache = tmp_path / "cache"
     env = {**os.environ, "CTXLOCK_CACHE_DIR": str(cache)}
     out = subprocess.run(
-        [sys.executable, "-c", GGUF_CHILD, str(path)], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", GGUF_CHILD, str(path), str(plain_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    outcome, elapsed, grown_mb = json.loads(out.stdout)
+    outcome, elapsed, plain, grown_mb = json.loads(out.stdout)
     assert outcome == expected
-    assert elapsed < 5.0 * 1.1 and grown_mb < MEMORY_MB, (elapsed, grown_mb)
+    # Bounded by the 5 s compile limit (10% slack) plus what loading the same vocabulary costs here and now.
+    assert elapsed < 5.0 * 1.1 + plain and grown_mb < MEMORY_MB, (elapsed, plain, grown_mb)
     command = [sys.executable, "-m", "ctxlock", "inspect", "--model", str(path)]
     cli = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert "Traceback" not in cli.stderr

@@ -156,9 +156,9 @@ def _prefix(reasoning: str | None, prompt: str) -> str:
     return f"{fmt.close}\n\n" if start_from_prompt(fmt, prompt) == "reasoning" else f"{fmt.open}\n{fmt.close}\n\n"
 
 
-def run_conversation(path: Path, how: str = "render") -> Run:
+def run_conversation(path: Path, how: str = "render", model: ctxlock.Model | None = None) -> Run:
     """A user asks, the engine calls the tool, the tool answers, the engine answers, the user thanks it."""
-    model = _model(vocab_for(path.name))
+    model = model or _model(vocab_for(path.name))
     opts: dict[str, Any] = {"chat_template": ChatTemplate(path.read_text("utf-8"), id=path.name), "now": FIXED_NOW}
     data: dict[str, Any] = {"tools": TOOLS, "messages": [{"role": "user", "content": "Weather in Paris?"}]}
     if path.name in TEMPLATE_KWARGS:
@@ -255,8 +255,11 @@ def check_first_fork(run: Run, cut: int) -> None:
     bounds = [len(tok.decode(r.ids[: s.end].tolist())) for s in r.steps]
     step = next(k for k, b in enumerate(bounds) if first < b or k == len(bounds) - 1)
     i1, i2 = fork.trajectory_tokens
-    if i2 > i1:  # a fork is a token span: its step is one of its tokens' (the nearest to the character)
-        step = min(max(step, int(r.step[i1])), int(r.step[i2 - 1]))
+    if i2 > i1:  # a fork is a token span: its step is one of its tokens' (the nearest to the character), or the
+        # next token's when the canonical side only adds text after the trajectory's
+        adds = fork.canonical_text.startswith(fork.trajectory_text) and fork.canonical_text != fork.trajectory_text
+        last = i2 if adds and i2 < len(r.ids) else i2 - 1
+        step = min(max(step, int(r.step[i1])), int(r.step[last]))
     assert fork.step == step, (fork.to_dict(), first, bounds)
 
 
@@ -281,6 +284,27 @@ def test_fixture_templates(path: Path) -> None:
         assert any(f.cause != "retokenization" for f in r.forks), f"{path.name}: not prefix-stable, yet no fork"
     else:  # a parsed message the template writes otherwise than the engine did: said by the step and a fork
         assert any(f.cause != "retokenization" for f in r.forks) or any(s.how == "located" for s in r.steps)
+
+
+def test_an_end_token_left_in_the_content_is_a_rerender_not_a_history_rewrite() -> None:
+    """An end-of-turn text the vocabulary holds as plain text (granite's `<|end_of_text|>`, Laguna's `</assistant>`
+    in Qwen2's) is no end token there: it stays in the parsed tool-call message's content, which these prefix-stable
+    templates write before the call even while the turn is the last. The fork is the completion's (step 1), a
+    rerender: the template writes the turn so from the start, and never rewrites it (a shared `<` between the
+    engine's `<tool_call>` and the template's `</assistant>` is no agreement), and it is the completion's even where
+    the inserted text follows the prompt's last token."""
+    for name, inserted in (
+        ("ibm-granite-granite-4.0.jinja", "<|end_of_text|>"),
+        ("poolside-Laguna-XS.2.jinja", "</assistant>"),
+    ):
+        path = fetched.templates_dir() / name
+        run = run_conversation(path, model=_model(vocab_for(name)))
+        r = run.result
+        assert _stable(run.model, run.opts, r.conversation)[0]
+        assert inserted in r.steps[1].message["content"]
+        changed = [(f.step, f.cause) for f in r.forks if f.trajectory_text != f.canonical_text]
+        assert changed == [(1, "rerender")], [f.to_dict() for f in r.forks]
+        assert inserted in next(f.canonical_text for f in r.forks if f.trajectory_text != f.canonical_text)
 
 
 def test_a_refusing_template_is_a_typed_error() -> None:

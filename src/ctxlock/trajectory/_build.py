@@ -57,6 +57,9 @@ class Step:
     reproduces: bool | None = None  # a completion: the template renders its parsed message as the engine wrote it
     agrees: int = 0  # a completion: how many of its bytes the template writes so while it is the last turn
     notes: tuple[str, ...] = ()
+    # A completion: what the template writes from the prompt's end on while it is the last turn (its parsed message,
+    # no generation prompt), in bytes; empty when that render does not start with the prompt.
+    last_turn: bytes = field(default=b"", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.index, "kind": self.kind, "tokens": [self.start, self.end], "how": self.how}
@@ -181,8 +184,9 @@ class Trajectory:
         again = self.model.render(data, **self.render_options, add_generation_prompt=False).text
         reproduces = again.startswith(self._prompt + text)
         agrees = len(text[: _shared(again[len(self._prompt) :], text)].encode("utf-8", "surrogatepass"))
+        last_turn = again[len(self._prompt) :].encode("utf-8", "surrogatepass")
         if not again.startswith(self._prompt):
-            agrees = 0
+            agrees, last_turn = 0, b""
         if not reproduces:
             notes.append(
                 "the template renders the parsed message otherwise than the engine wrote it: the trajectory keeps "
@@ -195,7 +199,18 @@ class Trajectory:
         self._pending = _Pending(self._prompt, text, len(data["messages"]) - 1, control)
         self._data = data
         self._steps.append(
-            Step(index, "completion", start, len(self._ids), "engine", message, reproduces, agrees, tuple(notes))
+            Step(
+                index,
+                "completion",
+                start,
+                len(self._ids),
+                "engine",
+                message,
+                reproduces,
+                agrees,
+                tuple(notes),
+                last_turn,
+            )
         )
         return parsed
 

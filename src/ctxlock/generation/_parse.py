@@ -38,10 +38,13 @@ from ctxlock.request import Request
 from ctxlock.tokenizer import Tokenizer
 
 # End-of-turn tokens a completion may end with (the stop token a server includes or not): ChatML, Llama 3, GPT-2
-# style, SentencePiece, DeepSeek, Gemma. They end the message; they are not part of it.
+# style, SentencePiece, DeepSeek, Gemma. They end the message; they are not part of it. Llama 3.1 ends a turn that
+# calls a tool with `<|eom_id|>`, one of its stop tokens ("End of message",
+# https://www.llama.com/docs/model-cards-and-prompt-formats/llama3_1/), as functionary v3.1's template writes it.
 END_TOKENS = (
     "<|im_end|>",
     "<|eot_id|>",
+    "<|eom_id|>",
     "<|end_of_text|>",
     "<|endoftext|>",
     "</s>",

@@ -70,9 +70,17 @@ def _tool_templates() -> list[Path]:
 
 
 TEMPLATES = _tool_templates()
-# The one fixture template with tool calls that refuses the conversation: it concatenates each tool call's
-# `arguments` to a string, and a parsed call's arguments are an object (as in every request ctxlock reads).
-REFUSES = {"meetkai-functionary-medium-v3.2.jinja": "can only concatenate str"}
+# The fixture templates with tool calls that refuse the conversation, each with the error it names:
+# functionary-medium-v3.2 concatenates each tool call's `arguments` to a string, and a parsed call's arguments are an
+# object (as in every request ctxlock reads); Kimi-K2-Instruct and Kimi-K2-Thinking queue the call ids with
+# `list.append`, which the immutable sandbox refuses (as transformers' does); llama.cpp's deepseek-r1 template writes
+# `tools | map(...) | tojson`, a generator JSON cannot hold, so it refuses any request that declares tools.
+REFUSES = {
+    "meetkai-functionary-medium-v3.2.jinja": "can only concatenate str",
+    "Kimi-K2-Instruct.jinja": "access to attribute 'append' of 'list' object is unsafe",
+    "Kimi-K2-Thinking.jinja": "access to attribute 'append' of 'list' object is unsafe",
+    "llama-cpp-deepseek-r1.jinja": "Object of type generator is not JSON serializable",
+}
 REASONING = "Let me check."
 
 
@@ -308,8 +316,9 @@ def test_an_end_token_left_in_the_content_is_a_rerender_not_a_history_rewrite() 
 
 
 def test_a_refusing_template_is_a_typed_error() -> None:
-    """functionary-medium-v3.2 cannot render a parsed tool call (it concatenates `arguments` to a string): the
-    trajectory refuses with a typed error naming the template and the line, never a wrong trajectory."""
+    """The templates of `REFUSES` cannot render the conversation (see there): the trajectory refuses with a typed
+    error naming the template and the line, never a wrong trajectory."""
+    assert set(REFUSES) <= {p.name for p in TEMPLATES}
     for name, why in REFUSES.items():
         with pytest.raises(CtxlockError) as exc:
             run_conversation(fetched.templates_dir() / name)

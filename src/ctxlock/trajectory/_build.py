@@ -115,12 +115,12 @@ class TrajectoryResult:
 @dataclass
 class _Pending:
     """The last completion, for the delta that follows it: the canonical prompt it answered, its text, the index of
-    its message, whether its last id is a control token."""
+    its message, its last id's text when that id is a control token (else "")."""
 
     prompt: str
     text: str
     message: int
-    ends_in_control: bool
+    end_control: str
 
 
 @dataclass
@@ -195,7 +195,8 @@ class Trajectory:
         index = len(self._steps)
         start = len(self._ids)
         self._append(ids, probs, index, 1, trained=True)
-        control = bool(ids) and self.model.tokenizer.id_to_token(ids[-1]) in self.model.tokenizer.control_tokens
+        last = self.model.tokenizer.id_to_token(ids[-1])
+        control = last if last is not None and last in self.model.tokenizer.control_tokens else ""
         self._pending = _Pending(self._prompt, text, len(data["messages"]) - 1, control)
         self._data = data
         self._steps.append(
@@ -363,9 +364,13 @@ def _delta_start(lay: Layout, pending: _Pending, model: Model) -> tuple[int, str
         return k, "located", notes
     end = max(ends)
     rest = text[end:]
-    overlap = next((n for n in range(min(len(rest), len(pending.text)), 0, -1) if pending.text.endswith(rest[:n])), 0)
-    if overlap == 0 and pending.ends_in_control:
-        match = next((m for m in control_matches(lay.rendered, model.tokenizer) if m.start == end), None)
+    overlap = _overlap(pending.text, rest)
+    if overlap == 0 and pending.end_control:
+        # The completion ends with an end-of-turn token the template does not write there: past the part of the
+        # closing the completion wrote before it (the `}` that closes a GigaChat call), the template's own control
+        # token stands for it.
+        at = end + _overlap(pending.text.removesuffix(pending.end_control), rest)
+        match = next((m for m in control_matches(lay.rendered, model.tokenizer) if m.start == at), None)
         if match is not None:
             notes.append(
                 f"the engine's end-of-turn token stands where the template writes {text[match.start : match.end]!r} "
@@ -373,6 +378,11 @@ def _delta_start(lay: Layout, pending: _Pending, model: Model) -> tuple[int, str
             )
             return match.end, "located", notes
     return end + overlap, "located", notes
+
+
+def _overlap(text: str, rest: str) -> int:
+    """The length of the longest start of `rest` that `text` ends with."""
+    return next((n for n in range(min(len(rest), len(text)), 0, -1) if text.endswith(rest[:n])), 0)
 
 
 def _delta_ids(lay: Layout, start_char: int, model: Model, notes: list[str]) -> list[int]:

@@ -493,7 +493,8 @@ NOT_EXACT: dict[str, tuple[str, list[tuple[int, str, str, str]]]] = {
 def test_fixture_templates(path: Path) -> None:
     """Where lint's verdict says prefix-stable, every delta is exact and the trajectory is the canonical render's
     text (a fork there is only a retokenization, at a step's edge), unless `NOT_EXACT` names the template, its
-    reason and its forks; where it is not, the first fork is where the cut renders say."""
+    reason and its forks (none a history rewrite); where it is not, a fork is a history rewrite and the first fork is
+    where the cut renders say."""
     if path.name in REFUSES:  # asserted by test_a_refusing_template_is_a_typed_error
         with pytest.raises(CtxlockError):
             conversation(path.name)
@@ -505,7 +506,8 @@ def test_fixture_templates(path: Path) -> None:
     if not prefix_stable(run.model, run.opts, r.conversation):
         assert path.name not in NOT_EXACT
         check_first_fork(run, first_parting(run.model, run.opts, r.conversation))
-        assert any(f.cause != "retokenization" for f in r.forks), f"{path.name}: not prefix-stable, yet no fork"
+        # The labels agree with the verdict: a history rewrite here, none where the template is prefix-stable.
+        assert any(f.cause == "history-rewrite" for f in r.forks), [f.to_dict() for f in r.forks]
         return
     check_first_fork(run, None)
     changed = [(f.step, f.cause, f.trajectory_text, f.canonical_text) for f in r.forks if f.cause != "retokenization"]

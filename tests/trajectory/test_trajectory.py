@@ -306,7 +306,8 @@ def prefix_stable(model: ctxlock.Model, opts: dict[str, Any], data: dict[str, An
 def first_parting(model: ctxlock.Model, opts: dict[str, Any], data: dict[str, Any]) -> int:
     """Where the whole render first parts from the first cut render (before an assistant turn with the generation
     prompt, or after it) that is not a prefix of it: the trajectory's text holds each cut render up to there. Its
-    length when every cut render is a prefix of it."""
+    length when every cut render is a prefix of it. (Not lint's: its finding says where a cut render parts from the
+    next cut, and the bound `check_first_fork` needs is against the whole render.)"""
     msgs = data["messages"]
     full = model.render(data, **opts, add_generation_prompt=msgs[-1]["role"] != "assistant").text
     for k, m in enumerate(msgs):

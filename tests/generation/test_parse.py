@@ -107,6 +107,15 @@ def test_a_response_cut_off_in_its_reasoning_has_no_content_and_no_call() -> Non
     }
 
 
+def test_llama_31s_end_of_message_token_ends_a_call() -> None:
+    """Llama 3.1 (and functionary v3.1, its template) ends a turn that calls a tool with `<|eom_id|>`, one of its
+    stop tokens: it ends the message, and is neither content nor part of the call."""
+    out = '<function=get_weather>{"city": "Paris"}</function><|eom_id|>'
+    p = parse_output(out, tool_format="functionary_v3_1", tools=[WEATHER])
+    assert [(c.name, c.arguments) for c in p.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert p.content is None and "the end-of-turn token <|eom_id|>" in " ".join(p.notes)
+
+
 def test_template_markers_name_the_formats() -> None:
     import fetched
 

@@ -90,6 +90,23 @@ def test_rows_are_the_python_apis(jobs: Path) -> None:
     assert sum(np.asarray(m).sum() for m in table.column("loss_mask").to_pylist()) == manifest["trained_tokens"]
 
 
+def test_each_log_prob_is_the_given_one_at_its_token(jobs: Path) -> None:
+    """A row's `logprobs` (float64) hold each log-prob the line gives, exactly, at its completion token (a null is
+    NaN), and NaN at every other token: the example's first completion gives them (some null), its second none;
+    the other line gives [-0.1, null, -0.3]."""
+    table = pa.concat_tables(pq.read_table(jobs / "one" / f"shard-0000{k}.parquet") for k in (0, 1))
+    assert table.schema.field("logprobs").type == pa.list_(pa.float64())
+    for got, line in zip(table.to_pylist(), [_lines()[0], _lines()[3]], strict=True):
+        given = [step.get("logprobs") for step in json.loads(line)["steps"] if "completion_ids" in step]
+        spans = [s["tokens"] for s in json.loads(got["steps"]) if s["kind"] == "completion"]
+        expected = np.full(got["length"], np.nan)
+        for (start, end), probs in zip(spans, given, strict=True):
+            if probs is not None:
+                expected[start:end] = [np.nan if p is None else p for p in probs]
+        np.testing.assert_array_equal(np.asarray(got["logprobs"], dtype=np.float64), expected)
+        assert 0 < int(np.sum(~np.isnan(expected))) < sum(end - start for start, end in spans)
+
+
 def test_parquet_request_column_and_resume(jobs: Path) -> None:
     """The same lines as a Parquet `request` column make the same shard files; a resume keeps every shard."""
     source = jobs / "in.parquet"

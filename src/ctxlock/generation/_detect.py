@@ -109,8 +109,9 @@ def _render(
     prompt: bool,
     variables: dict[str, Any],
     arguments: ToolArguments = ToolArguments.PARSED,
+    tools: bool = True,
 ) -> str:
-    body = {"messages": messages, "tools": _TOOLS, "chat_template_kwargs": variables}
+    body = {"messages": messages, "tools": _TOOLS if tools else [], "chat_template_kwargs": variables}
     request = parse_request(json.dumps(body).encode(), tool_arguments=arguments)
     return render(request, template, add_generation_prompt=prompt, special_tokens=_SPECIAL).text
 
@@ -121,13 +122,15 @@ def assistant_turn(
     variables: dict[str, Any],
     content: str | None = "Looking it up.",
     arguments: ToolArguments = ToolArguments.PARSED,
+    tools: bool = True,
 ) -> str:
     """What `template` writes for an assistant turn with `calls` (and `content`): the render past the prefix it
     shares with the prompt rendered with the generation prompt. `arguments`: how the calls' arguments reach the
-    template (parsed, or as sent: functionary v3.2 concatenates them as a string)."""
+    template (parsed, or as sent: functionary v3.2 concatenates them as a string); `tools`: whether the request
+    declares the probe's tools."""
     turn = {"role": "assistant", "content": content, "tool_calls": calls}
-    full = _render(template, [_USER, turn], False, variables, arguments)
-    prompt = _render(template, [_USER], True, variables, arguments)
+    full = _render(template, [_USER, turn], False, variables, arguments, tools)
+    prompt = _render(template, [_USER], True, variables, arguments, tools)
     k = 0
     while k < min(len(full), len(prompt)) and full[k] == prompt[k]:
         k += 1
@@ -141,11 +144,14 @@ def tool_format_for_template(
     if isinstance(template, str):
         template = ChatTemplate(source=template, id="template")
     # Some templates refuse text beside calls (Mistral's), some more than one call per turn (Llama 3.x): the probe
-    # tries the turn with text and two calls first, then without text, then with one call; and when none of those
-    # renders with the arguments parsed, the same with the arguments as sent (functionary v3.2 concatenates them).
-    written, first_error = None, None
+    # tries the turn with text and two calls first, then without text, then with one call; when none of those
+    # renders with the arguments parsed, the same with the arguments as sent (functionary v3.2 concatenates them);
+    # and when none renders with the probe's tools declared, the same without them, until one writes a call
+    # (llama.cpp's deepseek-r1 template fails on any `tools`, and writes the calls only beside no text).
+    written, first_error, bare = None, None, None
     probes = [
-        (arguments, content, calls)
+        (tools, arguments, content, calls)
+        for tools in (True, False)
         for arguments in (ToolArguments.PARSED, ToolArguments.AS_SENT)
         for content, calls in (
             ("Looking it up.", _CALLS),
@@ -154,18 +160,33 @@ def tool_format_for_template(
             (None, _CALLS[:1]),
         )
     ]
-    for arguments, content, calls in probes:
+    for tools, arguments, content, calls in probes:
         try:
-            written = assistant_turn(template, calls, variables or {}, content, arguments)
-            break
+            written = assistant_turn(template, calls, variables or {}, content, arguments, tools)
         except CtxlockError as exc:
             first_error = first_error or exc
+            continue
+        if tools or classify_written(written) != NO_CALLS:
+            break
+        bare, written = (written if bare is None else bare), None
+    written = written if written is not None else bare
     if written is None:
+        # No probe renders (the sandbox refuses Kimi-K2-Instruct's `list.append`): the markers of the template's own
+        # source say what its model writes, when they name a format.
         message = first_error.message if first_error is not None else "no probe rendered"
-        return None, f"the template's tool-call format could not be read: a probe render failed ({message})"
+        found = classify_written(template.source)
+        if found in (NO_CALLS, "unclassified"):
+            return None, f"the template's tool-call format could not be read: a probe render failed ({message})"
+        how = f"read from the template's source, as no probe render succeeded ({message})"
+        if found in {f.value for f in PARSERS}:
+            return found, f"the template writes {found} tool calls ({how})"
+        return None, f"the template writes {found} tool calls, which ctxlock does not parse yet ({how})"
     found = classify_written(written)
+    how = (
+        "" if first_error is None or tools else f" (read without the probe's tools, which fail: {first_error.message})"
+    )
     if found in {f.value for f in PARSERS}:
-        return found, f"the template writes {found} tool calls"
+        return found, f"the template writes {found} tool calls{how}"
     if found in (NO_CALLS, "unclassified"):
-        return None, f"the template writes no tool calls ctxlock recognizes ({found})"
-    return None, f"the template writes {found} tool calls, which ctxlock does not parse yet"
+        return None, f"the template writes no tool calls ctxlock recognizes ({found}){how}"
+    return None, f"the template writes {found} tool calls, which ctxlock does not parse yet{how}"

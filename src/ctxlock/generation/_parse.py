@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxlock.caches import memoize
 from ctxlock.errors import CtxlockError, ReasoningError, ToolCallError
 from ctxlock.generation._detect import tool_format_for_template
 from ctxlock.generation._reasoning import (
@@ -38,10 +39,13 @@ from ctxlock.request import Request
 from ctxlock.tokenizer import Tokenizer
 
 # End-of-turn tokens a completion may end with (the stop token a server includes or not): ChatML, Llama 3, GPT-2
-# style, SentencePiece, DeepSeek, Gemma. They end the message; they are not part of it.
+# style, SentencePiece, DeepSeek, Gemma. They end the message; they are not part of it. Llama 3.1 ends a turn that
+# calls a tool with `<|eom_id|>`, one of its stop tokens ("End of message",
+# https://www.llama.com/docs/model-cards-and-prompt-formats/llama3_1/), as functionary v3.1's template writes it.
 END_TOKENS = (
     "<|im_end|>",
     "<|eot_id|>",
+    "<|eom_id|>",
     "<|end_of_text|>",
     "<|endoftext|>",
     "</s>",
@@ -69,11 +73,13 @@ _REASONING_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
+@memoize("generation.template_formats", 64, scope="artifact")
 def formats_for_template(source: str) -> tuple[str | None, str | None, str]:
     """(tool-call format, reasoning format, a note) for a chat template's source. The tool-call format is read from
     what the template renders for a probe turn with two calls (ctxlock.generation._detect); the reasoning format
     from the markers in the source. None where the template writes nothing ctxlock reads; the note says what was
-    found (a format ctxlock does not parse yet, a probe the template refused)."""
+    found (a format ctxlock does not parse yet, a probe the template refused). Kept per source: the probes take up
+    to 16 renders, and every trajectory (each row of `ctxlock batch --trajectories`) and parse asks again."""
     tool, note = tool_format_for_template(source)
     reasoning = next((fmt for marks, fmt in _REASONING_MARKERS if all(m in source for m in marks)), None)
     return tool, reasoning, f"formats read from the chat template: {note}; reasoning {reasoning}"

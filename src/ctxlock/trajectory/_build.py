@@ -57,6 +57,9 @@ class Step:
     reproduces: bool | None = None  # a completion: the template renders its parsed message as the engine wrote it
     agrees: int = 0  # a completion: how many of its bytes the template writes so while it is the last turn
     notes: tuple[str, ...] = ()
+    # A completion: what the template writes from the prompt's end on while it is the last turn (its parsed message,
+    # no generation prompt), in bytes; empty when that render does not start with the prompt.
+    last_turn: bytes = field(default=b"", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.index, "kind": self.kind, "tokens": [self.start, self.end], "how": self.how}
@@ -112,12 +115,12 @@ class TrajectoryResult:
 @dataclass
 class _Pending:
     """The last completion, for the delta that follows it: the canonical prompt it answered, its text, the index of
-    its message, whether its last id is a control token."""
+    its message, its last id's text when that id is a control token (else "")."""
 
     prompt: str
     text: str
     message: int
-    ends_in_control: bool
+    end_control: str
 
 
 @dataclass
@@ -181,8 +184,9 @@ class Trajectory:
         again = self.model.render(data, **self.render_options, add_generation_prompt=False).text
         reproduces = again.startswith(self._prompt + text)
         agrees = len(text[: _shared(again[len(self._prompt) :], text)].encode("utf-8", "surrogatepass"))
+        last_turn = again[len(self._prompt) :].encode("utf-8", "surrogatepass")
         if not again.startswith(self._prompt):
-            agrees = 0
+            agrees, last_turn = 0, b""
         if not reproduces:
             notes.append(
                 "the template renders the parsed message otherwise than the engine wrote it: the trajectory keeps "
@@ -191,11 +195,23 @@ class Trajectory:
         index = len(self._steps)
         start = len(self._ids)
         self._append(ids, probs, index, 1, trained=True)
-        control = bool(ids) and self.model.tokenizer.id_to_token(ids[-1]) in self.model.tokenizer.control_tokens
+        last = self.model.tokenizer.id_to_token(ids[-1])
+        control = last if last is not None and last in self.model.tokenizer.control_tokens else ""
         self._pending = _Pending(self._prompt, text, len(data["messages"]) - 1, control)
         self._data = data
         self._steps.append(
-            Step(index, "completion", start, len(self._ids), "engine", message, reproduces, agrees, tuple(notes))
+            Step(
+                index,
+                "completion",
+                start,
+                len(self._ids),
+                "engine",
+                message,
+                reproduces,
+                agrees,
+                tuple(notes),
+                last_turn,
+            )
         )
         return parsed
 
@@ -348,9 +364,13 @@ def _delta_start(lay: Layout, pending: _Pending, model: Model) -> tuple[int, str
         return k, "located", notes
     end = max(ends)
     rest = text[end:]
-    overlap = next((n for n in range(min(len(rest), len(pending.text)), 0, -1) if pending.text.endswith(rest[:n])), 0)
-    if overlap == 0 and pending.ends_in_control:
-        match = next((m for m in control_matches(lay.rendered, model.tokenizer) if m.start == end), None)
+    overlap = _overlap(pending.text, rest)
+    if overlap == 0 and pending.end_control:
+        # The completion ends with an end-of-turn token the template does not write there: past the part of the
+        # closing the completion wrote before it (the `}` that closes a GigaChat call), the template's own control
+        # token stands for it.
+        at = end + _overlap(pending.text.removesuffix(pending.end_control), rest)
+        match = next((m for m in control_matches(lay.rendered, model.tokenizer) if m.start == at), None)
         if match is not None:
             notes.append(
                 f"the engine's end-of-turn token stands where the template writes {text[match.start : match.end]!r} "
@@ -358,6 +378,11 @@ def _delta_start(lay: Layout, pending: _Pending, model: Model) -> tuple[int, str
             )
             return match.end, "located", notes
     return end + overlap, "located", notes
+
+
+def _overlap(text: str, rest: str) -> int:
+    """The length of the longest start of `rest` that `text` ends with."""
+    return next((n for n in range(min(len(rest), len(text)), 0, -1) if text.endswith(rest[:n])), 0)
 
 
 def _delta_ids(lay: Layout, start_char: int, model: Model, notes: list[str]) -> list[int]:

@@ -54,6 +54,9 @@ class Step(Protocol):
     @property
     def agrees(self) -> int: ...
 
+    @property
+    def last_turn(self) -> bytes: ...
+
 
 CAUSES = ("retokenization", "rerender", "history-rewrite", "other")
 # Each vocabulary's bytes per id (False: a vocabulary without per-token bytes), by the tokenizer's sha256.
@@ -152,13 +155,16 @@ def find_forks(
         if tag == "equal":
             continue
         ours, theirs = pieces.join(ids[i1:i2]), pieces.join(canonical[j1:j2])
-        # The fork belongs to the token where the bytes first differ (a merged token may start earlier).
+        # The fork belongs to the token where the bytes first differ (a merged token may start earlier): one of its
+        # own, or the token after it when the canonical side only adds bytes after the trajectory's (text inserted
+        # before that token, as an insertion with no trajectory token is).
         same = _shared(ours, theirs)
         byte = int(offsets[i1]) + (same if ours != theirs else 0)
-        at = min(max(int(np.searchsorted(offsets, byte, side="right")) - 1, i1), max(i2 - 1, i1), len(ids) - 1)
+        last = i2 if same == len(ours) < len(theirs) and i2 < len(ids) else max(i2 - 1, i1)
+        at = min(max(int(np.searchsorted(offsets, byte, side="right")) - 1, i1), last, len(ids) - 1)
         step = steps[owner[at]]
         local = byte - int(offsets[step.start])
-        cause, detail = _cause(ours, theirs, step, at, local)
+        cause, detail = _cause(ours, theirs, same, step, i1 <= step.start <= at, local)
         c1 = _char(lay, int(lay.starts[j1]) if j1 < len(canonical) else int(lay.offsets[-1]))
         c2 = _char(lay, int(lay.ends[j2 - 1])) if j2 > j1 else c1
         forks.append(
@@ -233,18 +239,23 @@ def _shared(a: bytes, b: bytes) -> int:
     return n
 
 
-def _cause(ours: bytes, theirs: bytes, step: Step, at: int, local: int) -> tuple[str, str]:
-    """The cause of a fork whose bytes first differ at token `at`, `local` bytes into its step."""
+def _cause(ours: bytes, theirs: bytes, same: int, step: Step, at_start: bool, local: int) -> tuple[str, str]:
+    """The cause of a fork whose bytes first differ `local` bytes into its step (`same` bytes into both sides);
+    `at_start`: the fork spans the step's first token."""
     if ours == theirs:
         return "retokenization", "the same bytes as other ids: decoding and re-encoding would change the ids"
     if step.kind == "completion":
-        if local < step.agrees:
+        # A history rewrite is text the template wrote as the engine did while the turn was the last: not where the
+        # last-turn render already reads as the canonical side does (a shared character there, such as the `<` of
+        # `<tool_call>` and `</assistant>`, is no agreement).
+        rest = theirs[same:]
+        if local < step.agrees and not (rest and step.last_turn.startswith(rest, local)):
             return "history-rewrite", (
                 "the template wrote this completion as the engine did while it was the last turn, and writes it "
                 "otherwise once later turns follow"
             )
         return "rerender", "the template renders the parsed message otherwise than the engine wrote it"
-    if step.kind == "messages" and step.how == "located" and at == step.start:
+    if step.kind == "messages" and step.how == "located" and at_start:
         return "other", "at the start of a delta the template's rewrite made ctxlock locate"
     return "history-rewrite", (
         "the template wrote this text (a message, or the generation prompt the model answered) when it was appended, "

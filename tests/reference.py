@@ -217,7 +217,21 @@ def reference_ids(
         )
         return _flat_ids(out)
 
-    key = {
+    key = _chat_key(tokenizer_dir, template, messages, tools, documents, add_generation_prompt, continue_final_message)
+    return cached("ids", {**key, "variables": kwargs, "day": _clock(template)}, compute)
+
+
+def _chat_key(
+    tokenizer_dir: Path | str,
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict] | None,
+    documents: list[dict] | None,
+    add_generation_prompt: bool,
+    continue_final_message: bool | str,
+) -> dict[str, Any]:
+    """The inputs of an ``apply_chat_template`` call that every cached answer of it is keyed by."""
+    return {
         "tokenizer": _dir_digest(str(Path(tokenizer_dir).resolve())),
         "template": template,
         "messages": list(messages),
@@ -225,10 +239,7 @@ def reference_ids(
         "documents": documents,
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final_message,
-        "variables": kwargs,
-        "day": _clock(template),
     }
-    return cached("ids", key, compute)
 
 
 class ReferenceRefusal(Exception):
@@ -295,18 +306,9 @@ def reference_assistant_mask(
             ctu.datetime = saved
         return {"input_ids": _flat_ids(out), "assistant_masks": [int(v) for v in out["assistant_masks"]]}
 
-    key = {
-        "tokenizer": _dir_digest(str(Path(tokenizer_dir).resolve())),
-        "template": template,
-        "messages": list(messages),
-        "tools": tools,
-        "documents": documents,
-        "add_generation_prompt": add_generation_prompt,
-        "continue_final_message": continue_final_message,
-        "variables": kwargs,
-        "clock": now.isoformat() if now is not None else _clock(template),
-    }
-    answer = cached("assistant-masks", key, compute)
+    key = _chat_key(tokenizer_dir, template, messages, tools, documents, add_generation_prompt, continue_final_message)
+    clock = now.isoformat() if now is not None else _clock(template)
+    answer = cached("assistant-masks", {**key, "variables": kwargs, "clock": clock}, compute)
     if "refused" in answer:
         raise ReferenceRefusal(answer["refused"]["kind"], answer["refused"]["message"])
     return answer

@@ -34,6 +34,7 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CTXLOCK_CACHE_DIR", str(root))
         mp.setenv("CTXLOCK_FASTOKENS", "sync")
+        mp.setenv("CTXLOCK_FAST", "1")  # as the tests' own `fast_path` marker has it (a module fixture comes first)
         acc = HFTokenizer(_qwen_json(), id="qwen2 (seed)").whole_text.accelerator
         assert acc.wait() and not acc.cached
     assert len(_entries(root)) == 1 and (root / "fastbpe").is_dir()

@@ -34,13 +34,19 @@ def _event(data: dict[str, Any]) -> str:
     return f"event: {data['type']}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _pieces(text: str, size: int) -> list[str]:
+def _pieces(text: str, size: int, halves: bool = False) -> list[str]:
+    if halves:  # two pieces, whatever the length
+        size = -(-len(text) // 2)
     return [text[k : k + size] for k in range(0, len(text), size)]
 
 
-def events(stop_reason: str = "tool_use", *, cut_last_call: bool = False, thinking: bool = True) -> list[dict]:
+def events(
+    stop_reason: str = "tool_use", *, cut_last_call: bool = False, thinking: bool = True, halves: bool = False
+) -> list[dict]:
     """The events of one response; `cut_last_call` stops the last tool_use part way through its input (as the
-    API does at max_tokens: the block is stopped, then message_delta says why)."""
+    API does at max_tokens: the block is stopped, then message_delta says why). `halves` streams each block's
+    text in two deltas instead of pieces of 23, 11 and 9 characters: the same events of every kind, in a stream
+    under half as long (the tests that feed a stream split at every index take a time quadratic in its length)."""
     out: list[dict[str, Any]] = [
         {
             "type": "message_start",
@@ -66,7 +72,7 @@ def events(stop_reason: str = "tool_use", *, cut_last_call: bool = False, thinki
         out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}})
         out += [
             {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": p}}
-            for p in _pieces(THINKING, 23)
+            for p in _pieces(THINKING, 23, halves)
         ]
         out.append(
             {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": SIGNATURE}}
@@ -77,7 +83,7 @@ def events(stop_reason: str = "tool_use", *, cut_last_call: bool = False, thinki
     out.append({"type": "ping"})
     out += [
         {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": p}}
-        for p in _pieces(TEXT, 11)
+        for p in _pieces(TEXT, 11, halves)
     ]
     out.append({"type": "content_block_stop", "index": index})
     for k, call in enumerate(CALLS):
@@ -97,7 +103,7 @@ def events(stop_reason: str = "tool_use", *, cut_last_call: bool = False, thinki
         )
         out += [
             {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": p}}
-            for p in _pieces(raw, 9)
+            for p in _pieces(raw, 9, halves)
         ]
         out.append({"type": "content_block_stop", "index": index})
     out.append(

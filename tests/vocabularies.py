@@ -8,7 +8,6 @@ import gc
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from functools import cache
 
 import fetched
 from ctxlock.artifacts import load_gguf
@@ -19,14 +18,22 @@ from ctxlock.tokenizer.backends._hf import HFTokenizer
 HF_DIRS = ("qwen2", "llama-bpe", "qwen35", "deepseek-llm", "phi-3")
 
 
-@cache
+_KEYS: list[tuple[str, ...]] = []  # backend_keys(), once found
+
+
 def backend_keys() -> tuple[str, ...]:
     """Every GGUF vocabulary that loads as an `HFTokenizer`, then the HF directories: found by loading each once and
-    letting it go."""
-    keys = [
-        f"gguf:{n}" for n in fetched.gguf_names() if isinstance(load_gguf(fetched.gguf_path(n)).tokenizer, HFTokenizer)
-    ]
-    return (*keys, *(f"hf:{name}" for name in HF_DIRS))
+    letting it go. Kept for the whole process, not in a functools cache: a tuple of names holds no vocabulary, and
+    tests/conftest.py empties the helpers' caches between modules, after which every module that iterates
+    `TOKENIZERS` loaded every GGUF file once more to find them again."""
+    if not _KEYS:
+        keys = [
+            f"gguf:{n}"
+            for n in fetched.gguf_names()
+            if isinstance(load_gguf(fetched.gguf_path(n)).tokenizer, HFTokenizer)
+        ]
+        _KEYS.append((*keys, *(f"hf:{name}" for name in HF_DIRS)))
+    return _KEYS[0]
 
 
 def _load(key: str) -> HFTokenizer:
@@ -77,7 +84,11 @@ class _Loaded(Mapping[str, HFTokenizer]):
     vocabulary alive."""
 
     def __getitem__(self, key: str) -> HFTokenizer:
-        if key not in backend_keys():
+        # A lookup loads that vocabulary alone (`_load` asserts it is an HFTokenizer): finding every key first would
+        # load every GGUF file.
+        kind, _, name = key.partition(":")
+        known = fetched.gguf_names() if kind == "gguf" else HF_DIRS if kind == "hf" else ()
+        if name not in known or (_KEYS and key not in _KEYS[0]):
             raise KeyError(key)
         return backend_tokenizer(key)
 

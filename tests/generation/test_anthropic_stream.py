@@ -1,8 +1,10 @@
 """The anthropic stream format (issue 15 item 12): Messages API server-sent events, split anywhere.
 
 The recordings (tests/data/streams/anthropic_*.sse, written by tests/anthropic_streams.py in the documented wire
-format) are fed as text split at every character index, as UTF-8 bytes split at every byte index, one character
-at a time, with CRLF line ends, as parsed event dicts, and in random chunkings. A tool_use block is a call only
+format) are fed as text split at every character index, one character at a time, as parsed event dicts, and in
+random chunkings. The same response with each block in two deltas (COMPACT: every kind of event, every multi-byte
+character, under half the length) is split at every byte index as UTF-8, at every index with CRLF and CR line ends,
+and cut at every index: each of those costs a time quadratic in the stream's length. A tool_use block is a call only
 after its content_block_stop (seed 003 §2.5), and, by default, only once the message ended normally (item 10).
 """
 
@@ -31,6 +33,7 @@ from hypothesis_profiles import examples
 STREAMS = Path(__file__).parents[1] / "data" / "streams"
 MODES = (("finish",), ("early",))  # split at every index: the two release modes on alternate indexes
 FULL = (STREAMS / "anthropic_thinking_text_two_tools.sse").read_bytes().decode("utf-8")
+COMPACT = A.sse(A.events(halves=True))
 CUT = (STREAMS / "anthropic_max_tokens_mid_input.sse").read_bytes().decode("utf-8")
 
 
@@ -102,20 +105,32 @@ def test_split_at_every_character_index() -> None:
     check_full(list(FULL), ends)  # one character at a time
 
 
+def test_the_compact_stream_has_every_kind_of_event() -> None:
+    kinds = {(e["type"], e.get("delta", {}).get("type")) for e in A.events()}
+    compact = A.events(halves=True)
+    assert {(e["type"], e.get("delta", {}).get("type")) for e in compact} == kinds
+    assert sum(e.get("delta", {}).get("type") == "thinking_delta" for e in compact) == 2
+    assert sum(e.get("delta", {}).get("type") == "text_delta" for e in compact) == 2
+    assert sum(e.get("delta", {}).get("type") == "input_json_delta" for e in compact) == 2 * 3  # "" and two halves
+    assert all(c in COMPACT for c in "ü天气🌧") and len(COMPACT) < len(FULL) / 1.9
+
+
 def test_split_at_every_byte_index() -> None:
-    data = FULL.encode("utf-8")
-    assert len(data) > len(FULL)  # multi-byte characters (ü, 天气, 🌧) get split
-    ends = [len(FULL[:e].encode("utf-8")) for e in A.block_stop_ends(FULL)]
-    for s in range(len(data) + 1):
-        check_full([data[:s], data[s:]], ends, MODES[s % 2])
-    check_full([data[k : k + 1] for k in range(len(data))], ends)
+    for stream in (COMPACT, FULL):
+        data = stream.encode("utf-8")
+        assert len(data) > len(stream)  # multi-byte characters (ü, 天气, 🌧) get split
+        ends = [len(stream[:e].encode("utf-8")) for e in A.block_stop_ends(stream)]
+        if stream is COMPACT:
+            for s in range(len(data) + 1):
+                check_full([data[:s], data[s:]], ends, MODES[s % 2])
+        check_full([data[k : k + 1] for k in range(len(data))], ends)
 
 
 def test_crlf_and_cr_line_ends_split_everywhere() -> None:
     for eol in ("\r\n", "\r"):
-        text = FULL.replace("\n", eol)
+        text = COMPACT.replace("\n", eol)
         # The CR of the blank line ends it: the event is dispatched without waiting for the LF after it.
-        ends = [len(FULL[:e].replace("\n", eol)) - (eol == "\r\n") for e in A.block_stop_ends(FULL)]
+        ends = [len(COMPACT[:e].replace("\n", eol)) - (eol == "\r\n") for e in A.block_stop_ends(COMPACT)]
         for s in range(len(text) + 1):
             check_full([text[:s], text[s:]], ends, MODES[s % 2])
 
@@ -154,11 +169,11 @@ def test_random_chunkings_of_text_and_bytes(data: st.DataObject) -> None:
 
 
 def test_a_prefix_releases_only_what_its_end_allows() -> None:
-    """Cut the recording anywhere: by default nothing without message_stop; early, the calls whose block stopped."""
-    ends = A.block_stop_ends(FULL)
-    complete = A.message_stop_end(FULL)
-    for cut in range(len(FULL) + 1):
-        _, result = run([FULL[:cut]])
+    """Cut the response anywhere: by default nothing without message_stop; early, the calls whose block stopped."""
+    ends = A.block_stop_ends(COMPACT)
+    complete = A.message_stop_end(COMPACT)
+    for cut in range(len(COMPACT) + 1):
+        _, result = run([COMPACT[:cut]])
         if cut >= complete:
             assert len(result.calls) == 2 and result.ok
             continue
@@ -168,7 +183,7 @@ def test_a_prefix_releases_only_what_its_end_allows() -> None:
         held = [e for e in result.errors if "was not executed" in e.message]
         assert [e.index for e in held] == stopped
         assert all("without message_stop" in e.message and "nothing was executed" in e.hint for e in held)
-        _, early = run([FULL[:cut]], release="early")
+        _, early = run([COMPACT[:cut]], release="early")
         assert [c.index for c in early.calls] == stopped
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,39 @@ TEXT = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nwhy å¤©ç
 pytestmark = pytest.mark.fast_path  # about the fast path itself: on even under CTXLOCK_FAST=0
 
 
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache made once for the module by one tokenizer over Qwen2's tokenizer.json that proved fastokens: its
+    `fastbpe` entries (that check's verdict on tiktoken and the ranks, a cache of its own which no test here
+    inspects) and its `fastokens` verdict. Each test's cache starts from the first, and the tests that need a
+    verdict on disk before they begin copy the second, rather than running the probes again (seconds each)."""
+    root = tmp_path_factory.mktemp("seed")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CTXLOCK_CACHE_DIR", str(root))
+        mp.setenv("CTXLOCK_FASTOKENS", "sync")
+        mp.setenv("CTXLOCK_FAST", "1")  # as the tests' own `fast_path` marker has it (a module fixture comes first)
+        acc = HFTokenizer(_qwen_json(), id="qwen2 (seed)").whole_text.accelerator
+        assert acc.wait() and not acc.cached
+    assert len(_entries(root)) == 1 and (root / "fastbpe").is_dir()
+    return root
+
+
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty on-disk cache of its own, and fastokens built in the calling thread (deterministic)."""
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: Path) -> Path:
+    """An on-disk cache of its own, empty but for the fastbpe check's entries, and fastokens built in the calling
+    thread (deterministic)."""
+    shutil.copytree(seed / "fastbpe", tmp_path / "fastbpe")
     monkeypatch.setenv("CTXLOCK_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CTXLOCK_FASTOKENS", "sync")
     return tmp_path
+
+
+@pytest.fixture
+def proved(cache: Path, seed: Path) -> Path:
+    """`cache` holding the verdict a tokenizer over Qwen2's tokenizer.json proved (the `seed`'s, as a test of its
+    own would have written it: `test_a_verdict_is_proved_once_then_read_from_disk`)."""
+    shutil.copytree(seed / "fastokens", cache / "fastokens")
+    return cache
 
 
 def _qwen_json() -> str:
@@ -64,9 +92,10 @@ def test_a_verdict_is_proved_once_then_read_from_disk(cache: Path) -> None:
     assert acc2.encode(TEXT).tolist() == expected
 
 
-def test_a_changed_file_never_reuses_a_verdict(cache: Path) -> None:
+def test_a_changed_file_never_reuses_a_verdict(proved: Path) -> None:
+    cache = proved
     text = _qwen_json()
-    assert HFTokenizer(text, id="qwen2").whole_text.accelerator.wait()
+    assert accel.load_verdict(hashlib.sha256(text.encode("utf-8")).hexdigest()) is not None
     # The same vocabulary, other bytes (a re-serialized file): another digest, so the probes run again.
     data = json.loads(text)
     changed = json.dumps(data, ensure_ascii=True)
@@ -77,11 +106,11 @@ def test_a_changed_file_never_reuses_a_verdict(cache: Path) -> None:
 
 
 def test_another_fastokens_or_check_version_never_reuses_a_verdict(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    proved: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    cache = proved
     text = _qwen_json()
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    assert HFTokenizer(text, id="qwen2").whole_text.accelerator.wait()
     assert accel.load_verdict(digest) is not None
     monkeypatch.setattr(accel, "CHECK_VERSION", "accel-next")
     assert accel.load_verdict(digest) is None
@@ -93,11 +122,12 @@ def test_another_fastokens_or_check_version_never_reuses_a_verdict(
     assert accel.verdict_key(digest) != accel.verdict_key("0" * 64)
 
 
-def test_a_corrupt_or_foreign_entry_counts_as_absent(cache: Path) -> None:
+def test_a_corrupt_or_foreign_entry_counts_as_absent(proved: Path) -> None:
+    cache = proved
     text = _qwen_json()
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    assert HFTokenizer(text, id="qwen2").whole_text.accelerator.wait()
     [entry] = _entries(cache)
+    assert accel.load_verdict(digest) is not None
     good = entry.read_text("utf-8")
     bad = ("{not json", "[]", json.dumps({**json.loads(good), "json_sha256": "0" * 64}))
     for content in bad:

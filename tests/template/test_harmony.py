@@ -260,6 +260,16 @@ def test_text_parts_are_one_text() -> None:
     assert reference_completion_ids(request, date=DATE, join_parts=False) != joined  # "0", "0" against "00"
 
 
+@pytest.mark.parametrize(
+    "description", ["\r", "x\r", "\r\r", "a\r\rb\r", "a\n\r", "\r\n\r", "a\rb\r\nc\r", "\r\n", "a\n", "\n\n", ""]
+)
+def test_a_description_split_into_lines_as_rust_splits_them(description: str) -> None:
+    # openai-harmony writes a tool's description one `// ` line per line of Rust's str::lines: "\r\n" ends a line
+    # as "\n" does, and a bare "\r" at the very end stays (hypothesis found "\r" dropped there).
+    tool = {"type": "function", "function": {"name": "A", "description": description}}
+    _check({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})
+
+
 def test_non_text_parts_and_bad_effort_are_errors() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(ctxlock.CtxlockError, match="text only"):
